@@ -1,0 +1,1 @@
+"""mlgo: learned policies for compiler decisions (LLVM inliner, register allocator, XLA tiles)."""

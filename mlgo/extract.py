@@ -1,0 +1,270 @@
+"""`mlgo corpus build`: real Debian source packages -> a corpus of bitcode modules.
+
+For each package: fetch its source with `apt-get source`, build it with its own build
+system under Debian's `bear` (compile_commands.json) with a compiler wrapper that adds
+`-Xclang -fembed-bitcode=all` (pre-optimization bitcode and the cc1 command line go into
+each object), then let LLVM's own `extract_ir` (PyPI's mlgo-utils) pull them out. A
+package that fails is reported with the tail of its build log and the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlgo.corpus import DESCRIPTION, CorpusError, write_description
+from mlgo.toolchain import Toolchain
+
+RECIPES = Path(__file__).resolve().parent.parent / "corpus" / "recipes"
+MLGO_UTILS_DIR = Path(sys.prefix) / "mlgo-utils"  # installed by tools/setup.sh
+
+
+class BuildError(RuntimeError):
+    """A package could not be fetched, built or extracted; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    source: str
+    build: tuple[str, ...]
+    build_depends: tuple[str, ...] = ()
+    configure: tuple[str, ...] = ()
+    programs: tuple[str, ...] = ()
+    test: tuple[str, ...] = ()
+    test_timeout_s: float = 600.0
+    build_timeout_s: float = 1800.0
+
+
+def available_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES.glob("*.toml"))
+
+
+def load_recipe(name: str, recipes_dir: Path = RECIPES) -> Recipe:
+    path = recipes_dir / f"{name}.toml"
+    if not path.is_file():
+        raise BuildError(
+            f"no recipe {path.name} in corpus/recipes (have: {', '.join(available_recipes())})"
+        )
+    try:
+        d = tomllib.loads(path.read_text())
+        return Recipe(
+            name=name,
+            source=d["source"],
+            build=tuple(d["build"]),
+            build_depends=tuple(d.get("build_depends", ())),
+            configure=tuple(d.get("configure", ())),
+            programs=tuple(d.get("programs", ())),
+            test=tuple(d.get("test", ())),
+            test_timeout_s=float(d.get("test_timeout_s", 600)),
+            build_timeout_s=float(d.get("build_timeout_s", 1800)),
+        )
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+        raise BuildError(f"{path}: bad recipe ({e})") from e
+
+
+def _run(
+    cmd: list[str] | str, cwd: Path, log: Path, timeout_s: float, env=None, what: str = ""
+) -> None:
+    with open(log, "a") as f:
+        f.write(f"\n$ {cmd if isinstance(cmd, str) else shlex.join(cmd)}\n")
+        f.flush()
+        try:
+            proc = subprocess.run(
+                cmd,
+                cwd=cwd,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=env,
+                shell=isinstance(cmd, str),
+                timeout=timeout_s,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise BuildError(f"{what or cmd} timed out after {timeout_s:g} s (log: {log})") from e
+    if proc.returncode != 0:
+        tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:]
+        raise BuildError(
+            f"{what or cmd} failed ({tail[0][:200] if tail else 'no output'}; log: {log})"
+        )
+
+
+def ensure_build_depends(recipe: Recipe, log: Path) -> None:
+    missing = [
+        p
+        for p in recipe.build_depends
+        if subprocess.run(["dpkg", "-s", p], capture_output=True).returncode != 0
+    ]
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise BuildError(
+            f"{recipe.name} needs Debian packages {' '.join(missing)}; install them as root"
+        )
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    _run(
+        ["apt-get", "install", "-y", "-q", *missing],
+        Path("/"),
+        log,
+        900,
+        env,
+        f"apt-get install {' '.join(missing)}",
+    )
+
+
+def fetch_source(recipe: Recipe, work: Path, log: Path) -> Path:
+    """Downloads and unpacks the Debian source package; returns the source tree."""
+    dl = work / "download"
+    if not any(dl.glob(f"{recipe.source}_*.dsc")):
+        shutil.rmtree(dl, ignore_errors=True)
+        dl.mkdir(parents=True)
+        _run(
+            ["apt-get", "source", "--download-only", recipe.source],
+            dl,
+            log,
+            900,
+            what=f"apt-get source {recipe.source} (is deb-src enabled? run tools/setup.sh)",
+        )
+    dsc = sorted(dl.glob(f"{recipe.source}_*.dsc"))[-1]
+    src = work / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    _run(
+        ["dpkg-source", "--no-check", "-x", str(dsc), str(src)],
+        dl,
+        log,
+        600,
+        what=f"dpkg-source -x {dsc.name}",
+    )
+    return src
+
+
+def write_wrapper(path: Path, compiler: str, flags: list[str]) -> Path:
+    """A CC wrapper: the package's own flags, then ours (the last -O and -g win)."""
+    path.write_text(
+        "#!/bin/sh\nexec " + shlex.join([compiler]) + ' "$@" ' + shlex.join(flags) + "\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
+RECORD_FLAGS = ["-Oz", "-g0", "-Xclang", "-fembed-bitcode=all", "-Qunused-arguments"]
+
+
+def build_env(tc: Toolchain, work: Path, flags: list[str]) -> dict[str, str]:
+    cxx = tc.clang.replace("clang", "clang++") if "clang" in Path(tc.clang).name else tc.clang
+    cc = write_wrapper(work / "cc", tc.clang, flags)
+    cxx_wrapper = write_wrapper(work / "c++", cxx, flags)
+    # GNU ar/nm would index these objects through an older LLVM's bfd plugin, which
+    # chokes on the embedded bitcode and leaves archives without symbols: use LLVM's.
+    return dict(
+        os.environ,
+        CC=str(cc),
+        CXX=str(cxx_wrapper),
+        LC_ALL="C",
+        AR=tc.tool("llvm-ar"),
+        RANLIB=tc.tool("llvm-ranlib"),
+        NM=tc.tool("llvm-nm"),
+    )
+
+
+def extract_package(recipe: Recipe, tc: Toolchain, out: Path, work: Path) -> int:
+    """Fetches and builds one Debian package; writes its corpus to OUT/NAME."""
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "build.log"
+    log.write_text("")
+    ensure_build_depends(recipe, log)
+    src = fetch_source(recipe, work, log)
+    return build_corpus(
+        recipe.name, src, recipe.configure, recipe.build, tc, out, work, recipe.build_timeout_s
+    )
+
+
+def build_corpus(
+    name: str,
+    src: Path,
+    configure: tuple[str, ...],
+    build: tuple[str, ...],
+    tc: Toolchain,
+    out: Path,
+    work: Path,
+    timeout_s: float = 1800.0,
+) -> int:
+    """Builds the tree SRC with the recording wrapper and writes its corpus to OUT/NAME,
+    replacing it only once extraction succeeded. Returns the module count."""
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "build.log"
+    env = build_env(tc, work, RECORD_FLAGS)
+    for cmd in configure:
+        _run(cmd, src, log, timeout_s, env, f"{name}: configure")
+    cc_json = work / "compile_commands.json"
+    cc_json.unlink(missing_ok=True)
+    _run(
+        ["bear", "--output", str(cc_json), "--", "sh", "-c", " && ".join(build)],
+        src,
+        log,
+        timeout_s,
+        env,
+        f"{name}: build",
+    )
+    if not MLGO_UTILS_DIR.is_dir():
+        raise BuildError(
+            f"LLVM's mlgo-utils is not installed in {MLGO_UTILS_DIR}; run tools/setup.sh"
+        )
+    staged = out / f".{name}.partial"
+    shutil.rmtree(staged, ignore_errors=True)
+    # mlgo-utils' top-level package is also called `mlgo`: run it without site-packages.
+    _run(
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "mlgo.corpus.extract_ir",
+            "--input",
+            str(cc_json),
+            "--input_type",
+            "json",
+            "--output_dir",
+            str(staged),
+            "--llvm_objcopy_path",
+            tc.tool("llvm-objcopy"),
+            "--num_workers",
+            "2",
+        ],
+        src,
+        log,
+        900,
+        dict(env, PYTHONPATH=str(MLGO_UTILS_DIR)),
+        f"{name}: extract_ir",
+    )
+    try:
+        names = json.loads((staged / DESCRIPTION).read_text())["modules"]
+    except (OSError, ValueError, KeyError) as e:
+        raise BuildError(f"{name}: extract_ir wrote no corpus ({e}; log: {log})") from e
+    if not names:
+        raise BuildError(f"{name}: the build produced no bitcode (log: {log})")
+    final = out / name
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staged, final)
+    return len(names)
+
+
+def combine(out: Path) -> list[str]:
+    """Writes OUT's corpus_description.json over every package sub-corpus in OUT."""
+    names: list[str] = []
+    for desc in sorted(out.glob(f"*/{DESCRIPTION}")):
+        pkg = desc.parent.name
+        if pkg.startswith("."):
+            continue
+        try:
+            names += [f"{pkg}/{m}" for m in json.loads(desc.read_text())["modules"]]
+        except (ValueError, KeyError) as e:
+            raise CorpusError(f"{desc}: malformed ({e})") from e
+    write_description(out, names)
+    return names

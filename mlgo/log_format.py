@@ -1,0 +1,252 @@
+"""LLVM's training-log format: what the compiler writes on an interactive channel.
+
+A JSON header line names the feature tensors (and the advice or score tensor), then come
+`{"context": NAME}` lines and, per decision, `{"observation": N}` followed by the raw
+feature tensors in header order and a newline. The layout is documented in LLVM's
+`llvm/lib/Analysis/models/log_reader.py` and ml-compiler-opt's `compiler_opt/rl/log_reader.py`.
+Tensors are raw native-endian bytes, so specs carry a numpy dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import select
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import numpy as np
+
+# LLVM's type names (TensorSpec.cpp) to numpy dtypes.
+_DTYPES: dict[str, np.dtype] = {
+    "int64_t": np.dtype(np.int64),
+    "int32_t": np.dtype(np.int32),
+    "int8_t": np.dtype(np.int8),
+    "uint8_t": np.dtype(np.uint8),
+    "float": np.dtype(np.float32),
+    "double": np.dtype(np.float64),
+}
+
+
+class LogFormatError(ValueError):
+    """The stream does not follow the training-log format."""
+
+
+class ChannelTimeout(TimeoutError):
+    """The peer did not send the expected bytes in time."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    type: str
+    shape: tuple[int, ...]
+    port: int = 0
+
+    @property
+    def dtype(self) -> np.dtype:
+        return _DTYPES[self.type]
+
+    @property
+    def num_elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def num_bytes(self) -> int:
+        return self.num_elements * self.dtype.itemsize
+
+    @classmethod
+    def from_json(cls, d: dict) -> TensorSpec:
+        try:
+            spec = cls(
+                str(d["name"]),
+                str(d["type"]),
+                tuple(int(s) for s in d["shape"]),
+                int(d.get("port", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise LogFormatError(f"bad tensor spec {d!r}: {e}") from e
+        if spec.type not in _DTYPES:
+            raise LogFormatError(f"tensor {spec.name!r} has unknown type {spec.type!r}")
+        return spec
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "type": self.type, "port": self.port, "shape": list(self.shape)}
+
+    def decode(self, raw: bytes) -> np.ndarray:
+        return np.frombuffer(raw, dtype=self.dtype, count=self.num_elements).reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class Header:
+    """`advice` is what an interactive compiler waits for after each observation; `score`
+    is the per-observation outcome that a development-mode log carries instead."""
+
+    features: tuple[TensorSpec, ...]
+    advice: TensorSpec | None = None
+    score: TensorSpec | None = None
+
+    @classmethod
+    def parse(cls, line: bytes) -> Header:
+        try:
+            d = json.loads(line)
+            features = tuple(TensorSpec.from_json(f) for f in d["features"])
+            advice, score = d.get("advice"), d.get("score")
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise LogFormatError(f"bad log header {line[:200]!r}: {e}") from e
+        return cls(
+            features, advice and TensorSpec.from_json(advice), score and TensorSpec.from_json(score)
+        )
+
+    def to_json(self) -> dict:
+        d: dict = {"features": [f.to_json() for f in self.features]}
+        for key, spec in (("advice", self.advice), ("score", self.score)):
+            if spec is not None:
+                d[key] = spec.to_json()
+        return d
+
+
+@dataclass(frozen=True)
+class Observation:
+    context: str
+    index: int
+    features: dict[str, np.ndarray]
+    score: np.ndarray | None = None
+
+
+class TimedReader:
+    """Buffered reads from a file descriptor where every read has a deadline.
+
+    `alive` is polled while waiting so that a dead peer is noticed at once rather than at
+    the timeout.
+    """
+
+    def __init__(self, fd: int, timeout_s: float, alive=lambda: True):
+        self.fd = fd
+        self.timeout_s = timeout_s
+        self.alive = alive
+        self._buf = bytearray()
+        self.eof = False
+
+    def _fill(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ChannelTimeout(f"no data from the compiler for {self.timeout_s:g} s")
+            ready, _, _ = select.select([self.fd], [], [], min(remaining, 0.5))
+            if ready:
+                chunk = os.read(self.fd, 1 << 16)
+                if not chunk:
+                    self.eof = True
+                    return
+                self._buf += chunk
+                return
+            if not self.alive():
+                # One last non-blocking look: the peer may have written then exited.
+                ready, _, _ = select.select([self.fd], [], [], 0)
+                if not ready:
+                    self.eof = True
+                    return
+
+    def readline(self) -> bytes:
+        """A line with its newline, or b'' at a clean end of stream."""
+        while (nl := self._buf.find(b"\n")) < 0:
+            if self.eof:
+                break
+            self._fill()
+        if nl < 0:
+            if self._buf:
+                raise LogFormatError(f"stream ended inside a line: {bytes(self._buf[:80])!r}")
+            return b""
+        line = bytes(self._buf[: nl + 1])
+        del self._buf[: nl + 1]
+        return line
+
+    def read_exact(self, n: int) -> bytes:
+        while len(self._buf) < n and not self.eof:
+            self._fill()
+        if len(self._buf) < n:
+            raise LogFormatError(f"stream ended after {len(self._buf)} of {n} tensor bytes")
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+
+class LogReader:
+    """Reads a training log event by event from a TimedReader or a plain binary file."""
+
+    def __init__(self, source: TimedReader | BinaryIO):
+        self._src = source
+        first = self._readline()
+        if not first:
+            raise LogFormatError("empty log: no header line")
+        self.header = Header.parse(first)
+        self.context = ""
+
+    def _readline(self) -> bytes:
+        return self._src.readline()
+
+    def _read_exact(self, n: int) -> bytes:
+        if isinstance(self._src, TimedReader):
+            return self._src.read_exact(n)
+        data = self._src.read(n)
+        if len(data) != n:
+            raise LogFormatError(f"log ended after {len(data)} of {n} tensor bytes")
+        return data
+
+    def observations(self) -> Iterator[Observation]:
+        """Yields each observation; a consumer answers it before asking for the next."""
+        while line := self._readline():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise LogFormatError(f"bad log event line {line[:120]!r}") from e
+            if "context" in event:
+                self.context = str(event["context"])
+                continue
+            if "observation" not in event:
+                raise LogFormatError(f"unexpected log event {event!r}")
+            feats = {s.name: s.decode(self._read_exact(s.num_bytes)) for s in self.header.features}
+            self._expect_newline()
+            score = None
+            if self.header.score is not None:
+                outcome = json.loads(self._readline() or b"null")
+                if not isinstance(outcome, dict) or "outcome" not in outcome:
+                    raise LogFormatError(f"expected an outcome line, got {outcome!r}")
+                score = self.header.score.decode(self._read_exact(self.header.score.num_bytes))
+                self._expect_newline()
+            yield Observation(self.context, int(event["observation"]), feats, score)
+
+    def _expect_newline(self) -> None:
+        if self._read_exact(1) != b"\n":
+            raise LogFormatError("missing newline after a tensor block")
+
+
+class LogWriter:
+    """Writes the same format; used to save a session's log and by tests as a peer."""
+
+    def __init__(self, out: BinaryIO, header: Header):
+        self._out = out
+        self._header = header
+        self._count = 0
+        out.write(json.dumps(header.to_json()).encode() + b"\n")
+
+    def context(self, name: str) -> None:
+        self._out.write(json.dumps({"context": name}).encode() + b"\n")
+
+    def observation(self, features: dict[str, np.ndarray]) -> None:
+        self._out.write(json.dumps({"observation": self._count}).encode() + b"\n")
+        for spec in self._header.features:
+            value = np.ascontiguousarray(features[spec.name], dtype=spec.dtype)
+            if value.size != spec.num_elements:
+                raise LogFormatError(
+                    f"{spec.name}: {value.size} values, spec wants {spec.num_elements}"
+                )
+            self._out.write(value.tobytes())
+        self._out.write(b"\n")
+        self._out.flush()
+        self._count += 1

@@ -1,0 +1,51 @@
+"""Problems: one compiler decision point each, declared in one small module.
+
+A problem names the clang flags that open its channel, the features and advice LLVM uses,
+the compiler's default answer, how a compiled object is measured and how a measurement
+becomes a reward. Collection, training, export and serving only ever use this interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mlgo.log_format import Observation
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    summary: str
+    opt_level: str  # the optimization level the decision is trained for
+    channel_flags: Callable[[str], list[str]]  # channel base path -> compiler flags
+    feature_names: tuple[str, ...]  # LLVM's feature names, in LLVM's spelling
+    advice_name: str
+    # The compiler's own decision (inlining sends it) or, where the compiler does not
+    # reveal it, the documented baseline answer used to walk the default trajectory.
+    default_advice: Callable[[Observation], int]
+    default_is_observed: bool
+    validate: Callable[[Observation, np.ndarray], None]  # raises ValueError on illegal advice
+    measure_flags: Callable[[Path], list[str]]  # cc1 flags that make the compiler report costs
+    measure: Callable[[Path, Path], dict[str, float]]  # (object, work dir) -> metrics
+    reward_metric: str  # the metric a policy should lower, relative to the default
+
+
+def _registry() -> dict[str, Problem]:
+    from mlgo.problems import inlining_size, regalloc_eviction
+
+    return {p.name: p for p in (inlining_size.PROBLEM, regalloc_eviction.PROBLEM)}
+
+
+def get_problem(name: str) -> Problem:
+    problems = _registry()
+    if name not in problems:
+        raise KeyError(f"unknown problem {name!r}; known: {', '.join(sorted(problems))}")
+    return problems[name]
+
+
+def problem_names() -> list[str]:
+    return sorted(_registry())

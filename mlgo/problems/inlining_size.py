@@ -1,0 +1,95 @@
+"""Inlining for size: at each call site, inline (1) or not (0), to minimise .text bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from mlgo.log_format import Observation
+from mlgo.problems import Problem
+from mlgo.sizes import text_size
+
+# The features clang-22's MLInlineAdvisor sends (InlineModelFeatureMaps.h), less the
+# `inlining_default` that -inliner-interactive-include-default adds.
+FEATURES = (
+    "sroa_savings",
+    "sroa_losses",
+    "load_elimination",
+    "call_penalty",
+    "call_argument_setup",
+    "load_relative_intrinsic",
+    "lowered_call_arg_setup",
+    "indirect_call_penalty",
+    "jump_table_penalty",
+    "case_cluster_penalty",
+    "switch_default_dest_penalty",
+    "switch_penalty",
+    "unsimplified_common_instructions",
+    "num_loops",
+    "dead_blocks",
+    "simplified_instructions",
+    "constant_args",
+    "constant_offset_ptr_args",
+    "callsite_cost",
+    "cold_cc_penalty",
+    "last_call_to_static_bonus",
+    "is_multiple_blocks",
+    "nested_inlines",
+    "nested_inline_cost_estimate",
+    "threshold",
+    "callee_basic_block_count",
+    "callsite_height",
+    "node_count",
+    "nr_ctant_params",
+    "cost_estimate",
+    "edge_count",
+    "caller_users",
+    "caller_conditionally_executed_blocks",
+    "caller_basic_block_count",
+    "callee_conditionally_executed_blocks",
+    "callee_users",
+    "is_callee_avail_external",
+    "is_caller_avail_external",
+)
+DEFAULT_FEATURE = "inlining_default"
+
+
+def channel_flags(base: str) -> list[str]:
+    return [
+        "-mllvm",
+        "-enable-ml-inliner=release",
+        "-mllvm",
+        f"-inliner-interactive-channel-base={base}",
+        "-mllvm",
+        "-inliner-interactive-include-default",
+    ]
+
+
+def default_advice(obs: Observation) -> int:
+    return int(obs.features[DEFAULT_FEATURE].reshape(-1)[0])
+
+
+def validate(obs: Observation, advice: np.ndarray) -> None:
+    if int(advice[0]) not in (0, 1):
+        raise ValueError(f"inlining_decision must be 0 or 1, got {int(advice[0])}")
+
+
+def measure(obj: Path, _workdir: Path) -> dict[str, float]:
+    return {"text_size": float(text_size(obj))}
+
+
+PROBLEM = Problem(
+    name="inlining-size",
+    summary="inline or not at each call site, for the smallest .text (clang -Oz)",
+    opt_level="-Oz",
+    channel_flags=channel_flags,
+    feature_names=FEATURES,
+    advice_name="inlining_decision",
+    default_advice=default_advice,
+    default_is_observed=True,
+    validate=validate,
+    measure_flags=lambda _workdir: [],
+    measure=measure,
+    reward_metric="text_size",
+)

@@ -1,0 +1,119 @@
+"""Register-allocation eviction: which interfering live range the greedy allocator evicts.
+
+Contexts are functions. The advice is an index into 33 candidate slots; the last slot is
+the live range being allocated itself, and the `mask` feature says which are legal.
+LLVM 22 does not send its default choice on this channel, so the default trajectory is
+approximated by a baseline rule (cheapest legal candidate) and the true default cost comes
+from a compile with the default advisor.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from mlgo.log_format import Observation
+from mlgo.problems import Problem
+from mlgo.sizes import text_size
+
+# MLRegallocEvictAdvisor.cpp's per-candidate features, each [1, 33], then `progress` [1].
+FEATURES = (
+    "mask",
+    "is_free",
+    "nr_urgent",
+    "nr_broken_hints",
+    "is_hint",
+    "is_local",
+    "nr_rematerializable",
+    "nr_defs_and_uses",
+    "weighed_reads_by_max",
+    "weighed_writes_by_max",
+    "weighed_read_writes_by_max",
+    "weighed_indvars_by_max",
+    "hint_weights_by_max",
+    "start_bb_freq_by_max",
+    "end_bb_freq_by_max",
+    "hottest_bb_freq_by_max",
+    "liverange_size",
+    "use_def_density",
+    "max_stage",
+    "min_stage",
+    "progress",
+)
+
+
+def channel_flags(base: str) -> list[str]:
+    return [
+        "-mllvm",
+        "-regalloc-enable-advisor=release",
+        "-mllvm",
+        f"-regalloc-evict-interactive-channel-base={base}",
+    ]
+
+
+def default_advice(obs: Observation) -> int:
+    """The legal candidate with the fewest broken hints, then the lowest weighted use."""
+    mask = obs.features["mask"].reshape(-1).astype(bool)
+    hints = obs.features["nr_broken_hints"].reshape(-1)
+    weight = obs.features["weighed_read_writes_by_max"].reshape(-1)
+    legal = np.flatnonzero(mask)
+    return int(legal[np.lexsort((legal, weight[legal], hints[legal]))[0]])
+
+
+def validate(obs: Observation, advice: np.ndarray) -> None:
+    mask = obs.features["mask"].reshape(-1)
+    index = int(advice[0])
+    if not 0 <= index < mask.size:
+        raise ValueError(f"index_to_evict {index} is outside 0..{mask.size - 1}")
+    if not mask[index]:
+        raise ValueError(f"index_to_evict {index} is masked out")
+
+
+_REMARK_FIELD = re.compile(r"^\s+- (Total\w+Cost|Num\w+):\s+'([^']*)'")
+
+
+def spill_costs(remarks_yaml: Path) -> dict[str, dict[str, float]]:
+    """Per function, the greedy allocator's SpillReloadCopies remark fields."""
+    out: dict[str, dict[str, float]] = {}
+    record: dict[str, float] | None = None
+    for line in remarks_yaml.read_text().splitlines():
+        if line.startswith("Name:"):
+            record = {} if line.split()[1] == "SpillReloadCopies" else None
+        elif record is not None and line.startswith("Function:"):
+            out[line.split(None, 1)[1].strip()] = record
+        elif record is not None and (m := _REMARK_FIELD.match(line)):
+            record[m[1]] = float(m[2])
+    return out
+
+
+def measure(obj: Path, workdir: Path) -> dict[str, float]:
+    functions = spill_costs(workdir / "regalloc.opt.yaml")
+    total = sum(
+        f.get("TotalSpillsCost", 0.0) + f.get("TotalReloadsCost", 0.0) for f in functions.values()
+    )
+    return {"spill_reload_cost": total, "text_size": float(text_size(obj))}
+
+
+PROBLEM = Problem(
+    name="regalloc-eviction",
+    summary="which live range to evict, for the lowest weighted spill/reload cost (clang -O2)",
+    opt_level="-O2",
+    channel_flags=channel_flags,
+    feature_names=FEATURES,
+    advice_name="index_to_evict",
+    default_advice=default_advice,
+    default_is_observed=False,
+    validate=validate,
+    measure_flags=lambda workdir: [
+        "-opt-record-file",
+        str(workdir / "regalloc.opt.yaml"),
+        "-opt-record-format",
+        "yaml",
+        "-opt-record-passes",
+        "regalloc",
+    ],
+    measure=measure,
+    reward_metric="spill_reload_cost",
+)

@@ -1,0 +1,37 @@
+"""Shared fixtures: the real toolchain and a small real corpus built from tests/data."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mlgo.corpus import Corpus, load_corpus
+from mlgo.extract import build_corpus, combine
+from mlgo.toolchain import Toolchain, find_toolchain
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="session")
+def tc() -> Toolchain:
+    return find_toolchain()
+
+
+@pytest.fixture(scope="session")
+def mini_corpus(tc: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Corpus:
+    """tests/data/minipkg built through the recording wrapper, bear and LLVM's extract_ir."""
+    root = tmp_path_factory.mktemp("mini")
+    src = root / "src"
+    shutil.copytree(DATA / "minipkg", src)
+    build = tuple(f'"$CC" -O2 -c {c.name} -o {c.stem}.o' for c in sorted(src.glob("*.c")))
+    out = root / "corpus"
+    assert build_corpus("minipkg", src, (), build, tc, out, root / "work") == 3
+    combine(out)
+    return load_corpus(out)
+
+
+def copy_corpus(corpus: Corpus, dest: Path) -> Path:
+    shutil.copytree(corpus.root, dest)
+    return dest

@@ -1,0 +1,78 @@
+"""Corpus loading and the extractor on a small real build."""
+
+import json
+
+import pytest
+
+from mlgo.corpus import CorpusError, load_corpus
+from mlgo.extract import BuildError, build_corpus
+from tests.conftest import copy_corpus
+
+
+def test_extractor_stores_bitcode_and_cc1_command(mini_corpus):
+    assert [m.name for m in mini_corpus.modules] == [
+        "minipkg/hash.o",
+        "minipkg/main.o",
+        "minipkg/strbuf.o",
+    ]
+    m = mini_corpus.modules[0]
+    assert m.bitcode.read_bytes()[:4] == b"BC\xc0\xde"
+    assert m.args[0] == "-cc1" and "-Oz" in m.args
+    assert m.package == "minipkg"
+
+
+def test_compile_command_rewrites_only_what_it_must(mini_corpus, tmp_path):
+    m = mini_corpus.modules[0]
+    cmd = m.compile_command("clang-22", tmp_path / "x.o", "-O2", ["-extra"])
+    assert "-fembed-bitcode=all" not in cmd and "-O2" in cmd and "-Oz" not in cmd
+    assert cmd[-6:] == ["-extra", "-x", "ir", str(m.bitcode), "-o", str(tmp_path / "x.o")]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ('{"has_thinlto": false}', "needs a 'modules' list"),
+        ('{"modules": []}', "non-empty list"),
+        ('{"modules": ["minipkg/nope.o"]}', "nope.o.bc: listed .* but missing"),
+        ('{"modules": ["minipkg/hash.o"], "has_thinlto": true}', "ThinLTO"),
+        ('{"modules": ["minipkg/hash.o"], "global_command_override": "-O2"}', "list of strings"),
+    ],
+)
+def test_malformed_description_names_the_file(mini_corpus, tmp_path, content, message):
+    root = copy_corpus(mini_corpus, tmp_path / "c")
+    (root / "corpus_description.json").write_text(content)
+    with pytest.raises(CorpusError, match=message) as e:
+        load_corpus(root)
+    assert str(root) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cmd_file_without_cc1_is_rejected(mini_corpus, tmp_path):
+    root = copy_corpus(mini_corpus, tmp_path / "c")
+    (root / "minipkg" / "hash.o.cmd").write_bytes(b"-O2\0-c")
+    with pytest.raises(CorpusError, match="hash.o.cmd: command line does not start with -cc1"):
+        load_corpus(root)
+
+
+def test_missing_corpus_is_reported(tmp_path):
+    with pytest.raises(CorpusError, match="not found"):
+        load_corpus(tmp_path)
+
+
+def test_select_by_package(mini_corpus):
+    assert len(mini_corpus.select(["minipkg"]).modules) == 3
+    with pytest.raises(CorpusError, match="no package"):
+        mini_corpus.select(["zlib"])
+
+
+def test_failed_build_says_why_and_keeps_the_previous_corpus(tc, mini_corpus, tmp_path):
+    out = tmp_path / "out"
+    copy_corpus(mini_corpus, out)
+    before = sorted(p.name for p in (out / "minipkg").iterdir())
+    with pytest.raises(BuildError, match=r"minipkg: build failed \(.*log: ") as e:
+        build_corpus(
+            "minipkg", tmp_path, (), ('"$CC" -c missing.c -o m.o',), tc, out, tmp_path / "work"
+        )
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in (out / "minipkg").iterdir()) == before
+    assert json.loads((out / "corpus_description.json").read_text())["modules"]

@@ -1,0 +1,97 @@
+"""Toolchain discovery, the in-process llvmlite path, and the command line."""
+
+import subprocess
+import sys
+
+import pytest
+
+from mlgo.inprocess import compile_in_process
+from mlgo.problems import get_problem
+from mlgo.toolchain import ToolchainError, find_toolchain, probe
+
+MLGO = [sys.executable, "-m", "mlgo.cli"]
+
+
+def test_reference_toolchain_is_llvm_22_and_both_channels_work(tc):
+    assert tc.major >= 22
+    assert tc.tool("llvm-objcopy").endswith("llvm-objcopy")
+    assert probe(tc, "inlining-size") >= 1
+    assert probe(tc, "regalloc-eviction") >= 0
+
+
+def test_too_old_clang_is_refused_with_the_fix(tmp_path):
+    old = tmp_path / "clang"
+    old.write_text('#!/bin/sh\necho "Debian clang version 19.1.7 (3+b1)"\n')
+    old.chmod(0o755)
+    with pytest.raises(ToolchainError, match="clang 19; mlgo needs LLVM 22.*tools/setup.sh"):
+        find_toolchain(str(old))
+
+
+def test_missing_clang_is_reported(tmp_path):
+    with pytest.raises(ToolchainError, match="no clang found"):
+        find_toolchain(str(tmp_path / "nothing-here"))
+
+
+def test_clang_without_ml_hooks_fails_the_probe(tc, tmp_path):
+    # A "compiler" that compiles fine but ignores the channel flags it does not know.
+    fake = tmp_path / "clang"
+    fake.write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] && exec {tc.clang} --version\n'
+        f"exec {tc.clang} -Oz -c -o /dev/null -x c /dev/null\n"
+    )
+    fake.chmod(0o755)
+    with pytest.raises(ToolchainError, match="never opened the inlining-size channel"):
+        probe(find_toolchain(str(fake)), "inlining-size")
+
+
+def test_in_process_llvmlite_path_answers_the_same_channel(mini_corpus):
+    problem = get_problem("inlining-size")
+    bitcode = mini_corpus.modules[0].bitcode.read_bytes()
+    default = compile_in_process(problem, bitcode)
+    assert default.decisions and default.object_code[:4] == b"\x7fELF"
+    assert compile_in_process(problem, bitcode).object_code == default.object_code
+    never = compile_in_process(problem, bitcode, policy=lambda obs: 0)
+    assert never.object_code != default.object_code or not any(
+        int(d.advice[0]) for d in default.decisions
+    )
+
+
+def test_in_process_policy_failure_is_reported_without_a_hang(mini_corpus):
+    from mlgo.channel import ChannelError
+
+    problem = get_problem("inlining-size")
+    with pytest.raises(ChannelError, match="policy failed on decision 0"):
+        compile_in_process(
+            problem, mini_corpus.modules[0].bitcode.read_bytes(), policy=lambda obs: 5
+        )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["doctor"], ["corpus"], ["corpus", "build"], ["corpus", "stats"], ["collect"], ["demo"]],
+)
+def test_every_command_has_help(args):
+    r = subprocess.run([*MLGO, *args, "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Usage" in r.stdout
+
+
+def test_corpus_stats_counts_call_sites_and_text(mini_corpus):
+    r = subprocess.run(
+        [*MLGO, "corpus", "stats", str(mini_corpus.root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "minipkg" in r.stdout and "total" in r.stdout
+    assert (mini_corpus.root / "stats.json").exists()
+
+
+def test_malformed_corpus_gives_one_line_error(tmp_path):
+    (tmp_path / "corpus_description.json").write_text("[1, 2")
+    r = subprocess.run(
+        [*MLGO, "corpus", "stats", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("error:") and "not valid JSON" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
