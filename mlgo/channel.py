@@ -10,8 +10,6 @@ deadline. Nothing here can hang: a dead, crashed or stuck compiler becomes a
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import subprocess
 import tempfile
@@ -77,28 +75,39 @@ def last_line(text: str) -> str:
 
 
 def _open_advice_end(path: str, alive: Callable[[], bool], timeout_s: float) -> int | None:
-    """Opens BASE.in for writing once the compiler has it open for reading.
+    """Opens BASE.in for writing as soon as the compiler opens it for reading.
 
-    Returns None if the compiler finished without ever opening the channel.
+    A blocking open in a thread returns the moment the compiler arrives (no polling
+    latency); if the compiler dies or the deadline passes, opening the FIFO's read end
+    ourselves releases that thread. Returns None if the compiler finished without ever
+    opening the channel.
     """
-    deadline = time.monotonic() + timeout_s
-    delay = 0.0005
-    while True:
+    box: dict = {}
+
+    def opener() -> None:
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            box["fd"] = os.open(path, os.O_WRONLY)
         except OSError as e:
-            if e.errno != errno.ENXIO:
-                raise
-        else:
-            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-            fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
-            return fd
-        if not alive():
+            box["error"] = e
+
+    thread = threading.Thread(target=opener, name="mlgo-open", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive():
+        thread.join(0.01)
+        timed_out = time.monotonic() > deadline
+        if thread.is_alive() and (timed_out or not alive()):
+            release = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            thread.join()
+            os.close(release)
+            if "fd" in box:
+                os.close(box["fd"])
+            if timed_out:
+                raise ChannelTimeout(f"compiler did not open the channel within {timeout_s:g} s")
             return None
-        if time.monotonic() > deadline:
-            raise ChannelTimeout(f"compiler did not open the channel within {timeout_s:g} s")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.02)
+    if "error" in box:
+        raise box["error"]
+    return box["fd"]
 
 
 def serve(

@@ -14,8 +14,9 @@ import math
 import os
 import select
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import BinaryIO
 
 import numpy as np
@@ -46,15 +47,15 @@ class TensorSpec:
     shape: tuple[int, ...]
     port: int = 0
 
-    @property
+    @cached_property
     def dtype(self) -> np.dtype:
         return _DTYPES[self.type]
 
-    @property
+    @cached_property
     def num_elements(self) -> int:
         return math.prod(self.shape)
 
-    @property
+    @cached_property
     def num_bytes(self) -> int:
         return self.num_elements * self.dtype.itemsize
 
@@ -76,8 +77,8 @@ class TensorSpec:
     def to_json(self) -> dict:
         return {"name": self.name, "type": self.type, "port": self.port, "shape": list(self.shape)}
 
-    def decode(self, raw: bytes) -> np.ndarray:
-        return np.frombuffer(raw, dtype=self.dtype, count=self.num_elements).reshape(self.shape)
+    def decode(self, raw: bytes, offset: int = 0) -> np.ndarray:
+        return np.frombuffer(raw, self.dtype, self.num_elements, offset).reshape(self.shape)
 
 
 @dataclass(frozen=True)
@@ -109,11 +110,35 @@ class Header:
         return d
 
 
+class FeatureView(Mapping[str, np.ndarray]):
+    """One observation's feature tensors, decoded on access from the raw block.
+
+    An observation is one contiguous block of bytes; decoding all ~40 tensors eagerly
+    would cost more than a whole decision round trip, and most consumers read few.
+    """
+
+    __slots__ = ("_offsets", "_raw")
+
+    def __init__(self, offsets: dict[str, tuple[TensorSpec, int]], raw: bytes):
+        self._offsets = offsets
+        self._raw = raw
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        spec, offset = self._offsets[name]
+        return spec.decode(self._raw, offset)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._offsets)
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+
 @dataclass(frozen=True)
 class Observation:
     context: str
     index: int
-    features: dict[str, np.ndarray]
+    features: Mapping[str, np.ndarray]
     score: np.ndarray | None = None
 
 
@@ -186,6 +211,12 @@ class LogReader:
             raise LogFormatError("empty log: no header line")
         self.header = Header.parse(first)
         self.context = ""
+        self._offsets: dict[str, tuple[TensorSpec, int]] = {}
+        offset = 0
+        for spec in self.header.features:
+            self._offsets[spec.name] = (spec, offset)
+            offset += spec.num_bytes
+        self._block_bytes = offset
 
     def _readline(self) -> bytes:
         return self._src.readline()
@@ -210,7 +241,7 @@ class LogReader:
                 continue
             if "observation" not in event:
                 raise LogFormatError(f"unexpected log event {event!r}")
-            feats = {s.name: s.decode(self._read_exact(s.num_bytes)) for s in self.header.features}
+            feats = FeatureView(self._offsets, self._read_exact(self._block_bytes))
             self._expect_newline()
             score = None
             if self.header.score is not None:

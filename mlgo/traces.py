@@ -17,7 +17,6 @@ leaves only whole files; the manifest is rewritten as modules finish.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import numpy as np
 from mlgo.compile import ModuleRun
 from mlgo.fsutil import atomic_path, atomic_write_text
 from mlgo.log_format import TensorSpec
+from mlgo.tfutil import import_tf
 
 FORMAT = "mlgo-traces"
 VERSION = 1
@@ -83,15 +83,8 @@ def trace_file(name: str) -> str:
     return f"modules/{name}.tfrecord"
 
 
-def _tf():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up chatter is not ours
-    import tensorflow as tf
-
-    return tf
-
-
 def write_module_trace(path: Path, run: ModuleRun, advice_name: str) -> None:
-    tf = _tf()
+    tf = import_tf()
 
     examples: dict[str, tf.train.SequenceExample] = {}
     for step, context in enumerate(run.contexts):
@@ -119,7 +112,7 @@ def read_module_trace(
     path: Path, specs: list[TensorSpec], advice_name: str
 ) -> dict[str, np.ndarray]:
     """All steps of a module's trace, concatenated over contexts: name -> [steps, ...]."""
-    tf = _tf()
+    tf = import_tf()
 
     columns: dict[str, list] = {s.name: [] for s in specs}
     columns[advice_name] = []

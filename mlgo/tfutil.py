@@ -1,0 +1,27 @@
+"""Importing TensorFlow quietly. TF 2.21 logs through absl before any log level applies
+(oneDNN and CUDA notices on every start), so its start-up stderr is silenced; a failed
+import still raises."""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+
+
+def import_tf() -> ModuleType:
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf-agents needs Keras 2
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow as tf
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+    return tf

@@ -1,0 +1,197 @@
+"""Benchmark of the foundation: corpus size, collection throughput, channel overhead against
+plain clang on the same modules in the same run, per-decision round trip, and replay fidelity.
+
+    .venv/bin/python tools/bench_collect.py --corpus data/corpus [--repeats 3] [--json F]
+
+Plain and channel passes alternate (plain, channel, plain, channel, ...) over the whole
+corpus on a 2-process pool, so machine noise hits both; medians and min..max are reported.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from mlgo.channel import serve
+from mlgo.collect import collect
+from mlgo.compile import compile_module, compile_plain, replay_matches_default
+from mlgo.corpus import Module, load_corpus
+from mlgo.log_format import Header, LogWriter, TensorSpec
+from mlgo.problems import get_problem
+from mlgo.toolchain import find_toolchain
+from mlgo.workers import Failed, LocalPool
+
+console = Console()
+PROBLEM = "inlining-size"
+
+
+@dataclass(frozen=True)
+class Task:
+    module: Module
+    clang: str
+    mode: str  # plain | channel | replay-Oz | replay-O2
+
+
+def run_task(task: Task) -> dict:
+    problem = get_problem(PROBLEM)
+    if task.mode == "plain":
+        with tempfile.TemporaryDirectory() as d:
+            return compile_plain(problem, task.module, task.clang, Path(d) / "o.o")
+    if task.mode == "channel":
+        run = compile_module(problem, task.module, task.clang)
+        return {"decisions": run.num_decisions, **run.metrics}
+    level = task.mode.split("-")[1]
+    return {
+        "match": replay_matches_default(
+            replace(problem, opt_level=f"-{level}"), task.module, task.clang
+        )
+    }
+
+
+def run_pass(pool: LocalPool, modules, clang: str, mode: str) -> tuple[float, dict]:
+    start = time.monotonic()
+    results = {}
+    for task, result in pool.imap(run_task, [Task(m, clang, mode) for m in modules]):
+        if isinstance(result, Failed):
+            raise SystemExit(f"{mode} pass failed: {result.message}")
+        results[task.module.name] = result
+    return time.monotonic() - start, results
+
+
+def _echo_compiler(base: str, n: int, result_path: str) -> None:
+    """Plays the compiler's side of the channel and times each observation -> advice."""
+    specs = tuple(TensorSpec(f, "int64_t", (1,)) for f in get_problem(PROBLEM).feature_names)
+    header = Header(
+        specs + (TensorSpec("inlining_default", "int64_t", (1,)),),
+        advice=TensorSpec("inlining_decision", "int64_t", (1,)),
+    )
+    prologue = io.BytesIO()
+    LogWriter(prologue, header).context("")
+    # Like the compiler, send pre-encoded bytes: time our side, not a Python peer's.
+    observation = (
+        b'{"observation": 0}\n' + np.ones(len(header.features), np.int64).tobytes() + b"\n"
+    )
+    times = []
+    # The compiler's opening order: .in first, then .out.
+    with (
+        open(base + ".in", "rb", buffering=0) as advice_in,
+        open(base + ".out", "wb", buffering=0) as out,
+    ):
+        out.write(prologue.getvalue())
+        for _ in range(n):
+            t0 = time.perf_counter()
+            out.write(observation)
+            got = advice_in.read(8)
+            times.append(time.perf_counter() - t0)
+            assert len(got) == 8
+    Path(result_path).write_text(json.dumps(times))
+
+
+def round_trip_us(n: int = 20000) -> tuple[float, float]:
+    import multiprocessing
+
+    from mlgo.channel import fifo_pair
+
+    with fifo_pair() as base, tempfile.NamedTemporaryFile(suffix=".json") as res:
+        peer = multiprocessing.get_context("spawn").Process(
+            target=_echo_compiler, args=(base, n, res.name)
+        )
+        peer.start()
+        serve(base, get_problem(PROBLEM).default_advice, peer.is_alive, 30.0)
+        peer.join(60)
+        times = np.array(json.loads(Path(res.name).read_text())[n // 10 :]) * 1e6
+    return float(np.median(times)), float(np.percentile(times, 99))
+
+
+def main(
+    corpus: Annotated[Path, typer.Option(help="corpus directory")],
+    repeats: Annotated[int, typer.Option(help="plain/channel pass pairs")] = 3,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
+) -> None:
+    tc = find_toolchain()
+    modules = load_corpus(corpus).modules
+    pool = LocalPool(2)
+    console.print(f"{tc.describe()}, {len(modules)} modules, {os.cpu_count()} cores")
+
+    plain_s, channel_s, plain_res, channel_res = [], [], {}, {}
+    for i in range(repeats):
+        wall, plain_res = run_pass(pool, modules, tc.clang, "plain")
+        plain_s.append(wall)
+        wall, channel_res = run_pass(pool, modules, tc.clang, "channel")
+        channel_s.append(wall)
+        console.print(f"pair {i + 1}: plain {plain_s[-1]:.1f} s, channel {channel_s[-1]:.1f} s")
+    overheads = [c / p - 1 for p, c in zip(plain_s, channel_s, strict=True)]
+
+    with tempfile.TemporaryDirectory() as d:
+        start = time.monotonic()
+        manifest = collect(PROBLEM, load_corpus(corpus), Path(d), tc, pool)
+        collect_s = time.monotonic() - start
+
+    rt_median, rt_p99 = round_trip_us()
+    _, oz = run_pass(pool, modules, tc.clang, "replay-Oz")
+    _, o2 = run_pass(pool, modules, tc.clang, "replay-O2")
+
+    packages: dict[str, dict] = {}
+    for m in modules:
+        row = packages.setdefault(m.package, {"modules": 0, "decisions": 0, "text_size": 0})
+        row["modules"] += 1
+        row["decisions"] += channel_res[m.name]["decisions"]
+        row["text_size"] += int(plain_res[m.name]["text_size"])
+    decisions = sum(r["decisions"] for r in packages.values())
+    figures = {
+        "toolchain": tc.describe(),
+        "packages": packages,
+        "modules": len(modules),
+        "decisions": decisions,
+        "text_size_oz": sum(r["text_size"] for r in packages.values()),
+        "plain_pass_s": plain_s,
+        "channel_pass_s": channel_s,
+        "channel_overhead_median": statistics.median(overheads),
+        "channel_overhead_min": min(overheads),
+        "channel_overhead_max": max(overheads),
+        "collect_s": collect_s,
+        "collect_modules_per_s": len(manifest.modules) / collect_s,
+        "collect_decisions_per_s": decisions / collect_s,
+        "round_trip_us_median": rt_median,
+        "round_trip_us_p99": rt_p99,
+        "replay_match_oz": sum(r["match"] for r in oz.values()) / len(oz),
+        "replay_match_o2": sum(r["match"] for r in o2.values()) / len(o2),
+    }
+
+    table = Table("package", "modules", "inlining decisions", ".text at -Oz (bytes)")
+    for pkg, r in sorted(packages.items()):
+        table.add_row(pkg, str(r["modules"]), f"{r['decisions']:,}", f"{r['text_size']:,}")
+    table.add_row("total", str(len(modules)), f"{decisions:,}", f"{figures['text_size_oz']:,}")
+    console.print(table)
+    f = figures
+    console.print(
+        f"channel overhead vs plain clang -Oz: median {f['channel_overhead_median']:+.1%} "
+        f"(min {f['channel_overhead_min']:+.1%}, max {f['channel_overhead_max']:+.1%}) over "
+        f"{repeats} pairs; plain {statistics.median(plain_s):.1f} s, channel "
+        f"{statistics.median(channel_s):.1f} s\n"
+        f"collect (with TFRecord writing): {f['collect_modules_per_s']:.2f} modules/s, "
+        f"{f['collect_decisions_per_s']:.0f} decisions/s\n"
+        f"channel round trip: median {rt_median:.1f} us, p99 {rt_p99:.1f} us\n"
+        f"default replay byte-identical to plain: -Oz {f['replay_match_oz']:.1%}, "
+        f"-O2 {f['replay_match_o2']:.1%}"
+    )
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(typer.run(main))
