@@ -9,15 +9,21 @@ package that fails is reported with the tail of its build log and the others go 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tomllib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
 
 from mlgo.corpus import DESCRIPTION, CorpusError, write_description
 from mlgo.toolchain import Toolchain
@@ -47,12 +53,22 @@ def available_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES.glob("*.toml"))
 
 
-def load_recipe(name: str, recipes_dir: Path = RECIPES) -> Recipe:
+def _recipe_path(name: str, recipes_dir: Path) -> Path:
+    """A recipe by its own name (`lua`) or by its Debian source package (`lua5.4`)."""
     path = recipes_dir / f"{name}.toml"
-    if not path.is_file():
-        raise BuildError(
-            f"no recipe {path.name} in corpus/recipes (have: {', '.join(available_recipes())})"
-        )
+    if path.is_file():
+        return path
+    for candidate in sorted(recipes_dir.glob("*.toml")):
+        if re.search(rf'^source\s*=\s*"{re.escape(name)}"', candidate.read_text(), re.M):
+            return candidate
+    raise BuildError(
+        f"no recipe {path.name} in corpus/recipes (have: {', '.join(available_recipes())})"
+    )
+
+
+def load_recipe(name: str, recipes_dir: Path = RECIPES) -> Recipe:
+    path = _recipe_path(name, recipes_dir)
+    name = path.stem
     try:
         d = tomllib.loads(path.read_text())
         return Recipe(
@@ -119,19 +135,40 @@ def ensure_build_depends(recipe: Recipe, log: Path) -> None:
     )
 
 
+def _source_versions(source: str) -> list[str]:
+    out = subprocess.run(["apt-cache", "showsrc", source], capture_output=True, text=True)
+    versions = re.findall(r"^Version: (\S+)$", out.stdout, re.M)
+    return list(dict.fromkeys(versions))
+
+
 def fetch_source(recipe: Recipe, work: Path, log: Path) -> Path:
-    """Downloads and unpacks the Debian source package; returns the source tree."""
+    """Downloads and unpacks the Debian source package; returns the source tree.
+
+    When the newest version cannot be downloaded (a security update whose files the
+    mirror lacks), the other versions apt knows are tried in turn.
+    """
     dl = work / "download"
     if not any(dl.glob(f"{recipe.source}_*.dsc")):
         shutil.rmtree(dl, ignore_errors=True)
         dl.mkdir(parents=True)
-        _run(
-            ["apt-get", "source", "--download-only", recipe.source],
-            dl,
-            log,
-            900,
-            what=f"apt-get source {recipe.source} (is deb-src enabled? run tools/setup.sh)",
-        )
+        what = f"apt-get source {recipe.source} (is deb-src enabled? run tools/setup.sh)"
+        try:
+            _run(["apt-get", "source", "--download-only", recipe.source], dl, log, 900, what=what)
+        except BuildError:
+            for version in _source_versions(recipe.source):
+                try:
+                    _run(
+                        ["apt-get", "source", "--download-only", f"{recipe.source}={version}"],
+                        dl,
+                        log,
+                        900,
+                        what=what,
+                    )
+                    break
+                except BuildError:
+                    continue
+            else:
+                raise
     dsc = sorted(dl.glob(f"{recipe.source}_*.dsc"))[-1]
     src = work / "src"
     shutil.rmtree(src, ignore_errors=True)
@@ -198,21 +235,23 @@ def build_corpus(
 ) -> int:
     """Builds the tree SRC with the recording wrapper and writes its corpus to OUT/NAME,
     replacing it only once extraction succeeded. Returns the module count."""
+    out, work = out.resolve(), work.resolve()  # the build runs in SRC, not here
     work.mkdir(parents=True, exist_ok=True)
     log = work / "build.log"
     env = build_env(tc, work, RECORD_FLAGS)
     for cmd in configure:
         _run(cmd, src, log, timeout_s, env, f"{name}: configure")
-    cc_json = work / "compile_commands.json"
-    cc_json.unlink(missing_ok=True)
+    recorded = work / "compile_commands.json"
+    recorded.unlink(missing_ok=True)
     _run(
-        ["bear", "--output", str(cc_json), "--", "sh", "-c", " && ".join(build)],
+        ["bear", "--output", str(recorded), "--", "sh", "-c", " && ".join(build)],
         src,
         log,
         timeout_s,
         env,
         f"{name}: build",
     )
+    cc_json = _kept_objects(recorded, work / "compile_commands.kept.json")
     if not MLGO_UTILS_DIR.is_dir():
         raise BuildError(
             f"LLVM's mlgo-utils is not installed in {MLGO_UTILS_DIR}; run tools/setup.sh"
@@ -244,7 +283,7 @@ def build_corpus(
         f"{name}: extract_ir",
     )
     try:
-        names = json.loads((staged / DESCRIPTION).read_text())["modules"]
+        names = _distinct_modules(staged)
     except (OSError, ValueError, KeyError) as e:
         raise BuildError(f"{name}: extract_ir wrote no corpus ({e}; log: {log})") from e
     if not names:
@@ -253,6 +292,52 @@ def build_corpus(
     shutil.rmtree(final, ignore_errors=True)
     os.replace(staged, final)
     return len(names)
+
+
+def _is_relocatable_object(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return ELFFile(f).header["e_type"] == "ET_REL"
+    except (OSError, ELFError):
+        return False
+
+
+def _kept_objects(recorded: Path, kept: Path) -> Path:
+    """The compile commands whose output is a relocatable object that survived the build.
+
+    bear also records the `clang -cc1` jobs of a compile-and-link step (their objects are
+    deleted temporaries) and splits such a step into one `-c` entry per source, all naming
+    the linked program as output; none of those is a module.
+    """
+    entries = []
+    for entry in json.loads(recorded.read_text()):
+        args = entry.get("arguments") or shlex.split(entry.get("command", ""))
+        if "-cc1" not in args and "-o" in args[:-1]:
+            entries.append((entry, Path(entry["directory"]) / args[args.index("-o") + 1]))
+    outputs = Counter(out for _, out in entries)
+    keep = [e for e, out in entries if outputs[out] == 1 and _is_relocatable_object(out)]
+    kept.write_text(json.dumps(keep, indent=1))
+    return kept
+
+
+def _distinct_modules(corpus_dir: Path) -> list[str]:
+    """Keeps one module per distinct bitcode (a package may compile a file twice the same
+    way) and only modules whose bitcode was really extracted."""
+    desc = corpus_dir / DESCRIPTION
+    seen: set[str] = set()
+    names = []
+    for name in json.loads(desc.read_text())["modules"]:
+        if not (corpus_dir / f"{name}.bc").is_file():  # extract_ir lists failures too
+            continue
+        digest = hashlib.sha256((corpus_dir / f"{name}.bc").read_bytes()).hexdigest()
+        if digest in seen:
+            (corpus_dir / f"{name}.bc").unlink()
+            (corpus_dir / f"{name}.cmd").unlink(missing_ok=True)
+        else:
+            seen.add(digest)
+            names.append(name)
+    write_description(corpus_dir, names)
+    return names
 
 
 def combine(out: Path) -> list[str]:
