@@ -11,6 +11,7 @@ deadline. Nothing here can hang: a dead, crashed or stuck compiler becomes a
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import tempfile
 import threading
@@ -135,7 +136,10 @@ def serve(
         for obs in reader.observations():
             try:
                 answer = policy(obs)
-                advice = np.asarray(answer, dtype=spec.dtype).reshape(-1)
+                if isinstance(answer, int | np.integer):  # the common case, kept cheap
+                    advice = np.array([answer], spec.dtype)
+                else:
+                    advice = np.asarray(answer, dtype=spec.dtype).reshape(-1)
             except Exception as e:  # the policy is user code: report, don't propagate raw
                 raise ChannelError(
                     f"policy failed on decision {obs.index}: {type(e).__name__}: {e}"
@@ -189,7 +193,7 @@ def compile_interactive(
             header, decisions = serve(
                 base, policy, lambda: proc.poll() is None, timeout_s, validate
             )
-            rc = proc.wait(timeout=timeout_s)
+            rc = _wait(proc, timeout_s)
         except (
             ChannelError,
             ChannelTimeout,
@@ -205,6 +209,24 @@ def compile_interactive(
         if rc != 0:
             raise ChannelError(f"compiler exited with {rc}: {last_line(stderr_text())}")
         return SessionResult(header, decisions, rc, stderr_text(), time.monotonic() - start)
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
+    """Popen.wait(timeout) polls with sleeps of up to 50 ms, a lot next to a small
+    compile; a pidfd wakes us the moment the compiler exits."""
+    if proc.poll() is not None:
+        return proc.returncode
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:  # exited (and was reaped) just now
+        return proc.wait()
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+    finally:
+        os.close(fd)
+    if not ready:
+        raise subprocess.TimeoutExpired(proc.args, timeout_s)
+    return proc.wait()
 
 
 def _explain_failure(proc: subprocess.Popen, e: Exception, stderr_text) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 
 from mlgo.channel import ChannelError, Policy, compile_interactive, last_line
 from mlgo.corpus import Module
-from mlgo.log_format import TensorSpec
+from mlgo.log_format import TensorSpec, stack_features
 from mlgo.problems import Problem
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -77,10 +77,9 @@ def compile_module(
         return run
     run.specs = session.header.features
     run.contexts = [dec.observation.context for dec in session.decisions]
-    run.features = {
-        s.name: np.stack([dec.observation.features[s.name] for dec in session.decisions])
-        for s in run.specs
-    }
+    run.features = stack_features(
+        run.specs, [dec.observation.features for dec in session.decisions]
+    )
     run.advice = np.array([int(dec.advice[0]) for dec in session.decisions], np.int64)
     run.default = np.array(
         [problem.default_advice(dec.observation) for dec in session.decisions], np.int64

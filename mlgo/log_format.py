@@ -134,6 +134,25 @@ class FeatureView(Mapping[str, np.ndarray]):
         return len(self._offsets)
 
 
+def stack_features(
+    specs: tuple[TensorSpec, ...], views: list[Mapping[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """Many observations' features as one array per feature, [observations, *shape].
+
+    Views read off the channel share one layout, so their raw blocks are decoded in one
+    go; any other mappings are stacked feature by feature.
+    """
+    if views and all(isinstance(v, FeatureView) for v in views):
+        layout = np.dtype([(s.name, s.dtype, s.shape) for s in specs])
+        block = layout.itemsize
+        rows = np.frombuffer(b"".join(v._raw[:block] for v in views), layout)  # noqa: SLF001
+        return {s.name: rows[s.name] for s in specs}
+    return {
+        s.name: np.stack([v[s.name] for v in views]) if views else np.zeros((0, *s.shape), s.dtype)
+        for s in specs
+    }
+
+
 @dataclass(frozen=True)
 class Observation:
     context: str
@@ -241,8 +260,10 @@ class LogReader:
                 continue
             if "observation" not in event:
                 raise LogFormatError(f"unexpected log event {event!r}")
-            feats = FeatureView(self._offsets, self._read_exact(self._block_bytes))
-            self._expect_newline()
+            block = self._read_exact(self._block_bytes + 1)
+            if block[-1:] != b"\n":
+                raise LogFormatError("missing newline after a tensor block")
+            feats = FeatureView(self._offsets, block)
             score = None
             if self.header.score is not None:
                 outcome = json.loads(self._readline() or b"null")

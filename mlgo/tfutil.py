@@ -14,6 +14,8 @@ def import_tf() -> ModuleType:
         return sys.modules["tensorflow"]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf-agents needs Keras 2
+    # The policies are small: CPU only, which also spares a cuInit error on GPU-less hosts.
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
     sys.stderr.flush()
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -24,4 +26,5 @@ def import_tf() -> ModuleType:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+    tf.get_logger().setLevel("ERROR")
     return tf

@@ -118,7 +118,7 @@ def read_module_trace(
     columns[advice_name] = []
     columns[DEFAULT_DECISION] = []
     try:
-        for raw in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
+        for raw in tf.compat.v1.io.tf_record_iterator(str(path)):
             se = tf.train.SequenceExample.FromString(raw)
             lists = se.feature_lists.feature_list
             for name, column in columns.items():

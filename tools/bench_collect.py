@@ -13,6 +13,7 @@ import io
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.channel import serve
+from mlgo.channel import fifo_pair, serve
 from mlgo.collect import collect
 from mlgo.compile import compile_module, compile_plain, replay_matches_default
 from mlgo.corpus import Module, load_corpus
@@ -53,12 +54,35 @@ def run_task(task: Task) -> dict:
     if task.mode == "channel":
         run = compile_module(problem, task.module, task.clang)
         return {"decisions": run.num_decisions, **run.metrics}
+    if task.mode == "native":
+        return compile_with_native_responder(problem, task.module, task.clang)
     level = task.mode.split("-")[1]
     return {
         "match": replay_matches_default(
             replace(problem, opt_level=f"-{level}"), task.module, task.clang
         )
     }
+
+
+RESPONDER = Path(tempfile.gettempdir()) / "mlgo-default-responder"
+
+
+def build_responder() -> None:
+    src = Path(__file__).with_name("default_responder.c")
+    subprocess.run(["cc", "-O2", "-o", str(RESPONDER), str(src)], check=True)
+
+
+def compile_with_native_responder(problem, module: Module, clang: str) -> dict:
+    """The channel answered by a C process: what the compiler's ML mode costs by itself."""
+    with tempfile.TemporaryDirectory() as d, fifo_pair() as base:
+        cmd = module.compile_command(
+            clang, Path(d) / "o.o", problem.opt_level, problem.channel_flags(base)
+        )
+        compiler = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        responder = subprocess.Popen([str(RESPONDER), base])
+        if compiler.wait(timeout=600) or responder.wait(timeout=60):
+            raise RuntimeError(f"{module.name}: native responder run failed")
+        return {}
 
 
 def run_pass(pool: LocalPool, modules, clang: str, mode: str) -> tuple[float, dict]:
@@ -103,8 +127,6 @@ def _echo_compiler(base: str, n: int, result_path: str) -> None:
 def round_trip_us(n: int = 20000) -> tuple[float, float]:
     import multiprocessing
 
-    from mlgo.channel import fifo_pair
-
     with fifo_pair() as base, tempfile.NamedTemporaryFile(suffix=".json") as res:
         peer = multiprocessing.get_context("spawn").Process(
             target=_echo_compiler, args=(base, n, res.name)
@@ -126,14 +148,20 @@ def main(
     pool = LocalPool(2)
     console.print(f"{tc.describe()}, {len(modules)} modules, {os.cpu_count()} cores")
 
-    plain_s, channel_s, plain_res, channel_res = [], [], {}, {}
+    build_responder()
+    walls: dict[str, list[float]] = {"plain": [], "native": [], "channel": []}
+    results: dict[str, dict] = {}
     for i in range(repeats):
-        wall, plain_res = run_pass(pool, modules, tc.clang, "plain")
-        plain_s.append(wall)
-        wall, channel_res = run_pass(pool, modules, tc.clang, "channel")
-        channel_s.append(wall)
-        console.print(f"pair {i + 1}: plain {plain_s[-1]:.1f} s, channel {channel_s[-1]:.1f} s")
+        for mode in walls:  # interleaved, so drifting machine load hits all three
+            wall, results[mode] = run_pass(pool, modules, tc.clang, mode)
+            walls[mode].append(wall)
+        console.print(
+            f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in walls.items())
+        )
+    plain_s, channel_s = walls["plain"], walls["channel"]
+    plain_res, channel_res = results["plain"], results["channel"]
     overheads = [c / p - 1 for p, c in zip(plain_s, channel_s, strict=True)]
+    native_overheads = [c / p - 1 for p, c in zip(plain_s, walls["native"], strict=True)]
 
     with tempfile.TemporaryDirectory() as d:
         start = time.monotonic()
@@ -159,6 +187,8 @@ def main(
         "text_size_oz": sum(r["text_size"] for r in packages.values()),
         "plain_pass_s": plain_s,
         "channel_pass_s": channel_s,
+        "native_pass_s": walls["native"],
+        "native_overhead_median": statistics.median(native_overheads),
         "channel_overhead_median": statistics.median(overheads),
         "channel_overhead_min": min(overheads),
         "channel_overhead_max": max(overheads),
@@ -182,6 +212,9 @@ def main(
         f"(min {f['channel_overhead_min']:+.1%}, max {f['channel_overhead_max']:+.1%}) over "
         f"{repeats} pairs; plain {statistics.median(plain_s):.1f} s, channel "
         f"{statistics.median(channel_s):.1f} s\n"
+        f"of which the compiler's ML mode with a C responder: median "
+        f"{f['native_overhead_median']:+.1%} (min {min(native_overheads):+.1%}, max "
+        f"{max(native_overheads):+.1%})\n"
         f"collect (with TFRecord writing): {f['collect_modules_per_s']:.2f} modules/s, "
         f"{f['collect_decisions_per_s']:.0f} decisions/s\n"
         f"channel round trip: median {rt_median:.1f} us, p99 {rt_p99:.1f} us\n"
