@@ -172,6 +172,143 @@ def collect(
         raise typer.Exit(1)
 
 
+def _policy_dir(path: Path) -> Path:
+    """A run directory or its policy/ directory."""
+    return path / "policy" if (path / "policy" / "policy.json").exists() else path
+
+
+def _train_traces(run, corpus_path: Path, packages: str, tc, workers):
+    """The default traces of the training corpus, collected into the run once."""
+    from mlgo.collect import collect as run_collect
+
+    corpus = load_corpus(corpus_path).select([p for p in packages.split(",") if p])
+    manifest = run_collect("inlining-size", corpus, run.traces_dir, tc, workers)
+    if manifest.failed:
+        err.print(f"[yellow]{len(manifest.failed)} modules failed to compile and are left out")
+    return corpus
+
+
+@app.command()
+def train(
+    corpus: Annotated[Path, typer.Option(help="training corpus (held-out packages not in it)")],
+    out: Annotated[Path, typer.Option(help="run directory; an existing run resumes")],
+    algo: Annotated[str, typer.Option(help="bc, es")] = "bc",
+    problem: Annotated[str, typer.Option(help="the decision to learn")] = "inlining-size",
+    init: Annotated[Path | None, typer.Option(help="run or policy to start from (es)")] = None,
+    packages: Annotated[str, typer.Option(help="comma-separated packages (default: all)")] = "",
+    steps: Annotated[int, typer.Option(help="epochs (bc) or ES steps")] = 0,
+    workers: WorkersOpt = "local",
+    clang: ClangOpt = None,
+) -> None:
+    """Train a policy; prints its size change on the training corpus."""
+    from mlgo.dataset import load_decisions
+    from mlgo.evaluate import evaluate
+    from mlgo.policy import MLPPolicy
+    from mlgo.problems import get_problem
+    from mlgo.train import RunDir
+    from mlgo.workers import make_workers
+
+    if problem != "inlining-size":
+        raise ValueError(f"training for {problem} is not available yet; use inlining-size")
+    tc = find_toolchain(clang)
+    pool = make_workers(workers)
+    run = RunDir(out, algo)
+    selected = _train_traces(run, corpus, packages, tc, pool)
+    if algo == "bc":
+        from mlgo.train.bc import train_bc
+
+        data = load_decisions(run.traces_dir, get_problem(problem))
+        policy, acc = train_bc(data, problem, run, epochs=steps or 30)
+        console.print(
+            f"BC accuracy on {len(data.default):,} default decisions: "
+            f"{acc['accuracy']:.4f} (inline recall {acc.get('recall_1', 0):.3f}, "
+            f"no-inline recall {acc.get('recall_0', 0):.3f})"
+        )
+    elif algo == "es":
+        from mlgo.train.es import ESConfig, train_es
+
+        if init is None:
+            raise ValueError("--algo es needs --init (a BC run) as its starting point")
+        cfg = ESConfig(steps=steps or ESConfig.steps)
+        policy = train_es(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
+    else:
+        raise ValueError(f"unknown --algo {algo!r}: use bc or es")
+    ev = evaluate(policy, selected, tc, pool)
+    ev.save(out / "eval")
+    t = ev.totals()
+    console.print(
+        f"{out / 'policy'}: training corpus .text {t['delta']:+.2%} vs "
+        f"{get_problem(problem).opt_level} ({t['modules']} modules)"
+    )
+
+
+@app.command("eval")
+def eval_cmd(
+    policy: Annotated[Path, typer.Option(help="policy directory (or its run)")],
+    corpus: Annotated[Path, typer.Option(help="corpus to compile, e.g. held-out packages")],
+    out: Annotated[Path | None, typer.Option(help="where eval.json goes")] = None,
+    packages: Annotated[str, typer.Option(help="comma-separated packages (default: all)")] = "",
+    workers: WorkersOpt = "local",
+    clang: ClangOpt = None,
+) -> None:
+    """Compile a corpus with a policy and with the default; per-module and total deltas."""
+    from mlgo.evaluate import evaluate
+    from mlgo.policy import MLPPolicy
+    from mlgo.workers import make_workers
+
+    tc = find_toolchain(clang)
+    pdir = _policy_dir(policy)
+    selected = load_corpus(corpus).select([p for p in packages.split(",") if p])
+    ev = evaluate(MLPPolicy.load(pdir), selected, tc, make_workers(workers))
+    dest = out or pdir.parent / f"eval-{corpus.name}"
+    ev.save(dest)
+    table = Table(
+        "package", "modules", "default .text", "policy .text", "change", title=f"{pdir} on {corpus}"
+    )
+    for pkg, r in sorted(ev.per_package().items()):
+        table.add_row(
+            pkg,
+            str(r["modules"]),
+            f"{r['default_text_size']:,.0f}",
+            f"{r['text_size']:,.0f}",
+            f"{r['delta']:+.2%}",
+        )
+    t = ev.totals()
+    table.add_row(
+        "[bold]total",
+        str(t["modules"]),
+        f"{t['default_text_size']:,.0f}",
+        f"{t['text_size']:,.0f}",
+        f"[bold]{t['delta']:+.2%}",
+    )
+    console.print(table)
+    console.print(f"wrote {dest / 'eval.json'}")
+    for name, msg in ev.failed.items():
+        err.print(f"[red]failed[/red] {name}: {msg}", highlight=False)
+
+
+@app.command()
+def report(
+    evaluation: Annotated[Path, typer.Argument(help="an eval directory or eval.json")],
+    html: Annotated[Path | None, typer.Option(help="write a self-contained HTML report")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write a JSON summary")] = None,
+) -> None:
+    """Render an evaluation: table, per-module histogram, per-package bars, JSON."""
+    from mlgo.evaluate import Evaluation
+    from mlgo.fsutil import atomic_write_text
+    from mlgo.report import render_html, summary_json
+
+    ev = Evaluation.load(evaluation)
+    if html:
+        atomic_write_text(html, render_html(ev, f"mlgo report: {evaluation}"))
+        console.print(f"wrote {html}")
+    if json_out:
+        atomic_write_text(json_out, summary_json(ev))
+        console.print(f"wrote {json_out}")
+    if not html and not json_out:
+        console.print(summary_json(ev))
+
+
 @app.command()
 def demo(
     out: Annotated[Path, typer.Option(help="where the demo corpus and traces go")] = Path(

@@ -42,7 +42,7 @@ class StatsTask:
     clang: str
 
 
-def module_stats(task: StatsTask) -> dict[str, int]:
+def module_stats(task: StatsTask) -> dict[str, float]:
     import tempfile
 
     data = task.module.bitcode.read_bytes()
@@ -54,6 +54,7 @@ def module_stats(task: StatsTask) -> dict[str, int]:
         "bitcode_bytes": len(data),
         "call_sites": count_call_sites(data),
         "text_size": int(metrics["text_size"]),
+        "seconds": round(metrics["seconds"], 3),
     }
 
 
@@ -75,6 +76,7 @@ def corpus_stats(
         m
         for m in corpus.modules
         if known.get(m.name, {}).get("bitcode_bytes") != m.bitcode.stat().st_size
+        or "seconds" not in known[m.name]
     ]
     failures: dict[str, str] = {}
     for task, result in workers.imap(module_stats, [StatsTask(m, clang) for m in todo]):

@@ -12,7 +12,7 @@ from types import ModuleType
 def import_tf() -> ModuleType:
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # errors still raise in Python
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf-agents needs Keras 2
     # The policies are small: CPU only, which also spares a cuInit error on GPU-less hosts.
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")

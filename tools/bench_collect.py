@@ -53,7 +53,7 @@ def run_task(task: Task) -> dict:
             return compile_plain(problem, task.module, task.clang, Path(d) / "o.o")
     if task.mode == "channel":
         run = compile_module(problem, task.module, task.clang)
-        return {"decisions": run.num_decisions, **run.metrics}
+        return {"decisions": run.num_decisions, "seconds": run.seconds, **run.metrics}
     if task.mode == "native":
         return compile_with_native_responder(problem, task.module, task.clang)
     level = task.mode.split("-")[1]
@@ -78,11 +78,12 @@ def compile_with_native_responder(problem, module: Module, clang: str) -> dict:
         cmd = module.compile_command(
             clang, Path(d) / "o.o", problem.opt_level, problem.channel_flags(base)
         )
+        start = time.monotonic()
         compiler = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
         responder = subprocess.Popen([str(RESPONDER), base])
         if compiler.wait(timeout=600) or responder.wait(timeout=60):
             raise RuntimeError(f"{module.name}: native responder run failed")
-        return {}
+        return {"seconds": time.monotonic() - start}
 
 
 def run_pass(pool: LocalPool, modules, clang: str, mode: str) -> tuple[float, dict]:
@@ -150,11 +151,15 @@ def main(
 
     build_responder()
     walls: dict[str, list[float]] = {"plain": [], "native": [], "channel": []}
+    # Summed per-module compile times: what each mode costs in compile work, steadier than
+    # a pass's wall time, which the one long module (sqlite3) dominates.
+    work: dict[str, list[float]] = {mode: [] for mode in walls}
     results: dict[str, dict] = {}
     for i in range(repeats):
         for mode in walls:  # interleaved, so drifting machine load hits all three
             wall, results[mode] = run_pass(pool, modules, tc.clang, mode)
             walls[mode].append(wall)
+            work[mode].append(sum(r["seconds"] for r in results[mode].values()))
         console.print(
             f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in walls.items())
         )
@@ -162,6 +167,10 @@ def main(
     plain_res, channel_res = results["plain"], results["channel"]
     overheads = [c / p - 1 for p, c in zip(plain_s, channel_s, strict=True)]
     native_overheads = [c / p - 1 for p, c in zip(plain_s, walls["native"], strict=True)]
+    work_overheads = {
+        mode: [c / p - 1 for p, c in zip(work["plain"], work[mode], strict=True)]
+        for mode in ("native", "channel")
+    }
 
     with tempfile.TemporaryDirectory() as d:
         start = time.monotonic()
@@ -189,6 +198,9 @@ def main(
         "channel_pass_s": channel_s,
         "native_pass_s": walls["native"],
         "native_overhead_median": statistics.median(native_overheads),
+        "work_s": work,
+        "work_overhead_channel_median": statistics.median(work_overheads["channel"]),
+        "work_overhead_native_median": statistics.median(work_overheads["native"]),
         "channel_overhead_median": statistics.median(overheads),
         "channel_overhead_min": min(overheads),
         "channel_overhead_max": max(overheads),
@@ -208,13 +220,15 @@ def main(
     console.print(table)
     f = figures
     console.print(
-        f"channel overhead vs plain clang -Oz: median {f['channel_overhead_median']:+.1%} "
-        f"(min {f['channel_overhead_min']:+.1%}, max {f['channel_overhead_max']:+.1%}) over "
-        f"{repeats} pairs; plain {statistics.median(plain_s):.1f} s, channel "
-        f"{statistics.median(channel_s):.1f} s\n"
-        f"of which the compiler's ML mode with a C responder: median "
-        f"{f['native_overhead_median']:+.1%} (min {min(native_overheads):+.1%}, max "
-        f"{max(native_overheads):+.1%})\n"
+        f"pass wall time vs plain clang -Oz, median (min..max) of {repeats} rounds: "
+        f"Python channel {f['channel_overhead_median']:+.1%} ({min(overheads):+.1%}.."
+        f"{max(overheads):+.1%}), C responder {f['native_overhead_median']:+.1%} "
+        f"({min(native_overheads):+.1%}..{max(native_overheads):+.1%})\n"
+        f"summed per-module compile time vs plain: Python channel "
+        f"{f['work_overhead_channel_median']:+.1%} ("
+        f"{min(work_overheads['channel']):+.1%}..{max(work_overheads['channel']):+.1%}), "
+        f"C responder {f['work_overhead_native_median']:+.1%} ("
+        f"{min(work_overheads['native']):+.1%}..{max(work_overheads['native']):+.1%})\n"
         f"collect (with TFRecord writing): {f['collect_modules_per_s']:.2f} modules/s, "
         f"{f['collect_decisions_per_s']:.0f} decisions/s\n"
         f"channel round trip: median {rt_median:.1f} us, p99 {rt_p99:.1f} us\n"

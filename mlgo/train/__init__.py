@@ -1,0 +1,98 @@
+"""What every trainer shares: the run directory, checkpoints, TensorBoard scalars, and the
+training data. A run directory holds:
+
+    OUT/policy/          the current best policy (policy.npz, normalization.json, policy.json)
+    OUT/checkpoint.npz   the trainer's full state, rewritten atomically every step
+    OUT/state.json       step, budget spent, history; a rerun resumes from here
+    OUT/tb/              TensorBoard scalars
+    OUT/traces/          default traces of the training corpus (collected once)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mlgo.fsutil import atomic_path, atomic_write_text
+from mlgo.tfutil import import_tf
+
+
+@dataclass
+class RunState:
+    algo: str
+    step: int = 0
+    compiles: int = 0
+    seconds: float = 0.0
+    history: list[dict] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+class RunDir:
+    def __init__(self, root: Path, algo: str):
+        self.root = root
+        self.algo = algo
+        root.mkdir(parents=True, exist_ok=True)
+        self._tb = None
+
+    @property
+    def policy_dir(self) -> Path:
+        return self.root / "policy"
+
+    @property
+    def traces_dir(self) -> Path:
+        return self.root / "traces"
+
+    def load_state(self) -> tuple[RunState, dict[str, np.ndarray]] | None:
+        """The last checkpoint, or None for a fresh run."""
+        state_path, ckpt = self.root / "state.json", self.root / "checkpoint.npz"
+        if not (state_path.exists() and ckpt.exists()):
+            return None
+        d = json.loads(state_path.read_text())
+        if d.get("algo") != self.algo:
+            raise ValueError(f"{self.root} holds a {d.get('algo')} run, not {self.algo}")
+        with np.load(ckpt) as z:
+            arrays = {k: z[k] for k in z.files}
+        return RunState(**d), arrays
+
+    def save_state(self, state: RunState, arrays: dict[str, np.ndarray]) -> None:
+        """Checkpoint first, then state: a kill between the two replays one step at most."""
+        with atomic_path(self.root / "checkpoint.npz") as tmp, open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        atomic_write_text(self.root / "state.json", json.dumps(state.__dict__, indent=1))
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        tf = import_tf()
+        if self._tb is None:
+            self._tb = tf.summary.create_file_writer(str(self.root / "tb"))
+        with self._tb.as_default(step=step):
+            for k, v in values.items():
+                tf.summary.scalar(k, v)
+        self._tb.flush()
+
+
+class Adam:
+    """Adam on a flat parameter vector, in numpy so that its state checkpoints with the run."""
+
+    def __init__(self, size: int, lr: float, b1: float = 0.9, b2: float = 0.999):
+        self.lr, self.b1, self.b2 = lr, b1, b2
+        self.m = np.zeros(size, np.float64)
+        self.v = np.zeros(size, np.float64)
+        self.t = 0
+
+    def step(self, theta: np.ndarray, grad: np.ndarray) -> np.ndarray:
+        """One ascent step along `grad` (a gradient of something to maximise)."""
+        self.t += 1
+        self.m = self.b1 * self.m + (1 - self.b1) * grad
+        self.v = self.b2 * self.v + (1 - self.b2) * grad * grad
+        m_hat = self.m / (1 - self.b1**self.t)
+        v_hat = self.v / (1 - self.b2**self.t)
+        return theta + self.lr * m_hat / (np.sqrt(v_hat) + 1e-8)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"adam_m": self.m, "adam_v": self.v, "adam_t": np.array(self.t)}
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        self.m, self.v, self.t = arrays["adam_m"], arrays["adam_v"], int(arrays["adam_t"])

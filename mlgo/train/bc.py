@@ -1,0 +1,97 @@
+"""Behavioral cloning: fit the policy network to the compiler's own decisions.
+
+This is the warm start for the other trainers: a policy that already decides like the
+default heuristic from LLVM's features alone (not from `inlining_default`, which a
+release-mode LLVM does not compute), so that search starts from -Oz's size, not from a
+random policy's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from rich.progress import Progress
+
+from mlgo.dataset import Decisions
+from mlgo.policy import MLPPolicy, Normalizer
+from mlgo.tfutil import import_tf
+from mlgo.train import Adam, RunDir, RunState
+
+
+def _loss_and_grad(
+    policy: MLPPolicy, x: np.ndarray, y: np.ndarray, weight: np.ndarray
+) -> tuple[float, np.ndarray]:
+    tf = import_tf()
+    ws = [tf.Variable(w) for w in policy.weights]
+    with tf.GradientTape() as tape:
+        h = tf.constant(x)
+        for i in range(0, len(ws), 2):
+            h = tf.matmul(h, ws[i]) + ws[i + 1]
+            if i + 2 < len(ws):
+                h = tf.nn.relu(h)
+        per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=h)
+        loss = tf.reduce_sum(per * weight) / tf.reduce_sum(weight)
+    grads = tape.gradient(loss, ws)
+    return float(loss), np.concatenate([g.numpy().reshape(-1) for g in grads])
+
+
+def accuracy(policy: MLPPolicy, raw: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    pred = np.argmax(policy.logits(raw), 1)
+    out = {"accuracy": float((pred == y).mean())}
+    for c in (0, 1):
+        if (y == c).any():
+            out[f"recall_{c}"] = float((pred[y == c] == c).mean())
+    return out
+
+
+def train_bc(
+    data: Decisions,
+    problem: str,
+    run: RunDir,
+    epochs: int = 30,
+    hidden: tuple[int, ...] = (64, 32),
+    lr: float = 3e-3,
+    batch: int = 1024,
+    seed: int = 0,
+) -> tuple[MLPPolicy, dict[str, float]]:
+    """Trains (or resumes training) a BC policy; saves it to run.policy_dir."""
+    rng = np.random.default_rng(seed)
+    normalizer = Normalizer.fit(data.features, data.x)
+    policy = MLPPolicy.init(problem, normalizer, hidden, seed=seed)
+    adam = Adam(policy.flat().size, lr)
+    state = RunState("bc")
+    if (saved := run.load_state()) is not None:
+        state, arrays = saved
+        policy = policy.with_flat(arrays["theta"])
+        adam.restore(arrays)
+        rng = np.random.default_rng(seed + state.step)
+    # Rare "inline" decisions weigh as much in total as the common "don't".
+    freq = np.bincount(data.default, minlength=2) / len(data.default)
+    weight = (0.5 / np.maximum(freq, 1e-6))[data.default].astype(np.float32)
+    x = normalizer.transform(data.x)
+    start = time.monotonic()
+    with Progress() as bar:
+        job = bar.add_task("behavioral cloning", total=epochs, completed=state.step)
+        while state.step < epochs:
+            order = rng.permutation(len(x))
+            losses = []
+            for i in range(0, len(order), batch):
+                idx = order[i : i + batch]
+                loss, grad = _loss_and_grad(policy, x[idx], data.default[idx], weight[idx])
+                policy = policy.with_flat(adam.step(policy.flat(), -grad).astype(np.float32))
+                losses.append(loss)
+            state.step += 1
+            metrics = {"loss": float(np.mean(losses)), **accuracy(policy, data.x, data.default)}
+            state.history.append({"epoch": state.step, **metrics})
+            state.seconds += time.monotonic() - start
+            start = time.monotonic()
+            run.save_state(state, {"theta": policy.flat(), **adam.state()})
+            run.scalars(state.step, {f"bc/{k}": v for k, v in metrics.items()})
+            bar.update(
+                job,
+                completed=state.step,
+                description=f"behavioral cloning (acc {metrics['accuracy']:.4f})",
+            )
+    policy.save(run.policy_dir)
+    return policy, accuracy(policy, data.x, data.default)

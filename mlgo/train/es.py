@@ -1,0 +1,144 @@
+"""Evolution strategies over the policy's weights (antithetic sampling, as MLGO's `es/`).
+
+Each step samples a batch of training modules and K random directions, compiles the
+batch with the policy moved +sigma and -sigma along each direction, and moves the weights
+along the directions that shrank the batch's total .text the most (rank-shaped
+fitness, Adam). Every `eval_every` steps the current policy compiles the whole training
+pool; the best one seen is the run's policy.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from rich.progress import Progress
+
+from mlgo.corpus import Corpus, Module
+from mlgo.evaluate import EvalTask, baseline_sizes, eval_one
+from mlgo.policy import MLPPolicy
+from mlgo.toolchain import Toolchain
+from mlgo.train import Adam, RunDir, RunState
+from mlgo.workers import Failed, Workers
+
+
+@dataclass(frozen=True)
+class ESConfig:
+    steps: int = 40
+    directions: int = 8
+    batch: int = 24
+    sigma: float = 0.05
+    lr: float = 0.02
+    eval_every: int = 5
+    max_module_seconds: float = 2.0  # modules slower than this stay out of ES batches
+    seed: int = 0
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Centered ranks in [-0.5, 0.5]: robust to a few modules with outsized rewards."""
+    ranks = np.empty(len(values))
+    ranks[np.argsort(values)] = np.arange(len(values))
+    return ranks / max(len(values) - 1, 1) - 0.5
+
+
+class Scorer:
+    """Compiles modules with policies and scores each policy by total .text reduction."""
+
+    def __init__(self, corpus: Corpus, tc: Toolchain, workers: Workers):
+        self.tc, self.workers = tc, workers
+        self.base = baseline_sizes(corpus, tc, workers)
+        self.compiles = 0
+
+    def rewards(self, policies: list[MLPPolicy], modules: list[Module]) -> np.ndarray:
+        """Per policy: (sum default - sum policy) / sum default over `modules`."""
+        sizes = np.zeros(len(policies))
+        tasks = [
+            EvalTask("inlining-size", m, self.tc.clang, p, tag=i)
+            for i, p in enumerate(policies)
+            for m in modules
+        ]
+        for task, r in self.workers.imap(eval_one, tasks):
+            if isinstance(r, Failed):
+                raise RuntimeError(f"ES compile failed: {r.message}")
+            sizes[task.tag] += r["text_size"]
+        self.compiles += len(tasks)
+        total = sum(self.base[m.name] for m in modules)
+        return (total - sizes) / total
+
+
+def train_es(
+    corpus: Corpus,
+    init: MLPPolicy,
+    run: RunDir,
+    tc: Toolchain,
+    workers: Workers,
+    cfg: ESConfig = ESConfig(),
+) -> MLPPolicy:
+    from mlgo.stats import corpus_stats
+
+    stats, _ = corpus_stats(corpus, tc.describe(), tc.clang, workers)
+    pool = [
+        m
+        for m in corpus.modules
+        if stats[m.name]["call_sites"] > 0
+        and stats[m.name].get("seconds", 0.0) <= cfg.max_module_seconds
+    ]
+    if not pool:
+        raise ValueError(
+            f"{corpus.root}: no module with call sites compiles within {cfg.max_module_seconds:g} s"
+        )
+    scorer = Scorer(corpus, tc, workers)
+    theta = init.flat().astype(np.float64)
+    adam = Adam(theta.size, cfg.lr)
+    state = RunState("es", extra={"best_reward": -np.inf, "pool": len(pool)})
+    best = theta.copy()
+    if (saved := run.load_state()) is not None:
+        state, arrays = saved
+        theta, best = arrays["theta"], arrays["best"]
+        adam.restore(arrays)
+    else:  # the starting point is the first candidate for best
+        state.extra["best_reward"] = float(scorer.rewards([init], pool)[0])
+        state.extra["init_reward"] = state.extra["best_reward"]
+    start = time.monotonic()
+    with Progress() as bar:
+        job = bar.add_task("evolution strategies", total=cfg.steps, completed=state.step)
+        while state.step < cfg.steps:
+            rng = np.random.default_rng(cfg.seed + state.step)  # a resumed step is the same step
+            batch = list(rng.choice(pool, min(cfg.batch, len(pool)), replace=False))
+            eps = rng.standard_normal((cfg.directions, theta.size))
+            candidates = [
+                init.with_flat(theta + sign * cfg.sigma * e) for e in eps for sign in (1.0, -1.0)
+            ]
+            r = scorer.rewards(candidates, batch)
+            shaped = _ranks(r).reshape(cfg.directions, 2)
+            grad = ((shaped[:, 0] - shaped[:, 1])[:, None] * eps).sum(0) / (
+                2 * cfg.directions * cfg.sigma
+            )
+            theta = adam.step(theta, grad)
+            state.step += 1
+            metrics = {
+                "es/batch_reward_mean": float(r.mean()),
+                "es/batch_reward_max": float(r.max()),
+            }
+            if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
+                pool_reward = float(scorer.rewards([init.with_flat(theta)], pool)[0])
+                metrics["es/pool_reward"] = pool_reward
+                if pool_reward > state.extra["best_reward"]:
+                    state.extra["best_reward"] = pool_reward
+                    best = theta.copy()
+            state.compiles += scorer.compiles
+            scorer.compiles = 0
+            state.seconds += time.monotonic() - start
+            start = time.monotonic()
+            state.history.append({"step": state.step, **metrics})
+            run.save_state(state, {"theta": theta, "best": best, **adam.state()})
+            run.scalars(state.step, metrics)
+            bar.update(
+                job,
+                completed=state.step,
+                description=(f"evolution strategies (best {state.extra['best_reward']:+.3%})"),
+            )
+    policy = init.with_flat(best)
+    policy.save(run.policy_dir)
+    return policy

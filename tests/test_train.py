@@ -1,0 +1,116 @@
+"""Policies and training on the small real corpus: BC, ES, resume after kill -9, eval, report."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from mlgo.collect import collect
+from mlgo.dataset import load_decisions
+from mlgo.evaluate import Evaluation, evaluate
+from mlgo.policy import MLPPolicy, Normalizer
+from mlgo.problems import get_problem
+from mlgo.report import render_html, summary
+from mlgo.train import RunDir
+from mlgo.train.bc import train_bc
+from mlgo.train.es import ESConfig, train_es
+from mlgo.workers import LocalPool
+
+MLGO = [sys.executable, "-m", "mlgo.cli"]
+PROBLEM = get_problem("inlining-size")
+
+
+@pytest.fixture(scope="module")
+def bc_run(mini_corpus, tc, tmp_path_factory):
+    run = RunDir(tmp_path_factory.mktemp("bc"), "bc")
+    collect("inlining-size", mini_corpus, run.traces_dir, tc, LocalPool(2))
+    data = load_decisions(run.traces_dir, PROBLEM)
+    policy, acc = train_bc(data, "inlining-size", run, epochs=40)
+    return run, data, policy, acc
+
+
+def test_normalizer_is_monotone_and_bounded():
+    x = np.arange(100, dtype=np.float64)[:, None]
+    norm = Normalizer.fit(["f"], x, n=10)
+    q = norm.transform(np.array([[-5.0], [0.0], [50.0], [99.0], [1e9]]))[:, 0]
+    assert np.all(np.diff(q) >= 0) and q[0] == 0.0 and q[-1] == 1.0
+
+
+def test_bc_reproduces_the_default_and_saves_a_policy(bc_run, mini_corpus, tc):
+    run, data, policy, acc = bc_run
+    assert acc["accuracy"] >= 0.95
+    loaded = MLPPolicy.load(run.policy_dir)
+    assert np.array_equal(loaded.logits(data.x), policy.logits(data.x))
+    ev = evaluate(loaded, mini_corpus, tc, LocalPool(2))
+    assert not ev.failed and abs(ev.totals()["delta"]) < 0.02
+
+
+def test_bc_resumes_from_its_checkpoint(bc_run):
+    run, data, _, _ = bc_run
+    state, _ = run.load_state()
+    assert state.step == 40 and len(state.history) == 40
+    policy, _ = train_bc(data, "inlining-size", run, epochs=42)
+    state, _ = run.load_state()
+    assert state.step == 42 and [h["epoch"] for h in state.history] == list(range(1, 43))
+
+
+def test_es_improves_or_keeps_the_best_policy(bc_run, mini_corpus, tc, tmp_path):
+    _, _, policy, _ = bc_run
+    run = RunDir(tmp_path / "es", "es")
+    cfg = ESConfig(steps=2, directions=2, batch=3, eval_every=1, max_module_seconds=60)
+    best = train_es(mini_corpus, policy, run, tc, LocalPool(2), cfg)
+    state, _ = run.load_state()
+    assert state.step == 2 and state.compiles >= 2 * 2 * 3 * 2
+    assert state.extra["best_reward"] >= state.extra["init_reward"]
+    assert MLPPolicy.load(run.policy_dir).flat().size == best.flat().size
+
+
+def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tmp_path):
+    bc_dir, _, _, _ = bc_run
+    out = tmp_path / "es"
+    cmd = [*MLGO, "train", "--algo", "es", "--corpus", str(mini_corpus.root), "--out", str(out),
+           "--init", str(bc_dir.root), "--steps", "6"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        state = out / "state.json"
+        if state.exists() and json.loads(state.read_text())["step"] >= 1:
+            break
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = json.loads((out / "state.json").read_text())["step"]
+    assert 1 <= killed_at < 6
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    state = json.loads((out / "state.json").read_text())
+    assert state["step"] == 6 and [h["step"] for h in state["history"]] == list(range(1, 7))
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_eval_and_report(bc_run, mini_corpus, tc, tmp_path):
+    run, _, policy, _ = bc_run
+    r = subprocess.run([*MLGO, "eval", "--policy", str(run.root), "--corpus",
+                        str(mini_corpus.root), "--out", str(tmp_path / "ev")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    ev = Evaluation.load(tmp_path / "ev")
+    assert set(ev.modules) == {m.name for m in mini_corpus.modules}
+    html = render_html(ev, "test")
+    assert html.count("data:image/png;base64,") == 2 and "minipkg" in html
+    assert summary(ev)["totals"]["modules"] == 3
+    r = subprocess.run([*MLGO, "report", str(tmp_path / "ev"), "--html", str(tmp_path / "r.html"),
+                        "--json", str(tmp_path / "r.json")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["totals"]["modules"] == 3
+
+
+def test_a_policy_that_is_not_one_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="not a policy"):
+        MLPPolicy.load(tmp_path)
