@@ -114,3 +114,14 @@ def test_eval_and_report(bc_run, mini_corpus, tc, tmp_path):
 def test_a_policy_that_is_not_one_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="not a policy"):
         MLPPolicy.load(tmp_path)
+
+
+def test_saved_model_decides_like_the_policy_on_real_features(bc_run, tmp_path):
+    from mlgo.export import export_saved_model, saved_model_decisions
+
+    run, data, policy, _ = bc_run
+    saved = export_saved_model(policy, tmp_path)
+    assert (saved / "output_spec.json").exists() and not list(tmp_path.glob(".*partial"))
+    rows = slice(0, 60)
+    got = saved_model_decisions(saved, {f: data.x[rows, j] for j, f in enumerate(data.features)})
+    assert np.array_equal(got, np.argmax(policy.logits(data.x[rows]), 1))
