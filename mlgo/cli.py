@@ -192,11 +192,11 @@ def _train_traces(run, corpus_path: Path, packages: str, tc, workers):
 def train(
     corpus: Annotated[Path, typer.Option(help="training corpus (held-out packages not in it)")],
     out: Annotated[Path, typer.Option(help="run directory; an existing run resumes")],
-    algo: Annotated[str, typer.Option(help="bc, es")] = "bc",
+    algo: Annotated[str, typer.Option(help="bc, es or ppo")] = "bc",
     problem: Annotated[str, typer.Option(help="the decision to learn")] = "inlining-size",
-    init: Annotated[Path | None, typer.Option(help="run or policy to start from (es)")] = None,
+    init: Annotated[Path | None, typer.Option(help="run or policy to start from (es, ppo)")] = None,
     packages: Annotated[str, typer.Option(help="comma-separated packages (default: all)")] = "",
-    steps: Annotated[int, typer.Option(help="epochs (bc) or ES steps")] = 0,
+    steps: Annotated[int, typer.Option(help="epochs (bc) or steps (es, ppo)")] = 0,
     workers: WorkersOpt = "local",
     clang: ClangOpt = None,
 ) -> None:
@@ -231,8 +231,15 @@ def train(
             raise ValueError("--algo es needs --init (a BC run) as its starting point")
         cfg = ESConfig(steps=steps or ESConfig.steps)
         policy = train_es(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
+    elif algo == "ppo":
+        from mlgo.train.ppo import PPOConfig, train_ppo
+
+        if init is None:
+            raise ValueError("--algo ppo needs --init (a BC run) as its starting point")
+        cfg = PPOConfig(steps=steps or PPOConfig.steps)
+        policy = train_ppo(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
     else:
-        raise ValueError(f"unknown --algo {algo!r}: use bc or es")
+        raise ValueError(f"unknown --algo {algo!r}: use bc, es or ppo")
     ev = evaluate(policy, selected, tc, pool)
     ev.save(out / "eval")
     t = ev.totals()

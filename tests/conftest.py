@@ -28,8 +28,10 @@ def mini_corpus(tc: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Corp
     build = tuple(f'"$CC" -O2 -c {c.name} -o {c.stem}.o' for c in sorted(src.glob("*.c")))
     # Like real builds: the same file compiled twice the same way (kept once), and a
     # compile-and-link step whose per-file objects are temporaries (skipped).
-    build += ('mkdir -p again && "$CC" -O2 -c strbuf.c -o again/strbuf.o',
-              '"$CC" -O2 main.c strbuf.c hash.c -o wordcount')
+    build += (
+        'mkdir -p again && "$CC" -O2 -c strbuf.c -o again/strbuf.o',
+        '"$CC" -O2 main.c strbuf.c hash.c -o wordcount',
+    )
     out = root / "corpus"
     assert build_corpus("minipkg", src, (), build, tc, out, root / "work") == 3
     combine(out)

@@ -73,8 +73,20 @@ def test_es_improves_or_keeps_the_best_policy(bc_run, mini_corpus, tc, tmp_path)
 def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tmp_path):
     bc_dir, _, _, _ = bc_run
     out = tmp_path / "es"
-    cmd = [*MLGO, "train", "--algo", "es", "--corpus", str(mini_corpus.root), "--out", str(out),
-           "--init", str(bc_dir.root), "--steps", "6"]
+    cmd = [
+        *MLGO,
+        "train",
+        "--algo",
+        "es",
+        "--corpus",
+        str(mini_corpus.root),
+        "--out",
+        str(out),
+        "--init",
+        str(bc_dir.root),
+        "--steps",
+        "6",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -95,18 +107,41 @@ def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tm
 
 def test_eval_and_report(bc_run, mini_corpus, tc, tmp_path):
     run, _, policy, _ = bc_run
-    r = subprocess.run([*MLGO, "eval", "--policy", str(run.root), "--corpus",
-                        str(mini_corpus.root), "--out", str(tmp_path / "ev")],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            *MLGO,
+            "eval",
+            "--policy",
+            str(run.root),
+            "--corpus",
+            str(mini_corpus.root),
+            "--out",
+            str(tmp_path / "ev"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     ev = Evaluation.load(tmp_path / "ev")
     assert set(ev.modules) == {m.name for m in mini_corpus.modules}
     html = render_html(ev, "test")
     assert html.count("data:image/png;base64,") == 2 and "minipkg" in html
     assert summary(ev)["totals"]["modules"] == 3
-    r = subprocess.run([*MLGO, "report", str(tmp_path / "ev"), "--html", str(tmp_path / "r.html"),
-                        "--json", str(tmp_path / "r.json")], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [
+            *MLGO,
+            "report",
+            str(tmp_path / "ev"),
+            "--html",
+            str(tmp_path / "r.html"),
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "r.json").read_text())["totals"]["modules"] == 3
 
@@ -125,3 +160,20 @@ def test_saved_model_decides_like_the_policy_on_real_features(bc_run, tmp_path):
     rows = slice(0, 60)
     got = saved_model_decisions(saved, {f: data.x[rows, j] for j, f in enumerate(data.features)})
     assert np.array_equal(got, np.argmax(policy.logits(data.x[rows]), 1))
+
+
+def test_ppo_with_tf_agents_trains_and_resumes(bc_run, mini_corpus, tc, tmp_path):
+    from mlgo.train.ppo import PPOConfig, train_ppo
+
+    _, _, policy, _ = bc_run
+    run = RunDir(tmp_path / "ppo", "ppo")
+    cfg = PPOConfig(steps=2, batch=3, epochs=2, eval_every=1, max_module_seconds=60)
+    train_ppo(mini_corpus, policy, run, tc, LocalPool(2), cfg)
+    state, _ = run.load_state()
+    assert state.step == 2 and (run.root / "agent").is_dir()
+    assert all(np.isfinite(h["ppo/loss"]) for h in state.history)
+    assert state.extra["best_reward"] >= state.extra["init_reward"]
+    # A rerun with a larger budget continues from step 2.
+    train_ppo(mini_corpus, policy, run, tc, LocalPool(2), PPOConfig(**{**cfg.__dict__, "steps": 3}))
+    state, _ = run.load_state()
+    assert [h["step"] for h in state.history] == [1, 2, 3]

@@ -67,6 +67,26 @@ class Scorer:
         return (total - sizes) / total
 
 
+def training_pool(
+    corpus: Corpus, tc: Toolchain, workers: Workers, max_seconds: float
+) -> list[Module]:
+    """The modules a trainer samples batches from: those with call sites that compile
+    within `max_seconds` (the slow ones are still in every evaluation)."""
+    from mlgo.stats import corpus_stats
+
+    stats, _ = corpus_stats(corpus, tc.describe(), tc.clang, workers)
+    pool = [
+        m
+        for m in corpus.modules
+        if stats[m.name]["call_sites"] > 0 and stats[m.name].get("seconds", 0.0) <= max_seconds
+    ]
+    if not pool:
+        raise ValueError(
+            f"{corpus.root}: no module with call sites compiles within {max_seconds:g} s"
+        )
+    return pool
+
+
 def train_es(
     corpus: Corpus,
     init: MLPPolicy,
@@ -75,19 +95,7 @@ def train_es(
     workers: Workers,
     cfg: ESConfig = ESConfig(),
 ) -> MLPPolicy:
-    from mlgo.stats import corpus_stats
-
-    stats, _ = corpus_stats(corpus, tc.describe(), tc.clang, workers)
-    pool = [
-        m
-        for m in corpus.modules
-        if stats[m.name]["call_sites"] > 0
-        and stats[m.name].get("seconds", 0.0) <= cfg.max_module_seconds
-    ]
-    if not pool:
-        raise ValueError(
-            f"{corpus.root}: no module with call sites compiles within {cfg.max_module_seconds:g} s"
-        )
+    pool = training_pool(corpus, tc, workers, cfg.max_module_seconds)
     scorer = Scorer(corpus, tc, workers)
     theta = init.flat().astype(np.float64)
     adam = Adam(theta.size, cfg.lr)

@@ -1,0 +1,234 @@
+"""Proximal policy optimization with tf-agents, as MLGO trains its inlining policy.
+
+Each step compiles a batch of training modules with the policy sampling its decisions,
+scores each module by its relative .text reduction against the default heuristic, and
+hands every decision to tf-agents' PPOClipAgent with that module's reward (discount 0:
+each decision is credited with the outcome of the compilation it was part of, MLGO's
+scheme). The actor network has exactly the numpy policy's layers, so rollouts run in the
+compile workers without TensorFlow and the weights move both ways unchanged.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.progress import Progress
+
+from mlgo.compile import compile_module
+from mlgo.corpus import Corpus, Module
+from mlgo.policy import MLPPolicy
+from mlgo.problems import get_problem
+from mlgo.tfutil import import_tf
+from mlgo.toolchain import Toolchain
+from mlgo.train import RunDir, RunState
+from mlgo.train.es import Scorer, training_pool
+from mlgo.workers import Failed, Workers
+
+REWARD_SCALE = 100.0  # rewards in percent of .text: the scale PPO's defaults expect
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    steps: int = 40
+    batch: int = 24
+    epochs: int = 4
+    lr: float = 3e-4
+    clip: float = 0.2
+    entropy: float = 0.01
+    eval_every: int = 5
+    max_module_seconds: float = 2.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RolloutTask:
+    module: Module
+    clang: str
+    policy: MLPPolicy
+
+
+def rollout_one(task: RolloutTask) -> dict:
+    """One sampled compilation: raw features and actions of every decision, and the size."""
+    problem = get_problem(task.policy.problem)
+    run = compile_module(problem, task.module, task.clang, task.policy)
+    x = (
+        np.stack(
+            [
+                run.features[f].reshape(run.num_decisions, -1)[:, 0]
+                for f in task.policy.normalizer.features
+            ],
+            1,
+        )
+        if run.num_decisions
+        else (np.zeros((0, len(task.policy.normalizer.features))))
+    )
+    return {"x": x, "actions": run.advice, "text_size": run.metrics["text_size"]}
+
+
+class _Agent:
+    """tf-agents' PPOClipAgent around an actor shaped exactly like `MLPPolicy`."""
+
+    def __init__(self, policy: MLPPolicy, cfg: PPOConfig):
+        tf = import_tf()
+        from tf_agents.agents.ppo import ppo_clip_agent
+        from tf_agents.networks import actor_distribution_network, value_network
+        from tf_agents.specs import tensor_spec
+        from tf_agents.trajectories import time_step
+
+        width = policy.normalizer.width
+        hidden = tuple(w.shape[1] for w in policy.weights[:-2:2])
+        self.obs_spec = tf.TensorSpec([width], tf.float32, "observation")
+        action_spec = tensor_spec.BoundedTensorSpec((), tf.int64, 0, 1, "action")
+        self.actor = actor_distribution_network.ActorDistributionNetwork(
+            self.obs_spec, action_spec, fc_layer_params=hidden
+        )
+        self.value = value_network.ValueNetwork(self.obs_spec, fc_layer_params=hidden)
+        self.optimizer = tf.keras.optimizers.Adam(cfg.lr)
+        self.agent = ppo_clip_agent.PPOClipAgent(
+            time_step.time_step_spec(self.obs_spec),
+            action_spec,
+            optimizer=self.optimizer,
+            actor_net=self.actor,
+            value_net=self.value,
+            importance_ratio_clipping=cfg.clip,
+            entropy_regularization=cfg.entropy,
+            num_epochs=cfg.epochs,
+            discount_factor=0.0,
+            use_gae=False,
+            normalize_observations=False,
+            normalize_rewards=False,
+            compute_value_and_advantage_in_train=True,
+            update_normalizers_in_train=False,
+        )
+        self.agent.initialize()
+        self.set_policy(policy)
+        self.checkpoint = tf.train.Checkpoint(
+            actor=self.actor, value=self.value, optimizer=self.optimizer
+        )
+
+    def set_policy(self, policy: MLPPolicy) -> None:
+        for var, w in zip(self.actor.trainable_variables, policy.weights, strict=True):
+            var.assign(w)
+
+    def weights(self) -> list[np.ndarray]:
+        return [v.numpy() for v in self.actor.trainable_variables]
+
+    def train(
+        self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, logits: np.ndarray
+    ) -> float:
+        """One PPO update; each decision is a one-step episode with its module's reward."""
+        tf = import_tf()
+        from tf_agents.trajectories import trajectory
+
+        n = len(actions)
+
+        def pair(a: np.ndarray) -> np.ndarray:  # [n, ...] -> [n, 2, ...]: step and boundary
+            return np.repeat(a[:, None], 2, axis=1)
+
+        experience = trajectory.Trajectory(
+            step_type=tf.constant(np.tile([0, 2], (n, 1)), tf.int32),
+            observation=tf.constant(pair(obs), tf.float32),
+            action=tf.constant(pair(actions), tf.int64),
+            policy_info={"dist_params": {"logits": tf.constant(pair(logits), tf.float32)}},
+            next_step_type=tf.constant(np.tile([2, 0], (n, 1)), tf.int32),
+            reward=tf.constant(pair(rewards), tf.float32),
+            discount=tf.constant(np.zeros((n, 2)), tf.float32),
+        )
+        return float(self.agent.train(experience).loss)
+
+    def save(self, directory: Path) -> None:
+        staging = directory.with_name(directory.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        self.checkpoint.write(str(staging / "agent"))
+        shutil.rmtree(directory, ignore_errors=True)
+        staging.rename(directory)
+
+    def restore(self, directory: Path) -> None:
+        self.checkpoint.read(str(directory / "agent")).assert_existing_objects_matched()
+
+
+def train_ppo(
+    corpus: Corpus,
+    init: MLPPolicy,
+    run: RunDir,
+    tc: Toolchain,
+    workers: Workers,
+    cfg: PPOConfig = PPOConfig(),
+) -> MLPPolicy:
+    pool = training_pool(corpus, tc, workers, cfg.max_module_seconds)
+    scorer = Scorer(corpus, tc, workers)
+    agent = _Agent(init, cfg)
+    state = RunState("ppo", extra={"pool": len(pool)})
+    best = init.flat()
+    ckpt = run.root / "agent"
+    if (saved := run.load_state()) is not None and ckpt.exists():
+        state, arrays = saved
+        agent.restore(ckpt)
+        best = arrays["best"]
+    else:
+        state.extra["best_reward"] = state.extra["init_reward"] = float(
+            scorer.rewards([init], pool)[0]
+        )
+    start = time.monotonic()
+    with Progress() as bar:
+        job = bar.add_task("PPO", total=cfg.steps, completed=state.step)
+        while state.step < cfg.steps:
+            rng = np.random.default_rng(cfg.seed + state.step)
+            batch = list(rng.choice(pool, min(cfg.batch, len(pool)), replace=False))
+            current = MLPPolicy(init.problem, init.normalizer, agent.weights())
+            tasks = [
+                RolloutTask(
+                    m,
+                    tc.clang,
+                    MLPPolicy(
+                        init.problem,
+                        init.normalizer,
+                        current.weights,
+                        temperature=1.0,
+                        seed=cfg.seed * 100003 + state.step * 1009 + i,
+                    ),
+                )
+                for i, m in enumerate(batch)
+            ]
+            xs, acts, rews, sizes = [], [], [], []
+            for task, r in workers.imap(rollout_one, tasks):
+                if isinstance(r, Failed):
+                    raise RuntimeError(f"PPO rollout failed: {r.message}")
+                base = scorer.base[task.module.name]
+                reward = (base - r["text_size"]) / base
+                sizes.append(reward)
+                xs.append(r["x"])
+                acts.append(r["actions"])
+                rews.append(np.full(len(r["actions"]), reward * REWARD_SCALE))
+            x = np.concatenate(xs)
+            obs = current.normalizer.transform(x)
+            loss = agent.train(obs, np.concatenate(acts), np.concatenate(rews), current.logits(x))
+            state.step += 1
+            state.compiles += len(tasks) + scorer.compiles
+            scorer.compiles = 0
+            metrics = {"ppo/loss": loss, "ppo/batch_reward_mean": float(np.mean(sizes))}
+            if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
+                theta = MLPPolicy(init.problem, init.normalizer, agent.weights())
+                pool_reward = float(scorer.rewards([theta], pool)[0])
+                metrics["ppo/pool_reward"] = pool_reward
+                if pool_reward > state.extra["best_reward"]:
+                    state.extra["best_reward"] = pool_reward
+                    best = theta.flat()
+            state.seconds += time.monotonic() - start
+            start = time.monotonic()
+            state.history.append({"step": state.step, **metrics})
+            agent.save(ckpt)
+            run.save_state(state, {"best": best})
+            run.scalars(state.step, metrics)
+            bar.update(
+                job,
+                completed=state.step,
+                description=f"PPO (best {state.extra['best_reward']:+.3%})",
+            )
+    policy = init.with_flat(best)
+    policy.save(run.policy_dir)
+    return policy
