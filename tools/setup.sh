@@ -45,13 +45,13 @@ PY=${PYTHON:-python3}
 if ! .venv/bin/python -c 'import mlgo.cli, tensorflow, tf_agents, jax, llvmlite' 2>/dev/null \
    || [ pyproject.toml -nt .venv/.mlgo-installed ] || [ tools/requirements.lock -nt .venv/.mlgo-installed ]; then
   echo "setup: installing Python packages into .venv (first time: a few minutes)"
-  .venv/bin/pip install -q --upgrade pip >/dev/null || die "pip upgrade failed (offline?)"
-  .venv/bin/pip install -q -c tools/requirements.lock -e ".[dev]" \
+  .venv/bin/pip install -qq --upgrade pip >/dev/null || die "pip upgrade failed (offline?)"
+  .venv/bin/pip install -qq -c tools/requirements.lock -e ".[dev]" \
     || die "pip install failed (offline?)"
   touch .venv/.mlgo-installed
 fi
 if [ ! -d .venv/mlgo-utils/mlgo/corpus ]; then
-  .venv/bin/pip install -q --no-deps --target .venv/mlgo-utils "$MLGO_UTILS" \
+  .venv/bin/pip install -qq --no-deps --target .venv/mlgo-utils "$MLGO_UTILS" \
     || die "cannot install $MLGO_UTILS (offline?)"
 fi
 .venv/bin/mlgo doctor >/dev/null || die "toolchain check failed: run .venv/bin/mlgo doctor"
