@@ -295,6 +295,30 @@ def eval_cmd(
 
 
 @app.command()
+def export(
+    policy: Annotated[Path, typer.Option(help="policy directory (or its run)")],
+    out: Annotated[Path, typer.Option(help="where the shipped policy goes")],
+) -> None:
+    """Write a policy as a TF SavedModel (LLVM's feature names) beside its numpy form,
+    with a model card drawn from its run (budget) and its evaluations."""
+    import shutil
+
+    from mlgo.export import export_saved_model
+    from mlgo.fsutil import atomic_write_text
+    from mlgo.modelcard import model_card
+    from mlgo.policy import MLPPolicy
+
+    pdir = _policy_dir(policy)
+    loaded = MLPPolicy.load(pdir)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = export_saved_model(loaded, out)
+    for name in ("policy.npz", "normalization.json", "policy.json"):
+        shutil.copyfile(pdir / name, out / name)
+    atomic_write_text(out / "MODEL_CARD.md", model_card(loaded, pdir.parent))
+    console.print(f"wrote {saved} and {out / 'MODEL_CARD.md'}")
+
+
+@app.command()
 def report(
     evaluation: Annotated[Path, typer.Argument(help="an eval directory or eval.json")],
     html: Annotated[Path | None, typer.Option(help="write a self-contained HTML report")] = None,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,12 @@ from mlgo.extract import build_corpus, combine
 from mlgo.toolchain import Toolchain, find_toolchain
 
 DATA = Path(__file__).parent / "data"
+MLGO = [sys.executable, "-m", "mlgo.cli"]
+
+
+def run_mlgo(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """The `mlgo` command as a user runs it, with its output captured."""
+    return subprocess.run([*MLGO, *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,9 +13,7 @@ from mlgo.collect import collect
 from mlgo.log_format import TensorSpec
 from mlgo.traces import DEFAULT_DECISION, Manifest, read_module_trace
 from mlgo.workers import LocalPool
-from tests.conftest import copy_corpus
-
-MLGO = [sys.executable, "-m", "mlgo.cli"]
+from tests.conftest import MLGO, copy_corpus, run_mlgo
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +65,7 @@ def test_killed_collection_resumes_with_nothing_torn(mini_corpus, tc, tmp_path):
     slow_clang.write_text(f'#!/bin/sh\n[ "$1" = --version ] || sleep 1.5\nexec {tc.clang} "$@"\n')
     slow_clang.chmod(0o755)
     out = tmp_path / "t"
-    cmd = [
-        *MLGO,
+    args = [
         "collect",
         "--problem",
         "inlining-size",
@@ -82,7 +78,7 @@ def test_killed_collection_resumes_with_nothing_torn(mini_corpus, tc, tmp_path):
         "--clang",
         str(slow_clang),
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([*MLGO, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while not list(out.glob("modules/minipkg/*.tfrecord")) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -90,7 +86,7 @@ def test_killed_collection_resumes_with_nothing_torn(mini_corpus, tc, tmp_path):
     proc.wait()
     done_before = len(list(out.glob("modules/minipkg/*.tfrecord")))
     assert 1 <= done_before < 3
-    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    rerun = run_mlgo(*args, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     assert "resuming" in rerun.stderr or done_before == 0
     manifest = Manifest.load(out)
@@ -99,19 +95,14 @@ def test_killed_collection_resumes_with_nothing_torn(mini_corpus, tc, tmp_path):
 
 
 def test_cli_collect_rejects_unknown_problem(mini_corpus, tmp_path):
-    r = subprocess.run(
-        [
-            *MLGO,
-            "collect",
-            "--problem",
-            "nope",
-            "--corpus",
-            str(mini_corpus.root),
-            "--out",
-            str(tmp_path / "t"),
-        ],
-        capture_output=True,
-        text=True,
+    r = run_mlgo(
+        "collect",
+        "--problem",
+        "nope",
+        "--corpus",
+        str(mini_corpus.root),
+        "--out",
+        str(tmp_path / "t"),
         timeout=120,
     )
     assert r.returncode == 2

@@ -1,33 +1,24 @@
 """A real Debian source package end to end: apt-get source, build, extract, replay."""
 
-import subprocess
-import sys
-
 import pytest
 
 from mlgo.compile import replay_matches_default
 from mlgo.corpus import load_corpus
 from mlgo.problems import get_problem
+from tests.conftest import run_mlgo
 
 
 @pytest.fixture(scope="module")
 def zlib_corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("zlib")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mlgo.cli",
-            "corpus",
-            "build",
-            "zlib",
-            "--out",
-            str(root / "corpus"),
-            "--work",
-            str(root / "build"),
-        ],
-        capture_output=True,
-        text=True,
+    r = run_mlgo(
+        "corpus",
+        "build",
+        "zlib",
+        "--out",
+        str(root / "corpus"),
+        "--work",
+        str(root / "build"),
         timeout=900,
     )
     assert r.returncode == 0, r.stderr + r.stdout
@@ -49,21 +40,14 @@ def test_default_replay_reproduces_plain_oz_byte_for_byte(zlib_corpus, tc):
 
 
 def test_unknown_recipe_fails_alone(tmp_path):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mlgo.cli",
-            "corpus",
-            "build",
-            "no-such-pkg",
-            "--out",
-            str(tmp_path / "c"),
-            "--work",
-            str(tmp_path / "b"),
-        ],
-        capture_output=True,
-        text=True,
+    r = run_mlgo(
+        "corpus",
+        "build",
+        "no-such-pkg",
+        "--out",
+        str(tmp_path / "c"),
+        "--work",
+        str(tmp_path / "b"),
         timeout=300,
     )
     assert r.returncode == 1

@@ -1,15 +1,11 @@
 """Toolchain discovery, the in-process llvmlite path, and the command line."""
 
-import subprocess
-import sys
-
 import pytest
 
 from mlgo.inprocess import compile_in_process
 from mlgo.problems import get_problem
 from mlgo.toolchain import ToolchainError, find_toolchain, probe
-
-MLGO = [sys.executable, "-m", "mlgo.cli"]
+from tests.conftest import run_mlgo
 
 
 def test_reference_toolchain_is_llvm_22_and_both_channels_work(tc):
@@ -71,17 +67,12 @@ def test_in_process_policy_failure_is_reported_without_a_hang(mini_corpus):
     [[], ["doctor"], ["corpus"], ["corpus", "build"], ["corpus", "stats"], ["collect"], ["demo"]],
 )
 def test_every_command_has_help(args):
-    r = subprocess.run([*MLGO, *args, "--help"], capture_output=True, text=True, timeout=120)
+    r = run_mlgo(*args, "--help", timeout=120)
     assert r.returncode == 0 and "Usage" in r.stdout
 
 
 def test_corpus_stats_counts_call_sites_and_text(mini_corpus):
-    r = subprocess.run(
-        [*MLGO, "corpus", "stats", str(mini_corpus.root)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run_mlgo("corpus", "stats", str(mini_corpus.root), timeout=300)
     assert r.returncode == 0, r.stderr
     assert "minipkg" in r.stdout and "total" in r.stdout
     assert (mini_corpus.root / "stats.json").exists()
@@ -89,9 +80,7 @@ def test_corpus_stats_counts_call_sites_and_text(mini_corpus):
 
 def test_malformed_corpus_gives_one_line_error(tmp_path):
     (tmp_path / "corpus_description.json").write_text("[1, 2")
-    r = subprocess.run(
-        [*MLGO, "corpus", "stats", str(tmp_path)], capture_output=True, text=True, timeout=120
-    )
+    r = run_mlgo("corpus", "stats", str(tmp_path), timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error:") and "not valid JSON" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

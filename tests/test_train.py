@@ -4,7 +4,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -20,8 +19,8 @@ from mlgo.train import RunDir
 from mlgo.train.bc import train_bc
 from mlgo.train.es import ESConfig, train_es
 from mlgo.workers import LocalPool
+from tests.conftest import MLGO, run_mlgo
 
-MLGO = [sys.executable, "-m", "mlgo.cli"]
 PROBLEM = get_problem("inlining-size")
 
 
@@ -73,8 +72,7 @@ def test_es_improves_or_keeps_the_best_policy(bc_run, mini_corpus, tc, tmp_path)
 def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tmp_path):
     bc_dir, _, _, _ = bc_run
     out = tmp_path / "es"
-    cmd = [
-        *MLGO,
+    args = [
         "train",
         "--algo",
         "es",
@@ -87,7 +85,7 @@ def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tm
         "--steps",
         "6",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([*MLGO, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         state = out / "state.json"
@@ -98,7 +96,7 @@ def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tm
     proc.wait()
     killed_at = json.loads((out / "state.json").read_text())["step"]
     assert 1 <= killed_at < 6
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    r = run_mlgo(*args, timeout=600)
     assert r.returncode == 0, r.stderr
     state = json.loads((out / "state.json").read_text())
     assert state["step"] == 6 and [h["step"] for h in state["history"]] == list(range(1, 7))
@@ -107,19 +105,14 @@ def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tm
 
 def test_eval_and_report(bc_run, mini_corpus, tc, tmp_path):
     run, _, policy, _ = bc_run
-    r = subprocess.run(
-        [
-            *MLGO,
-            "eval",
-            "--policy",
-            str(run.root),
-            "--corpus",
-            str(mini_corpus.root),
-            "--out",
-            str(tmp_path / "ev"),
-        ],
-        capture_output=True,
-        text=True,
+    r = run_mlgo(
+        "eval",
+        "--policy",
+        str(run.root),
+        "--corpus",
+        str(mini_corpus.root),
+        "--out",
+        str(tmp_path / "ev"),
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
@@ -128,18 +121,13 @@ def test_eval_and_report(bc_run, mini_corpus, tc, tmp_path):
     html = render_html(ev, "test")
     assert html.count("data:image/png;base64,") == 2 and "minipkg" in html
     assert summary(ev)["totals"]["modules"] == 3
-    r = subprocess.run(
-        [
-            *MLGO,
-            "report",
-            str(tmp_path / "ev"),
-            "--html",
-            str(tmp_path / "r.html"),
-            "--json",
-            str(tmp_path / "r.json"),
-        ],
-        capture_output=True,
-        text=True,
+    r = run_mlgo(
+        "report",
+        str(tmp_path / "ev"),
+        "--html",
+        str(tmp_path / "r.html"),
+        "--json",
+        str(tmp_path / "r.json"),
         timeout=120,
     )
     assert r.returncode == 0, r.stderr

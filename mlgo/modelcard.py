@@ -1,0 +1,62 @@
+"""A shipped policy's model card, written from what its run recorded: the training
+corpus, the budget spent, and every evaluation saved next to the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mlgo.evaluate import Evaluation
+from mlgo.policy import MLPPolicy
+
+
+def _evaluations(run: Path) -> list[tuple[str, Evaluation]]:
+    found = []
+    for path in sorted(run.glob("eval*/eval.json")):
+        try:
+            found.append((path.parent.name, Evaluation.load(path)))
+        except ValueError:
+            continue
+    return found
+
+
+def model_card(policy: MLPPolicy, run: Path) -> str:
+    state = json.loads((run / "state.json").read_text()) if (run / "state.json").exists() else {}
+    layers = " -> ".join(str(w.shape[0]) for w in policy.weights[::2]) + " -> 2"
+    lines = [
+        f"# {policy.problem} policy",
+        "",
+        f"An MLP ({layers}) over LLVM's {len(policy.normalizer.features)} inlining features, "
+        "each mapped to its quantile among the training decisions (q, sqrt q, q^2).",
+        "",
+        "## Training",
+        "",
+        f"- algorithm: {state.get('algo', 'unknown')}, {state.get('step', 0)} steps",
+        f"- budget: {state.get('compiles', 0):,} compilations, "
+        f"{state.get('seconds', 0.0) / 60:.0f} minutes on this machine",
+    ]
+    extra = state.get("extra", {})
+    if "init_reward" in extra:
+        lines.append(
+            f"- training-pool .text reduction: start {extra['init_reward']:+.2%}, "
+            f"best {extra['best_reward']:+.2%}"
+        )
+    lines += [
+        "",
+        "## Measured",
+        "",
+        "| evaluation | corpus | modules | .text vs default |",
+        "|---|---|---|---|",
+    ]
+    for name, ev in _evaluations(run):
+        t = ev.totals()
+        lines.append(f"| {name} | {Path(ev.corpus).name} | {t['modules']} | {t['delta']:+.2%} |")
+        for pkg, p in sorted(ev.per_package().items()):
+            lines.append(f"| | {pkg} | {int(p['modules'])} | {p['delta']:+.2%} |")
+    lines += [
+        "",
+        "A negative change is a smaller .text than clang's own heuristic at the same "
+        "optimization level.",
+        "",
+    ]
+    return "\n".join(lines)
