@@ -48,6 +48,11 @@ USER_ERRORS = (
 )
 
 
+def _load_selected(corpus: Path, packages: str):
+    """The corpus at CORPUS, restricted to the comma-separated PACKAGES if any are named."""
+    return load_corpus(corpus).select([p for p in packages.split(",") if p])
+
+
 def _kb(n: float) -> str:
     return f"{n / 1024:,.1f} KiB"
 
@@ -161,7 +166,7 @@ def collect(
     from mlgo.workers import make_workers
 
     tc = find_toolchain(clang)
-    selected = load_corpus(corpus).select([p for p in packages.split(",") if p])
+    selected = _load_selected(corpus, packages)
     manifest = run(problem, selected, out, tc, make_workers(workers), timeout)
     decisions = sum(m["decisions"] for m in manifest.modules.values())
     console.print(
@@ -177,15 +182,13 @@ def _policy_dir(path: Path) -> Path:
     return path / "policy" if (path / "policy" / "policy.json").exists() else path
 
 
-def _train_traces(run, corpus_path: Path, packages: str, tc, workers):
+def _collect_for_bc(run, corpus, tc, workers) -> None:
     """The default traces of the training corpus, collected into the run once."""
     from mlgo.collect import collect as run_collect
 
-    corpus = load_corpus(corpus_path).select([p for p in packages.split(",") if p])
     manifest = run_collect("inlining-size", corpus, run.traces_dir, tc, workers)
     if manifest.failed:
         err.print(f"[yellow]{len(manifest.failed)} modules failed to compile and are left out")
-    return corpus
 
 
 @app.command()
@@ -213,10 +216,11 @@ def train(
     tc = find_toolchain(clang)
     pool = make_workers(workers)
     run = RunDir(out, algo)
-    selected = _train_traces(run, corpus, packages, tc, pool)
+    selected = _load_selected(corpus, packages)
     if algo == "bc":
         from mlgo.train.bc import train_bc
 
+        _collect_for_bc(run, selected, tc, pool)
         data = load_decisions(run.traces_dir, get_problem(problem))
         policy, acc = train_bc(data, problem, run, epochs=steps or 30)
         console.print(
@@ -265,7 +269,7 @@ def eval_cmd(
 
     tc = find_toolchain(clang)
     pdir = _policy_dir(policy)
-    selected = load_corpus(corpus).select([p for p in packages.split(",") if p])
+    selected = _load_selected(corpus, packages)
     ev = evaluate(MLPPolicy.load(pdir), selected, tc, make_workers(workers))
     dest = out or pdir.parent / f"eval-{corpus.name}"
     ev.save(dest)

@@ -52,12 +52,16 @@ def build_module(policy: MLPPolicy):
 
     def action(*inputs):
         raw = [tf.cast(tf.reshape(x, [1]), tf.float64) for x in inputs[: len(features)]]
+        by_name = dict(zip(features, raw, strict=True))
+        for d in policy.normalizer.derived:  # the same columns Normalizer.expand computes
+            left, right = by_name[d.left], by_name[d.right]
+            raw.append(left - right if d.op == "-" else tf.cast(left < right, tf.float64))
         fracs = [
             tf.cast(tf.searchsorted(q, v, side="right"), tf.float32)
             / float(max(int(q.shape[0]), 1))
             for q, v in zip(quantiles, raw, strict=True)
         ]
-        frac = tf.reshape(tf.stack(fracs, axis=1), [1, len(features)])
+        frac = tf.reshape(tf.stack(fracs, axis=1), [1, len(raw)])
         h = tf.concat([frac, tf.sqrt(frac), frac * frac], axis=1)
         for i in range(0, len(weights), 2):
             h = tf.matmul(h, weights[i]) + weights[i + 1]

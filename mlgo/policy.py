@@ -24,42 +24,92 @@ from mlgo.log_format import Observation
 QUANTILES = 256
 
 
+@dataclass(frozen=True)
+class Derived:
+    """A feature computed from two of LLVM's: `left - right`, or `left < right` as 0/1.
+
+    Quantiles are taken per feature, so a comparison between two features (the default
+    inliner's `cost_estimate < threshold`) is hard for the network to recover; giving it
+    explicitly keeps the model exportable, since the graph computes it from LLVM's inputs.
+    """
+
+    name: str
+    left: str
+    op: str  # "-" or "<"
+    right: str
+
+    def __post_init__(self) -> None:
+        if self.op not in ("-", "<"):
+            raise ValueError(f"derived feature {self.name}: unknown op {self.op!r}")
+
+
 @dataclass
 class Normalizer:
-    features: tuple[str, ...]
-    quantiles: list[np.ndarray]  # per feature, sorted distinct boundary values
+    features: tuple[str, ...]  # LLVM's, in input order
+    quantiles: list[np.ndarray]  # per column (features, then derived): sorted boundaries
+    derived: tuple[Derived, ...] = ()
 
     @classmethod
-    def fit(cls, features: Sequence[str], values: np.ndarray, n: int = QUANTILES) -> Normalizer:
+    def fit(
+        cls,
+        features: Sequence[str],
+        values: np.ndarray,
+        derived: Sequence[Derived] = (),
+        n: int = QUANTILES,
+    ) -> Normalizer:
         """values: [samples, features] raw feature values from the training traces."""
-        qs = []
-        for j in range(values.shape[1]):
-            column = values[:, j].astype(np.float64)
-            qs.append(np.unique(np.quantile(column, np.linspace(0, 1, n + 1))))
-        return cls(tuple(features), qs)
+        norm = cls(tuple(features), [], tuple(derived))
+        columns = norm.expand(values)
+        norm.quantiles = [
+            np.unique(np.quantile(columns[:, j], np.linspace(0, 1, n + 1)))
+            for j in range(columns.shape[1])
+        ]
+        return norm
+
+    @property
+    def columns(self) -> int:
+        return len(self.features) + len(self.derived)
 
     @property
     def width(self) -> int:
-        return 3 * len(self.features)
+        return 3 * self.columns
+
+    def expand(self, values: np.ndarray) -> np.ndarray:
+        """[n, features] -> [n, features + derived]."""
+        values = np.atleast_2d(values).astype(np.float64)
+        index = {f: j for j, f in enumerate(self.features)}
+        extra = []
+        for d in self.derived:
+            left, right = values[:, index[d.left]], values[:, index[d.right]]
+            extra.append(left - right if d.op == "-" else (left < right).astype(np.float64))
+        return np.concatenate([values, np.stack(extra, 1)], 1) if extra else values
 
     def transform(self, values: np.ndarray) -> np.ndarray:
-        """[n, features] raw -> [n, 3 * features] float32."""
-        values = np.atleast_2d(values)
-        out = np.empty((values.shape[0], self.width), np.float32)
-        f = len(self.features)
+        """[n, features] raw -> [n, 3 * columns] float32: (q, sqrt q, q^2) per column."""
+        columns = self.expand(values)
+        out = np.empty((columns.shape[0], self.width), np.float32)
+        c = self.columns
         for j, q in enumerate(self.quantiles):
-            frac = np.searchsorted(q, values[:, j], side="right") / max(len(q), 1)
+            frac = np.searchsorted(q, columns[:, j], side="right") / max(len(q), 1)
             out[:, j] = frac
-            out[:, f + j] = np.sqrt(frac)
-            out[:, 2 * f + j] = frac * frac
+            out[:, c + j] = np.sqrt(frac)
+            out[:, 2 * c + j] = frac * frac
         return out
 
     def to_json(self) -> dict:
-        return {"features": list(self.features), "quantiles": [q.tolist() for q in self.quantiles]}
+        return {
+            "features": list(self.features),
+            "derived": [[d.name, d.left, d.op, d.right] for d in self.derived],
+            "quantiles": [q.tolist() for q in self.quantiles],
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> Normalizer:
-        return cls(tuple(d["features"]), [np.asarray(q, np.float64) for q in d["quantiles"]])
+        return cls(
+            tuple(d["features"]),
+            [np.asarray(q, np.float64) for q in d["quantiles"]],
+            tuple(Derived(*x) for x in d.get("derived", [])),
+        )
 
 
 @dataclass

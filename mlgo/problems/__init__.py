@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from mlgo.log_format import Observation
+from mlgo.policy import Derived
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Problem:
     measure_flags: Callable[[Path], list[str]]  # cc1 flags that make the compiler report costs
     measure: Callable[[Path, Path], dict[str, float]]  # (object, work dir) -> metrics
     reward_metric: str  # the metric a policy should lower, relative to the default
+    derived: tuple[Derived, ...] = ()  # extra inputs computed from LLVM's features
 
 
 def _registry() -> dict[str, Problem]:

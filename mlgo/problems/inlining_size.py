@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from mlgo.log_format import Observation
+from mlgo.policy import Derived
 from mlgo.problems import Problem
 from mlgo.sizes import text_size
 
@@ -92,4 +93,10 @@ PROBLEM = Problem(
     measure_flags=lambda _workdir: [],
     measure=measure,
     reward_metric="text_size",
+    # The default heuristic inlines when the cost is under the threshold; with this the
+    # network starts from the default and learns where to depart from it.
+    derived=(
+        Derived("cost_margin", "threshold", "-", "cost_estimate"),
+        Derived("default_rule", "cost_estimate", "<", "threshold"),
+    ),
 )

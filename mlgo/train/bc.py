@@ -15,6 +15,7 @@ from rich.progress import Progress
 
 from mlgo.dataset import Decisions
 from mlgo.policy import MLPPolicy, Normalizer
+from mlgo.problems import get_problem
 from mlgo.tfutil import import_tf
 from mlgo.train import Adam, RunDir, RunState
 
@@ -57,7 +58,7 @@ def train_bc(
 ) -> tuple[MLPPolicy, dict[str, float]]:
     """Trains (or resumes training) a BC policy; saves it to run.policy_dir."""
     rng = np.random.default_rng(seed)
-    normalizer = Normalizer.fit(data.features, data.x)
+    normalizer = Normalizer.fit(data.features, data.x, get_problem(problem).derived)
     policy = MLPPolicy.init(problem, normalizer, hidden, seed=seed)
     adam = Adam(policy.flat().size, lr)
     state = RunState("bc")

@@ -139,7 +139,7 @@ def train_es(
             scorer.compiles = 0
             state.seconds += time.monotonic() - start
             start = time.monotonic()
-            state.history.append({"step": state.step, **metrics})
+            state.history.append({"step": state.step, "compiles": state.compiles, **metrics})
             run.save_state(state, {"theta": theta, "best": best, **adam.state()})
             run.scalars(state.step, metrics)
             bar.update(

@@ -208,8 +208,6 @@ def train_ppo(
             obs = current.normalizer.transform(x)
             loss = agent.train(obs, np.concatenate(acts), np.concatenate(rews), current.logits(x))
             state.step += 1
-            state.compiles += len(tasks) + scorer.compiles
-            scorer.compiles = 0
             metrics = {"ppo/loss": loss, "ppo/batch_reward_mean": float(np.mean(sizes))}
             if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
                 theta = MLPPolicy(init.problem, init.normalizer, agent.weights())
@@ -218,9 +216,11 @@ def train_ppo(
                 if pool_reward > state.extra["best_reward"]:
                     state.extra["best_reward"] = pool_reward
                     best = theta.flat()
+            state.compiles += len(tasks) + scorer.compiles
+            scorer.compiles = 0
             state.seconds += time.monotonic() - start
             start = time.monotonic()
-            state.history.append({"step": state.step, **metrics})
+            state.history.append({"step": state.step, "compiles": state.compiles, **metrics})
             agent.save(ckpt)
             run.save_state(state, {"best": best})
             run.scalars(state.step, metrics)
