@@ -200,6 +200,9 @@ def train(
     init: Annotated[Path | None, typer.Option(help="run or policy to start from (es, ppo)")] = None,
     packages: Annotated[str, typer.Option(help="comma-separated packages (default: all)")] = "",
     steps: Annotated[int, typer.Option(help="epochs (bc) or steps (es, ppo)")] = 0,
+    sigma: Annotated[float, typer.Option(help="ES: perturbation scale of the weights")] = 0.05,
+    derived: Annotated[bool, typer.Option(help="BC: also feed the default's cost rule")] = False,
+    batch: Annotated[int, typer.Option(help="es, ppo: modules compiled per step")] = 24,
     workers: WorkersOpt = "local",
     clang: ClangOpt = None,
 ) -> None:
@@ -222,7 +225,7 @@ def train(
 
         _collect_for_bc(run, selected, tc, pool)
         data = load_decisions(run.traces_dir, get_problem(problem))
-        policy, acc = train_bc(data, problem, run, epochs=steps or 30)
+        policy, acc = train_bc(data, problem, run, epochs=steps or 30, derived=derived)
         console.print(
             f"BC accuracy on {len(data.default):,} default decisions: "
             f"{acc['accuracy']:.4f} (inline recall {acc.get('recall_1', 0):.3f}, "
@@ -233,14 +236,14 @@ def train(
 
         if init is None:
             raise ValueError("--algo es needs --init (a BC run) as its starting point")
-        cfg = ESConfig(steps=steps or ESConfig.steps)
+        cfg = ESConfig(steps=steps or ESConfig.steps, sigma=sigma, batch=batch)
         policy = train_es(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
     elif algo == "ppo":
         from mlgo.train.ppo import PPOConfig, train_ppo
 
         if init is None:
             raise ValueError("--algo ppo needs --init (a BC run) as its starting point")
-        cfg = PPOConfig(steps=steps or PPOConfig.steps)
+        cfg = PPOConfig(steps=steps or PPOConfig.steps, batch=batch)
         policy = train_ppo(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
     else:
         raise ValueError(f"unknown --algo {algo!r}: use bc, es or ppo")

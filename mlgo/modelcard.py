@@ -20,6 +20,31 @@ def _evaluations(run: Path) -> list[tuple[str, Evaluation]]:
     return found
 
 
+def _reproduce(
+    policy: MLPPolicy, state: dict, evaluations: list[tuple[str, Evaluation]]
+) -> list[str]:
+    """The commands that rebuild the corpus and retrain this policy from scratch."""
+    train = dict(evaluations).get("eval")
+    packages = " ".join(sorted(train.per_package())) if train else "PACKAGES"
+    algo, steps = state.get("algo", "bc"), state.get("step", 0)
+    config = state.get("extra", {}).get("config", {})
+    flags = "".join(f" --{k} {config[k]}" for k in ("sigma", "batch") if k in config)
+    lines = [
+        "",
+        "## Reproduce",
+        "",
+        "```sh",
+        f"mlgo corpus build {packages} --out data/corpus",
+        "mlgo train --algo bc --corpus data/corpus --out runs/bc",
+    ]
+    if algo != "bc":
+        lines.append(
+            f"mlgo train --algo {algo} --init runs/bc --corpus data/corpus "
+            f"--out runs/{algo} --steps {steps}{flags}"
+        )
+    return [*lines, "```"]
+
+
 def model_card(policy: MLPPolicy, run: Path) -> str:
     state = json.loads((run / "state.json").read_text()) if (run / "state.json").exists() else {}
     layers = " -> ".join(str(w.shape[0]) for w in policy.weights[::2]) + " -> 2"
@@ -41,6 +66,8 @@ def model_card(policy: MLPPolicy, run: Path) -> str:
             f"- training-pool .text reduction: start {extra['init_reward']:+.2%}, "
             f"best {extra['best_reward']:+.2%}"
         )
+    evaluations = _evaluations(run)
+    lines += _reproduce(policy, state, evaluations)
     lines += [
         "",
         "## Measured",
@@ -48,7 +75,7 @@ def model_card(policy: MLPPolicy, run: Path) -> str:
         "| evaluation | corpus | modules | .text vs default |",
         "|---|---|---|---|",
     ]
-    for name, ev in _evaluations(run):
+    for name, ev in evaluations:
         t = ev.totals()
         lines.append(f"| {name} | {Path(ev.corpus).name} | {t['modules']} | {t['delta']:+.2%} |")
         for pkg, p in sorted(ev.per_package().items()):

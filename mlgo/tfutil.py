@@ -1,17 +1,19 @@
-"""Importing TensorFlow quietly. TF 2.21 logs through absl before any log level applies
-(oneDNN and CUDA notices on every start), so its start-up stderr is silenced; a failed
-import still raises."""
+"""Importing TensorFlow (and tf-agents) quietly. TF 2.21 logs through absl before any log
+level applies (oneDNN and CUDA notices on every start), and gym, which tf-agents imports,
+prints a deprecation banner; their start-up stderr is silenced. A failed import still
+raises."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from types import ModuleType
 
 
-def import_tf() -> ModuleType:
-    if "tensorflow" in sys.modules:
-        return sys.modules["tensorflow"]
+def import_quietly(name: str) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # errors still raise in Python
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf-agents needs Keras 2
     # The policies are small: CPU only, which also spares a cuInit error on GPU-less hosts.
@@ -21,10 +23,16 @@ def import_tf() -> ModuleType:
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
-        import tensorflow as tf
+        module = importlib.import_module(name)
+        sys.stderr.flush()
     finally:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
-    tf.get_logger().setLevel("ERROR")
-    return tf
+    if name == "tensorflow":
+        module.get_logger().setLevel("ERROR")
+    return module
+
+
+def import_tf() -> ModuleType:
+    return import_quietly("tensorflow")

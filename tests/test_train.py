@@ -165,3 +165,18 @@ def test_ppo_with_tf_agents_trains_and_resumes(bc_run, mini_corpus, tc, tmp_path
     train_ppo(mini_corpus, policy, run, tc, LocalPool(2), PPOConfig(**{**cfg.__dict__, "steps": 3}))
     state, _ = run.load_state()
     assert [h["step"] for h in state.history] == [1, 2, 3]
+
+
+def test_derived_inputs_reach_the_saved_model(bc_run, tmp_path):
+    from mlgo.export import export_saved_model, saved_model_decisions
+
+    _, data, _, _ = bc_run
+    policy, acc = train_bc(
+        data, "inlining-size", RunDir(tmp_path / "bc", "bc"), epochs=20, derived=True
+    )
+    assert [d.name for d in policy.normalizer.derived] == ["cost_margin", "default_rule"]
+    assert acc["accuracy"] >= 0.95
+    saved = export_saved_model(policy, tmp_path)
+    rows = slice(0, 60)
+    got = saved_model_decisions(saved, {f: data.x[rows, j] for j, f in enumerate(data.features)})
+    assert np.array_equal(got, np.argmax(policy.logits(data.x[rows]), 1))

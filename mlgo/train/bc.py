@@ -55,10 +55,18 @@ def train_bc(
     lr: float = 3e-3,
     batch: int = 1024,
     seed: int = 0,
+    derived: bool = False,
 ) -> tuple[MLPPolicy, dict[str, float]]:
-    """Trains (or resumes training) a BC policy; saves it to run.policy_dir."""
+    """Trains (or resumes training) a BC policy; saves it to run.policy_dir.
+
+    With `derived`, the network also sees the problem's derived inputs (for inlining, the
+    default's own cost-vs-threshold rule): it then matches the default almost exactly,
+    also on unseen code, but sits in a flat spot that weight-space search leaves slowly.
+    """
     rng = np.random.default_rng(seed)
-    normalizer = Normalizer.fit(data.features, data.x, get_problem(problem).derived)
+    normalizer = Normalizer.fit(
+        data.features, data.x, get_problem(problem).derived if derived else ()
+    )
     policy = MLPPolicy.init(problem, normalizer, hidden, seed=seed)
     adam = Adam(policy.flat().size, lr)
     state = RunState("bc")

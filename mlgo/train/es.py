@@ -10,7 +10,7 @@ pool; the best one seen is the run's policy.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 from rich.progress import Progress
@@ -99,7 +99,7 @@ def train_es(
     scorer = Scorer(corpus, tc, workers)
     theta = init.flat().astype(np.float64)
     adam = Adam(theta.size, cfg.lr)
-    state = RunState("es", extra={"best_reward": -np.inf, "pool": len(pool)})
+    state = RunState("es", extra={"config": asdict(cfg), "best_reward": -np.inf, "pool": len(pool)})
     best = theta.copy()
     if (saved := run.load_state()) is not None:
         state, arrays = saved

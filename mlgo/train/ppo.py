@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,7 @@ from mlgo.compile import compile_module
 from mlgo.corpus import Corpus, Module
 from mlgo.policy import MLPPolicy
 from mlgo.problems import get_problem
-from mlgo.tfutil import import_tf
+from mlgo.tfutil import import_quietly, import_tf
 from mlgo.toolchain import Toolchain
 from mlgo.train import RunDir, RunState
 from mlgo.train.es import Scorer, training_pool
@@ -74,6 +74,7 @@ class _Agent:
 
     def __init__(self, policy: MLPPolicy, cfg: PPOConfig):
         tf = import_tf()
+        import_quietly("tf_agents")
         from tf_agents.agents.ppo import ppo_clip_agent
         from tf_agents.networks import actor_distribution_network, value_network
         from tf_agents.specs import tensor_spec
@@ -162,7 +163,7 @@ def train_ppo(
     pool = training_pool(corpus, tc, workers, cfg.max_module_seconds)
     scorer = Scorer(corpus, tc, workers)
     agent = _Agent(init, cfg)
-    state = RunState("ppo", extra={"pool": len(pool)})
+    state = RunState("ppo", extra={"config": asdict(cfg), "pool": len(pool)})
     best = init.flat()
     ckpt = run.root / "agent"
     if (saved := run.load_state()) is not None and ckpt.exists():
