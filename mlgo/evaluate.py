@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlgo.channel import Policy
-from mlgo.compile import compile_module
+from mlgo.compile import CompileError, compile_module
 from mlgo.corpus import Corpus, Module
 from mlgo.fsutil import atomic_write_text
 from mlgo.problems import get_problem
@@ -44,7 +44,7 @@ def baseline_sizes(corpus: Corpus, tc: Toolchain, workers: Workers) -> dict[str,
     stats, failures = corpus_stats(corpus, tc.describe(), tc.clang, workers)
     if failures:
         name, msg = next(iter(failures.items()))
-        raise RuntimeError(f"baseline compile failed for {len(failures)} modules, e.g. {msg}")
+        raise CompileError(f"baseline compile failed for {len(failures)} modules, e.g. {msg}")
     return {name: float(s["text_size"]) for name, s in stats.items()}
 
 

@@ -9,6 +9,7 @@ description, keyed by compiler and bitcode size, since a corpus does not change.
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +44,6 @@ class StatsTask:
 
 
 def module_stats(task: StatsTask) -> dict[str, float]:
-    import tempfile
-
     data = task.module.bitcode.read_bytes()
     with tempfile.TemporaryDirectory() as d:
         metrics = compile_plain(

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from rich.progress import Progress
 
+from mlgo.compile import CompileError
 from mlgo.corpus import Corpus, Module
 from mlgo.evaluate import EvalTask, baseline_sizes, eval_one
 from mlgo.policy import MLPPolicy
@@ -60,7 +61,7 @@ class Scorer:
         ]
         for task, r in self.workers.imap(eval_one, tasks):
             if isinstance(r, Failed):
-                raise RuntimeError(f"ES compile failed: {r.message}")
+                raise CompileError(f"ES compile failed: {r.message}")
             sizes[task.tag] += r["text_size"]
         self.compiles += len(tasks)
         total = sum(self.base[m.name] for m in modules)

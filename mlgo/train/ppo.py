@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from rich.progress import Progress
 
-from mlgo.compile import compile_module
+from mlgo.compile import CompileError, compile_module
 from mlgo.corpus import Corpus, Module
 from mlgo.policy import MLPPolicy
 from mlgo.problems import get_problem
@@ -198,7 +198,7 @@ def train_ppo(
             xs, acts, rews, sizes = [], [], [], []
             for task, r in workers.imap(rollout_one, tasks):
                 if isinstance(r, Failed):
-                    raise RuntimeError(f"PPO rollout failed: {r.message}")
+                    raise CompileError(f"PPO rollout failed: {r.message}")
                 base = scorer.base[task.module.name]
                 reward = (base - r["text_size"]) / base
                 sizes.append(reward)
