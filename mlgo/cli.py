@@ -60,7 +60,7 @@ def _kb(n: float) -> str:
 @app.command()
 def doctor(clang: ClangOpt = None) -> None:
     """Find clang and its LLVM tools, and check both MLGO channels answer."""
-    from mlgo.problems import problem_names
+    from mlgo.problems import get_problem, problem_names
     from mlgo.toolchain import probe
 
     tc = find_toolchain(clang)
@@ -69,7 +69,10 @@ def doctor(clang: ClangOpt = None) -> None:
     for tool in ("llvm-objcopy", "llvm-size"):
         table.add_row(tool, tc.tool(tool))
     for name in problem_names():
-        table.add_row(f"{name} channel", f"ok ({probe(tc, name)} decisions on the probe)")
+        table.add_row(
+            f"{name} channel",
+            f"ok ({probe(tc, name)} decisions on the probe): {get_problem(name).summary}",
+        )
     console.print(table)
 
 

@@ -1,6 +1,7 @@
 """The on-disk trace format (version 1): what `mlgo collect` writes and trainers read.
 
-    OUT/manifest.json             format, version, problem, toolchain, feature specs, and per
+    OUT/manifest.json             format, version, problem (and whether its default decision
+                                  is the compiler's own), toolchain, feature specs, and per
                                   module: its trace file, decision count, metrics, seconds;
                                   modules that failed, with the one-line reason
     OUT/modules/NAME.tfrecord     one tf.train.SequenceExample per context (per function for
@@ -25,6 +26,7 @@ import numpy as np
 from mlgo.compile import ModuleRun
 from mlgo.fsutil import atomic_path, atomic_write_text
 from mlgo.log_format import TensorSpec
+from mlgo.problems import get_problem
 from mlgo.tfutil import import_tf
 
 FORMAT = "mlgo-traces"
@@ -50,6 +52,9 @@ class Manifest:
             "format": FORMAT,
             "version": VERSION,
             "problem": self.problem,
+            # Whether `default_decision` is the compiler's own choice or the problem's
+            # documented baseline rule (regalloc: LLVM does not send its default).
+            "default_is_observed": get_problem(self.problem).default_is_observed,
             "toolchain": self.toolchain,
             "corpus": self.corpus,
             "features": self.specs,

@@ -19,6 +19,7 @@ from mlgo.compile import CompileError
 from mlgo.corpus import Corpus, Module
 from mlgo.evaluate import EvalTask, baseline_sizes, eval_one
 from mlgo.policy import MLPPolicy
+from mlgo.problems import get_problem
 from mlgo.toolchain import Toolchain
 from mlgo.train import Adam, RunDir, RunState
 from mlgo.workers import Failed, Workers
@@ -62,7 +63,7 @@ class Scorer:
         for task, r in self.workers.imap(eval_one, tasks):
             if isinstance(r, Failed):
                 raise CompileError(f"ES compile failed: {r.message}")
-            sizes[task.tag] += r["text_size"]
+            sizes[task.tag] += r[get_problem(task.problem).reward_metric]
         self.compiles += len(tasks)
         total = sum(self.base[m.name] for m in modules)
         return (total - sizes) / total

@@ -52,7 +52,7 @@ class RolloutTask:
 
 
 def rollout_one(task: RolloutTask) -> dict:
-    """One sampled compilation: raw features and actions of every decision, and the size."""
+    """One sampled compilation: raw features and actions of every decision, and its cost."""
     problem = get_problem(task.policy.problem)
     run = compile_module(problem, task.module, task.clang, task.policy)
     x = (
@@ -66,7 +66,7 @@ def rollout_one(task: RolloutTask) -> dict:
         if run.num_decisions
         else (np.zeros((0, len(task.policy.normalizer.features))))
     )
-    return {"x": x, "actions": run.advice, "text_size": run.metrics["text_size"]}
+    return {"x": x, "actions": run.advice, "cost": run.metrics[problem.reward_metric]}
 
 
 class _Agent:
@@ -200,7 +200,7 @@ def train_ppo(
                 if isinstance(r, Failed):
                     raise CompileError(f"PPO rollout failed: {r.message}")
                 base = scorer.base[task.module.name]
-                reward = (base - r["text_size"]) / base
+                reward = (base - r["cost"]) / base
                 sizes.append(reward)
                 xs.append(r["x"])
                 acts.append(r["actions"])
