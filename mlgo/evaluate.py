@@ -43,7 +43,7 @@ def baseline_sizes(corpus: Corpus, tc: Toolchain, workers: Workers) -> dict[str,
     """Plain -Oz .text bytes per module (cached in the corpus by `mlgo corpus stats`)."""
     stats, failures = corpus_stats(corpus, tc.describe(), tc.clang, workers)
     if failures:
-        name, msg = next(iter(failures.items()))
+        msg = next(iter(failures.values()))
         raise CompileError(f"baseline compile failed for {len(failures)} modules, e.g. {msg}")
     return {name: float(s["text_size"]) for name, s in stats.items()}
 
