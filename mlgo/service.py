@@ -71,7 +71,7 @@ class NativeBackend:
         self.binary, self.log, self.events = binary, log, events
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
-        self._open: set[str] = set()
+        self._open: dict[str, subprocess.Popen] = {}  # channel id -> the process serving it
         self._closed: dict[str, threading.Event] = {}
         self._stats: queue.Queue[str] = queue.Queue()
         self.restarts = -1
@@ -114,16 +114,16 @@ class NativeBackend:
                 self._stats.put(rest)
         code = proc.wait()
         with self._lock:
-            orphans = list(self._open)
+            orphans = [cid for cid, server in self._open.items() if server is proc]
         for cid in orphans:  # every channel it was serving is dead: say so, and release
             self.events.on_error(cid, f"policy server exited with code {code}")
             self._closed.setdefault(cid, threading.Event()).set()
 
     def start(self, cid: str, base: str, problem: Problem) -> None:
         with self._lock:
-            self._open.add(cid)
             self._closed[cid] = threading.Event()
             self._command(f"serve {cid} {base}")
+            self._open[cid] = self._ensure_running()
 
     def stop(self, cid: str, base: str) -> None:
         with self._lock:
@@ -135,7 +135,7 @@ class NativeBackend:
         while not closed.wait(RELEASE_INTERVAL_S) and time.monotonic() < deadline:
             release(base)
         with self._lock:
-            self._open.discard(cid)
+            self._open.pop(cid, None)
             del self._closed[cid]
 
     def latency(self) -> dict[str, float]:

@@ -176,6 +176,17 @@ def test_a_hung_policy_times_out_and_falls_back(tmp_path):
         service.stop()
 
 
+def test_a_crashed_policy_server_is_restarted(native, tmp_path):
+    mlgo_cc(SOURCES[0], tmp_path / "warm.o", native.env())
+    os.kill(_policy_server_pid(native.proc.pid), signal.SIGKILL)
+    before = native.status()["decisions"]
+    for src in SOURCES:
+        r = mlgo_cc(src, tmp_path / f"{src.stem}.o", native.env())
+        assert r.returncode == 0 and not r.stderr, r.stderr
+    assert native.status()["decisions"] > before
+    assert _policy_server_pid(native.proc.pid)
+
+
 def test_killing_the_service_mid_build_never_fails_or_hangs(tmp_path):
     service = Service(tmp_path, "--policy", str(SHIPPED), "--backend", "python")
     jobs = [(src, tmp_path / f"{i}-{src.stem}.o") for i in range(10) for src in SOURCES]
