@@ -49,7 +49,7 @@ def _warn(message: str) -> None:
     print(f"mlgo-cc: warning: {message}", file=sys.stderr, flush=True)
 
 
-def _start_service(path: Path) -> Connection:
+def start_service(path: Path) -> Connection:
     """Starts a service for MLGO_POLICY and connects; one starter at a time."""
     runtime = runtime_dir()
     failed_marker = runtime / "start-failed"
@@ -93,7 +93,7 @@ def _lease() -> tuple[Connection, list[str]]:
     except ServiceError:
         if os.environ.get("MLGO_SOCKET"):
             raise  # an explicit service is not ours to start
-        conn = _start_service(path)
+        conn = start_service(path)
     try:
         conn.send({"op": "compile"})
         return conn, list(conn.receive()["flags"])

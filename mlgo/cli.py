@@ -531,10 +531,21 @@ def channel(
     socket: SocketOpt = None,
     ttl: Annotated[float, typer.Option(help="seconds the channel waits for its compiler")] = 600,
 ) -> None:
-    """Print a channel base for one compilation run by hand (-mllvm -...-channel-base=)."""
-    from mlgo.client import request
+    """Print a channel base for one compilation run by hand (-mllvm -...-channel-base=);
+    starts the service (as mlgo-cc would) when none is running."""
+    from mlgo.cc import start_service
+    from mlgo.client import Connection, ServiceError, socket_path
 
-    print(request({"op": "channel", "problem": problem, "ttl_s": ttl}, path=socket)["base"])
+    path = socket or socket_path()
+    try:
+        conn = Connection(path, 10.0)
+    except ServiceError:
+        if socket is not None:
+            raise
+        conn = start_service(path)
+    with conn:
+        conn.send({"op": "channel", "problem": problem, "ttl_s": ttl})
+        print(conn.receive()["base"])
 
 
 @app.command()
