@@ -548,6 +548,16 @@ def channel(
         print(conn.receive()["base"])
 
 
+@app.command("install-wrappers")
+def install_wrappers() -> None:
+    """Install the native mlgo-cc/mlgo-c++ (C; no interpreter start-up per compile) over
+    the Python entry points, which they hand every uncommon case to. tools/setup.sh runs it."""
+    from mlgo.cc import install_native_wrappers
+
+    for path in install_native_wrappers(Path(sys.executable).parent):
+        console.print(f"installed {path}")
+
+
 @app.command()
 def stop(socket: SocketOpt = None) -> None:
     """Stop the service; its channels are cleaned up."""

@@ -54,5 +54,7 @@ if [ ! -d .venv/mlgo-utils/mlgo/corpus ]; then
   .venv/bin/pip install -qq --no-deps --target .venv/mlgo-utils "$MLGO_UTILS" \
     || die "cannot install $MLGO_UTILS (offline?)"
 fi
+# mlgo-cc/mlgo-c++ in C over pip's Python entry points (pip reinstalls put those back).
+.venv/bin/mlgo install-wrappers >/dev/null || die "cannot build the native mlgo-cc (is cc installed?)"
 .venv/bin/mlgo doctor >/dev/null || die "toolchain check failed: run .venv/bin/mlgo doctor"
 echo "setup: ready (.venv/bin/mlgo)"
