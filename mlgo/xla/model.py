@@ -1,10 +1,12 @@
 """The learned cost model: a graph neural network over the HLO graph, in plain JAX + optax.
 
-As in TpuGraphs' layout models: node features (plus, on dot nodes, the config and how its
-tile fits the dot) are embedded, refined by a few rounds of message passing along operand
-edges in both directions, pooled (mean and max) and read out together with the config's
-features into one score, the predicted log runtime. It is trained with a pairwise ranking
-loss within each program, so it learns which config is faster, not absolute times.
+Node features are embedded and refined by a few rounds of message passing along operand
+edges in both directions. Then, as for TpuGraphs' configurable nodes, every dot node's
+embedding meets the config's features and how its tile fits that dot, and a small network
+gives the dot's time; a readout of the pooled graph (mean and max) with the config gives
+the time of everything else. The score is the log of the sum, and the model is trained with
+a pairwise ranking loss within each program: it learns which config is faster, not
+absolute times. The graph is embedded once per program, however many configs are scored.
 """
 
 from __future__ import annotations
@@ -99,13 +101,15 @@ def _dense(key, n_in: int, n_out: int) -> dict:
 
 
 def init_params(hyper: Hyper) -> dict:
-    keys = jax.random.split(jax.random.PRNGKey(hyper.seed), hyper.layers + 3)
+    keys = jax.random.split(jax.random.PRNGKey(hyper.seed), hyper.layers + 5)
     h = hyper.hidden
     return {
-        "embed": _dense(keys[0], NODE_FEATURES + CONFIG_FEATURES + CROSS_FEATURES, h),
+        "embed": _dense(keys[0], NODE_FEATURES, h),
         "layers": [_dense(keys[1 + i], 3 * h, h) for i in range(hyper.layers)],
-        "head1": _dense(keys[-2], 2 * h + CONFIG_FEATURES, h),
-        "head2": _dense(keys[-1], h, 1),
+        "dot1": _dense(keys[-4], h + CONFIG_FEATURES + CROSS_FEATURES, h),
+        "dot2": _dense(keys[-3], h, 1),
+        "graph1": _dense(keys[-2], 2 * h + CONFIG_FEATURES, h),
+        "graph2": _dense(keys[-1], h, 1),
     }
 
 
@@ -113,12 +117,10 @@ def _apply(layer: dict, x: jax.Array) -> jax.Array:
     return x @ layer["w"] + layer["b"]
 
 
-def _score(params, nodes, node_mask, src, dst, edge_mask, dot_mask, cross, config):
-    """Predicted log runtime of one graph under one config."""
+def _embed(params, nodes, node_mask, src, dst, edge_mask):
+    """Node embeddings of one graph after message passing along operand edges."""
     n = nodes.shape[0]
-    on_dots = dot_mask[:, None] * jnp.broadcast_to(config, (n, config.shape[0]))
-    h = jax.nn.relu(_apply(params["embed"], jnp.concatenate([nodes, on_dots, cross], -1)))
-    h = h * node_mask[:, None]
+    h = jax.nn.relu(_apply(params["embed"], nodes)) * node_mask[:, None]
     w = edge_mask[:, None]
     deg_in = jax.ops.segment_sum(edge_mask, dst, n)[:, None] + 1
     deg_out = jax.ops.segment_sum(edge_mask, src, n)[:, None] + 1
@@ -127,19 +129,35 @@ def _score(params, nodes, node_mask, src, dst, edge_mask, dot_mask, cross, confi
         from_users = jax.ops.segment_sum(h[dst] * w, src, n) / deg_out
         upd = jax.nn.relu(_apply(layer, jnp.concatenate([h, from_operands, from_users], -1)))
         h = (h + upd) * node_mask[:, None]
+    return h
+
+
+def _score(params, h, node_mask, dot_mask, cross, config):
+    """Predicted log runtime of one graph under one config: the log of the sum of a time
+    per dot (from its embedding, the config and the tile's fit) and one for the rest."""
+    n = h.shape[0]
+    per_dot = jnp.concatenate([h, jnp.broadcast_to(config, (n, config.shape[0])), cross], -1)
+    dot_t = jax.nn.softplus(_apply(params["dot2"], jax.nn.relu(_apply(params["dot1"], per_dot))))
     mean = h.sum(0) / node_mask.sum()
     peak = jnp.max(jnp.where(node_mask[:, None] > 0, h, -1e9), axis=0)
-    z = jax.nn.relu(_apply(params["head1"], jnp.concatenate([mean, peak, config])))
-    return _apply(params["head2"], z)[0]
+    g = jax.nn.relu(_apply(params["graph1"], jnp.concatenate([mean, peak, config])))
+    rest_t = jax.nn.softplus(_apply(params["graph2"], g))[0]
+    return jnp.log((dot_t[:, 0] * dot_mask).sum() + rest_t + 1e-6)
 
 
-# (P programs) x (C configs) -> scores (P, C)
-_per_config = jax.vmap(_score, in_axes=(None, None, None, None, None, None, None, 0, 0))
-_per_program = jax.vmap(_per_config, in_axes=(None, 0, 0, 0, 0, 0, 0, 0, None))
+def _program_scores(params, nodes, node_mask, src, dst, edge_mask, dot_mask, cross, configs):
+    """(C,) scores of one program: the graph is embedded once, then every config scored."""
+    h = _embed(params, nodes, node_mask, src, dst, edge_mask)
+    per_config = jax.vmap(_score, in_axes=(None, None, None, None, 0, 0))
+    return per_config(params, h, node_mask, dot_mask, cross, configs)
+
+
+_per_program = jax.vmap(_program_scores, in_axes=(None, 0, 0, 0, 0, 0, 0, 0, None))
 
 
 @jax.jit
 def predict_batch(params: dict, b: Batch) -> jax.Array:
+    """(P programs, C configs) predicted log runtimes."""
     return _per_program(
         params, b.nodes, b.node_mask, b.src, b.dst, b.edge_mask, b.dot_mask, b.cross, b.configs
     )

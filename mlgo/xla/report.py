@@ -67,6 +67,11 @@ def roofline_scores(graph: HloGraph, configs: list[str]) -> np.ndarray:
     return np.asarray(out)
 
 
+def _tau(predicted: list[float], measured: np.ndarray) -> float:
+    tau = kendalltau(predicted, measured).statistic
+    return float(tau) if tau == tau else 0.0  # constant predictions: no order at all
+
+
 @dataclass
 class Row:
     program: str
@@ -79,6 +84,7 @@ class Row:
     fixed_us: float
     roofline_us: float
     kendall_tau: float
+    roofline_tau: float
     top1_gap: float
     top5_gap: float
     gemm_dominated: bool
@@ -104,7 +110,7 @@ def evaluate(records: list[Record], model: CostModel, fixed: str) -> list[Row]:
         measured = np.array([t[c] for c in cs])
         best = min(cs, key=t.__getitem__)
         roof = dict(zip(model.configs, roofline_scores(r.graph, model.configs), strict=True))
-        tau = kendalltau([pred[c] for c in cs], measured).statistic
+        tau = _tau([pred[c] for c in cs], measured)
         rows.append(
             Row(
                 r.name,
@@ -116,7 +122,8 @@ def evaluate(records: list[Record], model: CostModel, fixed: str) -> list[Row]:
                 t[best],
                 t.get(fixed, t["default"]),
                 t[min(cs, key=roof.__getitem__)],
-                float(tau) if tau == tau else 0.0,
+                tau,
+                _tau([roof[c] for c in cs], measured),
                 t[ranked[0]] / t[best] - 1,
                 min(t[c] for c in ranked[:5]) / t[best] - 1,
                 dot_share(r.graph) >= GEMM_DOMINATED,
@@ -132,6 +139,7 @@ def summary(rows: list[Row]) -> dict[str, float]:
         "programs": len(rows),
         "gemm_dominated": len(gemm),
         "kendall_tau_median": float(np.median([r.kendall_tau for r in rows])),
+        "roofline_kendall_tau_median": float(np.median([r.roofline_tau for r in rows])),
         "top1_gap_median": float(np.median([r.top1_gap for r in rows])),
         "top5_gap_median": float(np.median([r.top5_gap for r in rows])),
         "speedup_vs_default_geomean": geomean([r.vs_default for r in rows]),
