@@ -73,7 +73,7 @@ def train_cmd(
     """Train the GNN cost model on the non-held-out programs with a ranking loss."""
     from mlgo.xla.dataset import load_dataset
     from mlgo.xla.model import Hyper, train
-    from mlgo.xla.report import best_fixed_config, evaluate, summary
+    from mlgo.xla.report import best_fixed_config, evaluate, fit_default_margin, summary
 
     ds = load_dataset(data)
     train_set = ds.split(held_out=False)
@@ -85,8 +85,10 @@ def train_cmd(
             Hyper(steps=steps, seed=seed),
         )  # fmt: skip
     fixed = best_fixed_config(train_set, ds.configs)
+    margin = fit_default_margin(train_set, model)
     fit = summary(evaluate(train_set, model, fixed))
     model.info = {
+        "default_margin": margin,
         "dataset": data.name,
         "train_programs": [r.name for r in train_set],
         "held_out_programs": [r.name for r in ds.split(held_out=True)],
@@ -98,7 +100,8 @@ def train_cmd(
     model.save(out)
     console.print(
         f"{out}: ranking loss {losses[0]:.4f} -> {losses[-1]:.4f}, training Kendall tau "
-        f"(median) {fit['kendall_tau_median']:.3f}, best fixed config {fixed}"
+        f"(median) {fit['kendall_tau_median']:.3f}, best fixed config {fixed}, "
+        f"default margin {margin}"
     )
 
 

@@ -111,7 +111,7 @@ def measure_program(target: str, configs: list[str], spec: MeasureSpec) -> dict:
             spent[c] += time.perf_counter() - start
     for c in ok:
         runs[c].update(summarize(rounds[c]), measure_s=spent[c])
-    graph = extract_graph(lowered)  # after the loop, so the configs' compile times are honest
+    graph = extract_graph(lowered)
     return {
         "name": name,
         "family": program.family,

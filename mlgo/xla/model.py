@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 from mlgo.fsutil import atomic_path, atomic_write_text
+from mlgo.xla.config import DEFAULT
 from mlgo.xla.extract import HloGraph
 from mlgo.xla.features import (
     CONFIG_FEATURES,
@@ -62,14 +63,16 @@ class Batch:
     configs: np.ndarray  # (C, CONFIG_FEATURES)
 
 
-def _pad(n: int) -> int:
-    return 1 << max(n - 1, 1).bit_length()
+def _pad(n: int, least: int) -> int:
+    """Padded size: a power of two, at least `least`, so that the jitted model compiles
+    once for most graphs instead of once per graph size."""
+    return max(least, 1 << max(n - 1, 1).bit_length())
 
 
 def make_batch(graphs: list[HloGraph], configs: list[str]) -> Batch:
-    n_max = _pad(max(len(g.nodes) for g in graphs))
+    n_max = _pad(max(len(g.nodes) for g in graphs), 128)
     e_all = [edges(g) for g in graphs]
-    e_max = _pad(max(max(len(e) for e in e_all), 1))
+    e_max = _pad(max(len(e) for e in e_all), 256)
     p, c = len(graphs), len(configs)
     b = Batch(
         np.zeros((p, n_max, NODE_FEATURES), np.float32),
@@ -193,6 +196,16 @@ class CostModel:
     def predict(self, graphs: list[HloGraph]) -> np.ndarray:
         """(programs, configs) predicted log runtimes; lower is faster."""
         return np.asarray(predict_batch(self.params, make_batch(graphs, self.configs)))
+
+    def pick(self, scores: np.ndarray) -> str:
+        """The best-scored config, unless XLA's default scores within `default_margin` of
+        it: a predicted gain that small is not worth leaving the default path for."""
+        best = self.configs[int(np.argmin(scores))]
+        if DEFAULT in self.configs:
+            gap = scores[self.configs.index(DEFAULT)] - scores.min()
+            if gap < self.info.get("default_margin", 0.0):
+                return DEFAULT
+        return best
 
     def save(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)

@@ -59,12 +59,16 @@ def choose(
     start = time.perf_counter()
     scores = model.predict([extract_graph(lowered)])[0]
     ranking = tuple(model.configs[i] for i in np.argsort(scores))
+
+    def build(config: str) -> Any:
+        return lowered.compile(compiler_options=compiler_options(config))
+
     if top_k <= 1:
-        config = ranking[0]
-        compiled = lowered.compile(compiler_options=compiler_options(config))
+        config = model.pick(scores)
+        compiled = build(config)
     else:
         candidates = list(dict.fromkeys([DEFAULT, *ranking[:top_k]]))
-        built = {c: lowered.compile(compiler_options=compiler_options(c)) for c in candidates}
+        built = {c: build(c) for c in candidates}
         reference = _first_leaf(built[DEFAULT](*args, **kwargs))
         times = {}
         for c, fn in built.items():
