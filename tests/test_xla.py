@@ -9,13 +9,13 @@ import jax
 import numpy as np
 import pytest
 
+from mlgo.xla import tuned_jit
 from mlgo.xla.config import compiler_options, parse_config
 from mlgo.xla.dataset import DatasetError, collect, load_dataset
 from mlgo.xla.extract import extract_graph, fingerprint, lower
 from mlgo.xla.measure import MeasureSpec, summarize
 from mlgo.xla.model import CostModel, Hyper, train
 from mlgo.xla.programs import example_inputs, load_corpus, load_target
-from mlgo.xla.tune import tuned_jit
 from tests.conftest import run_mlgo
 
 CORPUS = Path(__file__).parent / "data" / "xla"
