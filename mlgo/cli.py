@@ -18,6 +18,7 @@ from mlgo.corpus import CorpusError, load_corpus
 from mlgo.extract import BuildError
 from mlgo.toolchain import ToolchainError, find_toolchain
 from mlgo.traces import TraceError
+from mlgo.xla.cli import xla_app
 
 app = typer.Typer(
     help="ML-guided compiler heuristics: corpora, traces and policies for "
@@ -29,6 +30,7 @@ corpus_app = typer.Typer(
     help="Build and inspect corpora of real Debian packages.", no_args_is_help=True
 )
 app.add_typer(corpus_app, name="corpus")
+app.add_typer(xla_app, name="xla")
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
 
