@@ -1,0 +1,248 @@
+"""Benchmark of the Ray backend: (a) its overhead against the local pool on this machine,
+(b) a simulated scale-out over Ray worker nodes on loopback.
+
+    .venv/bin/python tools/bench_scale.py --corpus data/corpus [--repeats 3] [--json F]
+
+(a) Real collection (`mlgo.collect.collect`, TFRecords included) of the same corpus with a
+2-process local pool and with a 2-core Ray node (a head started like `ray start --head`),
+passes interleaved with the order alternating per round; median and min..max modules/s.
+The traces of the two backends are compared byte for byte.
+
+(b) A Ray cluster grows node by node (1, 1, 2, 4, 8, 16 cores: 1 to 32 workers, each node
+its own raylet and object store). Each task is one corpus module whose compilation is
+modelled by sleeping for that module's compile time measured in (a) and returning a
+trace of its real size (its decision count over the real feature specs), which the driver
+writes as a TFRecord exactly as `collect` does. Throughput is the steady rate between the
+10th and 90th percentile of completions. A run of zero-cost tasks gives the driver's
+ceiling; the driver is the bottleneck past about ceiling x mean task time workers.
+Sleeping workers use no CPU, so 32 of them fit on 2 cores; the driver shares the cores
+with the raylets, which a real cluster's driver would not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from mlgo.collect import CollectTask, collect
+from mlgo.compile import ModuleRun
+from mlgo.corpus import Module, load_corpus
+from mlgo.log_format import TensorSpec
+from mlgo.problems import get_problem
+from mlgo.ray_workers import RayWorkers
+from mlgo.toolchain import Toolchain, find_toolchain
+from mlgo.traces import Manifest, trace_file, write_module_trace
+from mlgo.workers import Failed, LocalPool, Workers
+
+console = Console()
+PROBLEM = "inlining-size"
+NODE_CORES = (1, 1, 2, 4, 8, 16)
+SMALL_STORE = {"object_store_memory": 200 * 2**20, "include_dashboard": False}
+
+
+def _cluster(head_cpus: int):
+    from ray.cluster_utils import Cluster
+
+    return Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, **SMALL_STORE})
+
+
+def _collect_pass(workers: Workers, corpus, tc: Toolchain, out: Path) -> tuple[float, Manifest]:
+    start = time.monotonic()
+    manifest = collect(PROBLEM, corpus, out, tc, workers)
+    wall = time.monotonic() - start
+    if manifest.failed:
+        raise SystemExit(f"collection failed: {next(iter(manifest.failed.values()))}")
+    return len(manifest.modules) / wall, manifest
+
+
+def _same_traces(a: Path, b: Path, manifest: Manifest) -> bool:
+    return all(
+        (a / e["file"]).read_bytes() == (b / e["file"]).read_bytes()
+        for e in manifest.modules.values()
+    )
+
+
+def overhead(corpus, tc: Toolchain, repeats: int, scratch: Path) -> dict:
+    """(a): modules/s of real collection, local pool against a 2-core Ray node."""
+    cluster = _cluster(head_cpus=2)
+    rates: dict[str, list[float]] = {"local": [], "ray": []}
+    try:
+        with LocalPool(2) as local, RayWorkers(cluster.address) as ray:
+            backends = {"local": local, "ray": ray}
+            for name, w in backends.items():  # start worker processes, fill the node cache
+                _collect_pass(w, corpus.select([corpus.modules[0].package]), tc, scratch / name)
+            for i in range(repeats):
+                order = list(backends) if i % 2 == 0 else list(reversed(backends))
+                for name in order:
+                    out = scratch / f"{name}-{i}"
+                    rate, manifest = _collect_pass(backends[name], corpus, tc, out)
+                    rates[name].append(rate)
+                console.print(
+                    f"round {i + 1}: "
+                    + ", ".join(f"{k} {v[-1]:.2f} modules/s" for k, v in rates.items())
+                )
+    finally:
+        cluster.shutdown()
+    last = repeats - 1
+    ratios = [r / lo - 1 for lo, r in zip(rates["local"], rates["ray"], strict=True)]
+    return {
+        "modules": len(corpus.modules),
+        "local_modules_per_s": rates["local"],
+        "ray_modules_per_s": rates["ray"],
+        "ray_vs_local_median": statistics.median(ratios),
+        "ray_vs_local_min": min(ratios),
+        "ray_vs_local_max": max(ratios),
+        "traces_identical": _same_traces(
+            scratch / f"local-{last}", scratch / f"ray-{last}", manifest
+        ),
+        "manifest": manifest,
+    }
+
+
+@dataclass(frozen=True)
+class SimulatedCompile:
+    """A module's compilation as the driver sees it: it takes the module's measured time
+    and returns a trace of the module's real size."""
+
+    cost: dict[str, tuple[float, int]]  # module -> (seconds, decisions)
+    specs: tuple[TensorSpec, ...]
+    scale: float = 1.0  # 0: the driver's ceiling
+
+    def __call__(self, task: CollectTask) -> ModuleRun:
+        seconds, n = self.cost[task.module.name]
+        time.sleep(seconds * self.scale)
+        zeros = np.zeros(n, np.int64)
+        return ModuleRun(
+            task.module.name,
+            self.specs,
+            [task.module.name] * n,
+            {s.name: np.zeros((n, *s.shape), s.dtype) for s in self.specs},
+            zeros,
+            zeros,
+            {"text_size": 0.0},
+            seconds,
+        )
+
+
+def _simulated_pass(workers: Workers, sim: SimulatedCompile, tasks: list, out: Path) -> float:
+    """Steady modules/s with the driver writing every trace, as `collect` does."""
+    advice = get_problem(PROBLEM).advice_name
+    done: list[float] = []
+    start = time.monotonic()
+    for i, (task, run) in enumerate(workers.imap(sim, tasks)):
+        if isinstance(run, Failed):
+            raise SystemExit(f"simulated task failed: {run.message}")
+        write_module_trace(out / str(i) / trace_file(task.module.name), run, advice)
+        done.append(time.monotonic() - start)
+    lo, hi = int(0.1 * len(done)), int(0.9 * len(done))
+    return (hi - lo) / (done[hi] - done[lo])
+
+
+def scale_out(
+    modules: tuple[Module, ...], manifest: Manifest, tc: Toolchain, scratch: Path, max_workers: int
+) -> dict:
+    """(b): modules/s against the number of Ray workers, and the driver's ceiling."""
+    specs = tuple(TensorSpec.from_json(s) for s in manifest.specs)
+    cost = {n: (e["seconds"], e["decisions"]) for n, e in manifest.modules.items()}
+    mean = statistics.fmean(s for s, _ in cost.values())
+    rng = np.random.default_rng(0)
+    by_name = {m.name: m for m in modules}
+    names = sorted(cost)
+
+    def tasks(n: int) -> list[CollectTask]:  # module costs drawn from the measured ones
+        return [
+            CollectTask(PROBLEM, by_name[names[i]], tc.clang) for i in rng.choice(len(names), n)
+        ]
+
+    rows = []
+    cluster = _cluster(head_cpus=0)
+    try:
+        workers_total = 0
+        with RayWorkers(cluster.address) as ray:
+            for cores in NODE_CORES:
+                if workers_total + cores > max_workers:
+                    break
+                cluster.add_node(num_cpus=cores, **SMALL_STORE)
+                cluster.wait_for_nodes()
+                workers_total += cores
+                warm = SimulatedCompile({k: (0.5, 1) for k in cost}, specs)
+                _simulated_pass(ray, warm, tasks(2 * workers_total), scratch / "warm")
+                n = max(100, math.ceil(12 * workers_total / mean))  # about 12 s if linear
+                rate = _simulated_pass(ray, SimulatedCompile(cost, specs), tasks(n), scratch / "s")
+                rows.append({"workers": workers_total, "tasks": n, "modules_per_s": rate})
+                console.print(
+                    f"{workers_total:>3} workers: {rate:6.1f} modules/s "
+                    f"(linear: {workers_total / mean:6.1f})"
+                )
+            n = 1500
+            ceiling = _simulated_pass(
+                ray, SimulatedCompile(cost, specs, scale=0.0), tasks(n), scratch / "c"
+            )
+    finally:
+        cluster.shutdown()
+    console.print(f"driver ceiling (zero-cost tasks, {workers_total} workers): {ceiling:.0f}/s")
+    return {
+        "mean_task_s": mean,
+        "points": rows,
+        "driver_ceiling_modules_per_s": ceiling,
+        "driver_bound_from_workers": ceiling * mean,
+    }
+
+
+def main(
+    corpus: Annotated[Path, typer.Option(help="corpus directory")],
+    packages: Annotated[str, typer.Option(help="comma-separated subset (default: all)")] = "",
+    repeats: Annotated[int, typer.Option(help="rounds of local/Ray passes")] = 3,
+    max_workers: Annotated[int, typer.Option(help="(b): the largest simulated cluster")] = 32,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
+) -> None:
+    tc = find_toolchain()
+    selected = load_corpus(corpus).select([p for p in packages.split(",") if p])
+    console.print(f"{tc.describe()}, {len(selected.modules)} modules, {os.cpu_count()} cores")
+    with tempfile.TemporaryDirectory(prefix="mlgo-bench-") as d:
+        a = overhead(selected, tc, repeats, Path(d))
+        manifest = a.pop("manifest")
+        b = scale_out(selected.modules, manifest, tc, Path(d), max_workers)
+    figures = {"toolchain": tc.describe(), "overhead": a, "scale_out": b}
+
+    console.print(
+        f"(a) collection, {a['modules']} modules: local "
+        f"{statistics.median(a['local_modules_per_s']):.2f} modules/s, Ray "
+        f"{statistics.median(a['ray_modules_per_s']):.2f} modules/s; Ray vs local "
+        f"{a['ray_vs_local_median']:+.1%} ({a['ray_vs_local_min']:+.1%}.."
+        f"{a['ray_vs_local_max']:+.1%}); traces identical: {a['traces_identical']}"
+    )
+    table = Table("workers", "modules/s", "linear", "efficiency", title="(b) simulated scale-out")
+    for p in b["points"]:
+        linear = p["workers"] / b["mean_task_s"]
+        table.add_row(
+            str(p["workers"]),
+            f"{p['modules_per_s']:.1f}",
+            f"{linear:.1f}",
+            f"{p['modules_per_s'] / linear:.0%}",
+        )
+    console.print(table)
+    console.print(
+        f"mean task {b['mean_task_s']:.3f} s; driver ceiling "
+        f"{b['driver_ceiling_modules_per_s']:.0f} modules/s, the bottleneck from about "
+        f"{b['driver_bound_from_workers']:.0f} workers"
+    )
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    typer.run(main)
