@@ -78,6 +78,9 @@ def overhead(corpus, tc: Toolchain, repeats: int, scratch: Path) -> dict:
     """(a): modules/s of real collection, local pool against a 2-core Ray node."""
     cluster = _cluster(head_cpus=2)
     rates: dict[str, list[float]] = {"local": [], "ray": []}
+    # Summed per-module compile seconds: slower compiles in the workers, as opposed to
+    # scheduling or the driver, show here.
+    work: dict[str, list[float]] = {"local": [], "ray": []}
     try:
         with LocalPool(2) as local, RayWorkers(cluster.address) as ray:
             backends = {"local": local, "ray": ray}
@@ -89,9 +92,13 @@ def overhead(corpus, tc: Toolchain, repeats: int, scratch: Path) -> dict:
                     out = scratch / f"{name}-{i}"
                     rate, manifest = _collect_pass(backends[name], corpus, tc, out)
                     rates[name].append(rate)
+                    work[name].append(sum(e["seconds"] for e in manifest.modules.values()))
                 console.print(
                     f"round {i + 1}: "
-                    + ", ".join(f"{k} {v[-1]:.2f} modules/s" for k, v in rates.items())
+                    + ", ".join(
+                        f"{k} {v[-1]:.2f} modules/s ({work[k][-1]:.0f} s of compiles)"
+                        for k, v in rates.items()
+                    )
                 )
     finally:
         cluster.shutdown()
@@ -101,6 +108,8 @@ def overhead(corpus, tc: Toolchain, repeats: int, scratch: Path) -> dict:
         "modules": len(corpus.modules),
         "local_modules_per_s": rates["local"],
         "ray_modules_per_s": rates["ray"],
+        "local_compile_s": work["local"],
+        "ray_compile_s": work["ray"],
         "ray_vs_local_median": statistics.median(ratios),
         "ray_vs_local_min": min(ratios),
         "ray_vs_local_max": max(ratios),
@@ -114,7 +123,8 @@ def overhead(corpus, tc: Toolchain, repeats: int, scratch: Path) -> dict:
 @dataclass(frozen=True)
 class SimulatedCompile:
     """A module's compilation as the driver sees it: it takes the module's measured time
-    and returns a trace of the module's real size."""
+    (times `scale`) and returns a trace of the module's real size; its metrics say when it
+    ran (one clock: the nodes share this machine)."""
 
     cost: dict[str, tuple[float, int]]  # module -> (seconds, decisions)
     specs: tuple[TensorSpec, ...]
@@ -122,6 +132,7 @@ class SimulatedCompile:
 
     def __call__(self, task: CollectTask) -> ModuleRun:
         seconds, n = self.cost[task.module.name]
+        start = time.time()
         time.sleep(seconds * self.scale)
         zeros = np.zeros(n, np.int64)
         return ModuleRun(
@@ -131,27 +142,42 @@ class SimulatedCompile:
             {s.name: np.zeros((n, *s.shape), s.dtype) for s in self.specs},
             zeros,
             zeros,
-            {"text_size": 0.0},
+            {"text_size": 0.0, "start": start, "end": time.time()},
             seconds,
         )
 
 
-def _simulated_pass(workers: Workers, sim: SimulatedCompile, tasks: list, out: Path) -> float:
-    """Steady modules/s with the driver writing every trace, as `collect` does."""
+def _simulated_pass(
+    workers: Workers, sim: SimulatedCompile, tasks: list, n_workers: int, out: Path
+) -> tuple[float, float]:
+    """Writes every trace, as `collect` does. Returns modules/s over the whole pass and
+    the workers' busy fraction while there was work to hand out (from the start until
+    the last task was submitted), which a heavy-tailed last task does not skew."""
     advice = get_problem(PROBLEM).advice_name
-    done: list[float] = []
-    start = time.monotonic()
+    runs: list[ModuleRun] = []
+    last_submit = len(tasks) - 2 * n_workers  # imap's window: one submit per result after it
+    start = until = time.time()
     for i, (task, run) in enumerate(workers.imap(sim, tasks)):
         if isinstance(run, Failed):
             raise SystemExit(f"simulated task failed: {run.message}")
         write_module_trace(out / str(i) / trace_file(task.module.name), run, advice)
-        done.append(time.monotonic() - start)
-    lo, hi = int(0.1 * len(done)), int(0.9 * len(done))
-    return (hi - lo) / (done[hi] - done[lo])
+        runs.append(run)
+        if i + 1 == last_submit:
+            until = time.time()
+    rate = len(runs) / (time.time() - start)
+    busy = sum(
+        max(0.0, min(r.metrics["end"], until) - max(r.metrics["start"], start)) for r in runs
+    )
+    return rate, busy / (n_workers * (until - start)) if until > start else 0.0
 
 
 def scale_out(
-    modules: tuple[Module, ...], manifest: Manifest, tc: Toolchain, scratch: Path, max_workers: int
+    modules: tuple[Module, ...],
+    manifest: Manifest,
+    tc: Toolchain,
+    scratch: Path,
+    max_workers: int,
+    scales: list[float],
 ) -> dict:
     """(b): modules/s against the number of Ray workers, and the driver's ceiling."""
     specs = tuple(TensorSpec.from_json(s) for s in manifest.specs)
@@ -177,18 +203,32 @@ def scale_out(
                 cluster.add_node(num_cpus=cores, **SMALL_STORE)
                 cluster.wait_for_nodes()
                 workers_total += cores
+                w = workers_total
                 warm = SimulatedCompile({k: (0.5, 1) for k in cost}, specs)
-                _simulated_pass(ray, warm, tasks(2 * workers_total), scratch / "warm")
-                n = max(100, math.ceil(12 * workers_total / mean))  # about 12 s if linear
-                rate = _simulated_pass(ray, SimulatedCompile(cost, specs), tasks(n), scratch / "s")
-                rows.append({"workers": workers_total, "tasks": n, "modules_per_s": rate})
-                console.print(
-                    f"{workers_total:>3} workers: {rate:6.1f} modules/s "
-                    f"(linear: {workers_total / mean:6.1f})"
-                )
-            n = 1500
-            ceiling = _simulated_pass(
-                ray, SimulatedCompile(cost, specs, scale=0.0), tasks(n), scratch / "c"
+                _simulated_pass(ray, warm, tasks(2 * w), w, scratch / "warm")
+                for scale in scales:
+                    linear = w / (mean * scale)
+                    n = math.ceil(10 * linear) + 2 * w  # about 10 s of work if linear
+                    sim = SimulatedCompile(cost, specs, scale)
+                    rate, busy = _simulated_pass(ray, sim, tasks(n), w, scratch / "s")
+                    rows.append(
+                        {
+                            "workers": w,
+                            "time_scale": scale,
+                            "tasks": n,
+                            "linear_modules_per_s": linear,
+                            "busy": busy,
+                            "modules_per_s": busy * linear,
+                            "pass_modules_per_s": rate,
+                        }
+                    )
+                    console.print(
+                        f"{w:>3} workers, time x{scale:g}: {busy * linear:6.1f} modules/s "
+                        f"(linear {linear:6.1f}, workers busy {busy:.0%}; whole pass "
+                        f"{rate:.1f}/s)"
+                    )
+            ceiling, _ = _simulated_pass(
+                ray, SimulatedCompile(cost, specs, 0.0), tasks(1500), w, scratch / "c"
             )
     finally:
         cluster.shutdown()
@@ -206,15 +246,19 @@ def main(
     packages: Annotated[str, typer.Option(help="comma-separated subset (default: all)")] = "",
     repeats: Annotated[int, typer.Option(help="rounds of local/Ray passes")] = 3,
     max_workers: Annotated[int, typer.Option(help="(b): the largest simulated cluster")] = 32,
+    time_scales: Annotated[
+        str, typer.Option(help="(b): task times x each of these (below 1: a faster compiler)")
+    ] = "1,0.25",
     json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
 ) -> None:
     tc = find_toolchain()
     selected = load_corpus(corpus).select([p for p in packages.split(",") if p])
+    scales = [float(x) for x in time_scales.split(",")]
     console.print(f"{tc.describe()}, {len(selected.modules)} modules, {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory(prefix="mlgo-bench-") as d:
         a = overhead(selected, tc, repeats, Path(d))
         manifest = a.pop("manifest")
-        b = scale_out(selected.modules, manifest, tc, Path(d), max_workers)
+        b = scale_out(selected.modules, manifest, tc, Path(d), max_workers, scales)
     figures = {"toolchain": tc.describe(), "overhead": a, "scale_out": b}
 
     console.print(
@@ -224,20 +268,22 @@ def main(
         f"{a['ray_vs_local_median']:+.1%} ({a['ray_vs_local_min']:+.1%}.."
         f"{a['ray_vs_local_max']:+.1%}); traces identical: {a['traces_identical']}"
     )
-    table = Table("workers", "modules/s", "linear", "efficiency", title="(b) simulated scale-out")
+    table = Table(
+        "workers", "task time", "modules/s", "linear", "workers busy", title="(b) simulated"
+    )
     for p in b["points"]:
-        linear = p["workers"] / b["mean_task_s"]
         table.add_row(
             str(p["workers"]),
+            f"x{p['time_scale']:g}",
             f"{p['modules_per_s']:.1f}",
-            f"{linear:.1f}",
-            f"{p['modules_per_s'] / linear:.0%}",
+            f"{p['linear_modules_per_s']:.1f}",
+            f"{p['busy']:.0%}",
         )
     console.print(table)
     console.print(
         f"mean task {b['mean_task_s']:.3f} s; driver ceiling "
-        f"{b['driver_ceiling_modules_per_s']:.0f} modules/s, the bottleneck from about "
-        f"{b['driver_bound_from_workers']:.0f} workers"
+        f"{b['driver_ceiling_modules_per_s']:.0f} modules/s: the driver is the bottleneck "
+        f"from about {b['driver_bound_from_workers']:.0f} workers at x1"
     )
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
