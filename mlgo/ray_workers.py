@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import socket
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -73,11 +74,26 @@ def _module_of(item: Any) -> Module | None:
     return module if dataclasses.is_dataclass(item) and isinstance(module, Module) else None
 
 
+def _check_reachable(address: str) -> None:
+    """Ray retries an unreachable address for minutes; a user should hear at once."""
+    host, port = address.removeprefix("ray://").rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as e:
+        raise ValueError(f"cannot reach a Ray cluster at {address}: {e}") from e
+
+
 class RayWorkers:
     """`Workers` on a Ray cluster: `address` None joins the running cluster (or starts one
     on this machine), else `ray://HOST:PORT` (Ray Client) or `HOST:PORT`."""
 
     def __init__(self, address: str | None = None):
+        if address:
+            _check_reachable(address)
+        # Ray lowers its workers' CPU priority by default; a Ray that mlgo starts itself
+        # runs compiles at the driver's priority, as the local pool does. A cluster
+        # started with `ray start` keeps its own setting.
+        os.environ.setdefault("RAY_worker_niceness", "0")
         try:
             ray.init(address=address, logging_level="WARNING", configure_logging=False)
         except (ConnectionError, RuntimeError) as e:

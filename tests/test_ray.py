@@ -96,6 +96,9 @@ def test_workers_option_parses_in_one_place_and_ray_is_not_imported_for_local():
     for bad in ("rays", "0", "ray:/x:1", "host:port"):
         with pytest.raises(ValueError, match="--workers"):
             make_workers(bad)
+    for unreachable in (f"127.0.0.1:{_free_port()}", f"ray://127.0.0.1:{_free_port()}"):
+        with pytest.raises(ValueError, match="cannot reach a Ray cluster at"):
+            make_workers(unreachable)
 
 
 def test_cli_collect_over_ray_client_gives_byte_identical_traces(
@@ -193,3 +196,23 @@ def test_es_step_on_ray_moves_the_weights_as_the_local_pool_does(
     assert on_ray.history == local.history
     assert not np.array_equal(ray_arrays["theta"], policy.flat())  # the step moved
     assert np.array_equal(ray_arrays["theta"], local_arrays["theta"])
+
+
+def test_ppo_rollouts_on_ray_are_the_local_rollouts(cluster, mini_corpus, tc):
+    from dataclasses import replace
+
+    from mlgo.train.ppo import RolloutTask, rollout_one
+
+    policy = MLPPolicy.load(POLICY)
+    tasks = [
+        RolloutTask(m, tc.clang, replace(policy, temperature=1.0, seed=i))
+        for i, m in enumerate(mini_corpus.modules)
+    ]
+    with LocalPool(2) as pool:
+        local = {t.module.name: r for t, r in pool.imap(rollout_one, tasks)}
+    with make_workers(cluster.address) as workers:
+        on_ray = {t.module.name: r for t, r in workers.imap(rollout_one, tasks)}
+    assert set(on_ray) == set(local)
+    for name, r in local.items():
+        assert np.array_equal(on_ray[name]["actions"], r["actions"])
+        assert np.array_equal(on_ray[name]["x"], r["x"]) and on_ray[name]["cost"] == r["cost"]

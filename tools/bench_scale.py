@@ -15,7 +15,8 @@ trace of its real size (its decision count over the real feature specs), which t
 writes as a TFRecord exactly as `collect` does. Throughput is the steady rate between the
 10th and 90th percentile of completions. A run of zero-cost tasks gives the driver's
 ceiling; the driver is the bottleneck past about ceiling x mean task time workers.
-Sleeping workers use no CPU, so 32 of them fit on 2 cores; the driver shares the cores
+Ray's workers run at the local pool's CPU priority (RAY_worker_niceness=0; Ray's default
+lowers it). Sleeping workers use no CPU, so 32 of them fit on 2 cores; the driver shares the cores
 with the raylets, which a real cluster's driver would not.
 """
 
@@ -55,6 +56,9 @@ SMALL_STORE = {"object_store_memory": 200 * 2**20, "include_dashboard": False}
 def _cluster(head_cpus: int):
     from ray.cluster_utils import Cluster
 
+    # Ray lowers its workers' CPU priority by default, which on a shared machine alone
+    # slows their compiles; both backends run at the same priority here.
+    os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112 (Ray spells it so)
     return Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, **SMALL_STORE})
 
 
