@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +19,7 @@ from mlgo.corpus import CorpusError, load_corpus
 from mlgo.extract import BuildError
 from mlgo.toolchain import ToolchainError, find_toolchain
 from mlgo.traces import TraceError
+from mlgo.workers import WORKERS_HELP, make_workers
 from mlgo.xla.cli import xla_app
 
 app = typer.Typer(
@@ -37,7 +39,7 @@ err = Console(stderr=True, soft_wrap=True)
 ClangOpt = Annotated[
     str | None, typer.Option(help="clang to use (default: $MLGO_CLANG, clang-22, clang)")
 ]
-WorkersOpt = Annotated[str, typer.Option(help="'local' (a process per core) or a process count")]
+WorkersOpt = Annotated[str, typer.Option(help=WORKERS_HELP)]
 # The errors a user can cause or fix; anything else is a bug and keeps its traceback.
 USER_ERRORS = (
     ToolchainError,
@@ -123,10 +125,10 @@ def corpus_stats(
     """Modules, call sites and .text bytes at -Oz per package (compiles once, then cached)."""
     from mlgo.stats import corpus_stats as compute
     from mlgo.stats import per_package
-    from mlgo.workers import make_workers
 
     tc = find_toolchain(clang)
-    stats, failures = compute(load_corpus(corpus), tc.describe(), tc.clang, make_workers(workers))
+    with closing(make_workers(workers)) as pool:
+        stats, failures = compute(load_corpus(corpus), tc.describe(), tc.clang, pool)
     table = Table(
         "package",
         "modules",
@@ -172,11 +174,11 @@ def collect(
 ) -> None:
     """Compile every module with the default heuristic and record its decisions."""
     from mlgo.collect import collect as run
-    from mlgo.workers import make_workers
 
     tc = find_toolchain(clang)
     selected = _load_selected(corpus, packages)
-    manifest = run(problem, selected, out, tc, make_workers(workers), timeout)
+    with closing(make_workers(workers)) as pool:
+        manifest = run(problem, selected, out, tc, pool, timeout)
     decisions = sum(m["decisions"] for m in manifest.modules.values())
     console.print(
         f"{out}: {len(manifest.modules)} modules, {decisions:,} decisions, "
@@ -221,42 +223,41 @@ def train(
     from mlgo.policy import MLPPolicy
     from mlgo.problems import get_problem
     from mlgo.train import RunDir
-    from mlgo.workers import make_workers
 
     if problem != "inlining-size":
         raise ValueError(f"training for {problem} is not available yet; use inlining-size")
     tc = find_toolchain(clang)
-    pool = make_workers(workers)
-    run = RunDir(out, algo)
-    selected = _load_selected(corpus, packages)
-    if algo == "bc":
-        from mlgo.train.bc import train_bc
+    with closing(make_workers(workers)) as pool:
+        run = RunDir(out, algo)
+        selected = _load_selected(corpus, packages)
+        if algo == "bc":
+            from mlgo.train.bc import train_bc
 
-        _collect_for_bc(run, selected, tc, pool)
-        data = load_decisions(run.traces_dir, get_problem(problem))
-        policy, acc = train_bc(data, problem, run, epochs=steps or 30, derived=derived)
-        console.print(
-            f"BC accuracy on {len(data.default):,} default decisions: "
-            f"{acc['accuracy']:.4f} (inline recall {acc.get('recall_1', 0):.3f}, "
-            f"no-inline recall {acc.get('recall_0', 0):.3f})"
-        )
-    elif algo == "es":
-        from mlgo.train.es import ESConfig, train_es
+            _collect_for_bc(run, selected, tc, pool)
+            data = load_decisions(run.traces_dir, get_problem(problem))
+            policy, acc = train_bc(data, problem, run, epochs=steps or 30, derived=derived)
+            console.print(
+                f"BC accuracy on {len(data.default):,} default decisions: "
+                f"{acc['accuracy']:.4f} (inline recall {acc.get('recall_1', 0):.3f}, "
+                f"no-inline recall {acc.get('recall_0', 0):.3f})"
+            )
+        elif algo == "es":
+            from mlgo.train.es import ESConfig, train_es
 
-        if init is None:
-            raise ValueError("--algo es needs --init (a BC run) as its starting point")
-        cfg = ESConfig(steps=steps or ESConfig.steps, sigma=sigma, batch=batch)
-        policy = train_es(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
-    elif algo == "ppo":
-        from mlgo.train.ppo import PPOConfig, train_ppo
+            if init is None:
+                raise ValueError("--algo es needs --init (a BC run) as its starting point")
+            cfg = ESConfig(steps=steps or ESConfig.steps, sigma=sigma, batch=batch)
+            policy = train_es(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
+        elif algo == "ppo":
+            from mlgo.train.ppo import PPOConfig, train_ppo
 
-        if init is None:
-            raise ValueError("--algo ppo needs --init (a BC run) as its starting point")
-        cfg = PPOConfig(steps=steps or PPOConfig.steps, batch=batch)
-        policy = train_ppo(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
-    else:
-        raise ValueError(f"unknown --algo {algo!r}: use bc, es or ppo")
-    ev = evaluate(policy, selected, tc, pool)
+            if init is None:
+                raise ValueError("--algo ppo needs --init (a BC run) as its starting point")
+            cfg = PPOConfig(steps=steps or PPOConfig.steps, batch=batch)
+            policy = train_ppo(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
+        else:
+            raise ValueError(f"unknown --algo {algo!r}: use bc, es or ppo")
+        ev = evaluate(policy, selected, tc, pool)
     ev.save(out / "eval")
     t = ev.totals()
     console.print(
@@ -277,12 +278,12 @@ def eval_cmd(
     """Compile a corpus with a policy and with the default; per-module and total deltas."""
     from mlgo.evaluate import evaluate
     from mlgo.policy import MLPPolicy
-    from mlgo.workers import make_workers
 
     tc = find_toolchain(clang)
     pdir = _policy_dir(policy)
     selected = _load_selected(corpus, packages)
-    ev = evaluate(MLPPolicy.load(pdir), selected, tc, make_workers(workers))
+    with closing(make_workers(workers)) as pool:
+        ev = evaluate(MLPPolicy.load(pdir), selected, tc, pool)
     dest = out or pdir.parent / f"eval-{corpus.name}"
     ev.save(dest)
     table = Table(
