@@ -316,8 +316,9 @@ def main() -> None:
     parts = {"rtt": bench_rtt, "build": bench_build, "soak": bench_soak}
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         for part in args.parts.split(","):
-            results[part] = parts[part](args, Path(tmp))
-            results[part]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+            key = f"build-{args.build_package}" if part == "build" else part
+            results[key] = parts[part](args, Path(tmp))
+            results[key]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
             atomic_write_text(args.out, json.dumps(results, indent=1))
     console.print(f"wrote {args.out}")
 
