@@ -34,7 +34,7 @@ import numpy as np
 from mlgo.client import ServiceError, runtime_dir
 from mlgo.problems import Problem, get_problem
 
-RELEASE_INTERVAL_S = 0.02
+RELEASE_INTERVAL_S = 0.005
 CLOSE_TIMEOUT_S = 5.0
 
 
@@ -132,8 +132,12 @@ class NativeBackend:
                     self._command(f"cancel {cid}")
         closed = self._closed[cid]
         deadline = time.monotonic() + CLOSE_TIMEOUT_S
-        while not closed.wait(RELEASE_INTERVAL_S) and time.monotonic() < deadline:
+        # The serving thread is usually blocked opening the channel for the next compiler:
+        # release it at once rather than after a first wait.
+        while True:
             release(base)
+            if closed.wait(RELEASE_INTERVAL_S) or time.monotonic() > deadline:
+                break
         with self._lock:
             self._open.pop(cid, None)
             del self._closed[cid]
