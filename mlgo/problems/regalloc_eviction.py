@@ -1,10 +1,11 @@
 """Register-allocation eviction: which interfering live range the greedy allocator evicts.
 
 Contexts are functions. The advice is an index into 33 candidate slots; the last slot is
-the live range being allocated itself, and the `mask` feature says which are legal.
-LLVM 22 does not send its default choice on this channel, so the default trajectory is
-approximated by a baseline rule (cheapest legal candidate) and the true default cost comes
-from a compile with the default advisor.
+the live range being allocated itself (choosing it means: evict nothing), and the `mask`
+feature says which are legal. LLVM 22 does not send its default choice on this channel,
+so the default trajectory is walked with `default_advice`, a re-statement of the greedy
+allocator's own eviction rule in terms of the features; the true default cost always
+comes from a compile with the default advisor.
 """
 
 from __future__ import annotations
@@ -53,13 +54,47 @@ def channel_flags(base: str) -> list[str]:
     ]
 
 
+VIRT_REG = 32  # the slot of the live range being allocated
+
+
 def default_advice(obs: Observation) -> int:
-    """The legal candidate with the fewest broken hints, then the lowest weighted use."""
-    mask = obs.features["mask"].reshape(-1).astype(bool)
-    hints = obs.features["nr_broken_hints"].reshape(-1)
-    weight = obs.features["weighed_read_writes_by_max"].reshape(-1)
-    legal = np.flatnonzero(mask)
-    return int(legal[np.lexsort((legal, weight[legal], hints[legal]))[0]])
+    """DefaultEvictionAdvisor's choice, from the features: walk the candidates in allocation
+    order and keep the cheapest by (broken hints + 10 per urgent cascade break, heaviest
+    interfering spill weight), where a non-urgent eviction needs interference lighter than
+    the live range itself (`use_def_density` is that weight); stop at the hint register;
+    once a candidate is found, skip those whose local interference could be reassigned.
+    Evict nothing when no candidate qualifies. Replayed through the channel this gives
+    objects byte-identical to plain clang for most modules (not all: the cascade numbers
+    and cost-per-use limits it would need are not among the features)."""
+    f = {k: obs.features[k].reshape(-1) for k in _RULE_FEATURES}
+    legal = f["mask"].astype(bool)
+    must_evict = not legal[VIRT_REG]  # an unspillable live range
+    own_weight = f["use_def_density"][VIRT_REG]
+    best, best_cost = -1, (np.inf, np.inf)
+    for i in np.flatnonzero(legal[:VIRT_REG]):
+        cost = (f["nr_broken_hints"][i] + 10 * f["nr_urgent"][i], f["use_def_density"][i])
+        lighter = f["use_def_density"][i] < own_weight
+        if not (f["is_free"][i] or must_evict or f["nr_urgent"][i] or lighter):
+            continue
+        if not cost < best_cost or (best >= 0 and f["is_local"][i]):
+            continue
+        best, best_cost = int(i), cost
+        if f["is_hint"][i]:
+            break
+    if best >= 0:
+        return best
+    return int(np.flatnonzero(legal)[0]) if must_evict else VIRT_REG
+
+
+_RULE_FEATURES = (
+    "mask",
+    "is_free",
+    "nr_urgent",
+    "nr_broken_hints",
+    "is_hint",
+    "is_local",
+    "use_def_density",
+)
 
 
 def validate(obs: Observation, advice: np.ndarray) -> None:
@@ -116,4 +151,5 @@ PROBLEM = Problem(
     ],
     measure=measure,
     reward_metric="spill_reload_cost",
+    policy_kind="candidate",
 )
