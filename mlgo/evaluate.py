@@ -36,6 +36,7 @@ def eval_one(task: EvalTask) -> dict[str, float]:
     return {
         "decisions": run.num_decisions,
         "changed": int((run.advice != run.default).sum()),
+        "seconds": run.seconds,
         **run.metrics,
     }
 
@@ -54,12 +55,11 @@ def plain_one(task: PlainTask) -> dict[str, float]:
 
 def baseline(
     corpus: Corpus, tc: Toolchain, workers: Workers, problem: str = "inlining-size"
-) -> dict[str, float]:
-    """Per module, the problem's reward metric with the compiler's own heuristic."""
-    metric = get_problem(problem).reward_metric
-    if metric == "text_size":  # plain -Oz .text, cached in the corpus by `mlgo corpus stats`
+) -> dict[str, dict[str, float]]:
+    """Per module, what the problem measures with the compiler's own heuristic."""
+    if get_problem(problem).reward_metric == "text_size":  # cached by `mlgo corpus stats`
         stats, failures = corpus_stats(corpus, tc.describe(), tc.clang, workers)
-        out = {name: float(s["text_size"]) for name, s in stats.items()}
+        out = {name: {"text_size": float(s["text_size"])} for name, s in stats.items()}
     else:
         out, failures = {}, {}
         tasks = [PlainTask(problem, m, tc.clang) for m in corpus.modules]
@@ -67,7 +67,7 @@ def baseline(
             if isinstance(r, Failed):
                 failures[task.module.name] = r.message
             else:
-                out[task.module.name] = float(r[metric])
+                out[task.module.name] = r
     if failures:
         msg = next(iter(failures.values()))
         raise CompileError(f"baseline compile failed for {len(failures)} modules, e.g. {msg}")
@@ -142,12 +142,12 @@ def evaluate(
     policy: Policy, corpus: Corpus, tc: Toolchain, workers: Workers, problem: str = "inlining-size"
 ) -> Evaluation:
     base = baseline(corpus, tc, workers, problem)
-    metric = get_problem(problem).reward_metric
     result = Evaluation(problem, tc.describe(), str(corpus.root))
     tasks = [EvalTask(problem, m, tc.clang, policy) for m in corpus.modules]
     for task, r in workers.imap(eval_one, tasks):
         if isinstance(r, Failed):
             result.failed[task.module.name] = r.message
         else:
-            result.modules[task.module.name] = {**r, f"default_{metric}": base[task.module.name]}
+            default = {f"default_{k}": v for k, v in base[task.module.name].items()}
+            result.modules[task.module.name] = {**r, **default}
     return result

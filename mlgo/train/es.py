@@ -70,7 +70,7 @@ class Scorer:
                 raise CompileError(f"ES compile failed: {r.message}")
             sizes[task.tag] += r[self.metric]
         self.compiles += len(tasks)
-        total = sum(self.base[m.name] for m in modules)
+        total = sum(self.base[m.name][self.metric] for m in modules)
         return (total - sizes) / total
 
 
@@ -110,7 +110,8 @@ def train_es(
     cfg: ESConfig = ESConfig(),
 ) -> MLPPolicy:
     scorer = Scorer(corpus, tc, workers, init.problem)
-    pool = training_pool(corpus, tc, workers, cfg.max_module_seconds, scorer.base)
+    costs = {name: b[scorer.metric] for name, b in scorer.base.items()}
+    pool = training_pool(corpus, tc, workers, cfg.max_module_seconds, costs)
     theta = init.flat().astype(np.float64)
     adam = Adam(theta.size, cfg.lr)
     state = RunState("es", extra={"config": asdict(cfg), "best_reward": -np.inf, "pool": len(pool)})
