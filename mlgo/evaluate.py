@@ -133,7 +133,12 @@ class Evaluation:
         path = directory / "eval.json" if directory.is_dir() else directory
         try:
             d = json.loads(path.read_text())
-            return cls(d["problem"], d["toolchain"], d["corpus"], d["modules"], d["failed"])
+            ev = cls(d["problem"], d["toolchain"], d["corpus"], d["modules"], d["failed"])
+            keys = {ev.metric, f"default_{ev.metric}"}
+            stale = [name for name, row in ev.modules.items() if not keys <= set(row)]
+            if stale:  # written before the problem's metric changed
+                raise ValueError(f"module {stale[0]} has no {ev.metric}")
+            return ev
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"{path}: not an evaluation ({e})") from e
 

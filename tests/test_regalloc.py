@@ -110,3 +110,13 @@ def test_es_on_regalloc_trains_checkpoints_and_resumes(ra_bc, mini_corpus, tc, t
     state, _ = run.load_state()
     assert [h["step"] for h in state.history] == [1, 2, 3]
     assert isinstance(MLPPolicy.load(run.policy_dir), CandidatePolicy)
+
+
+def test_saved_model_evicts_like_the_candidate_policy(ra_bc, tmp_path):
+    from mlgo.export import export_saved_model, saved_model_decisions
+
+    _, data, policy, _ = ra_bc
+    saved = export_saved_model(policy, tmp_path)
+    rows = slice(0, 40)
+    got = saved_model_decisions(saved, {f: data.x[rows, :, j] for j, f in enumerate(data.features)})
+    assert np.array_equal(got, predict(policy, data.x[rows]))

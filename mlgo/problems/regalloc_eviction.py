@@ -45,6 +45,13 @@ FEATURES = (
 )
 
 
+_INTEGER = {"mask", "is_free", "is_hint", "is_local", "max_stage", "min_stage"}
+INPUT_SPECS = tuple(
+    (f, "int64" if f in _INTEGER else "float32", (1,) if f == "progress" else (1, 33))
+    for f in FEATURES
+)
+
+
 def channel_flags(base: str) -> list[str]:
     return [
         "-mllvm",
@@ -172,4 +179,5 @@ PROBLEM = Problem(
     measure=measure,
     reward_metric="regalloc_cost",
     policy_kind="candidate",
+    input_specs=INPUT_SPECS,
 )

@@ -1,0 +1,286 @@
+"""Benchmark of a regalloc eviction policy: held-out spill/reload cost, compile-time
+overhead, and the throughput of real programs built with it.
+
+    .venv/bin/python tools/bench_regalloc.py --policy runs/ra/policy \\
+        [--heldout data/heldout] [--programs sqlite3,zstd,lua5.4] [--repeats 9] [--json F]
+
+Held-out: every module compiled with the policy and with clang's own eviction advisor;
+frequency-weighted spill+reload cost (folded ones included), copy cost, and the summed
+compile time of both (the policy side is Python over the interactive channel).
+
+Programs: each Debian source package is built twice with the same flags (`-O2 -g0`
+appended) through tools/regalloc_cc.py, once with the default advisor and once with the
+policy answering every eviction; the package's own tests must pass for both builds.
+Then a fixed workload runs under `valgrind --tool=callgrind` (instruction counts,
+deterministic) and, for wall time, `--repeats` rounds in which the two builds alternate
+in order (ABBA) so machine noise hits both; medians and min..max are reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from mlgo.extract import BuildError, _run, ensure_build_depends, fetch_source, load_recipe
+from mlgo.fsutil import atomic_write_text
+from mlgo.toolchain import Toolchain, find_toolchain
+
+console = Console()
+TOOLS = Path(__file__).resolve().parent
+FLAGS = "-O2 -g0"
+VARIANTS = ("default", "policy")
+
+
+@dataclass(frozen=True)
+class Program:
+    recipe: str
+    prepare: tuple[str, ...]  # shell, in the build tree, after the recipe's build
+    workload: tuple[tuple[str, ...], ...]  # argv lists, measured
+    check: str = "true"  # shell, after the workload ran: its result is right
+
+
+PROGRAMS = {
+    "sqlite3": Program(
+        "sqlite3",
+        (
+            '"$CC" -c test/speedtest1.c -o speedtest1.o',
+            '"$CC" -o speedtest1 speedtest1.o .libs/libsqlite3.a -lm -lpthread -ldl',
+        ),
+        (("./speedtest1", "--size", "8", "--memdb"),),
+    ),
+    "zstd": Program(
+        "zstd",
+        (
+            'make -j2 -C tests CC="$CC" datagen',
+            "tests/datagen -g40000000 -P40 -s7 > bench.dat",
+        ),
+        (
+            ("programs/zstd", "-q", "-f", "-T1", "-3", "bench.dat", "-o", "bench.zst"),
+            ("programs/zstd", "-q", "-f", "-T1", "-d", "bench.zst", "-o", "bench.out"),
+        ),
+        "cmp bench.dat bench.out",
+    ),
+    "lua5.4": Program(
+        "lua",
+        (f"cp {shlex.quote(str(TOOLS / 'bench_data' / 'regalloc_bench.lua'))} bench.lua",),
+        (("src/lua", "bench.lua"),),
+    ),
+}
+
+
+def _env(tc: Toolchain, work: Path, policy: Path | None) -> dict[str, str]:
+    cc = work / "regalloc-cc"
+    cc.write_text(
+        f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
+        f'{shlex.quote(str(TOOLS / "regalloc_cc.py"))} "$@"\n'
+    )
+    cc.chmod(0o755)
+    env = dict(
+        os.environ,
+        CC=str(cc),
+        MLGO_RA_CLANG=tc.clang,
+        MLGO_RA_FLAGS=FLAGS,
+        AR=tc.tool("llvm-ar"),
+        RANLIB=tc.tool("llvm-ranlib"),
+        LC_ALL="C",
+        PYTHONPATH=str(TOOLS.parent),
+    )
+    env.pop("MLGO_RA_POLICY", None)
+    if policy is not None:
+        env["MLGO_RA_POLICY"] = str(policy.resolve())
+    return env
+
+
+def build_variant(prog: Program, tc: Toolchain, work: Path, variant: str, policy: Path) -> dict:
+    """Source, build, tests and benchmark preparation of one variant; returns timings."""
+    recipe = load_recipe(prog.recipe)
+    log = work / f"{variant}.log"
+    log.write_text("")
+    ensure_build_depends(recipe, log)
+    tree = work / variant
+    key = hashlib.sha256((policy / "policy.npz").read_bytes()).hexdigest()
+    stamp = tree / ".mlgo-built"
+    if stamp.exists() and (variant == "default" or json.loads(stamp.read_text())["policy"] == key):
+        return json.loads(stamp.read_text())
+    shutil.rmtree(tree, ignore_errors=True)
+    fetch_source(recipe, work, log).rename(tree)
+    env = _env(tc, work, policy if variant == "policy" else None)
+    start = time.monotonic()
+    for cmd in (*recipe.configure, *recipe.build):
+        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{prog.recipe} {variant}: build")
+    built = time.monotonic() - start
+    for cmd in recipe.test:
+        _run(cmd, tree, log, 6 * recipe.test_timeout_s, env, f"{prog.recipe} {variant}: tests")
+    for cmd in prog.prepare:
+        _run(cmd, tree, log, 1800, env, f"{prog.recipe} {variant}: benchmark setup")
+    info = {"build_seconds": built, "tests": "passed", "log": str(log), "policy": key}
+    atomic_write_text(stamp, json.dumps(info))
+    return info
+
+
+def run_workload(prog: Program, tree: Path, prefix: tuple[str, ...] = ()) -> tuple[float, str]:
+    """Runs every workload command; returns (seconds, combined stderr)."""
+    start, errors = time.perf_counter(), []
+    for argv in prog.workload:
+        proc = subprocess.run(
+            [*prefix, *argv], cwd=tree, capture_output=True, text=True, stdin=subprocess.DEVNULL
+        )
+        if proc.returncode != 0:
+            raise BuildError(f"{shlex.join(argv)} failed in {tree}: {proc.stderr.strip()[-200:]}")
+        errors.append(proc.stderr)
+    seconds = time.perf_counter() - start
+    check = subprocess.run(prog.check, shell=True, cwd=tree, capture_output=True)
+    if check.returncode != 0:
+        raise BuildError(f"{prog.recipe}: the workload's result is wrong in {tree}")
+    return seconds, "".join(errors)
+
+
+def instructions(prog: Program, tree: Path) -> int:
+    _, stderr = run_workload(
+        prog, tree, ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
+    )
+    counts = re.findall(r"Collected : (\d+)", stderr)
+    if len(counts) != len(prog.workload):
+        raise BuildError(f"{prog.recipe}: callgrind reported no instruction count")
+    return sum(int(c) for c in counts)
+
+
+def _spread(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
+
+
+def bench_program(name: str, tc: Toolchain, work: Path, policy: Path, repeats: int) -> dict:
+    prog = PROGRAMS[name]
+    pwork = work / name
+    pwork.mkdir(parents=True, exist_ok=True)
+    out: dict = {}
+    for v in VARIANTS:
+        with console.status(f"{name}: building and testing the {v} build"):
+            out[v] = build_variant(prog, tc, pwork, v, policy)
+    outputs = {}
+    for v in VARIANTS:
+        with console.status(f"{name}: callgrind, {v} build"):
+            out[v]["instructions"] = instructions(prog, pwork / v)
+        outputs[v] = subprocess.run(
+            shlex.join(prog.workload[0]), shell=True, cwd=pwork / v, capture_output=True
+        ).stdout
+    if outputs["default"] != outputs["policy"]:
+        raise BuildError(f"{name}: the two builds print different results")
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    with console.status(f"{name}: {repeats} timed rounds"):
+        for r in range(repeats):
+            for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                times[v].append(run_workload(prog, pwork / v)[0])
+    for v in VARIANTS:
+        out[v]["seconds"] = _spread(times[v])
+    ratios = [p / d - 1 for p, d in zip(times["policy"], times["default"], strict=True)]
+    out["instructions_delta"] = out["policy"]["instructions"] / out["default"]["instructions"] - 1
+    out["wall_delta_of_medians"] = (
+        out["policy"]["seconds"]["median"] / out["default"]["seconds"]["median"] - 1
+    )
+    out["wall_delta_paired"] = _spread(ratios)
+    return out
+
+
+def bench_heldout(corpus: Path, policy: Path, tc: Toolchain, out: Path) -> dict:
+    from mlgo.corpus import load_corpus
+    from mlgo.evaluate import evaluate
+    from mlgo.policy import MLPPolicy
+    from mlgo.workers import LocalPool
+
+    loaded = MLPPolicy.load(policy)
+    ev = evaluate(loaded, load_corpus(corpus), tc, LocalPool(), loaded.problem)
+    ev.save(out)
+    rows = ev.modules.values()
+    result: dict = {"modules": len(ev.modules), "failed": len(ev.failed)}
+    for k in ("spill_reload_cost", "copies_cost", "regalloc_cost", "text_size", "seconds"):
+        pol, base = sum(r[k] for r in rows), sum(r[f"default_{k}"] for r in rows)
+        result[k] = {"policy": pol, "default": base, "delta": pol / base - 1}
+    packages: dict[str, dict] = {}
+    for name, r in ev.modules.items():
+        p = packages.setdefault(name.split("/", 1)[0], {"policy": 0.0, "default": 0.0})
+        p["policy"] += r["spill_reload_cost"]
+        p["default"] += r["default_spill_reload_cost"]
+    result["spill_reload_by_package"] = {
+        k: v["policy"] / v["default"] - 1 if v["default"] else 0.0 for k, v in packages.items()
+    }
+    return result
+
+
+def main(
+    policy: Annotated[Path, typer.Option(help="regalloc policy directory")],
+    heldout: Annotated[Path | None, typer.Option(help="held-out corpus")] = None,
+    programs: Annotated[str, typer.Option(help="comma-separated: sqlite3,zstd,lua5.4")] = "",
+    work: Annotated[Path, typer.Option(help="where the programs are built")] = Path(
+        "data/bench-regalloc"
+    ),
+    repeats: Annotated[int, typer.Option(help="timed rounds per program")] = 9,
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    tc = find_toolchain()
+    work = work.resolve()
+    result: dict = {"toolchain": tc.describe(), "policy": str(policy), "flags": FLAGS}
+    if heldout is not None:
+        with console.status(f"held-out evaluation on {heldout}"):
+            result["heldout"] = h = bench_heldout(heldout, policy, tc, work / "eval-heldout")
+        table = Table("held-out", "default", "policy", "change", title=str(heldout))
+        for k in ("spill_reload_cost", "copies_cost", "regalloc_cost", "text_size", "seconds"):
+            r = h[k]
+            table.add_row(k, f"{r['default']:,.1f}", f"{r['policy']:,.1f}", f"{r['delta']:+.2%}")
+        console.print(table)
+        console.print(
+            "spill+reload by package: "
+            + ", ".join(f"{k} {v:+.2%}" for k, v in sorted(h["spill_reload_by_package"].items()))
+        )
+    names = [p for p in programs.split(",") if p]
+    unknown = set(names) - set(PROGRAMS)
+    if unknown:
+        raise typer.BadParameter(f"unknown programs {sorted(unknown)}; have {sorted(PROGRAMS)}")
+    table = Table(
+        "program",
+        "instructions default",
+        "policy",
+        "change",
+        "wall median default",
+        "policy",
+        "change (paired median, min..max)",
+        title="throughput (negative = faster)",
+    )
+    for name in names:
+        result[name] = r = bench_program(name, tc, work, policy, repeats)
+        d, p, pr = r["default"], r["policy"], r["wall_delta_paired"]
+        table.add_row(
+            name,
+            f"{d['instructions']:,}",
+            f"{p['instructions']:,}",
+            f"{r['instructions_delta']:+.3%}",
+            f"{d['seconds']['median']:.3f} s",
+            f"{p['seconds']['median']:.3f} s",
+            f"{r['wall_delta_of_medians']:+.2%} ({pr['median']:+.2%}, "
+            f"{pr['min']:+.2%}..{pr['max']:+.2%})",
+        )
+    if names:
+        console.print(table)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(json_out, json.dumps(result, indent=1))
+        console.print(f"wrote {json_out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)
