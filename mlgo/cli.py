@@ -206,6 +206,7 @@ def train(
     sigma: Annotated[float, typer.Option(help="ES: perturbation scale of the weights")] = 0.05,
     derived: Annotated[bool, typer.Option(help="BC: also feed the default's cost rule")] = False,
     batch: Annotated[int, typer.Option(help="es, ppo: modules compiled per step")] = 24,
+    directions: Annotated[int, typer.Option(help="ES: perturbations per step")] = 8,
     workers: WorkersOpt = "local",
     clang: ClangOpt = None,
 ) -> None:
@@ -239,7 +240,9 @@ def train(
 
         if init is None:
             raise ValueError("--algo es needs --init (a BC run) as its starting point")
-        cfg = ESConfig(steps=steps or ESConfig.steps, sigma=sigma, batch=batch)
+        cfg = ESConfig(
+            steps=steps or ESConfig.steps, sigma=sigma, batch=batch, directions=directions
+        )
         start = MLPPolicy.load(_policy_dir(init))
         if start.problem != problem:
             raise ValueError(f"--init {init} is a {start.problem} policy, not {problem}")

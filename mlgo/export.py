@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from mlgo.fsutil import atomic_write_text
-from mlgo.policy import CandidatePolicy, MLPPolicy
+from mlgo.policy import SELF, CandidatePolicy, MLPPolicy
 from mlgo.problems import get_problem
 from mlgo.tfutil import import_tf
 
@@ -47,11 +47,12 @@ def build_module(policy: MLPPolicy):
     quantiles = [tf.constant(q, tf.float64) for q in policy.normalizer.quantiles]
     weights = [tf.constant(w, tf.float32) for w in policy.weights]
     declared = {n: (t, shape) for n, t, shape in problem.input_specs}
+    llvm = [f for f in features if not f.startswith(SELF)]  # the model's inputs
     specs = [
         tf.TensorSpec(declared[f][1], declared[f][0], name=f)
         if f in declared
         else tf.TensorSpec((), tf.int64, name=f)
-        for f in features
+        for f in llvm
     ]
     specs += [tf.TensorSpec((), tf.float32, name=n) for n in ("discount", "reward")]
     specs.append(tf.TensorSpec((), tf.int32, name="step_type"))
@@ -59,11 +60,14 @@ def build_module(policy: MLPPolicy):
 
     def action(*inputs):
         # One row per slot (1 for a scalar decision); scalar inputs repeat on every row.
-        raw = [
-            tf.broadcast_to(tf.cast(tf.reshape(x, [-1]), tf.float64), [slots])
-            for x in inputs[: len(features)]
-        ]
-        by_name = dict(zip(features, raw, strict=True))
+        by_name = {
+            f: tf.broadcast_to(tf.cast(tf.reshape(x, [-1]), tf.float64), [slots])
+            for f, x in zip(llvm, inputs[: len(llvm)], strict=True)
+        }
+        for f in features:  # SELF columns: the live range's own (last) slot, on every row
+            if f.startswith(SELF):
+                by_name[f] = tf.broadcast_to(by_name[f.removeprefix(SELF)][-1:], [slots])
+        raw = [by_name[f] for f in features]
         for d in policy.normalizer.derived:  # the same columns Normalizer.expand computes
             left, right = by_name[d.left], by_name[d.right]
             raw.append(left - right if d.op == "-" else tf.cast(left < right, tf.float64))

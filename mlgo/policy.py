@@ -22,6 +22,21 @@ from mlgo.fsutil import atomic_path, atomic_write_text
 from mlgo.log_format import Observation
 
 QUANTILES = 256
+# A per-candidate column holding the live range's own value of a feature (the last slot's),
+# so that a derived input can compare each candidate with it: "self:use_def_density".
+SELF = "self:"
+
+
+def with_own_columns(x: np.ndarray, names: Sequence[str], wanted: Sequence[str]) -> np.ndarray:
+    """[n, slots, len(names)] -> [n, slots, len(wanted)]; `wanted` may name SELF columns."""
+    index = {f: j for j, f in enumerate(names)}
+    columns = [
+        np.broadcast_to(x[:, -1:, index[w.removeprefix(SELF)]], x.shape[:2])
+        if w.startswith(SELF)
+        else x[:, :, index[w]]
+        for w in wanted
+    ]
+    return np.stack(columns, 2)
 
 
 @dataclass(frozen=True)
@@ -233,15 +248,14 @@ class CandidatePolicy(MLPPolicy):
         return super().init(problem, normalizer, hidden, 1, seed)  # type: ignore[return-value]
 
     def raw_features(self, obs: Observation) -> np.ndarray:
-        """[slots, features]: per-slot features as sent, scalar ones broadcast to each slot."""
+        """[slots, features]: per-slot features as sent, scalar ones broadcast to each slot,
+        SELF columns the live range's own value."""
         slots = obs.features[self.mask_feature].size
-        return np.stack(
-            [
-                np.broadcast_to(obs.features[f].reshape(-1), (slots,))
-                for f in self.normalizer.features
-            ],
-            1,
+        llvm = [f for f in self.normalizer.features if not f.startswith(SELF)]
+        sent = np.stack(
+            [np.broadcast_to(obs.features[f].reshape(-1), (slots,)) for f in llvm], 1
         ).astype(np.float64)
+        return with_own_columns(sent[None], llvm, self.normalizer.features)[0]
 
     def scores(self, raw: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """raw [decisions, slots, features], mask [decisions, slots] -> masked scores."""

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from mlgo.log_format import Observation
+from mlgo.policy import SELF, Derived
 from mlgo.problems import Problem
 from mlgo.sizes import text_size
 
@@ -180,4 +181,10 @@ PROBLEM = Problem(
     reward_metric="regalloc_cost",
     policy_kind="candidate",
     input_specs=INPUT_SPECS,
+    # The default evicts only interference lighter than the live range itself.
+    derived=(
+        Derived("weight_margin", "use_def_density", "-", f"{SELF}use_def_density"),
+        Derived("lighter_than_self", "use_def_density", "<", f"{SELF}use_def_density"),
+        Derived("hint_margin", "nr_broken_hints", "-", f"{SELF}nr_broken_hints"),
+    ),
 )

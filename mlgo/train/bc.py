@@ -14,7 +14,7 @@ import numpy as np
 from rich.progress import Progress
 
 from mlgo.dataset import Decisions
-from mlgo.policy import CandidatePolicy, MLPPolicy, Normalizer
+from mlgo.policy import SELF, CandidatePolicy, MLPPolicy, Normalizer, with_own_columns
 from mlgo.problems import get_problem
 from mlgo.tfutil import import_tf
 from mlgo.train import Adam, RunDir, RunState
@@ -42,9 +42,11 @@ def _loss_and_grad(
 
 def predict(policy: MLPPolicy, raw: np.ndarray) -> np.ndarray:
     """Greedy answers for rows of raw features (per-candidate: [decisions, slots, features])."""
-    if isinstance(policy, CandidatePolicy):
-        mask = raw[:, :, policy.normalizer.features.index(policy.mask_feature)]
-        return np.argmax(policy.scores(raw, mask), 1)
+    if isinstance(policy, CandidatePolicy):  # raw: LLVM's features, SELF columns added here
+        llvm = [f for f in policy.normalizer.features if not f.startswith(SELF)]
+        full = with_own_columns(raw, llvm, policy.normalizer.features)
+        mask = raw[:, :, llvm.index(policy.mask_feature)]
+        return np.argmax(policy.scores(full, mask), 1)
     return np.argmax(policy.logits(raw), 1)
 
 
@@ -63,12 +65,18 @@ def _candidate_inputs(
     data: Decisions, problem: str, seed: int
 ) -> tuple[CandidatePolicy, np.ndarray, np.ndarray]:
     """A fresh per-candidate policy normalized on the legal slots (illegal ones are all
-    zeros), its input rows (one per slot) and the illegal-slot logit offsets."""
-    n, slots, width = data.x.shape
+    zeros), its input rows (one per slot) and the illegal-slot logit offsets. The
+    problem's derived inputs (comparisons with the live range's own slot) are always on:
+    the default rule is such a comparison, and one scorer per slot cannot see other slots."""
+    derived = get_problem(problem).derived
+    own = sorted({c for d in derived for c in (d.left, d.right) if c.startswith(SELF)})
+    names = (*data.features, *own)
+    full = with_own_columns(data.x, data.features, names)
+    n, slots, width = full.shape
     mask = data.x[:, :, data.features.index(CandidatePolicy.mask_feature)] > 0
-    normalizer = Normalizer.fit(data.features, data.x[mask])
+    normalizer = Normalizer.fit(names, full[mask], derived)
     policy = CandidatePolicy.init(problem, normalizer, seed=seed)
-    x = normalizer.transform(data.x.reshape(n * slots, width))
+    x = normalizer.transform(full.reshape(n * slots, width))
     return policy, x, np.where(mask, 0.0, -1e9).astype(np.float32)
 
 
