@@ -2,11 +2,13 @@
 overhead, and the throughput of real programs built with it.
 
     .venv/bin/python tools/bench_regalloc.py --policy runs/ra/policy \\
-        [--heldout data/heldout] [--programs sqlite3,zstd,lua5.4] [--repeats 9] [--json F]
+        [--heldout data/heldout [--overhead cjson,giflib]] \\
+        [--programs sqlite3,zstd,lua5.4] [--repeats 9] [--json F]
 
 Held-out: every module compiled with the policy and with clang's own eviction advisor;
-frequency-weighted spill+reload cost (folded ones included), copy cost, and the summed
-compile time of both (the policy side is Python over the interactive channel).
+frequency-weighted spill+reload cost (folded ones included) and copy cost. Overhead: the
+compile time of some held-out packages, plain against the policy answering over the
+channel in Python, one compile at a time, alternating, three rounds.
 
 Programs: each Debian source package is built twice with the same flags (`-O2 -g0`
 appended) through tools/regalloc_cc.py, once with the default advisor and once with the
@@ -27,6 +29,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +43,7 @@ from mlgo.extract import BuildError, _run, ensure_build_depends, fetch_source, l
 from mlgo.fsutil import atomic_write_text
 from mlgo.toolchain import Toolchain, find_toolchain
 
-console = Console()
+console = Console(width=160)
 TOOLS = Path(__file__).resolve().parent
 FLAGS = "-O2 -g0"
 VARIANTS = ("default", "policy")
@@ -222,6 +225,43 @@ def bench_heldout(corpus: Path, policy: Path, tc: Toolchain, out: Path) -> dict:
     return result
 
 
+def bench_overhead(corpus: Path, packages: str, policy: Path, tc: Toolchain, rounds: int) -> dict:
+    """Compile time of plain clang -O2 against the same compiles with the policy answering
+    every eviction over the channel, one compile at a time, alternating per module."""
+    from mlgo.compile import compile_module, compile_plain
+    from mlgo.corpus import load_corpus
+    from mlgo.policy import MLPPolicy
+    from mlgo.problems import get_problem
+
+    problem = get_problem("regalloc-eviction")
+    loaded = MLPPolicy.load(policy)
+    modules = load_corpus(corpus).select([p for p in packages.split(",") if p]).modules
+    plain, served, decisions = [], [], 0
+    with tempfile.TemporaryDirectory() as d:
+        for r in range(rounds):
+            p_total = s_total = 0.0
+            for m in modules:
+                for kind in ("plain", "policy") if r % 2 == 0 else ("policy", "plain"):
+                    start = time.perf_counter()
+                    if kind == "plain":
+                        compile_plain(problem, m, tc.clang, Path(d) / "o.o")
+                        p_total += time.perf_counter() - start
+                    else:
+                        run = compile_module(problem, m, tc.clang, loaded)
+                        s_total += time.perf_counter() - start
+                        decisions += run.num_decisions if r == 0 else 0
+            plain.append(p_total)
+            served.append(s_total)
+    ratios = [s / p - 1 for s, p in zip(served, plain, strict=True)]
+    return {
+        "modules": len(modules),
+        "decisions": decisions,
+        "plain_seconds": _spread(plain),
+        "policy_seconds": _spread(served),
+        "overhead": _spread(ratios),
+    }
+
+
 def main(
     policy: Annotated[Path, typer.Option(help="regalloc policy directory")],
     heldout: Annotated[Path | None, typer.Option(help="held-out corpus")] = None,
@@ -230,6 +270,9 @@ def main(
         "data/bench-regalloc"
     ),
     repeats: Annotated[int, typer.Option(help="timed rounds per program")] = 9,
+    overhead: Annotated[
+        str, typer.Option(help="held-out packages whose compile time is compared")
+    ] = "",
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     tc = find_toolchain()
@@ -246,6 +289,17 @@ def main(
         console.print(
             "spill+reload by package: "
             + ", ".join(f"{k} {v:+.2%}" for k, v in sorted(h["spill_reload_by_package"].items()))
+        )
+    if overhead:
+        if heldout is None:
+            raise typer.BadParameter("--overhead needs --heldout (the corpus)")
+        with console.status("compile-time overhead"):
+            result["overhead"] = o = bench_overhead(heldout, overhead, policy, tc, 3)
+        console.print(
+            f"compile time of {o['modules']} modules ({o['decisions']:,} evictions): plain "
+            f"{o['plain_seconds']['median']:.1f} s, with the policy "
+            f"{o['policy_seconds']['median']:.1f} s, overhead {o['overhead']['median']:+.1%} "
+            f"({o['overhead']['min']:+.1%}..{o['overhead']['max']:+.1%})"
         )
     names = [p for p in programs.split(",") if p]
     unknown = set(names) - set(PROGRAMS)
