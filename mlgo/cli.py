@@ -10,7 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from mlgo.aot import AotError
 from mlgo.channel import ChannelError
+from mlgo.client import ServiceError
 from mlgo.compile import CompileError
 from mlgo.corpus import CorpusError, load_corpus
 from mlgo.extract import BuildError
@@ -42,6 +44,8 @@ USER_ERRORS = (
     TraceError,
     ChannelError,
     CompileError,
+    AotError,
+    ServiceError,
     KeyError,
     ValueError,
     OSError,
@@ -316,9 +320,13 @@ def eval_cmd(
 def export(
     policy: Annotated[Path, typer.Option(help="policy directory (or its run)")],
     out: Annotated[Path, typer.Option(help="where the shipped policy goes")],
+    aot: Annotated[
+        bool, typer.Option(help="also AOT-compile it (OUT/aot) and build the native server")
+    ] = True,
 ) -> None:
     """Write a policy as a TF SavedModel (LLVM's feature names) beside its numpy form,
-    with a model card drawn from its run (budget) and its evaluations."""
+    with a model card drawn from its run (budget) and its evaluations; then AOT-compile
+    it into OUT/aot (model.h + objects, what LLVM's release mode embeds)."""
     import shutil
 
     from mlgo.export import export_saved_model
@@ -334,19 +342,38 @@ def export(
         shutil.copyfile(pdir / name, out / name)
     atomic_write_text(out / "MODEL_CARD.md", model_card(loaded, pdir.parent))
     console.print(f"wrote {saved} and {out / 'MODEL_CARD.md'}")
+    if aot:
+        from mlgo.aot import aot_compile, native_server
+
+        console.print(f"wrote {aot_compile(saved, out / 'aot')} (model.h and objects)")
+        console.print(f"native policy server: {native_server(saved)}")
 
 
 @app.command()
 def report(
-    evaluation: Annotated[Path, typer.Argument(help="an eval directory or eval.json")],
+    evaluation: Annotated[
+        Path | None, typer.Argument(help="an eval directory or eval.json")
+    ] = None,
     html: Annotated[Path | None, typer.Option(help="write a self-contained HTML report")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write a JSON summary")] = None,
+    build_dir: Annotated[
+        Path | None, typer.Option(help="a build tree made with mlgo-cc (instead of an eval)")
+    ] = None,
+    baseline_dir: Annotated[
+        Path | None, typer.Option(help="the same build made with the plain compiler")
+    ] = None,
 ) -> None:
-    """Render an evaluation: table, per-module histogram, per-package bars, JSON."""
+    """Render an evaluation (table, per-module histogram, per-package bars, JSON), or
+    compare the .text of every ELF file in two build trees (--build-dir, --baseline-dir)."""
     from mlgo.evaluate import Evaluation
     from mlgo.fsutil import atomic_write_text
     from mlgo.report import render_html, summary_json
 
+    if build_dir or baseline_dir:
+        _build_report(build_dir, baseline_dir, json_out)
+        return
+    if evaluation is None:
+        raise ValueError("give an evaluation, or --build-dir and --baseline-dir")
     ev = Evaluation.load(evaluation)
     if html:
         atomic_write_text(html, render_html(ev, f"mlgo report: {evaluation}"))
@@ -356,6 +383,175 @@ def report(
         console.print(f"wrote {json_out}")
     if not html and not json_out:
         console.print(summary_json(ev))
+
+
+def _build_report(build: Path | None, baseline: Path | None, json_out: Path | None) -> None:
+    import json
+
+    from mlgo.fsutil import atomic_write_text
+    from mlgo.sizes import compare_trees
+
+    if build is None or baseline is None:
+        raise ValueError("--build-dir and --baseline-dir go together")
+    rows = compare_trees(build, baseline)
+    table = Table("file", "baseline .text", "build .text", "delta", title=f"{build} vs {baseline}")
+    for r in rows:
+        table.add_row(r.path, f"{r.baseline:,}", f"{r.build:,}", f"{r.delta_pct:+.2f}%")
+    total_base, total_build = sum(r.baseline for r in rows), sum(r.build for r in rows)
+    delta = 100 * (total_build / total_base - 1) if total_base else 0.0
+    table.add_row("total", f"{total_base:,}", f"{total_build:,}", f"{delta:+.2f}%", style="bold")
+    console.print(table)
+    if json_out:
+        payload = {
+            "files": [r.__dict__ for r in rows],
+            "total": {"baseline": total_base, "build": total_build, "delta_pct": delta},
+        }
+        atomic_write_text(json_out, json.dumps(payload, indent=1))
+
+
+@app.command()
+def build(
+    packages: Annotated[list[str], typer.Argument(help="recipes, e.g. lua sqlite3 zstd")],
+    policy: Annotated[
+        list[Path], typer.Option(help="policy directory; repeat for one per problem")
+    ] = [Path("policies/inlining-size")],  # noqa: B006 (typer reads the default)
+    out: Annotated[Path, typer.Option(help="where sources, builds and build.json go")] = Path(
+        "data/programs"
+    ),
+    tests: Annotated[bool, typer.Option(help="run each package's own tests on both")] = True,
+    backend: Annotated[str, typer.Option(help="service backend: native or python")] = "native",
+    clang: ClangOpt = None,
+) -> None:
+    """Build real programs from their Debian source packages twice, with plain clang and
+    with mlgo-cc serving the policies (same -Oz flags), run the package's own tests on
+    both, and compare the linked programs' .text."""
+    import json
+
+    from mlgo.extract import load_recipe
+    from mlgo.fsutil import atomic_write_text
+    from mlgo.programs import (
+        build_program,
+        mlgo_compilers,
+        plain_compilers,
+        policy_service,
+        pristine_source,
+    )
+
+    tc = find_toolchain(clang)
+    results = []
+    table = Table("program", "clang -Oz .text", "mlgo .text", "delta", "build s", "tests")
+    with policy_service(policy, out / "service", backend) as service_env:
+        for name in packages:
+            recipe = load_recipe(name)
+            pristine = pristine_source(recipe, out / recipe.name)
+            pair = [
+                build_program(
+                    recipe,
+                    pristine,
+                    out / recipe.name / "plain",
+                    tc,
+                    "plain",
+                    plain_compilers(tc),
+                    run_tests=tests,
+                ),
+                build_program(
+                    recipe,
+                    pristine,
+                    out / recipe.name / "mlgo",
+                    tc,
+                    "mlgo",
+                    mlgo_compilers(),
+                    dict(service_env, MLGO_CC=tc.clang),
+                    tests,
+                ),
+            ]
+            plain, ml = pair
+            for prog, base in plain.text.items():
+                table.add_row(
+                    f"{recipe.name}: {prog}",
+                    f"{base:,}",
+                    f"{ml.text[prog]:,}",
+                    f"{100 * (ml.text[prog] / base - 1):+.2f}%",
+                    f"{plain.build_seconds:.0f} / {ml.build_seconds:.0f}",
+                    f"{plain.tests} / {ml.tests}",
+                )
+            results += [b.to_json() for b in pair]
+    base_total = sum(sum(r["text"].values()) for r in results if r["variant"] == "plain")
+    ml_total = sum(sum(r["text"].values()) for r in results if r["variant"] == "mlgo")
+    delta = 100 * (ml_total / base_total - 1)
+    table.add_row("total", f"{base_total:,}", f"{ml_total:,}", f"{delta:+.2f}%", style="bold")
+    console.print(table)
+    payload = {"policies": [str(p) for p in policy], "builds": results, "delta_pct": delta}
+    atomic_write_text(out / "build.json", json.dumps(payload, indent=1))
+    console.print(f"wrote {out / 'build.json'}")
+
+
+SocketOpt = Annotated[
+    Path | None, typer.Option(help="service socket (default: $MLGO_SOCKET or the runtime dir)")
+]
+
+
+@app.command()
+def serve(
+    policy: Annotated[
+        list[Path], typer.Option(help="policy directory; repeat for one per problem")
+    ] = [Path("policies/inlining-size")],  # noqa: B006 (typer reads the default)
+    backend: Annotated[str, typer.Option(help="native (AOT, no Python per decision) or python")] = (
+        "native"
+    ),
+    socket: SocketOpt = None,
+    idle_exit: Annotated[
+        float, typer.Option(help="exit after this many idle seconds (0: never)")
+    ] = 0.0,
+) -> None:
+    """Run the policy service: one channel per compilation, many at once, until stopped."""
+    from mlgo.client import socket_path
+    from mlgo.service import Service, serve_forever
+
+    path = socket or socket_path()
+    service = Service(policy, backend, runtime=path.parent)  # channels beside the socket
+    names = ", ".join(f"{p.problem.name} ({p.backend.name})" for p in service.policies)
+    err.print(f"mlgo: serving {names} on {path}", highlight=False)
+    serve_forever(service, path, idle_exit)
+
+
+@app.command()
+def status(socket: SocketOpt = None) -> None:
+    """What the service serves: policies, compilations, decisions, latency percentiles."""
+    from mlgo.client import request
+
+    s = request({"op": "status"}, path=socket)
+    table = Table("", "", title=f"mlgo service (pid {s['pid']}, up {s['uptime_s']:.0f} s)")
+    for key in ("active_leases", "compilations", "decisions", "failed_compilations"):
+        table.add_row(key.replace("_", " "), f"{s[key]:,}")
+    for p in s["policies"]:
+        lat = p["latency"]
+        pct = ", ".join(f"{k[:-3]} {v:.1f} µs" for k, v in lat.items()) if lat else "no decisions"
+        table.add_row(f"{p['problem']} ({p['backend']})", f"{p['path']}\n{pct}")
+    console.print(table)
+
+
+@app.command()
+def channel(
+    problem: Annotated[str, typer.Option(help="the decision the channel serves")] = (
+        "inlining-size"
+    ),
+    socket: SocketOpt = None,
+    ttl: Annotated[float, typer.Option(help="seconds the channel waits for its compiler")] = 600,
+) -> None:
+    """Print a channel base for one compilation run by hand (-mllvm -...-channel-base=)."""
+    from mlgo.client import request
+
+    print(request({"op": "channel", "problem": problem, "ttl_s": ttl}, path=socket)["base"])
+
+
+@app.command()
+def stop(socket: SocketOpt = None) -> None:
+    """Stop the service; its channels are cleaned up."""
+    from mlgo.client import request
+
+    request({"op": "stop"}, path=socket)
+    console.print("mlgo service stopping")
 
 
 @app.command()

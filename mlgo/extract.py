@@ -194,15 +194,21 @@ def write_wrapper(path: Path, compiler: str, flags: list[str]) -> Path:
 RECORD_FLAGS = ["-Oz", "-g0", "-Xclang", "-fembed-bitcode=all", "-Qunused-arguments"]
 
 
-def build_env(tc: Toolchain, work: Path, flags: list[str]) -> dict[str, str]:
-    cxx = tc.clang.replace("clang", "clang++") if "clang" in Path(tc.clang).name else tc.clang
-    cc = write_wrapper(work / "cc", tc.clang, flags)
+def build_env(
+    tc: Toolchain, work: Path, flags: list[str], cc: str | None = None, cxx: str | None = None
+) -> dict[str, str]:
+    """The environment of a package build: CC/CXX wrappers adding FLAGS to the compilers
+    (default: the toolchain's clang), and LLVM's binutils."""
+    cc = cc or tc.clang
+    if cxx is None:
+        cxx = tc.clang.replace("clang", "clang++") if "clang" in Path(tc.clang).name else tc.clang
+    cc_wrapper = write_wrapper(work / "cc", cc, flags)
     cxx_wrapper = write_wrapper(work / "c++", cxx, flags)
     # GNU ar/nm would index these objects through an older LLVM's bfd plugin, which
     # chokes on the embedded bitcode and leaves archives without symbols: use LLVM's.
     return dict(
         os.environ,
-        CC=str(cc),
+        CC=str(cc_wrapper),
         CXX=str(cxx_wrapper),
         LC_ALL="C",
         AR=tc.tool("llvm-ar"),

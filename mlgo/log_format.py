@@ -36,6 +36,10 @@ class LogFormatError(ValueError):
     """The stream does not follow the training-log format."""
 
 
+class EmptyLog(LogFormatError):
+    """The stream ended before its header: the peer closed without a word."""
+
+
 class ChannelTimeout(TimeoutError):
     """The peer did not send the expected bytes in time."""
 
@@ -227,7 +231,7 @@ class LogReader:
         self._src = source
         first = self._readline()
         if not first:
-            raise LogFormatError("empty log: no header line")
+            raise EmptyLog("empty log: no header line")
         self.header = Header.parse(first)
         self.context = ""
         self._offsets: dict[str, tuple[TensorSpec, int]] = {}

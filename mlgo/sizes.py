@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from elftools.common.exceptions import ELFError
@@ -19,3 +20,37 @@ def text_size(path: str | Path) -> int:
             )
     except ELFError as e:
         raise ValueError(f"{path}: not an ELF object ({e})") from e
+
+
+@dataclass(frozen=True)
+class SizeRow:
+    path: str
+    baseline: int
+    build: int
+
+    @property
+    def delta_pct(self) -> float:
+        return 100 * (self.build / self.baseline - 1) if self.baseline else 0.0
+
+
+def _elf_texts(root: Path) -> dict[str, int]:
+    sizes = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb") as f:
+                if f.read(4) != b"\x7fELF":
+                    continue
+            sizes[str(path.relative_to(root))] = text_size(path)
+    return sizes
+
+
+def compare_trees(build: Path, baseline: Path) -> list[SizeRow]:
+    """The .text of every ELF file (object, library, program) present in both trees."""
+    for tree in (build, baseline):
+        if not tree.is_dir():
+            raise ValueError(f"{tree}: not a directory")
+    ours, theirs = _elf_texts(build), _elf_texts(baseline)
+    common = sorted(set(ours) & set(theirs))
+    if not common:
+        raise ValueError(f"no ELF file is in both {build} and {baseline}")
+    return [SizeRow(p, theirs[p], ours[p]) for p in common]

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(clang-22 llvm-22 lld-22 bear dpkg-dev)
+APT_PACKAGES=(clang-22 llvm-22 lld-22 bear dpkg-dev g++)
 # LLVM's corpus tools. Its top-level package is also named `mlgo`, so it lives beside the
 # venv's site-packages and mlgo runs it in a separate interpreter.
 MLGO_UTILS="mlgo-utils==19.0.0.dev202407180600"

@@ -1,0 +1,131 @@
+"""Real programs built twice from their Debian source packages, with the plain compiler and
+with `mlgo-cc`, each checked by the package's own tests: the honest end-to-end figure.
+
+A recipe (corpus/recipes/*.toml) says how to configure, build and test a package and
+which programs it links. Both builds start from the same pristine source tree, use the
+same flags, and differ only in CC/CXX; the linked programs' .text is compared.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mlgo.extract import BuildError, Recipe, _run, build_env, ensure_build_depends, fetch_source
+from mlgo.sizes import text_size
+from mlgo.toolchain import Toolchain
+
+SIZE_FLAGS = ["-Oz", "-g0", "-Qunused-arguments"]
+
+
+@dataclass
+class ProgramBuild:
+    package: str
+    variant: str  # "plain" or "mlgo"
+    build_seconds: float
+    text: dict[str, int]  # program -> linked .text bytes
+    tests: str  # "passed", "skipped"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def pristine_source(recipe: Recipe, work: Path) -> Path:
+    """The unpacked Debian source, fetched once and kept for every build."""
+    work = work.resolve()  # apt-get and dpkg-source run in subdirectories
+    pristine = work / "pristine"
+    if not (pristine / ".complete").exists():
+        work.mkdir(parents=True, exist_ok=True)
+        log = work / "fetch.log"
+        ensure_build_depends(recipe, log)
+        src = fetch_source(recipe, work, log)
+        shutil.rmtree(pristine, ignore_errors=True)
+        src.rename(pristine)
+        (pristine / ".complete").touch()
+    return pristine
+
+
+def build_program(
+    recipe: Recipe,
+    pristine: Path,
+    tree: Path,
+    tc: Toolchain,
+    variant: str,
+    compilers: tuple[str, str],
+    env_extra: dict[str, str] | None = None,
+    run_tests: bool = True,
+) -> ProgramBuild:
+    """Configures, builds (timed) and tests a fresh copy of PRISTINE at TREE with the
+    (CC, CXX) COMPILERS."""
+    tree = tree.resolve()
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.copytree(pristine, tree, symlinks=True)
+    wrappers = tree.parent / f".{tree.name}-bin"
+    wrappers.mkdir(parents=True, exist_ok=True)
+    log = tree.parent / f"{tree.name}.log"
+    log.write_text("")
+    cc, cxx = compilers
+    env = dict(build_env(tc, wrappers, SIZE_FLAGS, cc=cc, cxx=cxx), **(env_extra or {}))
+    name = f"{recipe.name} ({variant})"
+    for cmd in recipe.configure:
+        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: configure")
+    start = time.monotonic()
+    for cmd in recipe.build:
+        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: build")
+    seconds = time.monotonic() - start
+    missing = [p for p in recipe.programs if not (tree / p).is_file()]
+    if missing:
+        raise BuildError(f"{name}: the build made no {', '.join(missing)} (log: {log})")
+    text = {p: text_size(tree / p) for p in recipe.programs}
+    if run_tests and recipe.test:
+        for cmd in recipe.test:
+            _run(cmd, tree, log, recipe.test_timeout_s, env, f"{name}: its own tests")
+    return ProgramBuild(recipe.name, variant, seconds, text, "passed" if recipe.test else "none")
+
+
+@contextmanager
+def policy_service(policies: list[Path], directory: Path, backend: str = "native"):
+    """`mlgo serve` for a build, on a socket of its own; yields the environment to use."""
+    directory = directory.resolve()  # the builds run in their own directories
+    directory.mkdir(parents=True, exist_ok=True)
+    socket = directory / "mlgo.sock"
+    log = directory / "serve.log"
+    args = [f"--policy={p.resolve()}" for p in policies]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlgo.cli", "serve", "--socket", str(socket)]
+            + ["--backend", backend, *args],
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not socket.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace").strip().splitlines()[-1:]
+                raise BuildError(f"the policy service did not start: {' '.join(tail)}")
+            time.sleep(0.1)
+        yield {"MLGO_SOCKET": str(socket), "MLGO_STRICT": "1"}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def mlgo_compilers() -> tuple[str, str]:
+    """mlgo-cc and mlgo-c++ as installed beside this interpreter."""
+    paths = [Path(sys.executable).parent / name for name in ("mlgo-cc", "mlgo-c++")]
+    for path in paths:
+        if not os.access(path, os.X_OK):
+            raise BuildError(f"{path} is missing; run tools/setup.sh")
+    return str(paths[0]), str(paths[1])
+
+
+def plain_compilers(tc: Toolchain) -> tuple[str, str]:
+    name = Path(tc.clang).name
+    return tc.clang, tc.clang.replace("clang", "clang++") if "clang" in name else tc.clang

@@ -1,0 +1,228 @@
+"""The policy service and mlgo-cc with the real clang: decisions come from the policy, many
+compilations run at once, and every failure ends in a finished compile, never a hang."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from mlgo.client import ServiceError, request, runtime_dir
+from mlgo.compile import compile_module
+from mlgo.policy import MLPPolicy
+from mlgo.problems import get_problem
+from tests.conftest import DATA, MLGO
+
+SHIPPED = Path(__file__).parent.parent / "policies" / "inlining-size"
+MLGO_CC = [sys.executable, "-c", "from mlgo.cc import main_c; main_c()"]
+SOURCES = sorted((DATA / "minipkg").glob("*.c"))
+
+
+class Service:
+    """`mlgo serve` in the background on a private socket."""
+
+    def __init__(self, tmp: Path, *args: str):
+        self.socket = tmp / "mlgo.sock"
+        self.log = tmp / "serve.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [*MLGO, "serve", "--socket", str(self.socket), *args], stdout=log, stderr=log
+            )
+        deadline = time.monotonic() + 180
+        while not self.socket.exists():
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "service did not start"
+            time.sleep(0.1)
+
+    def status(self) -> dict:
+        return request({"op": "status"}, path=self.socket)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return dict(os.environ, MLGO_SOCKET=str(self.socket), **extra)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    service = Service(tmp_path_factory.mktemp("svc"), "--policy", str(SHIPPED))
+    yield service
+    service.stop()
+
+
+def mlgo_cc(src: Path, out: Path, env: dict[str, str], timeout: float = 120):
+    cmd = [*MLGO_CC, "-Oz", "-c", str(src), "-o", str(out)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def channel_files(service: Service) -> list[Path]:
+    return list((service.socket.parent / "channels").iterdir())
+
+
+def test_mlgo_cc_builds_what_the_policy_decides(native, mini_corpus, tc, tmp_path):
+    """The object from the native service is the object the numpy policy produces."""
+    policy = MLPPolicy.load(SHIPPED)
+    before = native.status()["decisions"]
+    for module in mini_corpus.modules:
+        src = DATA / "minipkg" / (Path(module.name).stem + ".c")
+        got = tmp_path / "served.o"
+        r = mlgo_cc(src, got, native.env())
+        assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+        want = tmp_path / "reference.o"
+        compile_module(get_problem("inlining-size"), module, tc.clang, policy, keep_object=want)
+        assert got.read_bytes() == want.read_bytes(), module.name
+    status = native.status()
+    assert status["decisions"] > before and status["failed_compilations"] == 0
+    assert status["policies"][0]["backend"] == "native"
+    assert status["policies"][0]["latency"]["p50_us"] > 0
+
+
+def test_many_concurrent_compilations_leave_nothing_behind(native, tmp_path):
+    jobs = [(src, tmp_path / f"{i}-{src.stem}.o") for i in range(6) for src in SOURCES]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda job: mlgo_cc(*job, native.env()), jobs))
+    assert all(r.returncode == 0 and not r.stderr for r in results)
+    status = native.status()
+    assert status["active_leases"] == 0 and not channel_files(native)
+
+
+def test_socket_and_runtime_dir_are_private(native, tmp_path, monkeypatch):
+    assert stat.S_IMODE(native.socket.stat().st_mode) == 0o600
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert stat.S_IMODE(runtime_dir().stat().st_mode) == 0o700
+    (tmp_path / "mlgo").chmod(0o777)
+    with pytest.raises(ServiceError, match="not a private directory"):
+        runtime_dir()
+
+
+def test_channel_by_hand(native, tmp_path):
+    base = subprocess.run(
+        [*MLGO, "channel", "--socket", str(native.socket)], capture_output=True, text=True
+    ).stdout.strip()
+    flags = get_problem("inlining-size").channel_flags(base)
+    cmd = ["clang-22", "-Oz", "-c", str(SOURCES[0]), "-o", str(tmp_path / "x.o"), *flags]
+    assert subprocess.run(cmd, timeout=60).returncode == 0
+    deadline = time.monotonic() + 10
+    while Path(base + ".in").exists():  # the one-compilation lease ends by itself
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_no_service_falls_back_with_one_warning(tmp_path):
+    env = dict(os.environ, MLGO_SOCKET=str(tmp_path / "absent.sock"))
+    r = mlgo_cc(SOURCES[0], tmp_path / "a.o", env)
+    assert r.returncode == 0 and (tmp_path / "a.o").exists()
+    assert r.stderr.count("\n") == 1 and "default heuristic" in r.stderr
+    r = mlgo_cc(SOURCES[0], tmp_path / "b.o", dict(env, MLGO_STRICT="1"))
+    assert r.returncode == 1 and "mlgo-cc: error: no mlgo service" in r.stderr
+
+
+def test_user_compile_errors_are_passed_through(native, tmp_path):
+    bad = tmp_path / "bad.c"
+    bad.write_text("int f(void) { return undeclared; }\n")
+    r = mlgo_cc(bad, tmp_path / "bad.o", native.env())
+    assert r.returncode != 0 and "undeclared" in r.stderr and "mlgo-cc" not in r.stderr
+
+
+def test_unknown_feature_layout_falls_back(tmp_path, mini_corpus):
+    """A policy wanting a feature this clang does not send: the channel fails at its
+    header, the compile is redone with the default, and the warning says why."""
+    policy = MLPPolicy.load(SHIPPED)
+    renamed = list(policy.normalizer.features)
+    renamed[0] = "feature_from_another_clang"
+    policy.normalizer = type(policy.normalizer)(
+        tuple(renamed), policy.normalizer.quantiles, policy.normalizer.derived
+    )
+    pdir = tmp_path / "policy"
+    policy.save(pdir)
+    from mlgo.export import export_saved_model
+
+    export_saved_model(policy, pdir)
+    service = Service(tmp_path, "--policy", str(pdir))
+    try:
+        r = mlgo_cc(SOURCES[0], tmp_path / "a.o", service.env())
+        assert r.returncode == 0, r.stderr
+        assert "feature layout mismatch" in r.stderr and "default heuristic" in r.stderr
+        assert service.status()["failed_compilations"] == 1
+    finally:
+        service.stop()
+
+
+def test_a_hung_policy_times_out_and_falls_back(tmp_path):
+    service = Service(tmp_path, "--policy", str(SHIPPED))
+    try:
+        mlgo_cc(SOURCES[0], tmp_path / "warm.o", service.env())  # starts the policy server
+        server = _policy_server_pid(service.proc.pid)
+        os.kill(server, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            r = mlgo_cc(SOURCES[0], tmp_path / "a.o", service.env(MLGO_TIMEOUT="3"))
+            assert r.returncode == 0 and "MLGO_TIMEOUT=3" in r.stderr
+            assert time.monotonic() - start < 30
+        finally:
+            os.kill(server, signal.SIGCONT)
+    finally:
+        service.stop()
+
+
+def test_a_crashed_policy_server_is_restarted(native, tmp_path):
+    mlgo_cc(SOURCES[0], tmp_path / "warm.o", native.env())
+    os.kill(_policy_server_pid(native.proc.pid), signal.SIGKILL)
+    before = native.status()["decisions"]
+    for src in SOURCES:
+        r = mlgo_cc(src, tmp_path / f"{src.stem}.o", native.env())
+        assert r.returncode == 0 and not r.stderr, r.stderr
+    assert native.status()["decisions"] > before
+    assert _policy_server_pid(native.proc.pid)
+
+
+def test_killing_the_service_mid_build_never_fails_or_hangs(tmp_path):
+    service = Service(tmp_path, "--policy", str(SHIPPED), "--backend", "python")
+    jobs = [(src, tmp_path / f"{i}-{src.stem}.o") for i in range(10) for src in SOURCES]
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(mlgo_cc, *job, service.env()) for job in jobs]
+        deadline = time.monotonic() + 120
+        while service.status()["compilations"] < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        service.proc.kill()  # kill -9 in the middle of the parallel build
+        results = [f.result() for f in futures]
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    assert all(out.exists() for _, out in jobs)
+    fell_back = sum("default heuristic" in r.stderr for r in results)
+    assert 0 < fell_back < len(jobs), "some compiles before the kill, some after"
+
+
+def _policy_server_pid(service_pid: int) -> int:
+    children = Path(f"/proc/{service_pid}/task/{service_pid}/children").read_text().split()
+    for pid in children:
+        if Path(f"/proc/{pid}/exe").resolve().name == "policy_server":
+            return int(pid)
+    raise AssertionError("no policy_server child")
+
+
+def test_service_starts_on_demand_and_stops(tmp_path):
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path), MLGO_BACKEND="python")
+    env.pop("MLGO_SOCKET", None)
+    r = mlgo_cc(SOURCES[0], tmp_path / "a.o", env, timeout=300)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    socket = tmp_path / "mlgo" / "mlgo.sock"
+    assert request({"op": "status"}, path=socket)["compilations"] == 1
+    stopped = subprocess.run([*MLGO, "stop", "--socket", str(socket)], timeout=60)
+    assert stopped.returncode == 0
+    deadline = time.monotonic() + 20
+    while socket.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    shutil.rmtree(tmp_path / "mlgo", ignore_errors=True)

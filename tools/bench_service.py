@@ -1,0 +1,301 @@
+"""Benchmarks of the policy service (issue figures: round trip, build overhead, soak).
+
+  .venv/bin/python tools/bench_service.py --parts rtt,build,soak
+
+- rtt: per-decision round trip on recorded real features, measured by a C peer playing the
+  compiler (tools/channel_driver.c): the native AOT backend, the Python backend and, as a
+  floor, a C responder that answers without any policy. Medians over repeats.
+- build: a real package built with plain clang-22 -Oz, with mlgo-cc and the native
+  service, and with mlgo-cc passing straight through (MLGO_DISABLE=1, the wrapper's own
+  cost), interleaved in each repeat; medians and spread of the build step's wall time.
+- soak: 2 x cores concurrent mlgo-cc compilations for N minutes; failures, FIFOs left,
+  threads and RSS of the service and its policy server over time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mlgo.channel import fifo_pair  # noqa: E402
+from mlgo.client import request  # noqa: E402
+from mlgo.compile import compile_module  # noqa: E402
+from mlgo.corpus import load_corpus  # noqa: E402
+from mlgo.extract import load_recipe  # noqa: E402
+from mlgo.fsutil import atomic_write_text  # noqa: E402
+from mlgo.log_format import Header, TensorSpec  # noqa: E402
+from mlgo.problems import get_problem  # noqa: E402
+from mlgo.programs import (  # noqa: E402
+    build_program,
+    mlgo_compilers,
+    plain_compilers,
+    policy_service,
+    pristine_source,
+)
+from mlgo.toolchain import find_toolchain  # noqa: E402
+
+console = Console()
+POLICY = ROOT / "policies" / "inlining-size"
+
+
+def _compile_c(name: str, out: Path) -> Path:
+    binary = out / name
+    subprocess.run(["cc", "-O2", "-o", str(binary), str(ROOT / "tools" / f"{name}.c")], check=True)
+    return binary
+
+
+def record_chunks(corpus: Path, package: str, modules: int, out: Path) -> tuple[Path, int]:
+    """Real observations from real compilations, as the driver's chunk file."""
+    problem = get_problem("inlining-size")
+    tc = find_toolchain()
+    chosen = load_corpus(corpus).select([package]).modules[:modules]
+    runs = [r for m in chosen if (r := compile_module(problem, m, tc.clang)).num_decisions]
+    specs = runs[0].specs
+    header = Header(specs, advice=TensorSpec(problem.advice_name, "int64_t", (1,)))
+    chunks = [json.dumps(header.to_json()).encode() + b"\n"]
+    for run in runs:
+        for i in range(run.num_decisions):
+            block = b"".join(run.features[s.name][i].astype(s.dtype).tobytes() for s in specs)
+            event = json.dumps({"observation": len(chunks) - 1}).encode()
+            chunks.append(event + b"\n" + block + b"\n")
+    path = out / "chunks.bin"
+    with open(path, "wb") as f:
+        f.write(f"8 {len(chunks)}\n".encode())
+        for c in chunks:
+            f.write(len(c).to_bytes(4, "little") + c)
+    return path, len(chunks) - 1
+
+
+def _drive(driver: Path, base: str, chunks: Path, passes: int) -> list[int]:
+    proc = subprocess.run(
+        [str(driver), base, str(chunks), str(passes)], capture_output=True, text=True, timeout=600
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"channel_driver: {proc.stderr.strip()}")
+    return [int(x) for x in proc.stdout.split()]
+
+
+def bench_rtt(args, work: Path) -> dict:
+    chunks, decisions = record_chunks(args.corpus, args.package, args.modules, work)
+    driver = _compile_c("channel_driver", work)
+    responder = _compile_c("default_responder", work)
+    results: dict[str, list[list[int]]] = {"native": [], "python": [], "c-floor": []}
+    with (
+        policy_service([POLICY], work / "svc-native", "native") as native_env,
+        policy_service([POLICY], work / "svc-python", "python") as python_env,
+    ):
+        sockets = {"native": native_env["MLGO_SOCKET"], "python": python_env["MLGO_SOCKET"]}
+        for _ in range(args.reps):
+            for name, sock in sockets.items():
+                passes = args.passes if name == "native" else max(1, args.passes // 10)
+                base = request({"op": "channel"}, path=Path(sock))["base"]
+                results[name].append(_drive(driver, base, chunks, passes))
+            with fifo_pair() as base:
+                peer = subprocess.Popen([str(responder), base])
+                results["c-floor"].append(_drive(driver, base, chunks, args.passes))
+                peer.wait(60)
+    summary = {}
+    for name, reps in results.items():
+        summary[name] = {
+            "decisions_per_rep": reps[0][0],
+            "p50_us": statistics.median(r[1] for r in reps) / 1e3,
+            "p90_us": statistics.median(r[2] for r in reps) / 1e3,
+            "p99_us": statistics.median(r[3] for r in reps) / 1e3,
+            "p50_us_range": [min(r[1] for r in reps) / 1e3, max(r[1] for r in reps) / 1e3],
+        }
+    table = Table("backend", "p50 µs", "p90 µs", "p99 µs", "p50 range over repeats")
+    for name, s in summary.items():
+        lo, hi = s["p50_us_range"]
+        table.add_row(
+            name,
+            f"{s['p50_us']:.1f}",
+            f"{s['p90_us']:.1f}",
+            f"{s['p99_us']:.1f}",
+            f"{lo:.1f}–{hi:.1f}",
+        )
+    console.print(table)
+    return {"recorded_decisions": decisions, "reps": args.reps, "backends": summary}
+
+
+def bench_build(args, work: Path) -> dict:
+    tc = find_toolchain()
+    recipe = load_recipe(args.build_package)
+    pristine = pristine_source(recipe, args.work / recipe.name)
+    times: dict[str, list[float]] = {"plain": [], "mlgo-cc (native)": [], "mlgo-cc (disabled)": []}
+    with policy_service([POLICY], work / "svc-build", "native") as env:
+        env = dict(env, MLGO_CC=tc.clang)
+        variants = {
+            "plain": (plain_compilers(tc), {}),
+            "mlgo-cc (native)": (mlgo_compilers(), env),
+            "mlgo-cc (disabled)": (mlgo_compilers(), dict(env, MLGO_DISABLE="1")),
+        }
+        for rep in range(args.reps):
+            order = list(variants)
+            random.Random(rep).shuffle(order)  # no variant always runs first
+            for name in order:
+                compilers, extra = variants[name]
+                b = build_program(
+                    recipe, pristine, work / "tree", tc, name, compilers, extra, False
+                )
+                times[name].append(b.build_seconds)
+                console.print(f"rep {rep + 1}: {name} {b.build_seconds:.1f} s")
+        decisions = request({"op": "status"}, path=Path(env["MLGO_SOCKET"]))["decisions"]
+    plain = statistics.median(times["plain"])
+    table = Table("build", "median s", "min–max s", "overhead vs plain")
+    summary = {}
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        paired = [t / p - 1 for t, p in zip(ts, times["plain"], strict=True)]
+        summary[name] = {
+            "seconds": ts,
+            "median_s": med,
+            "overhead_pct": 100 * (med / plain - 1),
+            "paired_overhead_pct_median": 100 * statistics.median(paired),
+        }
+        table.add_row(
+            name, f"{med:.2f}", f"{min(ts):.2f}–{max(ts):.2f}", f"{100 * (med / plain - 1):+.1f}%"
+        )
+    console.print(table)
+    return {"package": recipe.name, "reps": args.reps, "decisions": decisions, "builds": summary}
+
+
+def _proc_stats(pid: int) -> dict[str, int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return {
+        "rss_kb": int(fields["VmRSS"].split()[0]),
+        "threads": int(fields["Threads"]),
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+    }
+
+
+def bench_soak(args, work: Path) -> dict:
+    recipe = load_recipe(args.soak_package)
+    pristine = pristine_source(recipe, args.work / recipe.name)
+    sources = sorted(p for p in pristine.rglob("*.c") if "test" not in str(p.relative_to(pristine)))
+    sources = [
+        s
+        for s in sources
+        if subprocess.run(
+            ["clang-22", "-fsyntax-only", "-I", str(s.parent), str(s)], capture_output=True
+        ).returncode
+        == 0
+    ][:40]
+    cc = mlgo_compilers()[0]
+    stop = time.monotonic() + args.soak_minutes * 60
+    counts = {"ok": 0, "failed": 0}
+    failures: list[str] = []
+    lock = threading.Lock()
+    samples: list[dict] = []
+    with policy_service([POLICY], work / "svc-soak", "native") as env:
+        sock = Path(env["MLGO_SOCKET"])
+        service_pid = request({"op": "status"}, path=sock)["pid"]
+        channels = sock.parent / "channels"
+
+        def worker(seed: int) -> None:
+            rng = random.Random(seed)
+            out = work / f"soak-{seed}.o"
+            while time.monotonic() < stop:
+                src = rng.choice(sources)
+                r = subprocess.run(
+                    [cc, "-Oz", "-c", "-I", str(src.parent), str(src), "-o", str(out)],
+                    env=dict(os.environ, **env),
+                    capture_output=True,
+                    text=True,
+                )
+                with lock:
+                    if r.returncode == 0 and "mlgo-cc" not in r.stderr:
+                        counts["ok"] += 1
+                    else:
+                        counts["failed"] += 1
+                        failures.append(r.stderr.strip()[-200:])
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2 * os.cpu_count())]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            children = Path(f"/proc/{service_pid}/task/{service_pid}/children").read_text().split()
+            server = next(
+                (
+                    int(c)
+                    for c in children
+                    if Path(f"/proc/{c}/exe").resolve().name == "policy_server"
+                ),
+                None,
+            )
+            sample = {
+                "t_s": round(args.soak_minutes * 60 - (stop - time.monotonic())),
+                "service": _proc_stats(service_pid),
+                "fifos": len(list(channels.iterdir())),
+                "compilations": counts["ok"] + counts["failed"],
+            }
+            if server:
+                sample["policy_server"] = _proc_stats(server)
+            samples.append(sample)
+            time.sleep(args.sample_s)
+        for t in threads:
+            t.join()
+        time.sleep(1)
+        final = {"service": _proc_stats(service_pid), "fifos": len(list(channels.iterdir()))}
+        status = request({"op": "status"}, path=sock)
+    console.print(
+        f"soak: {counts['ok']} compilations ok, {counts['failed']} failed; "
+        f"service RSS {samples[1]['service']['rss_kb']} -> {final['service']['rss_kb']} kB, "
+        f"threads {samples[1]['service']['threads']} -> {final['service']['threads']}, "
+        f"FIFOs left {final['fifos']}"
+    )
+    return {
+        "minutes": args.soak_minutes,
+        "concurrency": 2 * os.cpu_count(),
+        **counts,
+        "failures": failures[:5],
+        "samples": samples,
+        "final": final,
+        "decisions": status["decisions"],
+        "latency": status["policies"][0]["latency"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--parts", default="rtt,build,soak")
+    ap.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus")
+    ap.add_argument("--package", default="zlib", help="rtt: corpus package to record from")
+    ap.add_argument("--modules", type=int, default=8, help="rtt: modules to record")
+    ap.add_argument("--passes", type=int, default=20, help="rtt: passes over the records")
+    ap.add_argument("--build-package", default="lua", help="build: recipe to build")
+    ap.add_argument("--soak-package", default="zlib", help="soak: recipe whose sources to compile")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--soak-minutes", type=float, default=10.0)
+    ap.add_argument("--sample-s", type=float, default=10.0)
+    ap.add_argument("--work", type=Path, default=ROOT / "data" / "bench" / "service")
+    ap.add_argument("--out", type=Path, default=ROOT / "data" / "bench" / "service.json")
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    results = json.loads(args.out.read_text()) if args.out.exists() else {}
+    parts = {"rtt": bench_rtt, "build": bench_build, "soak": bench_soak}
+    with tempfile.TemporaryDirectory(dir=args.work) as tmp:
+        for part in args.parts.split(","):
+            results[part] = parts[part](args, Path(tmp))
+            results[part]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+            atomic_write_text(args.out, json.dumps(results, indent=1))
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
