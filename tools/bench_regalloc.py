@@ -11,8 +11,9 @@ compile time of some held-out packages, plain against the policy answering over 
 channel in Python, one compile at a time, alternating, three rounds.
 
 Programs: each Debian source package is built twice with the same flags (`-O2 -g0`
-appended) through tools/regalloc_cc.py, once with the default advisor and once with the
-policy answering every eviction; the package's own tests must pass for both builds.
+appended), once with plain clang and once with `mlgo-cc` and the policy service
+answering every eviction (strict: a policy failure fails the build instead of falling
+back); the package's own tests must pass for both builds.
 Then a fixed workload runs under `valgrind --tool=callgrind` (instruction counts,
 deterministic) and, for wall time, `--repeats` rounds in which the two builds alternate
 in order (ABBA) so machine noise hits both; medians and min..max are reported.
@@ -22,13 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shlex
-import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -39,13 +37,20 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.extract import BuildError, _run, ensure_build_depends, fetch_source, load_recipe
+from mlgo.extract import BuildError, _run, build_env, load_recipe
 from mlgo.fsutil import atomic_write_text
+from mlgo.programs import (
+    build_program,
+    mlgo_compilers,
+    plain_compilers,
+    policy_service,
+    pristine_source,
+)
 from mlgo.toolchain import Toolchain, find_toolchain
 
 console = Console(width=160)
 TOOLS = Path(__file__).resolve().parent
-FLAGS = "-O2 -g0"
+FLAGS = ["-O2", "-g0", "-Qunused-arguments"]
 VARIANTS = ("default", "policy")
 
 
@@ -86,54 +91,31 @@ PROGRAMS = {
 }
 
 
-def _env(tc: Toolchain, work: Path, policy: Path | None) -> dict[str, str]:
-    cc = work / "regalloc-cc"
-    cc.write_text(
-        f"#!/bin/sh\nexec {shlex.quote(sys.executable)} "
-        f'{shlex.quote(str(TOOLS / "regalloc_cc.py"))} "$@"\n'
-    )
-    cc.chmod(0o755)
-    env = dict(
-        os.environ,
-        CC=str(cc),
-        MLGO_RA_CLANG=tc.clang,
-        MLGO_RA_FLAGS=FLAGS,
-        AR=tc.tool("llvm-ar"),
-        RANLIB=tc.tool("llvm-ranlib"),
-        LC_ALL="C",
-        PYTHONPATH=str(TOOLS.parent),
-    )
-    env.pop("MLGO_RA_POLICY", None)
-    if policy is not None:
-        env["MLGO_RA_POLICY"] = str(policy.resolve())
-    return env
-
-
-def build_variant(prog: Program, tc: Toolchain, work: Path, variant: str, policy: Path) -> dict:
-    """Source, build, tests and benchmark preparation of one variant; returns timings."""
+def build_variants(
+    prog: Program, tc: Toolchain, work: Path, policy: Path, service_env: dict[str, str]
+) -> dict:
+    """Both builds from one pristine source, the package's tests on each, then the
+    benchmark's own setup (compiled the same way); reused while the policy is unchanged."""
     recipe = load_recipe(prog.recipe)
-    log = work / f"{variant}.log"
-    log.write_text("")
-    ensure_build_depends(recipe, log)
-    tree = work / variant
     key = hashlib.sha256((policy / "policy.npz").read_bytes()).hexdigest()
-    stamp = tree / ".mlgo-built"
-    if stamp.exists() and (variant == "default" or json.loads(stamp.read_text())["policy"] == key):
-        return json.loads(stamp.read_text())
-    shutil.rmtree(tree, ignore_errors=True)
-    fetch_source(recipe, work, log).rename(tree)
-    env = _env(tc, work, policy if variant == "policy" else None)
-    start = time.monotonic()
-    for cmd in (*recipe.configure, *recipe.build):
-        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{prog.recipe} {variant}: build")
-    built = time.monotonic() - start
-    for cmd in recipe.test:
-        _run(cmd, tree, log, 6 * recipe.test_timeout_s, env, f"{prog.recipe} {variant}: tests")
-    for cmd in prog.prepare:
-        _run(cmd, tree, log, 1800, env, f"{prog.recipe} {variant}: benchmark setup")
-    info = {"build_seconds": built, "tests": "passed", "log": str(log), "policy": key}
-    atomic_write_text(stamp, json.dumps(info))
-    return info
+    stamp = work / "bench-builds.json"
+    if stamp.exists() and json.loads(stamp.read_text())["policy"] == key:
+        return json.loads(stamp.read_text())["builds"]
+    pristine = pristine_source(recipe, work)
+    compilers = {"default": plain_compilers(tc), "policy": mlgo_compilers()}
+    extra = {"default": {}, "policy": service_env}
+    builds = {}
+    for v in VARIANTS:
+        with console.status(f"{prog.recipe}: building and testing the {v} build"):
+            b = build_program(
+                recipe, pristine, work / v, tc, v, compilers[v], extra[v], flags=FLAGS
+            )
+        env = dict(build_env(tc, work / f".{v}-bin", FLAGS, *compilers[v]), **extra[v])
+        for cmd in prog.prepare:
+            _run(cmd, work / v, work / f"{v}.log", 1800, env, f"{prog.recipe} {v}: bench setup")
+        builds[v] = b.to_json()
+    atomic_write_text(stamp, json.dumps({"policy": key, "builds": builds}))
+    return builds
 
 
 def run_workload(prog: Program, tree: Path, prefix: tuple[str, ...] = ()) -> tuple[float, str]:
@@ -167,14 +149,17 @@ def _spread(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
 
-def bench_program(name: str, tc: Toolchain, work: Path, policy: Path, repeats: int) -> dict:
+def bench_program(
+    name: str,
+    tc: Toolchain,
+    work: Path,
+    policy: Path,
+    repeats: int,
+    service_env: dict[str, str],
+) -> dict:
     prog = PROGRAMS[name]
     pwork = work / name
-    pwork.mkdir(parents=True, exist_ok=True)
-    out: dict = {}
-    for v in VARIANTS:
-        with console.status(f"{name}: building and testing the {v} build"):
-            out[v] = build_variant(prog, tc, pwork, v, policy)
+    out: dict = build_variants(prog, tc, pwork, policy, service_env)
     outputs = {}
     for v in VARIANTS:
         with console.status(f"{name}: callgrind, {v} build"):
@@ -270,6 +255,7 @@ def main(
         "data/bench-regalloc"
     ),
     repeats: Annotated[int, typer.Option(help="timed rounds per program")] = 9,
+    backend: Annotated[str, typer.Option(help="policy service: native or python")] = "native",
     overhead: Annotated[
         str, typer.Option(help="held-out packages whose compile time is compared")
     ] = "",
@@ -277,7 +263,12 @@ def main(
 ) -> None:
     tc = find_toolchain()
     work = work.resolve()
-    result: dict = {"toolchain": tc.describe(), "policy": str(policy), "flags": FLAGS}
+    result: dict = {
+        "toolchain": tc.describe(),
+        "policy": str(policy),
+        "flags": FLAGS,
+        "backend": backend,
+    }
     if heldout is not None:
         with console.status(f"held-out evaluation on {heldout}"):
             result["heldout"] = h = bench_heldout(heldout, policy, tc, work / "eval-heldout")
@@ -315,19 +306,21 @@ def main(
         "change (paired median, min..max)",
         title="throughput (negative = faster)",
     )
-    for name in names:
-        result[name] = r = bench_program(name, tc, work, policy, repeats)
-        d, p, pr = r["default"], r["policy"], r["wall_delta_paired"]
-        table.add_row(
-            name,
-            f"{d['instructions']:,}",
-            f"{p['instructions']:,}",
-            f"{r['instructions_delta']:+.3%}",
-            f"{d['seconds']['median']:.3f} s",
-            f"{p['seconds']['median']:.3f} s",
-            f"{r['wall_delta_of_medians']:+.2%} ({pr['median']:+.2%}, "
-            f"{pr['min']:+.2%}..{pr['max']:+.2%})",
-        )
+    if names:
+        with policy_service([policy], work / "service", backend) as service_env:
+            for name in names:
+                result[name] = r = bench_program(name, tc, work, policy, repeats, service_env)
+                d, p, pr = r["default"], r["policy"], r["wall_delta_paired"]
+                table.add_row(
+                    name,
+                    f"{d['instructions']:,}",
+                    f"{p['instructions']:,}",
+                    f"{r['instructions_delta']:+.3%}",
+                    f"{d['seconds']['median']:.3f} s",
+                    f"{p['seconds']['median']:.3f} s",
+                    f"{r['wall_delta_of_medians']:+.2%} ({pr['median']:+.2%}, "
+                    f"{pr['min']:+.2%}..{pr['max']:+.2%})",
+                )
     if names:
         console.print(table)
     if json_out:
