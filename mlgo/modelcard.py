@@ -29,7 +29,7 @@ def _reproduce(
     packages = " ".join(sorted(train.per_package())) if train else "PACKAGES"
     algo, steps = state.get("algo", "bc"), state.get("step", 0)
     config = state.get("extra", {}).get("config", {})
-    flags = "".join(f" --{k} {config[k]}" for k in ("sigma", "batch") if k in config)
+    flags = "".join(f" --{k} {config[k]}" for k in ("sigma", "batch", "directions") if k in config)
     problem_flag = "" if policy.problem == "inlining-size" else f" --problem {policy.problem}"
     lines = [
         "",

@@ -1,14 +1,15 @@
 """Benchmark of a regalloc eviction policy: held-out spill/reload cost, compile-time
 overhead, and the throughput of real programs built with it.
 
-    .venv/bin/python tools/bench_regalloc.py --policy runs/ra/policy \\
-        [--heldout data/heldout [--overhead cjson,giflib]] \\
-        [--programs sqlite3,zstd,lua5.4] [--repeats 9] [--json F]
+    .venv/bin/python tools/bench_regalloc.py --policy policies/regalloc-eviction \\
+        [--heldout data/heldout] [--overhead data/heldout --overhead-packages cjson,giflib] \\
+        [--programs sqlite3,zstd,lua5.4] [--repeats 9] [--backend native] [--json F]
 
 Held-out: every module compiled with the policy and with clang's own eviction advisor;
 frequency-weighted spill+reload cost (folded ones included) and copy cost. Overhead: the
-compile time of some held-out packages, plain against the policy answering over the
-channel in Python, one compile at a time, alternating, three rounds.
+compile time of some corpus packages, plain against the same cc1 commands with a lease
+from the policy service (as mlgo-cc takes one), one compile at a time, alternating per
+module, three rounds.
 
 Programs: each Debian source package is built twice with the same flags (`-O2 -g0`
 appended), once with plain clang and once with `mlgo-cc` and the policy service
@@ -196,7 +197,7 @@ def bench_heldout(corpus: Path, policy: Path, tc: Toolchain, out: Path) -> dict:
     ev.save(out)
     rows = ev.modules.values()
     result: dict = {"modules": len(ev.modules), "failed": len(ev.failed)}
-    for k in ("spill_reload_cost", "copies_cost", "regalloc_cost", "text_size", "seconds"):
+    for k in ("spill_reload_cost", "copies_cost", "regalloc_cost", "text_size"):
         pol, base = sum(r[k] for r in rows), sum(r[f"default_{k}"] for r in rows)
         result[k] = {"policy": pol, "default": base, "delta": pol / base - 1}
     packages: dict[str, dict] = {}
@@ -210,31 +211,43 @@ def bench_heldout(corpus: Path, policy: Path, tc: Toolchain, out: Path) -> dict:
     return result
 
 
-def bench_overhead(corpus: Path, packages: str, policy: Path, tc: Toolchain, rounds: int) -> dict:
-    """Compile time of plain clang -O2 against the same compiles with the policy answering
-    every eviction over the channel, one compile at a time, alternating per module."""
-    from mlgo.compile import compile_module, compile_plain
+def bench_overhead(
+    corpus: Path, packages: str, tc: Toolchain, service_env: dict[str, str], rounds: int
+) -> dict:
+    """Compile time of plain clang -O2 against the same compiles with the policy service
+    answering every eviction (a lease per compile, as mlgo-cc takes it), one compile at a
+    time, alternating per module."""
+    from mlgo.client import Connection
     from mlgo.corpus import load_corpus
-    from mlgo.policy import MLPPolicy
     from mlgo.problems import get_problem
 
     problem = get_problem("regalloc-eviction")
-    loaded = MLPPolicy.load(policy)
     modules = load_corpus(corpus).select([p for p in packages.split(",") if p]).modules
+    socket = Path(service_env["MLGO_SOCKET"])
     plain, served, decisions = [], [], 0
     with tempfile.TemporaryDirectory() as d:
+        obj = Path(d) / "o.o"
         for r in range(rounds):
             p_total = s_total = 0.0
             for m in modules:
+                cmd = m.compile_command(tc.clang, obj, problem.opt_level)
                 for kind in ("plain", "policy") if r % 2 == 0 else ("policy", "plain"):
                     start = time.perf_counter()
                     if kind == "plain":
-                        compile_plain(problem, m, tc.clang, Path(d) / "o.o")
+                        subprocess.run(cmd, check=True, capture_output=True)
                         p_total += time.perf_counter() - start
-                    else:
-                        run = compile_module(problem, m, tc.clang, loaded)
-                        s_total += time.perf_counter() - start
-                        decisions += run.num_decisions if r == 0 else 0
+                        continue
+                    with Connection(socket, 10.0) as conn:
+                        conn.send({"op": "compile"})
+                        flags = list(conn.receive()["flags"])
+                        subprocess.run([*cmd, *flags], check=True, capture_output=True)
+                        conn.send({"op": "done", "returncode": 0})
+                        while "event" in (tally := conn.receive()):
+                            pass
+                    s_total += time.perf_counter() - start
+                    if tally["errors"]:
+                        raise BuildError(f"{m.name}: {tally['errors'][0]}")
+                    decisions += tally["decisions"] if r == 0 else 0
             plain.append(p_total)
             served.append(s_total)
     ratios = [s / p - 1 for s, p in zip(served, plain, strict=True)]
@@ -247,6 +260,44 @@ def bench_overhead(corpus: Path, packages: str, policy: Path, tc: Toolchain, rou
     }
 
 
+def _print_overhead(o: dict, backend: str) -> None:
+    console.print(
+        f"compile time of {o['modules']} modules ({o['decisions']:,} evictions): plain "
+        f"{o['plain_seconds']['median']:.1f} s, through the {backend} policy service "
+        f"{o['policy_seconds']['median']:.1f} s, overhead {o['overhead']['median']:+.1%} "
+        f"({o['overhead']['min']:+.1%}..{o['overhead']['max']:+.1%})"
+    )
+
+
+def _print_programs(result: dict, names: list[str]) -> None:
+    table = Table(
+        "program",
+        "instructions default",
+        "policy",
+        "change",
+        "wall median default",
+        "policy",
+        "change (paired median, min..max)",
+        "build s default / policy",
+        title="throughput (negative = faster)",
+    )
+    for name in names:
+        r = result[name]
+        d, p, pr = r["default"], r["policy"], r["wall_delta_paired"]
+        table.add_row(
+            name,
+            f"{d['instructions']:,}",
+            f"{p['instructions']:,}",
+            f"{r['instructions_delta']:+.3%}",
+            f"{d['seconds']['median']:.3f} s",
+            f"{p['seconds']['median']:.3f} s",
+            f"{r['wall_delta_of_medians']:+.2%} ({pr['median']:+.2%}, "
+            f"{pr['min']:+.2%}..{pr['max']:+.2%})",
+            f"{d['build_seconds']:.0f} / {p['build_seconds']:.0f}",
+        )
+    console.print(table)
+
+
 def main(
     policy: Annotated[Path, typer.Option(help="regalloc policy directory")],
     heldout: Annotated[Path | None, typer.Option(help="held-out corpus")] = None,
@@ -257,8 +308,9 @@ def main(
     repeats: Annotated[int, typer.Option(help="timed rounds per program")] = 9,
     backend: Annotated[str, typer.Option(help="policy service: native or python")] = "native",
     overhead: Annotated[
-        str, typer.Option(help="held-out packages whose compile time is compared")
-    ] = "",
+        Path | None, typer.Option(help="corpus whose compile time is compared")
+    ] = None,
+    overhead_packages: Annotated[str, typer.Option(help="its packages to compile")] = "",
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     tc = find_toolchain()
@@ -273,7 +325,7 @@ def main(
         with console.status(f"held-out evaluation on {heldout}"):
             result["heldout"] = h = bench_heldout(heldout, policy, tc, work / "eval-heldout")
         table = Table("held-out", "default", "policy", "change", title=str(heldout))
-        for k in ("spill_reload_cost", "copies_cost", "regalloc_cost", "text_size", "seconds"):
+        for k in ("spill_reload_cost", "copies_cost", "regalloc_cost", "text_size"):
             r = h[k]
             table.add_row(k, f"{r['default']:,.1f}", f"{r['policy']:,.1f}", f"{r['delta']:+.2%}")
         console.print(table)
@@ -281,48 +333,22 @@ def main(
             "spill+reload by package: "
             + ", ".join(f"{k} {v:+.2%}" for k, v in sorted(h["spill_reload_by_package"].items()))
         )
-    if overhead:
-        if heldout is None:
-            raise typer.BadParameter("--overhead needs --heldout (the corpus)")
-        with console.status("compile-time overhead"):
-            result["overhead"] = o = bench_overhead(heldout, overhead, policy, tc, 3)
-        console.print(
-            f"compile time of {o['modules']} modules ({o['decisions']:,} evictions): plain "
-            f"{o['plain_seconds']['median']:.1f} s, with the policy "
-            f"{o['policy_seconds']['median']:.1f} s, overhead {o['overhead']['median']:+.1%} "
-            f"({o['overhead']['min']:+.1%}..{o['overhead']['max']:+.1%})"
-        )
     names = [p for p in programs.split(",") if p]
     unknown = set(names) - set(PROGRAMS)
     if unknown:
         raise typer.BadParameter(f"unknown programs {sorted(unknown)}; have {sorted(PROGRAMS)}")
-    table = Table(
-        "program",
-        "instructions default",
-        "policy",
-        "change",
-        "wall median default",
-        "policy",
-        "change (paired median, min..max)",
-        title="throughput (negative = faster)",
-    )
-    if names:
+    if overhead or names:
         with policy_service([policy], work / "service", backend) as service_env:
+            if overhead:
+                with console.status("compile-time overhead"):
+                    result["overhead"] = bench_overhead(
+                        overhead, overhead_packages, tc, service_env, 3
+                    )
+                _print_overhead(result["overhead"], backend)
             for name in names:
-                result[name] = r = bench_program(name, tc, work, policy, repeats, service_env)
-                d, p, pr = r["default"], r["policy"], r["wall_delta_paired"]
-                table.add_row(
-                    name,
-                    f"{d['instructions']:,}",
-                    f"{p['instructions']:,}",
-                    f"{r['instructions_delta']:+.3%}",
-                    f"{d['seconds']['median']:.3f} s",
-                    f"{p['seconds']['median']:.3f} s",
-                    f"{r['wall_delta_of_medians']:+.2%} ({pr['median']:+.2%}, "
-                    f"{pr['min']:+.2%}..{pr['max']:+.2%})",
-                )
-    if names:
-        console.print(table)
+                result[name] = bench_program(name, tc, work, policy, repeats, service_env)
+        if names:
+            _print_programs(result, names)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(json_out, json.dumps(result, indent=1))
