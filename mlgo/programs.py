@@ -87,7 +87,8 @@ def build_program(
     if run_tests and recipe.test:
         for cmd in recipe.test:
             _run(cmd, tree, log, recipe.test_timeout_s, env, f"{name}: its own tests")
-    return ProgramBuild(recipe.name, variant, seconds, text, "passed" if recipe.test else "none")
+    tests = "passed" if run_tests and recipe.test else "skipped" if recipe.test else "none"
+    return ProgramBuild(recipe.name, variant, seconds, text, tests)
 
 
 @contextmanager

@@ -93,7 +93,12 @@ PROGRAMS = {
 
 
 def build_variants(
-    prog: Program, tc: Toolchain, work: Path, policy: Path, service_env: dict[str, str]
+    prog: Program,
+    tc: Toolchain,
+    work: Path,
+    policy: Path,
+    service_env: dict[str, str],
+    tests: bool = True,
 ) -> dict:
     """Both builds from one pristine source, the package's tests on each, then the
     benchmark's own setup (compiled the same way); reused while the policy is unchanged."""
@@ -109,7 +114,7 @@ def build_variants(
     for v in VARIANTS:
         with console.status(f"{prog.recipe}: building and testing the {v} build"):
             b = build_program(
-                recipe, pristine, work / v, tc, v, compilers[v], extra[v], flags=FLAGS
+                recipe, pristine, work / v, tc, v, compilers[v], extra[v], tests, FLAGS
             )
         env = dict(build_env(tc, work / f".{v}-bin", FLAGS, *compilers[v]), **extra[v])
         for cmd in prog.prepare:
@@ -157,10 +162,11 @@ def bench_program(
     policy: Path,
     repeats: int,
     service_env: dict[str, str],
+    tests: bool = True,
 ) -> dict:
     prog = PROGRAMS[name]
     pwork = work / name
-    out: dict = build_variants(prog, tc, pwork, policy, service_env)
+    out: dict = build_variants(prog, tc, pwork, policy, service_env, tests)
     outputs = {}
     for v in VARIANTS:
         with console.status(f"{name}: callgrind, {v} build"):
@@ -306,6 +312,7 @@ def main(
         "data/bench-regalloc"
     ),
     repeats: Annotated[int, typer.Option(help="timed rounds per program")] = 9,
+    tests: Annotated[bool, typer.Option(help="run each package's own tests on both")] = True,
     backend: Annotated[str, typer.Option(help="policy service: native or python")] = "native",
     overhead: Annotated[
         Path | None, typer.Option(help="corpus whose compile time is compared")
@@ -346,7 +353,7 @@ def main(
                     )
                 _print_overhead(result["overhead"], backend)
             for name in names:
-                result[name] = bench_program(name, tc, work, policy, repeats, service_env)
+                result[name] = bench_program(name, tc, work, policy, repeats, service_env, tests)
         if names:
             _print_programs(result, names)
     if json_out:
