@@ -49,7 +49,7 @@ def _warn(message: str) -> None:
     print(f"mlgo-cc: warning: {message}", file=sys.stderr, flush=True)
 
 
-def _start_service(path: Path) -> Connection:
+def start_service(path: Path) -> Connection:
     """Starts a service for MLGO_POLICY and connects; one starter at a time."""
     runtime = runtime_dir()
     failed_marker = runtime / "start-failed"
@@ -93,7 +93,7 @@ def _lease() -> tuple[Connection, list[str]]:
     except ServiceError:
         if os.environ.get("MLGO_SOCKET"):
             raise  # an explicit service is not ours to start
-        conn = _start_service(path)
+        conn = start_service(path)
     try:
         conn.send({"op": "compile"})
         return conn, list(conn.receive()["flags"])
@@ -153,6 +153,8 @@ def run(compiler: str, args: list[str]) -> int:
                     problem = problem or tally["errors"][0]
             except (ServiceError, KeyError) as e:
                 problem = problem or str(e)
+            if problem is None and proc.returncode < 0:
+                problem = f"the compiler died of signal {-proc.returncode}"
             if problem is None:
                 err.seek(0)
                 sys.stderr.buffer.write(err.read())
@@ -171,3 +173,34 @@ def main_c() -> None:
 
 def main_cxx() -> None:
     sys.exit(run(os.environ.get("MLGO_CXX", "clang++-22"), sys.argv[1:]))
+
+
+def install_native_wrappers(bindir: Path) -> list[Path]:
+    """Builds mlgo/native/mlgo_cc.c and installs it as BINDIR/mlgo-cc and mlgo-c++ (over the
+    Python entry points it hands uncommon cases to), each renamed into place."""
+    source = Path(__file__).parent / "native" / "mlgo_cc.c"
+    fd, tmp = tempfile.mkstemp(prefix=".mlgo-cc.", dir=bindir)
+    os.close(fd)
+    try:
+        cmd = ["cc", "-O2", "-Wall", "-Werror", f'-DMLGO_PYTHON="{sys.executable}"']
+        proc = subprocess.run([*cmd, str(source), "-o", tmp], capture_output=True, text=True)
+        if proc.returncode != 0:
+            lines = proc.stderr.strip().splitlines() or ["(no output)"]
+            raise OSError(f"cannot build {source.name}: {lines[0]}")
+        installed = []
+        for name in ("mlgo-cc", "mlgo-c++"):
+            staged = bindir / f".{name}.new"
+            staged.unlink(missing_ok=True)
+            os.link(tmp, staged)
+            os.chmod(staged, 0o755)
+            os.replace(staged, bindir / name)
+            installed.append(bindir / name)
+        return installed
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":  # the native wrapper hands over: python -m mlgo.cc cc|c++ ARGS
+    language = sys.argv[1] if len(sys.argv) > 1 else "cc"
+    sys.argv = [f"mlgo-{language}", *sys.argv[2:]]
+    main_cxx() if language == "c++" else main_c()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +19,8 @@ from mlgo.corpus import CorpusError, load_corpus
 from mlgo.extract import BuildError
 from mlgo.toolchain import ToolchainError, find_toolchain
 from mlgo.traces import TraceError
+from mlgo.workers import WORKERS_HELP, make_workers
+from mlgo.xla.cli import xla_app
 
 app = typer.Typer(
     help="ML-guided compiler heuristics: corpora, traces and policies for "
@@ -29,13 +32,14 @@ corpus_app = typer.Typer(
     help="Build and inspect corpora of real Debian packages.", no_args_is_help=True
 )
 app.add_typer(corpus_app, name="corpus")
+app.add_typer(xla_app, name="xla")
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
 
 ClangOpt = Annotated[
     str | None, typer.Option(help="clang to use (default: $MLGO_CLANG, clang-22, clang)")
 ]
-WorkersOpt = Annotated[str, typer.Option(help="'local' (a process per core) or a process count")]
+WorkersOpt = Annotated[str, typer.Option(help=WORKERS_HELP)]
 # The errors a user can cause or fix; anything else is a bug and keeps its traceback.
 USER_ERRORS = (
     ToolchainError,
@@ -121,10 +125,10 @@ def corpus_stats(
     """Modules, call sites and .text bytes at -Oz per package (compiles once, then cached)."""
     from mlgo.stats import corpus_stats as compute
     from mlgo.stats import per_package
-    from mlgo.workers import make_workers
 
     tc = find_toolchain(clang)
-    stats, failures = compute(load_corpus(corpus), tc.describe(), tc.clang, make_workers(workers))
+    with closing(make_workers(workers)) as pool:
+        stats, failures = compute(load_corpus(corpus), tc.describe(), tc.clang, pool)
     table = Table(
         "package",
         "modules",
@@ -170,11 +174,11 @@ def collect(
 ) -> None:
     """Compile every module with the default heuristic and record its decisions."""
     from mlgo.collect import collect as run
-    from mlgo.workers import make_workers
 
     tc = find_toolchain(clang)
     selected = _load_selected(corpus, packages)
-    manifest = run(problem, selected, out, tc, make_workers(workers), timeout)
+    with closing(make_workers(workers)) as pool:
+        manifest = run(problem, selected, out, tc, pool, timeout)
     decisions = sum(m["decisions"] for m in manifest.modules.values())
     console.print(
         f"{out}: {len(manifest.modules)} modules, {decisions:,} decisions, "
@@ -220,47 +224,46 @@ def train(
     from mlgo.policy import MLPPolicy
     from mlgo.problems import get_problem
     from mlgo.train import RunDir
-    from mlgo.workers import make_workers
 
     spec = get_problem(problem)
     if algo == "ppo" and spec.policy_kind != "mlp":
         raise ValueError(f"--algo ppo trains inlining policies only; use es for {problem}")
     tc = find_toolchain(clang)
-    pool = make_workers(workers)
-    run = RunDir(out, algo)
-    selected = _load_selected(corpus, packages)
-    if algo == "bc":
-        from mlgo.train.bc import train_bc
+    with closing(make_workers(workers)) as pool:
+        run = RunDir(out, algo)
+        selected = _load_selected(corpus, packages)
+        if algo == "bc":
+            from mlgo.train.bc import train_bc
 
-        _collect_for_bc(problem, run, selected, tc, pool)
-        data = load_decisions(run.traces_dir, spec)
-        policy, acc = train_bc(data, problem, run, epochs=steps or 30, derived=derived)
-        console.print(
-            f"BC accuracy on {len(data.default):,} default decisions: {acc['accuracy']:.4f}"
-            + "".join(f", {k} {v:.3f}" for k, v in acc.items() if k != "accuracy")
-        )
-    elif algo == "es":
-        from mlgo.train.es import ESConfig, train_es
+            _collect_for_bc(problem, run, selected, tc, pool)
+            data = load_decisions(run.traces_dir, spec)
+            policy, acc = train_bc(data, problem, run, epochs=steps or 30, derived=derived)
+            console.print(
+                f"BC accuracy on {len(data.default):,} default decisions: {acc['accuracy']:.4f}"
+                + "".join(f", {k} {v:.3f}" for k, v in acc.items() if k != "accuracy")
+            )
+        elif algo == "es":
+            from mlgo.train.es import ESConfig, train_es
 
-        if init is None:
-            raise ValueError("--algo es needs --init (a BC run) as its starting point")
-        cfg = ESConfig(
-            steps=steps or ESConfig.steps, sigma=sigma, batch=batch, directions=directions
-        )
-        start = MLPPolicy.load(_policy_dir(init))
-        if start.problem != problem:
-            raise ValueError(f"--init {init} is a {start.problem} policy, not {problem}")
-        policy = train_es(selected, start, run, tc, pool, cfg)
-    elif algo == "ppo":
-        from mlgo.train.ppo import PPOConfig, train_ppo
+            if init is None:
+                raise ValueError("--algo es needs --init (a BC run) as its starting point")
+            cfg = ESConfig(
+                steps=steps or ESConfig.steps, sigma=sigma, batch=batch, directions=directions
+            )
+            start = MLPPolicy.load(_policy_dir(init))
+            if start.problem != problem:
+                raise ValueError(f"--init {init} is a {start.problem} policy, not {problem}")
+            policy = train_es(selected, start, run, tc, pool, cfg)
+        elif algo == "ppo":
+            from mlgo.train.ppo import PPOConfig, train_ppo
 
-        if init is None:
-            raise ValueError("--algo ppo needs --init (a BC run) as its starting point")
-        cfg = PPOConfig(steps=steps or PPOConfig.steps, batch=batch)
-        policy = train_ppo(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
-    else:
-        raise ValueError(f"unknown --algo {algo!r}: use bc, es or ppo")
-    ev = evaluate(policy, selected, tc, pool, problem)
+            if init is None:
+                raise ValueError("--algo ppo needs --init (a BC run) as its starting point")
+            cfg = PPOConfig(steps=steps or PPOConfig.steps, batch=batch)
+            policy = train_ppo(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
+        else:
+            raise ValueError(f"unknown --algo {algo!r}: use bc, es or ppo")
+        ev = evaluate(policy, selected, tc, pool, problem)
     ev.save(out / "eval")
     t = ev.totals()
     console.print(
@@ -281,13 +284,13 @@ def eval_cmd(
     """Compile a corpus with a policy and with the default; per-module and total deltas."""
     from mlgo.evaluate import evaluate
     from mlgo.policy import MLPPolicy
-    from mlgo.workers import make_workers
 
     tc = find_toolchain(clang)
     pdir = _policy_dir(policy)
     selected = _load_selected(corpus, packages)
     loaded = MLPPolicy.load(pdir)
-    ev = evaluate(loaded, selected, tc, make_workers(workers), loaded.problem)
+    with closing(make_workers(workers)) as pool:
+        ev = evaluate(loaded, selected, tc, pool, loaded.problem)
     dest = out or pdir.parent / f"eval-{corpus.name}"
     ev.save(dest)
     m = ev.metric
@@ -539,10 +542,31 @@ def channel(
     socket: SocketOpt = None,
     ttl: Annotated[float, typer.Option(help="seconds the channel waits for its compiler")] = 600,
 ) -> None:
-    """Print a channel base for one compilation run by hand (-mllvm -...-channel-base=)."""
-    from mlgo.client import request
+    """Print a channel base for one compilation run by hand (-mllvm -...-channel-base=);
+    starts the service (as mlgo-cc would) when none is running."""
+    from mlgo.cc import start_service
+    from mlgo.client import Connection, ServiceError, socket_path
 
-    print(request({"op": "channel", "problem": problem, "ttl_s": ttl}, path=socket)["base"])
+    path = socket or socket_path()
+    try:
+        conn = Connection(path, 10.0)
+    except ServiceError:
+        if socket is not None:
+            raise
+        conn = start_service(path)
+    with conn:
+        conn.send({"op": "channel", "problem": problem, "ttl_s": ttl})
+        print(conn.receive()["base"])
+
+
+@app.command("install-wrappers")
+def install_wrappers() -> None:
+    """Install the native mlgo-cc/mlgo-c++ (C; no interpreter start-up per compile) over
+    the Python entry points, which they hand every uncommon case to. tools/setup.sh runs it."""
+    from mlgo.cc import install_native_wrappers
+
+    for path in install_native_wrappers(Path(sys.executable).parent):
+        console.print(f"installed {path}")
 
 
 @app.command()

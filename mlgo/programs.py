@@ -9,6 +9,7 @@ same flags, and differ only in CC/CXX; the linked programs' .text is compared.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -29,11 +30,17 @@ class ProgramBuild:
     package: str
     variant: str  # "plain" or "mlgo"
     build_seconds: float
+    build_cpu_seconds: float  # user + system time of every process the build ran
     text: dict[str, int]  # program -> linked .text bytes
-    tests: str  # "passed", "skipped"
+    tests: str  # "passed" or "not run" (a failing test raises BuildError)
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def pristine_source(recipe: Recipe, work: Path) -> Path:
@@ -76,10 +83,10 @@ def build_program(
     name = f"{recipe.name} ({variant})"
     for cmd in recipe.configure:
         _run(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: configure")
-    start = time.monotonic()
+    start, cpu_start = time.monotonic(), _children_cpu()
     for cmd in recipe.build:
         _run(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: build")
-    seconds = time.monotonic() - start
+    seconds, cpu = time.monotonic() - start, _children_cpu() - cpu_start
     missing = [p for p in recipe.programs if not (tree / p).is_file()]
     if missing:
         raise BuildError(f"{name}: the build made no {', '.join(missing)} (log: {log})")
@@ -87,8 +94,8 @@ def build_program(
     if run_tests and recipe.test:
         for cmd in recipe.test:
             _run(cmd, tree, log, recipe.test_timeout_s, env, f"{name}: its own tests")
-    tests = "passed" if run_tests and recipe.test else "skipped" if recipe.test else "none"
-    return ProgramBuild(recipe.name, variant, seconds, text, tests)
+    tests = "passed" if recipe.test and run_tests else "not run"
+    return ProgramBuild(recipe.name, variant, seconds, cpu, text, tests)
 
 
 @contextmanager

@@ -110,7 +110,9 @@ def write_module_trace(path: Path, run: ModuleRun, advice_name: str) -> None:
         lists[DEFAULT_DECISION].feature.add().int64_list.value.append(int(run.default[step]))
     with atomic_path(path) as tmp, tf.io.TFRecordWriter(str(tmp)) as writer:
         for se in examples.values():
-            writer.write(se.SerializeToString())
+            # Map order follows the process's string hashing unless made deterministic;
+            # the same decisions must give the same bytes wherever they were collected.
+            writer.write(se.SerializeToString(deterministic=True))
 
 
 def read_module_trace(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from mlgo.cc import install_native_wrappers
 from mlgo.client import ServiceError, request, runtime_dir
 from mlgo.compile import compile_module
 from mlgo.policy import MLPPolicy
@@ -36,7 +37,7 @@ class Service:
             self.proc = subprocess.Popen(
                 [*MLGO, "serve", "--socket", str(self.socket), *args], stdout=log, stderr=log
             )
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 600  # the first start may AOT-compile the policy
         while not self.socket.exists():
             assert self.proc.poll() is None, self.log.read_text()
             assert time.monotonic() < deadline, "service did not start"
@@ -61,8 +62,20 @@ def native(tmp_path_factory):
     service.stop()
 
 
-def mlgo_cc(src: Path, out: Path, env: dict[str, str], timeout: float = 120):
-    cmd = [*MLGO_CC, "-Oz", "-c", str(src), "-o", str(out)]
+@pytest.fixture(scope="module")
+def native_cc(tmp_path_factory) -> list[str]:
+    """The C fast path, built as `mlgo install-wrappers` builds it."""
+    return [str(install_native_wrappers(tmp_path_factory.mktemp("bin"))[0])]
+
+
+@pytest.fixture(params=["python", "native"])
+def cc(request, native_cc) -> list[str]:
+    """Both wrappers: the Python reference and the native one must behave the same."""
+    return MLGO_CC if request.param == "python" else native_cc
+
+
+def mlgo_cc(cc: list[str], src: Path, out: Path, env: dict[str, str], timeout: float = 120):
+    cmd = [*cc, "-Oz", "-c", str(src), "-o", str(out)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -70,14 +83,14 @@ def channel_files(service: Service) -> list[Path]:
     return list((service.socket.parent / "channels").iterdir())
 
 
-def test_mlgo_cc_builds_what_the_policy_decides(native, mini_corpus, tc, tmp_path):
+def test_mlgo_cc_builds_what_the_policy_decides(cc, native, mini_corpus, tc, tmp_path):
     """The object from the native service is the object the numpy policy produces."""
     policy = MLPPolicy.load(SHIPPED)
     before = native.status()["decisions"]
     for module in mini_corpus.modules:
         src = DATA / "minipkg" / (Path(module.name).stem + ".c")
         got = tmp_path / "served.o"
-        r = mlgo_cc(src, got, native.env())
+        r = mlgo_cc(cc, src, got, native.env())
         assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
         want = tmp_path / "reference.o"
         compile_module(get_problem("inlining-size"), module, tc.clang, policy, keep_object=want)
@@ -88,10 +101,10 @@ def test_mlgo_cc_builds_what_the_policy_decides(native, mini_corpus, tc, tmp_pat
     assert status["policies"][0]["latency"]["p50_us"] > 0
 
 
-def test_many_concurrent_compilations_leave_nothing_behind(native, tmp_path):
+def test_many_concurrent_compilations_leave_nothing_behind(native_cc, native, tmp_path):
     jobs = [(src, tmp_path / f"{i}-{src.stem}.o") for i in range(6) for src in SOURCES]
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda job: mlgo_cc(*job, native.env()), jobs))
+        results = list(pool.map(lambda job: mlgo_cc(native_cc, *job, native.env()), jobs))
     assert all(r.returncode == 0 and not r.stderr for r in results)
     status = native.status()
     assert status["active_leases"] == 0 and not channel_files(native)
@@ -119,55 +132,62 @@ def test_channel_by_hand(native, tmp_path):
         time.sleep(0.05)
 
 
-def test_no_service_falls_back_with_one_warning(tmp_path):
+def test_no_service_falls_back_with_one_warning(cc, tmp_path):
     env = dict(os.environ, MLGO_SOCKET=str(tmp_path / "absent.sock"))
-    r = mlgo_cc(SOURCES[0], tmp_path / "a.o", env)
+    r = mlgo_cc(cc, SOURCES[0], tmp_path / "a.o", env)
     assert r.returncode == 0 and (tmp_path / "a.o").exists()
     assert r.stderr.count("\n") == 1 and "default heuristic" in r.stderr
-    r = mlgo_cc(SOURCES[0], tmp_path / "b.o", dict(env, MLGO_STRICT="1"))
+    r = mlgo_cc(cc, SOURCES[0], tmp_path / "b.o", dict(env, MLGO_STRICT="1"))
     assert r.returncode == 1 and "mlgo-cc: error: no mlgo service" in r.stderr
 
 
-def test_user_compile_errors_are_passed_through(native, tmp_path):
+def test_user_compile_errors_are_passed_through(cc, native, tmp_path):
     bad = tmp_path / "bad.c"
     bad.write_text("int f(void) { return undeclared; }\n")
-    r = mlgo_cc(bad, tmp_path / "bad.o", native.env())
+    r = mlgo_cc(cc, bad, tmp_path / "bad.o", native.env())
     assert r.returncode != 0 and "undeclared" in r.stderr and "mlgo-cc" not in r.stderr
 
 
-def test_unknown_feature_layout_falls_back(tmp_path, mini_corpus):
-    """A policy wanting a feature this clang does not send: the channel fails at its
-    header, the compile is redone with the default, and the warning says why."""
+@pytest.fixture(scope="module")
+def mismatched(tmp_path_factory):
+    """A service whose policy wants a feature this clang does not send."""
+    from mlgo.export import export_saved_model
+
+    tmp = tmp_path_factory.mktemp("mismatch")
     policy = MLPPolicy.load(SHIPPED)
     renamed = list(policy.normalizer.features)
     renamed[0] = "feature_from_another_clang"
     policy.normalizer = type(policy.normalizer)(
         tuple(renamed), policy.normalizer.quantiles, policy.normalizer.derived
     )
-    pdir = tmp_path / "policy"
-    policy.save(pdir)
-    from mlgo.export import export_saved_model
-
-    export_saved_model(policy, pdir)
-    service = Service(tmp_path, "--policy", str(pdir))
-    try:
-        r = mlgo_cc(SOURCES[0], tmp_path / "a.o", service.env())
-        assert r.returncode == 0, r.stderr
-        assert "feature layout mismatch" in r.stderr and "default heuristic" in r.stderr
-        assert service.status()["failed_compilations"] == 1
-    finally:
-        service.stop()
+    policy.save(tmp / "policy")
+    export_saved_model(policy, tmp / "policy")
+    service = Service(tmp, "--policy", str(tmp / "policy"))
+    yield service
+    service.stop()
 
 
-def test_a_hung_policy_times_out_and_falls_back(tmp_path):
+def test_unknown_feature_layout_falls_back(cc, mismatched, tmp_path):
+    """The channel fails at its header, the compile is redone with the default, and the
+    warning says why."""
+    failed = mismatched.status()["failed_compilations"]
+    r = mlgo_cc(cc, SOURCES[0], tmp_path / "a.o", mismatched.env())
+    assert r.returncode == 0, r.stderr
+    assert "feature layout mismatch" in r.stderr and "default heuristic" in r.stderr
+    assert mismatched.status()["failed_compilations"] == failed + 1
+
+
+def test_a_hung_policy_times_out_and_falls_back(native_cc, tmp_path):
     service = Service(tmp_path, "--policy", str(SHIPPED))
     try:
-        mlgo_cc(SOURCES[0], tmp_path / "warm.o", service.env())  # starts the policy server
+        mlgo_cc(
+            native_cc, SOURCES[0], tmp_path / "warm.o", service.env()
+        )  # starts the policy server
         server = _policy_server_pid(service.proc.pid)
         os.kill(server, signal.SIGSTOP)
         try:
             start = time.monotonic()
-            r = mlgo_cc(SOURCES[0], tmp_path / "a.o", service.env(MLGO_TIMEOUT="3"))
+            r = mlgo_cc(native_cc, SOURCES[0], tmp_path / "a.o", service.env(MLGO_TIMEOUT="3"))
             assert r.returncode == 0 and "MLGO_TIMEOUT=3" in r.stderr
             assert time.monotonic() - start < 30
         finally:
@@ -176,22 +196,22 @@ def test_a_hung_policy_times_out_and_falls_back(tmp_path):
         service.stop()
 
 
-def test_a_crashed_policy_server_is_restarted(native, tmp_path):
-    mlgo_cc(SOURCES[0], tmp_path / "warm.o", native.env())
+def test_a_crashed_policy_server_is_restarted(native_cc, native, tmp_path):
+    mlgo_cc(native_cc, SOURCES[0], tmp_path / "warm.o", native.env())
     os.kill(_policy_server_pid(native.proc.pid), signal.SIGKILL)
     before = native.status()["decisions"]
     for src in SOURCES:
-        r = mlgo_cc(src, tmp_path / f"{src.stem}.o", native.env())
+        r = mlgo_cc(native_cc, src, tmp_path / f"{src.stem}.o", native.env())
         assert r.returncode == 0 and not r.stderr, r.stderr
     assert native.status()["decisions"] > before
     assert _policy_server_pid(native.proc.pid)
 
 
-def test_killing_the_service_mid_build_never_fails_or_hangs(tmp_path):
+def test_killing_the_service_mid_build_never_fails_or_hangs(native_cc, tmp_path):
     service = Service(tmp_path, "--policy", str(SHIPPED), "--backend", "python")
     jobs = [(src, tmp_path / f"{i}-{src.stem}.o") for i in range(10) for src in SOURCES]
     with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(mlgo_cc, *job, service.env()) for job in jobs]
+        futures = [pool.submit(mlgo_cc, native_cc, *job, service.env()) for job in jobs]
         deadline = time.monotonic() + 120
         while service.status()["compilations"] < 3:
             assert time.monotonic() < deadline
@@ -212,10 +232,10 @@ def _policy_server_pid(service_pid: int) -> int:
     raise AssertionError("no policy_server child")
 
 
-def test_service_starts_on_demand_and_stops(tmp_path):
+def test_service_starts_on_demand_and_stops(native_cc, tmp_path):
     env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path), MLGO_BACKEND="python")
     env.pop("MLGO_SOCKET", None)
-    r = mlgo_cc(SOURCES[0], tmp_path / "a.o", env, timeout=300)
+    r = mlgo_cc(native_cc, SOURCES[0], tmp_path / "a.o", env, timeout=300)
     assert r.returncode == 0 and not r.stderr, r.stderr
     socket = tmp_path / "mlgo" / "mlgo.sock"
     assert request({"op": "status"}, path=socket)["compilations"] == 1

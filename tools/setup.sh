@@ -42,11 +42,11 @@ PY=${PYTHON:-python3}
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null \
   || die "$PY must be Python 3.11 (set PYTHON=...)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv || die "cannot create .venv"
-if ! TF_USE_LEGACY_KERAS=1 .venv/bin/python -c 'import mlgo.cli, tensorflow, tf_agents, jax, llvmlite' 2>/dev/null \
+if ! TF_USE_LEGACY_KERAS=1 .venv/bin/python -c 'import mlgo.cli, tensorflow, tf_agents, jax, llvmlite, ray' 2>/dev/null \
    || [ pyproject.toml -nt .venv/.mlgo-installed ] || [ tools/requirements.lock -nt .venv/.mlgo-installed ]; then
   echo "setup: installing Python packages into .venv (first time: a few minutes)"
   .venv/bin/pip install -qq --upgrade pip >/dev/null || die "pip upgrade failed (offline?)"
-  .venv/bin/pip install -qq -c tools/requirements.lock -e ".[dev]" \
+  .venv/bin/pip install -qq -c tools/requirements.lock -e ".[dev,ray]" \
     || die "pip install failed (offline?)"
   touch .venv/.mlgo-installed
 fi
@@ -54,5 +54,7 @@ if [ ! -d .venv/mlgo-utils/mlgo/corpus ]; then
   .venv/bin/pip install -qq --no-deps --target .venv/mlgo-utils "$MLGO_UTILS" \
     || die "cannot install $MLGO_UTILS (offline?)"
 fi
+# mlgo-cc/mlgo-c++ in C over pip's Python entry points (pip reinstalls put those back).
+.venv/bin/mlgo install-wrappers >/dev/null || die "cannot build the native mlgo-cc (is cc installed?)"
 .venv/bin/mlgo doctor >/dev/null || die "toolchain check failed: run .venv/bin/mlgo doctor"
 echo "setup: ready (.venv/bin/mlgo)"

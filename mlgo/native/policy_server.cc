@@ -253,15 +253,26 @@ std::string one_line(std::string s) {
 
 // ---- serving ----
 
-bool read_line(FILE* in, std::string* line) {
-  static thread_local char* buf = nullptr;
-  static thread_local size_t cap = 0;
-  ssize_t n = getline(&buf, &cap, in);
-  if (n <= 0) return false;
-  if (buf[n - 1] != '\n') throw std::runtime_error("stream ended inside a line");
-  line->assign(buf, static_cast<size_t>(n - 1));
-  return true;
-}
+// Lines of one stream; getline's buffer is freed with the reader (a thread per channel).
+class LineReader {
+ public:
+  explicit LineReader(FILE* in) : in_(in) {}
+  ~LineReader() { free(buf_); }
+  LineReader(const LineReader&) = delete;
+  LineReader& operator=(const LineReader&) = delete;
+  bool next(std::string* line) {
+    ssize_t n = getline(&buf_, &cap_, in_);
+    if (n <= 0) return false;
+    if (buf_[n - 1] != '\n') throw std::runtime_error("stream ended inside a line");
+    line->assign(buf_, static_cast<size_t>(n - 1));
+    return true;
+  }
+
+ private:
+  FILE* in_;
+  char* buf_ = nullptr;
+  size_t cap_ = 0;
+};
 
 bool write_all(int fd, const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
@@ -278,11 +289,12 @@ bool write_all(int fd, const void* data, size_t n) {
 // Answers every observation on `in` into `advice_fd`; returns the number of decisions.
 uint64_t answer_all(FILE* in, int advice_fd, Model& model) {
   std::string line;
-  if (!read_line(in, &line)) return 0;  // the compiler closed without a word
+  LineReader lines(in);
+  if (!lines.next(&line)) return 0;  // the compiler closed without a word
   Layout layout = match_layout(line, model);
   std::vector<char> block(layout.block_bytes + 1);
   uint64_t decisions = 0;
-  while (read_line(in, &line)) {
+  while (lines.next(&line)) {
     if (line.rfind("{\"context\"", 0) == 0) continue;
     if (line.rfind("{\"observation\"", 0) != 0)
       throw std::runtime_error("unexpected log event: " + line.substr(0, 80));

@@ -1,0 +1,218 @@
+"""The Ray backend on a real multi-node Ray cluster on loopback: a head that runs no tasks
+and two one-core worker nodes, each its own raylet and object store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlgo.collect import CollectTask, collect, collect_one
+from mlgo.corpus import load_corpus
+from mlgo.policy import MLPPolicy
+from mlgo.toolchain import find_toolchain
+from mlgo.traces import Manifest
+from mlgo.train import RunDir
+from mlgo.train.es import ESConfig, train_es
+from mlgo.workers import Failed, LocalPool, make_workers
+from tests.conftest import copy_corpus, run_mlgo
+
+POLICY = Path(__file__).parents[1] / "policies" / "inlining-size"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    small = {"object_store_memory": 80 * 2**20}
+    client_port = _free_port()
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "include_dashboard": False,
+            "ray_client_server_port": client_port,
+            **small,
+        },
+    )
+    try:
+        for _ in range(2):
+            c.add_node(num_cpus=1, **small)
+        c.wait_for_nodes()
+        c.client_address = f"ray://127.0.0.1:{client_port}"  # Ray Client, as a user connects
+        yield c
+    finally:
+        c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_traces(mini_corpus, tc, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("local-traces")
+    with LocalPool(2) as pool:
+        collect("inlining-size", mini_corpus, out, tc, pool)
+    return out
+
+
+def _logging_clang(tmp_path: Path, real: str, sleep: float = 0.0) -> tuple[str, Path]:
+    """A clang that appends 'PARENT SELF' to a log for every compile (not --version)."""
+    log = tmp_path / "compiles.log"
+    script = tmp_path / "clang"
+    script.write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] || {{ echo "$PPID $$" >> {log}; sleep {sleep}; }}\n'
+        f'exec {real} "$@"\n'
+    )
+    script.chmod(0o755)
+    return str(script), log
+
+
+def _worker_compiles(log: Path) -> list[tuple[int, int]]:
+    """(worker pid, compiler pid) of every compile not started by this test's own process
+    (the driver probes the toolchain once itself)."""
+    lines = [tuple(map(int, ln.split())) for ln in log.read_text().splitlines()]
+    return [(ppid, pid) for ppid, pid in lines if ppid != os.getpid()]
+
+
+def test_workers_option_parses_in_one_place_and_ray_is_not_imported_for_local():
+    code = (
+        "import sys, mlgo.cli, mlgo.workers as w; "
+        "assert isinstance(w.make_workers('3'), w.LocalPool); "
+        "assert 'ray' not in sys.modules, 'ray imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    for bad in ("rays", "0", "ray:/x:1", "host:port"):
+        with pytest.raises(ValueError, match="--workers"):
+            make_workers(bad)
+    for unreachable in (f"127.0.0.1:{_free_port()}", f"ray://127.0.0.1:{_free_port()}"):
+        with pytest.raises(ValueError, match="cannot reach a Ray cluster at"):
+            make_workers(unreachable)
+
+
+def test_cli_collect_over_ray_client_gives_byte_identical_traces(
+    cluster, mini_corpus, local_traces, tmp_path
+):
+    out = tmp_path / "ray-traces"
+    r = run_mlgo(
+        *("collect", "--problem", "inlining-size", "--corpus", str(mini_corpus.root)),
+        *("--out", str(out), "--workers", cluster.client_address),
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    local, remote = Manifest.load(local_traces), Manifest.load(out)
+    assert remote.specs == local.specs and not remote.failed
+    assert set(remote.modules) == set(local.modules) == {m.name for m in mini_corpus.modules}
+    for name, entry in local.modules.items():
+        theirs = remote.modules[name]
+        assert (theirs["decisions"], theirs["metrics"]) == (entry["decisions"], entry["metrics"])
+        assert (out / theirs["file"]).read_bytes() == (local_traces / entry["file"]).read_bytes()
+
+
+def test_bitcode_reaches_workers_through_the_object_store(cluster, mini_corpus, tc):
+    tasks = [CollectTask("inlining-size", m, tc.clang) for m in mini_corpus.modules]
+    with make_workers(cluster.address) as workers:
+        seen = dict(workers.imap(_where_is_my_bitcode, tasks))
+    for task, (path, data) in seen.items():
+        assert path != str(task.module.bitcode) and data == task.module.bitcode.read_bytes()
+
+
+def _where_is_my_bitcode(task: CollectTask) -> tuple[str, bytes]:
+    return str(task.module.bitcode), task.module.bitcode.read_bytes()
+
+
+def test_worker_killed_mid_compile_is_retried_and_nothing_is_lost_or_doubled(
+    cluster, mini_corpus, local_traces, tmp_path
+):
+    clang, log = _logging_clang(tmp_path, find_toolchain().clang, sleep=1.5)
+    tasks = [CollectTask("inlining-size", m, clang) for m in mini_corpus.modules]
+    killed: list[tuple[int, int]] = []
+
+    def kill_first_worker() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            if log.exists() and (compiles := _worker_compiles(log)):
+                worker, compiler = compiles[0]
+                os.kill(worker, signal.SIGKILL)
+                # The orphaned compiler would wait forever for its dead policy side.
+                os.kill(compiler, signal.SIGKILL)
+                killed.append((worker, compiler))
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_first_worker)
+    killer.start()
+    with make_workers(cluster.address) as workers:
+        results = list(workers.imap(collect_one, tasks))
+    killer.join()
+    assert killed, "no worker was killed"
+    assert sorted(t.module.name for t, _ in results) == sorted(t.module.name for t in tasks)
+    expected = Manifest.load(local_traces).modules
+    for task, run in results:
+        assert not isinstance(run, Failed), run
+        assert run.num_decisions == expected[task.module.name]["decisions"]
+        assert run.metrics == expected[task.module.name]["metrics"]
+    compiles = _worker_compiles(log)
+    assert len(compiles) == len(tasks) + 1  # the killed compile ran once more
+    assert killed[0][0] not in {worker for worker, _ in compiles[1:]}
+
+
+def test_failing_module_is_reported_once_and_skipped(cluster, mini_corpus, tmp_path):
+    root = copy_corpus(mini_corpus, tmp_path / "c")
+    (root / "minipkg" / "hash.o.bc").write_bytes(b"BC\xc0\xde garbage")
+    clang, log = _logging_clang(tmp_path, find_toolchain().clang)
+    with make_workers(cluster.address) as workers:
+        manifest = collect(
+            "inlining-size", load_corpus(root), tmp_path / "t", find_toolchain(clang), workers
+        )
+    assert set(manifest.failed) == {"minipkg/hash.o"}
+    assert manifest.failed["minipkg/hash.o"].startswith("minipkg/hash.o: compiler exited with 1")
+    assert len(manifest.modules) == 2
+    assert len(_worker_compiles(log)) == 3  # every module compiled once, the bad one too
+
+
+def test_es_step_on_ray_moves_the_weights_as_the_local_pool_does(
+    cluster, mini_corpus, tc, tmp_path
+):
+    policy = MLPPolicy.load(POLICY)
+    cfg = ESConfig(steps=1, directions=2, batch=2, eval_every=1, max_module_seconds=60)
+    runs = {"local": RunDir(tmp_path / "local", "es"), "ray": RunDir(tmp_path / "ray", "es")}
+    with LocalPool(2) as pool:
+        train_es(mini_corpus, policy, runs["local"], tc, pool, cfg)
+    with make_workers(cluster.address) as workers:
+        train_es(mini_corpus, policy, runs["ray"], tc, workers, cfg)
+    (local, local_arrays), (on_ray, ray_arrays) = (r.load_state() for r in runs.values())
+    assert on_ray.step == 1 and on_ray.compiles == local.compiles
+    assert on_ray.history == local.history
+    assert not np.array_equal(ray_arrays["theta"], policy.flat())  # the step moved
+    assert np.array_equal(ray_arrays["theta"], local_arrays["theta"])
+
+
+def test_ppo_rollouts_on_ray_are_the_local_rollouts(cluster, mini_corpus, tc):
+    from dataclasses import replace
+
+    from mlgo.train.ppo import RolloutTask, rollout_one
+
+    policy = MLPPolicy.load(POLICY)
+    tasks = [
+        RolloutTask(m, tc.clang, replace(policy, temperature=1.0, seed=i))
+        for i, m in enumerate(mini_corpus.modules)
+    ]
+    with LocalPool(2) as pool:
+        local = {t.module.name: r for t, r in pool.imap(rollout_one, tasks)}
+    with make_workers(cluster.address) as workers:
+        on_ray = {t.module.name: r for t, r in workers.imap(rollout_one, tasks)}
+    assert set(on_ray) == set(local)
+    for name, r in local.items():
+        assert np.array_equal(on_ray[name]["actions"], r["actions"])
+        assert np.array_equal(on_ray[name]["x"], r["x"]) and on_ray[name]["cost"] == r["cost"]

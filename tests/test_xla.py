@@ -1,0 +1,161 @@
+"""XLA GEMM configs: the per-compilation route, extraction, measurement, model, tuned_jit."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from mlgo.xla import tuned_jit
+from mlgo.xla.config import compiler_options, parse_config
+from mlgo.xla.dataset import DatasetError, collect, load_dataset
+from mlgo.xla.extract import extract_graph, fingerprint, lower
+from mlgo.xla.measure import MeasureSpec, summarize
+from mlgo.xla.model import CostModel, Hyper, train
+from mlgo.xla.programs import example_inputs, load_corpus, load_target
+from tests.conftest import run_mlgo
+
+CORPUS = Path(__file__).parent / "data" / "xla"
+CONFIGS = ["default", "eigen", "4:4:1", "16:8:2"]
+
+
+@pytest.fixture(scope="module")
+def programs():
+    return {p.name: p for p in load_corpus(CORPUS)}
+
+
+@pytest.fixture(scope="module")
+def dataset(programs, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("xla") / "runs"
+    results = list(collect(CORPUS, list(programs.values()), CONFIGS, out, MeasureSpec(rounds=3)))
+    assert [e for _, e in results] == [None, None]
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(dataset, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ds = load_dataset(dataset)
+    model, _ = train([r.graph for r in ds.records], [r.times() for r in ds.records],
+                     ds.configs, Hyper(hidden=16, steps=30))  # fmt: skip
+    out = tmp_path_factory.mktemp("model")
+    model.save(out)
+    return out
+
+
+@pytest.mark.parametrize(
+    "config, why",
+    [("64:8:4", "miscompiles"), ("32:32:2", "exceeds"), ("big", "expected"), ("0:4:1", ">= 1")],
+)
+def test_unsafe_or_malformed_configs_are_refused(config, why):
+    with pytest.raises(ValueError, match=why):
+        parse_config(config)
+
+
+def test_two_tiles_in_one_process_compile_to_different_code(programs, tmp_path):
+    program = programs["gemm_64x128x64"]
+    lowered = lower(program)
+    args = example_inputs(program)
+    kernels = {}
+    for tile in ("4:4:1", "16:8:2"):
+        dump = tmp_path / tile.replace(":", "_")
+        fn = lowered.compile(compiler_options={**compiler_options(tile), "xla_dump_to": str(dump)})
+        np.testing.assert_allclose(fn(*args), jax.jit(program.fn)(*args), rtol=1e-5, atol=1e-4)
+        assert f'value: "{tile}*vectwidth"' in next(dump.glob("*.debug_options")).read_text()
+        (kernel,) = dump.glob("*dot*kernel_module.o")  # the tiled LLVM-IR GEMM, not a library call
+        kernels[tile] = kernel.read_bytes()
+    assert kernels["4:4:1"] != kernels["16:8:2"]
+    # The default path keeps XLA's library GEMM: no dot kernel is generated.
+    dump = tmp_path / "default"
+    lowered.compile(compiler_options={"xla_dump_to": str(dump)})
+    assert not list(dump.glob("*dot*kernel_module.o"))
+
+
+def test_extraction_finds_the_dots(programs):
+    lowered = lower(programs["mlp_32x64x48"])
+    graph = extract_graph(lowered)
+    assert [d.dot for d in graph.dots] == [
+        {"m": 32, "k": 64, "n": 48, "batch": 1},
+        {"m": 32, "k": 48, "n": 64, "batch": 1},
+    ]
+    assert fingerprint(lowered) == fingerprint(lower(programs["mlp_32x64x48"]))
+    assert fingerprint(lowered) != fingerprint(lower(programs["gemm_64x128x64"]))
+
+
+def test_noisy_rounds_are_dropped():
+    s = summarize([1.0, 1.1, 5.0, 1.05])
+    assert s["rounds_kept"] == 3 and s["median_us"] == pytest.approx(1.05e6)
+
+
+def test_dataset_round_trip_and_resume(dataset, programs):
+    ds = load_dataset(dataset)
+    assert [r.name for r in ds.records] == ["gemm_64x128x64", "mlp_32x64x48"]
+    assert [r.held_out for r in ds.records] == [False, True]
+    for r in ds.records:
+        assert set(r.times()) == set(CONFIGS)
+        assert all(run["rounds_kept"] >= 1 and run["spread"] >= 0 for run in r.runs.values())
+        assert r.graph.dots and r.exhaustive_seconds() > 0
+    assert list(collect(CORPUS, list(programs.values()), CONFIGS, dataset, MeasureSpec())) == []
+    with pytest.raises(DatasetError, match="other configs"):
+        list(collect(CORPUS, [], ["default"], dataset, MeasureSpec()))
+
+
+def test_training_reduces_the_ranking_loss(dataset):
+    ds = load_dataset(dataset)
+    _, losses = train([r.graph for r in ds.records], [r.times() for r in ds.records],
+                      ds.configs, Hyper(hidden=16, steps=60))  # fmt: skip
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_tuned_jit_matches_jax_jit_and_caches(model_dir, programs):
+    program = programs["gemm_64x128x64"]
+    args = example_inputs(program, seed=3)
+    f = tuned_jit(program.fn, cost_model=str(model_dir))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = f(*args)
+        np.testing.assert_allclose(out, jax.jit(program.fn)(*args), rtol=1e-5, atol=1e-4)
+        f(*args)
+    (choice,) = f.choices.values()
+    assert choice.config in CONFIGS and not choice.fallback
+    g = tuned_jit(program.fn, cost_model=CostModel.load(model_dir), top_k=3)
+    assert list(g.choices) == [] and g(*args).shape == out.shape
+    assert list(g.choices.values()) == [choice]  # same HLO fingerprint: the choice is reused
+
+
+def test_tuned_jit_falls_back_with_a_warning(model_dir, programs, tmp_path):
+    model = CostModel.load(model_dir)
+    model.configs = ["64:8:4"] * len(model.configs)  # an unsafe config the model might name
+    program = programs["mlp_32x64x48"]
+    args = example_inputs(program)
+    f = tuned_jit(program.fn, cost_model=model)
+    with pytest.warns(UserWarning, match="tuning failed.*miscompiles.*default"):
+        out = f(*args)
+    np.testing.assert_allclose(out, jax.jit(program.fn)(*args), rtol=1e-5, atol=1e-4)
+    assert [c.config for c in f.choices.values()] == ["default"]
+
+
+def test_targets_load_from_files_and_corpora():
+    assert load_target(f"{CORPUS / 'tiny.py'}:gemm").args[0].shape == (64, 128)
+    assert load_target(f"{CORPUS}:mlp_32x64x48").family == "mlp"
+    with pytest.raises(ValueError, match="EXAMPLE_ARGS"):
+        load_target(f"{CORPUS / 'tiny.py'}:mlp")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["xla", "tune", "nowhere.py:f"], "nowhere.py: no such program file"),
+        (["xla", "tune", "tests/data/xla/tiny.py"], "expected FILE.py:FUNCTION"),
+        (["xla", "train", "--data", "nowhere", "--out", "x"], "not a dataset"),
+        (["xla", "collect", "--programs", "tests/data/xla", "--configs", "default,8:8:8"],
+         "miscompiles"),
+        (["xla", "report", "--data", "nowhere", "--model", "x"], "not a dataset"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line(args, message):
+    proc = run_mlgo(*args, timeout=120)
+    assert proc.returncode == 2
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
