@@ -193,11 +193,11 @@ def _policy_dir(path: Path) -> Path:
     return path / "policy" if (path / "policy" / "policy.json").exists() else path
 
 
-def _collect_for_bc(run, corpus, tc, workers) -> None:
+def _collect_for_bc(problem, run, corpus, tc, workers) -> None:
     """The default traces of the training corpus, collected into the run once."""
     from mlgo.collect import collect as run_collect
 
-    manifest = run_collect("inlining-size", corpus, run.traces_dir, tc, workers)
+    manifest = run_collect(problem, corpus, run.traces_dir, tc, workers)
     if manifest.failed:
         err.print(f"[yellow]{len(manifest.failed)} modules failed to compile and are left out")
 
@@ -214,6 +214,7 @@ def train(
     sigma: Annotated[float, typer.Option(help="ES: perturbation scale of the weights")] = 0.05,
     derived: Annotated[bool, typer.Option(help="BC: also feed the default's cost rule")] = False,
     batch: Annotated[int, typer.Option(help="es, ppo: modules compiled per step")] = 24,
+    directions: Annotated[int, typer.Option(help="ES: perturbations per step")] = 8,
     workers: WorkersOpt = "local",
     clang: ClangOpt = None,
 ) -> None:
@@ -224,8 +225,9 @@ def train(
     from mlgo.problems import get_problem
     from mlgo.train import RunDir
 
-    if problem != "inlining-size":
-        raise ValueError(f"training for {problem} is not available yet; use inlining-size")
+    spec = get_problem(problem)
+    if algo == "ppo" and spec.policy_kind != "mlp":
+        raise ValueError(f"--algo ppo trains inlining policies only; use es for {problem}")
     tc = find_toolchain(clang)
     with closing(make_workers(workers)) as pool:
         run = RunDir(out, algo)
@@ -233,21 +235,25 @@ def train(
         if algo == "bc":
             from mlgo.train.bc import train_bc
 
-            _collect_for_bc(run, selected, tc, pool)
-            data = load_decisions(run.traces_dir, get_problem(problem))
+            _collect_for_bc(problem, run, selected, tc, pool)
+            data = load_decisions(run.traces_dir, spec)
             policy, acc = train_bc(data, problem, run, epochs=steps or 30, derived=derived)
             console.print(
-                f"BC accuracy on {len(data.default):,} default decisions: "
-                f"{acc['accuracy']:.4f} (inline recall {acc.get('recall_1', 0):.3f}, "
-                f"no-inline recall {acc.get('recall_0', 0):.3f})"
+                f"BC accuracy on {len(data.default):,} default decisions: {acc['accuracy']:.4f}"
+                + "".join(f", {k} {v:.3f}" for k, v in acc.items() if k != "accuracy")
             )
         elif algo == "es":
             from mlgo.train.es import ESConfig, train_es
 
             if init is None:
                 raise ValueError("--algo es needs --init (a BC run) as its starting point")
-            cfg = ESConfig(steps=steps or ESConfig.steps, sigma=sigma, batch=batch)
-            policy = train_es(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
+            cfg = ESConfig(
+                steps=steps or ESConfig.steps, sigma=sigma, batch=batch, directions=directions
+            )
+            start = MLPPolicy.load(_policy_dir(init))
+            if start.problem != problem:
+                raise ValueError(f"--init {init} is a {start.problem} policy, not {problem}")
+            policy = train_es(selected, start, run, tc, pool, cfg)
         elif algo == "ppo":
             from mlgo.train.ppo import PPOConfig, train_ppo
 
@@ -257,12 +263,12 @@ def train(
             policy = train_ppo(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
         else:
             raise ValueError(f"unknown --algo {algo!r}: use bc, es or ppo")
-        ev = evaluate(policy, selected, tc, pool)
+        ev = evaluate(policy, selected, tc, pool, problem)
     ev.save(out / "eval")
     t = ev.totals()
     console.print(
-        f"{out / 'policy'}: training corpus .text {t['delta']:+.2%} vs "
-        f"{get_problem(problem).opt_level} ({t['modules']} modules)"
+        f"{out / 'policy'}: training corpus {spec.reward_metric} {t['delta']:+.2%} vs "
+        f"the default at {spec.opt_level} ({t['modules']} modules)"
     )
 
 
@@ -282,27 +288,29 @@ def eval_cmd(
     tc = find_toolchain(clang)
     pdir = _policy_dir(policy)
     selected = _load_selected(corpus, packages)
+    loaded = MLPPolicy.load(pdir)
     with closing(make_workers(workers)) as pool:
-        ev = evaluate(MLPPolicy.load(pdir), selected, tc, pool)
+        ev = evaluate(loaded, selected, tc, pool, loaded.problem)
     dest = out or pdir.parent / f"eval-{corpus.name}"
     ev.save(dest)
+    m = ev.metric
     table = Table(
-        "package", "modules", "default .text", "policy .text", "change", title=f"{pdir} on {corpus}"
+        "package", "modules", f"default {m}", f"policy {m}", "change", title=f"{pdir} on {corpus}"
     )
     for pkg, r in sorted(ev.per_package().items()):
         table.add_row(
             pkg,
             str(r["modules"]),
-            f"{r['default_text_size']:,.0f}",
-            f"{r['text_size']:,.0f}",
+            f"{r[f'default_{m}']:,.0f}",
+            f"{r[m]:,.0f}",
             f"{r['delta']:+.2%}",
         )
     t = ev.totals()
     table.add_row(
         "[bold]total",
         str(t["modules"]),
-        f"{t['default_text_size']:,.0f}",
-        f"{t['text_size']:,.0f}",
+        f"{t[f'default_{m}']:,.0f}",
+        f"{t[m]:,.0f}",
         f"[bold]{t['delta']:+.2%}",
     )
     console.print(table)

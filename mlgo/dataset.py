@@ -15,7 +15,9 @@ from mlgo.traces import DEFAULT_DECISION, Manifest, TraceError, read_module_trac
 @dataclass
 class Decisions:
     features: tuple[str, ...]
-    x: np.ndarray  # [decisions, features] raw values
+    # [decisions, features] raw values; for per-candidate features (regalloc)
+    # [decisions, slots, features], scalar features repeated for each slot.
+    x: np.ndarray
     default: np.ndarray  # [decisions] the default answer
     module: np.ndarray  # [decisions] index into `modules`
     modules: list[str]
@@ -28,12 +30,7 @@ def load_decisions(traces: Path, problem: Problem, packages: set[str] | None = N
         raise TraceError(f"{traces} holds {manifest.problem} traces, not {problem.name}")
     specs = [TensorSpec.from_json(s) for s in manifest.specs]
     present = {s.name for s in specs}
-    wide = [s.name for s in specs if s.name in problem.feature_names and s.num_elements != 1]
-    if wide:
-        raise TraceError(
-            f"{traces}: features {wide} are not scalars; this loader serves "
-            f"per-decision scalar features (inlining)"
-        )
+    slots = max((s.num_elements for s in specs if s.name in problem.feature_names), default=1)
     missing = [f for f in problem.feature_names if f not in present]
     if missing:
         raise TraceError(f"{traces}: traces lack features {missing}")
@@ -46,7 +43,19 @@ def load_decisions(traces: Path, problem: Problem, packages: set[str] | None = N
             continue
         cols = read_module_trace(traces / entry["file"], specs, problem.advice_name)
         n = entry["decisions"]
-        xs.append(np.stack([cols[f].reshape(n, -1)[:, 0] for f in problem.feature_names], 1))
+        if slots == 1:
+            columns = [cols[f].reshape(n) for f in problem.feature_names]
+            xs.append(np.stack(columns, 1).astype(np.float64))
+        else:
+            xs.append(
+                np.stack(
+                    [
+                        np.broadcast_to(cols[f].reshape(n, -1), (n, slots))
+                        for f in problem.feature_names
+                    ],
+                    2,
+                ).astype(np.float32)
+            )
         defaults.append(cols[DEFAULT_DECISION])
         owners.append(np.full(n, len(names)))
         names.append(name)
@@ -54,7 +63,7 @@ def load_decisions(traces: Path, problem: Problem, packages: set[str] | None = N
         raise TraceError(f"{traces}: no decisions for the selected packages")
     return Decisions(
         problem.feature_names,
-        np.concatenate(xs).astype(np.float64),
+        np.concatenate(xs),
         np.concatenate(defaults),
         np.concatenate(owners),
         names,

@@ -1,18 +1,19 @@
 """Compiling a corpus with a policy and comparing each module with the default heuristic.
 
 The baseline is the plain compile (the same cc1 command without the channel), which the
-channel replays byte for byte; its per-module cost is cached in the corpus, so training
-pays for it once.
+channel replays byte for byte. For inlining its per-module .text is cached in the corpus
+(`mlgo corpus stats`), so training pays for it once; other problems compile it per run.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlgo.channel import Policy
-from mlgo.compile import CompileError, compile_module
+from mlgo.compile import CompileError, compile_module, compile_plain
 from mlgo.corpus import Corpus, Module
 from mlgo.fsutil import atomic_write_text
 from mlgo.problems import get_problem
@@ -35,48 +36,79 @@ def eval_one(task: EvalTask) -> dict[str, float]:
     return {
         "decisions": run.num_decisions,
         "changed": int((run.advice != run.default).sum()),
+        "seconds": run.seconds,
         **run.metrics,
     }
 
 
-def baseline_sizes(corpus: Corpus, tc: Toolchain, workers: Workers) -> dict[str, float]:
-    """Plain -Oz .text bytes per module (cached in the corpus by `mlgo corpus stats`)."""
-    stats, failures = corpus_stats(corpus, tc.describe(), tc.clang, workers)
+@dataclass(frozen=True)
+class PlainTask:
+    problem: str
+    module: Module
+    clang: str
+
+
+def plain_one(task: PlainTask) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="mlgo-b-") as d:
+        return compile_plain(get_problem(task.problem), task.module, task.clang, Path(d) / "o")
+
+
+def baseline(
+    corpus: Corpus, tc: Toolchain, workers: Workers, problem: str = "inlining-size"
+) -> dict[str, dict[str, float]]:
+    """Per module, what the problem measures with the compiler's own heuristic."""
+    if get_problem(problem).reward_metric == "text_size":  # cached by `mlgo corpus stats`
+        stats, failures = corpus_stats(corpus, tc.describe(), tc.clang, workers)
+        out = {name: {"text_size": float(s["text_size"])} for name, s in stats.items()}
+    else:
+        out, failures = {}, {}
+        tasks = [PlainTask(problem, m, tc.clang) for m in corpus.modules]
+        for task, r in workers.imap(plain_one, tasks):
+            if isinstance(r, Failed):
+                failures[task.module.name] = r.message
+            else:
+                out[task.module.name] = r
     if failures:
         msg = next(iter(failures.values()))
         raise CompileError(f"baseline compile failed for {len(failures)} modules, e.g. {msg}")
-    return {name: float(s["text_size"]) for name, s in stats.items()}
+    return out
 
 
 @dataclass
 class Evaluation:
+    """Per module, the problem's metric with the policy (`M`) and the default (`default_M`)."""
+
     problem: str
     toolchain: str
     corpus: str
     modules: dict[str, dict[str, float]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def metric(self) -> str:
+        return get_problem(self.problem).reward_metric
+
     def totals(self) -> dict[str, float]:
-        policy = sum(m["text_size"] for m in self.modules.values())
-        default = sum(m["default_text_size"] for m in self.modules.values())
+        m = self.metric
+        policy = sum(r[m] for r in self.modules.values())
+        default = sum(r[f"default_{m}"] for r in self.modules.values())
         return {
             "modules": len(self.modules),
-            "text_size": policy,
-            "default_text_size": default,
+            m: policy,
+            f"default_{m}": default,
             "delta": (policy - default) / default if default else 0.0,
         }
 
     def per_package(self) -> dict[str, dict[str, float]]:
+        m = self.metric
         out: dict[str, dict[str, float]] = {}
-        for name, m in self.modules.items():
-            row = out.setdefault(
-                name.split("/", 1)[0], {"modules": 0, "text_size": 0.0, "default_text_size": 0.0}
-            )
+        for name, r in self.modules.items():
+            row = out.setdefault(name.split("/", 1)[0], {"modules": 0, m: 0.0, f"default_{m}": 0.0})
             row["modules"] += 1
-            row["text_size"] += m["text_size"]
-            row["default_text_size"] += m["default_text_size"]
+            row[m] += r[m]
+            row[f"default_{m}"] += r[f"default_{m}"]
         for row in out.values():
-            row["delta"] = row["text_size"] / row["default_text_size"] - 1
+            row["delta"] = row[m] / row[f"default_{m}"] - 1 if row[f"default_{m}"] else 0.0
         return out
 
     def save(self, directory: Path) -> None:
@@ -101,7 +133,12 @@ class Evaluation:
         path = directory / "eval.json" if directory.is_dir() else directory
         try:
             d = json.loads(path.read_text())
-            return cls(d["problem"], d["toolchain"], d["corpus"], d["modules"], d["failed"])
+            ev = cls(d["problem"], d["toolchain"], d["corpus"], d["modules"], d["failed"])
+            keys = {ev.metric, f"default_{ev.metric}"}
+            stale = [name for name, row in ev.modules.items() if not keys <= set(row)]
+            if stale:  # written before the problem's metric changed
+                raise ValueError(f"module {stale[0]} has no {ev.metric}")
+            return ev
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"{path}: not an evaluation ({e})") from e
 
@@ -109,12 +146,13 @@ class Evaluation:
 def evaluate(
     policy: Policy, corpus: Corpus, tc: Toolchain, workers: Workers, problem: str = "inlining-size"
 ) -> Evaluation:
-    base = baseline_sizes(corpus, tc, workers)
+    base = baseline(corpus, tc, workers, problem)
     result = Evaluation(problem, tc.describe(), str(corpus.root))
     tasks = [EvalTask(problem, m, tc.clang, policy) for m in corpus.modules]
     for task, r in workers.imap(eval_one, tasks):
         if isinstance(r, Failed):
             result.failed[task.module.name] = r.message
         else:
-            result.modules[task.module.name] = {**r, "default_text_size": base[task.module.name]}
+            default = {f"default_{k}": v for k, v in base[task.module.name].items()}
+            result.modules[task.module.name] = {**r, **default}
     return result

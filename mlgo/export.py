@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from mlgo.fsutil import atomic_write_text
-from mlgo.policy import MLPPolicy
+from mlgo.policy import SELF, CandidatePolicy, MLPPolicy
 from mlgo.problems import get_problem
 from mlgo.tfutil import import_tf
 
@@ -46,13 +46,28 @@ def build_module(policy: MLPPolicy):
     features = policy.normalizer.features
     quantiles = [tf.constant(q, tf.float64) for q in policy.normalizer.quantiles]
     weights = [tf.constant(w, tf.float32) for w in policy.weights]
-    specs = [tf.TensorSpec((), tf.int64, name=f) for f in features]
+    declared = {n: (t, shape) for n, t, shape in problem.input_specs}
+    llvm = [f for f in features if not f.startswith(SELF)]  # the model's inputs
+    specs = [
+        tf.TensorSpec(declared[f][1], declared[f][0], name=f)
+        if f in declared
+        else tf.TensorSpec((), tf.int64, name=f)
+        for f in llvm
+    ]
     specs += [tf.TensorSpec((), tf.float32, name=n) for n in ("discount", "reward")]
     specs.append(tf.TensorSpec((), tf.int32, name="step_type"))
+    slots = max((int(np.prod(shape)) for _, _, shape in problem.input_specs), default=1)
 
     def action(*inputs):
-        raw = [tf.cast(tf.reshape(x, [1]), tf.float64) for x in inputs[: len(features)]]
-        by_name = dict(zip(features, raw, strict=True))
+        # One row per slot (1 for a scalar decision); scalar inputs repeat on every row.
+        by_name = {
+            f: tf.broadcast_to(tf.cast(tf.reshape(x, [-1]), tf.float64), [slots])
+            for f, x in zip(llvm, inputs[: len(llvm)], strict=True)
+        }
+        for f in features:  # SELF columns: the live range's own (last) slot, on every row
+            if f.startswith(SELF):
+                by_name[f] = tf.broadcast_to(by_name[f.removeprefix(SELF)][-1:], [slots])
+        raw = [by_name[f] for f in features]
         for d in policy.normalizer.derived:  # the same columns Normalizer.expand computes
             left, right = by_name[d.left], by_name[d.right]
             raw.append(left - right if d.op == "-" else tf.cast(left < right, tf.float64))
@@ -61,12 +76,15 @@ def build_module(policy: MLPPolicy):
             / float(max(int(q.shape[0]), 1))
             for q, v in zip(quantiles, raw, strict=True)
         ]
-        frac = tf.reshape(tf.stack(fracs, axis=1), [1, len(raw)])
+        frac = tf.stack(fracs, axis=1)  # [slots, columns]
         h = tf.concat([frac, tf.sqrt(frac), frac * frac], axis=1)
         for i in range(0, len(weights), 2):
             h = tf.matmul(h, weights[i]) + weights[i + 1]
             if i + 2 < len(weights):
                 h = tf.nn.relu(h)
+        if isinstance(policy, CandidatePolicy):  # one score per slot, illegal ones out
+            legal = by_name[policy.mask_feature] > 0
+            h = tf.reshape(tf.where(legal, tf.reshape(h, [-1]), -np.inf), [1, slots])
         return {problem.advice_name: tf.reshape(tf.argmax(h, axis=1, output_type=tf.int64), [1])}
 
     module = tf.Module()
@@ -90,14 +108,24 @@ def export_saved_model(policy: MLPPolicy, out: Path) -> Path:
     return target
 
 
+def _input(value: np.ndarray, spec):
+    """A decision's raw value(s) of one feature as the model's input tensor (a per-slot
+    copy of a scalar feature shrinks back to the scalar)."""
+    tf = import_tf()
+    size = int(np.prod(spec.shape))
+    flat = np.asarray(value).reshape(-1)[:size].astype(spec.dtype.as_numpy_dtype)
+    return tf.constant(flat.reshape(spec.shape), spec.dtype)
+
+
 def saved_model_decisions(saved_model: Path, features: dict[str, np.ndarray]) -> np.ndarray:
     """Runs the SavedModel's `action` signature over rows of raw features (for checks)."""
     tf = import_tf()
     fn = tf.saved_model.load(str(saved_model)).signatures[SIGNATURE]
+    inputs = {s.name: s for s in fn.structured_input_signature[1].values()}
     n = len(next(iter(features.values())))
     out = []
     for i in range(n):
-        kwargs = {k: tf.constant(int(v[i]), tf.int64) for k, v in features.items()}
+        kwargs = {k: _input(v[i], inputs[k]) for k, v in features.items()}
         kwargs.update(
             discount=tf.constant(0.0), reward=tf.constant(0.0), step_type=tf.constant(0, tf.int32)
         )

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from mlgo.evaluate import Evaluation
-from mlgo.policy import MLPPolicy
+from mlgo.policy import CandidatePolicy, MLPPolicy
+from mlgo.problems import get_problem
 
 
 def _evaluations(run: Path) -> list[tuple[str, Evaluation]]:
@@ -28,18 +29,19 @@ def _reproduce(
     packages = " ".join(sorted(train.per_package())) if train else "PACKAGES"
     algo, steps = state.get("algo", "bc"), state.get("step", 0)
     config = state.get("extra", {}).get("config", {})
-    flags = "".join(f" --{k} {config[k]}" for k in ("sigma", "batch") if k in config)
+    flags = "".join(f" --{k} {config[k]}" for k in ("sigma", "batch", "directions") if k in config)
+    problem_flag = "" if policy.problem == "inlining-size" else f" --problem {policy.problem}"
     lines = [
         "",
         "## Reproduce",
         "",
         "```sh",
         f"mlgo corpus build {packages} --out data/corpus",
-        "mlgo train --algo bc --corpus data/corpus --out runs/bc",
+        f"mlgo train --algo bc --corpus data/corpus{problem_flag} --out runs/bc",
     ]
     if algo != "bc":
         lines.append(
-            f"mlgo train --algo {algo} --init runs/bc --corpus data/corpus "
+            f"mlgo train --algo {algo} --init runs/bc --corpus data/corpus{problem_flag} "
             f"--out runs/{algo} --steps {steps}{flags}"
         )
     return [*lines, "```"]
@@ -47,12 +49,22 @@ def _reproduce(
 
 def model_card(policy: MLPPolicy, run: Path) -> str:
     state = json.loads((run / "state.json").read_text()) if (run / "state.json").exists() else {}
-    layers = " -> ".join(str(w.shape[0]) for w in policy.weights[::2]) + " -> 2"
+    problem = get_problem(policy.problem)
+    layers = " -> ".join(str(w.shape[0]) for w in policy.weights[::2])
+    layers += f" -> {policy.weights[-1].shape[0]}"
+    shape = (
+        f"One MLP ({layers}) shared by all candidate slots scores each slot from its "
+        f"{len(policy.normalizer.features)} features; the best slot the mask allows wins. "
+        if isinstance(policy, CandidatePolicy)
+        else f"An MLP ({layers}) over LLVM's {len(policy.normalizer.features)} features. "
+    )
     lines = [
         f"# {policy.problem} policy",
         "",
-        f"An MLP ({layers}) over LLVM's {len(policy.normalizer.features)} inlining features, "
-        "each mapped to its quantile among the training decisions (q, sqrt q, q^2).",
+        f"Decides {problem.summary}.",
+        "",
+        shape + "Each feature is mapped to its quantile among the training decisions "
+        "(q, sqrt q, q^2).",
         "",
         "## Training",
         "",
@@ -63,8 +75,8 @@ def model_card(policy: MLPPolicy, run: Path) -> str:
     extra = state.get("extra", {})
     if "init_reward" in extra:
         lines.append(
-            f"- training-pool .text reduction: start {extra['init_reward']:+.2%}, "
-            f"best {extra['best_reward']:+.2%}"
+            f"- training-pool {problem.reward_metric} reduction: start "
+            f"{extra['init_reward']:+.2%}, best {extra['best_reward']:+.2%}"
         )
     evaluations = _evaluations(run)
     lines += _reproduce(policy, state, evaluations)
@@ -72,7 +84,7 @@ def model_card(policy: MLPPolicy, run: Path) -> str:
         "",
         "## Measured",
         "",
-        "| evaluation | corpus | modules | .text vs default |",
+        f"| evaluation | corpus | modules | {problem.reward_metric} vs default |",
         "|---|---|---|---|",
     ]
     for name, ev in evaluations:
@@ -82,8 +94,8 @@ def model_card(policy: MLPPolicy, run: Path) -> str:
             lines.append(f"| | {pkg} | {int(p['modules'])} | {p['delta']:+.2%} |")
     lines += [
         "",
-        "A negative change is a smaller .text than clang's own heuristic at the same "
-        "optimization level.",
+        f"A negative change is a lower {problem.reward_metric} than clang's own heuristic "
+        f"at the same optimization level ({problem.opt_level}).",
         "",
     ]
     return "\n".join(lines)

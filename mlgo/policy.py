@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,21 @@ from mlgo.fsutil import atomic_path, atomic_write_text
 from mlgo.log_format import Observation
 
 QUANTILES = 256
+# A per-candidate column holding the live range's own value of a feature (the last slot's),
+# so that a derived input can compare each candidate with it: "self:use_def_density".
+SELF = "self:"
+
+
+def with_own_columns(x: np.ndarray, names: Sequence[str], wanted: Sequence[str]) -> np.ndarray:
+    """[n, slots, len(names)] -> [n, slots, len(wanted)]; `wanted` may name SELF columns."""
+    index = {f: j for j, f in enumerate(names)}
+    columns = [
+        np.broadcast_to(x[:, -1:, index[w.removeprefix(SELF)]], x.shape[:2])
+        if w.startswith(SELF)
+        else x[:, :, index[w]]
+        for w in wanted
+    ]
+    return np.stack(columns, 2)
 
 
 @dataclass(frozen=True)
@@ -116,6 +131,7 @@ class Normalizer:
 class MLPPolicy:
     """logits = MLP(normalize(features)); action = argmax (or a sample, when exploring)."""
 
+    kind = "mlp"
     problem: str
     normalizer: Normalizer
     weights: list[np.ndarray] = field(default_factory=list)  # W0, b0, W1, b1, ...
@@ -174,7 +190,7 @@ class MLPPolicy:
         for w in self.weights:
             weights.append(theta[i : i + w.size].reshape(w.shape).astype(np.float32))
             i += w.size
-        return MLPPolicy(self.problem, self.normalizer, weights, self.temperature, self.seed)
+        return replace(self, weights=weights)
 
     # -- storage -----------------------------------------------------------------------
     def save(self, directory: Path) -> None:
@@ -188,7 +204,7 @@ class MLPPolicy:
             json.dumps(
                 {
                     "problem": self.problem,
-                    "kind": "mlp",
+                    "kind": self.kind,
                     "layers": [list(w.shape) for w in self.weights[::2]],
                 },
                 indent=1,
@@ -197,11 +213,65 @@ class MLPPolicy:
 
     @classmethod
     def load(cls, directory: Path) -> MLPPolicy:
+        """Either kind of policy, as policy.json says."""
         try:
             meta = json.loads((directory / "policy.json").read_text())
             norm = Normalizer.from_json(json.loads((directory / "normalization.json").read_text()))
             with np.load(directory / "policy.npz") as z:
                 weights = [z[f"arr_{i}"] for i in range(len(z.files))]
+            kind = _KINDS[meta.get("kind", "mlp")]
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"{directory}: not a policy ({e})") from e
-        return cls(meta["problem"], norm, weights)
+        return kind(meta["problem"], norm, weights)
+
+
+@dataclass
+class CandidatePolicy(MLPPolicy):
+    """One MLP scores every candidate slot from that slot's features (plus the decision's
+    scalar features, e.g. `progress`, repeated for each slot); the answer is the best slot
+    the `mask` feature allows. This is the shape of MLGO's regalloc eviction model: the
+    weights are shared across slots, so the network is small and sees no slot numbers.
+    """
+
+    kind = "candidate"
+    mask_feature = "mask"
+
+    @classmethod
+    def init(
+        cls,
+        problem: str,
+        normalizer: Normalizer,
+        hidden: Sequence[int] = (32, 16),
+        actions: int = 1,
+        seed: int = 0,
+    ) -> CandidatePolicy:
+        return super().init(problem, normalizer, hidden, 1, seed)  # type: ignore[return-value]
+
+    def raw_features(self, obs: Observation) -> np.ndarray:
+        """[slots, features]: per-slot features as sent, scalar ones broadcast to each slot,
+        SELF columns the live range's own value."""
+        slots = obs.features[self.mask_feature].size
+        llvm = [f for f in self.normalizer.features if not f.startswith(SELF)]
+        sent = np.stack(
+            [np.broadcast_to(obs.features[f].reshape(-1), (slots,)) for f in llvm], 1
+        ).astype(np.float64)
+        return with_own_columns(sent[None], llvm, self.normalizer.features)[0]
+
+    def scores(self, raw: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """raw [decisions, slots, features], mask [decisions, slots] -> masked scores."""
+        n, slots, width = raw.shape
+        s = self.logits(raw.reshape(n * slots, width)).reshape(n, slots)
+        return np.where(mask.astype(bool), s, -np.inf)
+
+    def __call__(self, obs: Observation) -> int:
+        raw = self.raw_features(obs)
+        mask = obs.features[self.mask_feature].reshape(1, -1)
+        s = self.scores(raw[None], mask)[0]
+        if self.temperature <= 0:
+            return int(np.argmax(s))
+        z = s / self.temperature
+        p = np.exp(z - z.max())
+        return int(self._rng.choice(len(p), p=p / p.sum()))
+
+
+_KINDS: dict[str, type[MLPPolicy]] = {"mlp": MLPPolicy, "candidate": CandidatePolicy}

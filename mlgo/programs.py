@@ -67,9 +67,10 @@ def build_program(
     compilers: tuple[str, str],
     env_extra: dict[str, str] | None = None,
     run_tests: bool = True,
+    flags: list[str] | None = None,
 ) -> ProgramBuild:
     """Configures, builds (timed) and tests a fresh copy of PRISTINE at TREE with the
-    (CC, CXX) COMPILERS."""
+    (CC, CXX) COMPILERS, which get FLAGS (default: -Oz) after the package's own."""
     tree = tree.resolve()
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(pristine, tree, symlinks=True)
@@ -78,7 +79,7 @@ def build_program(
     log = tree.parent / f"{tree.name}.log"
     log.write_text("")
     cc, cxx = compilers
-    env = dict(build_env(tc, wrappers, SIZE_FLAGS, cc=cc, cxx=cxx), **(env_extra or {}))
+    env = dict(build_env(tc, wrappers, flags or SIZE_FLAGS, cc=cc, cxx=cxx), **(env_extra or {}))
     name = f"{recipe.name} ({variant})"
     for cmd in recipe.configure:
         _run(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: configure")

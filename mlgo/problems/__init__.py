@@ -34,6 +34,12 @@ class Problem:
     measure: Callable[[Path, Path], dict[str, float]]  # (object, work dir) -> metrics
     reward_metric: str  # the metric a policy should lower, relative to the default
     derived: tuple[Derived, ...] = ()  # extra inputs computed from LLVM's features
+    # "mlp": one network over all features (a yes/no decision); "candidate": one network
+    # scores each slot of per-candidate features and the best legal slot wins.
+    policy_kind: str = "mlp"
+    # LLVM's input tensors as (name, dtype, shape), for an exported model to take them as
+    # the compiler sends them; empty: every feature is an int64 scalar (inlining).
+    input_specs: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
 
 def _registry() -> dict[str, Problem]:

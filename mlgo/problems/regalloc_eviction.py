@@ -1,10 +1,11 @@
 """Register-allocation eviction: which interfering live range the greedy allocator evicts.
 
 Contexts are functions. The advice is an index into 33 candidate slots; the last slot is
-the live range being allocated itself, and the `mask` feature says which are legal.
-LLVM 22 does not send its default choice on this channel, so the default trajectory is
-approximated by a baseline rule (cheapest legal candidate) and the true default cost comes
-from a compile with the default advisor.
+the live range being allocated itself (choosing it means: evict nothing), and the `mask`
+feature says which are legal. LLVM 22 does not send its default choice on this channel,
+so the default trajectory is walked with `default_advice`, a re-statement of the greedy
+allocator's own eviction rule in terms of the features; the true default cost always
+comes from a compile with the default advisor.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from mlgo.log_format import Observation
+from mlgo.policy import SELF, Derived
 from mlgo.problems import Problem
 from mlgo.sizes import text_size
 
@@ -44,6 +46,13 @@ FEATURES = (
 )
 
 
+_INTEGER = {"mask", "is_free", "is_hint", "is_local", "max_stage", "min_stage"}
+INPUT_SPECS = tuple(
+    (f, "int64" if f in _INTEGER else "float32", (1,) if f == "progress" else (1, 33))
+    for f in FEATURES
+)
+
+
 def channel_flags(base: str) -> list[str]:
     return [
         "-mllvm",
@@ -53,13 +62,47 @@ def channel_flags(base: str) -> list[str]:
     ]
 
 
+VIRT_REG = 32  # the slot of the live range being allocated
+
+
 def default_advice(obs: Observation) -> int:
-    """The legal candidate with the fewest broken hints, then the lowest weighted use."""
-    mask = obs.features["mask"].reshape(-1).astype(bool)
-    hints = obs.features["nr_broken_hints"].reshape(-1)
-    weight = obs.features["weighed_read_writes_by_max"].reshape(-1)
-    legal = np.flatnonzero(mask)
-    return int(legal[np.lexsort((legal, weight[legal], hints[legal]))[0]])
+    """DefaultEvictionAdvisor's choice, from the features: walk the candidates in allocation
+    order and keep the cheapest by (broken hints + 10 per urgent cascade break, heaviest
+    interfering spill weight), where a non-urgent eviction needs interference lighter than
+    the live range itself (`use_def_density` is that weight); stop at the hint register;
+    once a candidate is found, skip those whose local interference could be reassigned.
+    Evict nothing when no candidate qualifies. Replayed through the channel this gives
+    objects byte-identical to plain clang for most modules (not all: the cascade numbers
+    and cost-per-use limits it would need are not among the features)."""
+    f = {k: obs.features[k].reshape(-1) for k in _RULE_FEATURES}
+    legal = f["mask"].astype(bool)
+    must_evict = not legal[VIRT_REG]  # an unspillable live range
+    own_weight = f["use_def_density"][VIRT_REG]
+    best, best_cost = -1, (np.inf, np.inf)
+    for i in np.flatnonzero(legal[:VIRT_REG]):
+        cost = (f["nr_broken_hints"][i] + 10 * f["nr_urgent"][i], f["use_def_density"][i])
+        lighter = f["use_def_density"][i] < own_weight
+        if not (f["is_free"][i] or must_evict or f["nr_urgent"][i] or lighter):
+            continue
+        if not cost < best_cost or (best >= 0 and f["is_local"][i]):
+            continue
+        best, best_cost = int(i), cost
+        if f["is_hint"][i]:
+            break
+    if best >= 0:
+        return best
+    return int(np.flatnonzero(legal)[0]) if must_evict else VIRT_REG
+
+
+_RULE_FEATURES = (
+    "mask",
+    "is_free",
+    "nr_urgent",
+    "nr_broken_hints",
+    "is_hint",
+    "is_local",
+    "use_def_density",
+)
 
 
 def validate(obs: Observation, advice: np.ndarray) -> None:
@@ -88,17 +131,37 @@ def spill_costs(remarks_yaml: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+# MLGO's regalloc reward weighs a register copy at a fifth of a memory access.
+COPY_WEIGHT = 0.2
+
+
 def measure(obj: Path, workdir: Path) -> dict[str, float]:
-    functions = spill_costs(workdir / "regalloc.opt.yaml")
-    total = sum(
-        f.get("TotalSpillsCost", 0.0) + f.get("TotalReloadsCost", 0.0) for f in functions.values()
+    """Frequency-weighted costs summed over the module's functions: memory traffic the
+    allocator added (spills and reloads, also those folded into other instructions),
+    copies, and the reward's sum of the two, so a policy cannot trade one for the other."""
+    functions = spill_costs(workdir / "regalloc.opt.yaml").values()
+    memory = sum(
+        f.get(k, 0.0)
+        for f in functions
+        for k in (
+            "TotalSpillsCost",
+            "TotalReloadsCost",
+            "TotalFoldedSpillsCost",
+            "TotalFoldedReloadsCost",
+        )
     )
-    return {"spill_reload_cost": total, "text_size": float(text_size(obj))}
+    copies = sum(f.get("TotalCopiesCost", 0.0) for f in functions)
+    return {
+        "spill_reload_cost": memory,
+        "copies_cost": copies,
+        "regalloc_cost": memory + COPY_WEIGHT * copies,
+        "text_size": float(text_size(obj)),
+    }
 
 
 PROBLEM = Problem(
     name="regalloc-eviction",
-    summary="which live range to evict, for the lowest weighted spill/reload cost (clang -O2)",
+    summary="which live range to evict, for the lowest weighted spill/reload/copy cost (clang -O2)",
     opt_level="-O2",
     channel_flags=channel_flags,
     feature_names=FEATURES,
@@ -115,5 +178,13 @@ PROBLEM = Problem(
         "regalloc",
     ],
     measure=measure,
-    reward_metric="spill_reload_cost",
+    reward_metric="regalloc_cost",
+    policy_kind="candidate",
+    input_specs=INPUT_SPECS,
+    # The default evicts only interference lighter than the live range itself.
+    derived=(
+        Derived("weight_margin", "use_def_density", "-", f"{SELF}use_def_density"),
+        Derived("lighter_than_self", "use_def_density", "<", f"{SELF}use_def_density"),
+        Derived("hint_margin", "nr_broken_hints", "-", f"{SELF}nr_broken_hints"),
+    ),
 )

@@ -14,15 +14,17 @@ import numpy as np
 from rich.progress import Progress
 
 from mlgo.dataset import Decisions
-from mlgo.policy import MLPPolicy, Normalizer
+from mlgo.policy import SELF, CandidatePolicy, MLPPolicy, Normalizer, with_own_columns
 from mlgo.problems import get_problem
 from mlgo.tfutil import import_tf
 from mlgo.train import Adam, RunDir, RunState
 
 
 def _loss_and_grad(
-    policy: MLPPolicy, x: np.ndarray, y: np.ndarray, weight: np.ndarray
+    policy: MLPPolicy, x: np.ndarray, y: np.ndarray, weight: np.ndarray, offset: np.ndarray
 ) -> tuple[float, np.ndarray]:
+    """x: normalized rows (one per decision, or one per candidate slot); the network's
+    outputs are regrouped per decision and `offset` (-1e9 on illegal slots) added."""
     tf = import_tf()
     ws = [tf.Variable(w) for w in policy.weights]
     with tf.GradientTape() as tape:
@@ -31,19 +33,51 @@ def _loss_and_grad(
             h = tf.matmul(h, ws[i]) + ws[i + 1]
             if i + 2 < len(ws):
                 h = tf.nn.relu(h)
+        h = tf.reshape(h, offset.shape) + offset
         per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=h)
         loss = tf.reduce_sum(per * weight) / tf.reduce_sum(weight)
     grads = tape.gradient(loss, ws)
     return float(loss), np.concatenate([g.numpy().reshape(-1) for g in grads])
 
 
+def predict(policy: MLPPolicy, raw: np.ndarray) -> np.ndarray:
+    """Greedy answers for rows of raw features (per-candidate: [decisions, slots, features])."""
+    if isinstance(policy, CandidatePolicy):  # raw: LLVM's features, SELF columns added here
+        llvm = [f for f in policy.normalizer.features if not f.startswith(SELF)]
+        full = with_own_columns(raw, llvm, policy.normalizer.features)
+        mask = raw[:, :, llvm.index(policy.mask_feature)]
+        return np.argmax(policy.scores(full, mask), 1)
+    return np.argmax(policy.logits(raw), 1)
+
+
 def accuracy(policy: MLPPolicy, raw: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    pred = np.argmax(policy.logits(raw), 1)
+    pred = predict(policy, raw)
     out = {"accuracy": float((pred == y).mean())}
+    if isinstance(policy, CandidatePolicy):
+        return out
     for c in (0, 1):
         if (y == c).any():
             out[f"recall_{c}"] = float((pred[y == c] == c).mean())
     return out
+
+
+def _candidate_inputs(
+    data: Decisions, problem: str, seed: int
+) -> tuple[CandidatePolicy, np.ndarray, np.ndarray]:
+    """A fresh per-candidate policy normalized on the legal slots (illegal ones are all
+    zeros), its input rows (one per slot) and the illegal-slot logit offsets. The
+    problem's derived inputs (comparisons with the live range's own slot) are always on:
+    the default rule is such a comparison, and one scorer per slot cannot see other slots."""
+    derived = get_problem(problem).derived
+    own = sorted({c for d in derived for c in (d.left, d.right) if c.startswith(SELF)})
+    names = (*data.features, *own)
+    full = with_own_columns(data.x, data.features, names)
+    n, slots, width = full.shape
+    mask = data.x[:, :, data.features.index(CandidatePolicy.mask_feature)] > 0
+    normalizer = Normalizer.fit(names, full[mask], derived)
+    policy = CandidatePolicy.init(problem, normalizer, seed=seed)
+    x = normalizer.transform(full.reshape(n * slots, width))
+    return policy, x, np.where(mask, 0.0, -1e9).astype(np.float32)
 
 
 def train_bc(
@@ -64,10 +98,18 @@ def train_bc(
     also on unseen code, but sits in a flat spot that weight-space search leaves slowly.
     """
     rng = np.random.default_rng(seed)
-    normalizer = Normalizer.fit(
-        data.features, data.x, get_problem(problem).derived if derived else ()
-    )
-    policy = MLPPolicy.init(problem, normalizer, hidden, seed=seed)
+    spec = get_problem(problem)
+    if spec.policy_kind == "candidate":
+        policy, x, offset = _candidate_inputs(data, problem, seed)
+        weight = np.ones(len(data.default), np.float32)
+    else:
+        normalizer = Normalizer.fit(data.features, data.x, spec.derived if derived else ())
+        policy = MLPPolicy.init(problem, normalizer, hidden, seed=seed)
+        x = normalizer.transform(data.x)
+        offset = np.zeros((len(x), 2), np.float32)
+        # Rare "inline" decisions weigh as much in total as the common "don't".
+        freq = np.bincount(data.default, minlength=2) / len(data.default)
+        weight = (0.5 / np.maximum(freq, 1e-6))[data.default].astype(np.float32)
     adam = Adam(policy.flat().size, lr)
     state = RunState("bc")
     if (saved := run.load_state()) is not None:
@@ -75,19 +117,17 @@ def train_bc(
         policy = policy.with_flat(arrays["theta"])
         adam.restore(arrays)
         rng = np.random.default_rng(seed + state.step)
-    # Rare "inline" decisions weigh as much in total as the common "don't".
-    freq = np.bincount(data.default, minlength=2) / len(data.default)
-    weight = (0.5 / np.maximum(freq, 1e-6))[data.default].astype(np.float32)
-    x = normalizer.transform(data.x)
+    rows = x.shape[0] // len(data.default)  # network rows per decision
     start = time.monotonic()
     with Progress() as bar:
         job = bar.add_task("behavioral cloning", total=epochs, completed=state.step)
         while state.step < epochs:
-            order = rng.permutation(len(x))
+            order = rng.permutation(len(data.default))
             losses = []
             for i in range(0, len(order), batch):
                 idx = order[i : i + batch]
-                loss, grad = _loss_and_grad(policy, x[idx], data.default[idx], weight[idx])
+                xi = x.reshape(len(order), rows, -1)[idx].reshape(len(idx) * rows, -1)
+                loss, grad = _loss_and_grad(policy, xi, data.default[idx], weight[idx], offset[idx])
                 policy = policy.with_flat(adam.step(policy.flat(), -grad).astype(np.float32))
                 losses.append(loss)
             state.step += 1

@@ -2,8 +2,9 @@
 
 Each step samples a batch of training modules and K random directions, compiles the
 batch with the policy moved +sigma and -sigma along each direction, and moves the weights
-along the directions that shrank the batch's total .text the most (rank-shaped
-fitness, Adam). Every `eval_every` steps the current policy compiles the whole training
+along the directions that lowered the batch's total cost the most (the problem's reward
+metric: .text bytes, or weighted spill/reload cost; rank-shaped fitness, Adam). Every
+`eval_every` steps the current policy compiles the whole training
 pool; the best one seen is the run's policy.
 """
 
@@ -17,7 +18,7 @@ from rich.progress import Progress
 
 from mlgo.compile import CompileError
 from mlgo.corpus import Corpus, Module
-from mlgo.evaluate import EvalTask, baseline_sizes, eval_one
+from mlgo.evaluate import EvalTask, baseline, eval_one
 from mlgo.policy import MLPPolicy
 from mlgo.problems import get_problem
 from mlgo.toolchain import Toolchain
@@ -45,46 +46,57 @@ def _ranks(values: np.ndarray) -> np.ndarray:
 
 
 class Scorer:
-    """Compiles modules with policies and scores each policy by total .text reduction."""
+    """Compiles modules with policies and scores each policy by the reduction of the
+    problem's metric, summed over the modules, against the default heuristic."""
 
-    def __init__(self, corpus: Corpus, tc: Toolchain, workers: Workers):
-        self.tc, self.workers = tc, workers
-        self.base = baseline_sizes(corpus, tc, workers)
+    def __init__(
+        self, corpus: Corpus, tc: Toolchain, workers: Workers, problem: str = "inlining-size"
+    ):
+        self.tc, self.workers, self.problem = tc, workers, problem
+        self.metric = get_problem(problem).reward_metric
+        self.base = baseline(corpus, tc, workers, problem)
         self.compiles = 0
 
     def rewards(self, policies: list[MLPPolicy], modules: list[Module]) -> np.ndarray:
         """Per policy: (sum default - sum policy) / sum default over `modules`."""
         sizes = np.zeros(len(policies))
         tasks = [
-            EvalTask("inlining-size", m, self.tc.clang, p, tag=i)
+            EvalTask(self.problem, m, self.tc.clang, p, tag=i)
             for i, p in enumerate(policies)
             for m in modules
         ]
         for task, r in self.workers.imap(eval_one, tasks):
             if isinstance(r, Failed):
                 raise CompileError(f"ES compile failed: {r.message}")
-            sizes[task.tag] += r[get_problem(task.problem).reward_metric]
+            sizes[task.tag] += r[self.metric]
         self.compiles += len(tasks)
-        total = sum(self.base[m.name] for m in modules)
+        total = sum(self.base[m.name][self.metric] for m in modules)
         return (total - sizes) / total
 
 
 def training_pool(
-    corpus: Corpus, tc: Toolchain, workers: Workers, max_seconds: float
+    corpus: Corpus,
+    tc: Toolchain,
+    workers: Workers,
+    max_seconds: float,
+    base: dict[str, float] | None = None,
 ) -> list[Module]:
     """The modules a trainer samples batches from: those with call sites that compile
-    within `max_seconds` (the slow ones are still in every evaluation)."""
+    within `max_seconds` and, given the default's costs `base`, have a cost to lower
+    (the others are still in every evaluation)."""
     from mlgo.stats import corpus_stats
 
     stats, _ = corpus_stats(corpus, tc.describe(), tc.clang, workers)
     pool = [
         m
         for m in corpus.modules
-        if stats[m.name]["call_sites"] > 0 and stats[m.name].get("seconds", 0.0) <= max_seconds
+        if stats[m.name]["call_sites"] > 0
+        and stats[m.name].get("seconds", 0.0) <= max_seconds
+        and (base is None or base.get(m.name, 0.0) > 0)
     ]
     if not pool:
         raise ValueError(
-            f"{corpus.root}: no module with call sites compiles within {max_seconds:g} s"
+            f"{corpus.root}: no module with call sites and a cost compiles within {max_seconds:g} s"
         )
     return pool
 
@@ -97,8 +109,9 @@ def train_es(
     workers: Workers,
     cfg: ESConfig = ESConfig(),
 ) -> MLPPolicy:
-    pool = training_pool(corpus, tc, workers, cfg.max_module_seconds)
-    scorer = Scorer(corpus, tc, workers)
+    scorer = Scorer(corpus, tc, workers, init.problem)
+    costs = {name: b[scorer.metric] for name, b in scorer.base.items()}
+    pool = training_pool(corpus, tc, workers, cfg.max_module_seconds, costs)
     theta = init.flat().astype(np.float64)
     adam = Adam(theta.size, cfg.lr)
     state = RunState("es", extra={"config": asdict(cfg), "best_reward": -np.inf, "pool": len(pool)})

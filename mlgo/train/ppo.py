@@ -199,7 +199,7 @@ def train_ppo(
             for task, r in workers.imap(rollout_one, tasks):
                 if isinstance(r, Failed):
                     raise CompileError(f"PPO rollout failed: {r.message}")
-                base = scorer.base[task.module.name]
+                base = scorer.base[task.module.name][scorer.metric]
                 reward = (base - r["cost"]) / base
                 sizes.append(reward)
                 xs.append(r["x"])

@@ -1,0 +1,122 @@
+"""Register-allocation eviction against real clang-22: illegal advice never reaches the
+compiler, the per-candidate policy, and BC + ES on the small real corpus."""
+
+import numpy as np
+import pytest
+
+from mlgo.collect import collect
+from mlgo.compile import CompileError, compile_module, compile_plain
+from mlgo.dataset import load_decisions
+from mlgo.evaluate import evaluate
+from mlgo.log_format import Observation
+from mlgo.policy import CandidatePolicy, MLPPolicy, Normalizer
+from mlgo.problems import get_problem
+from mlgo.train import RunDir
+from mlgo.train.bc import predict, train_bc
+from mlgo.train.es import ESConfig, train_es
+from mlgo.workers import LocalPool
+
+PROBLEM = get_problem("regalloc-eviction")
+SLOTS = 33
+
+
+def _observation(mask: np.ndarray, rng: np.random.Generator) -> Observation:
+    feats = {f: (rng.random((1, SLOTS)) * mask).astype(np.float32) for f in PROBLEM.feature_names}
+    feats["mask"] = mask.reshape(1, SLOTS).astype(np.int64)
+    feats["progress"] = np.array([0.5], np.float32)
+    return Observation(context="f", index=0, features=feats)
+
+
+def test_validate_rejects_out_of_range_and_masked_out_indices():
+    mask = np.zeros(SLOTS, np.int64)
+    mask[[3, 32]] = 1
+    obs = _observation(mask, np.random.default_rng(0))
+    PROBLEM.validate(obs, np.array([3]))
+    with pytest.raises(ValueError, match="masked out"):
+        PROBLEM.validate(obs, np.array([4]))
+    with pytest.raises(ValueError, match="outside"):
+        PROBLEM.validate(obs, np.array([33]))
+
+
+def test_illegal_advice_is_caught_before_the_compiler_sees_it(mini_corpus, tc):
+    def first_illegal(obs: Observation) -> int:
+        return int(np.flatnonzero(obs.features["mask"].reshape(-1) == 0)[0])
+
+    module = next(m for m in mini_corpus.modules if m.name.endswith("hash.o"))
+    with pytest.raises(CompileError, match="illegal advice on decision 0: index_to_evict"):
+        compile_module(PROBLEM, module, tc.clang, first_illegal)
+
+
+def test_default_rule_replays_the_compilers_own_allocation(mini_corpus, tc, tmp_path):
+    for m in mini_corpus.modules:
+        replayed, plain = tmp_path / "r.o", tmp_path / "p.o"
+        run = compile_module(PROBLEM, m, tc.clang, keep_object=replayed)
+        metrics = compile_plain(PROBLEM, m, tc.clang, plain)
+        assert replayed.read_bytes() == plain.read_bytes(), m.name
+        assert run.metrics["spill_reload_cost"] == metrics["spill_reload_cost"]
+
+
+def test_candidate_policy_scores_every_slot_and_answers_only_legal_ones(tmp_path):
+    rng = np.random.default_rng(1)
+    rows = rng.random((500, len(PROBLEM.feature_names)))
+    policy = CandidatePolicy.init(PROBLEM.name, Normalizer.fit(PROBLEM.feature_names, rows))
+    assert policy.weights[-1].shape == (1,)  # one shared scorer, one score per slot
+    for _ in range(50):
+        mask = (rng.random(SLOTS) < 0.2).astype(np.int64)
+        mask[32] = 1
+        obs = _observation(mask, rng)
+        raw = policy.raw_features(obs)
+        assert raw.shape == (SLOTS, len(PROBLEM.feature_names))
+        assert np.all(raw[:, PROBLEM.feature_names.index("progress")] == 0.5)
+        scores = policy.scores(raw[None], mask[None])[0]
+        assert np.all(np.isneginf(scores[mask == 0])) and np.all(np.isfinite(scores[mask == 1]))
+        assert mask[policy(obs)] == 1
+        PROBLEM.validate(obs, np.array([policy(obs)]))
+    policy.save(tmp_path)
+    loaded = MLPPolicy.load(tmp_path)
+    assert isinstance(loaded, CandidatePolicy) and loaded(obs) == policy(obs)
+
+
+@pytest.fixture(scope="module")
+def ra_bc(mini_corpus, tc, tmp_path_factory):
+    run = RunDir(tmp_path_factory.mktemp("ra-bc"), "bc")
+    collect(PROBLEM.name, mini_corpus, run.traces_dir, tc, LocalPool(2))
+    data = load_decisions(run.traces_dir, PROBLEM)
+    policy, acc = train_bc(data, PROBLEM.name, run, epochs=30)
+    return run, data, policy, acc
+
+
+def test_bc_learns_the_default_rule_per_candidate(ra_bc, mini_corpus, tc):
+    run, data, policy, acc = ra_bc
+    assert data.x.shape[1:] == (SLOTS, len(PROBLEM.feature_names))
+    assert acc["accuracy"] >= 0.8
+    loaded = MLPPolicy.load(run.policy_dir)
+    assert isinstance(loaded, CandidatePolicy)
+    assert np.array_equal(predict(loaded, data.x), predict(policy, data.x))
+    ev = evaluate(loaded, mini_corpus, tc, LocalPool(2), PROBLEM.name)
+    assert not ev.failed and ev.metric == "regalloc_cost"
+    assert set(ev.modules) == {m.name for m in mini_corpus.modules}
+
+
+def test_es_on_regalloc_trains_checkpoints_and_resumes(ra_bc, mini_corpus, tc, tmp_path):
+    _, _, policy, _ = ra_bc
+    run = RunDir(tmp_path / "es", "es")
+    cfg = ESConfig(steps=2, directions=2, batch=2, eval_every=1, max_module_seconds=60)
+    train_es(mini_corpus, policy, run, tc, LocalPool(2), cfg)
+    state, arrays = run.load_state()
+    assert state.step == 2 and state.extra["best_reward"] >= state.extra["init_reward"]
+    assert arrays["theta"].size == policy.flat().size
+    train_es(mini_corpus, policy, run, tc, LocalPool(2), ESConfig(**{**cfg.__dict__, "steps": 3}))
+    state, _ = run.load_state()
+    assert [h["step"] for h in state.history] == [1, 2, 3]
+    assert isinstance(MLPPolicy.load(run.policy_dir), CandidatePolicy)
+
+
+def test_saved_model_evicts_like_the_candidate_policy(ra_bc, tmp_path):
+    from mlgo.export import export_saved_model, saved_model_decisions
+
+    _, data, policy, _ = ra_bc
+    saved = export_saved_model(policy, tmp_path)
+    rows = slice(0, 40)
+    got = saved_model_decisions(saved, {f: data.x[rows, :, j] for j, f in enumerate(data.features)})
+    assert np.array_equal(got, predict(policy, data.x[rows]))

@@ -1,0 +1,369 @@
+"""Benchmark of a regalloc eviction policy: held-out spill/reload cost, compile-time
+overhead, and the throughput of real programs built with it.
+
+    .venv/bin/python tools/bench_regalloc.py --policy policies/regalloc-eviction \\
+        [--heldout data/heldout] [--overhead data/heldout --overhead-packages cjson,giflib] \\
+        [--programs sqlite3,zstd,lua5.4] [--repeats 9] [--backend native] [--json F]
+
+Held-out: every module compiled with the policy and with clang's own eviction advisor;
+frequency-weighted spill+reload cost (folded ones included) and copy cost. Overhead: the
+compile time of some corpus packages, plain against the same cc1 commands with a lease
+from the policy service (as mlgo-cc takes one), one compile at a time, alternating per
+module, three rounds.
+
+Programs: each Debian source package is built twice with the same flags (`-O2 -g0`
+appended), once with plain clang and once with `mlgo-cc` and the policy service
+answering every eviction (strict: a policy failure fails the build instead of falling
+back); the package's own tests must pass for both builds.
+Then a fixed workload runs under `valgrind --tool=callgrind` (instruction counts,
+deterministic) and, for wall time, `--repeats` rounds in which the two builds alternate
+in order (ABBA) so machine noise hits both; medians and min..max are reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from mlgo.extract import BuildError, _run, build_env, load_recipe
+from mlgo.fsutil import atomic_write_text
+from mlgo.programs import (
+    build_program,
+    mlgo_compilers,
+    plain_compilers,
+    policy_service,
+    pristine_source,
+)
+from mlgo.toolchain import Toolchain, find_toolchain
+
+console = Console(width=160)
+TOOLS = Path(__file__).resolve().parent
+FLAGS = ["-O2", "-g0", "-Qunused-arguments"]
+VARIANTS = ("default", "policy")
+
+
+@dataclass(frozen=True)
+class Program:
+    recipe: str
+    prepare: tuple[str, ...]  # shell, in the build tree, after the recipe's build
+    workload: tuple[tuple[str, ...], ...]  # argv lists, measured
+    check: str = "true"  # shell, after the workload ran: its result is right
+    volatile: str = r"$^"  # what may differ between the two builds' output (timings)
+
+
+PROGRAMS = {
+    "sqlite3": Program(
+        "sqlite3",
+        (
+            '"$CC" -c test/speedtest1.c -o speedtest1.o',
+            '"$CC" -o speedtest1 speedtest1.o .libs/libsqlite3.a -lm -lpthread -ldl',
+        ),
+        (("./speedtest1", "--size", "8", "--memdb"),),
+        volatile=r"\d+\.\d+s",
+    ),
+    "zstd": Program(
+        "zstd",
+        (
+            'make -j2 -C tests CC="$CC" datagen',
+            "tests/datagen -g40000000 -P40 -s7 > bench.dat",
+        ),
+        (
+            ("programs/zstd", "-q", "-f", "-T1", "-3", "bench.dat", "-o", "bench.zst"),
+            ("programs/zstd", "-q", "-f", "-T1", "-d", "bench.zst", "-o", "bench.out"),
+        ),
+        "cmp bench.dat bench.out",
+    ),
+    "lua5.4": Program(
+        "lua",
+        (f"cp {shlex.quote(str(TOOLS / 'bench_data' / 'regalloc_bench.lua'))} bench.lua",),
+        (("src/lua", "bench.lua"),),
+    ),
+}
+
+
+def build_variants(
+    prog: Program,
+    tc: Toolchain,
+    work: Path,
+    policy: Path,
+    service_env: dict[str, str],
+    tests: bool = True,
+) -> dict:
+    """Both builds from one pristine source, the package's tests on each, then the
+    benchmark's own setup (compiled the same way); reused while the policy is unchanged."""
+    recipe = load_recipe(prog.recipe)
+    key = hashlib.sha256((policy / "policy.npz").read_bytes()).hexdigest()
+    stamp = work / "bench-builds.json"
+    if stamp.exists() and json.loads(stamp.read_text())["policy"] == key:
+        return json.loads(stamp.read_text())["builds"]
+    pristine = pristine_source(recipe, work)
+    compilers = {"default": plain_compilers(tc), "policy": mlgo_compilers()}
+    extra = {"default": {}, "policy": service_env}
+    builds = {}
+    for v in VARIANTS:
+        with console.status(f"{prog.recipe}: building and testing the {v} build"):
+            b = build_program(
+                recipe, pristine, work / v, tc, v, compilers[v], extra[v], tests, FLAGS
+            )
+        env = dict(build_env(tc, work / f".{v}-bin", FLAGS, *compilers[v]), **extra[v])
+        for cmd in prog.prepare:
+            _run(cmd, work / v, work / f"{v}.log", 1800, env, f"{prog.recipe} {v}: bench setup")
+        builds[v] = b.to_json()
+    atomic_write_text(stamp, json.dumps({"policy": key, "builds": builds}))
+    return builds
+
+
+def run_workload(prog: Program, tree: Path, prefix: tuple[str, ...] = ()) -> tuple[float, str]:
+    """Runs every workload command; returns (seconds, combined stderr)."""
+    start, errors = time.perf_counter(), []
+    for argv in prog.workload:
+        proc = subprocess.run(
+            [*prefix, *argv], cwd=tree, capture_output=True, text=True, stdin=subprocess.DEVNULL
+        )
+        if proc.returncode != 0:
+            raise BuildError(f"{shlex.join(argv)} failed in {tree}: {proc.stderr.strip()[-200:]}")
+        errors.append(proc.stderr)
+    seconds = time.perf_counter() - start
+    check = subprocess.run(prog.check, shell=True, cwd=tree, capture_output=True)
+    if check.returncode != 0:
+        raise BuildError(f"{prog.recipe}: the workload's result is wrong in {tree}")
+    return seconds, "".join(errors)
+
+
+def instructions(prog: Program, tree: Path) -> int:
+    _, stderr = run_workload(
+        prog, tree, ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
+    )
+    counts = re.findall(r"Collected : (\d+)", stderr)
+    if len(counts) != len(prog.workload):
+        raise BuildError(f"{prog.recipe}: callgrind reported no instruction count")
+    return sum(int(c) for c in counts)
+
+
+def _spread(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
+
+
+def bench_program(
+    name: str,
+    tc: Toolchain,
+    work: Path,
+    policy: Path,
+    repeats: int,
+    service_env: dict[str, str],
+    tests: bool = True,
+) -> dict:
+    prog = PROGRAMS[name]
+    pwork = work / name
+    out: dict = build_variants(prog, tc, pwork, policy, service_env, tests)
+    outputs = {}
+    for v in VARIANTS:
+        with console.status(f"{name}: callgrind, {v} build"):
+            out[v]["instructions"] = instructions(prog, pwork / v)
+        stdout = subprocess.run(
+            prog.workload[0], cwd=pwork / v, capture_output=True, text=True
+        ).stdout
+        outputs[v] = re.sub(prog.volatile, "", stdout)
+    if outputs["default"] != outputs["policy"]:
+        raise BuildError(f"{name}: the two builds print different results")
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    with console.status(f"{name}: {repeats} timed rounds"):
+        for r in range(repeats):
+            for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                times[v].append(run_workload(prog, pwork / v)[0])
+    for v in VARIANTS:
+        out[v]["seconds"] = _spread(times[v])
+    ratios = [p / d - 1 for p, d in zip(times["policy"], times["default"], strict=True)]
+    out["instructions_delta"] = out["policy"]["instructions"] / out["default"]["instructions"] - 1
+    out["wall_delta_of_medians"] = (
+        out["policy"]["seconds"]["median"] / out["default"]["seconds"]["median"] - 1
+    )
+    out["wall_delta_paired"] = _spread(ratios)
+    return out
+
+
+def bench_heldout(corpus: Path, policy: Path, tc: Toolchain, out: Path) -> dict:
+    from mlgo.corpus import load_corpus
+    from mlgo.evaluate import evaluate
+    from mlgo.policy import MLPPolicy
+    from mlgo.workers import LocalPool
+
+    loaded = MLPPolicy.load(policy)
+    ev = evaluate(loaded, load_corpus(corpus), tc, LocalPool(), loaded.problem)
+    ev.save(out)
+    rows = ev.modules.values()
+    result: dict = {"modules": len(ev.modules), "failed": len(ev.failed)}
+    for k in ("spill_reload_cost", "copies_cost", "regalloc_cost", "text_size"):
+        pol, base = sum(r[k] for r in rows), sum(r[f"default_{k}"] for r in rows)
+        result[k] = {"policy": pol, "default": base, "delta": pol / base - 1}
+    packages: dict[str, dict] = {}
+    for name, r in ev.modules.items():
+        p = packages.setdefault(name.split("/", 1)[0], {"policy": 0.0, "default": 0.0})
+        p["policy"] += r["spill_reload_cost"]
+        p["default"] += r["default_spill_reload_cost"]
+    result["spill_reload_by_package"] = {
+        k: v["policy"] / v["default"] - 1 if v["default"] else 0.0 for k, v in packages.items()
+    }
+    return result
+
+
+def bench_overhead(
+    corpus: Path, packages: str, tc: Toolchain, service_env: dict[str, str], rounds: int
+) -> dict:
+    """Compile time of plain clang -O2 against the same compiles with the policy service
+    answering every eviction (a lease per compile, as mlgo-cc takes it), one compile at a
+    time, alternating per module."""
+    from mlgo.client import Connection
+    from mlgo.corpus import load_corpus
+    from mlgo.problems import get_problem
+
+    problem = get_problem("regalloc-eviction")
+    modules = load_corpus(corpus).select([p for p in packages.split(",") if p]).modules
+    socket = Path(service_env["MLGO_SOCKET"])
+    plain, served, decisions = [], [], 0
+    with tempfile.TemporaryDirectory() as d:
+        obj = Path(d) / "o.o"
+        for r in range(rounds):
+            p_total = s_total = 0.0
+            for m in modules:
+                cmd = m.compile_command(tc.clang, obj, problem.opt_level)
+                for kind in ("plain", "policy") if r % 2 == 0 else ("policy", "plain"):
+                    start = time.perf_counter()
+                    if kind == "plain":
+                        subprocess.run(cmd, check=True, capture_output=True)
+                        p_total += time.perf_counter() - start
+                        continue
+                    with Connection(socket, 10.0) as conn:
+                        conn.send({"op": "compile"})
+                        flags = list(conn.receive()["flags"])
+                        subprocess.run([*cmd, *flags], check=True, capture_output=True)
+                        conn.send({"op": "done", "returncode": 0})
+                        while "event" in (tally := conn.receive()):
+                            pass
+                    s_total += time.perf_counter() - start
+                    if tally["errors"]:
+                        raise BuildError(f"{m.name}: {tally['errors'][0]}")
+                    decisions += tally["decisions"] if r == 0 else 0
+            plain.append(p_total)
+            served.append(s_total)
+    ratios = [s / p - 1 for s, p in zip(served, plain, strict=True)]
+    return {
+        "modules": len(modules),
+        "decisions": decisions,
+        "plain_seconds": _spread(plain),
+        "policy_seconds": _spread(served),
+        "overhead": _spread(ratios),
+    }
+
+
+def _print_overhead(o: dict, backend: str) -> None:
+    console.print(
+        f"compile time of {o['modules']} modules ({o['decisions']:,} evictions): plain "
+        f"{o['plain_seconds']['median']:.1f} s, through the {backend} policy service "
+        f"{o['policy_seconds']['median']:.1f} s, overhead {o['overhead']['median']:+.1%} "
+        f"({o['overhead']['min']:+.1%}..{o['overhead']['max']:+.1%})"
+    )
+
+
+def _print_programs(result: dict, names: list[str]) -> None:
+    table = Table(
+        "program",
+        "instructions default",
+        "policy",
+        "change",
+        "wall median default",
+        "policy",
+        "change (paired median, min..max)",
+        "build s default / policy",
+        title="throughput (negative = faster)",
+    )
+    for name in names:
+        r = result[name]
+        d, p, pr = r["default"], r["policy"], r["wall_delta_paired"]
+        table.add_row(
+            name,
+            f"{d['instructions']:,}",
+            f"{p['instructions']:,}",
+            f"{r['instructions_delta']:+.3%}",
+            f"{d['seconds']['median']:.3f} s",
+            f"{p['seconds']['median']:.3f} s",
+            f"{r['wall_delta_of_medians']:+.2%} ({pr['median']:+.2%}, "
+            f"{pr['min']:+.2%}..{pr['max']:+.2%})",
+            f"{d['build_seconds']:.0f} / {p['build_seconds']:.0f}",
+        )
+    console.print(table)
+
+
+def main(
+    policy: Annotated[Path, typer.Option(help="regalloc policy directory")],
+    heldout: Annotated[Path | None, typer.Option(help="held-out corpus")] = None,
+    programs: Annotated[str, typer.Option(help="comma-separated: sqlite3,zstd,lua5.4")] = "",
+    work: Annotated[Path, typer.Option(help="where the programs are built")] = Path(
+        "data/bench-regalloc"
+    ),
+    repeats: Annotated[int, typer.Option(help="timed rounds per program")] = 9,
+    tests: Annotated[bool, typer.Option(help="run each package's own tests on both")] = True,
+    backend: Annotated[str, typer.Option(help="policy service: native or python")] = "native",
+    overhead: Annotated[
+        Path | None, typer.Option(help="corpus whose compile time is compared")
+    ] = None,
+    overhead_packages: Annotated[str, typer.Option(help="its packages to compile")] = "",
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    tc = find_toolchain()
+    work = work.resolve()
+    result: dict = {
+        "toolchain": tc.describe(),
+        "policy": str(policy),
+        "flags": FLAGS,
+        "backend": backend,
+    }
+    if heldout is not None:
+        with console.status(f"held-out evaluation on {heldout}"):
+            result["heldout"] = h = bench_heldout(heldout, policy, tc, work / "eval-heldout")
+        table = Table("held-out", "default", "policy", "change", title=str(heldout))
+        for k in ("spill_reload_cost", "copies_cost", "regalloc_cost", "text_size"):
+            r = h[k]
+            table.add_row(k, f"{r['default']:,.1f}", f"{r['policy']:,.1f}", f"{r['delta']:+.2%}")
+        console.print(table)
+        console.print(
+            "spill+reload by package: "
+            + ", ".join(f"{k} {v:+.2%}" for k, v in sorted(h["spill_reload_by_package"].items()))
+        )
+    names = [p for p in programs.split(",") if p]
+    unknown = set(names) - set(PROGRAMS)
+    if unknown:
+        raise typer.BadParameter(f"unknown programs {sorted(unknown)}; have {sorted(PROGRAMS)}")
+    if overhead or names:
+        with policy_service([policy], work / "service", backend) as service_env:
+            if overhead:
+                with console.status("compile-time overhead"):
+                    result["overhead"] = bench_overhead(
+                        overhead, overhead_packages, tc, service_env, 3
+                    )
+                _print_overhead(result["overhead"], backend)
+            for name in names:
+                result[name] = bench_program(name, tc, work, policy, repeats, service_env, tests)
+        if names:
+            _print_programs(result, names)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(json_out, json.dumps(result, indent=1))
+        console.print(f"wrote {json_out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)
