@@ -210,14 +210,17 @@ def test_a_crashed_policy_server_is_restarted(native_cc, native, tmp_path):
 def test_killing_the_service_mid_build_never_fails_or_hangs(native_cc, tmp_path):
     service = Service(tmp_path, "--policy", str(SHIPPED), "--backend", "python")
     jobs = [(src, tmp_path / f"{i}-{src.stem}.o") for i in range(10) for src in SOURCES]
-    with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(mlgo_cc, native_cc, *job, service.env()) for job in jobs]
-        deadline = time.monotonic() + 120
-        while service.status()["compilations"] < 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        service.proc.kill()  # kill -9 in the middle of the parallel build
-        results = [f.result() for f in futures]
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(mlgo_cc, native_cc, *job, service.env()) for job in jobs]
+            deadline = time.monotonic() + 120
+            while service.status()["compilations"] < 3:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            service.proc.kill()  # kill -9 in the middle of the parallel build
+            results = [f.result() for f in futures]
+    finally:
+        service.stop()
     assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
     assert all(out.exists() for _, out in jobs)
     fell_back = sum("default heuristic" in r.stderr for r in results)
