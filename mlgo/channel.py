@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlgo.lifetime import die_with_parent
 from mlgo.log_format import (
     ChannelTimeout,
     Header,
@@ -183,6 +184,7 @@ def compile_interactive(
             stdout=subprocess.DEVNULL,
             stderr=err,
             cwd=cwd,
+            preexec_fn=die_with_parent,  # a killed worker must not leave clang waiting
         )
 
         def stderr_text() -> str:

@@ -15,6 +15,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from mlgo.lifetime import die_with_parent
+
 
 @dataclass(frozen=True)
 class Failed:
@@ -53,7 +55,9 @@ class LocalPool:
             return
         if self._pool is None:
             ctx = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(self.processes, mp_context=ctx)
+            self._pool = ProcessPoolExecutor(
+                self.processes, mp_context=ctx, initializer=die_with_parent
+            )
         pool = self._pool
         # Keep a bounded window in flight so results stream back as they finish.
         pending = iter(items)
