@@ -61,13 +61,19 @@ def tf_version() -> str:
     return version("tensorflow")
 
 
+def _first_error(output: str) -> str:
+    """The line of a tool's output that says what went wrong (the first 'error' line)."""
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()] or lines or ["(no output)"]
+    return errors[0].strip()[:300]
+
+
 def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1")
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
     if proc.returncode != 0:
-        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-        errors = [ln for ln in lines if "error" in ln.lower()] or lines or ["(no output)"]
-        raise AotError(f"{what} failed (exit {proc.returncode}): {errors[0].strip()[:300]}")
+        output = proc.stderr + proc.stdout
+        raise AotError(f"{what} failed (exit {proc.returncode}): {_first_error(output)}")
 
 
 def _tree_digest(paths: list[Path], root: Path | None = None) -> str:
@@ -175,8 +181,7 @@ def native_server(saved_model: Path) -> Path:
         if proc.returncode != 0 and re.search(r"undefined reference", proc.stderr):
             proc = _link(staging, aot, _runtime_objects(_all_runtime_sources()))
         if proc.returncode != 0:
-            errors = [ln for ln in proc.stderr.splitlines() if "error" in ln] or ["(no output)"]
-            raise AotError(f"linking the policy server failed: {errors[0].strip()[:300]}")
+            raise AotError(f"linking the policy server failed: {_first_error(proc.stderr)}")
         _publish(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -86,14 +86,19 @@ def start_service(path: Path) -> Connection:
         raise ServiceError(f"the mlgo service did not start: {lines[-1][:200]}")
 
 
-def _lease() -> tuple[Connection, list[str]]:
-    path = socket_path()
+def connect(path: Path, may_start: bool) -> Connection:
+    """A connection to the service at PATH, starting one there if none runs and MAY_START
+    (an explicitly named service is not ours to start)."""
     try:
-        conn = Connection(path, CONNECT_TIMEOUT_S)
+        return Connection(path, CONNECT_TIMEOUT_S)
     except ServiceError:
-        if os.environ.get("MLGO_SOCKET"):
-            raise  # an explicit service is not ours to start
-        conn = start_service(path)
+        if not may_start:
+            raise
+        return start_service(path)
+
+
+def _lease() -> tuple[Connection, list[str]]:
+    conn = connect(socket_path(), may_start=not os.environ.get("MLGO_SOCKET"))
     try:
         conn.send({"op": "compile"})
         return conn, list(conn.receive()["flags"])

@@ -544,17 +544,10 @@ def channel(
 ) -> None:
     """Print a channel base for one compilation run by hand (-mllvm -...-channel-base=);
     starts the service (as mlgo-cc would) when none is running."""
-    from mlgo.cc import start_service
-    from mlgo.client import Connection, ServiceError, socket_path
+    from mlgo.cc import connect
+    from mlgo.client import socket_path
 
-    path = socket or socket_path()
-    try:
-        conn = Connection(path, 10.0)
-    except ServiceError:
-        if socket is not None:
-            raise
-        conn = start_service(path)
-    with conn:
+    with connect(socket or socket_path(), may_start=socket is None) as conn:
         conn.send({"op": "channel", "problem": problem, "ttl_s": ttl})
         print(conn.receive()["base"])
 

@@ -199,9 +199,7 @@ def build_env(
 ) -> dict[str, str]:
     """The environment of a package build: CC/CXX wrappers adding FLAGS to the compilers
     (default: the toolchain's clang), and LLVM's binutils."""
-    cc = cc or tc.clang
-    if cxx is None:
-        cxx = tc.clang.replace("clang", "clang++") if "clang" in Path(tc.clang).name else tc.clang
+    cc, cxx = cc or tc.clang, cxx or tc.clangxx
     cc_wrapper = write_wrapper(work / "cc", cc, flags)
     cxx_wrapper = write_wrapper(work / "c++", cxx, flags)
     # GNU ar/nm would index these objects through an older LLVM's bfd plugin, which

@@ -136,5 +136,4 @@ def mlgo_compilers() -> tuple[str, str]:
 
 
 def plain_compilers(tc: Toolchain) -> tuple[str, str]:
-    name = Path(tc.clang).name
-    return tc.clang, tc.clang.replace("clang", "clang++") if "clang" in name else tc.clang
+    return tc.clang, tc.clangxx

@@ -29,6 +29,12 @@ class Toolchain:
     def major(self) -> int:
         return self.version[0]
 
+    @property
+    def clangxx(self) -> str:
+        """The C++ driver beside clang (clang-22 -> clang++-22); clang itself otherwise."""
+        name = Path(self.clang).name
+        return self.clang.replace("clang", "clang++") if "clang" in name else self.clang
+
     def tool(self, name: str) -> str:
         """An LLVM tool of the same release as clang (llvm-objcopy, llvm-size, ...)."""
         for candidate in (os.path.join(self.bindir, name), shutil.which(f"{name}-{self.major}")):
