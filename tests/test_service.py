@@ -198,7 +198,12 @@ def test_a_hung_policy_times_out_and_falls_back(native_cc, tmp_path):
 
 def test_a_crashed_policy_server_is_restarted(native_cc, native, tmp_path):
     mlgo_cc(native_cc, SOURCES[0], tmp_path / "warm.o", native.env())
-    os.kill(_policy_server_pid(native.proc.pid), signal.SIGKILL)
+    crashed = _policy_server_pid(native.proc.pid)
+    os.kill(crashed, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{crashed}").exists():  # reaped: the service has seen the crash
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     before = native.status()["decisions"]
     for src in SOURCES:
         r = mlgo_cc(native_cc, src, tmp_path / f"{src.stem}.o", native.env())
