@@ -324,7 +324,10 @@ def export(
     policy: Annotated[Path, typer.Option(help="policy directory (or its run)")],
     out: Annotated[Path, typer.Option(help="where the shipped policy goes")],
     aot: Annotated[
-        bool, typer.Option(help="also AOT-compile it (OUT/aot) and build the native server")
+        bool,
+        typer.Option(
+            help="also AOT-compile it (OUT/aot), build the native server and the clang plugin"
+        ),
     ] = True,
 ) -> None:
     """Write a policy as a TF SavedModel (LLVM's feature names) beside its numpy form,
@@ -350,6 +353,11 @@ def export(
 
         console.print(f"wrote {aot_compile(saved, out / 'aot')} (model.h and objects)")
         console.print(f"native policy server: {native_server(saved)}")
+        from mlgo.plugin import PLUGIN_PROBLEMS, inliner_plugin
+
+        if loaded.problem in PLUGIN_PROBLEMS:
+            plugin = inliner_plugin(out, find_toolchain())
+            console.print(f"clang plugin: {plugin} (clang-22 -fpass-plugin={plugin} ...)")
 
 
 @app.command()

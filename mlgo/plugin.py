@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from mlgo.aot import AotError, _first_error, _publish, _tree_digest, cache_dir
+from mlgo.aot import AotError, _first_error, _publish, cache_dir
 from mlgo.policy import CandidatePolicy, MLPPolicy
 from mlgo.toolchain import Toolchain, ToolchainError
 
@@ -88,11 +88,12 @@ def inliner_plugin(policy_dir: Path, tc: Toolchain) -> Path:
     policy = MLPPolicy.load(policy_dir)
     if policy.problem not in PLUGIN_PROBLEMS or isinstance(policy, CandidatePolicy):
         raise AotError(f"{policy_dir}: a {policy.problem} policy cannot be a clang plugin")
+    if policy.weights[-1].shape != (2,):  # argmax over (no, yes) is LLVM's 0/1 advice
+        raise AotError(f"{policy_dir}: the network must end in 2 outputs (no, yes)")
     header = policy_header(policy)
     cxxflags, libdir, llvm_version = _llvm_config(tc)
-    files = sorted(p for p in policy_dir.iterdir() if p.is_file())
-    key = hashlib.sha256(
-        f"{llvm_version}\0{_tree_digest(files)}\0{header}\0".encode() + PLUGIN_SOURCE.read_bytes()
+    key = hashlib.sha256(  # the header is the whole policy
+        f"{llvm_version}\0{header}\0".encode() + PLUGIN_SOURCE.read_bytes()
     ).hexdigest()[:20]
     target = cache_dir() / "plugin" / key
     plugin = target / "libmlgo_inliner.so"
