@@ -14,13 +14,10 @@ libtensorflow_framework.so, which costs about 30 ms of CPU to load in every clan
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
-from mlgo.aot import AotError, _first_error, _publish, cache_dir
+from mlgo.aot import AotError, _first_error, cached_build
 from mlgo.policy import CandidatePolicy, MLPPolicy
 from mlgo.toolchain import Toolchain, ToolchainError
 
@@ -92,26 +89,17 @@ def inliner_plugin(policy_dir: Path, tc: Toolchain) -> Path:
         raise AotError(f"{policy_dir}: the network must end in 2 outputs (no, yes)")
     header = policy_header(policy)
     cxxflags, libdir, llvm_version = _llvm_config(tc)
-    key = hashlib.sha256(  # the header is the whole policy
-        f"{llvm_version}\0{header}\0".encode() + PLUGIN_SOURCE.read_bytes()
-    ).hexdigest()[:20]
-    target = cache_dir() / "plugin" / key
-    plugin = target / "libmlgo_inliner.so"
-    if plugin.exists():
-        return plugin
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=target.parent))
-    try:
+
+    def build(staging: Path) -> None:
         (staging / "policy_constants.h").write_text(header)
         proc = subprocess.run(
             ["g++", *FLAGS, *cxxflags, f"-I{staging}", str(PLUGIN_SOURCE)]
-            + [f"-L{libdir}", f"-lLLVM-{tc.major}", "-o", str(staging / plugin.name)],
+            + [f"-L{libdir}", f"-lLLVM-{tc.major}", "-o", str(staging / "libmlgo_inliner.so")],
             capture_output=True,
             text=True,
         )
         if proc.returncode != 0:
             raise AotError(f"building the inlining plugin failed: {_first_error(proc.stderr)}")
-        _publish(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return plugin
+
+    key = f"{llvm_version}\0{header}\0".encode()  # the header is the whole policy
+    return cached_build("plugin", key + PLUGIN_SOURCE.read_bytes(), "libmlgo_inliner.so", build)
