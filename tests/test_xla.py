@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 
@@ -14,8 +15,10 @@ from mlgo.xla.config import compiler_options, parse_config
 from mlgo.xla.dataset import DatasetError, collect, load_dataset
 from mlgo.xla.extract import extract_graph, fingerprint, lower
 from mlgo.xla.measure import MeasureSpec, summarize
-from mlgo.xla.model import CostModel, Hyper, train
+from mlgo.xla.model import CostModel, Hyper, out_of_fold_scores, train
 from mlgo.xla.programs import example_inputs, load_corpus, load_target
+from mlgo.xla.report import MARGINS, SLOWDOWN_LIMIT, evaluate, fit_default_margin
+from mlgo.xla.tune import choose, measured_choice
 from tests.conftest import run_mlgo
 
 CORPUS = Path(__file__).parent / "data" / "xla"
@@ -47,7 +50,13 @@ def model_dir(dataset, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(
     "config, why",
-    [("64:8:4", "miscompiles"), ("32:32:2", "exceeds"), ("big", "expected"), ("0:4:1", ">= 1")],
+    [
+        ("64:8:4", "miscompiles"),
+        ("32:32:2", "exceeds"),
+        ("16:16:1", "exhausted"),
+        ("big", "expected"),
+        ("0:4:1", ">= 1"),
+    ],
 )
 def test_unsafe_or_malformed_configs_are_refused(config, why):
     with pytest.raises(ValueError, match=why):
@@ -87,6 +96,7 @@ def test_extraction_finds_the_dots(programs):
 def test_noisy_rounds_are_dropped():
     s = summarize([1.0, 1.1, 5.0, 1.05])
     assert s["rounds_kept"] == 3 and s["median_us"] == pytest.approx(1.05e6)
+    assert s["halves_us"] == pytest.approx([1.0e6, 1.075e6])  # rounds 0, 2 and 1, 3
 
 
 def test_dataset_round_trip_and_resume(dataset, programs):
@@ -104,9 +114,29 @@ def test_dataset_round_trip_and_resume(dataset, programs):
 
 def test_training_reduces_the_ranking_loss(dataset):
     ds = load_dataset(dataset)
-    _, losses = train([r.graph for r in ds.records], [r.times() for r in ds.records],
-                      ds.configs, Hyper(hidden=16, steps=60))  # fmt: skip
-    assert losses[-1] < 0.5 * losses[0]
+    graphs, times = [r.graph for r in ds.records], [r.times() for r in ds.records]
+    model, losses = train(graphs, times, ds.configs, Hyper(hidden=16, steps=60, ensemble=2))
+    assert losses[-1] < 0.5 * losses[0] and len(model.members) == 2
+    # Out-of-fold: each program scored by the network trained on the other one only.
+    oof = out_of_fold_scores(graphs, times, ds.configs, Hyper(hidden=16, steps=5), folds=2)
+    assert oof.shape == (2, len(ds.configs)) and not np.allclose(oof, model.predict(graphs))
+    margin = fit_default_margin(ds.records, model, oof)
+    rows = evaluate(ds.records, model, "default", oof)
+    assert margin in MARGINS and min(r.vs_default for r in rows) >= SLOWDOWN_LIMIT
+
+
+def test_measured_choice_keeps_the_default_unless_clearly_faster():
+    def fast(x):
+        return x
+
+    def slow(x):
+        time.sleep(2e-4)
+        return x
+
+    x = np.zeros(4)
+    assert measured_choice({"default": fast, "4:4:1": slow}, (x,), {}, rounds=5) == "default"
+    assert measured_choice({"default": slow, "4:4:1": fast}, (x,), {}, rounds=5) == "4:4:1"
+    assert measured_choice({"default": fast, "4:4:1": fast}, (x,), {}, rounds=5) == "default"
 
 
 def test_tuned_jit_matches_jax_jit_and_caches(model_dir, programs):
@@ -123,6 +153,17 @@ def test_tuned_jit_matches_jax_jit_and_caches(model_dir, programs):
     g = tuned_jit(program.fn, cost_model=CostModel.load(model_dir), top_k=3)
     assert list(g.choices) == [] and g(*args).shape == out.shape
     assert list(g.choices.values()) == [choice]  # same HLO fingerprint: the choice is reused
+
+
+def test_verified_choice_is_checked_and_timed(model_dir, programs):
+    program = programs["mlp_32x64x48"]
+    args = tuple(example_inputs(program))
+    model = CostModel.load(model_dir)
+    scores = {"4:4:1": 0.0, "16:8:2": 0.1, "default": 0.2, "eigen": 0.3}
+    model.predict = lambda graphs: np.array([[scores[c] for c in model.configs]])
+    choice, compiled = choose(lower(program), model, 2, args, {}, verify=True)
+    assert choice.ranking == tuple(scores) and choice.config in ("4:4:1", "16:8:2", "default")
+    np.testing.assert_allclose(compiled(*args), jax.jit(program.fn)(*args), rtol=1e-5, atol=1e-4)
 
 
 def test_tuned_jit_falls_back_with_a_warning(model_dir, programs, tmp_path):

@@ -27,6 +27,11 @@ SHAPES = [
     (96, 32, 160, "float32", True),
     (64, 128, 32, "bfloat16", False),
     (32, 64, 96, "bfloat16", True),
+    # Large enough that the GEMM, not the call, is the time (0.2-0.5 ms per call).
+    (256, 256, 256, "float32", False),
+    (32, 2048, 512, "float32", False),
+    (128, 1024, 128, "float32", True),
+    (64, 512, 512, "float32", True),
 ]
 
 PROGRAMS = [

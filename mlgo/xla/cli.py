@@ -27,7 +27,7 @@ def collect_cmd(
     ),
     configs: Annotated[str, typer.Option(help="comma-separated configs (default: all)")] = "",
     only: Annotated[str, typer.Option(help="comma-separated program names")] = "",
-    rounds: Annotated[int, typer.Option(help="interleaved timing rounds per config")] = 9,
+    rounds: Annotated[int, typer.Option(help="interleaved timing rounds per config")] = 20,
     timeout: Annotated[float, typer.Option(help="seconds per program")] = 600.0,
 ) -> None:
     """Compile and time every program with every config, each program in its own worker."""
@@ -69,24 +69,47 @@ def train_cmd(
     out: Annotated[Path, typer.Option(help="where the model goes")],
     steps: Annotated[int, typer.Option(help="optimizer steps")] = 400,
     seed: Annotated[int, typer.Option(help="initialization seed")] = 0,
+    hidden: Annotated[int, typer.Option(help="hidden units")] = 64,
+    ensemble: Annotated[int, typer.Option(help="networks averaged (seeds seed, seed+1, ...)")] = 1,
+    folds: Annotated[
+        int,
+        typer.Option(
+            help="k-fold cross-validation over the training programs (fits the default margin)"
+        ),
+    ] = 4,
+    cv_only: Annotated[bool, typer.Option(help="print the cross-validation figures only")] = False,
 ) -> None:
-    """Train the GNN cost model on the non-held-out programs with a ranking loss."""
+    """Train the GNN cost model on the non-held-out programs with a ranking loss; the
+    default margin is fitted on out-of-fold scores, never on held-out programs."""
     from mlgo.xla.dataset import load_dataset
-    from mlgo.xla.model import Hyper, train
+    from mlgo.xla.model import CostModel, Hyper, out_of_fold_scores, train
     from mlgo.xla.report import best_fixed_config, evaluate, fit_default_margin, summary
 
     ds = load_dataset(data)
     train_set = ds.split(held_out=False)
     if not train_set:
         raise ValueError(f"{data}: every program is held out; nothing to train on")
-    with err.status(f"training on {len(train_set)} programs"):
-        model, losses = train(
-            [r.graph for r in train_set], [r.times() for r in train_set], ds.configs,
-            Hyper(steps=steps, seed=seed),
-        )  # fmt: skip
+    if ensemble < 1:
+        raise ValueError(f"--ensemble must be >= 1, got {ensemble}")
+    hyper = Hyper(hidden=hidden, steps=steps, seed=seed, ensemble=ensemble)
+    graphs, times = [r.graph for r in train_set], [r.times() for r in train_set]
     fixed = best_fixed_config(train_set, ds.configs)
-    margin = fit_default_margin(train_set, model)
-    fit = summary(evaluate(train_set, model, fixed))
+    with err.status(f"{folds}-fold cross-validation on {len(train_set)} programs"):
+        oof = out_of_fold_scores(graphs, times, ds.configs, hyper, folds)
+    # Picks from out-of-fold scores need only the configs and the margin, not the networks.
+    picker = CostModel([], ds.configs, hyper, {})
+    margin = fit_default_margin(train_set, picker, oof)
+    cv = summary(evaluate(train_set, picker, fixed, oof))
+    console.print(
+        f"cross-validation ({folds} folds, {hyper}): Kendall tau (median) "
+        f"{cv['kendall_tau_median']:.3f}, top-1 gap {cv['top1_gap_median']:+.1%}, top-5 gap "
+        f"{cv['top5_gap_median']:+.1%}, pick vs default {cv['speedup_vs_default_geomean']:.3f}x "
+        f"(worst {cv['worst_vs_default']:.3f}x) with default margin {margin}"
+    )
+    if cv_only:
+        return
+    with err.status(f"training on {len(train_set)} programs"):
+        model, losses = train(graphs, times, ds.configs, hyper)
     model.info = {
         "default_margin": margin,
         "dataset": data.name,
@@ -95,13 +118,12 @@ def train_cmd(
         "best_fixed_config": fixed,
         "loss_first": losses[0],
         "loss_last": losses[-1],
-        "train_kendall_tau_median": fit["kendall_tau_median"],
+        "cv_folds": folds,
+        "cv": cv,
     }
     model.save(out)
     console.print(
-        f"{out}: ranking loss {losses[0]:.4f} -> {losses[-1]:.4f}, training Kendall tau "
-        f"(median) {fit['kendall_tau_median']:.3f}, best fixed config {fixed}, "
-        f"default margin {margin}"
+        f"{out}: ranking loss {losses[0]:.4f} -> {losses[-1]:.4f}, best fixed config {fixed}"
     )
 
 
@@ -159,7 +181,12 @@ def tune_cmd(
     model: Annotated[Path, typer.Option(help="cost model directory")] = Path(
         "policies/xla-gemm-tile"
     ),
-    top_k: Annotated[int, typer.Option(help="measure the model's top k (1: trust it)")] = 1,
+    top_k: Annotated[
+        int, typer.Option(help="candidates from the model (> 1 implies --verify)")
+    ] = 1,
+    verify: Annotated[
+        bool, typer.Option(help="time the candidates against the default before choosing")
+    ] = False,
     measure: Annotated[bool, typer.Option(help="time the pick against default")] = True,
 ) -> None:
     """Pick the config for one program with the model; report it against XLA's default."""
@@ -179,7 +206,7 @@ def tune_cmd(
     from mlgo.xla.extract import lower
 
     lowered = lower(program)
-    choice, _ = choose(lowered, cm, top_k, tuple(example_inputs(program)), {})
+    choice, _ = choose(lowered, cm, top_k, tuple(example_inputs(program)), {}, verify)
     tuning_s = time.perf_counter() - start
     console.print(f"{program.name}: chose {choice.config} in {tuning_s:.2f} s "
                   f"(model's order: {', '.join(choice.ranking[:5])}, ...)")  # fmt: skip

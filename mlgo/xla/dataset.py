@@ -4,7 +4,8 @@ Layout of a dataset directory:
     manifest.json        {"format": "mlgo-xla-runs", "version": 1, "configs": [...],
                           "jax": "...", "measure": {...}, "failed": {name: reason}}
     programs/NAME.json   graph, fingerprint, family, held_out, runs[config] with
-                         median_us, spread, rounds_kept, compile_s, measure_s (or an error)
+                         median_us, spread, rounds_kept, halves_us, compile_s, measure_s
+                         (or an error)
 
 Every file is written atomically; `collect` skips programs already measured with the same
 configs, so an interrupted collection resumes.
@@ -21,6 +22,7 @@ import jax
 from rich.progress import Progress
 
 from mlgo.fsutil import atomic_write_text
+from mlgo.xla.config import parse_config
 from mlgo.xla.extract import HloGraph
 from mlgo.xla.measure import MeasureSpec, measure_isolated
 from mlgo.xla.programs import Program
@@ -45,6 +47,13 @@ class Record:
     def times(self) -> dict[str, float]:
         """Median runtime (µs) of every config that compiled and ran."""
         return {c: r["median_us"] for c, r in self.runs.items() if r.get("status") == "ok"}
+
+    def halves(self) -> tuple[dict[str, float], dict[str, float]] | None:
+        """Two independent medians per config (even and odd rounds), if measured."""
+        ok = {c: r["halves_us"] for c, r in self.runs.items() if "halves_us" in r}
+        if not ok or set(ok) != set(self.times()):
+            return None
+        return {c: h[0] for c, h in ok.items()}, {c: h[1] for c, h in ok.items()}
 
     def exhaustive_seconds(self) -> float:
         """What exhaustive autotuning cost: every config compiled and measured."""
@@ -100,7 +109,19 @@ def load_dataset(root: Path) -> Dataset:
     records = [_record(_read_json(p), p) for p in sorted((root / "programs").glob("*.json"))]
     if not records:
         raise DatasetError(f"{root}: no measured programs")
-    return Dataset(root, list(manifest["configs"]), records)
+    configs = [c for c in manifest["configs"] if _usable(c)]
+    for r in records:
+        r.runs = {c: run for c, run in r.runs.items() if c in configs}
+    return Dataset(root, configs, records)
+
+
+def _usable(config: str) -> bool:
+    """Configs measured earlier that validation now refuses are left out of the dataset."""
+    try:
+        parse_config(config)
+    except ValueError:
+        return False
+    return True
 
 
 def collect(

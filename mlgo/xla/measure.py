@@ -23,12 +23,13 @@ from dataclasses import asdict, dataclass
 
 MEMORY_LIMIT = 12 << 30  # address space of a worker: a runaway compilation fails, not the box
 NOISE_FACTOR = 1.25
+MAX_CALLS = 200  # timed calls per round and config, at most
 MAX_REL_ERROR = 1e-2  # vs the default's output; bf16 programs differ by rounding only
 
 
 @dataclass(frozen=True)
 class MeasureSpec:
-    rounds: int = 9
+    rounds: int = 20
     round_seconds: float = 0.004  # timed calls per round and config add up to about this
     cpu: int = -1  # the core to pin to; -1: the last one
 
@@ -49,16 +50,25 @@ def _timed(fn, args, calls: int) -> float:
     return samples[len(samples) // 2]
 
 
-def summarize(rounds: list[float]) -> dict[str, float]:
-    """Median, spread and count of the rounds within NOISE_FACTOR of the fastest one."""
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def summarize(rounds: list[float]) -> dict:
+    """Median, spread and count of the rounds within NOISE_FACTOR of the fastest one, and
+    the medians of the kept even and odd rounds: two independent measurements whose
+    agreement bounds how well any model can rank the configs."""
     best = min(rounds)
-    kept = sorted(r for r in rounds if r <= NOISE_FACTOR * best)
-    median = kept[len(kept) // 2] if len(kept) % 2 else sum(kept[len(kept) // 2 - 1 :][:2]) / 2
+    kept = [r for r in rounds if r <= NOISE_FACTOR * best]
+    median = _median(kept)
+    halves = [[r for r in rounds[i::2] if r <= NOISE_FACTOR * best] for i in (0, 1)]
     return {
         "median_us": median * 1e6,
-        "spread": (kept[-1] - kept[0]) / median,
+        "spread": (max(kept) - min(kept)) / median,
         "rounds_kept": len(kept),
         "rounds": len(rounds),
+        "halves_us": [_median(h) * 1e6 if h else median * 1e6 for h in halves],
     }
 
 
@@ -97,7 +107,7 @@ def measure_program(target: str, configs: list[str], spec: MeasureSpec) -> dict:
         compiled[config] = fn
     ok = list(compiled)
     first = {c: _timed(compiled[c], args, 3) for c in ok}
-    calls = {c: max(3, min(50, int(spec.round_seconds / max(first[c], 1e-7)))) for c in ok}
+    calls = {c: max(3, min(MAX_CALLS, int(spec.round_seconds / max(first[c], 1e-7)))) for c in ok}
     rounds: dict[str, list[float]] = {c: [] for c in ok}
     spent = dict.fromkeys(ok, 0.0)
     order = list(ok)

@@ -7,6 +7,8 @@ gives the dot's time; a readout of the pooled graph (mean and max) with the conf
 the time of everything else. The score is the log of the sum, and the model is trained with
 a pairwise ranking loss within each program: it learns which config is faster, not
 absolute times. The graph is embedded once per program, however many configs are scored.
+An ensemble of such networks (different seeds) averages their scores, which steadies the
+order of near-tied configs.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from mlgo.xla.features import (
 )
 
 FORMAT = "mlgo-xla-cost-model"
-VERSION = 1
+VERSION = 2
 # Runtimes closer than this ratio are within the measurement noise: no pair to rank.
 TIE = math.log(1.03)
 
@@ -47,6 +49,7 @@ class Hyper:
     steps: int = 400
     lr: float = 3e-3
     seed: int = 0
+    ensemble: int = 1  # networks trained with seeds seed, seed + 1, ...
 
 
 @dataclass
@@ -103,8 +106,8 @@ def _dense(key, n_in: int, n_out: int) -> dict:
     }
 
 
-def init_params(hyper: Hyper) -> dict:
-    keys = jax.random.split(jax.random.PRNGKey(hyper.seed), hyper.layers + 5)
+def init_params(hyper: Hyper, seed: int) -> dict:
+    keys = jax.random.split(jax.random.PRNGKey(seed), hyper.layers + 5)
     h = hyper.hidden
     return {
         "embed": _dense(keys[0], NODE_FEATURES, h),
@@ -113,6 +116,9 @@ def init_params(hyper: Hyper) -> dict:
         "dot2": _dense(keys[-3], h, 1),
         "graph1": _dense(keys[-2], 2 * h + CONFIG_FEATURES, h),
         "graph2": _dense(keys[-1], h, 1),
+        # A per-config term: the program-independent order of the configs, which the
+        # rest of the network corrects per program.
+        "config_bias": {"w": jnp.zeros((CONFIG_FEATURES, 1)), "b": jnp.zeros(1)},
     }
 
 
@@ -137,7 +143,8 @@ def _embed(params, nodes, node_mask, src, dst, edge_mask):
 
 def _score(params, h, node_mask, dot_mask, cross, config):
     """Predicted log runtime of one graph under one config: the log of the sum of a time
-    per dot (from its embedding, the config and the tile's fit) and one for the rest."""
+    per dot (from its embedding, the config and the tile's fit) and one for the rest, plus
+    the config's own term."""
     n = h.shape[0]
     per_dot = jnp.concatenate([h, jnp.broadcast_to(config, (n, config.shape[0])), cross], -1)
     dot_t = jax.nn.softplus(_apply(params["dot2"], jax.nn.relu(_apply(params["dot1"], per_dot))))
@@ -145,7 +152,8 @@ def _score(params, h, node_mask, dot_mask, cross, config):
     peak = jnp.max(jnp.where(node_mask[:, None] > 0, h, -1e9), axis=0)
     g = jax.nn.relu(_apply(params["graph1"], jnp.concatenate([mean, peak, config])))
     rest_t = jax.nn.softplus(_apply(params["graph2"], g))[0]
-    return jnp.log((dot_t[:, 0] * dot_mask).sum() + rest_t + 1e-6)
+    bias = _apply(params["config_bias"], config)[0]
+    return jnp.log((dot_t[:, 0] * dot_mask).sum() + rest_t + 1e-6) + bias
 
 
 def _program_scores(params, nodes, node_mask, src, dst, edge_mask, dot_mask, cross, configs):
@@ -188,28 +196,24 @@ def ranking_loss(scores: jax.Array, log_times: jax.Array, valid: jax.Array) -> j
 
 @dataclass
 class CostModel:
-    params: dict
+    members: list[dict]  # parameters of each network of the ensemble
     configs: list[str]
     hyper: Hyper
     info: dict
 
     def predict(self, graphs: list[HloGraph]) -> np.ndarray:
-        """(programs, configs) predicted log runtimes; lower is faster."""
-        return np.asarray(predict_batch(self.params, make_batch(graphs, self.configs)))
+        """(programs, configs) predicted log runtimes (ensemble mean); lower is faster."""
+        batch = make_batch(graphs, self.configs)
+        return np.mean([np.asarray(predict_batch(p, batch)) for p in self.members], axis=0)
 
     def pick(self, scores: np.ndarray) -> str:
         """The best-scored config, unless XLA's default scores within `default_margin` of
         it: a predicted gain that small is not worth leaving the default path for."""
-        best = self.configs[int(np.argmin(scores))]
-        if DEFAULT in self.configs:
-            gap = scores[self.configs.index(DEFAULT)] - scores.min()
-            if gap < self.info.get("default_margin", 0.0):
-                return DEFAULT
-        return best
+        return pick(scores, self.configs, self.info.get("default_margin", 0.0))
 
     def save(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        leaves, _ = jax.tree_util.tree_flatten(self.params)
+        leaves, _ = jax.tree_util.tree_flatten(self.members)
         with atomic_path(out / "params.npz") as tmp, open(tmp, "wb") as f:
             np.savez(f, *[np.asarray(x) for x in leaves])
         meta = {
@@ -230,24 +234,32 @@ class CostModel:
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
             raise ValueError(f"{meta_path}: not a {FORMAT} v{VERSION} model")
         hyper = Hyper(**meta["hyper"])
-        _, tree = jax.tree_util.tree_flatten(init_params(hyper))
+        _, tree = jax.tree_util.tree_flatten(
+            [init_params(hyper, hyper.seed + i) for i in range(hyper.ensemble)]
+        )
         with np.load(root / "params.npz") as z:
             leaves = [jnp.asarray(z[f"arr_{i}"]) for i in range(len(z.files))]
         return cls(jax.tree_util.tree_unflatten(tree, leaves), meta["configs"], hyper, meta["info"])
 
 
+def pick(scores: np.ndarray, configs: list[str], default_margin: float) -> str:
+    """See CostModel.pick."""
+    best = configs[int(np.argmin(scores))]
+    if DEFAULT in configs and scores[configs.index(DEFAULT)] - scores.min() < default_margin:
+        return DEFAULT
+    return best
+
+
 def train(
     graphs: list[HloGraph], times: list[dict[str, float]], configs: list[str], hyper: Hyper
 ) -> tuple[CostModel, list[float]]:
-    """Fits the model on measured programs; returns it and the loss curve."""
+    """Fits the ensemble on measured programs; returns it and the mean loss curve."""
     if not graphs:
         raise ValueError("no training programs")
     batch = make_batch(graphs, configs)
     log_t = np.array([[math.log(t.get(c, 1.0)) for c in configs] for t in times], np.float32)
     valid = np.array([[c in t for c in configs] for t in times], np.float32)
-    params = init_params(hyper)
     opt = optax.adam(hyper.lr)
-    state = opt.init(params)
 
     @jax.jit
     def step(params, state):
@@ -257,8 +269,36 @@ def train(
         updates, state = opt.update(grads, state, params)
         return optax.apply_updates(params, updates), state, loss
 
-    losses = []
-    for _ in range(hyper.steps):
-        params, state, loss = step(params, state)
-        losses.append(float(loss))
-    return CostModel(params, list(configs), hyper, {}), losses
+    members, curves = [], []
+    for i in range(hyper.ensemble):
+        params = init_params(hyper, hyper.seed + i)
+        state = opt.init(params)
+        curve = []
+        for _ in range(hyper.steps):
+            params, state, loss = step(params, state)
+            curve.append(float(loss))
+        members.append(params)
+        curves.append(curve)
+    return CostModel(members, list(configs), hyper, {}), list(np.mean(curves, axis=0))
+
+
+def out_of_fold_scores(
+    graphs: list[HloGraph],
+    times: list[dict[str, float]],
+    configs: list[str],
+    hyper: Hyper,
+    folds: int,
+) -> np.ndarray:
+    """(programs, configs) scores, each program scored by a model trained without it
+    (k-fold over programs): the honest ground for choosing hyper-parameters and the
+    default margin without touching the held-out programs."""
+    if not 2 <= folds <= len(graphs):
+        raise ValueError(f"folds must be between 2 and {len(graphs)}, got {folds}")
+    fold_of = np.random.default_rng(hyper.seed).permutation(len(graphs)) % folds
+    scores = np.zeros((len(graphs), len(configs)), np.float32)
+    for f in range(folds):
+        inside = [i for i in range(len(graphs)) if fold_of[i] != f]
+        outside = [i for i in range(len(graphs)) if fold_of[i] == f]
+        model, _ = train([graphs[i] for i in inside], [times[i] for i in inside], configs, hyper)
+        scores[outside] = model.predict([graphs[i] for i in outside])
+    return scores

@@ -3,13 +3,18 @@
 On the first call for an input signature the function is lowered; its fingerprint (hash of
 the StableHLO) looks up an earlier choice, shared by every tuned function in the process.
 Otherwise the optimized HLO graph is extracted (one compilation), the model ranks every
-config, and either its best config is taken, or (top_k > 1) the top k and XLA's default are
-compiled, checked against the default's output and timed on the actual inputs, and the
-fastest wins. Any failure on the way warns and falls back to XLA's default compilation.
+config, and either its pick is taken, or (verify, implied by top_k > 1) the top k and XLA's
+default are compiled, checked against the default's output and timed on the actual inputs
+(the default is the model's only candidate when it ranks first). A candidate
+replaces the default only if it is clearly faster: interleaved rounds (order reshuffled
+each round, so load hits all alike) compare it with the default round by round, and it must
+be at least WIN_MARGIN faster in the median round and faster in most rounds. Any failure
+on the way warns and falls back to XLA's default compilation.
 """
 
 from __future__ import annotations
 
+import random
 import time
 import warnings
 from collections.abc import Callable
@@ -22,7 +27,7 @@ import numpy as np
 
 from mlgo.xla.config import DEFAULT, compiler_options
 from mlgo.xla.extract import extract_graph, fingerprint
-from mlgo.xla.measure import MAX_REL_ERROR, summarize
+from mlgo.xla.measure import MAX_REL_ERROR
 from mlgo.xla.model import CostModel
 
 
@@ -37,15 +42,44 @@ class Choice:
 _CHOICES: dict[str, Choice] = {}  # by fingerprint, for the whole process
 
 
-def _time(fn: Callable, args: tuple, kwargs: dict, rounds: int = 5) -> float:
-    per_round = []
-    for _ in range(rounds):
-        fn(*args, **kwargs)
+# A measured candidate must beat the default by this much in the median round ...
+WIN_MARGIN = 0.03
+# ... and in at least this share of the rounds.
+WIN_ROUNDS = 0.75
+
+
+def _call_time(fn: Callable, args: tuple, kwargs: dict, calls: int) -> float:
+    """Median wall time of `calls` calls, after one warm-up call."""
+    jax.block_until_ready(fn(*args, **kwargs))
+    samples = []
+    for _ in range(calls):
         start = time.perf_counter()
-        for _ in range(3):
-            jax.block_until_ready(fn(*args, **kwargs))
-        per_round.append((time.perf_counter() - start) / 3)
-    return summarize(per_round)["median_us"]
+        jax.block_until_ready(fn(*args, **kwargs))
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
+
+
+def measured_choice(
+    built: dict[str, Any], args: tuple, kwargs: dict, rounds: int = 9, round_s: float = 0.003
+) -> str:
+    """The config of `built` (which holds DEFAULT) that is clearly faster than the default
+    on these inputs, else DEFAULT; see the module docstring."""
+    first = {c: _call_time(fn, args, kwargs, 3) for c, fn in built.items()}
+    calls = {c: max(3, min(100, int(round_s / max(t, 1e-7)))) for c, t in first.items()}
+    per_round: dict[str, list[float]] = {c: [] for c in built}
+    order = list(built)
+    rng = random.Random(0)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for c in order:
+            per_round[c].append(_call_time(built[c], args, kwargs, calls[c]))
+    base = np.asarray(per_round[DEFAULT])
+    best, best_ratio = DEFAULT, 1.0 - WIN_MARGIN
+    for c, times in per_round.items():
+        ratios = np.asarray(times) / base
+        if np.mean(ratios < 1.0) >= WIN_ROUNDS and np.median(ratios) <= best_ratio:
+            best, best_ratio = c, float(np.median(ratios))
+    return best
 
 
 def _first_leaf(out: Any) -> np.ndarray:
@@ -53,9 +87,14 @@ def _first_leaf(out: Any) -> np.ndarray:
 
 
 def choose(
-    lowered: jax.stages.Lowered, model: CostModel, top_k: int, args: tuple, kwargs: dict
+    lowered: jax.stages.Lowered,
+    model: CostModel,
+    top_k: int,
+    args: tuple,
+    kwargs: dict,
+    verify: bool = False,
 ) -> tuple[Choice, Any]:
-    """The model's config for `lowered` and its compiled executable."""
+    """The model's config for `lowered` and its compiled executable (see the module doc)."""
     start = time.perf_counter()
     scores = model.predict([extract_graph(lowered)])[0]
     ranking = tuple(model.configs[i] for i in np.argsort(scores))
@@ -63,20 +102,18 @@ def choose(
     def build(config: str) -> Any:
         return lowered.compile(compiler_options=compiler_options(config))
 
-    if top_k <= 1:
+    if top_k <= 1 and not verify:
         config = model.pick(scores)
         compiled = build(config)
     else:
-        candidates = list(dict.fromkeys([DEFAULT, *ranking[:top_k]]))
+        candidates = list(dict.fromkeys([DEFAULT, *ranking[: ranking.index(DEFAULT)][:top_k]]))
         built = {c: build(c) for c in candidates}
         reference = _first_leaf(built[DEFAULT](*args, **kwargs))
-        times = {}
-        for c, fn in built.items():
-            out = _first_leaf(fn(*args, **kwargs))
-            err = np.max(np.abs(out - reference)) / (np.max(np.abs(reference)) + 1e-6)
-            if err <= MAX_REL_ERROR:
-                times[c] = _time(fn, args, kwargs)
-        config = min(times, key=times.__getitem__)
+        for c in candidates[1:]:  # a config that computes something else is never a candidate
+            out = _first_leaf(built[c](*args, **kwargs))
+            if np.max(np.abs(out - reference)) > MAX_REL_ERROR * (np.max(np.abs(reference)) + 1e-6):
+                del built[c]
+        config = measured_choice(built, args, kwargs)
         compiled = built[config]
     return Choice(config, ranking, time.perf_counter() - start), compiled
 
@@ -85,11 +122,12 @@ class TunedFunction:
     """Callable like the `jax.jit` of `fun`; see the module docstring."""
 
     def __init__(
-        self, fun: Callable, model: CostModel | None, top_k: int, jit_kwargs: dict
+        self, fun: Callable, model: CostModel | None, top_k: int, verify: bool, jit_kwargs: dict
     ) -> None:
         self._jit = jax.jit(fun, **jit_kwargs)
         self._model = model
         self._top_k = top_k
+        self._verify = verify
         self._compiled: dict[Any, Any] = {}
         self.choices: dict[str, Choice] = {}  # by fingerprint, for this function
 
@@ -112,7 +150,9 @@ class TunedFunction:
             elif self._model is None:
                 raise ValueError("no cost model given")
             else:
-                choice, compiled = choose(lowered, self._model, self._top_k, args, kwargs)
+                choice, compiled = choose(
+                    lowered, self._model, self._top_k, args, kwargs, self._verify
+                )
         except Exception as e:  # the default compilation always stands behind the model
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             warnings.warn(f"tuned_jit: tuning failed ({why}); using XLA's default", stacklevel=3)
@@ -127,14 +167,16 @@ def tuned_jit(
     fun: Callable,
     cost_model: str | Path | CostModel | None = None,
     top_k: int = 1,
+    verify: bool = False,
     **jit_kwargs: Any,
 ) -> TunedFunction:
     """Like `jax.jit(fun, **jit_kwargs)`, with the GEMM config chosen by `cost_model` (a
-    model directory such as policies/xla-gemm-tile); `top_k` > 1 measures the model's
-    top k (and the default) on the first call's inputs."""
+    model directory such as policies/xla-gemm-tile). With `verify` (implied by `top_k` > 1)
+    the model's top k are timed against XLA's default on the first call's inputs, and the
+    default stays unless one is clearly faster."""
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     model = cost_model
     if isinstance(cost_model, str | Path):
         model = CostModel.load(Path(cost_model))
-    return TunedFunction(fun, model, top_k, jit_kwargs)
+    return TunedFunction(fun, model, top_k, verify, jit_kwargs)
