@@ -115,6 +115,7 @@ def policy_service(policies: list[Path], directory: Path, backend: str = "native
     directory = directory.resolve()  # the builds run in their own directories
     directory.mkdir(parents=True, exist_ok=True)
     socket = directory / "mlgo.sock"
+    socket.unlink(missing_ok=True)  # a killed earlier service's: not a sign this one is up
     log = directory / "serve.log"
     args = [f"--policy={p.resolve()}" for p in policies]
     with open(log, "ab") as out:

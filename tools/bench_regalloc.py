@@ -26,7 +26,9 @@ in order (ABBA) so machine noise hits both; medians and min..max are reported.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import os
 import re
 import resource
 import shlex
@@ -238,30 +240,51 @@ def _cpu_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class _Tally:
+    """What the policy server reports about its channels, summed."""
+
+    def __init__(self) -> None:
+        self.decisions, self.errors = 0, []
+
+    def on_session(self, cid: str, decisions: int) -> None:
+        self.decisions += decisions
+
+    def on_error(self, cid: str, message: str) -> None:
+        self.errors.append(message)
+
+
 @contextmanager
 def direct_server(policy: Path):
-    """The policy's native server answering one FIFO channel of its own, with no service
-    in between; yields (channel base, the server process)."""
+    """The policy's native server driven by the service's own backend class, in this
+    process: a fresh channel per compile, as a lease gets, but no daemon in between.
+    Yields a function that compiles CMD with a channel, and the server's process id."""
     from mlgo.aot import native_server
-    from mlgo.channel import fifo_pair
-    from mlgo.service import release
+    from mlgo.problems import get_problem
+    from mlgo.service import NativeBackend
 
-    binary = native_server(policy / "saved_model")
-    with fifo_pair() as base:
-        server = subprocess.Popen(
-            [str(binary)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        assert server.stdin is not None
-        server.stdin.write(f"serve direct {base}\n")
-        server.stdin.flush()
+    problem = get_problem("regalloc-eviction")
+    tally = _Tally()
+    ids = itertools.count()
+    with tempfile.TemporaryDirectory() as d:
+        backend = NativeBackend(native_server(policy / "saved_model"), Path(d) / "log", tally)
+
+        def compile_with_channel(cmd: list[str]) -> None:
+            cid = f"direct-{next(ids)}"
+            base = str(Path(d) / cid)
+            for suffix in (".in", ".out"):
+                os.mkfifo(base + suffix, 0o600)
+            backend.start(cid, base, problem)
+            subprocess.run([*cmd, *problem.channel_flags(base)], check=True, capture_output=True)
+            backend.stop(cid, base)
+            for suffix in (".in", ".out"):
+                os.unlink(base + suffix)
+            if tally.errors:
+                raise BuildError(f"policy server: {tally.errors[0]}")
+
         try:
-            yield base, server
+            yield compile_with_channel, backend.pid
         finally:
-            server.stdin.write("cancel direct\n")
-            server.stdin.flush()
-            release(base)
-            server.stdin.close()
-            server.wait(10)
+            backend.close()
 
 
 def bench_overhead(
@@ -292,17 +315,14 @@ def bench_overhead(
     wall: dict[str, list[float]] = {v: [] for v in variants}
     clang_cpu: dict[str, list[float]] = {v: [] for v in variants}
     decisions = 0
-    with tempfile.TemporaryDirectory() as d, direct_server(policy) as (base, server):
+    with tempfile.TemporaryDirectory() as d, direct_server(policy) as (direct, server_pid):
         obj = Path(d) / "o.o"
-        assert server.stdout is not None
         for r in range(rounds):
             order = variants if r % 2 == 0 else variants[::-1]
             seconds = dict.fromkeys(variants, 0.0)
             compiler = dict.fromkeys(variants, 0.0)
-            server_start, service_start = (
-                tree_cpu_seconds(server.pid),
-                tree_cpu_seconds(service_pid),
-            )
+            server_start = tree_cpu_seconds(server_pid)
+            service_start = tree_cpu_seconds(service_pid)
             for m in modules:
                 cmd = m.compile_command(tc.clang, obj, problem.opt_level)
                 for v in order:
@@ -310,11 +330,7 @@ def bench_overhead(
                     if v == "plain":
                         subprocess.run(cmd, check=True, capture_output=True)
                     elif v == "direct":
-                        flags = problem.channel_flags(base)
-                        subprocess.run([*cmd, *flags], check=True, capture_output=True)
-                        reply = server.stdout.readline().split()
-                        if reply[:1] != ["session"]:
-                            raise BuildError(f"{m.name}: policy server said {reply}")
+                        direct(cmd)
                     else:
                         with Connection(socket, 10.0) as conn:
                             conn.send({"op": "compile"})
@@ -328,7 +344,7 @@ def bench_overhead(
                         decisions += tally["decisions"] if r == 0 else 0
                     seconds[v] += time.perf_counter() - start
                     compiler[v] += _cpu_children() - cpu_start
-            server_cpu = tree_cpu_seconds(server.pid) - server_start
+            server_cpu = tree_cpu_seconds(server_pid) - server_start
             service_cpu = tree_cpu_seconds(service_pid) - service_start
             policy_side = {"plain": 0.0, "direct": server_cpu, "service": service_cpu}
             for v in variants:
@@ -376,7 +392,8 @@ def bench_build_overhead(
     everything the build ran plus what the service and its policy server spent."""
     from mlgo.client import request
 
-    service_pid = request({"op": "status"}, path=Path(service_env["MLGO_SOCKET"]))["pid"]
+    socket = Path(service_env["MLGO_SOCKET"])
+    service_pid = request({"op": "status"}, path=socket)["pid"]
     compilers = {"default": plain_compilers(tc), "policy": mlgo_compilers()}
     extra = {"default": {}, "policy": dict(service_env, MLGO_CC=tc.clang, MLGO_CXX=tc.clangxx)}
     out: dict = {}
@@ -385,6 +402,7 @@ def bench_build_overhead(
         pristine = pristine_source(recipe, work / name)
         cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
         wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        counted = request({"op": "status"}, path=socket)
         for r in range(reps):
             for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
                 service_start = tree_cpu_seconds(service_pid)
@@ -405,8 +423,11 @@ def bench_build_overhead(
                 f"{name} rep {r + 1}: CPU s default {cpu['default'][-1]:.2f}, "
                 f"policy {cpu['policy'][-1]:.2f}"
             )
+        status = request({"op": "status"}, path=socket)
         out[name] = {
             "reps": reps,
+            "compilations": (status["compilations"] - counted["compilations"]) // reps,
+            "decisions": (status["decisions"] - counted["decisions"]) // reps,
             "cpu_seconds": {v: _spread(cpu[v]) for v in VARIANTS},
             "wall_seconds": {v: _spread(wall[v]) for v in VARIANTS},
             "cpu_overhead": _spread(
@@ -451,6 +472,7 @@ def _print_build_overhead(o: dict) -> None:
     table = Table(
         "package",
         "reps",
+        "compiles, evictions",
         "CPU s default / policy",
         "CPU change (min..max)",
         "wall s default / policy",
@@ -462,6 +484,7 @@ def _print_build_overhead(o: dict) -> None:
         table.add_row(
             name,
             str(r["reps"]),
+            f"{r['compilations']}, {r['decisions']:,}",
             f"{c['default']['median']:.2f} / {c['policy']['median']:.2f}",
             _pct(r["cpu_overhead"]),
             f"{w['default']['median']:.2f} / {w['policy']['median']:.2f}",
