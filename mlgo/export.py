@@ -39,10 +39,9 @@ def _output_spec(advice_name: str) -> list[dict]:
     ]
 
 
-def quantile_fractions(values, quantiles: list[np.ndarray]):
-    """[rows, columns] raw values -> [rows, columns] float32: for each column j,
-    searchsorted(quantiles[j], value, side="right") / len(quantiles[j]), exactly as
-    Normalizer.transform computes it.
+def quantile_counts(values, quantiles: list[np.ndarray]):
+    """[rows, columns] raw values -> [rows, columns] int32: for each column j,
+    searchsorted(quantiles[j], value, side="right"), exactly as numpy counts it.
 
     A branch-free binary search over one table padded with +inf: XLA lowers
     tf.searchsorted to a comparison with every boundary, which for a per-candidate
@@ -67,9 +66,7 @@ def quantile_fractions(values, quantiles: list[np.ndarray]):
     shape = tf.shape(count)
     limit = tf.broadcast_to([[int(np.sum(~np.isnan(q))) for q in quantiles]], shape)
     every = tf.broadcast_to([[len(q) for q in quantiles]], shape)
-    count = tf.where(tf.math.is_nan(values), every, tf.minimum(count, limit))
-    lengths = tf.constant([max(len(q), 1) for q in quantiles], tf.float32)
-    return tf.cast(count, tf.float32) / lengths[None, :]
+    return tf.where(tf.math.is_nan(values), every, tf.minimum(count, limit))
 
 
 def build_module(policy: MLPPolicy):
@@ -103,8 +100,11 @@ def build_module(policy: MLPPolicy):
         for d in policy.normalizer.derived:  # the same columns Normalizer.expand computes
             left, right = by_name[d.left], by_name[d.right]
             raw.append(left - right if d.op == "-" else tf.cast(left < right, tf.float64))
-        frac = quantile_fractions(tf.stack(raw, axis=1), policy.normalizer.quantiles)
-        h = tf.concat([frac, tf.sqrt(frac), frac * frac], axis=1)
+        quantiles = policy.normalizer.quantiles
+        counts = quantile_counts(tf.stack(raw, axis=1), quantiles)
+        lengths = tf.constant([max(len(q), 1) for q in quantiles], tf.float64)
+        frac = tf.cast(counts, tf.float64) / lengths[None, :]  # as numpy: float64, then float32
+        h = tf.cast(tf.concat([frac, tf.sqrt(frac), frac * frac], axis=1), tf.float32)
         for i in range(0, len(weights), 2):
             h = tf.matmul(h, weights[i]) + weights[i + 1]
             if i + 2 < len(weights):
