@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -160,32 +161,39 @@ def _link(staging: Path, aot: Path, runtime: list[Path]) -> subprocess.Completed
     )
 
 
+def cached_build(kind: str, key_material: bytes, name: str, build: Callable[[Path], None]) -> Path:
+    """CACHE/KIND/<hash>/NAME, made by BUILD(staging dir) on first use. The staging dir is
+    renamed into place only when complete, so a killed build leaves nothing half-written."""
+    key = hashlib.sha256(key_material).hexdigest()[:20]
+    target = cache_dir() / kind / key
+    if (target / name).exists():
+        return target / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=target.parent))
+    try:
+        build(staging)
+        _publish(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target / name
+
+
 def native_server(saved_model: Path) -> Path:
     """The policy server binary for SAVED_MODEL, built on first use and cached."""
     files = sorted(p for p in saved_model.rglob("*") if p.is_file())
     if not files:
         raise AotError(f"{saved_model}: no SavedModel here")
-    key = hashlib.sha256(
-        f"{tf_version()}\0{_tree_digest(files, saved_model)}\0".encode()
-        + SERVER_SOURCE.read_bytes()
-    ).hexdigest()[:20]
-    target = cache_dir() / "native" / key
-    binary = target / "policy_server"
-    if binary.exists():
-        return binary
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=target.parent))
-    try:
+
+    def build(staging: Path) -> None:
         aot = aot_compile(saved_model, staging / "aot")
         proc = _link(staging, aot, _runtime_objects(CORE_RUNTIME))
         if proc.returncode != 0 and re.search(r"undefined reference", proc.stderr):
             proc = _link(staging, aot, _runtime_objects(_all_runtime_sources()))
         if proc.returncode != 0:
             raise AotError(f"linking the policy server failed: {_first_error(proc.stderr)}")
-        _publish(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return binary
+
+    key = f"{tf_version()}\0{_tree_digest(files, saved_model)}\0".encode()
+    return cached_build("native", key + SERVER_SOURCE.read_bytes(), "policy_server", build)
 
 
 def replay(server: Path, log: Path) -> bytes:

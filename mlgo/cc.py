@@ -12,8 +12,8 @@ MLGO_STRICT=1 turns that warning into an error instead.
 
 Environment: MLGO_CC / MLGO_CXX (default clang-22 / clang++-22), MLGO_POLICY (policy
 directories, ':'-separated, for a service started on demand; default: the shipped
-inlining policy), MLGO_BACKEND (native or python), MLGO_TIMEOUT (seconds, default 900),
-MLGO_STRICT, MLGO_DISABLE (plain compiler), MLGO_SOCKET.
+inlining policy), MLGO_BACKEND (auto, plugin, native or python), MLGO_TIMEOUT (seconds,
+default 900), MLGO_STRICT, MLGO_DISABLE (plain compiler), MLGO_SOCKET.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def start_service(path: Path) -> Connection:
             raise ServiceError(f"the mlgo service failed to start recently ({failed_marker})")
         policies = os.environ.get("MLGO_POLICY") or str(SHIPPED_POLICY)
         cmd = [sys.executable, "-m", "mlgo.cli", "serve", "--idle-exit", "600"]
-        cmd += ["--backend", os.environ.get("MLGO_BACKEND", "native")]
+        cmd += ["--backend", os.environ.get("MLGO_BACKEND", "auto")]
         for p in policies.split(os.pathsep):
             cmd += ["--policy", p]
         log_path = runtime / "service.log"

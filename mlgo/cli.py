@@ -331,7 +331,10 @@ def export(
     policy: Annotated[Path, typer.Option(help="policy directory (or its run)")],
     out: Annotated[Path, typer.Option(help="where the shipped policy goes")],
     aot: Annotated[
-        bool, typer.Option(help="also AOT-compile it (OUT/aot) and build the native server")
+        bool,
+        typer.Option(
+            help="also AOT-compile it (OUT/aot), build the native server and the clang plugin"
+        ),
     ] = True,
 ) -> None:
     """Write a policy as a TF SavedModel (LLVM's feature names) beside its numpy form,
@@ -357,6 +360,11 @@ def export(
 
         console.print(f"wrote {aot_compile(saved, out / 'aot')} (model.h and objects)")
         console.print(f"native policy server: {native_server(saved)}")
+        from mlgo.plugin import PLUGIN_PROBLEMS, inliner_plugin
+
+        if loaded.problem in PLUGIN_PROBLEMS:
+            plugin = inliner_plugin(out, find_toolchain())
+            console.print(f"clang plugin: {plugin} (clang-22 -fpass-plugin={plugin} ...)")
 
 
 @app.command()
@@ -429,7 +437,9 @@ def build(
         "data/programs"
     ),
     tests: Annotated[bool, typer.Option(help="run each package's own tests on both")] = True,
-    backend: Annotated[str, typer.Option(help="service backend: native or python")] = "native",
+    backend: Annotated[
+        str, typer.Option(help="service backend: auto, plugin, native or python")
+    ] = "auto",
     clang: ClangOpt = None,
 ) -> None:
     """Build real programs from their Debian source packages twice, with plain clang and
@@ -506,9 +516,13 @@ def serve(
     policy: Annotated[
         list[Path], typer.Option(help="policy directory; repeat for one per problem")
     ] = [Path("policies/inlining-size")],  # noqa: B006 (typer reads the default)
-    backend: Annotated[str, typer.Option(help="native (AOT, no Python per decision) or python")] = (
-        "native"
-    ),
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="plugin (inside clang), native (AOT policy server on a channel), python, "
+            "or auto: plugin where the problem has one, native otherwise"
+        ),
+    ] = "auto",
     socket: SocketOpt = None,
     idle_exit: Annotated[
         float, typer.Option(help="exit after this many idle seconds (0: never)")
@@ -537,6 +551,8 @@ def status(socket: SocketOpt = None) -> None:
     for p in s["policies"]:
         lat = p["latency"]
         pct = ", ".join(f"{k[:-3]} {v:.1f} µs" for k, v in lat.items()) if lat else "no decisions"
+        if p["backend"] == "plugin":
+            pct = "decided inside clang (not counted here)"
         table.add_row(f"{p['problem']} ({p['backend']})", f"{p['path']}\n{pct}")
     console.print(table)
 

@@ -110,12 +110,12 @@ def build_program(
 
 
 @contextmanager
-def policy_service(policies: list[Path], directory: Path, backend: str = "native"):
+def policy_service(policies: list[Path], directory: Path, backend: str = "auto"):
     """`mlgo serve` for a build, on a socket of its own; yields the environment to use."""
     directory = directory.resolve()  # the builds run in their own directories
     directory.mkdir(parents=True, exist_ok=True)
     socket = directory / "mlgo.sock"
-    socket.unlink(missing_ok=True)  # a killed earlier service's: not a sign this one is up
+    socket.unlink(missing_ok=True)  # a killed service's socket would look ready
     log = directory / "serve.log"
     args = [f"--policy={p.resolve()}" for p in policies]
     with open(log, "ab") as out:

@@ -1,11 +1,15 @@
 """The policy service: a long-lived daemon that answers many compilations at once.
 
-It loads each policy once and hands every compilation a fresh FIFO channel per problem
-(a lease). The decisions themselves are answered by a backend: `native`, the AOT-compiled
-policy server (mlgo/aot.py), which serves each channel in a C++ thread with no Python per
-decision, or `python`, the trained numpy policy in a Python thread (the reference, and
-the fallback where no C++ compiler is available). The daemon only does the control
-plane: leases, cleanup, error events and statistics.
+It loads each policy once and hands every compilation the compiler flags that bring it
+the policies (a lease). Backends:
+- `plugin`: the inlining policy compiled into a clang pass plugin (mlgo/plugin.py), so
+  clang decides in-process; the lease is only a flag. The fastest, by far.
+- `native`: a fresh FIFO channel per problem, answered by the AOT-compiled policy server
+  (mlgo/aot.py) in a C++ thread with no Python per decision.
+- `python`: a channel answered by the trained numpy policy in a Python thread (the
+  reference, and the fallback where no C++ compiler is available).
+`auto` (the default) takes the plugin for the problems that have one, native otherwise.
+The daemon only does the control plane: leases, cleanup, error events and statistics.
 
 A channel that fails (policy crash, garbage answer, a compiler with another feature
 layout) raises an error event on its lease at once, so `mlgo-cc` can kill the stuck
@@ -172,6 +176,24 @@ class NativeBackend:
                 self._proc.wait()
 
 
+class PluginBackend:
+    """The policy inside clang (-fpass-plugin): no channel, no process, no decision to count."""
+
+    name = "plugin"
+
+    def __init__(self, policy_dir: Path):
+        from mlgo.plugin import inliner_plugin
+        from mlgo.toolchain import find_toolchain
+
+        self.flags = [f"-fpass-plugin={inliner_plugin(policy_dir, find_toolchain())}"]
+
+    def latency(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
 class PythonBackend:
     """Serves each channel from a Python thread with the trained numpy policy."""
 
@@ -236,7 +258,7 @@ class PythonBackend:
         pass
 
 
-Backend = NativeBackend | PythonBackend
+Backend = NativeBackend | PythonBackend | PluginBackend
 
 
 @dataclass
@@ -250,6 +272,7 @@ class ServedPolicy:
 class Lease:
     id: str
     channels: dict[str, tuple[ServedPolicy, str]]  # channel id -> (policy, FIFO base)
+    plugin_flags: list[str] = field(default_factory=list)
     push: queue.Queue | None = None  # events for the client holding the lease
     detached: bool = False
     decisions: int = 0
@@ -259,7 +282,10 @@ class Lease:
 
     @property
     def flags(self) -> list[str]:
-        return [f for p, base in self.channels.values() for f in p.problem.channel_flags(base)]
+        channels = [
+            f for p, base in self.channels.values() for f in p.problem.flags_for_serving(base)
+        ]
+        return channels + self.plugin_flags
 
 
 class Service:
@@ -288,6 +314,14 @@ class Service:
         except (OSError, ValueError) as e:
             raise ValueError(f"{directory}: not a policy directory ({e})") from e
         problem = get_problem(meta["problem"])
+        if backend in ("auto", "plugin"):
+            from mlgo.plugin import PLUGIN_PROBLEMS
+
+            if problem.name in PLUGIN_PROBLEMS:
+                return ServedPolicy(problem, directory.resolve(), PluginBackend(directory))
+            if backend == "plugin":
+                raise ValueError(f"{directory}: {problem.name} has no plugin; use --backend native")
+            backend = "native"
         if backend == "native":
             from mlgo.aot import native_server
 
@@ -297,7 +331,7 @@ class Service:
         elif backend == "python":
             served = PythonBackend(directory, self)
         else:
-            raise ValueError(f"unknown backend {backend!r}; use native or python")
+            raise ValueError(f"unknown backend {backend!r}; use auto, plugin, native or python")
         return ServedPolicy(problem, directory.resolve(), served)
 
     # -- events from backends -------------------------------------------------------
@@ -334,6 +368,9 @@ class Service:
             self.leases[lease.id] = lease
             self.last_activity = time.monotonic()
         for p in chosen:
+            if isinstance(p.backend, PluginBackend):  # no channel: a flag is all it takes
+                lease.plugin_flags += p.backend.flags
+                continue
             cid = f"{lease.id}-{p.problem.name}"
             base = str(self.channel_dir / cid)
             os.mkfifo(base + ".in", 0o600)
@@ -350,6 +387,7 @@ class Service:
                 return self._tally(lease)
             lease.ended.set()
         for cid, (p, base) in lease.channels.items():
+            assert not isinstance(p.backend, PluginBackend)  # it has no channels
             p.backend.stop(cid, base)
             for suffix in (".in", ".out"):
                 Path(base + suffix).unlink(missing_ok=True)
@@ -414,6 +452,12 @@ class _Handler(socketserver.StreamRequestHandler):
                 self._compile(service)
             elif op == "channel":
                 lease = service.open_lease(message.get("problem"), detached=True)
+                if not lease.channels:
+                    service.end_lease(lease)
+                    raise ValueError(
+                        "this service's policy runs inside clang (-fpass-plugin), not on a "
+                        "channel; for a channel by hand, serve with --backend native"
+                    )
                 (_policy, base), *_ = lease.channels.values()
                 self._send({"base": base, "lease": lease.id})
                 expiry = threading.Timer(

@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mlgo.cc import install_native_wrappers
@@ -57,7 +58,17 @@ class Service:
 
 @pytest.fixture(scope="module")
 def native(tmp_path_factory):
-    service = Service(tmp_path_factory.mktemp("svc"), "--policy", str(SHIPPED))
+    service = Service(
+        tmp_path_factory.mktemp("svc"), "--policy", str(SHIPPED), "--backend", "native"
+    )
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory):
+    """The default backend: the inlining policy inside clang."""
+    service = Service(tmp_path_factory.mktemp("plugin"), "--policy", str(SHIPPED))
     yield service
     service.stop()
 
@@ -119,6 +130,56 @@ def test_socket_and_runtime_dir_are_private(native, tmp_path, monkeypatch):
         runtime_dir()
 
 
+def test_the_plugin_decides_as_the_policy_does(cc, plugin, mini_corpus, tc, tmp_path):
+    """Inside clang, the shipped policy makes the numpy reference's decisions, call site
+    for call site; and a policy that departs from the default visibly does so."""
+    status = plugin.status()
+    assert status["policies"][0]["backend"] == "plugin"
+    inline_all = MLPPolicy.load(SHIPPED)
+    inline_all.weights[-1] = np.array([0.0, 1e30], np.float32)  # always "inline"
+    inline_all.save(tmp_path / "inline-all")
+    eager = Service(tmp_path, "--policy", str(tmp_path / "inline-all"), "--backend", "plugin")
+    try:
+        departed = 0
+        for policy, service in ((MLPPolicy.load(SHIPPED), plugin), (inline_all, eager)):
+            for module in mini_corpus.modules:
+                src = DATA / "minipkg" / (Path(module.name).stem + ".c")
+                got, want = tmp_path / "plugin.o", tmp_path / "reference.o"
+                r = mlgo_cc(cc, src, got, service.env())
+                assert r.returncode == 0 and not r.stderr, r.stderr
+                compile_module(
+                    get_problem("inlining-size"), module, tc.clang, policy, keep_object=want
+                )
+                assert got.read_bytes() == want.read_bytes(), module.name
+                plain = tmp_path / "plain.o"
+                subprocess.run([tc.clang, "-Oz", "-c", str(src), "-o", str(plain)], check=True)
+                departed += service is eager and got.read_bytes() != plain.read_bytes()
+        assert departed > 0
+    finally:
+        eager.stop()
+    assert plugin.status()["failed_compilations"] == 0
+
+
+def test_the_plugin_falls_back_on_an_unknown_feature_layout(cc, mismatched_policy, tc, tmp_path):
+    service = Service(tmp_path, "--policy", str(mismatched_policy), "--backend", "plugin")
+    try:
+        r = mlgo_cc(cc, SOURCES[0], tmp_path / "a.o", service.env())
+    finally:
+        service.stop()
+    assert r.returncode == 0 and r.stderr.count("\n") == 1, r.stderr
+    assert "feature_from_another_clang" in r.stderr and "default heuristic" in r.stderr
+    plain = tmp_path / "plain.o"
+    subprocess.run([tc.clang, "-Oz", "-c", str(SOURCES[0]), "-o", str(plain)], check=True)
+    assert (tmp_path / "a.o").read_bytes() == plain.read_bytes()
+
+
+def test_a_plugin_service_has_no_channel_by_hand(plugin):
+    r = subprocess.run(
+        [*MLGO, "channel", "--socket", str(plugin.socket)], capture_output=True, text=True
+    )
+    assert r.returncode != 0 and "--backend native" in r.stderr
+
+
 def test_channel_by_hand(native, tmp_path):
     base = subprocess.run(
         [*MLGO, "channel", "--socket", str(native.socket)], capture_output=True, text=True
@@ -149,20 +210,27 @@ def test_user_compile_errors_are_passed_through(cc, native, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def mismatched(tmp_path_factory):
-    """A service whose policy wants a feature this clang does not send."""
+def mismatched_policy(tmp_path_factory) -> Path:
+    """A policy that wants a feature this clang does not send."""
     from mlgo.export import export_saved_model
 
-    tmp = tmp_path_factory.mktemp("mismatch")
+    out = tmp_path_factory.mktemp("mismatch") / "policy"
     policy = MLPPolicy.load(SHIPPED)
     renamed = list(policy.normalizer.features)
     renamed[0] = "feature_from_another_clang"
     policy.normalizer = type(policy.normalizer)(
         tuple(renamed), policy.normalizer.quantiles, policy.normalizer.derived
     )
-    policy.save(tmp / "policy")
-    export_saved_model(policy, tmp / "policy")
-    service = Service(tmp, "--policy", str(tmp / "policy"))
+    policy.save(out)
+    export_saved_model(policy, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def mismatched(mismatched_policy):
+    service = Service(
+        mismatched_policy.parent, "--policy", str(mismatched_policy), "--backend", "native"
+    )
     yield service
     service.stop()
 
@@ -178,7 +246,7 @@ def test_unknown_feature_layout_falls_back(cc, mismatched, tmp_path):
 
 
 def test_a_hung_policy_times_out_and_falls_back(native_cc, tmp_path):
-    service = Service(tmp_path, "--policy", str(SHIPPED))
+    service = Service(tmp_path, "--policy", str(SHIPPED), "--backend", "native")
     try:
         mlgo_cc(
             native_cc, SOURCES[0], tmp_path / "warm.o", service.env()

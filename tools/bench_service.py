@@ -5,11 +5,13 @@
 - rtt: per-decision round trip on recorded real features, measured by a C peer playing the
   compiler (tools/channel_driver.c): the native AOT backend, the Python backend and, as a
   floor, a C responder that answers without any policy. Medians over repeats.
-- build: a real package built with plain clang-22 -Oz, with mlgo-cc and the native
-  service, and with mlgo-cc passing straight through (MLGO_DISABLE=1, the wrapper's own
-  cost), interleaved in each repeat; medians and spread of the build step's wall time.
-- soak: 2 x cores concurrent mlgo-cc compilations for N minutes; failures, FIFOs left,
-  threads and RSS of the service and its policy server over time.
+- build: a real package built with plain clang-22 -Oz, with mlgo-cc and the plugin
+  service (the policy inside clang; the default), with mlgo-cc and the native service (the
+  AOT policy server on a channel), and with mlgo-cc passing straight through
+  (MLGO_DISABLE=1, the wrapper's own cost), interleaved in each repeat; medians and spread
+  of the build step's wall time and of its CPU time (build processes plus the services).
+- soak: 2 x cores concurrent mlgo-cc compilations for N minutes through one backend;
+  failures, FIFOs left, threads and RSS of the service and its policy server over time.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from mlgo.programs import (  # noqa: E402
 )
 from mlgo.toolchain import find_toolchain  # noqa: E402
 
-console = Console()
+console = Console(width=160)
 POLICY = ROOT / "policies" / "inlining-size"
 
 
@@ -137,54 +139,75 @@ def bench_build(args, work: Path) -> dict:
     tc = find_toolchain()
     recipe = load_recipe(args.build_package)
     pristine = pristine_source(recipe, args.work / recipe.name)
-    names = ("plain", "mlgo-cc (native)", "mlgo-cc (disabled)")
+    names = ("plain", "mlgo-cc (plugin)", "mlgo-cc (native)", "mlgo-cc (disabled)")
     times: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
-    with policy_service([POLICY], work / "svc-build", "native") as env:
-        env = dict(env, MLGO_CC=tc.clang)
-        service_pid = request({"op": "status"}, path=Path(env["MLGO_SOCKET"]))["pid"]
+    with (
+        policy_service([POLICY], work / "svc-plugin", "plugin") as plugin_env,
+        policy_service([POLICY], work / "svc-build", "native") as native_env,
+    ):
+        envs = {
+            "plugin": dict(plugin_env, MLGO_CC=tc.clang),
+            "native": dict(native_env, MLGO_CC=tc.clang),
+        }
+        service_pids = [
+            request({"op": "status"}, path=Path(env["MLGO_SOCKET"]))["pid"] for env in envs.values()
+        ]
         variants = {
             "plain": (plain_compilers(tc), {}),
-            "mlgo-cc (native)": (mlgo_compilers(), env),
-            "mlgo-cc (disabled)": (mlgo_compilers(), dict(env, MLGO_DISABLE="1")),
+            "mlgo-cc (plugin)": (mlgo_compilers(), envs["plugin"]),
+            "mlgo-cc (native)": (mlgo_compilers(), envs["native"]),
+            "mlgo-cc (disabled)": (mlgo_compilers(), dict(envs["native"], MLGO_DISABLE="1")),
         }
         for rep in range(args.reps):
             order = list(variants)
             random.Random(rep).shuffle(order)  # no variant always runs first
             for name in order:
                 compilers, extra = variants[name]
-                service_cpu = tree_cpu_seconds(service_pid)
+                service_cpu = sum(tree_cpu_seconds(pid) for pid in service_pids)
                 b = build_program(
                     recipe, pristine, work / "tree", tc, name, compilers, extra, False
                 )
                 times[name].append(b.build_seconds)
-                # The build's own processes, plus what the service and its policy server spent.
-                cpu[name].append(b.build_cpu_seconds + tree_cpu_seconds(service_pid) - service_cpu)
+                # The build's own processes, plus what the services and the policy server spent.
+                service_cpu = sum(tree_cpu_seconds(pid) for pid in service_pids) - service_cpu
+                cpu[name].append(b.build_cpu_seconds + service_cpu)
                 console.print(
                     f"rep {rep + 1}: {name} {b.build_seconds:.1f} s wall, {cpu[name][-1]:.1f} s cpu"
                 )
-        decisions = request({"op": "status"}, path=Path(env["MLGO_SOCKET"]))["decisions"]
-    plain, plain_cpu = statistics.median(times["plain"]), statistics.median(cpu["plain"])
+        socket = Path(envs["native"]["MLGO_SOCKET"])
+        decisions = request({"op": "status"}, path=socket)["decisions"]
     table = Table(
-        "build", "wall s, median (range)", "wall overhead", "CPU s, median (range)", "CPU overhead"
+        "build",
+        "wall s, median (range)",
+        "wall overhead",
+        "CPU s, median (range)",
+        "CPU overhead",
+        "paired CPU overhead, median (IQR)",
     )
     summary = {}
     for name, ts in times.items():
         med, cpu_med = statistics.median(ts), statistics.median(cpu[name])
+        # Each repeat builds every variant back to back: the ratio within a repeat cancels
+        # what drifts between repeats (other load, frequency), so it is the steadier figure.
+        paired = [100 * (c / p - 1) for c, p in zip(cpu[name], cpu["plain"], strict=True)]
+        q1, q2, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
         summary[name] = {
             "seconds": ts,
             "cpu_seconds": cpu[name],
             "median_s": med,
-            "overhead_pct": 100 * (med / plain - 1),
+            "overhead_pct": 100 * (med / statistics.median(times["plain"]) - 1),
             "cpu_median_s": cpu_med,
-            "cpu_overhead_pct": 100 * (cpu_med / plain_cpu - 1),
+            "cpu_overhead_pct": 100 * (cpu_med / statistics.median(cpu["plain"]) - 1),
+            "paired_cpu_overhead_pct": {"median": q2, "q1": q1, "q3": q3},
         }
         table.add_row(
             name,
             f"{med:.2f} ({min(ts):.2f}–{max(ts):.2f})",
-            f"{100 * (med / plain - 1):+.1f}%",
+            f"{summary[name]['overhead_pct']:+.1f}%",
             f"{cpu_med:.2f} ({min(cpu[name]):.2f}–{max(cpu[name]):.2f})",
-            f"{100 * (cpu_med / plain_cpu - 1):+.1f}%",
+            f"{summary[name]['cpu_overhead_pct']:+.1f}%",
+            f"{q2:+.1f}% ({q1:+.1f}..{q3:+.1f})",
         )
     console.print(table)
     return {"package": recipe.name, "reps": args.reps, "decisions": decisions, "builds": summary}
@@ -218,7 +241,7 @@ def bench_soak(args, work: Path) -> dict:
     failures: list[str] = []
     lock = threading.Lock()
     samples: list[dict] = []
-    with policy_service([POLICY], work / "svc-soak", "native") as env:
+    with policy_service([POLICY], work / "svc-soak", args.soak_backend) as env:
         sock = Path(env["MLGO_SOCKET"])
         service_pid = request({"op": "status"}, path=sock)["pid"]
         channels = sock.parent / "channels"
@@ -235,7 +258,7 @@ def bench_soak(args, work: Path) -> dict:
                     text=True,
                 )
                 with lock:
-                    if r.returncode == 0 and "mlgo-cc" not in r.stderr:
+                    if r.returncode == 0 and "mlgo" not in r.stderr:  # no warning either
                         counts["ok"] += 1
                     else:
                         counts["failed"] += 1
@@ -276,6 +299,7 @@ def bench_soak(args, work: Path) -> dict:
         f"FIFOs left {final['fifos']}"
     )
     return {
+        "backend": args.soak_backend,
         "minutes": args.soak_minutes,
         "concurrency": 2 * os.cpu_count(),
         **counts,
@@ -296,6 +320,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=20, help="rtt: passes over the records")
     ap.add_argument("--build-package", default="lua", help="build: recipe to build")
     ap.add_argument("--soak-package", default="zlib", help="soak: recipe whose sources to compile")
+    ap.add_argument("--soak-backend", default="native", help="soak: plugin or native")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--soak-minutes", type=float, default=10.0)
     ap.add_argument("--sample-s", type=float, default=10.0)
@@ -307,7 +332,8 @@ def main() -> None:
     parts = {"rtt": bench_rtt, "build": bench_build, "soak": bench_soak}
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         for part in args.parts.split(","):
-            key = f"build-{args.build_package}" if part == "build" else part
+            key = {"build": f"build-{args.build_package}", "soak": f"soak-{args.soak_backend}"}
+            key = key.get(part, part)
             results[key] = parts[part](args, Path(tmp))
             results[key]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
             atomic_write_text(args.out, json.dumps(results, indent=1))

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One-time (and re-runnable) setup on Debian 12, as root: LLVM 22 toolchain, deb-src for
-# `apt-get source`, build tools, and the project's virtualenv in .venv.
+# One-time (and re-runnable) setup on Debian 12, as root: LLVM 22 toolchain (with its
+# headers, for the inlining plugin), deb-src for `apt-get source`, build tools, and the
+# project's virtualenv in .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(clang-22 llvm-22 lld-22 bear dpkg-dev g++)
+APT_PACKAGES=(clang-22 llvm-22 llvm-22-dev lld-22 bear dpkg-dev g++)
 # LLVM's corpus tools. Its top-level package is also named `mlgo`, so it lives beside the
 # venv's site-packages and mlgo runs it in a separate interpreter.
 MLGO_UTILS="mlgo-utils==19.0.0.dev202407180600"

@@ -40,6 +40,13 @@ class Problem:
     # LLVM's input tensors as (name, dtype, shape), for an exported model to take them as
     # the compiler sends them; empty: every feature is an int64 scalar (inlining).
     input_specs: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    # The flags for serving a trained policy, where they are cheaper than channel_flags:
+    # the compiler's own decision costs it one more cost analysis per call site, and
+    # only training looks at it.
+    serving_flags: Callable[[str], list[str]] | None = None
+
+    def flags_for_serving(self, base: str) -> list[str]:
+        return (self.serving_flags or self.channel_flags)(base)
 
 
 def _registry() -> dict[str, Problem]:

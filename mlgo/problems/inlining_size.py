@@ -56,15 +56,18 @@ FEATURES = (
 DEFAULT_FEATURE = "inlining_default"
 
 
-def channel_flags(base: str) -> list[str]:
+def serving_flags(base: str) -> list[str]:
     return [
         "-mllvm",
         "-enable-ml-inliner=release",
         "-mllvm",
         f"-inliner-interactive-channel-base={base}",
-        "-mllvm",
-        "-inliner-interactive-include-default",
     ]
+
+
+def channel_flags(base: str) -> list[str]:
+    """Serving's flags plus the compiler's own decision, which training needs."""
+    return serving_flags(base) + ["-mllvm", "-inliner-interactive-include-default"]
 
 
 def default_advice(obs: Observation) -> int:
@@ -85,6 +88,7 @@ PROBLEM = Problem(
     summary="inline or not at each call site, for the smallest .text (clang -Oz)",
     opt_level="-Oz",
     channel_flags=channel_flags,
+    serving_flags=serving_flags,
     feature_names=FEATURES,
     advice_name="inlining_decision",
     default_advice=default_advice,
