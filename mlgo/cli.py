@@ -215,6 +215,9 @@ def train(
     derived: Annotated[bool, typer.Option(help="BC: also feed the default's cost rule")] = False,
     batch: Annotated[int, typer.Option(help="es, ppo: modules compiled per step")] = 24,
     directions: Annotated[int, typer.Option(help="ES: perturbations per step")] = 8,
+    regression_penalty: Annotated[
+        float, typer.Option(help="ES: reward per package, a package's loss x (1 + this)")
+    ] = 0.0,
     workers: WorkersOpt = "local",
     clang: ClangOpt = None,
 ) -> None:
@@ -248,7 +251,11 @@ def train(
             if init is None:
                 raise ValueError("--algo es needs --init (a BC run) as its starting point")
             cfg = ESConfig(
-                steps=steps or ESConfig.steps, sigma=sigma, batch=batch, directions=directions
+                steps=steps or ESConfig.steps,
+                sigma=sigma,
+                batch=batch,
+                directions=directions,
+                regression_penalty=regression_penalty,
             )
             start = MLPPolicy.load(_policy_dir(init))
             if start.problem != problem:

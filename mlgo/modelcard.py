@@ -29,7 +29,11 @@ def _reproduce(
     packages = " ".join(sorted(train.per_package())) if train else "PACKAGES"
     algo, steps = state.get("algo", "bc"), state.get("step", 0)
     config = state.get("extra", {}).get("config", {})
-    flags = "".join(f" --{k} {config[k]}" for k in ("sigma", "batch", "directions") if k in config)
+    flags = "".join(
+        f" --{k.replace('_', '-')} {config[k]}"
+        for k in ("sigma", "batch", "directions", "regression_penalty")
+        if config.get(k)
+    )
     problem_flag = "" if policy.problem == "inlining-size" else f" --problem {policy.problem}"
     lines = [
         "",

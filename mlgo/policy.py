@@ -72,13 +72,18 @@ class Normalizer:
         derived: Sequence[Derived] = (),
         n: int = QUANTILES,
     ) -> Normalizer:
-        """values: [samples, features] raw feature values from the training traces."""
+        """values: [samples, features] raw feature values from the training traces.
+
+        Boundaries come from the finite values only: one +inf (LLVM gives an unspillable
+        live range infinite weight) would otherwise turn every boundary of its column into
+        NaN and the column into a constant. +inf and NaN still map to 1, -inf to 0."""
         norm = cls(tuple(features), [], tuple(derived))
         columns = norm.expand(values)
-        norm.quantiles = [
-            np.unique(np.quantile(columns[:, j], np.linspace(0, 1, n + 1)))
-            for j in range(columns.shape[1])
-        ]
+        norm.quantiles = []
+        for j in range(columns.shape[1]):
+            finite = columns[np.isfinite(columns[:, j]), j]
+            q = np.quantile(finite, np.linspace(0, 1, n + 1)) if finite.size else np.zeros(1)
+            norm.quantiles.append(np.unique(q))
         return norm
 
     @property

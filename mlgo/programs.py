@@ -43,6 +43,17 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system seconds of PID and its live children (all their threads): what a
+    long-lived service such as `mlgo serve` and its policy server have spent so far."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    total = 0
+    for p in [str(pid), *children]:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def pristine_source(recipe: Recipe, work: Path) -> Path:
     """The unpacked Debian source, fetched once and kept for every build."""
     work = work.resolve()  # apt-get and dpkg-source run in subdirectories

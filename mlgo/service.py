@@ -94,6 +94,11 @@ class NativeBackend:
             threading.Thread(target=self._read, args=(self._proc,), daemon=True).start()
         return self._proc
 
+    @property
+    def pid(self) -> int:
+        """The policy server's process id (started if it is not running)."""
+        return self._ensure_running().pid
+
     def _command(self, line: str) -> None:
         proc = self._ensure_running()
         try:

@@ -101,7 +101,9 @@ def test_bc_learns_the_default_rule_per_candidate(ra_bc, mini_corpus, tc):
 def test_es_on_regalloc_trains_checkpoints_and_resumes(ra_bc, mini_corpus, tc, tmp_path):
     _, _, policy, _ = ra_bc
     run = RunDir(tmp_path / "es", "es")
-    cfg = ESConfig(steps=2, directions=2, batch=2, eval_every=1, max_module_seconds=60)
+    cfg = ESConfig(
+        steps=2, directions=2, batch=2, eval_every=1, max_module_seconds=60, regression_penalty=1.0
+    )
     train_es(mini_corpus, policy, run, tc, LocalPool(2), cfg)
     state, arrays = run.load_state()
     assert state.step == 2 and state.extra["best_reward"] >= state.extra["init_reward"]
@@ -120,3 +122,40 @@ def test_saved_model_evicts_like_the_candidate_policy(ra_bc, tmp_path):
     rows = slice(0, 40)
     got = saved_model_decisions(saved, {f: data.x[rows, :, j] for j, f in enumerate(data.features)})
     assert np.array_equal(got, predict(policy, data.x[rows]))
+
+
+def test_regression_penalty_weighs_each_package_and_its_losses():
+    from mlgo.train.es import penalized_reduction
+
+    base = np.array([100.0, 10.0])
+    costs = np.array([[80.0, 11.0], [100.0, 10.0], [90.0, 9.0]])
+    got = penalized_reduction(base, costs, 2.0)
+    # -20% in one package, +10% in the other counted three times: worse than no change
+    assert np.allclose(got, [(0.2 - 3 * 0.1) / 2, 0.0, (0.1 + 0.1) / 2])
+    assert np.allclose(penalized_reduction(base[:1], costs[:, :1], 0.0), [0.2, 0.0, 0.1])
+
+
+def test_normalizer_ignores_infinite_weights_and_the_graph_looks_up_the_same_quantiles():
+    from mlgo.export import quantile_counts
+    from mlgo.tfutil import import_tf
+
+    rng = np.random.default_rng(2)
+    x = rng.exponential(1.0, (400, 2))
+    x[::40, 0] = np.inf  # an unspillable live range's weight
+    norm = Normalizer.fit(["weight", "other"], x)
+    assert all(np.all(np.isfinite(q)) and len(q) > 100 for q in norm.quantiles)
+    probe = np.concatenate([x[:50], [[np.inf, -np.inf], [np.nan, 0.0]]])
+    probe[:26, 1] = norm.quantiles[1][:26]  # values equal to boundaries
+    frac = norm.transform(probe)[:, :2]
+    assert np.all(frac[50] == [1.0, 0.0]) and frac[51, 0] == 1.0
+    old = [np.array([0.5, 1.0, np.nan]), np.array([1.0])]  # NaN boundaries in old policies
+    for quantiles in (norm.quantiles, old):
+        want = np.stack(
+            [
+                np.searchsorted(q, probe[:, j], side="right") / len(q)
+                for j, q in enumerate(quantiles)
+            ],
+            1,
+        )
+        got = quantile_counts(import_tf().constant(probe), quantiles).numpy()
+        assert np.array_equal(got / [len(q) for q in quantiles], want)

@@ -3,13 +3,16 @@ overhead, and the throughput of real programs built with it.
 
     .venv/bin/python tools/bench_regalloc.py --policy policies/regalloc-eviction \\
         [--heldout data/heldout] [--overhead data/heldout --overhead-packages cjson,giflib] \\
-        [--programs sqlite3,zstd,lua5.4] [--repeats 9] [--backend native] [--json F]
+        [--overhead-build lua5.4,zstd] [--programs sqlite3,zstd,lua5.4] [--repeats 9] \\
+        [--backend native] [--json F]
 
 Held-out: every module compiled with the policy and with clang's own eviction advisor;
-frequency-weighted spill+reload cost (folded ones included) and copy cost. Overhead: the
-compile time of some corpus packages, plain against the same cc1 commands with a lease
-from the policy service (as mlgo-cc takes one), one compile at a time, alternating per
-module, three rounds.
+frequency-weighted spill+reload cost (folded ones included) and copy cost.
+
+Compile-time overhead, in CPU time (the compiler plus the policy server and the service)
+and wall time: `--overhead-build` times whole packages' build steps, plain clang against
+`mlgo-cc` (the native wrapper) and the native service; `--overhead` splits the cost on
+corpus modules' cc1 commands into clang's ML mode, the policy server and the service.
 
 Programs: each Debian source package is built twice with the same flags (`-O2 -g0`
 appended), once with plain clang and once with `mlgo-cc` and the policy service
@@ -23,13 +26,17 @@ in order (ABBA) so machine noise hits both; medians and min..max are reported.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import os
 import re
+import resource
 import shlex
 import statistics
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -46,6 +53,7 @@ from mlgo.programs import (
     plain_compilers,
     policy_service,
     pristine_source,
+    tree_cpu_seconds,
 )
 from mlgo.toolchain import Toolchain, find_toolchain
 
@@ -165,33 +173,40 @@ def bench_program(
     repeats: int,
     service_env: dict[str, str],
     tests: bool = True,
+    callgrind: bool = True,
 ) -> dict:
+    """Instruction counts (if CALLGRIND) and REPEATS timed ABBA rounds (if any) of both
+    builds; the two must print the same results."""
     prog = PROGRAMS[name]
     pwork = work / name
     out: dict = build_variants(prog, tc, pwork, policy, service_env, tests)
     outputs = {}
     for v in VARIANTS:
-        with console.status(f"{name}: callgrind, {v} build"):
-            out[v]["instructions"] = instructions(prog, pwork / v)
+        if callgrind:
+            with console.status(f"{name}: callgrind, {v} build"):
+                out[v]["instructions"] = instructions(prog, pwork / v)
         stdout = subprocess.run(
             prog.workload[0], cwd=pwork / v, capture_output=True, text=True
         ).stdout
         outputs[v] = re.sub(prog.volatile, "", stdout)
     if outputs["default"] != outputs["policy"]:
         raise BuildError(f"{name}: the two builds print different results")
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    with console.status(f"{name}: {repeats} timed rounds"):
-        for r in range(repeats):
-            for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
-                times[v].append(run_workload(prog, pwork / v)[0])
-    for v in VARIANTS:
-        out[v]["seconds"] = _spread(times[v])
-    ratios = [p / d - 1 for p, d in zip(times["policy"], times["default"], strict=True)]
-    out["instructions_delta"] = out["policy"]["instructions"] / out["default"]["instructions"] - 1
-    out["wall_delta_of_medians"] = (
-        out["policy"]["seconds"]["median"] / out["default"]["seconds"]["median"] - 1
-    )
-    out["wall_delta_paired"] = _spread(ratios)
+    if callgrind:
+        d, p = out["default"]["instructions"], out["policy"]["instructions"]
+        out["instructions_delta"] = p / d - 1
+    if repeats:
+        times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        with console.status(f"{name}: {repeats} timed rounds"):
+            for r in range(repeats):
+                for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                    times[v].append(run_workload(prog, pwork / v)[0])
+        for v in VARIANTS:
+            out[v]["seconds"] = _spread(times[v])
+        ratios = [p / d - 1 for p, d in zip(times["policy"], times["default"], strict=True)]
+        out["wall_delta_of_medians"] = (
+            out["policy"]["seconds"]["median"] / out["default"]["seconds"]["median"] - 1
+        )
+        out["wall_delta_paired"] = _spread(ratios)
     return out
 
 
@@ -220,62 +235,262 @@ def bench_heldout(corpus: Path, policy: Path, tc: Toolchain, out: Path) -> dict:
     return result
 
 
+def _cpu_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class _Tally:
+    """What the policy server reports about its channels, summed."""
+
+    def __init__(self) -> None:
+        self.decisions, self.errors = 0, []
+
+    def on_session(self, cid: str, decisions: int) -> None:
+        self.decisions += decisions
+
+    def on_error(self, cid: str, message: str) -> None:
+        self.errors.append(message)
+
+
+@contextmanager
+def direct_server(policy: Path):
+    """The policy's native server driven by the service's own backend class, in this
+    process: a fresh channel per compile, as a lease gets, but no daemon in between.
+    Yields a function that compiles CMD with a channel, and the server's process id."""
+    from mlgo.aot import native_server
+    from mlgo.problems import get_problem
+    from mlgo.service import NativeBackend
+
+    problem = get_problem("regalloc-eviction")
+    tally = _Tally()
+    ids = itertools.count()
+    with tempfile.TemporaryDirectory() as d:
+        backend = NativeBackend(native_server(policy / "saved_model"), Path(d) / "log", tally)
+
+        def compile_with_channel(cmd: list[str]) -> None:
+            cid = f"direct-{next(ids)}"
+            base = str(Path(d) / cid)
+            for suffix in (".in", ".out"):
+                os.mkfifo(base + suffix, 0o600)
+            backend.start(cid, base, problem)
+            subprocess.run([*cmd, *problem.channel_flags(base)], check=True, capture_output=True)
+            backend.stop(cid, base)
+            for suffix in (".in", ".out"):
+                os.unlink(base + suffix)
+            if tally.errors:
+                raise BuildError(f"policy server: {tally.errors[0]}")
+
+        try:
+            yield compile_with_channel, backend.pid
+        finally:
+            backend.close()
+
+
 def bench_overhead(
-    corpus: Path, packages: str, tc: Toolchain, service_env: dict[str, str], rounds: int
+    corpus: Path,
+    packages: str,
+    tc: Toolchain,
+    policy: Path,
+    service_env: dict[str, str],
+    rounds: int,
 ) -> dict:
-    """Compile time of plain clang -O2 against the same compiles with the policy service
-    answering every eviction (a lease per compile, as mlgo-cc takes it), one compile at a
-    time, alternating per module."""
-    from mlgo.client import Connection
+    """Where the advisor's compile time goes, on the cc1 commands of some corpus modules,
+    one compile at a time, the variants' order alternating by round: plain clang; clang
+    with the channel answered by a policy server of its own (clang's ML mode plus the
+    policy); and with a lease from the policy service as mlgo-cc takes it (plus the
+    service's control plane). CPU counts the compiler and the policy side (server,
+    service), not this script; the service and server only work while their variant runs,
+    so their CPU is taken per round."""
+    from mlgo.client import Connection, request
     from mlgo.corpus import load_corpus
     from mlgo.problems import get_problem
 
     problem = get_problem("regalloc-eviction")
     modules = load_corpus(corpus).select([p for p in packages.split(",") if p]).modules
     socket = Path(service_env["MLGO_SOCKET"])
-    plain, served, decisions = [], [], 0
-    with tempfile.TemporaryDirectory() as d:
+    service_pid = request({"op": "status"}, path=socket)["pid"]
+    variants = ("plain", "direct", "service")
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    wall: dict[str, list[float]] = {v: [] for v in variants}
+    clang_cpu: dict[str, list[float]] = {v: [] for v in variants}
+    decisions = 0
+    with tempfile.TemporaryDirectory() as d, direct_server(policy) as (direct, server_pid):
         obj = Path(d) / "o.o"
         for r in range(rounds):
-            p_total = s_total = 0.0
+            order = variants if r % 2 == 0 else variants[::-1]
+            seconds = dict.fromkeys(variants, 0.0)
+            compiler = dict.fromkeys(variants, 0.0)
+            server_start = tree_cpu_seconds(server_pid)
+            service_start = tree_cpu_seconds(service_pid)
             for m in modules:
                 cmd = m.compile_command(tc.clang, obj, problem.opt_level)
-                for kind in ("plain", "policy") if r % 2 == 0 else ("policy", "plain"):
-                    start = time.perf_counter()
-                    if kind == "plain":
+                for v in order:
+                    start, cpu_start = time.perf_counter(), _cpu_children()
+                    if v == "plain":
                         subprocess.run(cmd, check=True, capture_output=True)
-                        p_total += time.perf_counter() - start
-                        continue
-                    with Connection(socket, 10.0) as conn:
-                        conn.send({"op": "compile"})
-                        flags = list(conn.receive()["flags"])
-                        subprocess.run([*cmd, *flags], check=True, capture_output=True)
-                        conn.send({"op": "done", "returncode": 0})
-                        while "event" in (tally := conn.receive()):
-                            pass
-                    s_total += time.perf_counter() - start
-                    if tally["errors"]:
-                        raise BuildError(f"{m.name}: {tally['errors'][0]}")
-                    decisions += tally["decisions"] if r == 0 else 0
-            plain.append(p_total)
-            served.append(s_total)
-    ratios = [s / p - 1 for s, p in zip(served, plain, strict=True)]
+                    elif v == "direct":
+                        direct(cmd)
+                    else:
+                        with Connection(socket, 10.0) as conn:
+                            conn.send({"op": "compile"})
+                            flags = list(conn.receive()["flags"])
+                            subprocess.run([*cmd, *flags], check=True, capture_output=True)
+                            conn.send({"op": "done", "returncode": 0})
+                            while "event" in (tally := conn.receive()):
+                                pass
+                        if tally["errors"]:
+                            raise BuildError(f"{m.name}: {tally['errors'][0]}")
+                        decisions += tally["decisions"] if r == 0 else 0
+                    seconds[v] += time.perf_counter() - start
+                    compiler[v] += _cpu_children() - cpu_start
+            server_cpu = tree_cpu_seconds(server_pid) - server_start
+            service_cpu = tree_cpu_seconds(service_pid) - service_start
+            policy_side = {"plain": 0.0, "direct": server_cpu, "service": service_cpu}
+            for v in variants:
+                cpu[v].append(compiler[v] + policy_side[v])
+                wall[v].append(seconds[v])
+                clang_cpu[v].append(compiler[v])
+            console.print(
+                f"round {r + 1}: CPU s "
+                + ", ".join(
+                    f"{v} {cpu[v][-1]:.2f} (clang {clang_cpu[v][-1]:.2f})" for v in variants
+                )
+            )
+        latency = request({"op": "status"}, path=socket)["policies"][0]["latency"]
+
+    def change(series: dict[str, list[float]], v: str) -> dict:
+        return _spread([a / b - 1 for a, b in zip(series[v], series["plain"], strict=True)])
+
     return {
         "modules": len(modules),
         "decisions": decisions,
-        "plain_seconds": _spread(plain),
-        "policy_seconds": _spread(served),
-        "overhead": _spread(ratios),
+        "rounds": rounds,
+        "cpu_seconds": {v: _spread(cpu[v]) for v in variants},
+        "clang_cpu_seconds": {v: _spread(clang_cpu[v]) for v in variants},
+        "wall_seconds": {v: _spread(wall[v]) for v in variants},
+        "cpu_overhead": {v: change(cpu, v) for v in variants[1:]},
+        "wall_overhead": {v: change(wall, v) for v in variants[1:]},
+        # the service variant's CPU overhead in parts, each a share of plain's CPU
+        "parts": {
+            name: statistics.median((a[i] - b[i]) / cpu["plain"][i] for i in range(rounds))
+            for name, a, b in (
+                ("clang ML mode", clang_cpu["direct"], clang_cpu["plain"]),
+                ("policy server", cpu["direct"], clang_cpu["direct"]),
+                ("service (lease, control plane)", cpu["service"], cpu["direct"]),
+            )
+        },
+        "latency": latency,
     }
 
 
-def _print_overhead(o: dict, backend: str) -> None:
-    console.print(
-        f"compile time of {o['modules']} modules ({o['decisions']:,} evictions): plain "
-        f"{o['plain_seconds']['median']:.1f} s, through the {backend} policy service "
-        f"{o['policy_seconds']['median']:.1f} s, overhead {o['overhead']['median']:+.1%} "
-        f"({o['overhead']['min']:+.1%}..{o['overhead']['max']:+.1%})"
+def bench_build_overhead(
+    names: list[str], tc: Toolchain, work: Path, service_env: dict[str, str], reps: int
+) -> dict:
+    """The build step of whole packages at FLAGS with plain clang and with `mlgo-cc` (the
+    native wrapper) and the policy service, alternating (ABBA) over REPS; CPU counts
+    everything the build ran plus what the service and its policy server spent."""
+    from mlgo.client import request
+
+    socket = Path(service_env["MLGO_SOCKET"])
+    service_pid = request({"op": "status"}, path=socket)["pid"]
+    compilers = {"default": plain_compilers(tc), "policy": mlgo_compilers()}
+    extra = {"default": {}, "policy": dict(service_env, MLGO_CC=tc.clang, MLGO_CXX=tc.clangxx)}
+    out: dict = {}
+    for name in names:
+        recipe = load_recipe(PROGRAMS[name].recipe)
+        pristine = pristine_source(recipe, work / name)
+        cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        counted = request({"op": "status"}, path=socket)
+        for r in range(reps):
+            for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                service_start = tree_cpu_seconds(service_pid)
+                b = build_program(
+                    recipe,
+                    pristine,
+                    work / name / "overhead",
+                    tc,
+                    v,
+                    compilers[v],
+                    extra[v],
+                    False,
+                    FLAGS,
+                )
+                cpu[v].append(b.build_cpu_seconds + tree_cpu_seconds(service_pid) - service_start)
+                wall[v].append(b.build_seconds)
+            console.print(
+                f"{name} rep {r + 1}: CPU s default {cpu['default'][-1]:.2f}, "
+                f"policy {cpu['policy'][-1]:.2f}"
+            )
+        status = request({"op": "status"}, path=socket)
+        out[name] = {
+            "reps": reps,
+            "compilations": (status["compilations"] - counted["compilations"]) // reps,
+            "decisions": (status["decisions"] - counted["decisions"]) // reps,
+            "cpu_seconds": {v: _spread(cpu[v]) for v in VARIANTS},
+            "wall_seconds": {v: _spread(wall[v]) for v in VARIANTS},
+            "cpu_overhead": _spread(
+                [p / d - 1 for p, d in zip(cpu["policy"], cpu["default"], strict=True)]
+            ),
+            "wall_overhead": _spread(
+                [p / d - 1 for p, d in zip(wall["policy"], wall["default"], strict=True)]
+            ),
+        }
+    return out
+
+
+def _pct(x: dict) -> str:
+    return f"{x['median']:+.1%} ({x['min']:+.1%}..{x['max']:+.1%})"
+
+
+def _print_overhead(o: dict) -> None:
+    table = Table(
+        "variant",
+        "CPU s, median",
+        "CPU change (min..max)",
+        "wall s, median",
+        "wall change (min..max)",
+        title=f"compile time of {o['modules']} modules ({o['decisions']:,} evictions), "
+        f"{o['rounds']} rounds",
     )
+    for v, c in o["cpu_seconds"].items():
+        table.add_row(
+            v,
+            f"{c['median']:.2f}",
+            _pct(o["cpu_overhead"][v]) if v in o["cpu_overhead"] else "",
+            f"{o['wall_seconds'][v]['median']:.2f}",
+            _pct(o["wall_overhead"][v]) if v in o["wall_overhead"] else "",
+        )
+    console.print(table)
+    console.print(
+        "CPU overhead by part: " + ", ".join(f"{k} {v:+.1%}" for k, v in o["parts"].items())
+    )
+
+
+def _print_build_overhead(o: dict) -> None:
+    table = Table(
+        "package",
+        "reps",
+        "compiles, evictions",
+        "CPU s default / policy",
+        "CPU change (min..max)",
+        "wall s default / policy",
+        "wall change (min..max)",
+        title="build step, plain clang vs mlgo-cc and the native policy service",
+    )
+    for name, r in o.items():
+        c, w = r["cpu_seconds"], r["wall_seconds"]
+        table.add_row(
+            name,
+            str(r["reps"]),
+            f"{r['compilations']}, {r['decisions']:,}",
+            f"{c['default']['median']:.2f} / {c['policy']['median']:.2f}",
+            _pct(r["cpu_overhead"]),
+            f"{w['default']['median']:.2f} / {w['policy']['median']:.2f}",
+            _pct(r["wall_overhead"]),
+        )
+    console.print(table)
 
 
 def _print_programs(result: dict, names: list[str]) -> None:
@@ -292,18 +507,23 @@ def _print_programs(result: dict, names: list[str]) -> None:
     )
     for name in names:
         r = result[name]
-        d, p, pr = r["default"], r["policy"], r["wall_delta_paired"]
-        table.add_row(
-            name,
-            f"{d['instructions']:,}",
-            f"{p['instructions']:,}",
-            f"{r['instructions_delta']:+.3%}",
-            f"{d['seconds']['median']:.3f} s",
-            f"{p['seconds']['median']:.3f} s",
-            f"{r['wall_delta_of_medians']:+.2%} ({pr['median']:+.2%}, "
-            f"{pr['min']:+.2%}..{pr['max']:+.2%})",
-            f"{d['build_seconds']:.0f} / {p['build_seconds']:.0f}",
-        )
+        d, p = r["default"], r["policy"]
+        row = [name, "", "", "", "", "", ""]
+        if "instructions_delta" in r:
+            row[1:4] = [
+                f"{d['instructions']:,}",
+                f"{p['instructions']:,}",
+                f"{r['instructions_delta']:+.3%}",
+            ]
+        if "wall_delta_paired" in r:
+            pr = r["wall_delta_paired"]
+            row[4:7] = [
+                f"{d['seconds']['median']:.3f} s",
+                f"{p['seconds']['median']:.3f} s",
+                f"{r['wall_delta_of_medians']:+.2%} ({pr['median']:+.2%}, "
+                f"{pr['min']:+.2%}..{pr['max']:+.2%})",
+            ]
+        table.add_row(*row, f"{d['build_seconds']:.0f} / {p['build_seconds']:.0f}")
     console.print(table)
 
 
@@ -314,13 +534,19 @@ def main(
     work: Annotated[Path, typer.Option(help="where the programs are built")] = Path(
         "data/bench-regalloc"
     ),
-    repeats: Annotated[int, typer.Option(help="timed rounds per program")] = 9,
+    repeats: Annotated[int, typer.Option(help="timed rounds per program (0: none)")] = 9,
     tests: Annotated[bool, typer.Option(help="run each package's own tests on both")] = True,
+    callgrind: Annotated[bool, typer.Option(help="count the programs' instructions")] = True,
     backend: Annotated[str, typer.Option(help="policy service: native or python")] = "native",
     overhead: Annotated[
         Path | None, typer.Option(help="corpus whose compile time is compared")
     ] = None,
     overhead_packages: Annotated[str, typer.Option(help="its packages to compile")] = "",
+    overhead_rounds: Annotated[int, typer.Option(help="rounds over those modules")] = 3,
+    overhead_build: Annotated[
+        str, typer.Option(help="programs whose whole build step is timed, e.g. lua5.4,zstd")
+    ] = "",
+    build_reps: Annotated[int, typer.Option(help="repeats of each timed build")] = 5,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     tc = find_toolchain()
@@ -344,19 +570,26 @@ def main(
             + ", ".join(f"{k} {v:+.2%}" for k, v in sorted(h["spill_reload_by_package"].items()))
         )
     names = [p for p in programs.split(",") if p]
-    unknown = set(names) - set(PROGRAMS)
+    builds = [p for p in overhead_build.split(",") if p]
+    unknown = set(names + builds) - set(PROGRAMS)
     if unknown:
         raise typer.BadParameter(f"unknown programs {sorted(unknown)}; have {sorted(PROGRAMS)}")
-    if overhead or names:
+    if overhead or names or builds:
         with policy_service([policy], work / "service", backend) as service_env:
             if overhead:
-                with console.status("compile-time overhead"):
-                    result["overhead"] = bench_overhead(
-                        overhead, overhead_packages, tc, service_env, 3
-                    )
-                _print_overhead(result["overhead"], backend)
+                result["overhead"] = bench_overhead(
+                    overhead, overhead_packages, tc, policy, service_env, overhead_rounds
+                )
+                _print_overhead(result["overhead"])
+            if builds:
+                result["build_overhead"] = bench_build_overhead(
+                    builds, tc, work, service_env, build_reps
+                )
+                _print_build_overhead(result["build_overhead"])
             for name in names:
-                result[name] = bench_program(name, tc, work, policy, repeats, service_env, tests)
+                result[name] = bench_program(
+                    name, tc, work, policy, repeats, service_env, tests, callgrind
+                )
         if names:
             _print_programs(result, names)
     if json_out:

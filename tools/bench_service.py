@@ -48,6 +48,7 @@ from mlgo.programs import (  # noqa: E402
     plain_compilers,
     policy_service,
     pristine_source,
+    tree_cpu_seconds,
 )
 from mlgo.toolchain import find_toolchain  # noqa: E402
 
@@ -163,13 +164,13 @@ def bench_build(args, work: Path) -> dict:
             random.Random(rep).shuffle(order)  # no variant always runs first
             for name in order:
                 compilers, extra = variants[name]
-                service_cpu = sum(_tree_cpu(pid) for pid in service_pids)
+                service_cpu = sum(tree_cpu_seconds(pid) for pid in service_pids)
                 b = build_program(
                     recipe, pristine, work / "tree", tc, name, compilers, extra, False
                 )
                 times[name].append(b.build_seconds)
                 # The build's own processes, plus what the services and the policy server spent.
-                service_cpu = sum(_tree_cpu(pid) for pid in service_pids) - service_cpu
+                service_cpu = sum(tree_cpu_seconds(pid) for pid in service_pids) - service_cpu
                 cpu[name].append(b.build_cpu_seconds + service_cpu)
                 console.print(
                     f"rep {rep + 1}: {name} {b.build_seconds:.1f} s wall, {cpu[name][-1]:.1f} s cpu"
@@ -210,16 +211,6 @@ def bench_build(args, work: Path) -> dict:
         )
     console.print(table)
     return {"package": recipe.name, "reps": args.reps, "decisions": decisions, "builds": summary}
-
-
-def _tree_cpu(pid: int) -> float:
-    """User + system seconds of PID and its live children (all their threads)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    total = 0
-    for p in [str(pid), *children]:
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _proc_stats(pid: int) -> dict[str, int]:

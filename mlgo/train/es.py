@@ -36,6 +36,9 @@ class ESConfig:
     eval_every: int = 5
     max_module_seconds: float = 2.0  # modules slower than this stay out of ES batches
     seed: int = 0
+    # 0: reward the total reduction; > 0: the mean over packages of each package's
+    # reduction, a package made worse counting (1 + penalty) times its loss
+    regression_penalty: float = 0.0
 
 
 def _ranks(values: np.ndarray) -> np.ndarray:
@@ -47,31 +50,51 @@ def _ranks(values: np.ndarray) -> np.ndarray:
 
 class Scorer:
     """Compiles modules with policies and scores each policy by the reduction of the
-    problem's metric, summed over the modules, against the default heuristic."""
+    problem's metric against the default heuristic: summed over the modules, or, with a
+    regression penalty, per package (a package stands for a program: a policy that wins
+    big in one and loses in others should not look good)."""
 
     def __init__(
-        self, corpus: Corpus, tc: Toolchain, workers: Workers, problem: str = "inlining-size"
+        self,
+        corpus: Corpus,
+        tc: Toolchain,
+        workers: Workers,
+        problem: str = "inlining-size",
+        regression_penalty: float = 0.0,
     ):
         self.tc, self.workers, self.problem = tc, workers, problem
         self.metric = get_problem(problem).reward_metric
         self.base = baseline(corpus, tc, workers, problem)
+        self.penalty = regression_penalty
         self.compiles = 0
 
     def rewards(self, policies: list[MLPPolicy], modules: list[Module]) -> np.ndarray:
-        """Per policy: (sum default - sum policy) / sum default over `modules`."""
-        sizes = np.zeros(len(policies))
+        """Per policy: (sum default - sum policy) / sum default over `modules`, or with a
+        penalty the mean over their packages of that reduction, losses scaled up."""
+        groups = sorted({m.package for m in modules}) if self.penalty else [""]
+        group = [groups.index(m.package) if self.penalty else 0 for m in modules]
+        costs = np.zeros(len(policies) * len(groups))  # [policy, group], flat as the tags
         tasks = [
-            EvalTask(self.problem, m, self.tc.clang, p, tag=i)
+            EvalTask(self.problem, m, self.tc.clang, p, tag=i * len(groups) + g)
             for i, p in enumerate(policies)
-            for m in modules
+            for m, g in zip(modules, group, strict=True)
         ]
         for task, r in self.workers.imap(eval_one, tasks):
             if isinstance(r, Failed):
                 raise CompileError(f"ES compile failed: {r.message}")
-            sizes[task.tag] += r[self.metric]
+            costs[task.tag] += r[self.metric]
         self.compiles += len(tasks)
-        total = sum(self.base[m.name][self.metric] for m in modules)
-        return (total - sizes) / total
+        base = np.zeros(len(groups))
+        for m, g in zip(modules, group, strict=True):
+            base[g] += self.base[m.name][self.metric]
+        return penalized_reduction(base, costs.reshape(len(policies), len(groups)), self.penalty)
+
+
+def penalized_reduction(base: np.ndarray, costs: np.ndarray, penalty: float) -> np.ndarray:
+    """base [groups], costs [policies, groups] -> [policies]: the mean over groups of
+    the relative cost reduction, a loss counting (1 + penalty) times."""
+    reduction = (base - costs) / base
+    return np.where(reduction < 0, (1 + penalty) * reduction, reduction).mean(1)
 
 
 def training_pool(
@@ -109,7 +132,7 @@ def train_es(
     workers: Workers,
     cfg: ESConfig = ESConfig(),
 ) -> MLPPolicy:
-    scorer = Scorer(corpus, tc, workers, init.problem)
+    scorer = Scorer(corpus, tc, workers, init.problem, cfg.regression_penalty)
     costs = {name: b[scorer.metric] for name, b in scorer.base.items()}
     pool = training_pool(corpus, tc, workers, cfg.max_module_seconds, costs)
     theta = init.flat().astype(np.float64)
