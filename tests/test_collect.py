@@ -84,11 +84,13 @@ def test_killed_collection_resumes_with_nothing_torn(mini_corpus, tc, tmp_path):
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    done_before = len(list(out.glob("modules/minipkg/*.tfrecord")))
-    assert 1 <= done_before < 3
+    assert 1 <= len(list(out.glob("modules/minipkg/*.tfrecord"))) < 3
+    # The kill may fall between a trace and the manifest that lists it: such a trace is
+    # redone, so what the rerun resumes from is what the manifest recorded.
+    recorded = Manifest.load(out).modules if (out / "manifest.json").exists() else {}
     rerun = run_mlgo(*args, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
-    assert "resuming" in rerun.stderr or done_before == 0
+    assert ("resuming" in rerun.stderr) == bool(recorded)
     manifest = Manifest.load(out)
     assert len(manifest.modules) == 3 and not manifest.failed
     assert not list(out.rglob("*.tmp"))
