@@ -361,6 +361,13 @@ class Service:
         chosen = [p for p in self.policies if problem in (None, p.problem.name)]
         if not chosen:
             raise ValueError(f"this service serves no policy for {problem!r}")
+        if detached:  # a channel by hand: a plugin has none to give
+            chosen = [p for p in chosen if not isinstance(p.backend, PluginBackend)]
+            if not chosen:
+                raise ValueError(
+                    "this service's policy runs inside clang (-fpass-plugin), not on a "
+                    "channel; for a channel by hand, serve with --backend native"
+                )
         with self._lock:
             lease = Lease(f"{os.getpid()}-{next(self._ids)}", {}, detached=detached)
             if not detached:
@@ -452,12 +459,6 @@ class _Handler(socketserver.StreamRequestHandler):
                 self._compile(service)
             elif op == "channel":
                 lease = service.open_lease(message.get("problem"), detached=True)
-                if not lease.channels:
-                    service.end_lease(lease)
-                    raise ValueError(
-                        "this service's policy runs inside clang (-fpass-plugin), not on a "
-                        "channel; for a channel by hand, serve with --backend native"
-                    )
                 (_policy, base), *_ = lease.channels.values()
                 self._send({"base": base, "lease": lease.id})
                 expiry = threading.Timer(

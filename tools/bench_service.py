@@ -164,19 +164,20 @@ def bench_build(args, work: Path) -> dict:
             random.Random(rep).shuffle(order)  # no variant always runs first
             for name in order:
                 compilers, extra = variants[name]
-                service_cpu = sum(tree_cpu_seconds(pid) for pid in service_pids)
+                services_before = sum(tree_cpu_seconds(pid) for pid in service_pids)
                 b = build_program(
                     recipe, pristine, work / "tree", tc, name, compilers, extra, False
                 )
                 times[name].append(b.build_seconds)
                 # The build's own processes, plus what the services and the policy server spent.
-                service_cpu = sum(tree_cpu_seconds(pid) for pid in service_pids) - service_cpu
-                cpu[name].append(b.build_cpu_seconds + service_cpu)
+                services = sum(tree_cpu_seconds(pid) for pid in service_pids) - services_before
+                cpu[name].append(b.build_cpu_seconds + services)
                 console.print(
                     f"rep {rep + 1}: {name} {b.build_seconds:.1f} s wall, {cpu[name][-1]:.1f} s cpu"
                 )
         socket = Path(envs["native"]["MLGO_SOCKET"])
         decisions = request({"op": "status"}, path=socket)["decisions"]
+    plain, plain_cpu = statistics.median(times["plain"]), statistics.median(cpu["plain"])
     table = Table(
         "build",
         "wall s, median (range)",
@@ -196,9 +197,9 @@ def bench_build(args, work: Path) -> dict:
             "seconds": ts,
             "cpu_seconds": cpu[name],
             "median_s": med,
-            "overhead_pct": 100 * (med / statistics.median(times["plain"]) - 1),
+            "overhead_pct": 100 * (med / plain - 1),
             "cpu_median_s": cpu_med,
-            "cpu_overhead_pct": 100 * (cpu_med / statistics.median(cpu["plain"]) - 1),
+            "cpu_overhead_pct": 100 * (cpu_med / plain_cpu - 1),
             "paired_cpu_overhead_pct": {"median": q2, "q1": q1, "q3": q3},
         }
         table.add_row(
@@ -332,8 +333,8 @@ def main() -> None:
     parts = {"rtt": bench_rtt, "build": bench_build, "soak": bench_soak}
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         for part in args.parts.split(","):
-            key = {"build": f"build-{args.build_package}", "soak": f"soak-{args.soak_backend}"}
-            key = key.get(part, part)
+            keys = {"build": f"build-{args.build_package}", "soak": f"soak-{args.soak_backend}"}
+            key = keys.get(part, part)
             results[key] = parts[part](args, Path(tmp))
             results[key]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
             atomic_write_text(args.out, json.dumps(results, indent=1))
