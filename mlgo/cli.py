@@ -447,7 +447,7 @@ def build(
     both, and compare the linked programs' .text."""
     import json
 
-    from mlgo.extract import load_recipe
+    from mlgo.extract import BuildError, load_recipe
     from mlgo.fsutil import atomic_write_text
     from mlgo.programs import (
         build_program,
@@ -458,14 +458,30 @@ def build(
     )
 
     tc = find_toolchain(clang)
-    results = []
+    results: list[dict] = []
+    failed: dict[str, str] = {}
     table = Table("program", "clang -Oz .text", "mlgo .text", "delta", "build s", "tests")
+
+    def save() -> float:
+        """Writes what is finished so far: a package that fails loses no other's result."""
+        base_total = sum(sum(r["text"].values()) for r in results if r["variant"] == "plain")
+        ml_total = sum(sum(r["text"].values()) for r in results if r["variant"] == "mlgo")
+        delta = 100 * (ml_total / base_total - 1) if base_total else 0.0
+        payload = {
+            "policies": [str(p) for p in policy],
+            "builds": results,
+            "failed": failed,
+            "delta_pct": delta,
+        }
+        atomic_write_text(out / "build.json", json.dumps(payload, indent=1))
+        return delta
+
     with policy_service(policy, out / "service", backend) as service_env:
         for name in packages:
             recipe = load_recipe(name)
-            pristine = pristine_source(recipe, out / recipe.name)
-            pair = [
-                build_program(
+            try:
+                pristine = pristine_source(recipe, out / recipe.name)
+                plain = build_program(
                     recipe,
                     pristine,
                     out / recipe.name / "plain",
@@ -473,8 +489,8 @@ def build(
                     "plain",
                     plain_compilers(tc),
                     run_tests=tests,
-                ),
-                build_program(
+                )
+                ml = build_program(
                     recipe,
                     pristine,
                     out / recipe.name / "mlgo",
@@ -483,9 +499,12 @@ def build(
                     mlgo_compilers(),
                     dict(service_env, MLGO_CC=tc.clang),
                     tests,
-                ),
-            ]
-            plain, ml = pair
+                )
+            except BuildError as e:
+                failed[recipe.name] = str(e)
+                console.print(f"[red]{e}")
+                save()
+                continue
             for prog, base in plain.text.items():
                 table.add_row(
                     f"{recipe.name}: {prog}",
@@ -495,15 +514,14 @@ def build(
                     f"{plain.build_seconds:.0f} / {ml.build_seconds:.0f}",
                     f"{plain.tests} / {ml.tests}",
                 )
-            results += [b.to_json() for b in pair]
-    base_total = sum(sum(r["text"].values()) for r in results if r["variant"] == "plain")
-    ml_total = sum(sum(r["text"].values()) for r in results if r["variant"] == "mlgo")
-    delta = 100 * (ml_total / base_total - 1)
-    table.add_row("total", f"{base_total:,}", f"{ml_total:,}", f"{delta:+.2f}%", style="bold")
+            results += [plain.to_json(), ml.to_json()]
+            save()
+    delta = save()
+    table.add_row("total", "", "", f"{delta:+.2f}%", style="bold")
     console.print(table)
-    payload = {"policies": [str(p) for p in policy], "builds": results, "delta_pct": delta}
-    atomic_write_text(out / "build.json", json.dumps(payload, indent=1))
     console.print(f"wrote {out / 'build.json'}")
+    if failed:
+        raise BuildError(f"{len(failed)} of {len(packages)} packages failed: {', '.join(failed)}")
 
 
 SocketOpt = Annotated[
