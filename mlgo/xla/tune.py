@@ -8,12 +8,11 @@ default are compiled, checked against the default's output and timed on the actu
 (the default is the model's only candidate when it ranks first). A candidate
 replaces the default only if it is clearly faster: interleaved rounds (order reshuffled
 each round, so load hits all alike) compare it with the default round by round, and it must
-be faster in the median round by WIN_MARGIN or by the rounds' own spread, whichever is
-larger, and faster in most rounds. A winner is then confirmed by a second, independent
-measurement: both it and the default are compiled again (new code and buffers, as another
-process would get) and timed afresh; it replaces the default only if it wins again, since
-a few-percent gap on a short call can come from where one compilation happened to land.
-Any failure on the way warns and falls back to XLA's default compilation.
+be faster in the median round by WIN_MARGIN, by the rounds' own spread or by WIN_SECONDS
+per call, whichever is largest, and faster in most rounds. A winner is then confirmed by a
+second, independent measurement: both it and the default are compiled again (new code and
+buffers, as another process would get) and timed afresh; it replaces the default only if
+it wins again. Any failure on the way warns and falls back to XLA's default compilation.
 """
 
 from __future__ import annotations
@@ -49,6 +48,10 @@ _CHOICES: dict[str, Choice] = {}  # by fingerprint, for the whole process
 # A measured candidate must beat the default by this much in the median round (or by the
 # interquartile range of its per-round ratios to the default, if that is wider) ...
 WIN_MARGIN = 0.03
+# ... and save at least this much per call: re-collecting training programs of 16-25 us per
+# call in fresh processes at another time moved a tile's gain over the default by up to
+# 3.5 us (e.g. from 7% faster to 10% slower), so smaller gains are not trusted.
+WIN_SECONDS = 4e-6
 # ... and in at least this share of the rounds.
 WIN_ROUNDS = 0.75
 
@@ -84,11 +87,12 @@ def measured_choice(
         for c in order:
             per_round[c].append(_call_time(built[c], args, kwargs, calls[c]))
     base = np.asarray(per_round[DEFAULT])
+    least = max(WIN_MARGIN, WIN_SECONDS / float(np.median(base)))
     best, best_ratio = DEFAULT, 1.0 - WIN_MARGIN
     for c, times in per_round.items():
         ratios = np.asarray(times) / base
         q25, median, q75 = np.percentile(ratios, [25, 50, 75])
-        clear = median <= 1.0 - max(WIN_MARGIN, q75 - q25)
+        clear = median <= 1.0 - max(least, q75 - q25)
         if clear and np.mean(ratios < 1.0) >= WIN_ROUNDS and median < best_ratio:
             best, best_ratio = c, float(median)
     return best
