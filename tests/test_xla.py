@@ -125,6 +125,15 @@ def test_training_reduces_the_ranking_loss(dataset):
     assert margin in MARGINS and min(r.vs_default for r in rows) >= SLOWDOWN_LIMIT
 
 
+def test_listwise_training_reduces_its_loss_and_bad_losses_are_refused(dataset):
+    ds = load_dataset(dataset)
+    graphs, times = [r.graph for r in ds.records], [r.times() for r in ds.records]
+    _, losses = train(graphs, times, ds.configs, Hyper(hidden=16, steps=60, loss="listwise"))
+    assert losses[-1] < losses[0]
+    with pytest.raises(ValueError, match="loss 'hinge'"):
+        train(graphs, times, ds.configs, Hyper(hidden=16, steps=1, loss="hinge"))
+
+
 def test_measured_choice_keeps_the_default_unless_clearly_faster():
     def fast(x):
         return x

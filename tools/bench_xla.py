@@ -11,6 +11,8 @@ top K verified likewise (top_k=K, topKv_); each pick is judged on the dataset's
 independent measurement.
 The ceiling of any picker is the exhaustive best (best_vs_default_*), and every call pays
 jax's dispatch, measured here as the time of a trivial jitted call (dispatch_floor_us).
+The benchmark runs pinned to the core the dataset's workers used (`--cpu`), so that the
+verifying measurements and the dataset that judges them see the same XLA thread count.
 
     .venv/bin/python tools/bench_xla.py --data data/xla-runs --model policies/xla-gemm-tile \
         --json data/bench/xla.json --plot data/bench/xla.png
@@ -29,6 +31,7 @@ from scipy.stats import kendalltau
 from mlgo.fsutil import atomic_write_text
 from mlgo.xla.dataset import load_dataset
 from mlgo.xla.extract import lower
+from mlgo.xla.measure import MeasureSpec, pin
 from mlgo.xla.model import CostModel
 from mlgo.xla.programs import example_inputs, load_corpus
 from mlgo.xla.report import evaluate, plot, summary, to_json
@@ -91,9 +94,11 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=3, help="K of the verified top-K tuning")
     ap.add_argument("--split", choices=("held-out", "train"), default="held-out",
                     help="train: check tuning on the training programs")  # fmt: skip
+    ap.add_argument("--cpu", type=int, default=MeasureSpec.cpu, help="core to pin to")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
     args = ap.parse_args()
+    pin(args.cpu)  # before jax starts its thread pool, which inherits the affinity
 
     ds = load_dataset(args.data)
     model = CostModel.load(args.model)

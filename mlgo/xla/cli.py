@@ -71,6 +71,8 @@ def train_cmd(
     seed: Annotated[int, typer.Option(help="initialization seed")] = 0,
     hidden: Annotated[int, typer.Option(help="hidden units")] = 64,
     ensemble: Annotated[int, typer.Option(help="networks averaged (seeds seed, seed+1, ...)")] = 1,
+    lr: Annotated[float, typer.Option(help="Adam learning rate")] = 3e-3,
+    loss: Annotated[str, typer.Option(help="ranking loss: pairwise or listwise")] = "pairwise",
     folds: Annotated[
         int,
         typer.Option(
@@ -91,7 +93,7 @@ def train_cmd(
         raise ValueError(f"{data}: every program is held out; nothing to train on")
     if ensemble < 1:
         raise ValueError(f"--ensemble must be >= 1, got {ensemble}")
-    hyper = Hyper(hidden=hidden, steps=steps, seed=seed, ensemble=ensemble)
+    hyper = Hyper(hidden=hidden, steps=steps, lr=lr, seed=seed, ensemble=ensemble, loss=loss)
     graphs, times = [r.graph for r in train_set], [r.times() for r in train_set]
     fixed = best_fixed_config(train_set, ds.configs)
     with err.status(f"{folds}-fold cross-validation on {len(train_set)} programs"):
@@ -99,7 +101,14 @@ def train_cmd(
     # Picks from out-of-fold scores need only the configs and the margin, not the networks.
     picker = CostModel([], ds.configs, hyper, {})
     margin = fit_default_margin(train_set, picker, oof)
-    cv = summary(evaluate(train_set, picker, fixed, oof))
+    cv_rows = evaluate(train_set, picker, fixed, oof)
+    cv = summary(cv_rows)
+    worst = sorted(cv_rows, key=lambda r: r.kendall_tau)[:5]
+    console.print(
+        "lowest out-of-fold tau (repeat tau): "
+        + ", ".join(f"{r.program} {r.kendall_tau:.2f} ({r.repeat_tau:.2f})" for r in worst),
+        highlight=False,
+    )
     console.print(
         f"cross-validation ({folds} folds, {hyper}): Kendall tau (median) "
         f"{cv['kendall_tau_median']:.3f}, top-1 gap {cv['top1_gap_median']:+.1%}, top-5 gap "

@@ -34,7 +34,8 @@ class MeasureSpec:
     cpu: int = -1  # the core to pin to; -1: the last one
 
 
-def _pin(cpu: int) -> None:
+def pin(cpu: int) -> None:
+    """Runs this process (and the threads it starts later) on one core, memory-limited."""
     cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpus[cpu] if -len(cpus) <= cpu < len(cpus) else cpus[-1]})
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
@@ -173,7 +174,7 @@ def measure_isolated(target: str, configs: list[str], spec: MeasureSpec, timeout
 def _main() -> None:
     req = json.loads(sys.argv[1])
     spec = MeasureSpec(req["rounds"], req["round_seconds"], req["cpu"])
-    _pin(spec.cpu)
+    pin(spec.cpu)
     print(json.dumps(measure_program(req["target"], req["configs"], spec)))
 
 

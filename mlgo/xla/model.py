@@ -50,6 +50,7 @@ class Hyper:
     lr: float = 3e-3
     seed: int = 0
     ensemble: int = 1  # networks trained with seeds seed, seed + 1, ...
+    loss: str = "pairwise"  # or "listwise" (see LOSSES)
 
 
 @dataclass
@@ -194,6 +195,20 @@ def ranking_loss(scores: jax.Array, log_times: jax.Array, valid: jax.Array) -> j
     return (loss * pair).sum() / jnp.maximum(pair.sum(), 1.0)
 
 
+def listwise_loss(scores: jax.Array, log_times: jax.Array, valid: jax.Array) -> jax.Array:
+    """ListNet: cross-entropy between the softmax of the negated scores and of the negated
+    measured log times (temperature LIST_TEMPERATURE), over each program's valid configs:
+    every config counts, weighted by how close it is to the fastest."""
+    neg = jnp.where(valid > 0, 0.0, -1e9)
+    target = jax.nn.softmax(-log_times / LIST_TEMPERATURE + neg, axis=-1)
+    logq = jax.nn.log_softmax(-scores + neg, axis=-1)
+    return -(target * logq * valid).sum(-1).mean()
+
+
+LIST_TEMPERATURE = 0.1
+LOSSES = {"pairwise": ranking_loss, "listwise": listwise_loss}
+
+
 @dataclass
 class CostModel:
     members: list[dict]  # parameters of each network of the ensemble
@@ -256,6 +271,9 @@ def train(
     """Fits the ensemble on measured programs; returns it and the mean loss curve."""
     if not graphs:
         raise ValueError("no training programs")
+    if hyper.loss not in LOSSES:
+        raise ValueError(f"loss {hyper.loss!r}: expected one of {', '.join(LOSSES)}")
+    loss_fn = LOSSES[hyper.loss]
     batch = make_batch(graphs, configs)
     log_t = np.array([[math.log(t.get(c, 1.0)) for c in configs] for t in times], np.float32)
     valid = np.array([[c in t for c in configs] for t in times], np.float32)
@@ -263,9 +281,9 @@ def train(
 
     @jax.jit
     def step(params, state):
-        loss, grads = jax.value_and_grad(
-            lambda p: ranking_loss(predict_batch(p, batch), log_t, valid)
-        )(params)
+        loss, grads = jax.value_and_grad(lambda p: loss_fn(predict_batch(p, batch), log_t, valid))(
+            params
+        )
         updates, state = opt.update(grads, state, params)
         return optax.apply_updates(params, updates), state, loss
 
