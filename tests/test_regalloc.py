@@ -94,7 +94,7 @@ def test_bc_learns_the_default_rule_per_candidate(ra_bc, mini_corpus, tc):
     assert isinstance(loaded, CandidatePolicy)
     assert np.array_equal(predict(loaded, data.x), predict(policy, data.x))
     ev = evaluate(loaded, mini_corpus, tc, LocalPool(2), PROBLEM.name)
-    assert not ev.failed and ev.metric == "regalloc_cost"
+    assert not ev.failed and ev.metric == "spill_reload_cost"
     assert set(ev.modules) == {m.name for m in mini_corpus.modules}
 
 

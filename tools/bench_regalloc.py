@@ -4,7 +4,7 @@ overhead, and the throughput of real programs built with it.
     .venv/bin/python tools/bench_regalloc.py --policy policies/regalloc-eviction \\
         [--heldout data/heldout] [--overhead data/heldout --overhead-packages cjson,giflib] \\
         [--overhead-build lua5.4,zstd] [--programs sqlite3,zstd,lua5.4] [--repeats 9] \\
-        [--backend native] [--json F]
+        [--min-seconds 1] [--backend native] [--json F]
 
 Held-out: every module compiled with the policy and with clang's own eviction advisor;
 frequency-weighted spill+reload cost (folded ones included) and copy cost.
@@ -19,8 +19,11 @@ appended), once with plain clang and once with `mlgo-cc` and the policy service
 answering every eviction (strict: a policy failure fails the build instead of falling
 back); the package's own tests must pass for both builds.
 Then a fixed workload runs under `valgrind --tool=callgrind` (instruction counts,
-deterministic) and, for wall time, `--repeats` rounds in which the two builds alternate
-in order (ABBA) so machine noise hits both; medians and min..max are reported.
+deterministic) and, for time, `--repeats` rounds in which the two builds alternate in
+order (ABBA) so machine noise hits both. Each timed sample loops the workload for about
+`--min-seconds` of CPU; wall time and CPU time (user+sys of the workload's own processes,
+from wait4's rusage: what other jobs take does not count) are reported as the median and
+interquartile range of the paired ratios, policy over default in the same round.
 """
 
 from __future__ import annotations
@@ -134,25 +137,43 @@ def build_variants(
     return builds
 
 
-def run_workload(prog: Program, tree: Path, prefix: tuple[str, ...] = ()) -> tuple[float, str]:
-    """Runs every workload command; returns (seconds, combined stderr)."""
-    start, errors = time.perf_counter(), []
-    for argv in prog.workload:
-        proc = subprocess.run(
-            [*prefix, *argv], cwd=tree, capture_output=True, text=True, stdin=subprocess.DEVNULL
-        )
-        if proc.returncode != 0:
-            raise BuildError(f"{shlex.join(argv)} failed in {tree}: {proc.stderr.strip()[-200:]}")
-        errors.append(proc.stderr)
-    seconds = time.perf_counter() - start
+def run_workload(
+    prog: Program, tree: Path, prefix: tuple[str, ...] = (), loops: int = 1
+) -> tuple[float, float, str]:
+    """Runs every workload command LOOPS times; returns (wall seconds, CPU seconds, stderr
+    of the last loop). CPU is user+sys of the workload's own processes (their rusage,
+    reaped with wait4), so other jobs on the machine do not count in it, only slow it."""
+    wall = cpu = 0.0
+    errors = []
+    for _ in range(loops):
+        errors = []
+        for argv in prog.workload:
+            with tempfile.TemporaryFile() as err:
+                start = time.perf_counter()
+                proc = subprocess.Popen(
+                    [*prefix, *argv],
+                    cwd=tree,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                )
+                _, status, usage = os.wait4(proc.pid, 0)
+                wall += time.perf_counter() - start
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                cpu += usage.ru_utime + usage.ru_stime
+                err.seek(0)
+                stderr = err.read().decode(errors="replace")
+            if proc.returncode != 0:
+                raise BuildError(f"{shlex.join(argv)} failed in {tree}: {stderr.strip()[-200:]}")
+            errors.append(stderr)
     check = subprocess.run(prog.check, shell=True, cwd=tree, capture_output=True)
     if check.returncode != 0:
         raise BuildError(f"{prog.recipe}: the workload's result is wrong in {tree}")
-    return seconds, "".join(errors)
+    return wall, cpu, "".join(errors)
 
 
 def instructions(prog: Program, tree: Path) -> int:
-    _, stderr = run_workload(
+    _, _, stderr = run_workload(
         prog, tree, ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
     )
     counts = re.findall(r"Collected : (\d+)", stderr)
@@ -162,7 +183,8 @@ def instructions(prog: Program, tree: Path) -> int:
 
 
 def _spread(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
+    q1, median, q3 = statistics.quantiles(xs, n=4) if len(xs) > 1 else xs * 3
+    return {"median": median, "q1": q1, "q3": q3, "min": min(xs), "max": max(xs), "runs": xs}
 
 
 def bench_program(
@@ -174,9 +196,10 @@ def bench_program(
     service_env: dict[str, str],
     tests: bool = True,
     callgrind: bool = True,
+    min_seconds: float = 1.0,
 ) -> dict:
     """Instruction counts (if CALLGRIND) and REPEATS timed ABBA rounds (if any) of both
-    builds; the two must print the same results."""
+    builds, each sample about MIN_SECONDS of CPU; the two must print the same results."""
     prog = PROGRAMS[name]
     pwork = work / name
     out: dict = build_variants(prog, tc, pwork, policy, service_env, tests)
@@ -195,18 +218,24 @@ def bench_program(
         d, p = out["default"]["instructions"], out["policy"]["instructions"]
         out["instructions_delta"] = p / d - 1
     if repeats:
-        times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        with console.status(f"{name}: {repeats} timed rounds"):
+        # enough loops of the workload that one timed sample takes about MIN_SECONDS
+        loops = max(1, round(min_seconds / run_workload(prog, pwork / "default")[1]))
+        times: dict[str, dict[str, list[float]]] = {
+            clock: {v: [] for v in VARIANTS} for clock in ("wall", "cpu")
+        }
+        with console.status(f"{name}: {repeats} timed rounds of {loops} loops"):
             for r in range(repeats):
                 for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
-                    times[v].append(run_workload(prog, pwork / v)[0])
-        for v in VARIANTS:
-            out[v]["seconds"] = _spread(times[v])
-        ratios = [p / d - 1 for p, d in zip(times["policy"], times["default"], strict=True)]
-        out["wall_delta_of_medians"] = (
-            out["policy"]["seconds"]["median"] / out["default"]["seconds"]["median"] - 1
-        )
-        out["wall_delta_paired"] = _spread(ratios)
+                    wall, cpu, _ = run_workload(prog, pwork / v, loops=loops)
+                    times["wall"][v].append(wall)
+                    times["cpu"][v].append(cpu)
+        out["loops"] = loops
+        for clock, series in times.items():
+            for v in VARIANTS:
+                out[v][f"{clock}_seconds"] = _spread(series[v])
+            out[f"{clock}_delta_paired"] = _spread(
+                [p / d - 1 for p, d in zip(series["policy"], series["default"], strict=True)]
+            )
     return out
 
 
@@ -499,30 +528,32 @@ def _print_programs(result: dict, names: list[str]) -> None:
         "instructions default",
         "policy",
         "change",
-        "wall median default",
-        "policy",
-        "change (paired median, min..max)",
+        "loops",
+        "wall s default / policy",
+        "wall change, paired median (IQR)",
+        "CPU s default / policy",
+        "CPU change, paired median (IQR)",
         "build s default / policy",
         title="throughput (negative = faster)",
     )
     for name in names:
         r = result[name]
         d, p = r["default"], r["policy"]
-        row = [name, "", "", "", "", "", ""]
+        row = [name] + [""] * 8
         if "instructions_delta" in r:
             row[1:4] = [
                 f"{d['instructions']:,}",
                 f"{p['instructions']:,}",
                 f"{r['instructions_delta']:+.3%}",
             ]
-        if "wall_delta_paired" in r:
-            pr = r["wall_delta_paired"]
-            row[4:7] = [
-                f"{d['seconds']['median']:.3f} s",
-                f"{p['seconds']['median']:.3f} s",
-                f"{r['wall_delta_of_medians']:+.2%} ({pr['median']:+.2%}, "
-                f"{pr['min']:+.2%}..{pr['max']:+.2%})",
-            ]
+        if "loops" in r:
+            row[4] = str(r["loops"])
+            for i, clock in ((5, "wall"), (7, "cpu")):
+                pr, key = r[f"{clock}_delta_paired"], f"{clock}_seconds"
+                row[i : i + 2] = [
+                    f"{d[key]['median']:.3f} / {p[key]['median']:.3f}",
+                    f"{pr['median']:+.2%} ({pr['q1']:+.2%}..{pr['q3']:+.2%})",
+                ]
         table.add_row(*row, f"{d['build_seconds']:.0f} / {p['build_seconds']:.0f}")
     console.print(table)
 
@@ -535,6 +566,9 @@ def main(
         "data/bench-regalloc"
     ),
     repeats: Annotated[int, typer.Option(help="timed rounds per program (0: none)")] = 9,
+    min_seconds: Annotated[
+        float, typer.Option(help="CPU seconds of one timed sample (the workload loops)")
+    ] = 1.0,
     tests: Annotated[bool, typer.Option(help="run each package's own tests on both")] = True,
     callgrind: Annotated[bool, typer.Option(help="count the programs' instructions")] = True,
     backend: Annotated[str, typer.Option(help="policy service: native or python")] = "native",
@@ -588,7 +622,7 @@ def main(
                 _print_build_overhead(result["build_overhead"])
             for name in names:
                 result[name] = bench_program(
-                    name, tc, work, policy, repeats, service_env, tests, callgrind
+                    name, tc, work, policy, repeats, service_env, tests, callgrind, min_seconds
                 )
         if names:
             _print_programs(result, names)

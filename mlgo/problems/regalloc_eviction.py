@@ -131,14 +131,18 @@ def spill_costs(remarks_yaml: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-# MLGO's regalloc reward weighs a register copy at a fifth of a memory access.
+# MLGO's regalloc reward weighs a register copy at a fifth of a memory access. It is
+# reported for comparison, not trained on: a policy trained on it traded spills and
+# reloads in hot loops for copies (lua's interpreter loop: copies -8%, spill+reload +13%),
+# and the programs ran more instructions. So the reward is spill+reload alone, the figure
+# the issue measures; copies and .text are watched in the benchmark instead.
 COPY_WEIGHT = 0.2
 
 
 def measure(obj: Path, workdir: Path) -> dict[str, float]:
     """Frequency-weighted costs summed over the module's functions: memory traffic the
-    allocator added (spills and reloads, also those folded into other instructions),
-    copies, and the reward's sum of the two, so a policy cannot trade one for the other."""
+    allocator added (spills and reloads, also those folded into other instructions, the
+    reward), copies, and MLGO's weighted sum of the two."""
     functions = spill_costs(workdir / "regalloc.opt.yaml").values()
     memory = sum(
         f.get(k, 0.0)
@@ -161,7 +165,7 @@ def measure(obj: Path, workdir: Path) -> dict[str, float]:
 
 PROBLEM = Problem(
     name="regalloc-eviction",
-    summary="which live range to evict, for the lowest weighted spill/reload/copy cost (clang -O2)",
+    summary="which live range to evict, for the lowest weighted spill+reload cost (clang -O2)",
     opt_level="-O2",
     channel_flags=channel_flags,
     feature_names=FEATURES,
@@ -178,7 +182,7 @@ PROBLEM = Problem(
         "regalloc",
     ],
     measure=measure,
-    reward_metric="regalloc_cost",
+    reward_metric="spill_reload_cost",
     policy_kind="candidate",
     input_specs=INPUT_SPECS,
     # The default evicts only interference lighter than the live range itself.
