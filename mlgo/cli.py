@@ -476,9 +476,9 @@ def build(
         atomic_write_text(out / "build.json", json.dumps(payload, indent=1))
         return delta
 
+    recipes = [load_recipe(name) for name in packages]  # a misspelt name fails before any build
     with policy_service(policy, out / "service", backend) as service_env:
-        for name in packages:
-            recipe = load_recipe(name)
+        for recipe in recipes:
             try:
                 pristine = pristine_source(recipe, out / recipe.name)
                 plain = build_program(
