@@ -462,19 +462,20 @@ def build(
     failed: dict[str, str] = {}
     table = Table("program", "clang -Oz .text", "mlgo .text", "delta", "build s", "tests")
 
-    def save() -> float:
+    def totals() -> tuple[int, int, float]:
+        base = sum(sum(r["text"].values()) for r in results if r["variant"] == "plain")
+        ml = sum(sum(r["text"].values()) for r in results if r["variant"] == "mlgo")
+        return base, ml, 100 * (ml / base - 1) if base else 0.0
+
+    def save() -> None:
         """Writes what is finished so far: a package that fails loses no other's result."""
-        base_total = sum(sum(r["text"].values()) for r in results if r["variant"] == "plain")
-        ml_total = sum(sum(r["text"].values()) for r in results if r["variant"] == "mlgo")
-        delta = 100 * (ml_total / base_total - 1) if base_total else 0.0
         payload = {
             "policies": [str(p) for p in policy],
             "builds": results,
             "failed": failed,
-            "delta_pct": delta,
+            "delta_pct": totals()[2],
         }
         atomic_write_text(out / "build.json", json.dumps(payload, indent=1))
-        return delta
 
     recipes = [load_recipe(name) for name in packages]  # a misspelt name fails before any build
     with policy_service(policy, out / "service", backend) as service_env:
@@ -516,8 +517,8 @@ def build(
                 )
             results += [plain.to_json(), ml.to_json()]
             save()
-    delta = save()
-    table.add_row("total", "", "", f"{delta:+.2f}%", style="bold")
+    base_total, ml_total, delta = totals()
+    table.add_row("total", f"{base_total:,}", f"{ml_total:,}", f"{delta:+.2f}%", style="bold")
     console.print(table)
     console.print(f"wrote {out / 'build.json'}")
     if failed:

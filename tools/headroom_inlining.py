@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlgo.corpus import Module, load_corpus  # noqa: E402
-from mlgo.evaluate import EvalTask, baseline, eval_one  # noqa: E402
+from mlgo.evaluate import EvalTask, baseline, eval_one, evaluate  # noqa: E402
 from mlgo.fsutil import atomic_write_text  # noqa: E402
 from mlgo.log_format import Observation  # noqa: E402
 from mlgo.policy import MLPPolicy  # noqa: E402
@@ -135,11 +135,8 @@ def main() -> None:
 
     policy_size: dict[str, float] = {}
     if args.policy:
-        policy = MLPPolicy.load(args.policy)
-        tasks = [EvalTask(PROBLEM, m, tc.clang, policy) for m in corpus.modules]
-        policy_size = {
-            t.module.name: r["text_size"] for t, r in run_tasks(workers, tasks, "policy")
-        }
+        ev = evaluate(MLPPolicy.load(args.policy), corpus, tc, workers, PROBLEM)
+        policy_size = {name: r["text_size"] for name, r in ev.modules.items()}
     workers.close()
 
     packages: dict[str, dict[str, float]] = {}
