@@ -215,6 +215,7 @@ def train(
     derived: Annotated[bool, typer.Option(help="BC: also feed the default's cost rule")] = False,
     batch: Annotated[int, typer.Option(help="es, ppo: modules compiled per step")] = 24,
     directions: Annotated[int, typer.Option(help="ES: perturbations per step")] = 8,
+    lr: Annotated[float, typer.Option(help="ES: Adam step size")] = 0.02,
     regression_penalty: Annotated[
         float, typer.Option(help="ES: reward per package, a package's loss x (1 + this)")
     ] = 0.0,
@@ -255,6 +256,7 @@ def train(
                 sigma=sigma,
                 batch=batch,
                 directions=directions,
+                lr=lr,
                 regression_penalty=regression_penalty,
             )
             start = MLPPolicy.load(_policy_dir(init))
