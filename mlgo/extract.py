@@ -311,15 +311,23 @@ def _kept_objects(recorded: Path, kept: Path) -> Path:
 
     bear also records the `clang -cc1` jobs of a compile-and-link step (their objects are
     deleted temporaries) and splits such a step into one `-c` entry per source, all naming
-    the linked program as output; none of those is a module.
+    the linked program as output; none of those is a module. A `cc -c dir/x.c` without `-o`
+    writes x.o in its working directory; the kept command names it, as extract_ir needs.
     """
     entries = []
     for entry in json.loads(recorded.read_text()):
         args = entry.get("arguments") or shlex.split(entry.get("command", ""))
-        if "-cc1" not in args and "-o" in args[:-1]:
+        if "-cc1" in args:
+            continue
+        if "-o" not in args[:-1] and "-c" in args:
+            args = [*args, "-o", Path(entry["file"]).with_suffix(".o").name]
+            entry = {"directory": entry["directory"], "file": entry["file"], "arguments": args}
+        if "-o" in args[:-1]:
             entries.append((entry, Path(entry["directory"]) / args[args.index("-o") + 1]))
     outputs = Counter(out for _, out in entries)
     keep = [e for e, out in entries if outputs[out] == 1 and _is_relocatable_object(out)]
+    if not keep:
+        raise BuildError(f"{recorded}: the build compiled no object file that survived it")
     kept.write_text(json.dumps(keep, indent=1))
     return kept
 

@@ -1,12 +1,13 @@
 """Corpus loading and the extractor on a small real build."""
 
 import json
+import shutil
 
 import pytest
 
 from mlgo.corpus import CorpusError, load_corpus
 from mlgo.extract import BuildError, build_corpus
-from tests.conftest import copy_corpus
+from tests.conftest import DATA, copy_corpus
 
 
 def test_extractor_stores_bitcode_and_cc1_command(mini_corpus):
@@ -76,3 +77,16 @@ def test_failed_build_says_why_and_keeps_the_previous_corpus(tc, mini_corpus, tm
     assert "\n" not in str(e.value)
     assert sorted(p.name for p in (out / "minipkg").iterdir()) == before
     assert json.loads((out / "corpus_description.json").read_text())["modules"]
+
+
+def test_compile_without_output_flag_is_kept(tc, tmp_path):
+    """`cc -c x.c` (mawk's Makefile) writes x.o beside the build; it is a module too."""
+    src = shutil.copytree(DATA / "minipkg", tmp_path / "src")
+    build = ('"$CC" -O2 -c hash.c', '"$CC" -O2 -c main.c -o main.o')
+    assert build_corpus("pkg", src, (), build, tc, tmp_path / "out", tmp_path / "work") == 2
+
+
+def test_build_without_objects_says_so(tc, tmp_path):
+    src = shutil.copytree(DATA / "minipkg", tmp_path / "src")
+    with pytest.raises(BuildError, match="compiled no object file"):
+        build_corpus("pkg", src, (), ("true",), tc, tmp_path / "out", tmp_path / "work")
