@@ -43,12 +43,12 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system seconds of PID and its live children (all their threads): what a
-    long-lived service such as `mlgo serve` and its policy server have spent so far."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+def tree_cpu_seconds(pid: int, children: bool = True) -> float:
+    """User + system seconds of PID and (if CHILDREN) its live children, all their threads:
+    what a long-lived service such as `mlgo serve` and its policy server have spent so far."""
+    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split() if children else []
     total = 0
-    for p in [str(pid), *children]:
+    for p in [str(pid), *kids]:
         fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / os.sysconf("SC_CLK_TCK")

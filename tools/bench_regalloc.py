@@ -343,6 +343,7 @@ def bench_overhead(
     cpu: dict[str, list[float]] = {v: [] for v in variants}
     wall: dict[str, list[float]] = {v: [] for v in variants}
     clang_cpu: dict[str, list[float]] = {v: [] for v in variants}
+    control = [0.0] * rounds  # the service's own CPU, its policy server's not included
     decisions = 0
     with tempfile.TemporaryDirectory() as d, direct_server(policy) as (direct, server_pid):
         obj = Path(d) / "o.o"
@@ -352,6 +353,7 @@ def bench_overhead(
             compiler = dict.fromkeys(variants, 0.0)
             server_start = tree_cpu_seconds(server_pid)
             service_start = tree_cpu_seconds(service_pid)
+            control_start = tree_cpu_seconds(service_pid, children=False)
             for m in modules:
                 cmd = m.compile_command(tc.clang, obj, problem.opt_level)
                 for v in order:
@@ -375,6 +377,7 @@ def bench_overhead(
                     compiler[v] += _cpu_children() - cpu_start
             server_cpu = tree_cpu_seconds(server_pid) - server_start
             service_cpu = tree_cpu_seconds(service_pid) - service_start
+            control[r] = tree_cpu_seconds(service_pid, children=False) - control_start
             policy_side = {"plain": 0.0, "direct": server_cpu, "service": service_cpu}
             for v in variants:
                 cpu[v].append(compiler[v] + policy_side[v])
@@ -391,6 +394,13 @@ def bench_overhead(
     def change(series: dict[str, list[float]], v: str) -> dict:
         return _spread([a / b - 1 for a, b in zip(series[v], series["plain"], strict=True)])
 
+    def share(part: list[float]) -> float:
+        return statistics.median(x / p for x, p in zip(part, cpu["plain"], strict=True))
+
+    ml_mode = [a - b for a, b in zip(clang_cpu["service"], clang_cpu["plain"], strict=True)]
+    server = [
+        t - c - s for t, c, s in zip(cpu["service"], clang_cpu["service"], control, strict=True)
+    ]
     return {
         "modules": len(modules),
         "decisions": decisions,
@@ -400,14 +410,13 @@ def bench_overhead(
         "wall_seconds": {v: _spread(wall[v]) for v in variants},
         "cpu_overhead": {v: change(cpu, v) for v in variants[1:]},
         "wall_overhead": {v: change(wall, v) for v in variants[1:]},
-        # the service variant's CPU overhead in parts, each a share of plain's CPU
+        # the service variant's CPU overhead in parts, each a share of plain's CPU: the
+        # compiler's extra work, and the policy side's own CPU measured per process (not
+        # as a difference of two variants, which would carry the compiler's noise)
         "parts": {
-            name: statistics.median((a[i] - b[i]) / cpu["plain"][i] for i in range(rounds))
-            for name, a, b in (
-                ("clang ML mode", clang_cpu["direct"], clang_cpu["plain"]),
-                ("policy server", cpu["direct"], clang_cpu["direct"]),
-                ("service (lease, control plane)", cpu["service"], cpu["direct"]),
-            )
+            "clang ML mode": share(ml_mode),
+            "policy server": share(server),
+            "service (lease, control plane)": share(control),
         },
         "latency": latency,
     }
