@@ -319,11 +319,12 @@ def _kept_objects(recorded: Path, kept: Path) -> Path:
         args = entry.get("arguments") or shlex.split(entry.get("command", ""))
         if "-cc1" in args:
             continue
-        if "-o" not in args[:-1] and "-c" in args:
+        if "-o" not in args[:-1]:
+            if "-c" not in args:
+                continue
             args = [*args, "-o", Path(entry["file"]).with_suffix(".o").name]
             entry = {"directory": entry["directory"], "file": entry["file"], "arguments": args}
-        if "-o" in args[:-1]:
-            entries.append((entry, Path(entry["directory"]) / args[args.index("-o") + 1]))
+        entries.append((entry, Path(entry["directory"]) / args[args.index("-o") + 1]))
     outputs = Counter(out for _, out in entries)
     keep = [e for e, out in entries if outputs[out] == 1 and _is_relocatable_object(out)]
     if not keep:

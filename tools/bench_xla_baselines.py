@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from mlgo.fsutil import atomic_write_text
+from mlgo.xla.config import parse_config
 
 SHAPES = [(128, 128, 128), (32, 2048, 512), (256, 256, 256), (64, 512, 512), (128, 1024, 128),
           (512, 128, 512), (16, 1024, 1024)]  # fmt: skip
@@ -111,22 +112,24 @@ def main() -> None:
         print(json.dumps(run_one(req["flags"], req["config"], req["rounds"])))
         return
     runs = dict(BASELINES)
+    invalid: dict[str, str] = {}  # run name -> why its tile is not a config
     for t in args.tiles.split(","):
         runs[f"xla_flags:{t}"] = (LEGACY + t, "")
         runs[f"emitter:{t}"] = (f"{NO_YNN} --xla_cpu_multi_thread_eigen=false {LEGACY}{t}", "")
         runs[f"mlgo:{t}"] = ("", t)
+        try:
+            parse_config(t)
+        except ValueError as e:
+            invalid[f"mlgo:{t}"] = str(e)
     results = []
     for rep in range(args.repeats):
         for cores in (1, 2):
             for name, (flags, config) in runs.items():
-                if config and ":" in config:
-                    try:
-                        from mlgo.xla.config import parse_config
-
-                        parse_config(config)
-                    except ValueError as e:
-                        results.append({"name": name, "cores": cores, "rep": rep, "error": str(e)})
-                        continue
+                if name in invalid:
+                    results.append(
+                        {"name": name, "cores": cores, "rep": rep, "error": invalid[name]}
+                    )
+                    continue
                 res = spawn(flags, config, cores, args.rounds)
                 results.append({"name": name, "cores": cores, "rep": rep, "shapes": res})
                 print(name, cores, rep, json.dumps(res)[:400], flush=True)

@@ -163,14 +163,15 @@ def main() -> None:
             f"{100 * (row['policy'] / row['default'] - 1):+.2f}%" if args.policy else "",
         )
     console.print(table)
-    console.print(f"compiles: {sum(s.compiles for s in searches):,}")
+    compiles = sum(s.compiles for s in searches)
+    console.print(f"compiles: {compiles:,}")
     if args.json:
         report = {
             "corpus": str(args.corpus),
             "passes": args.passes,
             "packages": packages,
             "total": total,
-            "compiles": sum(s.compiles for s in searches),
+            "compiles": compiles,
             "modules": {
                 s.module.name: {
                     "default": base[s.module.name]["text_size"],
