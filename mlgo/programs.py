@@ -43,12 +43,22 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def live_children(pid: int) -> list[int]:
+    """PID's live child processes, whichever of its threads started them (each thread
+    lists only its own: a service's policy server is the child of a connection thread)."""
+    return [
+        int(kid)
+        for t in Path(f"/proc/{pid}/task").glob("*/children")
+        for kid in t.read_text().split()
+    ]
+
+
 def tree_cpu_seconds(pid: int, children: bool = True) -> float:
     """User + system seconds of PID and (if CHILDREN) its live children, all their threads:
     what a long-lived service such as `mlgo serve` and its policy server have spent so far."""
-    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split() if children else []
+    kids = live_children(pid) if children else []
     total = 0
-    for p in [str(pid), *kids]:
+    for p in [pid, *kids]:
         fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / os.sysconf("SC_CLK_TCK")

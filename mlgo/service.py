@@ -29,6 +29,7 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -273,7 +274,7 @@ class Lease:
     id: str
     channels: dict[str, tuple[ServedPolicy, str]]  # channel id -> (policy, FIFO base)
     plugin_flags: list[str] = field(default_factory=list)
-    push: queue.Queue | None = None  # events for the client holding the lease
+    notify: Callable[[dict], None] | None = None  # events to the client holding the lease
     detached: bool = False
     decisions: int = 0
     sessions: int = 0
@@ -351,13 +352,18 @@ class Service:
             if lease is None:
                 return
             lease.errors.append(message)
-        if lease.push is not None:
-            lease.push.put({"event": "error", "message": message})
+        if lease.notify is not None:
+            lease.notify({"event": "error", "message": message})
         if lease.detached:
             threading.Thread(target=self.end_lease, args=(lease,), daemon=True).start()
 
     # -- leases ----------------------------------------------------------------------
-    def open_lease(self, problem: str | None = None, detached: bool = False) -> Lease:
+    def open_lease(
+        self, problem: str | None = None, notify: Callable[[dict], None] | None = None
+    ) -> Lease:
+        """A lease for one compilation. NOTIFY gets its error events as they happen; a lease
+        without one is detached: a channel by hand, which ends after one compilation."""
+        detached = notify is None
         chosen = [p for p in self.policies if problem in (None, p.problem.name)]
         if not chosen:
             raise ValueError(f"this service serves no policy for {problem!r}")
@@ -369,9 +375,7 @@ class Service:
                     "channel; for a channel by hand, serve with --backend native"
                 )
         with self._lock:
-            lease = Lease(f"{os.getpid()}-{next(self._ids)}", {}, detached=detached)
-            if not detached:
-                lease.push = queue.Queue()
+            lease = Lease(f"{os.getpid()}-{next(self._ids)}", {}, notify=notify, detached=detached)
             self.leases[lease.id] = lease
             self.last_activity = time.monotonic()
         for p in chosen:
@@ -449,7 +453,7 @@ class _Handler(socketserver.StreamRequestHandler):
             self.wfile.flush()
 
     def handle(self) -> None:
-        self.write_lock = threading.Lock()
+        self.write_lock = threading.RLock()
         service = self.server.service
         line = self.rfile.readline()
         try:
@@ -458,7 +462,7 @@ class _Handler(socketserver.StreamRequestHandler):
             if op == "compile":
                 self._compile(service)
             elif op == "channel":
-                lease = service.open_lease(message.get("problem"), detached=True)
+                lease = service.open_lease(message.get("problem"))
                 (_policy, base), *_ = lease.channels.values()
                 self._send({"base": base, "lease": lease.id})
                 expiry = threading.Timer(
@@ -477,13 +481,16 @@ class _Handler(socketserver.StreamRequestHandler):
             with contextlib.suppress(OSError):  # the client may be gone too
                 self._send({"error": f"{type(e).__name__}: {e}"})
 
+    def _notify(self, event: dict) -> None:
+        """Sends an event as it happens, from whichever thread saw it; the lock keeps it
+        whole and before the tally."""
+        with contextlib.suppress(OSError):  # a killed client: its lease ends on its own
+            self._send(event)
+
     def _compile(self, service: Service) -> None:
-        lease = service.open_lease()
-        assert lease.push is not None
-        push = lease.push
-        self._send({"lease": lease.id, "flags": lease.flags})
-        forwarder = threading.Thread(target=self._forward, args=(push,), daemon=True)
-        forwarder.start()
+        with self.write_lock:  # no event before the flags
+            lease = service.open_lease(notify=self._notify)
+            self._send({"lease": lease.id, "flags": lease.flags})
         returncode = None
         try:
             line = self.rfile.readline()  # blocks until the client is done or gone
@@ -493,22 +500,41 @@ class _Handler(socketserver.StreamRequestHandler):
             pass
         finally:
             tally = service.end_lease(lease, returncode)
-            push.put(None)
-            forwarder.join()
         with contextlib.suppress(OSError):  # a killed client: its lease is cleaned up already
             self._send(tally)
 
-    def _forward(self, push: queue.Queue) -> None:
-        while (event := push.get()) is not None:
-            try:
-                self._send(event)
-            except OSError:
-                return
 
+class _Server(socketserver.UnixStreamServer):
+    """Handles each connection on a pooled daemon thread: starting a thread for every
+    compilation cost the service more CPU than the lease itself."""
 
-class _Server(socketserver.ThreadingUnixStreamServer):
-    daemon_threads = True
     service: Service
+
+    def __init__(self, path: str):
+        super().__init__(path, _Handler)
+        self._pending: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._idle = 0  # pooled threads waiting for a connection, none promised one yet
+        self._idle_lock = threading.Lock()
+
+    def process_request(self, request, client_address) -> None:
+        with self._idle_lock:
+            start_one = self._idle == 0
+            self._idle -= not start_one
+        self._pending.put((request, client_address))
+        if start_one:
+            threading.Thread(target=self._work, daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            request, client_address = self._pending.get()
+            try:
+                self.finish_request(request, client_address)
+            except Exception:
+                self.handle_error(request, client_address)
+            finally:
+                self.shutdown_request(request)
+            with self._idle_lock:
+                self._idle += 1
 
 
 def serve_forever(service: Service, socket_file: Path, idle_exit_s: float = 0.0) -> None:
@@ -523,7 +549,7 @@ def serve_forever(service: Service, socket_file: Path, idle_exit_s: float = 0.0)
         raise ServiceError(f"an mlgo service is already listening on {socket_file}")
     old_umask = os.umask(0o177)
     try:
-        server = _Server(str(socket_file), _Handler)
+        server = _Server(str(socket_file))
     finally:
         os.umask(old_umask)
     server.service = service

@@ -21,6 +21,7 @@ from mlgo.client import ServiceError, request, runtime_dir
 from mlgo.compile import compile_module
 from mlgo.policy import MLPPolicy
 from mlgo.problems import get_problem
+from mlgo.programs import live_children
 from tests.conftest import DATA, MLGO
 
 SHIPPED = Path(__file__).parent.parent / "policies" / "inlining-size"
@@ -301,10 +302,9 @@ def test_killing_the_service_mid_build_never_fails_or_hangs(native_cc, tmp_path)
 
 
 def _policy_server_pid(service_pid: int) -> int:
-    children = Path(f"/proc/{service_pid}/task/{service_pid}/children").read_text().split()
-    for pid in children:
+    for pid in live_children(service_pid):
         if Path(f"/proc/{pid}/exe").resolve().name == "policy_server":
-            return int(pid)
+            return pid
     raise AssertionError("no policy_server child")
 
 

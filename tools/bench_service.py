@@ -44,6 +44,7 @@ from mlgo.log_format import Header, TensorSpec  # noqa: E402
 from mlgo.problems import get_problem  # noqa: E402
 from mlgo.programs import (  # noqa: E402
     build_program,
+    live_children,
     mlgo_compilers,
     plain_compilers,
     policy_service,
@@ -269,11 +270,10 @@ def bench_soak(args, work: Path) -> dict:
         for t in threads:
             t.start()
         while any(t.is_alive() for t in threads):
-            children = Path(f"/proc/{service_pid}/task/{service_pid}/children").read_text().split()
             server = next(
                 (
-                    int(c)
-                    for c in children
+                    c
+                    for c in live_children(service_pid)
                     if Path(f"/proc/{c}/exe").resolve().name == "policy_server"
                 ),
                 None,
