@@ -69,6 +69,29 @@ def quantile_counts(values, quantiles: list[np.ndarray]):
     return tf.where(tf.math.is_nan(values), every, tf.minimum(count, limit))
 
 
+def quantile_fractions(columns: list, constant: list[bool], quantiles: list[np.ndarray]):
+    """[slots] raw value per column -> [slots, columns] float64 quantile fractions.
+
+    Columns are searched in groups of one table width each, so a column of 3 boundaries
+    takes 2 steps, not the widest column's 8; a column that is the same on every row (a
+    scalar feature, the live range's own value) is searched once and broadcast. On the
+    regalloc policy this cuts the lookups per decision from 33 x 26 x 8 to about a third."""
+    tf = import_tf()
+    slots = int(columns[0].shape[0])
+    groups: dict[tuple[bool, int], list[int]] = {}
+    for j, q in enumerate(quantiles):
+        groups.setdefault((constant[j], len(q).bit_length()), []).append(j)
+    parts, order = [], []
+    for (same, _), members in sorted(groups.items()):
+        values = tf.stack([columns[j][:1] if same else columns[j] for j in members], axis=1)
+        counts = quantile_counts(values, [quantiles[j] for j in members])
+        parts.append(tf.broadcast_to(counts, [slots, len(members)]) if same else counts)
+        order += members
+    counts = tf.gather(tf.concat(parts, axis=1), np.argsort(order), axis=1)
+    lengths = tf.constant([max(len(q), 1) for q in quantiles], tf.float64)
+    return tf.cast(counts, tf.float64) / lengths[None, :]  # as numpy: float64, then float32
+
+
 def build_module(policy: MLPPolicy):
     """A tf.Module whose `action` function reproduces `policy` (greedy) in TF ops."""
     tf = import_tf()
@@ -86,6 +109,7 @@ def build_module(policy: MLPPolicy):
     specs += [tf.TensorSpec((), tf.float32, name=n) for n in ("discount", "reward")]
     specs.append(tf.TensorSpec((), tf.int32, name="step_type"))
     slots = max((int(np.prod(shape)) for _, _, shape in problem.input_specs), default=1)
+    scalars = {f for f in llvm if f not in declared or np.prod(declared[f][1]) == 1}
 
     def action(*inputs):
         # One row per slot (1 for a scalar decision); scalar inputs repeat on every row.
@@ -97,13 +121,12 @@ def build_module(policy: MLPPolicy):
             if f.startswith(SELF):
                 by_name[f] = tf.broadcast_to(by_name[f.removeprefix(SELF)][-1:], [slots])
         raw = [by_name[f] for f in features]
+        constant = [f.startswith(SELF) or f in scalars for f in features]
         for d in policy.normalizer.derived:  # the same columns Normalizer.expand computes
             left, right = by_name[d.left], by_name[d.right]
             raw.append(left - right if d.op == "-" else tf.cast(left < right, tf.float64))
-        quantiles = policy.normalizer.quantiles
-        counts = quantile_counts(tf.stack(raw, axis=1), quantiles)
-        lengths = tf.constant([max(len(q), 1) for q in quantiles], tf.float64)
-        frac = tf.cast(counts, tf.float64) / lengths[None, :]  # as numpy: float64, then float32
+            constant.append(constant[features.index(d.left)] and constant[features.index(d.right)])
+        frac = quantile_fractions(raw, constant, policy.normalizer.quantiles)
         h = tf.cast(tf.concat([frac, tf.sqrt(frac), frac * frac], axis=1), tf.float32)
         for i in range(0, len(weights), 2):
             h = tf.matmul(h, weights[i]) + weights[i + 1]
