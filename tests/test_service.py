@@ -252,6 +252,7 @@ def test_a_hung_policy_times_out_and_falls_back(native_cc, tmp_path):
             native_cc, SOURCES[0], tmp_path / "warm.o", service.env()
         )  # starts the policy server
         server = _policy_server_pid(service.proc.pid)
+        failed = service.status()["failed_compilations"]
         os.kill(server, signal.SIGSTOP)
         try:
             start = time.monotonic()
@@ -260,6 +261,10 @@ def test_a_hung_policy_times_out_and_falls_back(native_cc, tmp_path):
             assert time.monotonic() - start < 30
         finally:
             os.kill(server, signal.SIGCONT)
+        deadline = time.monotonic() + 30  # not awaited by mlgo-cc, still counted
+        while service.status()["failed_compilations"] == failed:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
     finally:
         service.stop()
 
@@ -301,8 +306,10 @@ def test_killing_the_service_mid_build_never_fails_or_hangs(native_cc, tmp_path)
 
 
 def _policy_server_pid(service_pid: int) -> int:
-    children = Path(f"/proc/{service_pid}/task/{service_pid}/children").read_text().split()
-    for pid in children:
+    """The policy server is a child of the service thread that started it (a request's
+    thread, which may not have exited yet), so every thread's children are looked at."""
+    threads = Path(f"/proc/{service_pid}/task").glob("*/children")
+    for pid in (pid for t in threads for pid in t.read_text().split()):
         if Path(f"/proc/{pid}/exe").resolve().name == "policy_server":
             return int(pid)
     raise AssertionError("no policy_server child")
