@@ -33,6 +33,7 @@ from mlgo.client import Connection, ServiceError, runtime_dir, socket_path
 SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".c++", ".C", ".i", ".ii", ".m", ".mm")
 NO_CODEGEN = {"-E", "-M", "-MM", "-fsyntax-only", "-###", "--version", "--help", "-"}
 CONNECT_TIMEOUT_S = 10.0
+TIMED_OUT = "no result within MLGO_TIMEOUT"
 START_TIMEOUT_S = 180.0  # the first start may AOT-compile the policy (about 20 s)
 START_RETRY_S = 60.0  # after a failed start, fall back at once for this long
 SHIPPED_POLICY = Path(__file__).resolve().parent.parent / "policies" / "inlining-size"
@@ -116,7 +117,7 @@ def _watch(proc: subprocess.Popen, conn: Connection, timeout_s: float) -> str | 
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                problem = f"no result within MLGO_TIMEOUT={timeout_s:g} s"
+                problem = f"{TIMED_OUT}={timeout_s:g} s"
                 break
             ready, _, _ = select.select([pidfd, conn], [], [], remaining)
             if pidfd in ready:
@@ -152,10 +153,13 @@ def run(compiler: str, args: list[str]) -> int:
             problem = _watch(proc, conn, timeout_s)
             try:
                 conn.send({"op": "done", "returncode": proc.returncode})
-                while "event" in (tally := conn.receive()):
-                    problem = problem or tally.get("message")
-                if tally["errors"]:
-                    problem = problem or tally["errors"][0]
+                # After a timeout the answer is not awaited: whatever hung may hold it up
+                # too, and MLGO_TIMEOUT bounds the whole compilation.
+                if not (problem or "").startswith(TIMED_OUT):
+                    while "event" in (tally := conn.receive()):
+                        problem = problem or tally.get("message")
+                    if tally["errors"]:
+                        problem = problem or tally["errors"][0]
             except (ServiceError, KeyError) as e:
                 problem = problem or str(e)
             if problem is None and proc.returncode < 0:

@@ -12,19 +12,25 @@ compile command is the same file content at a node-local path.
 Faults: a task whose worker or node dies is re-run elsewhere by Ray (`RETRIES` times);
 an exception inside a task is caught in the worker (`guarded`) and comes back once as
 `Failed`, never retried, since a module that fails to compile fails every time.
+
+Stalls: Ray waits without end for a session a head never starts and for tasks nothing
+runs, so both have deadlines here and end the run with a one-line error that names them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import socket
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from mlgo.compile import DEFAULT_TIMEOUT_S
 from mlgo.corpus import Module
 from mlgo.workers import Failed, guarded
 
@@ -39,6 +45,10 @@ RETRIES = 3
 # (the driver lost its cluster) stop the run.
 _LOST = (WorkerCrashedError, NodeDiedError, ObjectLostError, OutOfMemoryError)
 CACHE_DIR = Path(tempfile.gettempdir()) / "mlgo-ray-bitcode"
+# A head starts a client's session in seconds, a loaded one in a minute.
+SESSION_TIMEOUT_S = 120.0
+# Beyond a task's own compile timeout: worker start-up, bitcode fetch, a busy scheduler.
+STALL_MARGIN_S = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +84,11 @@ def _module_of(item: Any) -> Module | None:
     return module if dataclasses.is_dataclass(item) and isinstance(module, Module) else None
 
 
+def _task_deadline(item: Any) -> float:
+    """How long a task may run: its compile timeout (tasks without one use the default)."""
+    return float(getattr(item, "timeout_s", DEFAULT_TIMEOUT_S)) + STALL_MARGIN_S
+
+
 def _check_reachable(address: str) -> None:
     """Ray retries an unreachable address for minutes; a user should hear at once."""
     host, port = address.removeprefix("ray://").rsplit(":", 1)
@@ -83,11 +98,44 @@ def _check_reachable(address: str) -> None:
         raise ValueError(f"cannot reach a Ray cluster at {address}: {e}") from e
 
 
+def _init(address: str | None) -> None:
+    ray.init(address=address, logging_level="WARNING", configure_logging=False)
+
+
+def _init_client(address: str, timeout_s: float) -> None:
+    """Ray Client waits forever for a session that a head accepted but never starts (its
+    client server stuck starting the per-client server); give up after TIMEOUT_S. The
+    waiting thread is a daemon, so nothing of it outlives mlgo."""
+    failure: list[BaseException] = []
+    # Off the main thread Ray leaves SIGTERM alone and warns; a client has no local
+    # processes for its handler to clean up.
+    logging.getLogger("ray._private.worker").addFilter(
+        lambda record: "SIGTERM handler" not in record.getMessage()
+    )
+
+    def connect() -> None:
+        try:
+            _init(address)
+        except BaseException as e:  # re-raised in the caller's thread
+            failure.append(e)
+
+    thread = threading.Thread(target=connect, name="ray-client-connect", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(
+            f"the Ray cluster at {address} took the connection but started no session in "
+            f"{timeout_s:g} s (see ray_client_server*.err in its head's Ray logs)"
+        )
+    if failure:
+        raise failure[0]
+
+
 class RayWorkers:
     """`Workers` on a Ray cluster: `address` None joins the running cluster (or starts one
     on this machine), else `ray://HOST:PORT` (Ray Client) or `HOST:PORT`."""
 
-    def __init__(self, address: str | None = None):
+    def __init__(self, address: str | None = None, session_timeout_s: float = SESSION_TIMEOUT_S):
         if address:
             _check_reachable(address)
         # Ray lowers its workers' CPU priority by default; a Ray that mlgo starts itself
@@ -95,7 +143,10 @@ class RayWorkers:
         # started with `ray start` keeps its own setting.
         os.environ.setdefault("RAY_worker_niceness", "0")
         try:
-            ray.init(address=address, logging_level="WARNING", configure_logging=False)
+            if address and address.startswith("ray://"):
+                _init_client(address, session_timeout_s)
+            else:
+                _init(address)
         except (ConnectionError, RuntimeError) as e:
             where = address or "the local Ray cluster"
             raise ValueError(f"cannot reach {where}: {str(e).splitlines()[0]}") from e
@@ -119,7 +170,8 @@ class RayWorkers:
             return
         fn_ref = ray.put(fn)
         # Twice the cluster's cores in flight: every worker busy, results stream back.
-        window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        window = 2 * max(1, cpus)
         pending = iter(items)
         running = {}
         for item in pending:
@@ -127,7 +179,13 @@ class RayWorkers:
             if len(running) >= window:
                 break
         while running:
-            done, _ = ray.wait(list(running), num_returns=1)
+            stall_s = max(map(_task_deadline, running.values()))
+            done, _ = ray.wait(list(running), num_returns=1, timeout=stall_s)
+            if not done:
+                raise TimeoutError(
+                    f"no Ray task finished in {stall_s:g} s ({len(running)} waiting, on a "
+                    f"cluster of {cpus} CPUs): its workers are stuck or none is free for them"
+                )
             for ref in done:
                 item = running.pop(ref)
                 try:

@@ -4,6 +4,7 @@ and two one-core worker nodes, each its own raylet and object store."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mlgo import ray_workers
 from mlgo.collect import CollectTask, collect, collect_one
 from mlgo.corpus import load_corpus
 from mlgo.policy import MLPPolicy
@@ -100,6 +102,70 @@ def test_workers_option_parses_in_one_place_and_ray_is_not_imported_for_local():
     for unreachable in (f"127.0.0.1:{_free_port()}", f"ray://127.0.0.1:{_free_port()}"):
         with pytest.raises(ValueError, match="cannot reach a Ray cluster at"):
             make_workers(unreachable)
+
+
+_SILENT_HEAD = """
+import json, threading
+from concurrent import futures
+import grpc
+from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc as rpc
+
+class Driver(rpc.RayletDriverServicer):
+    def ClusterInfo(self, request, context=None):  # the client's ping
+        return ray_client_pb2.ClusterInfoResponse(json=json.dumps({}))
+
+class Data(rpc.RayletDataStreamerServicer):
+    def Datapath(self, requests, context):  # takes the init request, never answers it
+        next(requests)
+        threading.Event().wait()
+        yield
+
+server = grpc.server(futures.ThreadPoolExecutor(4))
+rpc.add_RayletDriverServicer_to_server(Driver(), server)
+rpc.add_RayletDataStreamerServicer_to_server(Data(), server)
+print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+server.start()
+server.wait_for_termination()
+"""
+
+
+def test_a_head_that_never_starts_the_client_session_is_a_clear_error():
+    """What a head whose client server is stuck starting the per-client server looks like
+    to mlgo: the connection is taken, the session never starts."""
+    head = subprocess.Popen([sys.executable, "-c", _SILENT_HEAD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert head.stdout is not None
+        address = f"ray://127.0.0.1:{int(head.stdout.readline())}"
+        code = (
+            f"from mlgo.ray_workers import RayWorkers; RayWorkers({address!r}, session_timeout_s=3)"
+        )
+        start = time.monotonic()
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and time.monotonic() - start < 60
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("TimeoutError: the Ray cluster at ray://"), r.stderr
+        assert "started no session in 3 s" in last and "SIGTERM" not in r.stderr
+    finally:
+        head.kill()
+        head.wait()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slow:
+    timeout_s: float
+
+
+def _hang(item: _Slow) -> None:
+    time.sleep(120)
+
+
+def test_tasks_that_never_finish_stop_the_run_with_a_clear_error(cluster, monkeypatch):
+    monkeypatch.setattr(ray_workers, "STALL_MARGIN_S", 2.0)
+    start = time.monotonic()
+    stalled = pytest.raises(TimeoutError, match=r"no Ray task finished in 3 s \(2 waiting")
+    with make_workers(cluster.address) as workers, stalled:
+        list(workers.imap(_hang, [_Slow(1.0), _Slow(1.0)]))
+    assert time.monotonic() - start < 60
 
 
 def test_cli_collect_over_ray_client_gives_byte_identical_traces(

@@ -253,6 +253,7 @@ def test_a_hung_policy_times_out_and_falls_back(native_cc, tmp_path):
             native_cc, SOURCES[0], tmp_path / "warm.o", service.env()
         )  # starts the policy server
         server = _policy_server_pid(service.proc.pid)
+        failed = service.status()["failed_compilations"]
         os.kill(server, signal.SIGSTOP)
         try:
             start = time.monotonic()
@@ -261,6 +262,10 @@ def test_a_hung_policy_times_out_and_falls_back(native_cc, tmp_path):
             assert time.monotonic() - start < 30
         finally:
             os.kill(server, signal.SIGCONT)
+        deadline = time.monotonic() + 30  # not awaited by mlgo-cc, still counted
+        while service.status()["failed_compilations"] == failed:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
     finally:
         service.stop()
 

@@ -222,7 +222,9 @@ int main(int argc, char **argv) {
   snprintf(done, sizeof done, "{\"op\": \"done\", \"returncode\": %d}\n", rc);
   char *errors[MAX_FLAGS];
   int n_errors = -1;
-  if (send_all(sock, done) == 0) {
+  /* After a timeout the answer is not awaited (as in mlgo.cc): whatever hung may hold it
+   * up too, and MLGO_TIMEOUT bounds the whole compilation. */
+  if (send_all(sock, done) == 0 && ready != 0) {
     int got;
     while ((got = read_line(sock, line, LINE_MAX_BYTES, 30000)) >= 0 &&
            strstr(line, "\"event\"")) {
