@@ -230,8 +230,6 @@ def train(
     from mlgo.train import RunDir
 
     spec = get_problem(problem)
-    if algo == "ppo" and spec.policy_kind != "mlp":
-        raise ValueError(f"--algo ppo trains inlining policies only; use es for {problem}")
     tc = find_toolchain(clang)
     with closing(make_workers(workers)) as pool:
         run = RunDir(out, algo)
@@ -269,7 +267,10 @@ def train(
             if init is None:
                 raise ValueError("--algo ppo needs --init (a BC run) as its starting point")
             cfg = PPOConfig(steps=steps or PPOConfig.steps, batch=batch)
-            policy = train_ppo(selected, MLPPolicy.load(_policy_dir(init)), run, tc, pool, cfg)
+            start = MLPPolicy.load(_policy_dir(init))
+            if start.problem != problem:
+                raise ValueError(f"--init {init} is a {start.problem} policy, not {problem}")
+            policy = train_ppo(selected, start, run, tc, pool, cfg)
         else:
             raise ValueError(f"unknown --algo {algo!r}: use bc, es or ppo")
         ev = evaluate(policy, selected, tc, pool, problem)

@@ -1,6 +1,8 @@
 """Register-allocation eviction against real clang-22: illegal advice never reaches the
 compiler, the per-candidate policy, and BC + ES on the small real corpus."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -112,6 +114,32 @@ def test_es_on_regalloc_trains_checkpoints_and_resumes(ra_bc, mini_corpus, tc, t
     state, _ = run.load_state()
     assert [h["step"] for h in state.history] == [1, 2, 3]
     assert isinstance(MLPPolicy.load(run.policy_dir), CandidatePolicy)
+
+
+def test_ppo_on_regalloc_scores_slots_and_resumes(ra_bc, mini_corpus, tc, tmp_path):
+    from mlgo.train.ppo import Agent, PPOConfig, train_ppo
+
+    _, data, policy, _ = ra_bc
+    run = RunDir(tmp_path / "ppo", "ppo")
+    cfg = PPOConfig(steps=2, batch=2, epochs=2, eval_every=1, max_module_seconds=60)
+    trained = train_ppo(mini_corpus, policy, run, tc, LocalPool(2), cfg)
+    state, _ = run.load_state()
+    assert state.step == 2 and all(np.isfinite(h["ppo/loss"]) for h in state.history)
+    assert state.extra["best_reward"] >= state.extra["init_reward"]
+    assert isinstance(MLPPolicy.load(run.policy_dir), CandidatePolicy)
+    # the agent's actor is the policy's network: PPO moved its weights, and a policy made
+    # of them answers only legal slots
+    agent = Agent(policy, cfg)
+    agent.restore(run.root / "agent")
+    moved = replace(policy, weights=agent.weights())
+    assert [w.shape for w in moved.weights] == [w.shape for w in policy.weights]
+    assert not np.allclose(moved.flat(), policy.flat())
+    legal = data.x[:, :, PROBLEM.feature_names.index("mask")] > 0
+    for answered in (trained, moved):
+        assert legal[np.arange(len(data.x)), predict(answered, data.x)].all()
+    train_ppo(mini_corpus, policy, run, tc, LocalPool(2), PPOConfig(**{**cfg.__dict__, "steps": 3}))
+    state, _ = run.load_state()
+    assert [h["step"] for h in state.history] == [1, 2, 3]
 
 
 def test_saved_model_evicts_like_the_candidate_policy(ra_bc, tmp_path):

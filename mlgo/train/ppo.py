@@ -1,18 +1,20 @@
-"""Proximal policy optimization with tf-agents, as MLGO trains its inlining policy.
+"""Proximal policy optimization with tf-agents, as MLGO trains its policies.
 
 Each step compiles a batch of training modules with the policy sampling its decisions,
-scores each module by its relative .text reduction against the default heuristic, and
-hands every decision to tf-agents' PPOClipAgent with that module's reward (discount 0:
-each decision is credited with the outcome of the compilation it was part of, MLGO's
-scheme). The actor network has exactly the numpy policy's layers, so rollouts run in the
-compile workers without TensorFlow and the weights move both ways unchanged.
+scores each module by the relative reduction of the problem's metric (.text, spill+reload
+cost) against the default heuristic, and hands every decision to tf-agents' PPOClipAgent
+with that module's reward (discount 0: each decision is credited with the outcome of the
+compilation it was part of, MLGO's scheme). The actor network has exactly the numpy
+policy's layers, so rollouts run in the compile workers without TensorFlow and the weights
+move both ways unchanged. A per-candidate policy (regalloc) is one MLP scoring every slot,
+the mask a last observation column that rules slots out.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,7 @@ from rich.progress import Progress
 
 from mlgo.compile import CompileError, compile_module
 from mlgo.corpus import Corpus, Module
-from mlgo.policy import MLPPolicy
+from mlgo.policy import SELF, CandidatePolicy, MLPPolicy, with_own_columns
 from mlgo.problems import get_problem
 from mlgo.tfutil import import_quietly, import_tf
 from mlgo.toolchain import Toolchain
@@ -28,7 +30,8 @@ from mlgo.train import RunDir, RunState
 from mlgo.train.es import Scorer, training_pool
 from mlgo.workers import Failed, Workers
 
-REWARD_SCALE = 100.0  # rewards in percent of .text: the scale PPO's defaults expect
+REWARD_SCALE = 100.0  # rewards in percent of the default's cost: the scale PPO's defaults expect
+MASKED = -1e9  # the logit of a slot the mask rules out: no sample reaches it, no NaN either
 
 
 @dataclass(frozen=True)
@@ -52,25 +55,72 @@ class RolloutTask:
 
 
 def rollout_one(task: RolloutTask) -> dict:
-    """One sampled compilation: raw features and actions of every decision, and its cost."""
+    """One sampled compilation: the policy's raw input rows for every decision, its actions,
+    and the module's cost."""
     problem = get_problem(task.policy.problem)
     run = compile_module(problem, task.module, task.clang, task.policy)
-    x = (
-        np.stack(
-            [
-                run.features[f].reshape(run.num_decisions, -1)[:, 0]
-                for f in task.policy.normalizer.features
-            ],
-            1,
-        )
-        if run.num_decisions
-        else (np.zeros((0, len(task.policy.normalizer.features))))
-    )
+    x = _raw_rows(task.policy, run.features, run.num_decisions)
     return {"x": x, "actions": run.advice, "cost": run.metrics[problem.reward_metric]}
 
 
-class _Agent:
-    """tf-agents' PPOClipAgent around an actor shaped exactly like `MLPPolicy`."""
+def _raw_rows(policy: MLPPolicy, features: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """[n, features] for an MLP policy; [n, slots, features] for a per-candidate one, scalar
+    features repeated on every slot and SELF columns the live range's own values."""
+    names = policy.normalizer.features
+    if n == 0:
+        return np.zeros((0, len(names)))
+    if not isinstance(policy, CandidatePolicy):
+        return np.stack([features[f].reshape(n, -1)[:, 0] for f in names], 1)
+    llvm = [f for f in names if not f.startswith(SELF)]
+    slots = features[policy.mask_feature].reshape(n, -1).shape[1]
+    sent = np.stack([np.broadcast_to(features[f].reshape(n, -1), (n, slots)) for f in llvm], 2)
+    return with_own_columns(sent.astype(np.float64), llvm, names)
+
+
+def _agent_inputs(policy: MLPPolicy, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The agent's observations and the rollout policy's logits for raw rows X: normalized
+    features, for a per-candidate policy one row per slot with the mask as a last column."""
+    if not isinstance(policy, CandidatePolicy):
+        return policy.normalizer.transform(x), policy.logits(x)
+    n, slots, width = x.shape
+    mask = x[:, :, policy.normalizer.features.index(policy.mask_feature)]
+    h = policy.normalizer.transform(x.reshape(n * slots, width)).reshape(n, slots, -1)
+    obs = np.concatenate([h, (mask > 0)[..., None]], axis=2)
+    return obs, np.maximum(policy.scores(x, mask), MASKED)
+
+
+def _candidate_actor(obs_spec, action_spec, hidden: tuple[int, ...]):
+    """A tf-agents actor with CandidatePolicy's layers: one MLP scores each slot."""
+    tf = import_tf()
+    import tensorflow_probability as tfp
+    from tf_agents.networks import network
+    from tf_agents.specs import distribution_spec, tensor_spec
+
+    class CandidateActor(network.DistributionNetwork):
+        def __init__(self) -> None:
+            logits = tensor_spec.TensorSpec(obs_spec.shape[:1], tf.float32, "logits")
+            output_spec = distribution_spec.DistributionSpec(
+                tfp.distributions.Categorical,
+                {"logits": logits},
+                sample_spec=action_spec,
+                dtype=action_spec.dtype,
+            )
+            super().__init__(obs_spec, (), output_spec, name="CandidateActor")
+            self._dense = [tf.keras.layers.Dense(w, activation="relu") for w in hidden]
+            self._dense.append(tf.keras.layers.Dense(1))
+
+        def call(self, observations, step_type=None, network_state=(), training=False):
+            h = observations[..., :-1]
+            for layer in self._dense:
+                h = layer(h)
+            logits = tf.where(observations[..., -1] > 0, h[..., 0], MASKED)
+            return self.output_spec.build_distribution(logits=logits), network_state
+
+    return CandidateActor()
+
+
+class Agent:
+    """tf-agents' PPOClipAgent around an actor shaped exactly like the numpy policy."""
 
     def __init__(self, policy: MLPPolicy, cfg: PPOConfig):
         tf = import_tf()
@@ -82,11 +132,18 @@ class _Agent:
 
         width = policy.normalizer.width
         hidden = tuple(w.shape[1] for w in policy.weights[:-2:2])
-        self.obs_spec = tf.TensorSpec([width], tf.float32, "observation")
-        action_spec = tensor_spec.BoundedTensorSpec((), tf.int64, 0, 1, "action")
-        self.actor = actor_distribution_network.ActorDistributionNetwork(
-            self.obs_spec, action_spec, fc_layer_params=hidden
-        )
+        if isinstance(policy, CandidatePolicy):
+            problem = get_problem(policy.problem)
+            slots = max(int(np.prod(shape)) for _, _, shape in problem.input_specs)
+            self.obs_spec = tf.TensorSpec([slots, width + 1], tf.float32, "observation")
+            action_spec = tensor_spec.BoundedTensorSpec((), tf.int64, 0, slots - 1, "action")
+            self.actor = _candidate_actor(self.obs_spec, action_spec, hidden)
+        else:
+            self.obs_spec = tf.TensorSpec([width], tf.float32, "observation")
+            action_spec = tensor_spec.BoundedTensorSpec((), tf.int64, 0, 1, "action")
+            self.actor = actor_distribution_network.ActorDistributionNetwork(
+                self.obs_spec, action_spec, fc_layer_params=hidden
+            )
         self.value = value_network.ValueNetwork(self.obs_spec, fc_layer_params=hidden)
         self.optimizer = tf.keras.optimizers.Adam(cfg.lr)
         self.agent = ppo_clip_agent.PPOClipAgent(
@@ -160,9 +217,10 @@ def train_ppo(
     workers: Workers,
     cfg: PPOConfig = PPOConfig(),
 ) -> MLPPolicy:
-    pool = training_pool(corpus, tc, workers, cfg.max_module_seconds)
-    scorer = Scorer(corpus, tc, workers)
-    agent = _Agent(init, cfg)
+    scorer = Scorer(corpus, tc, workers, init.problem)
+    costs = {name: b[scorer.metric] for name, b in scorer.base.items()}
+    pool = training_pool(corpus, tc, workers, cfg.max_module_seconds, costs)
+    agent = Agent(init, cfg)
     state = RunState("ppo", extra={"config": asdict(cfg), "pool": len(pool)})
     best = init.flat()
     ckpt = run.root / "agent"
@@ -180,17 +238,13 @@ def train_ppo(
         while state.step < cfg.steps:
             rng = np.random.default_rng(cfg.seed + state.step)
             batch = list(rng.choice(pool, min(cfg.batch, len(pool)), replace=False))
-            current = MLPPolicy(init.problem, init.normalizer, agent.weights())
+            current = replace(init, weights=agent.weights())
             tasks = [
                 RolloutTask(
                     m,
                     tc.clang,
-                    MLPPolicy(
-                        init.problem,
-                        init.normalizer,
-                        current.weights,
-                        temperature=1.0,
-                        seed=cfg.seed * 100003 + state.step * 1009 + i,
+                    replace(
+                        current, temperature=1.0, seed=cfg.seed * 100003 + state.step * 1009 + i
                     ),
                 )
                 for i, m in enumerate(batch)
@@ -202,16 +256,18 @@ def train_ppo(
                 base = scorer.base[task.module.name][scorer.metric]
                 reward = (base - r["cost"]) / base
                 sizes.append(reward)
-                xs.append(r["x"])
-                acts.append(r["actions"])
-                rews.append(np.full(len(r["actions"]), reward * REWARD_SCALE))
-            x = np.concatenate(xs)
-            obs = current.normalizer.transform(x)
-            loss = agent.train(obs, np.concatenate(acts), np.concatenate(rews), current.logits(x))
+                if len(r["actions"]):
+                    xs.append(r["x"])
+                    acts.append(r["actions"])
+                    rews.append(np.full(len(r["actions"]), reward * REWARD_SCALE))
             state.step += 1
-            metrics = {"ppo/loss": loss, "ppo/batch_reward_mean": float(np.mean(sizes))}
+            metrics = {"ppo/batch_reward_mean": float(np.mean(sizes))}
+            if xs:  # a batch whose modules asked nothing has nothing to learn from
+                obs, logits = _agent_inputs(current, np.concatenate(xs))
+                acts_all, rews_all = np.concatenate(acts), np.concatenate(rews)
+                metrics["ppo/loss"] = agent.train(obs, acts_all, rews_all, logits)
             if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
-                theta = MLPPolicy(init.problem, init.normalizer, agent.weights())
+                theta = replace(init, weights=agent.weights())
                 pool_reward = float(scorer.rewards([theta], pool)[0])
                 metrics["ppo/pool_reward"] = pool_reward
                 if pool_reward > state.extra["best_reward"]:
