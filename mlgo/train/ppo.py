@@ -31,6 +31,7 @@ from mlgo.train.es import Scorer, training_pool
 from mlgo.workers import Failed, Workers
 
 REWARD_SCALE = 100.0  # rewards in percent of the default's cost: the scale PPO's defaults expect
+REWARD_FLOOR = -1.0
 MASKED = -1e9  # the logit of a slot the mask rules out: no sample reaches it, no NaN either
 
 
@@ -254,7 +255,9 @@ def train_ppo(
                 if isinstance(r, Failed):
                     raise CompileError(f"PPO rollout failed: {r.message}")
                 base = scorer.base[task.module.name][scorer.metric]
-                reward = (base - r["cost"]) / base
+                # A sampled compile can cost several times the default (regalloc: one batch
+                # averaged -305%); floored at -100%, such modules cannot swamp the batch.
+                reward = max((base - r["cost"]) / base, REWARD_FLOOR)
                 sizes.append(reward)
                 if len(r["actions"]):
                     xs.append(r["x"])
