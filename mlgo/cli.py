@@ -56,9 +56,13 @@ USER_ERRORS = (
 )
 
 
-def _load_selected(corpus: Path, packages: str):
-    """The corpus at CORPUS, restricted to the comma-separated PACKAGES if any are named."""
-    return load_corpus(corpus).select([p for p in packages.split(",") if p])
+def _load_selected(corpus: Path, packages: str, problem: str):
+    """The corpus at CORPUS, restricted to the comma-separated PACKAGES if any are named,
+    recorded at the level PROBLEM compiles at."""
+    from mlgo.problems import get_problem
+
+    selected = load_corpus(corpus).select([p for p in packages.split(",") if p])
+    return selected.require_opt_level(get_problem(problem).opt_level)
 
 
 def _kb(n: float) -> str:
@@ -91,6 +95,13 @@ def corpus_build(
     work: Annotated[Path, typer.Option(help="where sources are unpacked and built")] = Path(
         "data/build"
     ),
+    opt_level: Annotated[
+        str,
+        typer.Option(
+            help="the level the problem you train compiles at: -Oz for inlining-size, "
+            "-O2 for regalloc-eviction (clang's frontend already optimizes for it)"
+        ),
+    ] = "-Oz",
     clang: ClangOpt = None,
 ) -> None:
     """Build Debian source packages and extract their bitcode into a corpus."""
@@ -102,7 +113,7 @@ def corpus_build(
     for pkg in packages:
         with err.status(f"building {pkg}"):
             try:
-                n = extract_package(load_recipe(pkg), tc, out, work.resolve() / pkg)
+                n = extract_package(load_recipe(pkg), tc, out, work.resolve() / pkg, opt_level)
             except BuildError as e:
                 err.print(f"[red]failed[/red] {pkg}: {e}", highlight=False)
                 failed.append(pkg)
@@ -122,18 +133,21 @@ def corpus_stats(
     workers: WorkersOpt = "local",
     clang: ClangOpt = None,
 ) -> None:
-    """Modules, call sites and .text bytes at -Oz per package (compiles once, then cached)."""
+    """Modules, call sites and .text bytes per package, at the level the corpus was recorded
+    at (compiles once, then cached)."""
     from mlgo.stats import corpus_stats as compute
     from mlgo.stats import per_package
 
     tc = find_toolchain(clang)
+    loaded = load_corpus(corpus)
     with closing(make_workers(workers)) as pool:
-        stats, failures = compute(load_corpus(corpus), tc.describe(), tc.clang, pool)
+        stats, failures = compute(loaded, tc.describe(), tc.clang, pool)
+    levels = "/".join(sorted({m.opt_level for m in loaded.modules}))
     table = Table(
         "package",
         "modules",
         "call sites",
-        ".text at -Oz",
+        f".text at {levels}",
         "bitcode",
         title=f"{corpus} ({tc.describe()})",
     )
@@ -176,7 +190,7 @@ def collect(
     from mlgo.collect import collect as run
 
     tc = find_toolchain(clang)
-    selected = _load_selected(corpus, packages)
+    selected = _load_selected(corpus, packages, problem)
     with closing(make_workers(workers)) as pool:
         manifest = run(problem, selected, out, tc, pool, timeout)
     decisions = sum(m["decisions"] for m in manifest.modules.values())
@@ -233,7 +247,7 @@ def train(
     tc = find_toolchain(clang)
     with closing(make_workers(workers)) as pool:
         run = RunDir(out, algo)
-        selected = _load_selected(corpus, packages)
+        selected = _load_selected(corpus, packages, problem)
         if algo == "bc":
             from mlgo.train.bc import train_bc
 
@@ -297,8 +311,8 @@ def eval_cmd(
 
     tc = find_toolchain(clang)
     pdir = _policy_dir(policy)
-    selected = _load_selected(corpus, packages)
     loaded = MLPPolicy.load(pdir)
+    selected = _load_selected(corpus, packages, loaded.problem)
     with closing(make_workers(workers)) as pool:
         ev = evaluate(loaded, selected, tc, pool, loaded.problem)
     dest = out or pdir.parent / f"eval-{corpus.name}"

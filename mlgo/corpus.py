@@ -47,6 +47,12 @@ class Module:
     def package(self) -> str:
         return self.name.split("/", 1)[0]
 
+    @property
+    def opt_level(self) -> str:
+        """The optimization level the module was recorded at (the last -O flag wins)."""
+        levels = [a for a in self.args if _OPT_LEVEL.match(a)]
+        return levels[-1] if levels else "-O0"
+
     def compile_command(
         self,
         clang: str,
@@ -54,7 +60,15 @@ class Module:
         opt_level: str | None = None,
         extra: list[str] | tuple[str, ...] = (),
     ) -> list[str]:
-        """clang -cc1 ... -x ir NAME.bc -o OUTPUT, optionally at another optimization level."""
+        """clang -cc1 ... -x ir NAME.bc -o OUTPUT. OPT_LEVEL is the level the caller needs;
+        a module recorded at another one is refused, not re-leveled: clang's frontend
+        already decided for that level (-Oz marks every function minsize, -O2 asks for the
+        vectorizers), so a re-leveled compile is neither build."""
+        if opt_level and opt_level != self.opt_level:
+            raise CorpusError(
+                f"{self.name}: recorded at {self.opt_level}, needed at {opt_level}; "
+                f"build the corpus with `mlgo corpus build --opt-level {opt_level}`"
+            )
         args: list[str] = []
         skip = False
         for a in self.args:
@@ -66,8 +80,6 @@ class Module:
                 continue
             if a in _DROP or any(a.startswith(f + "=") for f in _DROP_WITH_VALUE):
                 continue
-            if opt_level and _OPT_LEVEL.match(a):
-                a = opt_level
             args.append(a)
         return [clang, *args, *extra, "-x", "ir", str(self.bitcode), "-o", str(output)]
 
@@ -90,6 +102,17 @@ class Corpus:
         if unknown:
             raise CorpusError(f"{self.root}: no package(s) {', '.join(sorted(unknown))} in corpus")
         return Corpus(self.root, tuple(m for m in self.modules if m.package in packages))
+
+    def require_opt_level(self, opt_level: str) -> Corpus:
+        """This corpus, if every module was recorded at OPT_LEVEL; else one CorpusError up
+        front, instead of one failed compile per module."""
+        other = sorted({m.opt_level for m in self.modules} - {opt_level})
+        if other:
+            raise CorpusError(
+                f"{self.root}: recorded at {', '.join(other)}, needed at {opt_level}; "
+                f"build it with `mlgo corpus build --opt-level {opt_level}`"
+            )
+        return self
 
 
 def _read_cmd(path: Path) -> tuple[str, ...]:

@@ -191,7 +191,8 @@ def write_wrapper(path: Path, compiler: str, flags: list[str]) -> Path:
     return path
 
 
-RECORD_FLAGS = ["-Oz", "-g0", "-Xclang", "-fembed-bitcode=all", "-Qunused-arguments"]
+# Appended to the package's own flags, so the recorded level is ours whatever the package asks.
+RECORD_FLAGS = ["-g0", "-Xclang", "-fembed-bitcode=all", "-Qunused-arguments"]
 
 
 def build_env(
@@ -215,15 +216,25 @@ def build_env(
     )
 
 
-def extract_package(recipe: Recipe, tc: Toolchain, out: Path, work: Path) -> int:
-    """Fetches and builds one Debian package; writes its corpus to OUT/NAME."""
+def extract_package(
+    recipe: Recipe, tc: Toolchain, out: Path, work: Path, opt_level: str = "-Oz"
+) -> int:
+    """Fetches and builds one Debian package at OPT_LEVEL; writes its corpus to OUT/NAME."""
     work.mkdir(parents=True, exist_ok=True)
     log = work / "build.log"
     log.write_text("")
     ensure_build_depends(recipe, log)
     src = fetch_source(recipe, work, log)
     return build_corpus(
-        recipe.name, src, recipe.configure, recipe.build, tc, out, work, recipe.build_timeout_s
+        recipe.name,
+        src,
+        recipe.configure,
+        recipe.build,
+        tc,
+        out,
+        work,
+        recipe.build_timeout_s,
+        opt_level,
     )
 
 
@@ -236,13 +247,14 @@ def build_corpus(
     out: Path,
     work: Path,
     timeout_s: float = 1800.0,
+    opt_level: str = "-Oz",
 ) -> int:
-    """Builds the tree SRC with the recording wrapper and writes its corpus to OUT/NAME,
-    replacing it only once extraction succeeded. Returns the module count."""
+    """Builds the tree SRC with the recording wrapper at OPT_LEVEL and writes its corpus to
+    OUT/NAME, replacing it only once extraction succeeded. Returns the module count."""
     out, work = out.resolve(), work.resolve()  # the build runs in SRC, not here
     work.mkdir(parents=True, exist_ok=True)
     log = work / "build.log"
-    env = build_env(tc, work, RECORD_FLAGS)
+    env = build_env(tc, work, [opt_level, *RECORD_FLAGS])
     for cmd in configure:
         _run(cmd, src, log, timeout_s, env, f"{name}: configure")
     recorded = work / "compile_commands.json"

@@ -40,7 +40,8 @@ def _reproduce(
         "## Reproduce",
         "",
         "```sh",
-        f"mlgo corpus build {packages} --out data/corpus",
+        f"mlgo corpus build {packages} --opt-level {get_problem(policy.problem).opt_level} "
+        "--out data/corpus",
         f"mlgo train --algo bc --corpus data/corpus{problem_flag} --out runs/bc",
     ]
     if algo != "bc":

@@ -2,15 +2,16 @@
 
 Call sites are counted from the bitcode (direct calls to functions defined in the same
 module: the inliner's candidates before any inlining); .text bytes come from compiling
-each module with plain `clang -Oz`. Results are cached in the corpus next to the
-description, keyed by compiler and bitcode size, since a corpus does not change.
+each module with plain clang at the level it was recorded at. Results are cached in the
+corpus next to the description, keyed by compiler and bitcode size, since a corpus does not
+change.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mlgo.compile import compile_plain
@@ -46,9 +47,9 @@ class StatsTask:
 def module_stats(task: StatsTask) -> dict[str, float]:
     data = task.module.bitcode.read_bytes()
     with tempfile.TemporaryDirectory() as d:
-        metrics = compile_plain(
-            get_problem("inlining-size"), task.module, task.clang, Path(d) / "out.o"
-        )
+        # inlining-size measures .text; at the module's own level, whichever it is
+        sized = replace(get_problem("inlining-size"), opt_level=task.module.opt_level)
+        metrics = compile_plain(sized, task.module, task.clang, Path(d) / "out.o")
     return {
         "bitcode_bytes": len(data),
         "call_sites": count_call_sites(data),

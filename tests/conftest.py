@@ -27,10 +27,8 @@ def tc() -> Toolchain:
     return find_toolchain()
 
 
-@pytest.fixture(scope="session")
-def mini_corpus(tc: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Corpus:
+def _build_minipkg(tc: Toolchain, root: Path, opt_level: str) -> Corpus:
     """tests/data/minipkg built through the recording wrapper, bear and LLVM's extract_ir."""
-    root = tmp_path_factory.mktemp("mini")
     src = root / "src"
     shutil.copytree(DATA / "minipkg", src)
     build = tuple(f'"$CC" -O2 -c {c.name} -o {c.stem}.o' for c in sorted(src.glob("*.c")))
@@ -41,9 +39,21 @@ def mini_corpus(tc: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Corp
         '"$CC" -O2 main.c strbuf.c hash.c -o wordcount',
     )
     out = root / "corpus"
-    assert build_corpus("minipkg", src, (), build, tc, out, root / "work") == 3
+    assert build_corpus("minipkg", src, (), build, tc, out, root / "work", opt_level=opt_level) == 3
     combine(out)
     return load_corpus(out)
+
+
+@pytest.fixture(scope="session")
+def mini_corpus(tc: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Corpus:
+    """The small real corpus at -Oz, the inliner's level."""
+    return _build_minipkg(tc, tmp_path_factory.mktemp("mini"), "-Oz")
+
+
+@pytest.fixture(scope="session")
+def mini_corpus_o2(tc: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Corpus:
+    """The same package recorded at -O2, the register allocator's level."""
+    return _build_minipkg(tc, tmp_path_factory.mktemp("mini-o2"), "-O2")
 
 
 def copy_corpus(corpus: Corpus, dest: Path) -> Path:

@@ -53,8 +53,8 @@ def test_corrupt_bitcode_skips_that_module_only(mini_corpus, tc, tmp_path):
     assert len(manifest.modules) == 2
 
 
-def test_regalloc_collection_records_costs(mini_corpus, tc, tmp_path):
-    manifest = collect("regalloc-eviction", mini_corpus, tmp_path / "ra", tc, LocalPool(2))
+def test_regalloc_collection_records_costs(mini_corpus_o2, tc, tmp_path):
+    manifest = collect("regalloc-eviction", mini_corpus_o2, tmp_path / "ra", tc, LocalPool(2))
     assert not manifest.failed
     for entry in manifest.modules.values():
         assert {"spill_reload_cost", "text_size"} <= set(entry["metrics"])
@@ -94,6 +94,24 @@ def test_killed_collection_resumes_with_nothing_torn(mini_corpus, tc, tmp_path):
     manifest = Manifest.load(out)
     assert len(manifest.modules) == 3 and not manifest.failed
     assert not list(out.rglob("*.tmp"))
+
+
+def test_cli_refuses_a_corpus_recorded_at_another_level(mini_corpus, tmp_path):
+    r = run_mlgo(
+        "collect",
+        "--problem",
+        "regalloc-eviction",
+        "--corpus",
+        str(mini_corpus.root),
+        "--out",
+        str(tmp_path / "t"),
+        timeout=120,
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "recorded at -Oz, needed at -O2; build it with `mlgo corpus build --opt-level -O2`" in (
+        r.stderr
+    )
+    assert not (tmp_path / "t").exists()
 
 
 def test_cli_collect_rejects_unknown_problem(mini_corpus, tmp_path):

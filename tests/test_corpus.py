@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import subprocess
 
 import pytest
 
@@ -24,9 +25,30 @@ def test_extractor_stores_bitcode_and_cc1_command(mini_corpus):
 
 def test_compile_command_rewrites_only_what_it_must(mini_corpus, tmp_path):
     m = mini_corpus.modules[0]
-    cmd = m.compile_command("clang-22", tmp_path / "x.o", "-O2", ["-extra"])
-    assert "-fembed-bitcode=all" not in cmd and "-O2" in cmd and "-Oz" not in cmd
+    cmd = m.compile_command("clang-22", tmp_path / "x.o", "-Oz", ["-extra"])
+    assert "-fembed-bitcode=all" not in cmd and "-Oz" in cmd
     assert cmd[-6:] == ["-extra", "-x", "ir", str(m.bitcode), "-o", str(tmp_path / "x.o")]
+
+
+def test_a_module_is_compiled_only_at_the_level_it_was_recorded_at(
+    mini_corpus, mini_corpus_o2, tc, tmp_path
+):
+    # clang's frontend already optimized for the level: -Oz marks functions minsize
+    oz, o2 = mini_corpus.modules[0], mini_corpus_o2.modules[0]
+    assert (oz.opt_level, o2.opt_level) == ("-Oz", "-O2")
+    ir = {m.opt_level: _disassembled(tc, m.bitcode) for m in (oz, o2)}
+    assert b" minsize " in ir["-Oz"] and b" minsize " not in ir["-O2"]
+    assert "-vectorize-loops" in o2.args and "-vectorize-loops" not in oz.args
+    with pytest.raises(CorpusError, match=r"minipkg/\S+: recorded at -Oz, needed at -O2; build"):
+        oz.compile_command("clang-22", tmp_path / "x.o", "-O2")
+    with pytest.raises(CorpusError, match="recorded at -O2, needed at -Oz; build it with"):
+        mini_corpus_o2.require_opt_level("-Oz")
+    assert mini_corpus.require_opt_level("-Oz") is mini_corpus
+
+
+def _disassembled(tc, bitcode) -> bytes:
+    dis = [tc.tool("llvm-dis"), str(bitcode), "-o", "-"]
+    return subprocess.run(dis, check=True, capture_output=True).stdout
 
 
 @pytest.mark.parametrize(

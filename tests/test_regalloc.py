@@ -40,17 +40,17 @@ def test_validate_rejects_out_of_range_and_masked_out_indices():
         PROBLEM.validate(obs, np.array([33]))
 
 
-def test_illegal_advice_is_caught_before_the_compiler_sees_it(mini_corpus, tc):
+def test_illegal_advice_is_caught_before_the_compiler_sees_it(mini_corpus_o2, tc):
     def first_illegal(obs: Observation) -> int:
         return int(np.flatnonzero(obs.features["mask"].reshape(-1) == 0)[0])
 
-    module = next(m for m in mini_corpus.modules if m.name.endswith("hash.o"))
+    module = next(m for m in mini_corpus_o2.modules if m.name.endswith("hash.o"))
     with pytest.raises(CompileError, match="illegal advice on decision 0: index_to_evict"):
         compile_module(PROBLEM, module, tc.clang, first_illegal)
 
 
-def test_default_rule_replays_the_compilers_own_allocation(mini_corpus, tc, tmp_path):
-    for m in mini_corpus.modules:
+def test_default_rule_replays_the_compilers_own_allocation(mini_corpus_o2, tc, tmp_path):
+    for m in mini_corpus_o2.modules:
         replayed, plain = tmp_path / "r.o", tmp_path / "p.o"
         run = compile_module(PROBLEM, m, tc.clang, keep_object=replayed)
         metrics = compile_plain(PROBLEM, m, tc.clang, plain)
@@ -80,49 +80,51 @@ def test_candidate_policy_scores_every_slot_and_answers_only_legal_ones(tmp_path
 
 
 @pytest.fixture(scope="module")
-def ra_bc(mini_corpus, tc, tmp_path_factory):
+def ra_bc(mini_corpus_o2, tc, tmp_path_factory):
     run = RunDir(tmp_path_factory.mktemp("ra-bc"), "bc")
-    collect(PROBLEM.name, mini_corpus, run.traces_dir, tc, LocalPool(2))
+    collect(PROBLEM.name, mini_corpus_o2, run.traces_dir, tc, LocalPool(2))
     data = load_decisions(run.traces_dir, PROBLEM)
     policy, acc = train_bc(data, PROBLEM.name, run, epochs=30)
     return run, data, policy, acc
 
 
-def test_bc_learns_the_default_rule_per_candidate(ra_bc, mini_corpus, tc):
+def test_bc_learns_the_default_rule_per_candidate(ra_bc, mini_corpus_o2, tc):
     run, data, policy, acc = ra_bc
     assert data.x.shape[1:] == (SLOTS, len(PROBLEM.feature_names))
     assert acc["accuracy"] >= 0.8
     loaded = MLPPolicy.load(run.policy_dir)
     assert isinstance(loaded, CandidatePolicy)
     assert np.array_equal(predict(loaded, data.x), predict(policy, data.x))
-    ev = evaluate(loaded, mini_corpus, tc, LocalPool(2), PROBLEM.name)
+    ev = evaluate(loaded, mini_corpus_o2, tc, LocalPool(2), PROBLEM.name)
     assert not ev.failed and ev.metric == "spill_reload_cost"
-    assert set(ev.modules) == {m.name for m in mini_corpus.modules}
+    assert set(ev.modules) == {m.name for m in mini_corpus_o2.modules}
 
 
-def test_es_on_regalloc_trains_checkpoints_and_resumes(ra_bc, mini_corpus, tc, tmp_path):
+def test_es_on_regalloc_trains_checkpoints_and_resumes(ra_bc, mini_corpus_o2, tc, tmp_path):
     _, _, policy, _ = ra_bc
     run = RunDir(tmp_path / "es", "es")
     cfg = ESConfig(
         steps=2, directions=2, batch=2, eval_every=1, max_module_seconds=60, regression_penalty=1.0
     )
-    train_es(mini_corpus, policy, run, tc, LocalPool(2), cfg)
+    train_es(mini_corpus_o2, policy, run, tc, LocalPool(2), cfg)
     state, arrays = run.load_state()
     assert state.step == 2 and state.extra["best_reward"] >= state.extra["init_reward"]
     assert arrays["theta"].size == policy.flat().size
-    train_es(mini_corpus, policy, run, tc, LocalPool(2), ESConfig(**{**cfg.__dict__, "steps": 3}))
+    train_es(
+        mini_corpus_o2, policy, run, tc, LocalPool(2), ESConfig(**{**cfg.__dict__, "steps": 3})
+    )
     state, _ = run.load_state()
     assert [h["step"] for h in state.history] == [1, 2, 3]
     assert isinstance(MLPPolicy.load(run.policy_dir), CandidatePolicy)
 
 
-def test_ppo_on_regalloc_scores_slots_and_resumes(ra_bc, mini_corpus, tc, tmp_path):
+def test_ppo_on_regalloc_scores_slots_and_resumes(ra_bc, mini_corpus_o2, tc, tmp_path):
     from mlgo.train.ppo import Agent, PPOConfig, train_ppo
 
     _, data, policy, _ = ra_bc
     run = RunDir(tmp_path / "ppo", "ppo")
     cfg = PPOConfig(steps=2, batch=2, epochs=2, eval_every=1, max_module_seconds=60)
-    trained = train_ppo(mini_corpus, policy, run, tc, LocalPool(2), cfg)
+    trained = train_ppo(mini_corpus_o2, policy, run, tc, LocalPool(2), cfg)
     state, _ = run.load_state()
     assert state.step == 2 and all(np.isfinite(h["ppo/loss"]) for h in state.history)
     assert state.extra["best_reward"] >= state.extra["init_reward"]
@@ -137,7 +139,9 @@ def test_ppo_on_regalloc_scores_slots_and_resumes(ra_bc, mini_corpus, tc, tmp_pa
     legal = data.x[:, :, PROBLEM.feature_names.index("mask")] > 0
     for answered in (trained, moved):
         assert legal[np.arange(len(data.x)), predict(answered, data.x)].all()
-    train_ppo(mini_corpus, policy, run, tc, LocalPool(2), PPOConfig(**{**cfg.__dict__, "steps": 3}))
+    train_ppo(
+        mini_corpus_o2, policy, run, tc, LocalPool(2), PPOConfig(**{**cfg.__dict__, "steps": 3})
+    )
     state, _ = run.load_state()
     assert [h["step"] for h in state.history] == [1, 2, 3]
 
