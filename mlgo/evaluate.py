@@ -55,8 +55,11 @@ def plain_one(task: PlainTask) -> dict[str, float]:
 
 def baseline(
     corpus: Corpus, tc: Toolchain, workers: Workers, problem: str = "inlining-size"
-) -> dict[str, dict[str, float]]:
-    """Per module, what the problem measures with the compiler's own heuristic."""
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Per module, what the problem measures with the compiler's own heuristic; and the
+    modules it cannot measure (clang itself crashes on some), each with its error. Those
+    have nothing to compare against: they are left out, and said so. None measured is an
+    error."""
     if get_problem(problem).reward_metric == "text_size":  # cached by `mlgo corpus stats`
         stats, failures = corpus_stats(corpus, tc.describe(), tc.clang, workers)
         out = {name: {"text_size": float(s["text_size"])} for name, s in stats.items()}
@@ -68,10 +71,10 @@ def baseline(
                 failures[task.module.name] = r.message
             else:
                 out[task.module.name] = r
-    if failures:
-        msg = next(iter(failures.values()))
-        raise CompileError(f"baseline compile failed for {len(failures)} modules, e.g. {msg}")
-    return out
+    if not out:
+        msg = next(iter(failures.values()), "no modules")
+        raise CompileError(f"baseline compile failed for all {len(failures)} modules, e.g. {msg}")
+    return out, failures
 
 
 @dataclass
@@ -146,9 +149,10 @@ class Evaluation:
 def evaluate(
     policy: Policy, corpus: Corpus, tc: Toolchain, workers: Workers, problem: str = "inlining-size"
 ) -> Evaluation:
-    base = baseline(corpus, tc, workers, problem)
+    base, unmeasured = baseline(corpus, tc, workers, problem)
     result = Evaluation(problem, tc.describe(), str(corpus.root))
-    tasks = [EvalTask(problem, m, tc.clang, policy) for m in corpus.modules]
+    result.failed.update({name: f"default: {msg}" for name, msg in unmeasured.items()})
+    tasks = [EvalTask(problem, m, tc.clang, policy) for m in corpus.modules if m.name in base]
     for task, r in workers.imap(eval_one, tasks):
         if isinstance(r, Failed):
             result.failed[task.module.name] = r.message

@@ -8,11 +8,13 @@ import pytest
 
 from mlgo.collect import collect
 from mlgo.compile import CompileError, compile_module, compile_plain
+from mlgo.corpus import Corpus
 from mlgo.dataset import load_decisions
 from mlgo.evaluate import evaluate
 from mlgo.log_format import Observation
 from mlgo.policy import CandidatePolicy, MLPPolicy, Normalizer
 from mlgo.problems import get_problem
+from mlgo.toolchain import find_toolchain
 from mlgo.train import RunDir
 from mlgo.train.bc import predict, train_bc
 from mlgo.train.es import ESConfig, train_es
@@ -98,6 +100,28 @@ def test_bc_learns_the_default_rule_per_candidate(ra_bc, mini_corpus_o2, tc):
     ev = evaluate(loaded, mini_corpus_o2, tc, LocalPool(2), PROBLEM.name)
     assert not ev.failed and ev.metric == "spill_reload_cost"
     assert set(ev.modules) == {m.name for m in mini_corpus_o2.modules}
+
+
+def test_a_module_the_default_cannot_compile_is_left_out_and_named(
+    ra_bc, mini_corpus_o2, tc, tmp_path
+):
+    # clang-22 itself crashes on some real modules (optimization records on, at -O2)
+    crashing = tmp_path / "clang"
+    crashing.write_text(
+        f'#!/bin/sh\ncase "$*" in *hash.o.bc*) kill -SEGV $$;; esac\nexec {tc.clang} "$@"\n'
+    )
+    crashing.chmod(0o755)
+    policy, crashing_tc = MLPPolicy.load(ra_bc[0].policy_dir), find_toolchain(str(crashing))
+    ev = evaluate(policy, mini_corpus_o2, crashing_tc, LocalPool(2), PROBLEM.name)
+    assert set(ev.modules) == {"minipkg/main.o", "minipkg/strbuf.o"}
+    assert list(ev.failed) == ["minipkg/hash.o"]
+    assert ev.failed["minipkg/hash.o"].startswith(
+        "default: minipkg/hash.o: compiler exited with -11"
+    )
+    only_hash = Corpus(mini_corpus_o2.root, mini_corpus_o2.modules[:1])
+    assert only_hash.modules[0].name == "minipkg/hash.o"
+    with pytest.raises(CompileError, match="baseline compile failed for all 1 modules"):
+        evaluate(policy, only_hash, crashing_tc, LocalPool(1), PROBLEM.name)
 
 
 def test_es_on_regalloc_trains_checkpoints_and_resumes(ra_bc, mini_corpus_o2, tc, tmp_path):

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -43,7 +43,7 @@ PROBLEM = "inlining-size"
 class Task:
     module: Module
     clang: str
-    mode: str  # plain | channel | replay-Oz | replay-O2
+    mode: str  # plain | channel | native | replay
 
 
 def run_task(task: Task) -> dict:
@@ -56,12 +56,7 @@ def run_task(task: Task) -> dict:
         return {"decisions": run.num_decisions, "seconds": run.seconds, **run.metrics}
     if task.mode == "native":
         return compile_with_native_responder(problem, task.module, task.clang)
-    level = task.mode.split("-")[1]
-    return {
-        "match": replay_matches_default(
-            replace(problem, opt_level=f"-{level}"), task.module, task.clang
-        )
-    }
+    return {"match": replay_matches_default(problem, task.module, task.clang)}
 
 
 RESPONDER = Path(tempfile.gettempdir()) / "mlgo-default-responder"
@@ -178,8 +173,7 @@ def main(
         collect_s = time.monotonic() - start
 
     rt_median, rt_p99 = round_trip_us()
-    _, oz = run_pass(pool, modules, tc.clang, "replay-Oz")
-    _, o2 = run_pass(pool, modules, tc.clang, "replay-O2")
+    _, replayed = run_pass(pool, modules, tc.clang, "replay")
 
     packages: dict[str, dict] = {}
     for m in modules:
@@ -209,8 +203,7 @@ def main(
         "collect_decisions_per_s": decisions / collect_s,
         "round_trip_us_median": rt_median,
         "round_trip_us_p99": rt_p99,
-        "replay_match_oz": sum(r["match"] for r in oz.values()) / len(oz),
-        "replay_match_o2": sum(r["match"] for r in o2.values()) / len(o2),
+        "replay_match": sum(r["match"] for r in replayed.values()) / len(replayed),
     }
 
     table = Table("package", "modules", "inlining decisions", ".text at -Oz (bytes)")
@@ -232,8 +225,7 @@ def main(
         f"collect (with TFRecord writing): {f['collect_modules_per_s']:.2f} modules/s, "
         f"{f['collect_decisions_per_s']:.0f} decisions/s\n"
         f"channel round trip: median {rt_median:.1f} us, p99 {rt_p99:.1f} us\n"
-        f"default replay byte-identical to plain: -Oz {f['replay_match_oz']:.1%}, "
-        f"-O2 {f['replay_match_o2']:.1%}"
+        f"default replay byte-identical to plain: {f['replay_match']:.1%}"
     )
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)

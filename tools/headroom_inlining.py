@@ -121,8 +121,8 @@ def main() -> None:
     corpus = corpus.select(args.packages.split(",") if args.packages else None)
     tc = find_toolchain()
     workers = LocalPool(args.workers)
-    base = baseline(corpus, tc, workers, PROBLEM)
-    probe = [EvalTask(PROBLEM, m, tc.clang, None) for m in corpus.modules]
+    base, _ = baseline(corpus, tc, workers, PROBLEM)
+    probe = [EvalTask(PROBLEM, m, tc.clang, None) for m in corpus.modules if m.name in base]
     searches = [
         Search(task.module, base[task.module.name]["text_size"], int(r["decisions"]))
         for task, r in run_tasks(workers, probe, "default decisions")

@@ -64,7 +64,8 @@ class Scorer:
     ):
         self.tc, self.workers, self.problem = tc, workers, problem
         self.metric = get_problem(problem).reward_metric
-        self.base = baseline(corpus, tc, workers, problem)
+        # a module the default cannot be measured on stays out of the pool (training_pool)
+        self.base, self.unmeasured = baseline(corpus, tc, workers, problem)
         self.penalty = regression_penalty
         self.compiles = 0
 
@@ -137,7 +138,15 @@ def train_es(
     pool = training_pool(corpus, tc, workers, cfg.max_module_seconds, costs)
     theta = init.flat().astype(np.float64)
     adam = Adam(theta.size, cfg.lr)
-    state = RunState("es", extra={"config": asdict(cfg), "best_reward": -np.inf, "pool": len(pool)})
+    state = RunState(
+        "es",
+        extra={
+            "config": asdict(cfg),
+            "best_reward": -np.inf,
+            "pool": len(pool),
+            "unmeasured": scorer.unmeasured,  # the default's compile fails: left out
+        },
+    )
     best = theta.copy()
     if (saved := run.load_state()) is not None:
         state, arrays = saved

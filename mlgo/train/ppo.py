@@ -222,7 +222,9 @@ def train_ppo(
     costs = {name: b[scorer.metric] for name, b in scorer.base.items()}
     pool = training_pool(corpus, tc, workers, cfg.max_module_seconds, costs)
     agent = Agent(init, cfg)
-    state = RunState("ppo", extra={"config": asdict(cfg), "pool": len(pool)})
+    state = RunState(
+        "ppo", extra={"config": asdict(cfg), "pool": len(pool), "unmeasured": scorer.unmeasured}
+    )
     best = init.flat()
     ckpt = run.root / "agent"
     if (saved := run.load_state()) is not None and ckpt.exists():
