@@ -11,6 +11,7 @@ deadline. Nothing here can hang: a dead, crashed or stuck compiler becomes a
 from __future__ import annotations
 
 import os
+import re
 import select
 import subprocess
 import tempfile
@@ -67,12 +68,25 @@ def fifo_pair(directory: str | None = None) -> Iterator[str]:
         yield base
 
 
+# In a crash dump: a stack frame with a symbol, and the pass that was running.
+_FRAME = re.compile(r"^#\d+ 0x[0-9a-f]+ ([^\s(]+)")
+_PASS = re.compile(r'Running pass "([^"<(]+)[^"]*" on function "([^"]+)"')
+
+
 def last_line(text: str) -> str:
+    """The one line of clang's stderr that says what went wrong: an error or a failed
+    assertion; for a crash, the first frame past LLVM's signal handling and the pass."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    # clang's crash dumps end in stack frames; its first line says what went wrong.
     for ln in lines:
-        if "error" in ln.lower() or "Assertion" in ln:
+        if "error:" in ln.lower() or "Assertion" in ln:
             return ln[:300]
+    frames = [
+        m[1] for ln in lines if (m := _FRAME.match(ln)) and not m[1].startswith("llvm::sys::")
+    ]
+    if frames:
+        passes = [m for ln in lines if (m := _PASS.search(ln))]
+        where = f" (pass {passes[-1][1]} on {passes[-1][2]})" if passes else ""
+        return f"crashed in {frames[0]}{where}"[:300]
     return lines[-1][:300] if lines else "(no stderr)"
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlgo.channel import ChannelError, compile_interactive
+from mlgo.channel import ChannelError, compile_interactive, last_line
 from mlgo.problems import get_problem
 from tests.conftest import DATA
 
@@ -112,3 +112,38 @@ def test_regalloc_channel_under_register_pressure(tc, tmp_path):
     for d in result.decisions:
         assert d.observation.features["mask"].reshape(-1)[int(d.advice[0])] == 1
         assert d.observation.context == "f"
+
+
+# clang-22's own crash dump (loop vectorizer, optimization records on), shortened
+CRASH_DUMP = """PLEASE submit a bug report to https://github.com/llvm/llvm-project/issues/
+Stack dump:
+0.\tProgram arguments: clang-22 -cc1 -O2 -ferror-limit 19 -opt-record-file r.yaml -x ir m.bc
+1.\tRunning pass "function<eager-inv>(float2int,loop-vectorize<>,slp-vectorizer)" on module "m.bc"
+2.\tRunning pass "loop-vectorize<no-interleave-forced-only;>" on function "match_at"
+ #0 0x00007f1199ab8786 llvm::sys::PrintStackTrace(llvm::raw_ostream&, int) (/lib/libLLVM.so.22.1)
+ #1 0x00007f1199ab5fd3 llvm::sys::RunSignalHandlers() (/lib/libLLVM.so.22.1+0x4eb5fd3)
+ #2 0x00007f1199ab94f4 (/lib/libLLVM.so.22.1+0x4eb94f4)
+ #3 0x00007f1194a5a050 (/lib/x86_64-linux-gnu/libc.so.6+0x3c050)
+ #4 0x00007f119b2fafe9 llvm::RecurrenceDescriptor::AddReductionVar(llvm::PHINode*) (/lib/x)
+ #5 0x00007f119b2fdda6 llvm::RecurrenceDescriptor::isReductionPHI(llvm::PHINode*) (/lib/x)
+"""
+
+
+@pytest.mark.parametrize(
+    ("stderr", "line"),
+    [
+        (
+            CRASH_DUMP,
+            "crashed in llvm::RecurrenceDescriptor::AddReductionVar"
+            " (pass loop-vectorize on match_at)",
+        ),
+        ("x.c:3:1: error: expected ';'\n1 error generated.", "x.c:3:1: error: expected ';'"),
+        (
+            "LLVM ERROR: Cannot select: intrinsic\n#0 0x1 llvm::sys::X() (/l)",
+            "LLVM ERROR: Cannot select: intrinsic",
+        ),
+        ("", "(no stderr)"),
+    ],
+)
+def test_a_compilers_failure_is_told_in_the_line_that_says_what_went_wrong(stderr, line):
+    assert last_line(stderr) == line
