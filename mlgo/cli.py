@@ -107,6 +107,10 @@ def corpus_build(
     """Build Debian source packages and extract their bitcode into a corpus."""
     from mlgo.extract import combine, extract_package, load_recipe
 
+    if opt_level not in ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz"):
+        raise typer.BadParameter(
+            f"{opt_level!r} is not one of -O0..-O3, -Os, -Oz", param_hint="--opt-level"
+        )
     tc = find_toolchain(clang)
     out.mkdir(parents=True, exist_ok=True)
     failed = []

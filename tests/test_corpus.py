@@ -8,7 +8,7 @@ import pytest
 
 from mlgo.corpus import CorpusError, load_corpus
 from mlgo.extract import BuildError, build_corpus
-from tests.conftest import DATA, copy_corpus
+from tests.conftest import DATA, copy_corpus, run_mlgo
 
 
 def test_extractor_stores_bitcode_and_cc1_command(mini_corpus):
@@ -112,3 +112,9 @@ def test_build_without_objects_says_so(tc, tmp_path):
     src = shutil.copytree(DATA / "minipkg", tmp_path / "src")
     with pytest.raises(BuildError, match="compiled no object file"):
         build_corpus("pkg", src, (), ("true",), tc, tmp_path / "out", tmp_path / "work")
+
+
+def test_corpus_build_refuses_a_level_clang_does_not_have(tmp_path):
+    r = run_mlgo("corpus", "build", "zlib", "--opt-level", "O2", "--out", str(tmp_path), timeout=60)
+    assert r.returncode == 2 and "'O2' is not one of -O0..-O3, -Os, -Oz" in r.stderr
+    assert not list(tmp_path.iterdir())
