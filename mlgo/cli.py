@@ -274,6 +274,7 @@ def train(
                 directions=directions,
                 lr=lr,
                 regression_penalty=regression_penalty,
+                init=str(init),
             )
             start = MLPPolicy.load(_policy_dir(init))
             if start.problem != problem:
@@ -284,7 +285,7 @@ def train(
 
             if init is None:
                 raise ValueError("--algo ppo needs --init (a BC run) as its starting point")
-            cfg = PPOConfig(steps=steps or PPOConfig.steps, batch=batch)
+            cfg = PPOConfig(steps=steps or PPOConfig.steps, batch=batch, init=str(init))
             start = MLPPolicy.load(_policy_dir(init))
             if start.problem != problem:
                 raise ValueError(f"--init {init} is a {start.problem} policy, not {problem}")

@@ -24,15 +24,18 @@ def _evaluations(run: Path) -> list[tuple[str, Evaluation]]:
 def _reproduce(
     policy: MLPPolicy, state: dict, evaluations: list[tuple[str, Evaluation]]
 ) -> list[str]:
-    """The commands that rebuild the corpus and retrain this policy from scratch."""
+    """The commands that rebuild the corpus and retrain this policy: from BC, or from the
+    run or policy the run was started from, when it recorded one."""
     train = dict(evaluations).get("eval")
     packages = " ".join(sorted(train.per_package())) if train else "PACKAGES"
     algo, steps = state.get("algo", "bc"), state.get("step", 0)
     config = state.get("extra", {}).get("config", {})
+    options = {
+        "es": ("sigma", "lr", "batch", "directions", "regression_penalty"),
+        "ppo": ("batch",),
+    }
     flags = "".join(
-        f" --{k.replace('_', '-')} {config[k]}"
-        for k in ("sigma", "batch", "directions", "regression_penalty")
-        if config.get(k)
+        f" --{k.replace('_', '-')} {config[k]}" for k in options.get(algo, ()) if config.get(k)
     )
     problem_flag = "" if policy.problem == "inlining-size" else f" --problem {policy.problem}"
     lines = [
@@ -42,11 +45,15 @@ def _reproduce(
         "```sh",
         f"mlgo corpus build {packages} --opt-level {get_problem(policy.problem).opt_level} "
         "--out data/corpus",
-        f"mlgo train --algo bc --corpus data/corpus{problem_flag} --out runs/bc",
     ]
+    start = config.get("init") or "runs/bc"
+    if algo == "bc" or start == "runs/bc":
+        lines.append(f"mlgo train --algo bc --corpus data/corpus{problem_flag} --out runs/bc")
+    else:
+        lines.append(f"# the run started from {start} (a run or policy of its own)")
     if algo != "bc":
         lines.append(
-            f"mlgo train --algo {algo} --init runs/bc --corpus data/corpus{problem_flag} "
+            f"mlgo train --algo {algo} --init {start} --corpus data/corpus{problem_flag} "
             f"--out runs/{algo} --steps {steps}{flags}"
         )
     return [*lines, "```"]

@@ -12,6 +12,7 @@ import pytest
 from mlgo.collect import collect
 from mlgo.dataset import load_decisions
 from mlgo.evaluate import Evaluation, evaluate
+from mlgo.modelcard import model_card
 from mlgo.policy import MLPPolicy, Normalizer
 from mlgo.problems import get_problem
 from mlgo.report import render_html, summary
@@ -61,12 +62,24 @@ def test_bc_resumes_from_its_checkpoint(bc_run):
 def test_es_improves_or_keeps_the_best_policy(bc_run, mini_corpus, tc, tmp_path):
     _, _, policy, _ = bc_run
     run = RunDir(tmp_path / "es", "es")
-    cfg = ESConfig(steps=2, directions=2, batch=3, eval_every=1, max_module_seconds=60)
+    cfg = ESConfig(
+        steps=2,
+        directions=2,
+        batch=3,
+        eval_every=1,
+        max_module_seconds=60,
+        lr=0.005,
+        init="policies/start",
+    )
     best = train_es(mini_corpus, policy, run, tc, LocalPool(2), cfg)
     state, _ = run.load_state()
     assert state.step == 2 and state.compiles >= 2 * 2 * 3 * 2
     assert state.extra["best_reward"] >= state.extra["init_reward"]
     assert MLPPolicy.load(run.policy_dir).flat().size == best.flat().size
+    # its model card retrains it from where it started, with the step size it used
+    card = model_card(best, run.root)
+    assert "mlgo train --algo es --init policies/start " in card and " --lr 0.005" in card
+    assert "--algo bc" not in card
 
 
 def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tmp_path):

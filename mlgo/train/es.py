@@ -39,6 +39,7 @@ class ESConfig:
     # 0: reward the total reduction; > 0: the mean over packages of each package's
     # reduction, a package made worse counting (1 + penalty) times its loss
     regression_penalty: float = 0.0
+    init: str = ""  # the --init run or policy, as given: its model card's starting point
 
 
 def _ranks(values: np.ndarray) -> np.ndarray:

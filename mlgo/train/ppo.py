@@ -46,6 +46,7 @@ class PPOConfig:
     eval_every: int = 5
     max_module_seconds: float = 2.0
     seed: int = 0
+    init: str = ""  # the --init run or policy, as given: its model card's starting point
 
 
 @dataclass(frozen=True)
