@@ -644,9 +644,17 @@ def demo(
 ) -> None:
     """The main job on a small default: build one real package's corpus, collect its
     inlining decisions, and show the corpus statistics."""
-    corpus_build([package], out / "corpus", out / "build", None)
-    collect("inlining-size", out / "corpus", out / "traces", "", "local", 600.0, None)
-    corpus_stats(out / "corpus", "local", None)
+    corpus_build([package], out=out / "corpus", work=out / "build", opt_level="-Oz", clang=None)
+    collect(
+        "inlining-size",
+        out / "corpus",
+        out=out / "traces",
+        packages="",
+        workers="local",
+        timeout=600.0,
+        clang=None,
+    )
+    corpus_stats(out / "corpus", workers="local", clang=None)
 
 
 def main() -> None:

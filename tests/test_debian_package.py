@@ -9,20 +9,25 @@ from tests.conftest import run_mlgo
 
 
 @pytest.fixture(scope="module")
-def zlib_corpus(tmp_path_factory):
+def zlib_demo(tmp_path_factory):
+    """README's main job, `mlgo demo`: zlib's corpus, its inlining traces, its statistics."""
     root = tmp_path_factory.mktemp("zlib")
-    r = run_mlgo(
-        "corpus",
-        "build",
-        "zlib",
-        "--out",
-        str(root / "corpus"),
-        "--work",
-        str(root / "build"),
-        timeout=900,
-    )
+    r = run_mlgo("demo", "--out", str(root), timeout=900)
     assert r.returncode == 0, r.stderr + r.stdout
+    return root, r.stdout
+
+
+@pytest.fixture(scope="module")
+def zlib_corpus(zlib_demo):
+    root, _ = zlib_demo
     return load_corpus(root / "corpus")
+
+
+def test_the_demo_collects_and_reports_the_package(zlib_demo):
+    root, out = zlib_demo
+    traces = list((root / "traces" / "modules" / "zlib").glob("*.tfrecord"))
+    assert len(traces) >= 15 and (root / "traces" / "manifest.json").is_file()
+    assert "zlib" in out and "total" in out and "call sites" in out
 
 
 def test_zlib_builds_and_extracts(zlib_corpus):
