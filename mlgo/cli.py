@@ -102,6 +102,13 @@ def corpus_build(
             "-O2 for regalloc-eviction (clang's frontend already optimizes for it)"
         ),
     ] = "-Oz",
+    profile: Annotated[
+        bool,
+        typer.Option(
+            help="block counts from the package's own tests (an instrumented build runs "
+            "them first) instead of static estimates, in every recorded module"
+        ),
+    ] = False,
     clang: ClangOpt = None,
 ) -> None:
     """Build Debian source packages and extract their bitcode into a corpus."""
@@ -117,7 +124,9 @@ def corpus_build(
     for pkg in packages:
         with err.status(f"building {pkg}"):
             try:
-                n = extract_package(load_recipe(pkg), tc, out, work.resolve() / pkg, opt_level)
+                n = extract_package(
+                    load_recipe(pkg), tc, out, work.resolve() / pkg, opt_level, profile
+                )
             except BuildError as e:
                 err.print(f"[red]failed[/red] {pkg}: {e}", highlight=False)
                 failed.append(pkg)
@@ -644,7 +653,14 @@ def demo(
 ) -> None:
     """The main job on a small default: build one real package's corpus, collect its
     inlining decisions, and show the corpus statistics."""
-    corpus_build([package], out=out / "corpus", work=out / "build", opt_level="-Oz", clang=None)
+    corpus_build(
+        [package],
+        out=out / "corpus",
+        work=out / "build",
+        opt_level="-Oz",
+        profile=False,
+        clang=None,
+    )
     collect(
         "inlining-size",
         out / "corpus",

@@ -217,14 +217,21 @@ def build_env(
 
 
 def extract_package(
-    recipe: Recipe, tc: Toolchain, out: Path, work: Path, opt_level: str = "-Oz"
+    recipe: Recipe,
+    tc: Toolchain,
+    out: Path,
+    work: Path,
+    opt_level: str = "-Oz",
+    profile: bool = False,
 ) -> int:
-    """Fetches and builds one Debian package at OPT_LEVEL; writes its corpus to OUT/NAME."""
+    """Fetches and builds one Debian package at OPT_LEVEL; writes its corpus to OUT/NAME.
+    With PROFILE, the recorded modules carry the counts of the package's own tests."""
     work.mkdir(parents=True, exist_ok=True)
     log = work / "build.log"
     log.write_text("")
     ensure_build_depends(recipe, log)
     src = fetch_source(recipe, work, log)
+    profdata = profile_own_tests(recipe, src, tc, work, opt_level) if profile else None
     return build_corpus(
         recipe.name,
         src,
@@ -235,7 +242,53 @@ def extract_package(
         work,
         recipe.build_timeout_s,
         opt_level,
+        profdata,
     )
+
+
+# clang's warnings that some functions have no counts (the tests never ran them) are expected.
+PROFILE_USE_FLAGS = ["-Wno-profile-instr-unprofiled", "-Wno-profile-instr-out-of-date"]
+
+
+def profile_own_tests(recipe: Recipe, src: Path, tc: Toolchain, work: Path, opt_level: str) -> Path:
+    """The merged profile (WORK/profile.profdata) of the recipe's own tests, run on a copy
+    of SRC built instrumented at OPT_LEVEL.
+
+    Static block-frequency estimates can weigh a function's blocks very differently from a
+    real run (an interpreter's dispatch loop is the known case), and the regalloc reward
+    weighs each spill by its block's frequency. Recorded with `-fprofile-instr-use`, a
+    module's bitcode carries the measured counts (branch weights, function entry counts),
+    so compiling it later needs no profile file.
+    """
+    if not recipe.test:
+        raise BuildError(f"{recipe.name}: its recipe has no tests to profile")
+    work = work.resolve()
+    tree, raw, bin_dir = work / "instrumented", work / "profraw", work / "instrumented-bin"
+    for d in (tree, raw):
+        shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(src, tree, symlinks=True)
+    raw.mkdir(parents=True)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    log = work / "profile.log"
+    log.write_text("")
+    flags = [opt_level, "-g0", "-fprofile-instr-generate", "-Qunused-arguments"]
+    env = build_env(tc, bin_dir, flags)
+    what = f"{recipe.name} (instrumented)"
+    for cmd in recipe.configure:
+        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{what}: configure")
+    for cmd in recipe.build:
+        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{what}: build")
+    env["LLVM_PROFILE_FILE"] = str(raw / "%m-%p.profraw")
+    for cmd in recipe.test:
+        _run(cmd, tree, log, recipe.test_timeout_s, env, f"{what}: its own tests")
+    profiles = sorted(raw.glob("*.profraw"))
+    if not profiles:
+        raise BuildError(f"{what}: its tests ran no instrumented code (log: {log})")
+    merged, tmp = work / "profile.profdata", work / ".profile.profdata.tmp"
+    merge = [tc.tool("llvm-profdata"), "merge", "-o", str(tmp), *map(str, profiles)]
+    _run(merge, work, log, 600, what=f"{what}: llvm-profdata merge")
+    tmp.replace(merged)
+    return merged
 
 
 def build_corpus(
@@ -248,13 +301,18 @@ def build_corpus(
     work: Path,
     timeout_s: float = 1800.0,
     opt_level: str = "-Oz",
+    profile: Path | None = None,
 ) -> int:
-    """Builds the tree SRC with the recording wrapper at OPT_LEVEL and writes its corpus to
-    OUT/NAME, replacing it only once extraction succeeded. Returns the module count."""
+    """Builds the tree SRC with the recording wrapper at OPT_LEVEL (using PROFILE's counts,
+    if given) and writes its corpus to OUT/NAME, replacing it only once extraction
+    succeeded. Returns the module count."""
     out, work = out.resolve(), work.resolve()  # the build runs in SRC, not here
     work.mkdir(parents=True, exist_ok=True)
     log = work / "build.log"
-    env = build_env(tc, work, [opt_level, *RECORD_FLAGS])
+    flags = [opt_level, *RECORD_FLAGS]
+    if profile:
+        flags += [f"-fprofile-instr-use={profile.resolve()}", *PROFILE_USE_FLAGS]
+    env = build_env(tc, work, flags)
     for cmd in configure:
         _run(cmd, src, log, timeout_s, env, f"{name}: configure")
     recorded = work / "compile_commands.json"

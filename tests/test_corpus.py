@@ -6,8 +6,10 @@ import subprocess
 
 import pytest
 
+from mlgo.compile import compile_plain
 from mlgo.corpus import CorpusError, load_corpus
-from mlgo.extract import BuildError, build_corpus
+from mlgo.extract import BuildError, Recipe, build_corpus, combine, profile_own_tests
+from mlgo.problems import get_problem
 from tests.conftest import DATA, copy_corpus, run_mlgo
 
 
@@ -118,3 +120,49 @@ def test_corpus_build_refuses_a_level_clang_does_not_have(tmp_path):
     r = run_mlgo("corpus", "build", "zlib", "--opt-level", "O2", "--out", str(tmp_path), timeout=60)
     assert r.returncode == 2 and "'O2' is not one of -O0..-O3, -Os, -Oz" in r.stderr
     assert not list(tmp_path.iterdir())
+
+
+def _minipkg_recipe(test: tuple[str, ...]) -> Recipe:
+    build = tuple(f'"$CC" -O2 -c {c} -o {c[:-2]}.o' for c in ("hash.c", "main.c", "strbuf.c"))
+    link = '"$CC" -O2 hash.o main.o strbuf.o -o wordcount'
+    return Recipe("minipkg", "minipkg", (*build, link), test=test)
+
+
+def test_a_profiled_corpus_carries_the_counts_of_the_package_tests(tc, mini_corpus_o2, tmp_path):
+    recipe = _minipkg_recipe(("./wordcount < main.c > counts.txt",))
+    src = shutil.copytree(DATA / "minipkg", tmp_path / "src")
+    profdata = profile_own_tests(recipe, src, tc, tmp_path / "work", "-O2")
+    out = tmp_path / "corpus"
+    build_corpus(
+        "minipkg",
+        src,
+        (),
+        recipe.build,
+        tc,
+        out,
+        tmp_path / "work",
+        opt_level="-O2",
+        profile=profdata,
+    )
+    combine(out)
+    profiled = {m.name: m for m in load_corpus(out).modules}
+    assert set(profiled) == {m.name for m in mini_corpus_o2.modules}
+    for m in mini_corpus_o2.modules:  # measured counts in the bitcode, and only there
+        assert b"function_entry_count" in _disassembled(tc, profiled[m.name].bitcode)
+        assert b"function_entry_count" not in _disassembled(tc, m.bitcode)
+    # the bitcode is compiled without the profile file, as a moved corpus would be
+    profdata.unlink()
+    module = profiled["minipkg/main.o"]
+    metrics = compile_plain(get_problem("regalloc-eviction"), module, tc.clang, tmp_path / "m.o")
+    assert metrics["text_size"] > 0
+
+
+@pytest.mark.parametrize(
+    ("test", "message"),
+    [((), "its recipe has no tests to profile"), (("true",), "its tests ran no instrumented code")],
+)
+def test_a_profile_that_cannot_be_made_says_why(tc, tmp_path, test, message):
+    src = shutil.copytree(DATA / "minipkg", tmp_path / "src")
+    with pytest.raises(BuildError, match=f"minipkg.*{message}") as e:
+        profile_own_tests(_minipkg_recipe(test), src, tc, tmp_path / "work", "-O2")
+    assert "\n" not in str(e.value) and not (tmp_path / "work" / "profile.profdata").exists()
