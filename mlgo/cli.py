@@ -653,24 +653,9 @@ def demo(
 ) -> None:
     """The main job on a small default: build one real package's corpus, collect its
     inlining decisions, and show the corpus statistics."""
-    corpus_build(
-        [package],
-        out=out / "corpus",
-        work=out / "build",
-        opt_level="-Oz",
-        profile=False,
-        clang=None,
-    )
-    collect(
-        "inlining-size",
-        out / "corpus",
-        out=out / "traces",
-        packages="",
-        workers="local",
-        timeout=600.0,
-        clang=None,
-    )
-    corpus_stats(out / "corpus", workers="local", clang=None)
+    corpus_build([package], out=out / "corpus", work=out / "build", opt_level="-Oz")
+    collect("inlining-size", out / "corpus", out=out / "traces")
+    corpus_stats(out / "corpus")
 
 
 def main() -> None:
