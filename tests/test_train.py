@@ -83,7 +83,7 @@ def test_es_improves_or_keeps_the_best_policy(bc_run, mini_corpus, tc, tmp_path)
 
 
 def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tmp_path):
-    bc_dir, _, _, _ = bc_run
+    bc_dir, _, bc_policy, _ = bc_run
     out = tmp_path / "es"
     args = [
         "train",
@@ -109,6 +109,8 @@ def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tm
     proc.wait()
     killed_at = json.loads((out / "state.json").read_text())["step"]
     assert 1 <= killed_at < 6
+    # the killed run already holds its best policy so far, whole
+    assert MLPPolicy.load(out / "policy").flat().size == bc_policy.flat().size
     r = run_mlgo(*args, timeout=600)
     assert r.returncode == 0, r.stderr
     state = json.loads((out / "state.json").read_text())

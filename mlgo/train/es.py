@@ -156,6 +156,7 @@ def train_es(
     else:  # the starting point is the first candidate for best
         state.extra["best_reward"] = float(scorer.rewards([init], pool)[0])
         state.extra["init_reward"] = state.extra["best_reward"]
+        init.save(run.policy_dir)
     start = time.monotonic()
     with Progress() as bar:
         job = bar.add_task("evolution strategies", total=cfg.steps, completed=state.step)
@@ -183,6 +184,7 @@ def train_es(
                 if pool_reward > state.extra["best_reward"]:
                     state.extra["best_reward"] = pool_reward
                     best = theta.copy()
+                    init.with_flat(best).save(run.policy_dir)  # a stopped run keeps its best
             state.compiles += scorer.compiles
             scorer.compiles = 0
             state.seconds += time.monotonic() - start

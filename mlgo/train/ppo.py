@@ -236,6 +236,7 @@ def train_ppo(
         state.extra["best_reward"] = state.extra["init_reward"] = float(
             scorer.rewards([init], pool)[0]
         )
+        init.save(run.policy_dir)
     start = time.monotonic()
     with Progress() as bar:
         job = bar.add_task("PPO", total=cfg.steps, completed=state.step)
@@ -279,6 +280,7 @@ def train_ppo(
                 if pool_reward > state.extra["best_reward"]:
                     state.extra["best_reward"] = pool_reward
                     best = theta.flat()
+                    theta.save(run.policy_dir)  # a stopped run keeps its best
             state.compiles += len(tasks) + scorer.compiles
             scorer.compiles = 0
             state.seconds += time.monotonic() - start
