@@ -53,6 +53,11 @@ class Module:
         levels = [a for a in self.args if _OPT_LEVEL.match(a)]
         return levels[-1] if levels else "-O0"
 
+    @property
+    def profiled(self) -> bool:
+        """Recorded with measured block counts (`mlgo corpus build --profile`)."""
+        return any(a.startswith("-fprofile-instrument-use-path=") for a in self.args)
+
     def compile_command(
         self,
         clang: str,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mlgo.corpus import CorpusError, load_corpus
 from mlgo.evaluate import Evaluation
 from mlgo.policy import CandidatePolicy, MLPPolicy
 from mlgo.problems import get_problem
@@ -19,6 +20,14 @@ def _evaluations(run: Path) -> list[tuple[str, Evaluation]]:
         except ValueError:
             continue
     return found
+
+
+def _profiled(corpus: str) -> bool:
+    """Whether the training corpus carries measured counts; one that is gone counts as not."""
+    try:
+        return any(m.profiled for m in load_corpus(corpus).modules)
+    except (OSError, CorpusError):
+        return False
 
 
 def _reproduce(
@@ -38,13 +47,14 @@ def _reproduce(
         f" --{k.replace('_', '-')} {config[k]}" for k in options.get(algo, ()) if config.get(k)
     )
     problem_flag = "" if policy.problem == "inlining-size" else f" --problem {policy.problem}"
+    profile_flag = " --profile" if train and _profiled(train.corpus) else ""
     lines = [
         "",
         "## Reproduce",
         "",
         "```sh",
-        f"mlgo corpus build {packages} --opt-level {get_problem(policy.problem).opt_level} "
-        "--out data/corpus",
+        f"mlgo corpus build {packages} --opt-level {get_problem(policy.problem).opt_level}"
+        f"{profile_flag} --out data/corpus",
     ]
     start = config.get("init") or "runs/bc"
     if algo == "bc" or start == "runs/bc":

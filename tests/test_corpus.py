@@ -150,6 +150,7 @@ def test_a_profiled_corpus_carries_the_counts_of_the_package_tests(tc, mini_corp
     for m in mini_corpus_o2.modules:  # measured counts in the bitcode, and only there
         assert b"function_entry_count" in _disassembled(tc, profiled[m.name].bitcode)
         assert b"function_entry_count" not in _disassembled(tc, m.bitcode)
+        assert profiled[m.name].profiled and not m.profiled  # what a model card reads
     # the bitcode is compiled without the profile file, as a moved corpus would be
     profdata.unlink()
     module = profiled["minipkg/main.o"]
