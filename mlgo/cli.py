@@ -246,6 +246,9 @@ def train(
     regression_penalty: Annotated[
         float, typer.Option(help="ES: reward per package, a package's loss x (1 + this)")
     ] = 0.0,
+    max_module_seconds: Annotated[
+        float, typer.Option(help="es, ppo: modules that compile slower stay out of batches")
+    ] = 2.0,
     workers: WorkersOpt = "local",
     clang: ClangOpt = None,
 ) -> None:
@@ -283,6 +286,7 @@ def train(
                 directions=directions,
                 lr=lr,
                 regression_penalty=regression_penalty,
+                max_module_seconds=max_module_seconds,
                 init=str(init),
             )
             start = MLPPolicy.load(_policy_dir(init))
@@ -294,7 +298,12 @@ def train(
 
             if init is None:
                 raise ValueError("--algo ppo needs --init (a BC run) as its starting point")
-            cfg = PPOConfig(steps=steps or PPOConfig.steps, batch=batch, init=str(init))
+            cfg = PPOConfig(
+                steps=steps or PPOConfig.steps,
+                batch=batch,
+                max_module_seconds=max_module_seconds,
+                init=str(init),
+            )
             start = MLPPolicy.load(_policy_dir(init))
             if start.problem != problem:
                 raise ValueError(f"--init {init} is a {start.problem} policy, not {problem}")

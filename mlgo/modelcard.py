@@ -40,8 +40,8 @@ def _reproduce(
     algo, steps = state.get("algo", "bc"), state.get("step", 0)
     config = state.get("extra", {}).get("config", {})
     options = {
-        "es": ("sigma", "lr", "batch", "directions", "regression_penalty"),
-        "ppo": ("batch",),
+        "es": ("sigma", "lr", "batch", "directions", "regression_penalty", "max_module_seconds"),
+        "ppo": ("batch", "max_module_seconds"),
     }
     flags = "".join(
         f" --{k.replace('_', '-')} {config[k]}" for k in options.get(algo, ()) if config.get(k)

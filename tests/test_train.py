@@ -79,7 +79,29 @@ def test_es_improves_or_keeps_the_best_policy(bc_run, mini_corpus, tc, tmp_path)
     # its model card retrains it from where it started, with the step size it used
     card = model_card(best, run.root)
     assert "mlgo train --algo es --init policies/start " in card and " --lr 0.005" in card
-    assert "--algo bc" not in card
+    assert " --max-module-seconds 60" in card and "--algo bc" not in card
+
+
+def test_a_pool_limit_that_leaves_no_module_says_so(bc_run, mini_corpus, tmp_path):
+    bc_dir, _, _, _ = bc_run
+    out = tmp_path / "es"
+    r = run_mlgo(
+        "train",
+        "--algo",
+        "es",
+        "--corpus",
+        str(mini_corpus.root),
+        "--out",
+        str(out),
+        "--init",
+        str(bc_dir.root),
+        "--max-module-seconds",
+        "0.000001",
+        timeout=600,
+    )
+    assert r.returncode != 0
+    assert "no module with call sites and a cost compiles within 1e-06 s" in r.stderr
+    assert not (out / "policy").exists()
 
 
 def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tmp_path):
