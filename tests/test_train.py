@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,23 +83,17 @@ def test_es_improves_or_keeps_the_best_policy(bc_run, mini_corpus, tc, tmp_path)
     assert " --max-module-seconds 60" in card and "--algo bc" not in card
 
 
+def _es_args(bc_dir: RunDir, corpus: Path, out: Path) -> list[str]:
+    """`mlgo train --algo es` from the BC run, on CORPUS, into OUT."""
+    init = ["--init", str(bc_dir.root)]
+    return ["train", "--algo", "es", "--corpus", str(corpus), "--out", str(out), *init]
+
+
 def test_a_pool_limit_that_leaves_no_module_says_so(bc_run, mini_corpus, tmp_path):
     bc_dir, _, _, _ = bc_run
     out = tmp_path / "es"
-    r = run_mlgo(
-        "train",
-        "--algo",
-        "es",
-        "--corpus",
-        str(mini_corpus.root),
-        "--out",
-        str(out),
-        "--init",
-        str(bc_dir.root),
-        "--max-module-seconds",
-        "0.000001",
-        timeout=600,
-    )
+    args = _es_args(bc_dir, mini_corpus.root, out)
+    r = run_mlgo(*args, "--max-module-seconds", "0.000001", timeout=600)
     assert r.returncode != 0
     assert "no module with call sites and a cost compiles within 1e-06 s" in r.stderr
     assert not (out / "policy").exists()
@@ -107,19 +102,7 @@ def test_a_pool_limit_that_leaves_no_module_says_so(bc_run, mini_corpus, tmp_pat
 def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tmp_path):
     bc_dir, _, bc_policy, _ = bc_run
     out = tmp_path / "es"
-    args = [
-        "train",
-        "--algo",
-        "es",
-        "--corpus",
-        str(mini_corpus.root),
-        "--out",
-        str(out),
-        "--init",
-        str(bc_dir.root),
-        "--steps",
-        "6",
-    ]
+    args = [*_es_args(bc_dir, mini_corpus.root, out), "--steps", "6"]
     proc = subprocess.Popen([*MLGO, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
