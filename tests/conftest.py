@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mlgo.corpus import Corpus, load_corpus
-from mlgo.extract import build_corpus, combine
-from mlgo.toolchain import Toolchain, find_toolchain
+from mlgo.corpus.extract import build_corpus, combine
+from mlgo.corpus.format import Corpus, load_corpus
+from mlgo.llvm.toolchain import Toolchain, find_toolchain
 
 DATA = Path(__file__).parent / "data"
 MLGO = [sys.executable, "-m", "mlgo.cli"]

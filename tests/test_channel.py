@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlgo.channel import ChannelError, compile_interactive, last_line
+from mlgo.llvm.channel import ChannelError, compile_interactive, last_line
 from mlgo.problems import get_problem
 from tests.conftest import DATA
 

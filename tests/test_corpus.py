@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from mlgo.compile import compile_plain
-from mlgo.corpus import CorpusError, load_corpus
-from mlgo.extract import BuildError, Recipe, build_corpus, combine, profile_own_tests
+from mlgo.corpus.compile import compile_plain
+from mlgo.corpus.extract import BuildError, Recipe, build_corpus, combine, profile_own_tests
+from mlgo.corpus.format import CorpusError, load_corpus
 from mlgo.problems import get_problem
 from tests.conftest import DATA, copy_corpus, run_mlgo
 

@@ -6,19 +6,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mlgo.collect import collect
-from mlgo.compile import CompileError, compile_module, compile_plain
-from mlgo.corpus import Corpus
-from mlgo.dataset import load_decisions
-from mlgo.evaluate import evaluate
-from mlgo.log_format import Observation
-from mlgo.policy import CandidatePolicy, MLPPolicy, Normalizer
+from mlgo.corpus.compile import CompileError, compile_module, compile_plain
+from mlgo.corpus.format import Corpus
+from mlgo.llvm.log_format import Observation
+from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems import get_problem
-from mlgo.toolchain import find_toolchain
+from mlgo.problems.policy import CandidatePolicy, MLPPolicy, Normalizer
+from mlgo.runtime.workers import LocalPool
+from mlgo.traces.collect import collect
+from mlgo.traces.dataset import load_decisions
 from mlgo.train import RunDir
 from mlgo.train.bc import predict, train_bc
 from mlgo.train.es import ESConfig, train_es
-from mlgo.workers import LocalPool
+from mlgo.train.evaluate import evaluate
 
 PROBLEM = get_problem("regalloc-eviction")
 SLOTS = 33
@@ -171,7 +171,7 @@ def test_ppo_on_regalloc_scores_slots_and_resumes(ra_bc, mini_corpus_o2, tc, tmp
 
 
 def test_saved_model_evicts_like_the_candidate_policy(ra_bc, tmp_path):
-    from mlgo.export import export_saved_model, saved_model_decisions
+    from mlgo.ship.export import export_saved_model, saved_model_decisions
 
     _, data, policy, _ = ra_bc
     saved = export_saved_model(policy, tmp_path)
@@ -192,8 +192,8 @@ def test_regression_penalty_weighs_each_package_and_its_losses():
 
 
 def test_normalizer_ignores_infinite_weights_and_the_graph_looks_up_the_same_quantiles():
-    from mlgo.export import quantile_counts
-    from mlgo.tfutil import import_tf
+    from mlgo.runtime.tfutil import import_tf
+    from mlgo.ship.export import quantile_counts
 
     rng = np.random.default_rng(2)
     x = rng.exponential(1.0, (400, 2))

@@ -2,9 +2,9 @@
 
 import pytest
 
-from mlgo.inprocess import compile_in_process
+from mlgo.llvm.inprocess import compile_in_process
+from mlgo.llvm.toolchain import ToolchainError, find_toolchain, probe
 from mlgo.problems import get_problem
-from mlgo.toolchain import ToolchainError, find_toolchain, probe
 from tests.conftest import run_mlgo
 
 
@@ -53,7 +53,7 @@ def test_in_process_llvmlite_path_answers_the_same_channel(mini_corpus):
 
 
 def test_in_process_policy_failure_is_reported_without_a_hang(mini_corpus):
-    from mlgo.channel import ChannelError
+    from mlgo.llvm.channel import ChannelError
 
     problem = get_problem("inlining-size")
     with pytest.raises(ChannelError, match="policy failed on decision 0"):

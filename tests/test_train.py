@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlgo.collect import collect
-from mlgo.dataset import load_decisions
-from mlgo.evaluate import Evaluation, evaluate
-from mlgo.modelcard import model_card
-from mlgo.policy import MLPPolicy, Normalizer
 from mlgo.problems import get_problem
-from mlgo.report import render_html, summary
+from mlgo.problems.policy import MLPPolicy, Normalizer
+from mlgo.runtime.workers import LocalPool
+from mlgo.ship.modelcard import model_card
+from mlgo.traces.collect import collect
+from mlgo.traces.dataset import load_decisions
 from mlgo.train import RunDir
 from mlgo.train.bc import train_bc
 from mlgo.train.es import ESConfig, train_es
-from mlgo.workers import LocalPool
+from mlgo.train.evaluate import Evaluation, evaluate
+from mlgo.train.report import render_html, summary
 from tests.conftest import MLGO, run_mlgo
 
 PROBLEM = get_problem("inlining-size")
@@ -160,7 +160,7 @@ def test_a_policy_that_is_not_one_is_rejected(tmp_path):
 
 
 def test_saved_model_decides_like_the_policy_on_real_features(bc_run, tmp_path):
-    from mlgo.export import export_saved_model, saved_model_decisions
+    from mlgo.ship.export import export_saved_model, saved_model_decisions
 
     run, data, policy, _ = bc_run
     saved = export_saved_model(policy, tmp_path)
@@ -188,7 +188,7 @@ def test_ppo_with_tf_agents_trains_and_resumes(bc_run, mini_corpus, tc, tmp_path
 
 
 def test_derived_inputs_reach_the_saved_model(bc_run, tmp_path):
-    from mlgo.export import export_saved_model, saved_model_decisions
+    from mlgo.ship.export import export_saved_model, saved_model_decisions
 
     _, data, _, _ = bc_run
     policy, acc = train_bc(

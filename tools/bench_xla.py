@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
-from mlgo.fsutil import atomic_write_text
+from mlgo.runtime.files import atomic_write_text
 from mlgo.xla.dataset import load_dataset
 from mlgo.xla.extract import lower
 from mlgo.xla.measure import MeasureSpec, pin
