@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 DESCRIPTION = "corpus_description.json"
@@ -46,6 +46,15 @@ class Module:
     @property
     def package(self) -> str:
         return self.name.split("/", 1)[0]
+
+    @property
+    def path(self) -> Path:
+        """The file a remote worker needs (`mlgo.runtime.tasks.ShippedFile`)."""
+        return self.bitcode
+
+    def at(self, path: Path) -> Module:
+        """The same module, its bitcode at PATH (a worker-local copy)."""
+        return replace(self, bitcode=path)
 
     @property
     def opt_level(self) -> str:

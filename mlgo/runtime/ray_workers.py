@@ -3,11 +3,11 @@
 Selected with `--workers ray` (the running cluster, else a new one on this machine) or a
 Ray address; `ray` is imported only then. Each node needs mlgo and the same clang.
 
-Corpus modules are files on the driver, which other nodes may not see. Each module's
-bitcode is put in Ray's object store once per `RayWorkers` (a trainer's thousands of tasks
-share it) and the task carries a reference, not the bytes; a node fetches a module the
-first time one of its workers needs it and keeps it in a content-addressed cache, so the
-compile command is the same file content at a node-local path.
+A task's input file (a `ShippedFile`, such as a corpus module's bitcode) is on the driver,
+which other nodes may not see. Its bytes are put in Ray's object store once per
+`RayWorkers` (a trainer's thousands of tasks share it) and the task carries a reference,
+not the bytes; a node fetches a file the first time one of its workers needs it and keeps
+it in a content-addressed cache, so the task reads the same content at a node-local path.
 
 Faults: a task whose worker or node dies is re-run elsewhere by Ray (`RETRIES` times);
 an exception inside a task is caught in the worker (`guarded`) and comes back once as
@@ -30,9 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mlgo.corpus.compile import DEFAULT_TIMEOUT_S
-from mlgo.corpus.format import Module
-from mlgo.runtime.workers import Failed, guarded
+from mlgo.runtime.tasks import Failed, ShippedFile, guarded, shipped_field
 
 try:
     import ray
@@ -47,13 +45,14 @@ _LOST = (WorkerCrashedError, NodeDiedError, ObjectLostError, OutOfMemoryError)
 CACHE_DIR = Path(tempfile.gettempdir()) / "mlgo-ray-bitcode"
 # A head starts a client's session in seconds, a loaded one in a minute.
 SESSION_TIMEOUT_S = 120.0
-# Beyond a task's own compile timeout: worker start-up, bitcode fetch, a busy scheduler.
+# Beyond a task's own timeout: worker start-up, bitcode fetch, a busy scheduler.
 STALL_MARGIN_S = 300.0
+UNTIMED_TASK_S = 900.0  # a task that declares no `timeout_s`
 
 
 @dataclasses.dataclass(frozen=True)
 class _Bitcode:
-    """A module's bitcode in the object store; the reference sits in a list so that Ray
+    """A shipped file's bytes in the object store; the reference sits in a list so that Ray
     hands it to the task unresolved and a node with a cached copy never fetches it."""
 
     digest: str
@@ -72,21 +71,16 @@ def _local_copy(bitcode: _Bitcode) -> Path:
 
 @ray.remote(max_retries=RETRIES, retry_exceptions=False)
 def _run(fn: Callable[[Any], Any], item: Any, bitcode: _Bitcode | None) -> Any:
-    if bitcode is not None:
-        module = dataclasses.replace(item.module, bitcode=_local_copy(bitcode))
-        item = dataclasses.replace(item, module=module)
+    shipped = shipped_field(item)
+    if bitcode is not None and shipped is not None:
+        field, value = shipped
+        item = dataclasses.replace(item, **{field: value.at(_local_copy(bitcode))})
     return guarded(fn, item)
 
 
-def _module_of(item: Any) -> Module | None:
-    """mlgo's tasks are dataclasses that carry their corpus module as `module`."""
-    module = getattr(item, "module", None)
-    return module if dataclasses.is_dataclass(item) and isinstance(module, Module) else None
-
-
 def _task_deadline(item: Any) -> float:
-    """How long a task may run: its compile timeout (tasks without one use the default)."""
-    return float(getattr(item, "timeout_s", DEFAULT_TIMEOUT_S)) + STALL_MARGIN_S
+    """How long a task may run: its own timeout, if it declares one."""
+    return float(getattr(item, "timeout_s", UNTIMED_TASK_S)) + STALL_MARGIN_S
 
 
 def _check_reachable(address: str) -> None:
@@ -152,17 +146,17 @@ class RayWorkers:
             raise ValueError(f"cannot reach {where}: {str(e).splitlines()[0]}") from e
         self._bitcode: dict[tuple[str, int, int], _Bitcode] = {}
 
-    def _ship(self, module: Module) -> _Bitcode:
-        st = module.bitcode.stat()
-        key = (str(module.bitcode), st.st_size, st.st_mtime_ns)
+    def _ship(self, shipped: ShippedFile) -> _Bitcode:
+        st = shipped.path.stat()
+        key = (str(shipped.path), st.st_size, st.st_mtime_ns)
         if key not in self._bitcode:
-            data = module.bitcode.read_bytes()
+            data = shipped.path.read_bytes()
             self._bitcode[key] = _Bitcode(hashlib.sha256(data).hexdigest(), [ray.put(data)])
         return self._bitcode[key]
 
     def _submit(self, fn_ref: Any, item: Any) -> Any:
-        module = _module_of(item)
-        return _run.remote(fn_ref, item, self._ship(module) if module else None)
+        shipped = shipped_field(item)
+        return _run.remote(fn_ref, item, self._ship(shipped[1]) if shipped else None)
 
     def imap(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
         items = list(items)
@@ -192,8 +186,8 @@ class RayWorkers:
                     result = ray.get(ref)
                 except _LOST as e:
                     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                    module = _module_of(item)
-                    who = f"{module.name}: " if module else ""
+                    shipped = shipped_field(item)
+                    who = f"{shipped[1].name}: " if shipped else ""
                     result = Failed(f"{who}Ray worker lost {RETRIES + 1} times ({first})")
                 yield item, result
                 nxt = next(pending, None)

@@ -1,8 +1,6 @@
-"""Where compilations run. The local process pool is the default; the Ray backend
-(`mlgo/runtime/ray_workers.py`) runs the same tasks on a cluster, behind the same `imap`.
-
-A task's exception is caught in the worker and comes back as a `Failed` value, so one bad
-module never stops a run; only the pool itself breaking is fatal.
+"""Where tasks run. The local process pool is the default; the Ray backend
+(`mlgo/runtime/ray_workers.py`) runs the same tasks on a cluster, behind the same `imap`
+(`mlgo/runtime/tasks.py` is what both agree on). `make_workers` picks one from `--workers`.
 """
 
 from __future__ import annotations
@@ -12,32 +10,12 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from mlgo.runtime.lifetime import die_with_parent
+from mlgo.runtime.tasks import Failed, Workers, guarded
 
-
-@dataclass(frozen=True)
-class Failed:
-    message: str
-
-
-def guarded(fn: Callable[[Any], Any], item: Any) -> Any:
-    try:
-        return fn(item)
-    except Exception as e:  # reported to the driver, which decides what to do
-        return Failed(str(e).splitlines()[0] if str(e) else type(e).__name__)
-
-
-class Workers(Protocol):
-    def imap(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
-        """Yields (item, result or Failed) as tasks finish, in any order, each item once."""
-        ...
-
-    def close(self) -> None:
-        """Releases the workers (processes, cluster connection)."""
-        ...
+__all__ = ["WORKERS_HELP", "Failed", "LocalPool", "Workers", "make_workers"]
 
 
 class LocalPool:
