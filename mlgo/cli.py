@@ -589,9 +589,10 @@ def serve(
 ) -> None:
     """Run the policy service: one channel per compilation, many at once, until stopped."""
     from mlgo.serve.client import socket_path
-    from mlgo.serve.service import Service, serve_forever
+    from mlgo.serve.service import Service, claim_socket, serve_forever
 
     path = socket or socket_path()
+    claim_socket(path)  # before loading anything: a live service there is left alone
     service = Service(policy, backend, runtime=path.parent)  # channels beside the socket
     names = ", ".join(f"{p.problem.name} ({p.backend.name})" for p in service.policies)
     err.print(f"mlgo: serving {names} on {path}", highlight=False)

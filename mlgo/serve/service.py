@@ -24,7 +24,9 @@ import itertools
 import json
 import os
 import queue
+import signal
 import socketserver
+import stat
 import subprocess
 import threading
 import time
@@ -37,7 +39,7 @@ from typing import Protocol
 import numpy as np
 
 from mlgo.problems import Problem, get_problem
-from mlgo.serve.client import ServiceError, runtime_dir
+from mlgo.serve.client import Connection, ServiceError, UntrustedError, runtime_dir
 
 RELEASE_INTERVAL_S = 0.005
 CLOSE_TIMEOUT_S = 5.0
@@ -296,8 +298,6 @@ class Service:
         self.runtime = runtime or runtime_dir()
         self.channel_dir = self.runtime / "channels"
         self.channel_dir.mkdir(mode=0o700, exist_ok=True)
-        for stale in self.channel_dir.iterdir():  # FIFOs of a service that was killed
-            stale.unlink()
         self.started = time.time()
         self.leases: dict[str, Lease] = {}
         self._by_channel: dict[str, Lease] = {}
@@ -437,6 +437,11 @@ class Service:
         ]
         return counters
 
+    def clear_stale_channels(self) -> None:
+        """Removes the FIFOs of a service that was killed: only once no service is live."""
+        for stale in self.channel_dir.iterdir():
+            stale.unlink()
+
     def close(self) -> None:
         for lease in list(self.leases.values()):
             self.end_lease(lease)
@@ -490,7 +495,8 @@ class _Handler(socketserver.StreamRequestHandler):
     def _compile(self, service: Service) -> None:
         with self.write_lock:  # no event before the flags
             lease = service.open_lease(notify=self._notify)
-            self._send({"lease": lease.id, "flags": lease.flags})
+            policies = [str(p.path) for p in service.policies]  # what answers, for MLGO_POLICY
+            self._send({"lease": lease.id, "flags": lease.flags, "policies": policies})
         returncode = None
         try:
             line = self.rfile.readline()  # blocks until the client is done or gone
@@ -537,16 +543,33 @@ class _Server(socketserver.UnixStreamServer):
                 self._idle += 1
 
 
-def serve_forever(service: Service, socket_file: Path, idle_exit_s: float = 0.0) -> None:
-    """Listens on SOCKET_FILE (0600) until stopped, or idle for IDLE_EXIT_S seconds."""
-    from mlgo.serve.client import request
-
+def claim_socket(socket_file: Path) -> None:
+    """Makes SOCKET_FILE free to bind, touching nothing while a service answers there: only
+    a stale socket of this user (no one listening) is removed; anything else is an error."""
     try:
-        request({"op": "status"}, timeout_s=2.0, path=socket_file)
+        Connection(socket_file, 2.0).close()
+    except UntrustedError:
+        raise
     except ServiceError:
-        socket_file.unlink(missing_ok=True)  # a stale socket of a dead service
+        pass  # no one listens there
     else:
         raise ServiceError(f"an mlgo service is already listening on {socket_file}")
+    try:
+        st = socket_file.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ServiceError(
+            f"{socket_file} exists and is not a socket; not replacing it (choose another --socket)"
+        )
+    socket_file.unlink()  # a stale socket of a dead service
+
+
+def serve_forever(service: Service, socket_file: Path, idle_exit_s: float = 0.0) -> None:
+    """Listens on SOCKET_FILE (0600) until stopped, idle for IDLE_EXIT_S seconds, or sent
+    SIGTERM or SIGINT; the socket is removed on the way out."""
+    claim_socket(socket_file)
+    service.clear_stale_channels()
     old_umask = os.umask(0o177)
     try:
         server = _Server(str(socket_file))
@@ -562,7 +585,13 @@ def serve_forever(service: Service, socket_file: Path, idle_exit_s: float = 0.0)
                 server.shutdown()
                 return
 
+    def stop(_signum: int, _frame: object) -> None:
+        # shutdown() waits for serve_forever's loop, which runs on this very thread.
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
     threading.Thread(target=idle_watch, daemon=True).start()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:

@@ -5,11 +5,16 @@
  * with none of that. It mirrors mlgo/serve/cc.py, which stays the reference and handles every
  * uncommon case: whenever the service is not there (start it on demand), the reply is not
  * understood, or anything else unusual happens, this program execs `python -m mlgo.serve.cc`
- * with the same arguments, so messages and fallbacks live in one place. Built by
- * `mlgo install-wrappers` with -DMLGO_PYTHON="<the venv's python>". */
+ * with the same arguments, so messages and fallbacks live in one place. That includes all
+ * it does not trust: a socket or directory not this user's alone, a peer of another uid
+ * (SO_PEERCRED), a lease flag outside what mlgo.serve.cc.check_lease_flags allows, policies
+ * other than MLGO_POLICY names, and an MLGO_TIMEOUT that is not a plain positive number.
+ * Built by `mlgo install-wrappers` with -DMLGO_PYTHON="<the venv's python>". */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -79,20 +84,32 @@ static void exec_python(int argc, char **argv) {
   _exit(127);
 }
 
-static int socket_path(char *out, size_t cap) {
+/* Ours alone, as mlgo.serve.client.check_owned says: this user owns it, no one else may write. */
+static int owned(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && st.st_uid == getuid() && !(st.st_mode & 022);
+}
+
+/* The socket into OUT and its directory (the runtime directory) into DIR, both trusted. */
+static int socket_path(char *out, size_t cap, char *dir, size_t dir_cap) {
   const char *explicit_path = getenv("MLGO_SOCKET");
-  if (explicit_path) return snprintf(out, cap, "%s", explicit_path) < (int)cap;
-  char dir[4096];
+  if (explicit_path) {
+    const char *slash = strrchr(explicit_path, '/');
+    if (!slash) snprintf(dir, dir_cap, ".");
+    else if (slash == explicit_path) snprintf(dir, dir_cap, "/");
+    else snprintf(dir, dir_cap, "%.*s", (int)(slash - explicit_path), explicit_path);
+    return snprintf(out, cap, "%s", explicit_path) < (int)cap && owned(dir) && owned(out);
+  }
   const char *xdg = getenv("XDG_RUNTIME_DIR");
   if (xdg && *xdg)
-    snprintf(dir, sizeof dir, "%s/mlgo", xdg);
+    snprintf(dir, dir_cap, "%s/mlgo", xdg);
   else
-    snprintf(dir, sizeof dir, "/tmp/mlgo-%u", (unsigned)getuid());
+    snprintf(dir, dir_cap, "/tmp/mlgo-%u", (unsigned)getuid());
   struct stat st; /* the same privacy rule as mlgo.serve.client.runtime_dir */
   if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
       (st.st_mode & 077))
     return 0;
-  return snprintf(out, cap, "%s/mlgo.sock", dir) < (int)cap;
+  return snprintf(out, cap, "%s/mlgo.sock", dir) < (int)cap && owned(out);
 }
 
 static int read_line(int fd, char *buf, size_t cap, int timeout_ms) {
@@ -165,6 +182,86 @@ static int send_all(int fd, const char *s) {
   return 0;
 }
 
+/* MLGO_TIMEOUT in seconds, or -1 when it is not a plain positive number (Python says why). */
+static double timeout_s(void) {
+  const char *text = getenv("MLGO_TIMEOUT");
+  if (!text) return 900.0;
+  char *end;
+  double value = strtod(text, &end);
+  if (!*text || strspn(text, "0123456789.eE+-") != strlen(text) || *end || !isfinite(value) ||
+      value <= 0)
+    return -1;
+  return value;
+}
+
+/* Where the lease's plugins must come from: mlgo.ship.aot.cache_dir()/plugin, resolved. */
+static int plugin_cache(char *out) {
+  const char *root = getenv("MLGO_CACHE"), *xdg = getenv("XDG_CACHE_HOME");
+  const char *home = getenv("HOME");
+  char dir[PATH_MAX];
+  int n;
+  if (root && *root)
+    n = snprintf(dir, sizeof dir, "%s/plugin", root);
+  else if (xdg && *xdg)
+    n = snprintf(dir, sizeof dir, "%s/mlgo/plugin", xdg);
+  else if (home && *home)
+    n = snprintf(dir, sizeof dir, "%s/.cache/mlgo/plugin", home);
+  else
+    return 0;
+  return n < (int)sizeof dir && realpath(dir, out) != NULL;
+}
+
+/* Same rule as mlgo.serve.cc.check_lease_flags: the known switches, a channel option on a FIFO
+ * base directly in RUNTIME/channels, or a plugin inside the cache of built plugins. */
+static int lease_flags_ok(char **flags, int n, const char *runtime) {
+  static const char *switches[] = {"-enable-ml-inliner=release",
+                                   "-regalloc-enable-advisor=release", NULL};
+  static const char *channels[] = {"-inliner-interactive-channel-base=",
+                                   "-regalloc-evict-interactive-channel-base=", NULL};
+  char want[PATH_MAX], dir[PATH_MAX], got[PATH_MAX], plugins[PATH_MAX];
+  if (snprintf(dir, sizeof dir, "%s/channels", runtime) >= (int)sizeof dir || !realpath(dir, want))
+    return 0;
+  for (int i = 0; i < n; i++) {
+    if (strncmp(flags[i], "-fpass-plugin=", 14) == 0) {
+      size_t len;
+      if (!plugin_cache(plugins) || !realpath(flags[i] + 14, got)) return 0;
+      len = strlen(plugins);
+      if (strncmp(got, plugins, len) != 0 || got[len] != '/') return 0;
+      continue;
+    }
+    if (strcmp(flags[i], "-mllvm") != 0 || ++i == n) return 0;
+    int ok = 0;
+    for (const char **s = switches; *s; s++) ok |= strcmp(flags[i], *s) == 0;
+    for (const char **c = channels; *c && !ok; c++) {
+      size_t len = strlen(*c);
+      if (strncmp(flags[i], *c, len) != 0) continue;
+      const char *base = flags[i] + len, *slash = strrchr(base, '/');
+      if (!slash || !slash[1] || !strcmp(slash + 1, ".") || !strcmp(slash + 1, "..")) return 0;
+      snprintf(dir, sizeof dir, "%.*s", (int)(slash - base), base);
+      ok = slash > base && realpath(dir, got) && strcmp(got, want) == 0;
+    }
+    if (!ok) return 0;
+  }
+  return 1;
+}
+
+/* Does the service serve exactly the policies MLGO_POLICY names (resolved), if it names
+ * any? A mismatch is Python's to report. */
+static int policies_match(const char *line) {
+  const char *wanted = getenv("MLGO_POLICY");
+  if (!wanted || !*wanted) return 1;
+  char *served[MAX_FLAGS], *copy = strdup(wanted), *save = NULL, resolved[PATH_MAX];
+  int n_served = json_strings(line, "policies", served, MAX_FLAGS), n_wanted = 0;
+  if (n_served < 0) return 0;
+  for (char *p = strtok_r(copy, ":", &save); p; p = strtok_r(NULL, ":", &save), n_wanted++) {
+    int found = 0;
+    if (!realpath(p, resolved)) return 0;
+    for (int i = 0; i < n_served; i++) found |= strcmp(served[i], resolved) == 0;
+    if (!found) return 0;
+  }
+  return n_wanted == n_served;
+}
+
 int main(int argc, char **argv) {
   int cxx = ends_with(argv[0], "++");
   lang = cxx ? "c++" : "cc";
@@ -172,17 +269,30 @@ int main(int argc, char **argv) {
   if (!compiler) compiler = cxx ? "clang++-22" : "clang-22";
   if (getenv("MLGO_DISABLE") || !optimizes(argc, argv)) exec_compiler(argc, argv, NULL, 0);
 
+  double timeout = timeout_s();
+  if (timeout < 0) exec_python(argc, argv);
+  int timeout_ms = timeout * 1000 >= INT_MAX ? INT_MAX : (int)(timeout * 1000 + 0.999);
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
-  if (!socket_path(addr.sun_path, sizeof addr.sun_path)) exec_python(argc, argv);
+  char runtime[PATH_MAX];
+  if (!socket_path(addr.sun_path, sizeof addr.sun_path, runtime, sizeof runtime))
+    exec_python(argc, argv); /* no service or not ours: Python starts one or says why */
   int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (sock < 0 || connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0)
-    exec_python(argc, argv); /* no service: Python starts one, or falls back and says so */
+    exec_python(argc, argv);
+  struct ucred peer;
+  socklen_t peer_len = sizeof peer;
+  if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) != 0 ||
+      peer.uid != getuid()) {
+    close(sock); /* served by someone else: Python refuses it with the reason */
+    exec_python(argc, argv);
+  }
   char *line = malloc(LINE_MAX_BYTES);
   char *flags[MAX_FLAGS];
   int n_flags;
   if (send_all(sock, "{\"op\": \"compile\"}\n") ||
       read_line(sock, line, LINE_MAX_BYTES, 10000) < 0 ||
-      (n_flags = json_strings(line, "flags", flags, MAX_FLAGS)) < 0) {
+      (n_flags = json_strings(line, "flags", flags, MAX_FLAGS)) < 0 ||
+      !lease_flags_ok(flags, n_flags, runtime) || !policies_match(line)) {
     close(sock); /* ends the lease */
     exec_python(argc, argv);
   }
@@ -197,8 +307,6 @@ int main(int argc, char **argv) {
     dup2(err_fd, 2);
     exec_compiler(argc, argv, flags, n_flags);
   }
-  const char *timeout_env = getenv("MLGO_TIMEOUT");
-  int timeout_ms = (int)(1000 * (timeout_env ? atof(timeout_env) : 900.0));
   int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
   char *problem = NULL;
   int status = 0;
@@ -209,7 +317,7 @@ int main(int argc, char **argv) {
   } else {
     if (ready == 0) {
       problem = malloc(128);
-      snprintf(problem, 128, "no result within MLGO_TIMEOUT=%g s", timeout_ms / 1000.0);
+      snprintf(problem, 128, "no result within MLGO_TIMEOUT=%g s", timeout);
     } else if (read_line(sock, line, LINE_MAX_BYTES, 1000) < 0 ||
                !(problem = json_field(line, "message"))) {
       problem = strdup("the mlgo service went away during the compilation");
