@@ -16,6 +16,27 @@ from mlgo.llvm.toolchain import Toolchain, find_toolchain
 DATA = Path(__file__).parent / "data"
 MLGO = [sys.executable, "-m", "mlgo.cli"]
 
+# Fixtures that run the real toolchain: a test using any of them (directly or through
+# another fixture) is marked `toolchain`, so new tests get the mark without asking.
+TOOLCHAIN_FIXTURES = {"tc", "mini_corpus", "mini_corpus_o2"}
+# Whole files that belong to a tier: a Ray cluster, or Debian sources fetched and built.
+FILE_MARKS = {"test_ray.py": "ray", "test_debian_package.py": "slow"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks tests by what they use; a `unit` test that reaches for the toolchain is an
+    error at collection, so the fast tier stays free of clang."""
+    for item in items:
+        needs_toolchain = TOOLCHAIN_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if needs_toolchain:
+            if item.get_closest_marker("unit"):
+                raise pytest.UsageError(
+                    f"{item.nodeid}: marked unit but uses {', '.join(sorted(needs_toolchain))}"
+                )
+            item.add_marker(pytest.mark.toolchain)
+        if mark := FILE_MARKS.get(item.path.name):
+            item.add_marker(getattr(pytest.mark, mark))
+
 
 def run_mlgo(*args: str, timeout: float) -> subprocess.CompletedProcess:
     """The `mlgo` command as a user runs it, with its output captured."""

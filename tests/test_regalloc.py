@@ -31,6 +31,7 @@ def _observation(mask: np.ndarray, rng: np.random.Generator) -> Observation:
     return Observation(context="f", index=0, features=feats)
 
 
+@pytest.mark.unit
 def test_validate_rejects_out_of_range_and_masked_out_indices():
     mask = np.zeros(SLOTS, np.int64)
     mask[[3, 32]] = 1
@@ -60,6 +61,7 @@ def test_default_rule_replays_the_compilers_own_allocation(mini_corpus_o2, tc, t
         assert run.metrics["spill_reload_cost"] == metrics["spill_reload_cost"]
 
 
+@pytest.mark.unit
 def test_candidate_policy_scores_every_slot_and_answers_only_legal_ones(tmp_path):
     rng = np.random.default_rng(1)
     rows = rng.random((500, len(PROBLEM.feature_names)))
@@ -180,6 +182,7 @@ def test_saved_model_evicts_like_the_candidate_policy(ra_bc, tmp_path):
     assert np.array_equal(got, predict(policy, data.x[rows]))
 
 
+@pytest.mark.unit
 def test_regression_penalty_weighs_each_package_and_its_losses():
     from mlgo.train.es import penalized_reduction
 

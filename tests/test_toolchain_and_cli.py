@@ -15,6 +15,7 @@ def test_reference_toolchain_is_llvm_22_and_both_channels_work(tc):
     assert probe(tc, "regalloc-eviction") >= 0
 
 
+@pytest.mark.unit
 def test_too_old_clang_is_refused_with_the_fix(tmp_path):
     old = tmp_path / "clang"
     old.write_text('#!/bin/sh\necho "Debian clang version 19.1.7 (3+b1)"\n')
@@ -23,6 +24,7 @@ def test_too_old_clang_is_refused_with_the_fix(tmp_path):
         find_toolchain(str(old))
 
 
+@pytest.mark.unit
 def test_missing_clang_is_reported(tmp_path):
     with pytest.raises(ToolchainError, match="no clang found"):
         find_toolchain(str(tmp_path / "nothing-here"))

@@ -35,6 +35,7 @@ def bc_run(mini_corpus, tc, tmp_path_factory):
     return run, data, policy, acc
 
 
+@pytest.mark.unit
 def test_normalizer_is_monotone_and_bounded():
     x = np.arange(100, dtype=np.float64)[:, None]
     norm = Normalizer.fit(["f"], x, n=10)
@@ -99,6 +100,7 @@ def test_a_pool_limit_that_leaves_no_module_says_so(bc_run, mini_corpus, tmp_pat
     assert not (out / "policy").exists()
 
 
+@pytest.mark.slow
 def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tmp_path):
     bc_dir, _, bc_policy, _ = bc_run
     out = tmp_path / "es"
@@ -154,6 +156,7 @@ def test_eval_and_report(bc_run, mini_corpus, tc, tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["totals"]["modules"] == 3
 
 
+@pytest.mark.unit
 def test_a_policy_that_is_not_one_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="not a policy"):
         MLPPolicy.load(tmp_path)
