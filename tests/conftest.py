@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mlgo.corpus.extract import build_corpus, combine
 from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
+from mlgo.problems.policy import MLPPolicy
+from mlgo.train import RunDir
 
 DATA = Path(__file__).parent / "data"
 MLGO = [sys.executable, "-m", "mlgo.cli"]
@@ -80,3 +83,19 @@ def mini_corpus_o2(tc: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> C
 def copy_corpus(corpus: Corpus, dest: Path) -> Path:
     shutil.copytree(corpus.root, dest)
     return dest
+
+
+def assert_saved_best_is_best_evaluated(run: RunDir, init: MLPPolicy) -> dict[str, np.ndarray]:
+    """An ES or PPO run's saved policy is the best it evaluated on the pool (its start and
+    every logged pool evaluation), and is the start itself only if nothing beat it.
+    Returns the run's checkpoint arrays."""
+    state, arrays = run.load_state()
+    key = f"{state.algo}/pool_reward"
+    evaluated = [h[key] for h in state.history if key in h]
+    assert evaluated, f"the run logged no {key}"
+    assert state.extra["best_reward"] == max([state.extra["init_reward"], *evaluated])
+    saved = MLPPolicy.load(run.policy_dir).flat()
+    assert np.array_equal(saved, arrays["best"].astype(saved.dtype))
+    kept_start = state.extra["best_reward"] == state.extra["init_reward"]
+    assert np.array_equal(saved, init.flat()) == kept_start
+    return arrays
