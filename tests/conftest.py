@@ -22,8 +22,14 @@ MLGO = [sys.executable, "-m", "mlgo.cli"]
 # Fixtures that run the real toolchain: a test using any of them (directly or through
 # another fixture) is marked `toolchain`, so new tests get the mark without asking.
 TOOLCHAIN_FIXTURES = {"tc", "mini_corpus", "mini_corpus_o2"}
-# Whole files that belong to a tier: a Ray cluster, or Debian sources fetched and built.
-FILE_MARKS = {"test_ray.py": "ray", "test_debian_package.py": "slow"}
+# Whole files that belong to a tier: a Ray cluster, the policy service and its AOT server,
+# Debian sources fetched and built.
+FILE_MARKS = {
+    "test_ray.py": ("ray",),
+    "test_service.py": ("toolchain",),
+    "test_aot.py": ("toolchain",),
+    "test_debian_package.py": ("toolchain", "slow"),
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,7 +43,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     f"{item.nodeid}: marked unit but uses {', '.join(sorted(needs_toolchain))}"
                 )
             item.add_marker(pytest.mark.toolchain)
-        if mark := FILE_MARKS.get(item.path.name):
+        for mark in FILE_MARKS.get(item.path.name, ()):
             item.add_marker(getattr(pytest.mark, mark))
 
 
