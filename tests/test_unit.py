@@ -135,7 +135,7 @@ def test_inlining_trains_with_the_default_and_serves_without_it():
 
 def test_regalloc_declares_llvms_tensors_and_its_derived_inputs_name_real_features():
     assert REGALLOC.flags_for_serving("/b") == REGALLOC.channel_flags("/b")
-    specs = dict((name, (dtype, shape)) for name, dtype, shape in REGALLOC.input_specs)
+    specs = {name: (dtype, shape) for name, dtype, shape in REGALLOC.input_specs}
     assert list(specs) == list(REGALLOC.feature_names)
     assert specs["mask"] == ("int64", (1, 33)) and specs["progress"] == ("float32", (1,))
     assert specs["liverange_size"] == ("float32", (1, 33))
