@@ -145,5 +145,6 @@ Stack dump:
         ("", "(no stderr)"),
     ],
 )
+@pytest.mark.unit
 def test_a_compilers_failure_is_told_in_the_line_that_says_what_went_wrong(stderr, line):
     assert last_line(stderr) == line

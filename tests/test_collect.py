@@ -60,6 +60,7 @@ def test_regalloc_collection_records_costs(mini_corpus_o2, tc, tmp_path):
         assert {"spill_reload_cost", "text_size"} <= set(entry["metrics"])
 
 
+@pytest.mark.slow
 def test_killed_collection_resumes_with_nothing_torn(mini_corpus, tc, tmp_path):
     slow_clang = tmp_path / "slow-clang"
     slow_clang.write_text(f'#!/bin/sh\n[ "$1" = --version ] || sleep 1.5\nexec {tc.clang} "$@"\n')

@@ -79,6 +79,7 @@ def test_cmd_file_without_cc1_is_rejected(mini_corpus, tmp_path):
         load_corpus(root)
 
 
+@pytest.mark.unit
 def test_missing_corpus_is_reported(tmp_path):
     with pytest.raises(CorpusError, match="not found"):
         load_corpus(tmp_path)
