@@ -16,6 +16,7 @@ from mlgo.corpus.extract import BuildError
 from mlgo.corpus.format import CorpusError, load_corpus
 from mlgo.llvm.channel import ChannelError
 from mlgo.llvm.toolchain import ToolchainError, find_toolchain
+from mlgo.problems import Problem, get_problem, problems
 from mlgo.runtime.workers import WORKERS_HELP, make_workers
 from mlgo.serve.client import ServiceError
 from mlgo.ship.aot import AotError
@@ -56,13 +57,11 @@ USER_ERRORS = (
 )
 
 
-def _load_selected(corpus: Path, packages: str, problem: str):
+def _load_selected(corpus: Path, packages: str, problem: Problem):
     """The corpus at CORPUS, restricted to the comma-separated PACKAGES if any are named,
     recorded at the level PROBLEM compiles at."""
-    from mlgo.problems import get_problem
-
     selected = load_corpus(corpus).select([p for p in packages.split(",") if p])
-    return selected.require_opt_level(get_problem(problem).opt_level)
+    return selected.require_opt_level(problem.opt_level)
 
 
 def _kb(n: float) -> str:
@@ -73,17 +72,16 @@ def _kb(n: float) -> str:
 def doctor(clang: ClangOpt = None) -> None:
     """Find clang and its LLVM tools, and check both MLGO channels answer."""
     from mlgo.llvm.toolchain import probe
-    from mlgo.problems import get_problem, problem_names
 
     tc = find_toolchain(clang)
     table = Table("check", "result", title="mlgo toolchain")
     table.add_row("clang", tc.describe())
     for tool in ("llvm-objcopy", "llvm-size"):
         table.add_row(tool, tc.tool(tool))
-    for name in problem_names():
+    for problem in problems():
         table.add_row(
-            f"{name} channel",
-            f"ok ({probe(tc, name)} decisions on the probe): {get_problem(name).summary}",
+            f"{problem.name} channel",
+            f"ok ({probe(tc, problem)} decisions on the probe): {problem.summary}",
         )
     console.print(table)
 
@@ -202,10 +200,11 @@ def collect(
     """Compile every module with the default heuristic and record its decisions."""
     from mlgo.traces.collect import collect as run
 
+    spec = get_problem(problem)
     tc = find_toolchain(clang)
-    selected = _load_selected(corpus, packages, problem)
+    selected = _load_selected(corpus, packages, spec)
     with closing(make_workers(workers)) as pool:
-        manifest = run(problem, selected, out, tc, pool, timeout)
+        manifest = run(spec, selected, out, tc, pool, timeout)
     decisions = sum(m["decisions"] for m in manifest.modules.values())
     console.print(
         f"{out}: {len(manifest.modules)} modules, {decisions:,} decisions, "
@@ -253,7 +252,6 @@ def train(
     clang: ClangOpt = None,
 ) -> None:
     """Train a policy; prints its size change on the training corpus."""
-    from mlgo.problems import get_problem
     from mlgo.problems.policy import MLPPolicy
     from mlgo.traces.dataset import load_decisions
     from mlgo.train import RunDir
@@ -263,13 +261,13 @@ def train(
     tc = find_toolchain(clang)
     with closing(make_workers(workers)) as pool:
         run = RunDir(out, algo)
-        selected = _load_selected(corpus, packages, problem)
+        selected = _load_selected(corpus, packages, spec)
         if algo == "bc":
             from mlgo.train.bc import train_bc
 
-            _collect_for_bc(problem, run, selected, tc, pool)
+            _collect_for_bc(spec, run, selected, tc, pool)
             data = load_decisions(run.traces_dir, spec)
-            policy, acc = train_bc(data, problem, run, epochs=steps or 30, derived=derived)
+            policy, acc = train_bc(data, spec, run, epochs=steps or 30, derived=derived)
             console.print(
                 f"BC accuracy on {len(data.default):,} default decisions: {acc['accuracy']:.4f}"
                 + "".join(f", {k} {v:.3f}" for k, v in acc.items() if k != "accuracy")
@@ -290,8 +288,8 @@ def train(
                 init=str(init),
             )
             start = MLPPolicy.load(_policy_dir(init))
-            if start.problem != problem:
-                raise ValueError(f"--init {init} is a {start.problem} policy, not {problem}")
+            if start.problem is not spec:
+                raise ValueError(f"--init {init} is a {start.problem.name} policy, not {problem}")
             policy = train_es(selected, start, run, tc, pool, cfg)
         elif algo == "ppo":
             from mlgo.train.ppo import PPOConfig, train_ppo
@@ -305,12 +303,12 @@ def train(
                 init=str(init),
             )
             start = MLPPolicy.load(_policy_dir(init))
-            if start.problem != problem:
-                raise ValueError(f"--init {init} is a {start.problem} policy, not {problem}")
+            if start.problem is not spec:
+                raise ValueError(f"--init {init} is a {start.problem.name} policy, not {problem}")
             policy = train_ppo(selected, start, run, tc, pool, cfg)
         else:
             raise ValueError(f"unknown --algo {algo!r}: use bc, es or ppo")
-        ev = evaluate(policy, selected, tc, pool, problem)
+        ev = evaluate(policy, selected, tc, pool, spec)
     ev.save(out / "eval")
     t = ev.totals()
     console.print(
@@ -400,9 +398,9 @@ def export(
 
         console.print(f"wrote {aot_compile(saved, out / 'aot')} (model.h and objects)")
         console.print(f"native policy server: {native_server(saved)}")
-        from mlgo.ship.plugin import PLUGIN_PROBLEMS, inliner_plugin
+        from mlgo.ship.plugin import inliner_plugin
 
-        if loaded.problem in PLUGIN_PROBLEMS:
+        if loaded.problem.plugin:
             plugin = inliner_plugin(out, find_toolchain())
             console.print(f"clang plugin: {plugin} (clang-22 -fpass-plugin={plugin} ...)")
 

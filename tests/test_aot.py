@@ -37,7 +37,7 @@ def exported(recorded, tmp_path_factory):
     _, features = recorded
     names = PROBLEM.feature_names
     x = np.stack([features[f].reshape(-1) for f in names], 1).astype(np.float64)
-    policy = MLPPolicy.init(PROBLEM.name, Normalizer.fit(names, x), hidden=(16,), seed=3)
+    policy = MLPPolicy.init(PROBLEM, Normalizer.fit(names, x), hidden=(16,), seed=3)
     margin = np.diff(policy.logits(x), axis=1)[:, 0]
     policy.weights[-1][1] -= np.median(margin) + 1e-3  # centred: about half inline
     out = tmp_path_factory.mktemp("policy")

@@ -10,16 +10,20 @@ import numpy as np
 import pytest
 
 from mlgo.llvm.log_format import TensorSpec
+from mlgo.problems import get_problem
 from mlgo.runtime.workers import LocalPool
 from mlgo.traces.collect import collect
 from mlgo.traces.format import DEFAULT_DECISION, Manifest, read_module_trace
 from tests.conftest import MLGO, copy_corpus, run_mlgo
 
+INLINING = get_problem("inlining-size")
+REGALLOC = get_problem("regalloc-eviction")
+
 
 @pytest.fixture(scope="module")
 def traces(mini_corpus, tc, tmp_path_factory):
     out = tmp_path_factory.mktemp("traces")
-    collect("inlining-size", mini_corpus, out, tc, LocalPool(2))
+    collect(INLINING, mini_corpus, out, tc, LocalPool(2))
     return out
 
 
@@ -46,7 +50,7 @@ def test_corrupt_bitcode_skips_that_module_only(mini_corpus, tc, tmp_path):
     (root / "minipkg" / "hash.o.bc").write_bytes(b"BC\xc0\xde garbage")
     from mlgo.corpus.format import load_corpus
 
-    manifest = collect("inlining-size", load_corpus(root), tmp_path / "t", tc, LocalPool(2))
+    manifest = collect(INLINING, load_corpus(root), tmp_path / "t", tc, LocalPool(2))
     assert set(manifest.failed) == {"minipkg/hash.o"}
     msg = manifest.failed["minipkg/hash.o"]
     assert msg.startswith("minipkg/hash.o: compiler exited with 1") and "\n" not in msg
@@ -54,7 +58,7 @@ def test_corrupt_bitcode_skips_that_module_only(mini_corpus, tc, tmp_path):
 
 
 def test_regalloc_collection_records_costs(mini_corpus_o2, tc, tmp_path):
-    manifest = collect("regalloc-eviction", mini_corpus_o2, tmp_path / "ra", tc, LocalPool(2))
+    manifest = collect(REGALLOC, mini_corpus_o2, tmp_path / "ra", tc, LocalPool(2))
     assert not manifest.failed
     for entry in manifest.modules.values():
         assert {"spill_reload_cost", "text_size"} <= set(entry["metrics"])
@@ -134,4 +138,4 @@ def test_traces_of_another_problem_are_not_mixed(traces, mini_corpus, tc):
     from mlgo.traces.format import TraceError
 
     with pytest.raises(TraceError, match="holds inlining-size traces"):
-        collect("regalloc-eviction", mini_corpus, Path(traces), tc, LocalPool(1))
+        collect(REGALLOC, mini_corpus, Path(traces), tc, LocalPool(1))

@@ -19,6 +19,7 @@ import pytest
 
 from mlgo.corpus.format import load_corpus
 from mlgo.llvm.toolchain import find_toolchain
+from mlgo.problems import get_problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime import ray_workers
 from mlgo.runtime.workers import Failed, LocalPool, make_workers
@@ -29,6 +30,7 @@ from mlgo.train.es import ESConfig, train_es
 from tests.conftest import copy_corpus, run_mlgo
 
 POLICY = Path(__file__).parents[1] / "policies" / "inlining-size"
+INLINING = get_problem("inlining-size")
 
 
 def _free_port() -> int:
@@ -66,7 +68,7 @@ def cluster():
 def local_traces(mini_corpus, tc, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("local-traces")
     with LocalPool(2) as pool:
-        collect("inlining-size", mini_corpus, out, tc, pool)
+        collect(INLINING, mini_corpus, out, tc, pool)
     return out
 
 
@@ -189,7 +191,7 @@ def test_cli_collect_over_ray_client_gives_byte_identical_traces(
 
 
 def test_bitcode_reaches_workers_through_the_object_store(cluster, mini_corpus, tc):
-    tasks = [CollectTask("inlining-size", m, tc.clang) for m in mini_corpus.modules]
+    tasks = [CollectTask(INLINING, m, tc.clang) for m in mini_corpus.modules]
     with make_workers(cluster.address) as workers:
         seen = dict(workers.imap(_where_is_my_bitcode, tasks))
     for task, (path, data) in seen.items():
@@ -204,7 +206,7 @@ def test_worker_killed_mid_compile_is_retried_and_nothing_is_lost_or_doubled(
     cluster, mini_corpus, local_traces, tmp_path
 ):
     clang, log = _logging_clang(tmp_path, find_toolchain().clang, sleep=1.5)
-    tasks = [CollectTask("inlining-size", m, clang) for m in mini_corpus.modules]
+    tasks = [CollectTask(INLINING, m, clang) for m in mini_corpus.modules]
     killed: list[tuple[int, int]] = []
 
     def kill_first_worker() -> None:
@@ -242,7 +244,7 @@ def test_failing_module_is_reported_once_and_skipped(cluster, mini_corpus, tmp_p
     clang, log = _logging_clang(tmp_path, find_toolchain().clang)
     with make_workers(cluster.address) as workers:
         manifest = collect(
-            "inlining-size", load_corpus(root), tmp_path / "t", find_toolchain(clang), workers
+            INLINING, load_corpus(root), tmp_path / "t", find_toolchain(clang), workers
         )
     assert set(manifest.failed) == {"minipkg/hash.o"}
     assert manifest.failed["minipkg/hash.o"].startswith("minipkg/hash.o: compiler exited with 1")

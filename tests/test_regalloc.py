@@ -1,6 +1,7 @@
 """Register-allocation eviction against real clang-22: illegal advice never reaches the
 compiler, the per-candidate policy, and BC + ES on the small real corpus."""
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -11,15 +12,16 @@ from mlgo.corpus.format import Corpus
 from mlgo.llvm.log_format import Observation
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems import get_problem
-from mlgo.problems.policy import CandidatePolicy, MLPPolicy, Normalizer
+from mlgo.problems.policy import MLPPolicy, Normalizer
+from mlgo.problems.regalloc_eviction import CandidatePolicy
 from mlgo.runtime.workers import LocalPool
 from mlgo.traces.collect import collect
 from mlgo.traces.dataset import load_decisions
 from mlgo.train import RunDir
-from mlgo.train.bc import predict, train_bc
+from mlgo.train.bc import train_bc
 from mlgo.train.es import ESConfig, train_es
 from mlgo.train.evaluate import evaluate
-from tests.conftest import assert_saved_best_is_best_evaluated
+from tests.conftest import assert_saved_best_is_best_evaluated, run_mlgo
 
 PROBLEM = get_problem("regalloc-eviction")
 SLOTS = 33
@@ -66,7 +68,7 @@ def test_default_rule_replays_the_compilers_own_allocation(mini_corpus_o2, tc, t
 def test_candidate_policy_scores_every_slot_and_answers_only_legal_ones(tmp_path):
     rng = np.random.default_rng(1)
     rows = rng.random((500, len(PROBLEM.feature_names)))
-    policy = CandidatePolicy.init(PROBLEM.name, Normalizer.fit(PROBLEM.feature_names, rows))
+    policy = CandidatePolicy.init(PROBLEM, Normalizer.fit(PROBLEM.feature_names, rows))
     assert policy.weights[-1].shape == (1,)  # one shared scorer, one score per slot
     for _ in range(50):
         mask = (rng.random(SLOTS) < 0.2).astype(np.int64)
@@ -87,9 +89,9 @@ def test_candidate_policy_scores_every_slot_and_answers_only_legal_ones(tmp_path
 @pytest.fixture(scope="module")
 def ra_bc(mini_corpus_o2, tc, tmp_path_factory):
     run = RunDir(tmp_path_factory.mktemp("ra-bc"), "bc")
-    collect(PROBLEM.name, mini_corpus_o2, run.traces_dir, tc, LocalPool(2))
+    collect(PROBLEM, mini_corpus_o2, run.traces_dir, tc, LocalPool(2))
     data = load_decisions(run.traces_dir, PROBLEM)
-    policy, acc = train_bc(data, PROBLEM.name, run, epochs=30)
+    policy, acc = train_bc(data, PROBLEM, run, epochs=30)
     return run, data, policy, acc
 
 
@@ -99,10 +101,36 @@ def test_bc_learns_the_default_rule_per_candidate(ra_bc, mini_corpus_o2, tc):
     assert acc["accuracy"] >= 0.8
     loaded = MLPPolicy.load(run.policy_dir)
     assert isinstance(loaded, CandidatePolicy)
-    assert np.array_equal(predict(loaded, data.x), predict(policy, data.x))
-    ev = evaluate(loaded, mini_corpus_o2, tc, LocalPool(2), PROBLEM.name)
+    assert np.array_equal(loaded.predict(data.x), policy.predict(data.x))
+    ev = evaluate(loaded, mini_corpus_o2, tc, LocalPool(2), PROBLEM)
     assert not ev.failed and ev.metric == "spill_reload_cost"
     assert set(ev.modules) == {m.name for m in mini_corpus_o2.modules}
+
+
+def test_report_on_a_regalloc_evaluation_uses_its_reward_metric(ra_bc, mini_corpus_o2, tmp_path):
+    """`mlgo eval` then `mlgo report` on a regalloc policy: the report is in spill+reload
+    cost, the problem's reward metric, not in .text."""
+    run = ra_bc[0]
+    r = run_mlgo(
+        *("eval", "--policy", str(run.root), "--corpus", str(mini_corpus_o2.root)),
+        *("--out", str(tmp_path / "ev")),
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    r = run_mlgo(
+        *("report", str(tmp_path / "ev"), "--html", str(tmp_path / "r.html")),
+        *("--json", str(tmp_path / "r.json")),
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    totals = json.loads((tmp_path / "r.json").read_text())["totals"]
+    saved = json.loads((tmp_path / "ev" / "eval.json").read_text())["modules"].values()
+    assert totals["modules"] == 3
+    assert totals["default_spill_reload_cost"] == sum(m["default_spill_reload_cost"] for m in saved)
+    assert totals["default_spill_reload_cost"] > 0 and "default_text_size" not in totals
+    page = (tmp_path / "r.html").read_text()
+    assert "regalloc-eviction with" in page and "<th>default spill_reload_cost</th>" in page
+    assert page.count("data:image/png;base64,") == 2
 
 
 def test_a_module_the_default_cannot_compile_is_left_out_and_named(
@@ -115,7 +143,7 @@ def test_a_module_the_default_cannot_compile_is_left_out_and_named(
     )
     crashing.chmod(0o755)
     policy, crashing_tc = MLPPolicy.load(ra_bc[0].policy_dir), find_toolchain(str(crashing))
-    ev = evaluate(policy, mini_corpus_o2, crashing_tc, LocalPool(2), PROBLEM.name)
+    ev = evaluate(policy, mini_corpus_o2, crashing_tc, LocalPool(2), PROBLEM)
     assert set(ev.modules) == {"minipkg/main.o", "minipkg/strbuf.o"}
     assert list(ev.failed) == ["minipkg/hash.o"]
     assert ev.failed["minipkg/hash.o"].startswith(
@@ -124,7 +152,7 @@ def test_a_module_the_default_cannot_compile_is_left_out_and_named(
     only_hash = Corpus(mini_corpus_o2.root, mini_corpus_o2.modules[:1])
     assert only_hash.modules[0].name == "minipkg/hash.o"
     with pytest.raises(CompileError, match="baseline compile failed for all 1 modules"):
-        evaluate(policy, only_hash, crashing_tc, LocalPool(1), PROBLEM.name)
+        evaluate(policy, only_hash, crashing_tc, LocalPool(1), PROBLEM)
 
 
 def test_es_on_regalloc_trains_checkpoints_and_resumes(ra_bc, mini_corpus_o2, tc, tmp_path):
@@ -167,7 +195,7 @@ def test_ppo_on_regalloc_scores_slots_and_resumes(ra_bc, mini_corpus_o2, tc, tmp
     assert not np.allclose(moved.flat(), policy.flat())
     legal = data.x[:, :, PROBLEM.feature_names.index("mask")] > 0
     for answered in (trained, moved):
-        assert legal[np.arange(len(data.x)), predict(answered, data.x)].all()
+        assert legal[np.arange(len(data.x)), answered.predict(data.x)].all()
     train_ppo(
         mini_corpus_o2, policy, run, tc, LocalPool(2), PPOConfig(**{**cfg.__dict__, "steps": 3})
     )
@@ -182,7 +210,7 @@ def test_saved_model_evicts_like_the_candidate_policy(ra_bc, tmp_path):
     saved = export_saved_model(policy, tmp_path)
     rows = slice(0, 40)
     got = saved_model_decisions(saved, {f: data.x[rows, :, j] for j, f in enumerate(data.features)})
-    assert np.array_equal(got, predict(policy, data.x[rows]))
+    assert np.array_equal(got, policy.predict(data.x[rows]))
 
 
 @pytest.mark.unit

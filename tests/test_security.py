@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mlgo.problems import get_problem, problem_names
+from mlgo.problems import get_problem, problems
 from mlgo.serve.cc import check_lease_flags
 from mlgo.serve.client import ServiceError, request
 from mlgo.ship.aot import cache_dir
@@ -146,8 +146,9 @@ def test_every_problems_serving_flags_pass_the_lease_check(tmp_path, monkeypatch
     the runtime directory, and a plugin from the cache of built plugins."""
     monkeypatch.setenv("MLGO_CACHE", str(tmp_path / "cache"))
     (tmp_path / "channels").mkdir()
-    for name in problem_names():
-        flags = get_problem(name).flags_for_serving(str(tmp_path / "channels" / f"1-1-{name}"))
+    for problem in problems():
+        base = str(tmp_path / "channels" / f"1-1-{problem.name}")
+        flags = problem.flags_for_serving(base)
         check_lease_flags(flags, tmp_path)
     check_lease_flags([f"-fpass-plugin={cache_dir() / 'plugin' / 'k' / 'lib.so'}"], tmp_path)
 

@@ -15,8 +15,8 @@ from tests.conftest import run_mlgo
 def test_reference_toolchain_is_llvm_22_and_both_channels_work(tc):
     assert tc.major >= 22
     assert tc.tool("llvm-objcopy").endswith("llvm-objcopy")
-    assert probe(tc, "inlining-size") >= 1
-    assert probe(tc, "regalloc-eviction") >= 0
+    assert probe(tc, get_problem("inlining-size")) >= 1
+    assert probe(tc, get_problem("regalloc-eviction")) >= 0
 
 
 @pytest.mark.unit
@@ -43,7 +43,7 @@ def test_clang_without_ml_hooks_fails_the_probe(tc, tmp_path):
     )
     fake.chmod(0o755)
     with pytest.raises(ToolchainError, match="never opened the inlining-size channel"):
-        probe(find_toolchain(str(fake)), "inlining-size")
+        probe(find_toolchain(str(fake)), get_problem("inlining-size"))
 
 
 def test_in_process_llvmlite_path_answers_the_same_channel(mini_corpus):

@@ -30,9 +30,9 @@ PROBLEM = get_problem("inlining-size")
 @pytest.fixture(scope="module")
 def bc_run(mini_corpus, tc, tmp_path_factory):
     run = RunDir(tmp_path_factory.mktemp("bc"), "bc")
-    collect("inlining-size", mini_corpus, run.traces_dir, tc, LocalPool(2))
+    collect(PROBLEM, mini_corpus, run.traces_dir, tc, LocalPool(2))
     data = load_decisions(run.traces_dir, PROBLEM)
-    policy, acc = train_bc(data, "inlining-size", run, epochs=40)
+    policy, acc = train_bc(data, PROBLEM, run, epochs=40)
     return run, data, policy, acc
 
 
@@ -49,7 +49,7 @@ def test_bc_reproduces_the_default_and_saves_a_policy(bc_run, mini_corpus, tc):
     assert acc["accuracy"] >= 0.95
     loaded = MLPPolicy.load(run.policy_dir)
     assert np.array_equal(loaded.logits(data.x), policy.logits(data.x))
-    ev = evaluate(loaded, mini_corpus, tc, LocalPool(2))
+    ev = evaluate(loaded, mini_corpus, tc, LocalPool(2), PROBLEM)
     assert not ev.failed and abs(ev.totals()["delta"]) < 0.02
 
 
@@ -57,7 +57,7 @@ def test_bc_resumes_from_its_checkpoint(bc_run):
     run, data, _, _ = bc_run
     state, _ = run.load_state()
     assert state.step == 40 and len(state.history) == 40
-    policy, _ = train_bc(data, "inlining-size", run, epochs=42)
+    policy, _ = train_bc(data, PROBLEM, run, epochs=42)
     state, _ = run.load_state()
     assert state.step == 42 and [h["epoch"] for h in state.history] == list(range(1, 43))
 
@@ -201,9 +201,7 @@ def test_derived_inputs_reach_the_saved_model(bc_run, tmp_path):
     from mlgo.ship.export import export_saved_model, saved_model_decisions
 
     _, data, _, _ = bc_run
-    policy, acc = train_bc(
-        data, "inlining-size", RunDir(tmp_path / "bc", "bc"), epochs=20, derived=True
-    )
+    policy, acc = train_bc(data, PROBLEM, RunDir(tmp_path / "bc", "bc"), epochs=20, derived=True)
     assert [d.name for d in policy.normalizer.derived] == ["cost_margin", "default_rule"]
     assert acc["accuracy"] >= 0.95
     saved = export_saved_model(policy, tmp_path)

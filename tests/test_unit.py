@@ -23,7 +23,7 @@ from mlgo.llvm.log_format import (
     TensorSpec,
     stack_features,
 )
-from mlgo.problems import get_problem, problem_names
+from mlgo.problems import get_problem, problems
 from mlgo.problems.policy import Derived, Normalizer
 from mlgo.problems.regalloc_eviction import VIRT_REG, spill_costs
 from mlgo.train import Adam
@@ -116,7 +116,7 @@ def test_a_constant_feature_normalizes_to_a_step():
 
 
 def test_the_registry_knows_both_problems_and_names_them_when_asked_for_another():
-    assert problem_names() == ["inlining-size", "regalloc-eviction"]
+    assert [p.name for p in problems()] == ["inlining-size", "regalloc-eviction"]
     with pytest.raises(KeyError, match="known: inlining-size, regalloc-eviction"):
         get_problem("loop-unroll")
 
@@ -294,7 +294,7 @@ def test_adam_ascends_and_its_state_restores():
 
 
 def _evaluation(problem: str, metric: str) -> Evaluation:
-    ev = Evaluation(problem, "clang 22", "corpus")
+    ev = Evaluation(get_problem(problem), "clang 22", "corpus")
     ev.modules = {
         "zlib/a.o": {metric: 90.0, f"default_{metric}": 100.0},
         "zlib/b.o": {metric: 60.0, f"default_{metric}": 50.0},

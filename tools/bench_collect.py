@@ -36,7 +36,7 @@ from mlgo.runtime.workers import Failed, LocalPool
 from mlgo.traces.collect import collect
 
 console = Console()
-PROBLEM = "inlining-size"
+PROBLEM = get_problem("inlining-size")
 
 
 @dataclass(frozen=True)
@@ -47,16 +47,15 @@ class Task:
 
 
 def run_task(task: Task) -> dict:
-    problem = get_problem(PROBLEM)
     if task.mode == "plain":
         with tempfile.TemporaryDirectory() as d:
-            return compile_plain(problem, task.module, task.clang, Path(d) / "o.o")
+            return compile_plain(PROBLEM, task.module, task.clang, Path(d) / "o.o")
     if task.mode == "channel":
-        run = compile_module(problem, task.module, task.clang)
+        run = compile_module(PROBLEM, task.module, task.clang)
         return {"decisions": run.num_decisions, "seconds": run.seconds, **run.metrics}
     if task.mode == "native":
-        return compile_with_native_responder(problem, task.module, task.clang)
-    return {"match": replay_matches_default(problem, task.module, task.clang)}
+        return compile_with_native_responder(PROBLEM, task.module, task.clang)
+    return {"match": replay_matches_default(PROBLEM, task.module, task.clang)}
 
 
 RESPONDER = Path(tempfile.gettempdir()) / "mlgo-default-responder"
@@ -93,7 +92,7 @@ def run_pass(pool: LocalPool, modules, clang: str, mode: str) -> tuple[float, di
 
 def _echo_compiler(base: str, n: int, result_path: str) -> None:
     """Plays the compiler's side of the channel and times each observation -> advice."""
-    specs = tuple(TensorSpec(f, "int64_t", (1,)) for f in get_problem(PROBLEM).feature_names)
+    specs = tuple(TensorSpec(f, "int64_t", (1,)) for f in PROBLEM.feature_names)
     header = Header(
         specs + (TensorSpec("inlining_default", "int64_t", (1,)),),
         advice=TensorSpec("inlining_decision", "int64_t", (1,)),
@@ -128,7 +127,7 @@ def round_trip_us(n: int = 20000) -> tuple[float, float]:
             target=_echo_compiler, args=(base, n, res.name)
         )
         peer.start()
-        serve(base, get_problem(PROBLEM).default_advice, peer.is_alive, 30.0)
+        serve(base, PROBLEM.default_advice, peer.is_alive, 30.0)
         peer.join(60)
         times = np.array(json.loads(Path(res.name).read_text())[n // 10 :]) * 1e6
     return float(np.median(times)), float(np.percentile(times, 99))

@@ -35,7 +35,7 @@ console = Console()
 
 
 def corpus_figures(policy: MLPPolicy, corpus: Path) -> dict:
-    ev = evaluate(policy, load_corpus(corpus), find_toolchain(), LocalPool(2))
+    ev = evaluate(policy, load_corpus(corpus), find_toolchain(), LocalPool(2), policy.problem)
     packages = {name: row["delta"] * 100 for name, row in ev.per_package().items()}
     return {
         "total_delta_pct": ev.totals()["delta"] * 100,

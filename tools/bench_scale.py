@@ -48,7 +48,7 @@ from mlgo.traces.collect import CollectTask, collect
 from mlgo.traces.format import Manifest, trace_file, write_module_trace
 
 console = Console()
-PROBLEM = "inlining-size"
+PROBLEM = get_problem("inlining-size")
 NODE_CORES = (1, 1, 2, 4, 8, 16)
 SMALL_STORE = {"object_store_memory": 200 * 2**20, "include_dashboard": False}
 
@@ -157,7 +157,7 @@ def _simulated_pass(
     """Writes every trace, as `collect` does. Returns modules/s over the whole pass and
     the workers' busy fraction while there was work to hand out (from the start until
     the last task was submitted), which a heavy-tailed last task does not skew."""
-    advice = get_problem(PROBLEM).advice_name
+    advice = PROBLEM.advice_name
     runs: list[ModuleRun] = []
     last_submit = len(tasks) - 2 * n_workers  # imap's window: one submit per result after it
     start = until = time.time()

@@ -38,7 +38,7 @@ from mlgo.runtime.files import atomic_write_text  # noqa: E402
 from mlgo.runtime.workers import Failed, LocalPool, Workers  # noqa: E402
 from mlgo.train.evaluate import EvalTask, baseline, eval_one, evaluate  # noqa: E402
 
-PROBLEM = "inlining-size"
+PROBLEM = get_problem("inlining-size")
 console = Console()
 
 
@@ -49,7 +49,7 @@ class FlipPolicy:
     flips: frozenset[int]
 
     def __call__(self, obs: Observation) -> int:
-        default = get_problem(PROBLEM).default_advice(obs)
+        default = PROBLEM.default_advice(obs)
         return 1 - default if obs.index in self.flips else default
 
 

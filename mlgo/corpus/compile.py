@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,9 +41,12 @@ class ModuleRun:
         return len(self.advice)
 
 
-def _measure(problem: Problem, module: Module, obj: Path, workdir: Path) -> dict[str, float]:
+def measure_object(
+    measure: Callable[[Path, Path], dict[str, float]], module: Module, obj: Path, workdir: Path
+) -> dict[str, float]:
+    """MEASURE(obj, workdir), a failure as a CompileError naming the module."""
     try:
-        return problem.measure(obj, workdir)
+        return measure(obj, workdir)
     except (OSError, ValueError) as e:
         raise CompileError(f"{module.name}: cannot measure the object ({e})") from e
 
@@ -71,7 +75,9 @@ def compile_module(
         except ChannelError as e:
             raise CompileError(f"{module.name}: {e}") from e
         run = ModuleRun(
-            module.name, seconds=session.seconds, metrics=_measure(problem, module, obj, work)
+            module.name,
+            seconds=session.seconds,
+            metrics=measure_object(problem.measure, module, obj, work),
         )
     if session.header is None or not session.decisions:
         return run
@@ -87,25 +93,39 @@ def compile_module(
     return run
 
 
+def compile_object(
+    module: Module,
+    clang: str,
+    obj: Path,
+    opt_level: str,
+    flags: list[str] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> None:
+    """Compiles `module` at `opt_level` with clang's built-in heuristics, no channel."""
+    cmd = module.compile_command(clang, obj, opt_level, flags or [])
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired as e:
+        raise CompileError(f"{module.name}: compiler timed out after {timeout_s:g} s") from e
+    if proc.returncode != 0:
+        raise CompileError(
+            f"{module.name}: compiler exited with {proc.returncode}: {last_line(proc.stderr)}"
+        )
+
+
 def compile_plain(
     problem: Problem, module: Module, clang: str, obj: Path, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> dict[str, float]:
     """The baseline: the same compile with the compiler's built-in heuristic, no channel."""
     with tempfile.TemporaryDirectory(prefix="mlgo-p-") as d:
         work = Path(d)
-        cmd = module.compile_command(clang, obj, problem.opt_level, problem.measure_flags(work))
         start = time.monotonic()
-        try:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
-            )
-        except subprocess.TimeoutExpired as e:
-            raise CompileError(f"{module.name}: compiler timed out after {timeout_s:g} s") from e
-        if proc.returncode != 0:
-            raise CompileError(
-                f"{module.name}: compiler exited with {proc.returncode}: {last_line(proc.stderr)}"
-            )
-        metrics = _measure(problem, module, obj, work)
+        compile_object(
+            module, clang, obj, problem.opt_level, problem.measure_flags(work), timeout_s
+        )
+        metrics = measure_object(problem.measure, module, obj, work)
         metrics["seconds"] = time.monotonic() - start
         return metrics
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from mlgo.corpus.compile import compile_plain
+from mlgo.corpus.compile import compile_object, measure_object
 from mlgo.corpus.format import Corpus, Module
-from mlgo.problems import get_problem
+from mlgo.llvm.sizes import text_metrics
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Failed, Workers
 
@@ -47,14 +48,16 @@ class StatsTask:
 def module_stats(task: StatsTask) -> dict[str, float]:
     data = task.module.bitcode.read_bytes()
     with tempfile.TemporaryDirectory() as d:
-        # inlining-size measures .text; at the module's own level, whichever it is
-        sized = replace(get_problem("inlining-size"), opt_level=task.module.opt_level)
-        metrics = compile_plain(sized, task.module, task.clang, Path(d) / "out.o")
+        obj = Path(d) / "out.o"
+        start = time.monotonic()
+        compile_object(task.module, task.clang, obj, task.module.opt_level)
+        metrics = measure_object(text_metrics, task.module, obj, Path(d))
+        seconds = time.monotonic() - start
     return {
         "bitcode_bytes": len(data),
         "call_sites": count_call_sites(data),
         "text_size": int(metrics["text_size"]),
-        "seconds": round(metrics["seconds"], 3),
+        "seconds": round(seconds, 3),
     }
 
 

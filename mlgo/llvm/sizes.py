@@ -22,6 +22,12 @@ def text_size(path: str | Path) -> int:
         raise ValueError(f"{path}: not an ELF object ({e})") from e
 
 
+def text_metrics(obj: Path, _workdir: Path) -> dict[str, float]:
+    """An object's .text bytes as a measurement ({"text_size": bytes}): what inlining
+    rewards and `mlgo corpus stats` records."""
+    return {"text_size": float(text_size(obj))}
+
+
 @dataclass(frozen=True)
 class SizeRow:
     path: str

@@ -10,6 +10,10 @@ import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlgo.problems import Problem
 
 MIN_LLVM_MAJOR = 22
 SETUP_HINT = "run tools/setup.sh (installs Debian's clang-22 llvm-22 lld-22)"
@@ -87,15 +91,13 @@ int sum(const int *p, int n) { int s = 0; for (int i = 0; i < n; i++) s += sq(p[
 """
 
 
-def probe(tc: Toolchain, problem_name: str) -> int:
-    """Compiles a small C file through `problem_name`'s channel; returns the decision count.
+def probe(tc: Toolchain, problem: Problem) -> int:
+    """Compiles a small C file through `problem`'s channel; returns the decision count.
 
     Raises ToolchainError naming the fix if the compiler lacks that interactive mode.
     """
     from mlgo.llvm.channel import ChannelError, compile_interactive
-    from mlgo.problems import get_problem
 
-    problem = get_problem(problem_name)
     with tempfile.TemporaryDirectory(prefix="mlgo-probe-") as d:
         src = os.path.join(d, "probe.c")
         Path(src).write_text(_PROBE_SOURCE)
@@ -110,17 +112,17 @@ def probe(tc: Toolchain, problem_name: str) -> int:
             )
         except ChannelError as e:
             raise ToolchainError(
-                f"{tc.describe()} failed the {problem_name} channel probe: {e}; "
+                f"{tc.describe()} failed the {problem.name} channel probe: {e}; "
                 f"a clang with MLGO's interactive mode is needed "
                 f"({SETUP_HINT})"
             ) from e
     if result.header is None:
         raise ToolchainError(
-            f"{tc.describe()} never opened the {problem_name} channel; {SETUP_HINT}"
+            f"{tc.describe()} never opened the {problem.name} channel; {SETUP_HINT}"
         )
     missing = set(problem.feature_names) - {s.name for s in result.header.features}
     if missing:
         raise ToolchainError(
-            f"{tc.describe()} does not send {problem_name} features {sorted(missing)}"
+            f"{tc.describe()} does not send {problem.name} features {sorted(missing)}"
         )
     return len(result.decisions)

@@ -2,19 +2,29 @@
 
 A problem names the clang flags that open its channel, the features and advice LLVM uses,
 the compiler's default answer, how a compiled object is measured and how a measurement
-becomes a reward. Collection, training, export and serving only ever use this interface.
+becomes a reward, and the shape of the policy that decides it. Collection, training,
+export and serving only ever use this interface, and pass the `Problem` itself: a name
+becomes a `Problem` once, where it is read (a command-line option, policy.json, a trace
+manifest, an evaluation). A new problem is one module here and one line in `MODULES`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 
 import numpy as np
 
 from mlgo.llvm.log_format import Observation
-from mlgo.problems.policy import Derived
+from mlgo.problems.policy import Derived, MLPPolicy
+
+# The modules that declare a problem as their PROBLEM, one line each.
+MODULES = (
+    "mlgo.problems.inlining_size",
+    "mlgo.problems.regalloc_eviction",
+)
 
 
 @dataclass(frozen=True)
@@ -34,9 +44,9 @@ class Problem:
     measure: Callable[[Path, Path], dict[str, float]]  # (object, work dir) -> metrics
     reward_metric: str  # the metric a policy should lower, relative to the default
     derived: tuple[Derived, ...] = ()  # extra inputs computed from LLVM's features
-    # "mlp": one network over all features (a yes/no decision); "candidate": one network
-    # scores each slot of per-candidate features and the best legal slot wins.
-    policy_kind: str = "mlp"
+    # The network that decides: MLPPolicy, one network over all features (a yes/no
+    # decision), or a subclass of it with another shape (regalloc's per-candidate scorer).
+    policy_class: type[MLPPolicy] = MLPPolicy
     # LLVM's input tensors as (name, dtype, shape), for an exported model to take them as
     # the compiler sends them; empty: every feature is an int64 scalar (inlining).
     input_specs: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
@@ -44,15 +54,30 @@ class Problem:
     # the compiler's own decision costs it one more cost analysis per call site, and
     # only training looks at it.
     serving_flags: Callable[[str], list[str]] | None = None
+    # Whether clang's pass plugin (mlgo/ship/native) can run this problem's policy inside
+    # clang: it takes scalar int64 features and gives a yes/no advice.
+    plugin: bool = False
+    # Whether the reward metric is one `mlgo corpus stats` caches per module, under the
+    # same name, from the plain compile at the corpus's level: then a baseline reads it
+    # from there instead of compiling the corpus again.
+    reward_in_stats: bool = False
 
     def flags_for_serving(self, base: str) -> list[str]:
         return (self.serving_flags or self.channel_flags)(base)
 
+    @property
+    def slots(self) -> int:
+        """Candidates per decision: the largest input LLVM sends (1 for a scalar decision)."""
+        return max((int(np.prod(shape)) for _, _, shape in self.input_specs), default=1)
+
+    def __reduce__(self) -> tuple:
+        """Pickled by name (it holds functions): a worker gets its own registered copy."""
+        return get_problem, (self.name,)
+
 
 def _registry() -> dict[str, Problem]:
-    from mlgo.problems import inlining_size, regalloc_eviction
-
-    return {p.name: p for p in (inlining_size.PROBLEM, regalloc_eviction.PROBLEM)}
+    problems = (import_module(m).PROBLEM for m in MODULES)
+    return {p.name: p for p in problems}
 
 
 def get_problem(name: str) -> Problem:
@@ -62,5 +87,6 @@ def get_problem(name: str) -> Problem:
     return problems[name]
 
 
-def problem_names() -> list[str]:
-    return sorted(_registry())
+def problems() -> list[Problem]:
+    """Every registered problem, by name."""
+    return [p for _, p in sorted(_registry().items())]

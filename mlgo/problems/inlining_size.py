@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from mlgo.llvm.log_format import Observation
-from mlgo.llvm.sizes import text_size
+from mlgo.llvm.sizes import text_metrics
 from mlgo.problems import Problem
 from mlgo.problems.policy import Derived
 
@@ -79,10 +77,6 @@ def validate(obs: Observation, advice: np.ndarray) -> None:
         raise ValueError(f"inlining_decision must be 0 or 1, got {int(advice[0])}")
 
 
-def measure(obj: Path, _workdir: Path) -> dict[str, float]:
-    return {"text_size": float(text_size(obj))}
-
-
 PROBLEM = Problem(
     name="inlining-size",
     summary="inline or not at each call site, for the smallest .text (clang -Oz)",
@@ -95,8 +89,10 @@ PROBLEM = Problem(
     default_is_observed=True,
     validate=validate,
     measure_flags=lambda _workdir: [],
-    measure=measure,
+    measure=text_metrics,
     reward_metric="text_size",
+    reward_in_stats=True,
+    plugin=True,
     # The default heuristic inlines when the cost is under the threshold; with this the
     # network starts from the default and learns where to depart from it.
     derived=(

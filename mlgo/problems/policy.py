@@ -15,16 +15,23 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from mlgo.llvm.log_format import Observation
 from mlgo.runtime.files import atomic_path, atomic_write_text
 
+if TYPE_CHECKING:
+    from mlgo.problems import Problem
+    from mlgo.traces.dataset import Decisions
+
 QUANTILES = 256
 # A per-candidate column holding the live range's own value of a feature (the last slot's),
 # so that a derived input can compare each candidate with it: "self:use_def_density".
 SELF = "self:"
+# The logit of an answer a mask rules out: no sample reaches it, and no NaN either.
+MASKED = -1e9
 
 
 def with_own_columns(x: np.ndarray, names: Sequence[str], wanted: Sequence[str]) -> np.ndarray:
@@ -136,8 +143,10 @@ class Normalizer:
 class MLPPolicy:
     """logits = MLP(normalize(features)); action = argmax (or a sample, when exploring)."""
 
-    kind = "mlp"
-    problem: str
+    kind: ClassVar[str] = "mlp"  # policy.json's name for the shape
+    hidden: ClassVar[tuple[int, ...]] = (64, 32)  # the hidden layers of a fresh policy
+    mask_feature: ClassVar[str | None] = None  # the feature that rules answers out, if any
+    problem: Problem
     normalizer: Normalizer
     weights: list[np.ndarray] = field(default_factory=list)  # W0, b0, W1, b1, ...
     temperature: float = 0.0  # 0: greedy; > 0: sample from softmax(logits / T)
@@ -149,19 +158,46 @@ class MLPPolicy:
     @classmethod
     def init(
         cls,
-        problem: str,
+        problem: Problem,
         normalizer: Normalizer,
-        hidden: Sequence[int] = (64, 32),
+        hidden: Sequence[int] | None = None,
         actions: int = 2,
         seed: int = 0,
     ) -> MLPPolicy:
         rng = np.random.default_rng(seed)
-        sizes = [normalizer.width, *hidden, actions]
+        sizes = [normalizer.width, *(hidden or cls.hidden), actions]
         weights: list[np.ndarray] = []
         for a, b in zip(sizes[:-1], sizes[1:], strict=True):
             weights.append((rng.standard_normal((a, b)) * np.sqrt(2.0 / a)).astype(np.float32))
             weights.append(np.zeros(b, np.float32))
         return cls(problem, normalizer, weights)
+
+    @classmethod
+    def for_cloning(
+        cls, problem: Problem, data: Decisions, seed: int = 0, derived: bool = False
+    ) -> tuple[MLPPolicy, np.ndarray, np.ndarray, np.ndarray]:
+        """A fresh policy normalized on traced decisions, for behavioral cloning: the
+        policy, its network input rows (here one per decision), each decision's weight in
+        the loss and the logit offsets of its answers. Rare answers weigh as much in total
+        as common ones; the problem's derived inputs only with `derived`."""
+        normalizer = Normalizer.fit(data.features, data.x, problem.derived if derived else ())
+        policy = cls.init(problem, normalizer, seed=seed)
+        actions = policy.weights[-1].shape[0]
+        freq = np.bincount(data.default, minlength=actions) / len(data.default)
+        weight = (1 / actions / np.maximum(freq, 1e-6))[data.default].astype(np.float32)
+        x = normalizer.transform(data.x)
+        return policy, x, weight, np.zeros((len(x), actions), np.float32)
+
+    def describe(self) -> str:
+        """The network's shape in a sentence, for the model card."""
+        layers = " -> ".join(str(w.shape[0]) for w in self.weights[::2])
+        layers += f" -> {self.weights[-1].shape[0]}"
+        return f"An MLP ({layers}) over LLVM's {len(self.normalizer.features)} features. "
+
+    @property
+    def classes(self) -> range:
+        """The answers that are classes of their own (each gets a recall in BC's metrics)."""
+        return range(self.weights[-1].shape[0])
 
     # -- evaluation -------------------------------------------------------------------
     def logits(self, raw: np.ndarray) -> np.ndarray:
@@ -186,6 +222,27 @@ class MLPPolicy:
         p = np.exp(z - z.max())
         return int(self._rng.choice(len(p), p=p / p.sum()))
 
+    def predict(self, raw: np.ndarray) -> np.ndarray:
+        """Greedy answers for traced decisions (`Decisions.x`: LLVM's features as rows)."""
+        return np.argmax(self.logits(raw), 1)
+
+    def decision_rows(self, features: dict[str, np.ndarray], n: int) -> np.ndarray:
+        """A compile's N decisions (LLVM's features, each [n, ...]) as the policy's raw
+        input rows: [n, features]."""
+        names = self.normalizer.features
+        if n == 0:
+            return np.zeros((0, len(names)))
+        return np.stack([features[f].reshape(n, -1)[:, 0] for f in names], 1)
+
+    @property
+    def observation_shape(self) -> tuple[int, ...]:
+        """The shape of one decision's network input in `observations`."""
+        return (self.normalizer.width,)
+
+    def observations(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Raw rows (`decision_rows`) as network inputs, and the policy's logits on them."""
+        return self.normalizer.transform(x), self.logits(x)
+
     # -- parameters as one vector (evolution strategies) -------------------------------
     def flat(self) -> np.ndarray:
         return np.concatenate([w.reshape(-1) for w in self.weights]).astype(np.float32)
@@ -208,7 +265,7 @@ class MLPPolicy:
             directory / "policy.json",
             json.dumps(
                 {
-                    "problem": self.problem,
+                    "problem": self.problem.name,
                     "kind": self.kind,
                     "layers": [list(w.shape) for w in self.weights[::2]],
                 },
@@ -218,65 +275,18 @@ class MLPPolicy:
 
     @classmethod
     def load(cls, directory: Path) -> MLPPolicy:
-        """Either kind of policy, as policy.json says."""
+        """The policy of the problem policy.json names, in that problem's policy class."""
+        from mlgo.problems import get_problem
+
         try:
             meta = json.loads((directory / "policy.json").read_text())
             norm = Normalizer.from_json(json.loads((directory / "normalization.json").read_text()))
             with np.load(directory / "policy.npz") as z:
                 weights = [z[f"arr_{i}"] for i in range(len(z.files))]
-            kind = _KINDS[meta.get("kind", "mlp")]
+            problem = get_problem(meta["problem"])
+            kind = problem.policy_class
+            if meta.get("kind", "mlp") != kind.kind:
+                raise ValueError(f"a {meta.get('kind', 'mlp')} policy for {problem.name}")
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"{directory}: not a policy ({e})") from e
-        return kind(meta["problem"], norm, weights)
-
-
-@dataclass
-class CandidatePolicy(MLPPolicy):
-    """One MLP scores every candidate slot from that slot's features (plus the decision's
-    scalar features, e.g. `progress`, repeated for each slot); the answer is the best slot
-    the `mask` feature allows. This is the shape of MLGO's regalloc eviction model: the
-    weights are shared across slots, so the network is small and sees no slot numbers.
-    """
-
-    kind = "candidate"
-    mask_feature = "mask"
-
-    @classmethod
-    def init(
-        cls,
-        problem: str,
-        normalizer: Normalizer,
-        hidden: Sequence[int] = (32, 16),
-        actions: int = 1,
-        seed: int = 0,
-    ) -> CandidatePolicy:
-        return super().init(problem, normalizer, hidden, 1, seed)  # type: ignore[return-value]
-
-    def raw_features(self, obs: Observation) -> np.ndarray:
-        """[slots, features]: per-slot features as sent, scalar ones broadcast to each slot,
-        SELF columns the live range's own value."""
-        slots = obs.features[self.mask_feature].size
-        llvm = [f for f in self.normalizer.features if not f.startswith(SELF)]
-        sent = np.stack(
-            [np.broadcast_to(obs.features[f].reshape(-1), (slots,)) for f in llvm], 1
-        ).astype(np.float64)
-        return with_own_columns(sent[None], llvm, self.normalizer.features)[0]
-
-    def scores(self, raw: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """raw [decisions, slots, features], mask [decisions, slots] -> masked scores."""
-        n, slots, width = raw.shape
-        s = self.logits(raw.reshape(n * slots, width)).reshape(n, slots)
-        return np.where(mask.astype(bool), s, -np.inf)
-
-    def __call__(self, obs: Observation) -> int:
-        raw = self.raw_features(obs)
-        mask = obs.features[self.mask_feature].reshape(1, -1)
-        s = self.scores(raw[None], mask)[0]
-        if self.temperature <= 0:
-            return int(np.argmax(s))
-        z = s / self.temperature
-        p = np.exp(z - z.max())
-        return int(self._rng.choice(len(p), p=p / p.sum()))
-
-
-_KINDS: dict[str, type[MLPPolicy]] = {"mlp": MLPPolicy, "candidate": CandidatePolicy}
+        return kind(problem, norm, weights)

@@ -11,14 +11,20 @@ comes from a compile with the default advisor.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mlgo.llvm.log_format import Observation
 from mlgo.llvm.sizes import text_size
 from mlgo.problems import Problem
-from mlgo.problems.policy import SELF, Derived
+from mlgo.problems.policy import MASKED, SELF, Derived, MLPPolicy, Normalizer, with_own_columns
+
+if TYPE_CHECKING:
+    from mlgo.traces.dataset import Decisions
 
 # MLRegallocEvictAdvisor.cpp's per-candidate features, each [1, 33], then `progress` [1].
 FEATURES = (
@@ -163,6 +169,117 @@ def measure(obj: Path, workdir: Path) -> dict[str, float]:
     }
 
 
+@dataclass
+class CandidatePolicy(MLPPolicy):
+    """One MLP scores every candidate slot from that slot's features (plus the decision's
+    scalar features, e.g. `progress`, repeated for each slot); the answer is the best slot
+    the `mask` feature allows. This is the shape of MLGO's regalloc eviction model: the
+    weights are shared across slots, so the network is small and sees no slot numbers.
+    """
+
+    kind = "candidate"
+    hidden = (32, 16)
+    mask_feature = "mask"
+
+    @classmethod
+    def init(
+        cls,
+        problem: Problem,
+        normalizer: Normalizer,
+        hidden: Sequence[int] | None = None,
+        actions: int = 1,
+        seed: int = 0,
+    ) -> CandidatePolicy:
+        return super().init(problem, normalizer, hidden, 1, seed)  # type: ignore[return-value]
+
+    @classmethod
+    def for_cloning(
+        cls, problem: Problem, data: Decisions, seed: int = 0, derived: bool = False
+    ) -> tuple[MLPPolicy, np.ndarray, np.ndarray, np.ndarray]:
+        """Normalized on the legal slots (illegal ones are all zeros), one input row per
+        slot, illegal slots' logits offset by MASKED. The problem's derived inputs
+        (comparisons with the live range's own slot) are always on: the default rule is
+        such a comparison, and one scorer per slot cannot see other slots."""
+        own = sorted({c for d in problem.derived for c in (d.left, d.right) if c.startswith(SELF)})
+        names = (*data.features, *own)
+        full = with_own_columns(data.x, data.features, names)
+        n, slots, width = full.shape
+        mask = data.x[:, :, data.features.index(cls.mask_feature)] > 0
+        normalizer = Normalizer.fit(names, full[mask], problem.derived)
+        policy = cls.init(problem, normalizer, seed=seed)
+        x = normalizer.transform(full.reshape(n * slots, width))
+        weight = np.ones(n, np.float32)
+        return policy, x, weight, np.where(mask, 0.0, MASKED).astype(np.float32)
+
+    def describe(self) -> str:
+        layers = " -> ".join(str(w.shape[0]) for w in self.weights[::2])
+        layers += f" -> {self.weights[-1].shape[0]}"
+        return (
+            f"One MLP ({layers}) shared by all candidate slots scores each slot from its "
+            f"{len(self.normalizer.features)} features; the best slot the mask allows wins. "
+        )
+
+    @property
+    def classes(self) -> range:
+        return range(0)  # a slot number is no class: slots are scored alike
+
+    def raw_features(self, obs: Observation) -> np.ndarray:
+        """[slots, features]: per-slot features as sent, scalar ones broadcast to each slot,
+        SELF columns the live range's own value."""
+        slots = obs.features[self.mask_feature].size
+        llvm = [f for f in self.normalizer.features if not f.startswith(SELF)]
+        sent = np.stack(
+            [np.broadcast_to(obs.features[f].reshape(-1), (slots,)) for f in llvm], 1
+        ).astype(np.float64)
+        return with_own_columns(sent[None], llvm, self.normalizer.features)[0]
+
+    def scores(self, raw: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """raw [decisions, slots, features], mask [decisions, slots] -> masked scores."""
+        n, slots, width = raw.shape
+        s = self.logits(raw.reshape(n * slots, width)).reshape(n, slots)
+        return np.where(mask.astype(bool), s, -np.inf)
+
+    def __call__(self, obs: Observation) -> int:
+        raw = self.raw_features(obs)
+        mask = obs.features[self.mask_feature].reshape(1, -1)
+        s = self.scores(raw[None], mask)[0]
+        if self.temperature <= 0:
+            return int(np.argmax(s))
+        z = s / self.temperature
+        p = np.exp(z - z.max())
+        return int(self._rng.choice(len(p), p=p / p.sum()))
+
+    def predict(self, raw: np.ndarray) -> np.ndarray:
+        """raw: [decisions, slots, LLVM's features]; the SELF columns are added here."""
+        llvm = [f for f in self.normalizer.features if not f.startswith(SELF)]
+        full = with_own_columns(raw, llvm, self.normalizer.features)
+        mask = raw[:, :, llvm.index(self.mask_feature)]
+        return np.argmax(self.scores(full, mask), 1)
+
+    def decision_rows(self, features: dict[str, np.ndarray], n: int) -> np.ndarray:
+        """[n, slots, features]: scalar features repeated on every slot, SELF columns the
+        live range's own values."""
+        names = self.normalizer.features
+        if n == 0:
+            return np.zeros((0, len(names)))
+        llvm = [f for f in names if not f.startswith(SELF)]
+        slots = features[self.mask_feature].reshape(n, -1).shape[1]
+        sent = np.stack([np.broadcast_to(features[f].reshape(n, -1), (n, slots)) for f in llvm], 2)
+        return with_own_columns(sent.astype(np.float64), llvm, names)
+
+    @property
+    def observation_shape(self) -> tuple[int, ...]:
+        return (self.problem.slots, self.normalizer.width + 1)
+
+    def observations(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One normalized row per slot with the mask as a last column; masked scores."""
+        n, slots, width = x.shape
+        mask = x[:, :, self.normalizer.features.index(self.mask_feature)]
+        h = self.normalizer.transform(x.reshape(n * slots, width)).reshape(n, slots, -1)
+        obs = np.concatenate([h, (mask > 0)[..., None]], axis=2)
+        return obs, np.maximum(self.scores(x, mask), MASKED)
+
+
 PROBLEM = Problem(
     name="regalloc-eviction",
     summary="which live range to evict, for the lowest weighted spill+reload cost (clang -O2)",
@@ -183,7 +300,7 @@ PROBLEM = Problem(
     ],
     measure=measure,
     reward_metric="spill_reload_cost",
-    policy_kind="candidate",
+    policy_class=CandidatePolicy,
     input_specs=INPUT_SPECS,
     # The default evicts only interference lighter than the live range itself.
     derived=(

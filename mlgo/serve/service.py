@@ -316,9 +316,7 @@ class Service:
             raise ValueError(f"{directory}: not a policy directory ({e})") from e
         problem = get_problem(meta["problem"])
         if backend in ("auto", "plugin"):
-            from mlgo.ship.plugin import PLUGIN_PROBLEMS
-
-            if problem.name in PLUGIN_PROBLEMS:
+            if problem.plugin:
                 return ServedPolicy(problem, directory.resolve(), PluginBackend(directory))
             if backend == "plugin":
                 raise ValueError(f"{directory}: {problem.name} has no plugin; use --backend native")

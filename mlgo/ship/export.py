@@ -17,8 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlgo.problems import get_problem
-from mlgo.problems.policy import SELF, CandidatePolicy, MLPPolicy
+from mlgo.problems.policy import SELF, MLPPolicy
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.tfutil import import_tf
 
@@ -95,7 +94,7 @@ def quantile_fractions(columns: list, constant: list[bool], quantiles: list[np.n
 def build_module(policy: MLPPolicy):
     """A tf.Module whose `action` function reproduces `policy` (greedy) in TF ops."""
     tf = import_tf()
-    problem = get_problem(policy.problem)
+    problem = policy.problem
     features = policy.normalizer.features
     weights = [tf.constant(w, tf.float32) for w in policy.weights]
     declared = {n: (t, shape) for n, t, shape in problem.input_specs}
@@ -108,7 +107,7 @@ def build_module(policy: MLPPolicy):
     ]
     specs += [tf.TensorSpec((), tf.float32, name=n) for n in ("discount", "reward")]
     specs.append(tf.TensorSpec((), tf.int32, name="step_type"))
-    slots = max((int(np.prod(shape)) for _, _, shape in problem.input_specs), default=1)
+    slots = problem.slots
     scalars = {f for f in llvm if f not in declared or np.prod(declared[f][1]) == 1}
 
     def action(*inputs):
@@ -132,7 +131,7 @@ def build_module(policy: MLPPolicy):
             h = tf.matmul(h, weights[i]) + weights[i + 1]
             if i + 2 < len(weights):
                 h = tf.nn.relu(h)
-        if isinstance(policy, CandidatePolicy):  # one score per slot, illegal ones out
+        if policy.mask_feature:  # one score per slot, illegal ones out
             legal = by_name[policy.mask_feature] > 0
             h = tf.reshape(tf.where(legal, tf.reshape(h, [-1]), -np.inf), [1, slots])
         return {problem.advice_name: tf.reshape(tf.argmax(h, axis=1, output_type=tf.int64), [1])}
@@ -150,7 +149,7 @@ def export_saved_model(policy: MLPPolicy, out: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     module = build_module(policy)
     tf.saved_model.save(module, str(staging), signatures={SIGNATURE: module.action})
-    advice = get_problem(policy.problem).advice_name
+    advice = policy.problem.advice_name
     atomic_write_text(staging / "output_spec.json", json.dumps(_output_spec(advice), indent=2))
     if target.exists():
         shutil.rmtree(target)

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 from mlgo.corpus.format import CorpusError, load_corpus
-from mlgo.problems import get_problem
-from mlgo.problems.policy import CandidatePolicy, MLPPolicy
+from mlgo.problems.policy import MLPPolicy
 from mlgo.train.evaluate import Evaluation
 
 
@@ -46,14 +45,14 @@ def _reproduce(
     flags = "".join(
         f" --{k.replace('_', '-')} {config[k]}" for k in options.get(algo, ()) if config.get(k)
     )
-    problem_flag = "" if policy.problem == "inlining-size" else f" --problem {policy.problem}"
+    problem_flag = f" --problem {policy.problem.name}"
     profile_flag = " --profile" if train and _profiled(train.corpus) else ""
     lines = [
         "",
         "## Reproduce",
         "",
         "```sh",
-        f"mlgo corpus build {packages} --opt-level {get_problem(policy.problem).opt_level}"
+        f"mlgo corpus build {packages} --opt-level {policy.problem.opt_level}"
         f"{profile_flag} --out data/corpus",
     ]
     start = config.get("init") or "runs/bc"
@@ -71,21 +70,13 @@ def _reproduce(
 
 def model_card(policy: MLPPolicy, run: Path) -> str:
     state = json.loads((run / "state.json").read_text()) if (run / "state.json").exists() else {}
-    problem = get_problem(policy.problem)
-    layers = " -> ".join(str(w.shape[0]) for w in policy.weights[::2])
-    layers += f" -> {policy.weights[-1].shape[0]}"
-    shape = (
-        f"One MLP ({layers}) shared by all candidate slots scores each slot from its "
-        f"{len(policy.normalizer.features)} features; the best slot the mask allows wins. "
-        if isinstance(policy, CandidatePolicy)
-        else f"An MLP ({layers}) over LLVM's {len(policy.normalizer.features)} features. "
-    )
+    problem = policy.problem
     lines = [
-        f"# {policy.problem} policy",
+        f"# {problem.name} policy",
         "",
         f"Decides {problem.summary}.",
         "",
-        shape + "Each feature is mapped to its quantile among the training decisions "
+        policy.describe() + "Each feature is mapped to its quantile among the training decisions "
         "(q, sqrt q, q^2).",
         "",
         "## Training",

@@ -18,11 +18,10 @@ import subprocess
 from pathlib import Path
 
 from mlgo.llvm.toolchain import Toolchain, ToolchainError
-from mlgo.problems.policy import CandidatePolicy, MLPPolicy
+from mlgo.problems.policy import MLPPolicy
 from mlgo.ship.aot import AotError, _first_error, cached_build
 
 PLUGIN_SOURCE = Path(__file__).parent / "native" / "inline_plugin.cc"
-PLUGIN_PROBLEMS = ("inlining-size",)  # scalar int64 features and a yes/no advice
 FLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared", "-fno-rtti", "-fno-exceptions"]
 FLAGS += ["-fvisibility=hidden", "-D_GLIBCXX_USE_CXX11_ABI=1", "-Wl,--no-undefined"]
 
@@ -42,7 +41,7 @@ def policy_header(policy: MLPPolicy) -> str:
     layer_in = [w.shape[0] for w in policy.weights[::2]]
     layer_out = [w.shape[1] for w in policy.weights[::2]]
     weights = [float(x).hex() + "f" for w in policy.weights for x in w.reshape(-1)]
-    out = f"// The policy's constants, written by mlgo; problem {policy.problem}.\n"
+    out = f"// The policy's constants, written by mlgo; problem {policy.problem.name}.\n"
     out += f"constexpr int kFeatures = {len(norm.features)};\n"
     out += f"constexpr int kDerived = {len(norm.derived)};\n"
     out += f"constexpr int kLayers = {len(layer_in)};\n"
@@ -83,8 +82,8 @@ def _llvm_config(tc: Toolchain) -> tuple[list[str], str, str]:
 def inliner_plugin(policy_dir: Path, tc: Toolchain) -> Path:
     """clang's `-fpass-plugin` for the policy in POLICY_DIR, built on first use and cached."""
     policy = MLPPolicy.load(policy_dir)
-    if policy.problem not in PLUGIN_PROBLEMS or isinstance(policy, CandidatePolicy):
-        raise AotError(f"{policy_dir}: a {policy.problem} policy cannot be a clang plugin")
+    if not policy.problem.plugin:
+        raise AotError(f"{policy_dir}: a {policy.problem.name} policy cannot be a clang plugin")
     if policy.weights[-1].shape != (2,):  # argmax over (no, yes) is LLVM's 0/1 advice
         raise AotError(f"{policy_dir}: the network must end in 2 outputs (no, yes)")
     header = policy_header(policy)

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemaining
 from mlgo.corpus.compile import DEFAULT_TIMEOUT_S, ModuleRun, compile_module
 from mlgo.corpus.format import Corpus, Module
 from mlgo.llvm.toolchain import Toolchain, probe
-from mlgo.problems import get_problem
+from mlgo.problems import Problem
 from mlgo.runtime.workers import Failed, Workers
 from mlgo.traces.format import Manifest, TraceError, trace_file, write_module_trace
 
@@ -23,23 +23,21 @@ console = Console(stderr=True, soft_wrap=True)
 
 @dataclass(frozen=True)
 class CollectTask:
-    problem: str
+    problem: Problem
     module: Module
     clang: str
     timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 def collect_one(task: CollectTask) -> ModuleRun:
-    return compile_module(
-        get_problem(task.problem), task.module, task.clang, timeout_s=task.timeout_s
-    )
+    return compile_module(task.problem, task.module, task.clang, timeout_s=task.timeout_s)
 
 
-def _open_manifest(out: Path, problem: str, tc: Toolchain, corpus: Corpus) -> Manifest:
+def _open_manifest(out: Path, problem: Problem, tc: Toolchain, corpus: Corpus) -> Manifest:
     if (out / "manifest.json").exists():
         manifest = Manifest.load(out)
-        if manifest.problem != problem:
-            raise TraceError(f"{out} holds {manifest.problem} traces; choose another --out")
+        if manifest.problem is not problem:
+            raise TraceError(f"{out} holds {manifest.problem.name} traces; choose another --out")
         if manifest.toolchain != tc.describe():
             console.print(
                 f"[yellow]{out}: collected with {manifest.toolchain}; "
@@ -51,24 +49,23 @@ def _open_manifest(out: Path, problem: str, tc: Toolchain, corpus: Corpus) -> Ma
 
 
 def collect(
-    problem_name: str,
+    problem: Problem,
     corpus: Corpus,
     out: Path,
     tc: Toolchain,
     workers: Workers,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> Manifest:
-    problem = get_problem(problem_name)
-    probe(tc, problem_name)
+    probe(tc, problem)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.rglob(".*.tmp"):  # left by a collection that was killed mid-write
         stale.unlink()
-    manifest = _open_manifest(out, problem_name, tc, corpus)
+    manifest = _open_manifest(out, problem, tc, corpus)
     done = {n for n, e in manifest.modules.items() if (out / e["file"]).is_file()}
     todo = [m for m in corpus.modules if m.name not in done]
     if done:
         console.print(f"resuming: {len(done)} modules already collected, {len(todo)} to go")
-    tasks = [CollectTask(problem_name, m, tc.clang, timeout_s) for m in todo]
+    tasks = [CollectTask(problem, m, tc.clang, timeout_s) for m in todo]
     last_save = time.monotonic()
     with Progress(
         "[progress.description]{task.description}",
@@ -78,7 +75,7 @@ def collect(
         console=console,
         transient=False,
     ) as bar:
-        job = bar.add_task(f"collect {problem_name}", total=len(tasks))
+        job = bar.add_task(f"collect {problem.name}", total=len(tasks))
         for task, result in workers.imap(collect_one, tasks):
             name = task.module.name
             if isinstance(result, Failed):

@@ -26,8 +26,8 @@ class Decisions:
 def load_decisions(traces: Path, problem: Problem, packages: set[str] | None = None) -> Decisions:
     """All decisions of the traced modules (of `packages`, if given), in module order."""
     manifest = Manifest.load(traces)
-    if manifest.problem != problem.name:
-        raise TraceError(f"{traces} holds {manifest.problem} traces, not {problem.name}")
+    if manifest.problem is not problem:
+        raise TraceError(f"{traces} holds {manifest.problem.name} traces, not {problem.name}")
     specs = [TensorSpec.from_json(s) for s in manifest.specs]
     present = {s.name for s in specs}
     slots = max((s.num_elements for s in specs if s.name in problem.feature_names), default=1)

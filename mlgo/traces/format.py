@@ -25,7 +25,7 @@ import numpy as np
 
 from mlgo.corpus.compile import ModuleRun
 from mlgo.llvm.log_format import TensorSpec
-from mlgo.problems import get_problem
+from mlgo.problems import Problem, get_problem
 from mlgo.runtime.files import atomic_path, atomic_write_text
 from mlgo.runtime.tfutil import import_tf
 
@@ -40,7 +40,7 @@ class TraceError(ValueError):
 
 @dataclass
 class Manifest:
-    problem: str
+    problem: Problem
     toolchain: str
     corpus: str
     specs: list[dict] = field(default_factory=list)
@@ -51,10 +51,10 @@ class Manifest:
         return {
             "format": FORMAT,
             "version": VERSION,
-            "problem": self.problem,
+            "problem": self.problem.name,
             # Whether `default_decision` is the compiler's own choice or the problem's
             # documented baseline rule (regalloc: LLVM does not send its default).
-            "default_is_observed": get_problem(self.problem).default_is_observed,
+            "default_is_observed": self.problem.default_is_observed,
             "toolchain": self.toolchain,
             "corpus": self.corpus,
             "features": self.specs,
@@ -74,8 +74,12 @@ class Manifest:
             raise TraceError(f"{path}: cannot read ({e})") from e
         if d.get("format") != FORMAT or d.get("version") != VERSION:
             raise TraceError(f"{path}: not an {FORMAT} v{VERSION} manifest")
+        try:
+            problem = get_problem(d["problem"])
+        except KeyError as e:
+            raise TraceError(f"{path}: {e.args[0]}") from e
         return cls(
-            d["problem"],
+            problem,
             d["toolchain"],
             d["corpus"],
             d["features"],

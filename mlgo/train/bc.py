@@ -13,8 +13,8 @@ import time
 import numpy as np
 from rich.progress import Progress
 
-from mlgo.problems import get_problem
-from mlgo.problems.policy import SELF, CandidatePolicy, MLPPolicy, Normalizer, with_own_columns
+from mlgo.problems import Problem
+from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.tfutil import import_tf
 from mlgo.traces.dataset import Decisions
 from mlgo.train import Adam, RunDir, RunState
@@ -24,7 +24,7 @@ def _loss_and_grad(
     policy: MLPPolicy, x: np.ndarray, y: np.ndarray, weight: np.ndarray, offset: np.ndarray
 ) -> tuple[float, np.ndarray]:
     """x: normalized rows (one per decision, or one per candidate slot); the network's
-    outputs are regrouped per decision and `offset` (-1e9 on illegal slots) added."""
+    outputs are regrouped per decision and `offset` (MASKED on illegal slots) added."""
     tf = import_tf()
     ws = [tf.Variable(w) for w in policy.weights]
     with tf.GradientTape() as tape:
@@ -40,52 +40,20 @@ def _loss_and_grad(
     return float(loss), np.concatenate([g.numpy().reshape(-1) for g in grads])
 
 
-def predict(policy: MLPPolicy, raw: np.ndarray) -> np.ndarray:
-    """Greedy answers for rows of raw features (per-candidate: [decisions, slots, features])."""
-    if isinstance(policy, CandidatePolicy):  # raw: LLVM's features, SELF columns added here
-        llvm = [f for f in policy.normalizer.features if not f.startswith(SELF)]
-        full = with_own_columns(raw, llvm, policy.normalizer.features)
-        mask = raw[:, :, llvm.index(policy.mask_feature)]
-        return np.argmax(policy.scores(full, mask), 1)
-    return np.argmax(policy.logits(raw), 1)
-
-
 def accuracy(policy: MLPPolicy, raw: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    pred = predict(policy, raw)
+    pred = policy.predict(raw)
     out = {"accuracy": float((pred == y).mean())}
-    if isinstance(policy, CandidatePolicy):
-        return out
-    for c in (0, 1):
+    for c in policy.classes:
         if (y == c).any():
             out[f"recall_{c}"] = float((pred[y == c] == c).mean())
     return out
 
 
-def _candidate_inputs(
-    data: Decisions, problem: str, seed: int
-) -> tuple[CandidatePolicy, np.ndarray, np.ndarray]:
-    """A fresh per-candidate policy normalized on the legal slots (illegal ones are all
-    zeros), its input rows (one per slot) and the illegal-slot logit offsets. The
-    problem's derived inputs (comparisons with the live range's own slot) are always on:
-    the default rule is such a comparison, and one scorer per slot cannot see other slots."""
-    derived = get_problem(problem).derived
-    own = sorted({c for d in derived for c in (d.left, d.right) if c.startswith(SELF)})
-    names = (*data.features, *own)
-    full = with_own_columns(data.x, data.features, names)
-    n, slots, width = full.shape
-    mask = data.x[:, :, data.features.index(CandidatePolicy.mask_feature)] > 0
-    normalizer = Normalizer.fit(names, full[mask], derived)
-    policy = CandidatePolicy.init(problem, normalizer, seed=seed)
-    x = normalizer.transform(full.reshape(n * slots, width))
-    return policy, x, np.where(mask, 0.0, -1e9).astype(np.float32)
-
-
 def train_bc(
     data: Decisions,
-    problem: str,
+    problem: Problem,
     run: RunDir,
     epochs: int = 30,
-    hidden: tuple[int, ...] = (64, 32),
     lr: float = 3e-3,
     batch: int = 1024,
     seed: int = 0,
@@ -98,18 +66,7 @@ def train_bc(
     also on unseen code, but sits in a flat spot that weight-space search leaves slowly.
     """
     rng = np.random.default_rng(seed)
-    spec = get_problem(problem)
-    if spec.policy_kind == "candidate":
-        policy, x, offset = _candidate_inputs(data, problem, seed)
-        weight = np.ones(len(data.default), np.float32)
-    else:
-        normalizer = Normalizer.fit(data.features, data.x, spec.derived if derived else ())
-        policy = MLPPolicy.init(problem, normalizer, hidden, seed=seed)
-        x = normalizer.transform(data.x)
-        offset = np.zeros((len(x), 2), np.float32)
-        # Rare "inline" decisions weigh as much in total as the common "don't".
-        freq = np.bincount(data.default, minlength=2) / len(data.default)
-        weight = (0.5 / np.maximum(freq, 1e-6))[data.default].astype(np.float32)
+    policy, x, weight, offset = problem.policy_class.for_cloning(problem, data, seed, derived)
     adam = Adam(policy.flat().size, lr)
     state = RunState("bc")
     if (saved := run.load_state()) is not None:

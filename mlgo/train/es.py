@@ -19,7 +19,7 @@ from rich.progress import Progress
 from mlgo.corpus.compile import CompileError
 from mlgo.corpus.format import Corpus, Module
 from mlgo.llvm.toolchain import Toolchain
-from mlgo.problems import get_problem
+from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.workers import Failed, Workers
 from mlgo.train import Adam, RunDir, RunState
@@ -60,11 +60,11 @@ class Scorer:
         corpus: Corpus,
         tc: Toolchain,
         workers: Workers,
-        problem: str = "inlining-size",
+        problem: Problem,
         regression_penalty: float = 0.0,
     ):
         self.tc, self.workers, self.problem = tc, workers, problem
-        self.metric = get_problem(problem).reward_metric
+        self.metric = problem.reward_metric
         # a module the default cannot be measured on stays out of the pool (training_pool)
         self.base, self.unmeasured = baseline(corpus, tc, workers, problem)
         self.penalty = regression_penalty

@@ -1,8 +1,9 @@
 """Compiling a corpus with a policy and comparing each module with the default heuristic.
 
 The baseline is the plain compile (the same cc1 command without the channel), which the
-channel replays byte for byte. For inlining its per-module .text is cached in the corpus
-(`mlgo corpus stats`), so training pays for it once; other problems compile it per run.
+channel replays byte for byte. Where the problem's reward metric is one `mlgo corpus stats`
+caches (inlining's .text), it is read from there, so training pays for it once; other
+problems compile it per run.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from mlgo.corpus.format import Corpus, Module
 from mlgo.corpus.stats import corpus_stats
 from mlgo.llvm.channel import Policy
 from mlgo.llvm.toolchain import Toolchain
-from mlgo.problems import get_problem
+from mlgo.problems import Problem, get_problem
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Failed, Workers
 
 
 @dataclass(frozen=True)
 class EvalTask:
-    problem: str
+    problem: Problem
     module: Module
     clang: str
     policy: Policy | None
@@ -32,7 +33,7 @@ class EvalTask:
 
 
 def eval_one(task: EvalTask) -> dict[str, float]:
-    run = compile_module(get_problem(task.problem), task.module, task.clang, task.policy)
+    run = compile_module(task.problem, task.module, task.clang, task.policy)
     return {
         "decisions": run.num_decisions,
         "changed": int((run.advice != run.default).sum()),
@@ -43,26 +44,27 @@ def eval_one(task: EvalTask) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class PlainTask:
-    problem: str
+    problem: Problem
     module: Module
     clang: str
 
 
 def plain_one(task: PlainTask) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="mlgo-b-") as d:
-        return compile_plain(get_problem(task.problem), task.module, task.clang, Path(d) / "o")
+        return compile_plain(task.problem, task.module, task.clang, Path(d) / "o")
 
 
 def baseline(
-    corpus: Corpus, tc: Toolchain, workers: Workers, problem: str = "inlining-size"
+    corpus: Corpus, tc: Toolchain, workers: Workers, problem: Problem
 ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """Per module, what the problem measures with the compiler's own heuristic; and the
     modules it cannot measure (clang itself crashes on some), each with its error. Those
     have nothing to compare against: they are left out, and said so. None measured is an
     error."""
-    if get_problem(problem).reward_metric == "text_size":  # cached by `mlgo corpus stats`
+    if problem.reward_in_stats:
         stats, failures = corpus_stats(corpus, tc.describe(), tc.clang, workers)
-        out = {name: {"text_size": float(s["text_size"])} for name, s in stats.items()}
+        m = problem.reward_metric
+        out = {name: {m: float(s[m])} for name, s in stats.items()}
     else:
         out, failures = {}, {}
         tasks = [PlainTask(problem, m, tc.clang) for m in corpus.modules]
@@ -81,7 +83,7 @@ def baseline(
 class Evaluation:
     """Per module, the problem's metric with the policy (`M`) and the default (`default_M`)."""
 
-    problem: str
+    problem: Problem
     toolchain: str
     corpus: str
     modules: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -89,7 +91,7 @@ class Evaluation:
 
     @property
     def metric(self) -> str:
-        return get_problem(self.problem).reward_metric
+        return self.problem.reward_metric
 
     def totals(self) -> dict[str, float]:
         m = self.metric
@@ -119,7 +121,7 @@ class Evaluation:
             directory / "eval.json",
             json.dumps(
                 {
-                    "problem": self.problem,
+                    "problem": self.problem.name,
                     "toolchain": self.toolchain,
                     "corpus": self.corpus,
                     "totals": self.totals(),
@@ -136,7 +138,8 @@ class Evaluation:
         path = directory / "eval.json" if directory.is_dir() else directory
         try:
             d = json.loads(path.read_text())
-            ev = cls(d["problem"], d["toolchain"], d["corpus"], d["modules"], d["failed"])
+            problem = get_problem(d["problem"])
+            ev = cls(problem, d["toolchain"], d["corpus"], d["modules"], d["failed"])
             keys = {ev.metric, f"default_{ev.metric}"}
             stale = [name for name, row in ev.modules.items() if not keys <= set(row)]
             if stale:  # written before the problem's metric changed
@@ -147,7 +150,7 @@ class Evaluation:
 
 
 def evaluate(
-    policy: Policy, corpus: Corpus, tc: Toolchain, workers: Workers, problem: str = "inlining-size"
+    policy: Policy, corpus: Corpus, tc: Toolchain, workers: Workers, problem: Problem
 ) -> Evaluation:
     base, unmeasured = baseline(corpus, tc, workers, problem)
     result = Evaluation(problem, tc.describe(), str(corpus.root))

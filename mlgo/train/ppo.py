@@ -23,8 +23,7 @@ from rich.progress import Progress
 from mlgo.corpus.compile import CompileError, compile_module
 from mlgo.corpus.format import Corpus, Module
 from mlgo.llvm.toolchain import Toolchain
-from mlgo.problems import get_problem
-from mlgo.problems.policy import SELF, CandidatePolicy, MLPPolicy, with_own_columns
+from mlgo.problems.policy import MASKED, MLPPolicy
 from mlgo.runtime.tfutil import import_quietly, import_tf
 from mlgo.runtime.workers import Failed, Workers
 from mlgo.train import RunDir, RunState
@@ -32,7 +31,6 @@ from mlgo.train.es import Scorer, training_pool
 
 REWARD_SCALE = 100.0  # rewards in percent of the default's cost: the scale PPO's defaults expect
 REWARD_FLOOR = -1.0
-MASKED = -1e9  # the logit of a slot the mask rules out: no sample reaches it, no NaN either
 
 
 @dataclass(frozen=True)
@@ -59,40 +57,14 @@ class RolloutTask:
 def rollout_one(task: RolloutTask) -> dict:
     """One sampled compilation: the policy's raw input rows for every decision, its actions,
     and the module's cost."""
-    problem = get_problem(task.policy.problem)
+    problem = task.policy.problem
     run = compile_module(problem, task.module, task.clang, task.policy)
-    x = _raw_rows(task.policy, run.features, run.num_decisions)
+    x = task.policy.decision_rows(run.features, run.num_decisions)
     return {"x": x, "actions": run.advice, "cost": run.metrics[problem.reward_metric]}
 
 
-def _raw_rows(policy: MLPPolicy, features: dict[str, np.ndarray], n: int) -> np.ndarray:
-    """[n, features] for an MLP policy; [n, slots, features] for a per-candidate one, scalar
-    features repeated on every slot and SELF columns the live range's own values."""
-    names = policy.normalizer.features
-    if n == 0:
-        return np.zeros((0, len(names)))
-    if not isinstance(policy, CandidatePolicy):
-        return np.stack([features[f].reshape(n, -1)[:, 0] for f in names], 1)
-    llvm = [f for f in names if not f.startswith(SELF)]
-    slots = features[policy.mask_feature].reshape(n, -1).shape[1]
-    sent = np.stack([np.broadcast_to(features[f].reshape(n, -1), (n, slots)) for f in llvm], 2)
-    return with_own_columns(sent.astype(np.float64), llvm, names)
-
-
-def _agent_inputs(policy: MLPPolicy, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The agent's observations and the rollout policy's logits for raw rows X: normalized
-    features, for a per-candidate policy one row per slot with the mask as a last column."""
-    if not isinstance(policy, CandidatePolicy):
-        return policy.normalizer.transform(x), policy.logits(x)
-    n, slots, width = x.shape
-    mask = x[:, :, policy.normalizer.features.index(policy.mask_feature)]
-    h = policy.normalizer.transform(x.reshape(n * slots, width)).reshape(n, slots, -1)
-    obs = np.concatenate([h, (mask > 0)[..., None]], axis=2)
-    return obs, np.maximum(policy.scores(x, mask), MASKED)
-
-
 def _candidate_actor(obs_spec, action_spec, hidden: tuple[int, ...]):
-    """A tf-agents actor with CandidatePolicy's layers: one MLP scores each slot."""
+    """A tf-agents actor for per-slot observations: one MLP scores each slot."""
     tf = import_tf()
     import tensorflow_probability as tfp
     from tf_agents.networks import network
@@ -132,17 +104,16 @@ class Agent:
         from tf_agents.specs import tensor_spec
         from tf_agents.trajectories import time_step
 
-        width = policy.normalizer.width
         hidden = tuple(w.shape[1] for w in policy.weights[:-2:2])
-        if isinstance(policy, CandidatePolicy):
-            problem = get_problem(policy.problem)
-            slots = max(int(np.prod(shape)) for _, _, shape in problem.input_specs)
-            self.obs_spec = tf.TensorSpec([slots, width + 1], tf.float32, "observation")
+        shape = policy.observation_shape
+        self.obs_spec = tf.TensorSpec(shape, tf.float32, "observation")
+        if len(shape) == 2:  # one row per slot: a scorer shared by the slots
+            slots = shape[0]
             action_spec = tensor_spec.BoundedTensorSpec((), tf.int64, 0, slots - 1, "action")
             self.actor = _candidate_actor(self.obs_spec, action_spec, hidden)
         else:
-            self.obs_spec = tf.TensorSpec([width], tf.float32, "observation")
-            action_spec = tensor_spec.BoundedTensorSpec((), tf.int64, 0, 1, "action")
+            actions = policy.weights[-1].shape[0]
+            action_spec = tensor_spec.BoundedTensorSpec((), tf.int64, 0, actions - 1, "action")
             self.actor = actor_distribution_network.ActorDistributionNetwork(
                 self.obs_spec, action_spec, fc_layer_params=hidden
             )
@@ -270,7 +241,7 @@ def train_ppo(
             state.step += 1
             metrics = {"ppo/batch_reward_mean": float(np.mean(sizes))}
             if xs:  # a batch whose modules asked nothing has nothing to learn from
-                obs, logits = _agent_inputs(current, np.concatenate(xs))
+                obs, logits = current.observations(np.concatenate(xs))
                 acts_all, rews_all = np.concatenate(acts), np.concatenate(rews)
                 metrics["ppo/loss"] = agent.train(obs, acts_all, rews_all, logits)
             if state.step % cfg.eval_every == 0 or state.step == cfg.steps:

@@ -1,5 +1,6 @@
 """`mlgo report`: an evaluation as a table, a histogram of per-module deltas, a per-package
-bar chart (one self-contained HTML file) and a JSON summary for machines."""
+bar chart (one self-contained HTML file) and a JSON summary for machines, all in the
+problem's reward metric (.text bytes for inlining, spill+reload cost for regalloc)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,13 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def module_deltas(ev: Evaluation) -> np.ndarray:
+    """Per module with a nonzero default, the relative change of the reward metric."""
+    m = ev.metric
+    rows = ev.modules.values()
+    return np.array([r[m] / r[f"default_{m}"] - 1 for r in rows if r[f"default_{m}"]])
+
+
 def figures(ev: Evaluation) -> dict[str, str]:
     """Base64 PNGs: the per-module delta histogram and the per-package bars."""
     import matplotlib
@@ -26,15 +34,11 @@ def figures(ev: Evaluation) -> dict[str, str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    deltas = [
-        100 * (m["text_size"] / m["default_text_size"] - 1)
-        for m in ev.modules.values()
-        if m["default_text_size"]
-    ]
+    deltas = 100 * module_deltas(ev)
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.hist(deltas, bins=40, color="#4477aa")
     ax.axvline(0, color="black", lw=0.8)
-    ax.set_xlabel(".text change vs default per module (%)")
+    ax.set_xlabel(f"{ev.metric} change vs default per module (%)")
     ax.set_ylabel("modules")
     hist = _png(fig)
     plt.close(fig)
@@ -45,20 +49,14 @@ def figures(ev: Evaluation) -> dict[str, str]:
     fig, ax = plt.subplots(figsize=(6, 0.35 * len(names) + 1))
     ax.barh(names, values, color=["#228833" if v <= 0 else "#cc3311" for v in values])
     ax.axvline(0, color="black", lw=0.8)
-    ax.set_xlabel(".text change vs default per package (%)")
+    ax.set_xlabel(f"{ev.metric} change vs default per package (%)")
     bars = _png(fig)
     plt.close(fig)
     return {"histogram": hist, "packages": bars}
 
 
 def summary(ev: Evaluation) -> dict:
-    deltas = np.array(
-        [
-            m["text_size"] / m["default_text_size"] - 1
-            for m in ev.modules.values()
-            if m["default_text_size"]
-        ]
-    )
+    deltas = module_deltas(ev)
     return {
         "totals": ev.totals(),
         "packages": ev.per_package(),
@@ -72,9 +70,10 @@ def summary(ev: Evaluation) -> dict:
 def render_html(ev: Evaluation, title: str) -> str:
     s = summary(ev)
     pics = figures(ev)
+    m = ev.metric
     rows = "".join(
         f"<tr><td>{html.escape(n)}</td><td>{int(p['modules'])}</td>"
-        f"<td>{p['default_text_size']:,.0f}</td><td>{p['text_size']:,.0f}</td>"
+        f"<td>{p[f'default_{m}']:,.0f}</td><td>{p[m]:,.0f}</td>"
         f"<td>{100 * p['delta']:+.2f}%</td></tr>"
         for n, p in sorted(s["packages"].items())
     )
@@ -84,13 +83,13 @@ def render_html(ev: Evaluation, title: str) -> str:
 td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}
 td:first-child{{text-align:left}}</style>
 </head><body><h1>{html.escape(title)}</h1>
-<p>{html.escape(ev.problem)} with {html.escape(ev.toolchain)} on {html.escape(ev.corpus)}:
-{t["modules"]} modules, .text {t["default_text_size"]:,.0f} &rarr; {t["text_size"]:,.0f} bytes
-(<b>{100 * t["delta"]:+.2f}%</b>); {s["modules_smaller"]} modules smaller,
-{s["modules_larger"]} larger, {len(ev.failed)} failed.</p>
-<table><tr><th>package</th><th>modules</th><th>default .text</th><th>policy .text</th>
+<p>{html.escape(ev.problem.name)} with {html.escape(ev.toolchain)} on {html.escape(ev.corpus)}:
+{t["modules"]} modules, {m} {t[f"default_{m}"]:,.0f} &rarr; {t[m]:,.0f}
+(<b>{100 * t["delta"]:+.2f}%</b>); {s["modules_smaller"]} modules lower,
+{s["modules_larger"]} higher, {len(ev.failed)} failed.</p>
+<table><tr><th>package</th><th>modules</th><th>default {m}</th><th>policy {m}</th>
 <th>change</th></tr>{rows}<tr><th>total</th><th>{t["modules"]}</th>
-<th>{t["default_text_size"]:,.0f}</th><th>{t["text_size"]:,.0f}</th>
+<th>{t[f"default_{m}"]:,.0f}</th><th>{t[m]:,.0f}</th>
 <th>{100 * t["delta"]:+.2f}%</th></tr></table>
 <h2>Per package</h2><img src="data:image/png;base64,{pics["packages"]}">
 <h2>Per module</h2><img src="data:image/png;base64,{pics["histogram"]}">

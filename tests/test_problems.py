@@ -1,0 +1,128 @@
+"""The Problem object: pickled by name, and the only thing the generic stages know about a
+problem, so that a third one is its declaration and one line in the registry."""
+
+import json
+import pickle
+import sys
+import types
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mlgo.problems
+from mlgo.corpus.format import Module
+from mlgo.llvm.sizes import text_size
+from mlgo.problems import Problem, get_problem, problems
+from mlgo.problems.policy import MLPPolicy
+from mlgo.ship.modelcard import model_card
+from mlgo.traces.dataset import Decisions
+from mlgo.traces.format import Manifest, TraceError
+from mlgo.train.evaluate import EvalTask, Evaluation
+from mlgo.train.report import render_html, summary
+
+MODULE = Module("pkg/a.o", Path("pkg/a.o.bc"), ("-cc1", "-O2"))
+
+
+def _code_bytes(obj: Path, _workdir: Path) -> dict[str, float]:
+    return {"code_bytes": float(text_size(obj))}
+
+
+# Inlining's declaration under another name, level and reward metric.
+THIRD = replace(
+    get_problem("inlining-size"),
+    name="inlining-speed",
+    summary="inline or not at each call site, for speed (clang -O2)",
+    opt_level="-O2",
+    measure=_code_bytes,
+    reward_metric="code_bytes",
+    reward_in_stats=False,
+    plugin=False,
+)
+
+
+@pytest.fixture
+def third(monkeypatch) -> Problem:
+    """THIRD registered as a problem module would be: a module with PROBLEM, one line in
+    MODULES."""
+    module = types.ModuleType("third_problem")
+    module.PROBLEM = THIRD  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "third_problem", module)
+    monkeypatch.setattr(mlgo.problems, "MODULES", (*mlgo.problems.MODULES, "third_problem"))
+    return THIRD
+
+
+def test_every_problem_pickles_to_itself():
+    assert [p.name for p in problems()] == ["inlining-size", "regalloc-eviction"]
+    for problem in problems():
+        assert pickle.loads(pickle.dumps(problem)) is problem
+        task = pickle.loads(pickle.dumps(EvalTask(problem, MODULE, "clang", None)))
+        assert task.problem is problem
+
+
+def test_unknown_problem_names_are_rejected_where_they_are_read(tmp_path):
+    with pytest.raises(KeyError, match="unknown problem 'nope'; known: inlining-size"):
+        get_problem("nope")
+    policy = tmp_path / "policy"
+    inlining = get_problem("inlining-size")
+    MLPPolicy.for_cloning(inlining, _decisions(inlining))[0].save(policy)
+    meta = json.loads((policy / "policy.json").read_text())
+    (policy / "policy.json").write_text(json.dumps({**meta, "problem": "nope"}))
+    with pytest.raises(ValueError, match="not a policy .*unknown problem 'nope'"):
+        MLPPolicy.load(policy)
+    Manifest(get_problem("inlining-size"), "clang", "corpus").save(tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "problem": "nope"}))
+    with pytest.raises(TraceError, match="unknown problem 'nope'"):
+        Manifest.load(tmp_path)
+
+
+def _decisions(problem: Problem, n: int = 400) -> Decisions:
+    """Decisions shaped like a trace of PROBLEM, the default inlining under the threshold."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 200, (n, len(problem.feature_names))).astype(np.float64)
+    names = problem.feature_names
+    default = (x[:, names.index("cost_estimate")] < x[:, names.index("threshold")]).astype(np.int64)
+    return Decisions(names, x, default, np.zeros(n, np.int64), ["pkg/a.o"])
+
+
+def test_a_third_problem_goes_through_the_generic_stages(third, tmp_path):
+    assert get_problem("inlining-speed") is third and third in problems()
+    assert pickle.loads(pickle.dumps(third)) is third
+
+    # policy construction, storage and loading
+    data = _decisions(third)
+    policy, rows, weight, offset = third.policy_class.for_cloning(third, data, derived=True)
+    assert policy.problem is third and rows.shape == (len(data.x), policy.normalizer.width)
+    assert offset.shape == (len(data.x), 2) and weight.shape == (len(data.x),)
+    assert [d.name for d in policy.normalizer.derived] == ["cost_margin", "default_rule"]
+    policy.save(tmp_path / "policy")
+    assert json.loads((tmp_path / "policy" / "policy.json").read_text())["problem"] == third.name
+    loaded = MLPPolicy.load(tmp_path / "policy")
+    assert loaded.problem is third
+
+    # the exported model: LLVM's feature names in, the problem's advice name out
+    from mlgo.ship.export import export_saved_model, saved_model_decisions
+
+    saved = export_saved_model(loaded, tmp_path / "ship")
+    spec = json.loads((saved / "output_spec.json").read_text())
+    assert spec[0]["logging_name"] == third.advice_name
+    got = saved_model_decisions(saved, {f: data.x[:40, j] for j, f in enumerate(data.features)})
+    assert np.array_equal(got, loaded.predict(data.x[:40]))
+    card = model_card(loaded, tmp_path)
+    assert "--problem inlining-speed" in card and "--opt-level -O2" in card
+
+    # an evaluation and its report, in the problem's own reward metric
+    modules = {
+        "pkg/a.o": {"code_bytes": 90.0, "default_code_bytes": 100.0},
+        "pkg/b.o": {"code_bytes": 330.0, "default_code_bytes": 300.0},
+    }
+    Evaluation(third, "clang", "corpus", modules).save(tmp_path)
+    ev = Evaluation.load(tmp_path)
+    assert ev.problem is third and ev.metric == "code_bytes"
+    s = summary(ev)
+    assert s["totals"]["default_code_bytes"] == 400.0 and s["totals"]["delta"] == 0.05
+    assert s["modules_smaller"] == 1 and s["modules_larger"] == 1
+    page = render_html(ev, "third")
+    assert "inlining-speed with clang" in page and "<th>default code_bytes</th>" in page
