@@ -589,7 +589,8 @@ def serve(
 ) -> None:
     """Run the policy service: one channel per compilation, many at once, until stopped."""
     from mlgo.serve.client import socket_path
-    from mlgo.serve.service import Service, claim_socket, serve_forever
+    from mlgo.serve.server import claim_socket, serve_forever
+    from mlgo.serve.service import Service
 
     path = socket or socket_path()
     claim_socket(path)  # before loading anything: a live service there is left alone

@@ -288,7 +288,7 @@ def direct_server(policy: Path):
     process: a fresh channel per compile, as a lease gets, but no daemon in between.
     Yields a function that compiles CMD with a channel, and the server's process id."""
     from mlgo.problems import get_problem
-    from mlgo.serve.service import NativeBackend
+    from mlgo.serve.backends import NativeBackend
     from mlgo.ship.aot import native_server
 
     problem = get_problem("regalloc-eviction")
