@@ -16,6 +16,7 @@ from mlgo.corpus.extract import BuildError
 from mlgo.corpus.format import CorpusError, load_corpus
 from mlgo.llvm.channel import ChannelError
 from mlgo.llvm.toolchain import ToolchainError, find_toolchain
+from mlgo.runtime.messages import error_line
 from mlgo.runtime.workers import WORKERS_HELP, make_workers
 from mlgo.serve.client import ServiceError
 from mlgo.ship.aot import AotError
@@ -673,8 +674,7 @@ def main() -> None:
     try:
         app()
     except USER_ERRORS as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        err.print(f"[red]error:[/red] {msg}", highlight=False)
+        err.print(f"[red]error:[/red] {error_line(e)}", highlight=False)
         sys.exit(2)
 
 
