@@ -25,12 +25,13 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from mlgo import data as shipped
 from mlgo.corpus.format import DESCRIPTION, CorpusError, write_description
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.runtime.files import atomic_directory
 from mlgo.runtime.messages import error_line
 
-RECIPES = Path(__file__).resolve().parents[2] / "corpus" / "recipes"
+RECIPES = shipped.recipes_dir()
 MLGO_UTILS_DIR = Path(sys.prefix) / "mlgo-utils"  # installed by tools/setup.sh
 
 
@@ -64,7 +65,7 @@ def _recipe_path(name: str, recipes_dir: Path) -> Path:
         if re.search(rf'^source\s*=\s*"{re.escape(name)}"', candidate.read_text(), re.M):
             return candidate
     raise BuildError(
-        f"no recipe {path.name} in corpus/recipes (have: {', '.join(available_recipes())})"
+        f"no recipe {path.name} in {recipes_dir} (have: {', '.join(available_recipes())})"
     )
 
 

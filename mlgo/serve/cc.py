@@ -35,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from mlgo.data import shipped_policy
 from mlgo.runtime.messages import error_line
 from mlgo.serve.client import (
     Connection,
@@ -62,7 +63,7 @@ LEASE_CHANNEL_OPTIONS = (
     "-regalloc-evict-interactive-channel-base",
 )
 PLUGIN_FLAG = "-fpass-plugin="
-SHIPPED_POLICY = Path(__file__).resolve().parents[2] / "policies" / "inlining-size"
+SHIPPED_POLICY = shipped_policy("inlining-size")
 
 
 def optimizes(args: list[str]) -> bool:
