@@ -17,6 +17,7 @@ from mlgo.corpus.format import CorpusError, load_corpus
 from mlgo.llvm.channel import ChannelError
 from mlgo.llvm.toolchain import ToolchainError, find_toolchain
 from mlgo.problems import Problem, get_problem, problems
+from mlgo.runtime.messages import error_line
 from mlgo.runtime.workers import WORKERS_HELP, make_workers
 from mlgo.serve.client import ServiceError
 from mlgo.ship.aot import AotError
@@ -587,7 +588,8 @@ def serve(
 ) -> None:
     """Run the policy service: one channel per compilation, many at once, until stopped."""
     from mlgo.serve.client import socket_path
-    from mlgo.serve.service import Service, claim_socket, serve_forever
+    from mlgo.serve.server import claim_socket, serve_forever
+    from mlgo.serve.service import Service
 
     path = socket or socket_path()
     claim_socket(path)  # before loading anything: a live service there is left alone
@@ -670,8 +672,7 @@ def main() -> None:
     try:
         app()
     except USER_ERRORS as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        err.print(f"[red]error:[/red] {msg}", highlight=False)
+        err.print(f"[red]error:[/red] {error_line(e)}", highlight=False)
         sys.exit(2)
 
 

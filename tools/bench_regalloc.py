@@ -48,7 +48,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.corpus.extract import BuildError, _run, build_env, load_recipe
+from mlgo.corpus.extract import BuildError, build_env, load_recipe, run_logged
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.programs.build import (
     build_program,
@@ -131,7 +131,9 @@ def build_variants(
             )
         env = dict(build_env(tc, work / f".{v}-bin", FLAGS, *compilers[v]), **extra[v])
         for cmd in prog.prepare:
-            _run(cmd, work / v, work / f"{v}.log", 1800, env, f"{prog.recipe} {v}: bench setup")
+            run_logged(
+                cmd, work / v, work / f"{v}.log", 1800, env, f"{prog.recipe} {v}: bench setup"
+            )
         builds[v] = b.to_json()
     atomic_write_text(stamp, json.dumps({"policy": key, "builds": builds}))
     return builds
@@ -288,7 +290,7 @@ def direct_server(policy: Path):
     process: a fresh channel per compile, as a lease gets, but no daemon in between.
     Yields a function that compiles CMD with a channel, and the server's process id."""
     from mlgo.problems import get_problem
-    from mlgo.serve.service import NativeBackend
+    from mlgo.serve.backends import NativeBackend
     from mlgo.ship.aot import native_server
 
     problem = get_problem("regalloc-eviction")

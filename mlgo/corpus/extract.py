@@ -25,10 +25,13 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from mlgo import data as shipped
 from mlgo.corpus.format import DESCRIPTION, CorpusError, write_description
 from mlgo.llvm.toolchain import Toolchain
+from mlgo.runtime.files import atomic_directory
+from mlgo.runtime.messages import error_line
 
-RECIPES = Path(__file__).resolve().parents[2] / "corpus" / "recipes"
+RECIPES = shipped.recipes_dir()
 MLGO_UTILS_DIR = Path(sys.prefix) / "mlgo-utils"  # installed by tools/setup.sh
 
 
@@ -62,7 +65,7 @@ def _recipe_path(name: str, recipes_dir: Path) -> Path:
         if re.search(rf'^source\s*=\s*"{re.escape(name)}"', candidate.read_text(), re.M):
             return candidate
     raise BuildError(
-        f"no recipe {path.name} in corpus/recipes (have: {', '.join(available_recipes())})"
+        f"no recipe {path.name} in {recipes_dir} (have: {', '.join(available_recipes())})"
     )
 
 
@@ -86,10 +89,13 @@ def load_recipe(name: str, recipes_dir: Path = RECIPES) -> Recipe:
         raise BuildError(f"{path}: bad recipe ({e})") from e
 
 
-def _run(
+def run_logged(
     cmd: list[str] | str, cwd: Path, log: Path, timeout_s: float, env=None, what: str = ""
 ) -> None:
+    """Runs CMD (a shell line if a string) with its output appended to LOG; a failure or
+    timeout is a BuildError naming WHAT and the line of this command's output that says why."""
     with open(log, "a") as f:
+        start = f.tell()
         f.write(f"\n$ {cmd if isinstance(cmd, str) else shlex.join(cmd)}\n")
         f.flush()
         try:
@@ -106,10 +112,8 @@ def _run(
         except subprocess.TimeoutExpired as e:
             raise BuildError(f"{what or cmd} timed out after {timeout_s:g} s (log: {log})") from e
     if proc.returncode != 0:
-        tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:]
-        raise BuildError(
-            f"{what or cmd} failed ({tail[0][:200] if tail else 'no output'}; log: {log})"
-        )
+        output = log.read_bytes()[start:].decode(errors="replace")
+        raise BuildError(f"{what or cmd} failed ({error_line(output, 200)}; log: {log})")
 
 
 def ensure_build_depends(recipe: Recipe, log: Path) -> None:
@@ -125,7 +129,7 @@ def ensure_build_depends(recipe: Recipe, log: Path) -> None:
             f"{recipe.name} needs Debian packages {' '.join(missing)}; install them as root"
         )
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    _run(
+    run_logged(
         ["apt-get", "install", "-y", "-q", *missing],
         Path("/"),
         log,
@@ -153,11 +157,13 @@ def fetch_source(recipe: Recipe, work: Path, log: Path) -> Path:
         dl.mkdir(parents=True)
         what = f"apt-get source {recipe.source} (is deb-src enabled? run tools/setup.sh)"
         try:
-            _run(["apt-get", "source", "--download-only", recipe.source], dl, log, 900, what=what)
+            run_logged(
+                ["apt-get", "source", "--download-only", recipe.source], dl, log, 900, what=what
+            )
         except BuildError:
             for version in _source_versions(recipe.source):
                 try:
-                    _run(
+                    run_logged(
                         ["apt-get", "source", "--download-only", f"{recipe.source}={version}"],
                         dl,
                         log,
@@ -172,7 +178,7 @@ def fetch_source(recipe: Recipe, work: Path, log: Path) -> Path:
     dsc = sorted(dl.glob(f"{recipe.source}_*.dsc"))[-1]
     src = work / "src"
     shutil.rmtree(src, ignore_errors=True)
-    _run(
+    run_logged(
         ["dpkg-source", "--no-check", "-x", str(dsc), str(src)],
         dl,
         log,
@@ -275,18 +281,18 @@ def profile_own_tests(recipe: Recipe, src: Path, tc: Toolchain, work: Path, opt_
     env = build_env(tc, bin_dir, flags)
     what = f"{recipe.name} (instrumented)"
     for cmd in recipe.configure:
-        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{what}: configure")
+        run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{what}: configure")
     for cmd in recipe.build:
-        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{what}: build")
+        run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{what}: build")
     env["LLVM_PROFILE_FILE"] = str(raw / "%m-%p.profraw")
     for cmd in recipe.test:
-        _run(cmd, tree, log, recipe.test_timeout_s, env, f"{what}: its own tests")
+        run_logged(cmd, tree, log, recipe.test_timeout_s, env, f"{what}: its own tests")
     profiles = sorted(raw.glob("*.profraw"))
     if not profiles:
         raise BuildError(f"{what}: its tests ran no instrumented code (log: {log})")
     merged, tmp = work / "profile.profdata", work / ".profile.profdata.tmp"
     merge = [tc.tool("llvm-profdata"), "merge", "-o", str(tmp), *map(str, profiles)]
-    _run(merge, work, log, 600, what=f"{what}: llvm-profdata merge")
+    run_logged(merge, work, log, 600, what=f"{what}: llvm-profdata merge")
     tmp.replace(merged)
     return merged
 
@@ -314,10 +320,10 @@ def build_corpus(
         flags += [f"-fprofile-instr-use={profile.resolve()}", *PROFILE_USE_FLAGS]
     env = build_env(tc, work, flags)
     for cmd in configure:
-        _run(cmd, src, log, timeout_s, env, f"{name}: configure")
+        run_logged(cmd, src, log, timeout_s, env, f"{name}: configure")
     recorded = work / "compile_commands.json"
     recorded.unlink(missing_ok=True)
-    _run(
+    run_logged(
         ["bear", "--output", str(recorded), "--", "sh", "-c", " && ".join(build)],
         src,
         log,
@@ -330,41 +336,37 @@ def build_corpus(
         raise BuildError(
             f"LLVM's mlgo-utils is not installed in {MLGO_UTILS_DIR}; run tools/setup.sh"
         )
-    staged = out / f".{name}.partial"
-    shutil.rmtree(staged, ignore_errors=True)
-    # mlgo-utils' top-level package is also called `mlgo`: run it without site-packages.
-    _run(
-        [
-            sys.executable,
-            "-S",
-            "-m",
-            "mlgo.corpus.extract_ir",
-            "--input",
-            str(cc_json),
-            "--input_type",
-            "json",
-            "--output_dir",
-            str(staged),
-            "--llvm_objcopy_path",
-            tc.tool("llvm-objcopy"),
-            "--num_workers",
-            "2",
-        ],
-        src,
-        log,
-        900,
-        dict(env, PYTHONPATH=str(MLGO_UTILS_DIR)),
-        f"{name}: extract_ir",
-    )
-    try:
-        names = _distinct_modules(staged)
-    except (OSError, ValueError, KeyError) as e:
-        raise BuildError(f"{name}: extract_ir wrote no corpus ({e}; log: {log})") from e
-    if not names:
-        raise BuildError(f"{name}: the build produced no bitcode (log: {log})")
-    final = out / name
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(staged, final)
+    with atomic_directory(out / name) as staged:
+        # mlgo-utils' top-level package is also called `mlgo`: run it without site-packages.
+        run_logged(
+            [
+                sys.executable,
+                "-S",
+                "-m",
+                "mlgo.corpus.extract_ir",
+                "--input",
+                str(cc_json),
+                "--input_type",
+                "json",
+                "--output_dir",
+                str(staged),
+                "--llvm_objcopy_path",
+                tc.tool("llvm-objcopy"),
+                "--num_workers",
+                "2",
+            ],
+            src,
+            log,
+            900,
+            dict(env, PYTHONPATH=str(MLGO_UTILS_DIR)),
+            f"{name}: extract_ir",
+        )
+        try:
+            names = _distinct_modules(staged)
+        except (OSError, ValueError, KeyError) as e:
+            raise BuildError(f"{name}: extract_ir wrote no corpus ({e}; log: {log})") from e
+        if not names:
+            raise BuildError(f"{name}: the build produced no bitcode (log: {log})")
     return len(names)
 
 

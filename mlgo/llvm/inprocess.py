@@ -19,6 +19,7 @@ import numpy as np
 from mlgo.llvm.channel import ChannelError, Decision, Policy, serve_in_thread
 from mlgo.llvm.log_format import Header, Observation
 from mlgo.problems import Problem
+from mlgo.runtime.messages import error_line
 
 _lock = threading.Lock()
 _bases: dict[str, str] = {}
@@ -80,7 +81,7 @@ def compile_in_process(
         module = llvm.parse_bitcode(bitcode)
         module.verify()
     except RuntimeError as e:
-        raise ChannelError(f"invalid bitcode: {str(e).strip().splitlines()[0]}") from e
+        raise ChannelError(f"invalid bitcode: {error_line(e)}") from e
     with _lock:  # one compile at a time per process: the channel is process-wide
         base = _channel_base(problem)
         target = llvm.Target.from_triple(module.triple or llvm.get_default_triple())

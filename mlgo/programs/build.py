@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -21,13 +20,15 @@ from pathlib import Path
 from mlgo.corpus.extract import (
     BuildError,
     Recipe,
-    _run,
     build_env,
     ensure_build_depends,
     fetch_source,
+    run_logged,
 )
 from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
+from mlgo.runtime.files import atomic_directory
+from mlgo.serve.client import ServiceError, launch_service
 
 SIZE_FLAGS = ["-Oz", "-g0", "-Qunused-arguments"]
 
@@ -79,10 +80,9 @@ def pristine_source(recipe: Recipe, work: Path) -> Path:
         work.mkdir(parents=True, exist_ok=True)
         log = work / "fetch.log"
         ensure_build_depends(recipe, log)
-        src = fetch_source(recipe, work, log)
-        shutil.rmtree(pristine, ignore_errors=True)
-        src.rename(pristine)
-        (pristine / ".complete").touch()
+        with atomic_directory(pristine) as staged:
+            fetch_source(recipe, work, log).rename(staged)  # onto the empty staging dir
+            (staged / ".complete").touch()
     return pristine
 
 
@@ -110,10 +110,10 @@ def build_program(
     env = dict(build_env(tc, wrappers, flags or SIZE_FLAGS, cc=cc, cxx=cxx), **(env_extra or {}))
     name = f"{recipe.name} ({variant})"
     for cmd in recipe.configure:
-        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: configure")
+        run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: configure")
     start, cpu_start = time.monotonic(), _children_cpu()
     for cmd in recipe.build:
-        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: build")
+        run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: build")
     seconds, cpu = time.monotonic() - start, _children_cpu() - cpu_start
     missing = [p for p in recipe.programs if not (tree / p).is_file()]
     if missing:
@@ -121,7 +121,7 @@ def build_program(
     text = {p: text_size(tree / p) for p in recipe.programs}
     if run_tests and recipe.test:
         for cmd in recipe.test:
-            _run(cmd, tree, log, recipe.test_timeout_s, env, f"{name}: its own tests")
+            run_logged(cmd, tree, log, recipe.test_timeout_s, env, f"{name}: its own tests")
     tests = "passed" if recipe.test and run_tests else "not run"
     return ProgramBuild(recipe.name, variant, seconds, cpu, text, tests)
 
@@ -134,21 +134,11 @@ def policy_service(policies: list[Path], directory: Path, backend: str = "auto")
     socket = directory / "mlgo.sock"
     socket.unlink(missing_ok=True)  # a killed service's socket would look ready
     log = directory / "serve.log"
-    args = [f"--policy={p.resolve()}" for p in policies]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mlgo.cli", "serve", "--socket", str(socket)]
-            + ["--backend", backend, *args],
-            stdout=out,
-            stderr=out,
-        )
     try:
-        deadline = time.monotonic() + 300
-        while not socket.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text(errors="replace").strip().splitlines()[-1:]
-                raise BuildError(f"the policy service did not start: {' '.join(tail)}")
-            time.sleep(0.1)
+        proc = launch_service(socket, [str(p.resolve()) for p in policies], backend, log, 0, 300)
+    except ServiceError as e:
+        raise BuildError(str(e)) from e
+    try:
         yield {"MLGO_SOCKET": str(socket), "MLGO_STRICT": "1"}
     finally:
         proc.terminate()

@@ -1,12 +1,21 @@
-"""Writes that never leave a half-written file: write a sibling temp file, then rename."""
+"""Writes that never leave a half-written file or directory: write a sibling, then rename."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+def _chmod_as_created(path: str | Path, mode: int) -> None:
+    """The mode a plain create would give (MODE under the umask): mkstemp's and mkdtemp's
+    private 0600/0700 would make results private by accident."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, mode & ~umask)
 
 
 @contextmanager
@@ -16,9 +25,7 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make results private by accident
+    _chmod_as_created(tmp, 0o666)
     try:
         yield Path(tmp)
         os.replace(tmp, target)
@@ -34,3 +41,28 @@ def atomic_write_bytes(target: str | Path, data: bytes) -> None:
 
 def atomic_write_text(target: str | Path, text: str) -> None:
     atomic_write_bytes(target, text.encode())
+
+
+@contextmanager
+def atomic_directory(target: str | Path, replace: bool = True) -> Iterator[Path]:
+    """Yields an empty staging directory next to `target` and puts it in `target`'s place
+    only on success, so a killed writer never leaves half a directory under that name;
+    on failure the staging directory is removed. An existing `target` is replaced, or, if
+    not `replace`, kept (a concurrent builder of the same thing won: both are complete)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(
+        tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    )
+    _chmod_as_created(staging, 0o777)
+    try:
+        yield staging
+        if replace:
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            staging.rename(target)
+        except OSError:
+            if replace or not target.exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from mlgo.runtime.files import atomic_write_bytes
+from mlgo.runtime.messages import error_line
 from mlgo.runtime.tasks import Failed, ShippedFile, guarded, shipped_field
 
 try:
@@ -62,10 +64,8 @@ class _Bitcode:
 def _local_copy(bitcode: _Bitcode) -> Path:
     path = CACHE_DIR / f"{bitcode.digest}.bc"
     if not path.exists():
-        CACHE_DIR.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(ray.get(bitcode.ref[0]))
-        tmp.rename(path)  # atomic: concurrent workers on a node write the same bytes
+        # atomic: concurrent workers on a node write the same bytes
+        atomic_write_bytes(path, ray.get(bitcode.ref[0]))
     return path
 
 
@@ -143,7 +143,7 @@ class RayWorkers:
                 _init(address)
         except (ConnectionError, RuntimeError) as e:
             where = address or "the local Ray cluster"
-            raise ValueError(f"cannot reach {where}: {str(e).splitlines()[0]}") from e
+            raise ValueError(f"cannot reach {where}: {error_line(e)}") from e
         self._bitcode: dict[tuple[str, int, int], _Bitcode] = {}
 
     def _ship(self, shipped: ShippedFile) -> _Bitcode:
@@ -185,10 +185,9 @@ class RayWorkers:
                 try:
                     result = ray.get(ref)
                 except _LOST as e:
-                    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
                     shipped = shipped_field(item)
                     who = f"{shipped[1].name}: " if shipped else ""
-                    result = Failed(f"{who}Ray worker lost {RETRIES + 1} times ({first})")
+                    result = Failed(f"{who}Ray worker lost {RETRIES + 1} times ({error_line(e)})")
                 yield item, result
                 nxt = next(pending, None)
                 if nxt is not None:

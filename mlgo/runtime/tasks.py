@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from mlgo.runtime.messages import error_line
+
 
 @dataclass(frozen=True)
 class Failed:
@@ -24,7 +26,7 @@ def guarded(fn: Callable[[Any], Any], item: Any) -> Any:
     try:
         return fn(item)
     except Exception as e:  # reported to the driver, which decides what to do
-        return Failed(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return Failed(error_line(e))
 
 
 class Workers(Protocol):

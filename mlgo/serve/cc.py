@@ -35,7 +35,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from mlgo.serve.client import Connection, ServiceError, UntrustedError, runtime_dir, socket_path
+from mlgo.data import shipped_policy
+from mlgo.runtime.messages import error_line
+from mlgo.serve.client import (
+    Connection,
+    ServiceError,
+    UntrustedError,
+    launch_service,
+    runtime_dir,
+    socket_path,
+)
 from mlgo.ship.aot import cache_dir
 
 SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".c++", ".C", ".i", ".ii", ".m", ".mm")
@@ -54,7 +63,7 @@ LEASE_CHANNEL_OPTIONS = (
     "-regalloc-evict-interactive-channel-base",
 )
 PLUGIN_FLAG = "-fpass-plugin="
-SHIPPED_POLICY = Path(__file__).resolve().parents[2] / "policies" / "inlining-size"
+SHIPPED_POLICY = shipped_policy("inlining-size")
 
 
 def optimizes(args: list[str]) -> bool:
@@ -113,28 +122,15 @@ def start_service(path: Path) -> Connection:
         fingerprint = _start_fingerprint()
         if _failed_recently(failed_marker, fingerprint):
             raise ServiceError(f"the mlgo service failed to start recently ({failed_marker})")
-        cmd = [sys.executable, "-m", "mlgo.cli", "serve", "--idle-exit", "600"]
-        cmd += ["--backend", os.environ.get("MLGO_BACKEND", "auto")]
-        for p in _policies().split(os.pathsep):
-            cmd += ["--policy", p]
-        log_path = runtime / "service.log"
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                conn = Connection(path, CONNECT_TIMEOUT_S)
-                failed_marker.unlink(missing_ok=True)
-                return conn
-            except ServiceError:
-                time.sleep(0.1)
-        if proc.poll() is None:
-            proc.kill()
-        failed_marker.write_text(fingerprint)
-        lines = log_path.read_text(errors="replace").strip().splitlines() or ["(no output)"]
-        raise ServiceError(f"the mlgo service did not start: {lines[-1][:200]}")
+        backend = os.environ.get("MLGO_BACKEND", "auto")
+        policies = _policies().split(os.pathsep)
+        try:
+            launch_service(path, policies, backend, runtime / "service.log", 600, START_TIMEOUT_S)
+        except ServiceError:
+            failed_marker.write_text(fingerprint)
+            raise
+        failed_marker.unlink(missing_ok=True)
+        return Connection(path, CONNECT_TIMEOUT_S)
 
 
 def connect(path: Path, may_start: bool) -> Connection:
@@ -316,8 +312,7 @@ def install_native_wrappers(bindir: Path) -> list[Path]:
         cmd = ["cc", "-O2", "-Wall", "-Werror", f'-DMLGO_PYTHON="{sys.executable}"']
         proc = subprocess.run([*cmd, str(source), "-o", tmp], capture_output=True, text=True)
         if proc.returncode != 0:
-            lines = proc.stderr.strip().splitlines() or ["(no output)"]
-            raise OSError(f"cannot build {source.name}: {lines[0]}")
+            raise OSError(f"cannot build {source.name}: {error_line(proc.stderr)}")
         installed = []
         for name in ("mlgo-cc", "mlgo-c++"):
             staged = bindir / f".{name}.new"

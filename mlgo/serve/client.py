@@ -1,6 +1,7 @@
 """Talking to the policy service: where it listens, and its JSON-lines protocol.
 
-Standard library only, because `mlgo-cc` imports this on every compiler invocation.
+Standard library only (and mlgo.runtime.messages, which is too), because `mlgo-cc` imports
+this on every compiler invocation.
 The service listens on a Unix socket in a private runtime directory (0700, socket 0600):
 `$MLGO_SOCKET`, else `$XDG_RUNTIME_DIR/mlgo/mlgo.sock`, else `/tmp/mlgo-UID/mlgo.sock`.
 Whatever answers there may put flags on the compiler's command line, so a client trusts
@@ -25,7 +26,12 @@ import os
 import socket
 import stat
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+from mlgo.runtime.messages import error_line
 
 
 class ServiceError(RuntimeError):
@@ -145,3 +151,31 @@ def request(message: dict, timeout_s: float = 10.0, path: Path | None = None) ->
     with Connection(path or socket_path(), timeout_s) as conn:
         conn.send(message)
         return conn.receive()
+
+
+def launch_service(
+    path: Path, policies: list[str], backend: str, log: Path, idle_exit_s: float, timeout_s: float
+) -> subprocess.Popen:
+    """Starts `mlgo serve` on PATH (in a session of its own, its output appended to LOG) and
+    returns once it answers there. If it exits first or stays silent for TIMEOUT_S it is
+    killed, and the ServiceError names the line of its output that says why."""
+    cmd = [sys.executable, "-m", "mlgo.cli", "serve", "--socket", str(path)]
+    cmd += ["--backend", backend, "--idle-exit", f"{idle_exit_s:g}"]
+    cmd += [f"--policy={p}" for p in policies]
+    with open(log, "ab") as out:
+        start = out.tell()
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        )
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            Connection(path, timeout_s).close()
+            return proc
+        except ServiceError:
+            time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    output = log.read_bytes()[start:].decode(errors="replace")
+    raise ServiceError(f"the mlgo service did not start: {error_line(output, 200)}")

@@ -15,13 +15,15 @@ import hashlib
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+
+from mlgo.runtime.files import atomic_directory
+from mlgo.runtime.messages import error_line
 
 SERVER_SOURCE = Path(__file__).parent / "native" / "policy_server.cc"
 CLASS_NAME = "Model"
@@ -62,19 +64,12 @@ def tf_version() -> str:
     return version("tensorflow")
 
 
-def _first_error(output: str) -> str:
-    """The line of a tool's output that says what went wrong (the first 'error' line)."""
-    lines = [ln for ln in output.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "error" in ln.lower()] or lines or ["(no output)"]
-    return errors[0].strip()[:300]
-
-
 def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1")
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
     if proc.returncode != 0:
         output = proc.stderr + proc.stdout
-        raise AotError(f"{what} failed (exit {proc.returncode}): {_first_error(output)}")
+        raise AotError(f"{what} failed (exit {proc.returncode}): {error_line(output)}")
 
 
 def _tree_digest(paths: list[Path], root: Path | None = None) -> str:
@@ -85,23 +80,11 @@ def _tree_digest(paths: list[Path], root: Path | None = None) -> str:
     return h.hexdigest()
 
 
-def _publish(staging: Path, target: Path) -> None:
-    """Moves a complete staging dir onto `target`; a concurrent builder may have won."""
-    try:
-        staging.rename(target)
-    except OSError:
-        if not target.exists():
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
-
-
 def aot_compile(saved_model: Path, out: Path) -> Path:
     """Writes OUT/model.h and its objects from SAVED_MODEL's `action` signature."""
     if not (saved_model / "saved_model.pb").is_file():
         raise AotError(f"{saved_model}: not a SavedModel (no saved_model.pb)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out) as staging:
         cli = Path(sys.executable).parent / "saved_model_cli"
         _run(
             [str(cli), "aot_compile_cpu", "--dir", str(saved_model), "--tag_set", "serve"]
@@ -111,11 +94,6 @@ def aot_compile(saved_model: Path, out: Path) -> Path:
         )
         (staging / "tf_version").write_text(tf_version() + "\n")
         (staging / "model_makefile.inc").unlink(missing_ok=True)  # names this machine's paths
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return out
 
 
@@ -168,13 +146,8 @@ def cached_build(kind: str, key_material: bytes, name: str, build: Callable[[Pat
     target = cache_dir() / kind / key
     if (target / name).exists():
         return target / name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=target.parent))
-    try:
+    with atomic_directory(target, replace=False) as staging:
         build(staging)
-        _publish(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return target / name
 
 
@@ -190,7 +163,7 @@ def native_server(saved_model: Path) -> Path:
         if proc.returncode != 0 and re.search(r"undefined reference", proc.stderr):
             proc = _link(staging, aot, _runtime_objects(_all_runtime_sources()))
         if proc.returncode != 0:
-            raise AotError(f"linking the policy server failed: {_first_error(proc.stderr)}")
+            raise AotError(f"linking the policy server failed: {error_line(proc.stderr)}")
 
     key = f"{tf_version()}\0{_tree_digest(files, saved_model)}\0".encode()
     return cached_build("native", key + SERVER_SOURCE.read_bytes(), "policy_server", build)

@@ -12,13 +12,12 @@ anyone building LLVM with `-DLLVM_INLINER_MODEL_PATH`.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 
 from mlgo.problems.policy import SELF, MLPPolicy
-from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.tfutil import import_tf
 
 SIGNATURE = "action"
@@ -145,15 +144,11 @@ def export_saved_model(policy: MLPPolicy, out: Path) -> Path:
     """Writes OUT/saved_model (SavedModel + output_spec.json) atomically; returns its path."""
     tf = import_tf()
     target = out / "saved_model"
-    staging = out / ".saved_model.partial"
-    shutil.rmtree(staging, ignore_errors=True)
     module = build_module(policy)
-    tf.saved_model.save(module, str(staging), signatures={SIGNATURE: module.action})
-    advice = policy.problem.advice_name
-    atomic_write_text(staging / "output_spec.json", json.dumps(_output_spec(advice), indent=2))
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
+    with atomic_directory(target) as staging:
+        tf.saved_model.save(module, str(staging), signatures={SIGNATURE: module.action})
+        advice = policy.problem.advice_name
+        atomic_write_text(staging / "output_spec.json", json.dumps(_output_spec(advice), indent=2))
     return target
 
 

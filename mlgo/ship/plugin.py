@@ -19,7 +19,8 @@ from pathlib import Path
 
 from mlgo.llvm.toolchain import Toolchain, ToolchainError
 from mlgo.problems.policy import MLPPolicy
-from mlgo.ship.aot import AotError, _first_error, cached_build
+from mlgo.runtime.messages import error_line
+from mlgo.ship.aot import AotError, cached_build
 
 PLUGIN_SOURCE = Path(__file__).parent / "native" / "inline_plugin.cc"
 FLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared", "-fno-rtti", "-fno-exceptions"]
@@ -98,7 +99,7 @@ def inliner_plugin(policy_dir: Path, tc: Toolchain) -> Path:
             text=True,
         )
         if proc.returncode != 0:
-            raise AotError(f"building the inlining plugin failed: {_first_error(proc.stderr)}")
+            raise AotError(f"building the inlining plugin failed: {error_line(proc.stderr)}")
 
     key = f"{llvm_version}\0{header}\0".encode()  # the header is the whole policy
     return cached_build("plugin", key + PLUGIN_SOURCE.read_bytes(), "libmlgo_inliner.so", build)

@@ -11,6 +11,7 @@ training data. A run directory holds:
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,25 +75,36 @@ class RunDir:
 
 
 class Adam:
-    """Adam on a flat parameter vector, in numpy so that its state checkpoints with the run."""
+    """optax's Adam on a flat parameter vector, for every trainer that steps one (BC, ES);
+    its moments checkpoint with the run as numpy arrays under the keys they always had."""
 
     def __init__(self, size: int, lr: float, b1: float = 0.9, b2: float = 0.999):
-        self.lr, self.b1, self.b2 = lr, b1, b2
-        self.m = np.zeros(size, np.float64)
-        self.v = np.zeros(size, np.float64)
-        self.t = 0
+        import optax
+
+        # JAX warns at every fork once it runs; the trainers fork only to exec (compilers,
+        # spawned worker pools), which is safe.
+        warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+        self._optax = optax
+        self._adam = optax.adam(lr, b1, b2, eps=1e-8)
+        self._state = self._adam.init(np.zeros(size, np.float32))
 
     def step(self, theta: np.ndarray, grad: np.ndarray) -> np.ndarray:
         """One ascent step along `grad` (a gradient of something to maximise)."""
-        self.t += 1
-        self.m = self.b1 * self.m + (1 - self.b1) * grad
-        self.v = self.b2 * self.v + (1 - self.b2) * grad * grad
-        m_hat = self.m / (1 - self.b1**self.t)
-        v_hat = self.v / (1 - self.b2**self.t)
-        return theta + self.lr * m_hat / (np.sqrt(v_hat) + 1e-8)
+        updates, self._state = self._adam.update(-grad, self._state)  # optax descends
+        return theta + np.asarray(updates, theta.dtype)
 
     def state(self) -> dict[str, np.ndarray]:
-        return {"adam_m": self.m, "adam_v": self.v, "adam_t": np.array(self.t)}
+        get = self._optax.tree_utils.tree_get
+        return {
+            "adam_m": np.asarray(get(self._state, "mu")),
+            "adam_v": np.asarray(get(self._state, "nu")),
+            "adam_t": np.asarray(get(self._state, "count")),
+        }
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
-        self.m, self.v, self.t = arrays["adam_m"], arrays["adam_v"], int(arrays["adam_t"])
+        self._state = self._optax.tree_utils.tree_set(
+            self._state,
+            mu=np.asarray(arrays["adam_m"], np.float32),
+            nu=np.asarray(arrays["adam_v"], np.float32),
+            count=np.asarray(arrays["adam_t"], np.int32),
+        )

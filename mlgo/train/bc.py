@@ -9,15 +9,35 @@ random policy's.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import cache
 
 import numpy as np
 from rich.progress import Progress
 
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
-from mlgo.runtime.tfutil import import_tf
 from mlgo.traces.dataset import Decisions
 from mlgo.train import Adam, RunDir, RunState
+
+
+@cache
+def _jitted_loss_and_grad() -> Callable:
+    """The weighted cross-entropy and its gradient, compiled once by JAX."""
+    import jax
+    import optax
+
+    def loss(ws: list, x: np.ndarray, y: np.ndarray, weight: np.ndarray, offset: np.ndarray):
+        h = x
+        for i in range(0, len(ws), 2):
+            h = h @ ws[i] + ws[i + 1]
+            if i + 2 < len(ws):
+                h = jax.nn.relu(h)
+        h = h.reshape(offset.shape) + offset
+        per = optax.softmax_cross_entropy_with_integer_labels(h, y)
+        return (per * weight).sum() / weight.sum()
+
+    return jax.jit(jax.value_and_grad(loss))
 
 
 def _loss_and_grad(
@@ -25,19 +45,8 @@ def _loss_and_grad(
 ) -> tuple[float, np.ndarray]:
     """x: normalized rows (one per decision, or one per candidate slot); the network's
     outputs are regrouped per decision and `offset` (MASKED on illegal slots) added."""
-    tf = import_tf()
-    ws = [tf.Variable(w) for w in policy.weights]
-    with tf.GradientTape() as tape:
-        h = tf.constant(x)
-        for i in range(0, len(ws), 2):
-            h = tf.matmul(h, ws[i]) + ws[i + 1]
-            if i + 2 < len(ws):
-                h = tf.nn.relu(h)
-        h = tf.reshape(h, offset.shape) + offset
-        per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=h)
-        loss = tf.reduce_sum(per * weight) / tf.reduce_sum(weight)
-    grads = tape.gradient(loss, ws)
-    return float(loss), np.concatenate([g.numpy().reshape(-1) for g in grads])
+    loss, grads = _jitted_loss_and_grad()(policy.weights, x, y, weight, offset)
+    return float(loss), np.concatenate([np.asarray(g).reshape(-1) for g in grads])
 
 
 def accuracy(policy: MLPPolicy, raw: np.ndarray, y: np.ndarray) -> dict[str, float]:

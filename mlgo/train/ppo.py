@@ -12,7 +12,6 @@ the mask a last observation column that rules slots out.
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -24,6 +23,7 @@ from mlgo.corpus.compile import CompileError, compile_module
 from mlgo.corpus.format import Corpus, Module
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy import MASKED, MLPPolicy
+from mlgo.runtime.files import atomic_directory
 from mlgo.runtime.tfutil import import_quietly, import_tf
 from mlgo.runtime.workers import Failed, Workers
 from mlgo.train import RunDir, RunState
@@ -172,11 +172,8 @@ class Agent:
         return float(self.agent.train(experience).loss)
 
     def save(self, directory: Path) -> None:
-        staging = directory.with_name(directory.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        self.checkpoint.write(str(staging / "agent"))
-        shutil.rmtree(directory, ignore_errors=True)
-        staging.rename(directory)
+        with atomic_directory(directory) as staging:
+            self.checkpoint.write(str(staging / "agent"))
 
     def restore(self, directory: Path) -> None:
         self.checkpoint.read(str(directory / "agent")).assert_existing_objects_matched()

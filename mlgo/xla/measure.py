@@ -16,6 +16,7 @@ import json
 import os
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -47,13 +48,7 @@ def _timed(fn, args, calls: int) -> float:
         start = time.perf_counter()
         fn(*args).block_until_ready()
         samples.append(time.perf_counter() - start)
-    samples.sort()
-    return samples[len(samples) // 2]
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+    return statistics.median(samples)
 
 
 def summarize(rounds: list[float]) -> dict:
@@ -62,14 +57,14 @@ def summarize(rounds: list[float]) -> dict:
     agreement bounds how well any model can rank the configs."""
     best = min(rounds)
     kept = [r for r in rounds if r <= NOISE_FACTOR * best]
-    median = _median(kept)
+    median = statistics.median(kept)
     halves = [[r for r in rounds[i::2] if r <= NOISE_FACTOR * best] for i in (0, 1)]
     return {
         "median_us": median * 1e6,
         "spread": (max(kept) - min(kept)) / median,
         "rounds_kept": len(kept),
         "rounds": len(rounds),
-        "halves_us": [_median(h) * 1e6 if h else median * 1e6 for h in halves],
+        "halves_us": [statistics.median(h) * 1e6 if h else median * 1e6 for h in halves],
     }
 
 

@@ -1,0 +1,30 @@
+"""Where mlgo's shipped data is: the package recipes and the trained policies.
+
+One place decides, so that an installed mlgo (`pip install .`, not only an editable
+checkout) finds them. In order:
+- `$MLGO_DATA`, a directory holding `recipes/` and `policies/` (your own, or a copy);
+- the package's own `mlgo/_data/`: in a checkout, links to `corpus/recipes` and
+  `policies/`; in an installed package, the copies the build put there.
+Standard library only: `mlgo-cc` imports this on every compiler invocation.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def data_dir() -> Path:
+    """The directory holding `recipes/` and `policies/`."""
+    override = os.environ.get("MLGO_DATA")
+    return Path(override) if override else Path(__file__).resolve().parent / "_data"
+
+
+def recipes_dir() -> Path:
+    """The package recipes (one TOML file each) that `mlgo corpus build` knows by name."""
+    return data_dir() / "recipes"
+
+
+def shipped_policy(name: str) -> Path:
+    """The trained policy shipped for problem NAME (e.g. inlining-size)."""
+    return data_dir() / "policies" / name

@@ -1,0 +1,168 @@
+"""The policy service's socket server: one JSON request a connection, on a 0600 Unix socket."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import socketserver
+import stat
+import threading
+import time
+from pathlib import Path
+
+from mlgo.serve.client import Connection, ServiceError, UntrustedError
+from mlgo.serve.service import Service
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: _Server
+
+    def _send(self, message: dict) -> None:
+        with self.write_lock:
+            self.wfile.write(json.dumps(message).encode() + b"\n")
+            self.wfile.flush()
+
+    def handle(self) -> None:
+        self.write_lock = threading.RLock()
+        service = self.server.service
+        line = self.rfile.readline()
+        try:
+            message = json.loads(line or b"{}")
+            op = message.get("op")
+            if op == "compile":
+                self._compile(service)
+            elif op == "channel":
+                lease = service.open_lease(message.get("problem"))
+                (_policy, base), *_ = lease.channels.values()
+                self._send({"base": base, "lease": lease.id})
+                expiry = threading.Timer(
+                    float(message.get("ttl_s", 600)), service.end_lease, (lease,)
+                )
+                expiry.daemon = True
+                expiry.start()
+            elif op == "status":
+                self._send(service.status())
+            elif op == "stop":
+                self._send({"stopping": True})
+                threading.Thread(target=self.server.shutdown, daemon=True).start()
+            else:
+                self._send({"error": f"unknown request {line[:80]!r}"})
+        except (ValueError, OSError, AttributeError) as e:
+            with contextlib.suppress(OSError):  # the client may be gone too
+                self._send({"error": f"{type(e).__name__}: {e}"})
+
+    def _notify(self, event: dict) -> None:
+        """Sends an event as it happens, from whichever thread saw it; the lock keeps it
+        whole and before the tally."""
+        with contextlib.suppress(OSError):  # a killed client: its lease ends on its own
+            self._send(event)
+
+    def _compile(self, service: Service) -> None:
+        with self.write_lock:  # no event before the flags
+            lease = service.open_lease(notify=self._notify)
+            policies = [str(p.path) for p in service.policies]  # what answers, for MLGO_POLICY
+            self._send({"lease": lease.id, "flags": lease.flags, "policies": policies})
+        returncode = None
+        try:
+            line = self.rfile.readline()  # blocks until the client is done or gone
+            if line:
+                returncode = json.loads(line).get("returncode")
+        except (ValueError, OSError):
+            pass
+        finally:
+            tally = service.end_lease(lease, returncode)
+        with contextlib.suppress(OSError):  # a killed client: its lease is cleaned up already
+            self._send(tally)
+
+
+class _Server(socketserver.UnixStreamServer):
+    """Handles each connection on a pooled daemon thread: starting a thread for every
+    compilation cost the service more CPU than the lease itself."""
+
+    service: Service
+
+    def __init__(self, path: str):
+        super().__init__(path, _Handler)
+        self._pending: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._idle = 0  # pooled threads waiting for a connection, none promised one yet
+        self._idle_lock = threading.Lock()
+
+    def process_request(self, request, client_address) -> None:
+        with self._idle_lock:
+            start_one = self._idle == 0
+            self._idle -= not start_one
+        self._pending.put((request, client_address))
+        if start_one:
+            threading.Thread(target=self._work, daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            request, client_address = self._pending.get()
+            try:
+                self.finish_request(request, client_address)
+            except Exception:
+                self.handle_error(request, client_address)
+            finally:
+                self.shutdown_request(request)
+            with self._idle_lock:
+                self._idle += 1
+
+
+def claim_socket(socket_file: Path) -> None:
+    """Makes SOCKET_FILE free to bind, touching nothing while a service answers there: only
+    a stale socket of this user (no one listening) is removed; anything else is an error."""
+    try:
+        Connection(socket_file, 2.0).close()
+    except UntrustedError:
+        raise
+    except ServiceError:
+        pass  # no one listens there
+    else:
+        raise ServiceError(f"an mlgo service is already listening on {socket_file}")
+    try:
+        st = socket_file.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ServiceError(
+            f"{socket_file} exists and is not a socket; not replacing it (choose another --socket)"
+        )
+    socket_file.unlink()  # a stale socket of a dead service
+
+
+def serve_forever(service: Service, socket_file: Path, idle_exit_s: float = 0.0) -> None:
+    """Listens on SOCKET_FILE (0600) until stopped, idle for IDLE_EXIT_S seconds, or sent
+    SIGTERM or SIGINT; the socket is removed on the way out."""
+    claim_socket(socket_file)
+    service.clear_stale_channels()
+    old_umask = os.umask(0o177)
+    try:
+        server = _Server(str(socket_file))
+    finally:
+        os.umask(old_umask)
+    server.service = service
+
+    def idle_watch() -> None:
+        while idle_exit_s > 0:
+            time.sleep(min(idle_exit_s, 5.0))
+            idle = time.monotonic() - service.last_activity
+            if not service.leases and idle >= idle_exit_s:
+                server.shutdown()
+                return
+
+    def stop(_signum: int, _frame: object) -> None:
+        # shutdown() waits for serve_forever's loop, which runs on this very thread.
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    threading.Thread(target=idle_watch, daemon=True).start()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+        socket_file.unlink(missing_ok=True)
+        service.close()
