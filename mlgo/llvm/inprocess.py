@@ -13,13 +13,16 @@ import os
 import tempfile
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mlgo.llvm.channel import ChannelError, Decision, Policy, serve_in_thread
 from mlgo.llvm.log_format import Header, Observation
-from mlgo.problems import Problem
 from mlgo.runtime.messages import error_line
+
+if TYPE_CHECKING:  # problems/ sits above llvm/; a problem is only passed in
+    from mlgo.problems import Problem
 
 _lock = threading.Lock()
 _bases: dict[str, str] = {}
