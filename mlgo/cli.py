@@ -5,18 +5,22 @@ from __future__ import annotations
 import sys
 from contextlib import closing
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
+import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from mlgo.corpus.compile import CompileError
 from mlgo.corpus.extract import BuildError
-from mlgo.corpus.format import CorpusError, load_corpus
+from mlgo.corpus.format import DESCRIPTION, CorpusError, load_corpus
 from mlgo.llvm.channel import ChannelError
 from mlgo.llvm.toolchain import ToolchainError, find_toolchain
+from mlgo.options import non_negative, positive, workers_spec
 from mlgo.problems import Problem, get_problem, problems
+from mlgo.runtime.files import output_dir
 from mlgo.runtime.messages import error_line
 from mlgo.runtime.workers import WORKERS_HELP, make_workers
 from mlgo.serve.client import ServiceError
@@ -41,7 +45,7 @@ err = Console(stderr=True, soft_wrap=True)
 ClangOpt = Annotated[
     str | None, typer.Option(help="clang to use (default: $MLGO_CLANG, clang-22, clang)")
 ]
-WorkersOpt = Annotated[str, typer.Option(help=WORKERS_HELP)]
+WorkersOpt = Annotated[str, typer.Option(help=WORKERS_HELP, callback=workers_spec)]
 # The errors a user can cause or fix; anything else is a bug and keeps its traceback.
 USER_ERRORS = (
     ToolchainError,
@@ -118,20 +122,22 @@ def corpus_build(
             f"{opt_level!r} is not one of -O0..-O3, -Os, -Oz", param_hint="--opt-level"
         )
     tc = find_toolchain(clang)
-    out.mkdir(parents=True, exist_ok=True)
     failed = []
-    for pkg in packages:
-        with err.status(f"building {pkg}"):
-            try:
-                n = extract_package(
-                    load_recipe(pkg), tc, out, work.resolve() / pkg, opt_level, profile
-                )
-            except BuildError as e:
-                err.print(f"[red]failed[/red] {pkg}: {e}", highlight=False)
-                failed.append(pkg)
-                continue
-        err.print(f"[green]built[/green] {pkg}: {n} modules")
-    names = combine(out)
+    with output_dir(out):  # nothing built into a new OUT: no OUT (the failures said why)
+        for pkg in packages:
+            with err.status(f"building {pkg}"):
+                try:
+                    n = extract_package(
+                        load_recipe(pkg), tc, out, work.resolve() / pkg, opt_level, profile
+                    )
+                except BuildError as e:
+                    err.print(f"[red]failed[/red] {pkg}: {e}", highlight=False)
+                    failed.append(pkg)
+                    continue
+            err.print(f"[green]built[/green] {pkg}: {n} modules")
+        if len(failed) == len(packages) and not (out / DESCRIPTION).exists():
+            raise typer.Exit(1)
+        names = combine(out)
     console.print(
         f"{out}: {len(names)} modules from {len({n.split('/', 1)[0] for n in names})} packages"
     )
@@ -195,7 +201,7 @@ def collect(
     out: Annotated[Path, typer.Option(help="trace directory (resumed if it exists)")],
     packages: Annotated[str, typer.Option(help="comma-separated packages (default: all)")] = "",
     workers: WorkersOpt = "local",
-    timeout: Annotated[float, typer.Option(help="seconds per module")] = 600.0,
+    timeout: Annotated[float, typer.Option(help="seconds per module", callback=positive)] = 600.0,
     clang: ClangOpt = None,
 ) -> None:
     """Compile every module with the default heuristic and record its decisions."""
@@ -237,17 +243,27 @@ def train(
     problem: Annotated[str, typer.Option(help="the decision to learn")] = "inlining-size",
     init: Annotated[Path | None, typer.Option(help="run or policy to start from (es, ppo)")] = None,
     packages: Annotated[str, typer.Option(help="comma-separated packages (default: all)")] = "",
-    steps: Annotated[int, typer.Option(help="epochs (bc) or steps (es, ppo)")] = 0,
-    sigma: Annotated[float, typer.Option(help="ES: perturbation scale of the weights")] = 0.05,
+    steps: Annotated[
+        int, typer.Option(help="epochs (bc) or steps (es, ppo); 0: the algorithm's default", min=0)
+    ] = 0,
+    sigma: Annotated[
+        float, typer.Option(help="ES: perturbation scale of the weights", callback=positive)
+    ] = 0.05,
     derived: Annotated[bool, typer.Option(help="BC: also feed the default's cost rule")] = False,
-    batch: Annotated[int, typer.Option(help="es, ppo: modules compiled per step")] = 24,
-    directions: Annotated[int, typer.Option(help="ES: perturbations per step")] = 8,
-    lr: Annotated[float, typer.Option(help="ES: Adam step size")] = 0.02,
+    batch: Annotated[int, typer.Option(help="es, ppo: modules compiled per step", min=1)] = 24,
+    directions: Annotated[int, typer.Option(help="ES: perturbations per step", min=1)] = 8,
+    lr: Annotated[float, typer.Option(help="ES: Adam step size", callback=positive)] = 0.02,
     regression_penalty: Annotated[
-        float, typer.Option(help="ES: reward per package, a package's loss x (1 + this)")
+        float,
+        typer.Option(
+            help="ES: reward per package, a package's loss x (1 + this)", callback=non_negative
+        ),
     ] = 0.0,
     max_module_seconds: Annotated[
-        float, typer.Option(help="es, ppo: modules that compile slower stay out of batches")
+        float,
+        typer.Option(
+            help="es, ppo: modules that compile slower stay out of batches", callback=positive
+        ),
     ] = 2.0,
     workers: WorkersOpt = "local",
     clang: ClangOpt = None,
@@ -260,9 +276,19 @@ def train(
 
     spec = get_problem(problem)
     tc = find_toolchain(clang)
-    with closing(make_workers(workers)) as pool:
+    # every input is checked before OUT is made: a run that cannot start writes nothing
+    if algo not in ("bc", "es", "ppo"):
+        raise ValueError(f"unknown --algo {algo!r}: use bc, es or ppo")
+    selected = _load_selected(corpus, packages, spec)
+    start = None
+    if algo != "bc":
+        if init is None:
+            raise ValueError(f"--algo {algo} needs --init (a BC run) as its starting point")
+        start = MLPPolicy.load(_policy_dir(init))
+        if start.problem is not spec:
+            raise ValueError(f"--init {init} is a {start.problem.name} policy, not {problem}")
+    with output_dir(out), closing(make_workers(workers)) as pool:
         run = RunDir(out, algo)
-        selected = _load_selected(corpus, packages, spec)
         if algo == "bc":
             from mlgo.train.bc import train_bc
 
@@ -276,8 +302,6 @@ def train(
         elif algo == "es":
             from mlgo.train.es import ESConfig, train_es
 
-            if init is None:
-                raise ValueError("--algo es needs --init (a BC run) as its starting point")
             cfg = ESConfig(
                 steps=steps or ESConfig.steps,
                 sigma=sigma,
@@ -288,29 +312,19 @@ def train(
                 max_module_seconds=max_module_seconds,
                 init=str(init),
             )
-            start = MLPPolicy.load(_policy_dir(init))
-            if start.problem is not spec:
-                raise ValueError(f"--init {init} is a {start.problem.name} policy, not {problem}")
             policy = train_es(selected, start, run, tc, pool, cfg)
-        elif algo == "ppo":
+        else:
             from mlgo.train.ppo import PPOConfig, train_ppo
 
-            if init is None:
-                raise ValueError("--algo ppo needs --init (a BC run) as its starting point")
             cfg = PPOConfig(
                 steps=steps or PPOConfig.steps,
                 batch=batch,
                 max_module_seconds=max_module_seconds,
                 init=str(init),
             )
-            start = MLPPolicy.load(_policy_dir(init))
-            if start.problem is not spec:
-                raise ValueError(f"--init {init} is a {start.problem.name} policy, not {problem}")
             policy = train_ppo(selected, start, run, tc, pool, cfg)
-        else:
-            raise ValueError(f"unknown --algo {algo!r}: use bc, es or ppo")
         ev = evaluate(policy, selected, tc, pool, spec)
-    ev.save(out / "eval")
+        ev.save(out / "eval")
     t = ev.totals()
     console.print(
         f"{out / 'policy'}: training corpus {spec.reward_metric} {t['delta']:+.2%} vs "
@@ -324,10 +338,14 @@ def eval_cmd(
     corpus: Annotated[Path, typer.Option(help="corpus to compile, e.g. held-out packages")],
     out: Annotated[Path | None, typer.Option(help="where eval.json goes")] = None,
     packages: Annotated[str, typer.Option(help="comma-separated packages (default: all)")] = "",
+    allow_failures: Annotated[
+        bool, typer.Option(help="exit 0 even when some modules failed to compile")
+    ] = False,
     workers: WorkersOpt = "local",
     clang: ClangOpt = None,
 ) -> None:
-    """Compile a corpus with a policy and with the default; per-module and total deltas."""
+    """Compile a corpus with a policy and with the default; per-module and total deltas.
+    Exits 1 when any module failed (its total leaves it out), unless --allow-failures."""
     from mlgo.problems.policy import MLPPolicy
     from mlgo.train.evaluate import evaluate
 
@@ -363,6 +381,10 @@ def eval_cmd(
     console.print(f"wrote {dest / 'eval.json'}")
     for name, msg in ev.failed.items():
         err.print(f"[red]failed[/red] {name}: {msg}", highlight=False)
+    if ev.failed:
+        err.print(f"{len(ev.failed)} of {len(selected.modules)} modules failed", highlight=False)
+        if not allow_failures:
+            raise typer.Exit(1)
 
 
 @app.command()
@@ -388,11 +410,11 @@ def export(
 
     pdir = _policy_dir(policy)
     loaded = MLPPolicy.load(pdir)
-    out.mkdir(parents=True, exist_ok=True)
-    saved = export_saved_model(loaded, out)
-    for name in ("policy.npz", "normalization.json", "policy.json"):
-        shutil.copyfile(pdir / name, out / name)
-    atomic_write_text(out / "MODEL_CARD.md", model_card(loaded, pdir.parent))
+    with output_dir(out):
+        saved = export_saved_model(loaded, out)
+        for name in ("policy.npz", "normalization.json", "policy.json"):
+            shutil.copyfile(pdir / name, out / name)
+        atomic_write_text(out / "MODEL_CARD.md", model_card(loaded, pdir.parent))
     console.print(f"wrote {saved} and {out / 'MODEL_CARD.md'}")
     if aot:
         from mlgo.ship.aot import aot_compile, native_server
@@ -583,7 +605,8 @@ def serve(
     ] = "auto",
     socket: SocketOpt = None,
     idle_exit: Annotated[
-        float, typer.Option(help="exit after this many idle seconds (0: never)")
+        float,
+        typer.Option(help="exit after this many idle seconds (0: never)", callback=non_negative),
     ] = 0.0,
 ) -> None:
     """Run the policy service: one channel per compilation, many at once, until stopped."""
@@ -623,7 +646,9 @@ def channel(
         "inlining-size"
     ),
     socket: SocketOpt = None,
-    ttl: Annotated[float, typer.Option(help="seconds the channel waits for its compiler")] = 600,
+    ttl: Annotated[
+        float, typer.Option(help="seconds the channel waits for its compiler", callback=positive)
+    ] = 600,
 ) -> None:
     """Print a channel base for one compilation run by hand (-mllvm -...-channel-base=);
     starts the service (as mlgo-cc would) when none is running."""
@@ -668,12 +693,29 @@ def demo(
     corpus_stats(out / "corpus")
 
 
+def _fail(message: str, code: int) -> NoReturn:
+    """One line on stderr, then exit CODE: what a user needs, no traceback or usage box."""
+    first = message.splitlines()[0] if message.strip() else "failed"
+    err.print(f"[red]error:[/red] {escape(first)}", highlight=False)
+    sys.exit(code)
+
+
 def main() -> None:
     try:
-        app()
+        code = app(standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        e.show()  # the help text, not an error
+        sys.exit(e.exit_code)
+    except click.UsageError as e:  # a bad option or value, found at parse time
+        where = e.ctx.command_path if e.ctx else "mlgo"
+        _fail(f"{where}: {e.format_message()}", e.exit_code)
+    except click.ClickException as e:
+        _fail(e.format_message(), e.exit_code)
+    except click.Abort:
+        _fail("aborted", 1)
     except USER_ERRORS as e:
-        err.print(f"[red]error:[/red] {error_line(e)}", highlight=False)
-        sys.exit(2)
+        _fail(error_line(e), 2)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

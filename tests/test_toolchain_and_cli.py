@@ -6,6 +6,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from mlgo.cli import app
+from mlgo.corpus.stats import cache_file
 from mlgo.llvm.inprocess import compile_in_process
 from mlgo.llvm.toolchain import ToolchainError, find_toolchain, probe
 from mlgo.problems import get_problem
@@ -104,7 +105,8 @@ def test_corpus_stats_counts_call_sites_and_text(mini_corpus):
     r = run_mlgo("corpus", "stats", str(mini_corpus.root), timeout=300)
     assert r.returncode == 0, r.stderr
     assert "minipkg" in r.stdout and "total" in r.stdout
-    assert (mini_corpus.root / "stats.json").exists()
+    assert cache_file(mini_corpus).exists()  # cached in the user's cache, not the corpus
+    assert not (mini_corpus.root / "stats.json").exists()
 
 
 def test_malformed_corpus_gives_one_line_error(tmp_path):

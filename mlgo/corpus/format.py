@@ -139,6 +139,16 @@ def _read_cmd(path: Path) -> tuple[str, ...]:
     return args
 
 
+def _check_name(desc_path: Path, name: str) -> None:
+    """A module name becomes paths under the corpus and under every output directory
+    (traces, evaluations): it must stay inside them."""
+    if "\0" in name or any(p in ("", ".", "..") for p in name.split("/")):
+        raise CorpusError(
+            f"{desc_path}: module name {name!r} is not a plain relative path "
+            "(no '..', '.', empty or absolute parts)"
+        )
+
+
 def load_corpus(root: str | Path) -> Corpus:
     """Reads and checks a corpus; every problem is reported as a CorpusError naming a file."""
     root = Path(root)
@@ -154,6 +164,12 @@ def load_corpus(root: str | Path) -> Corpus:
     names = desc["modules"]
     if not names or not all(isinstance(n, str) and n for n in names):
         raise CorpusError(f"{desc_path}: 'modules' must be a non-empty list of names")
+    seen: set[str] = set()
+    for name in names:
+        _check_name(desc_path, name)
+        if name in seen:
+            raise CorpusError(f"{desc_path}: module {name!r} is listed twice")
+        seen.add(name)
     if desc.get("has_thinlto"):
         raise CorpusError(f"{desc_path}: ThinLTO corpora are not supported yet")
     override = desc.get("global_command_override")

@@ -3,15 +3,18 @@
 Call sites are counted from the bitcode (direct calls to functions defined in the same
 module: the inliner's candidates before any inlining); .text bytes come from compiling
 each module with plain clang at the level it was recorded at. Results are cached in the
-corpus next to the description, keyed by compiler and bitcode size, since a corpus does not
-change.
+user's cache directory (never in the corpus, which may be read-only), one file per corpus,
+each module's entry keyed by a hash of its bitcode and command line: a module that changed
+in any byte is measured again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +23,20 @@ from mlgo.corpus.format import Corpus, Module
 from mlgo.llvm.sizes import text_metrics
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Failed, Workers
+from mlgo.ship.aot import cache_dir
 
-CACHE = "stats.json"
+
+def cache_file(corpus: Corpus) -> Path:
+    """Where CORPUS's stats are cached: the user cache, by the corpus's resolved path."""
+    key = hashlib.sha256(str(corpus.root.resolve()).encode()).hexdigest()[:24]
+    return cache_dir() / "stats" / f"{key}.json"
+
+
+def module_key(module: Module) -> str:
+    """What a module's stats depend on: its bitcode and its command line, byte for byte."""
+    h = hashlib.sha256(module.bitcode.read_bytes())
+    h.update("\0".join(module.args).encode())
+    return h.hexdigest()
 
 
 def count_call_sites(bitcode: bytes) -> int:
@@ -65,28 +80,23 @@ def corpus_stats(
     corpus: Corpus, clang_desc: str, clang: str, workers: Workers
 ) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
     """Per-module stats (cached) and per-module failures."""
-    path = corpus.root / CACHE
+    path = cache_file(corpus)
     cache: dict = {}
-    if path.exists():
-        try:
-            cache = json.loads(path.read_text())
-        except ValueError:
-            cache = {}
-    if cache.get("toolchain") != clang_desc:
-        cache = {"toolchain": clang_desc, "modules": {}}
+    with suppress(OSError, ValueError):  # no cache yet, or an unreadable one: measure again
+        cache = json.loads(path.read_text())
+    if not isinstance(cache, dict) or cache.get("toolchain") != clang_desc:
+        cache = {"toolchain": clang_desc, "corpus": str(corpus.root.resolve()), "modules": {}}
     known = cache["modules"]
-    todo = [
-        m
-        for m in corpus.modules
-        if known.get(m.name, {}).get("bitcode_bytes") != m.bitcode.stat().st_size
-        or "seconds" not in known[m.name]
-    ]
+    keys = {m.name: module_key(m) for m in corpus.modules}
+    todo = [m for m in corpus.modules if known.get(m.name, {}).get("key") != keys[m.name]]
     failures: dict[str, str] = {}
     for task, result in workers.imap(module_stats, [StatsTask(m, clang) for m in todo]):
+        name = task.module.name
         if isinstance(result, Failed):
-            failures[task.module.name] = result.message
+            failures[name] = result.message
+            known.pop(name, None)  # what was measured before no longer describes it
         else:
-            known[task.module.name] = result
+            known[name] = {**result, "key": keys[name]}
     if todo:
         atomic_write_text(path, json.dumps(cache, indent=1))
     return {m.name: known[m.name] for m in corpus.modules if m.name in known}, failures

@@ -10,9 +10,13 @@ deadline. Nothing here can hang: a dead, crashed or stuck compiler becomes a
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import os
 import re
 import select
+import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -58,10 +62,46 @@ class SessionResult:
     seconds: float = 0.0
 
 
+_run_dirs: dict[int, Path] = {}  # per process id: a forked child makes its own
+_locks: list[int] = []  # held open for the life of the process
+
+
+def run_dir() -> Path:
+    """This process's directory for the FIFOs it makes, TMPDIR/mlgo-UID/run-XXXX.
+
+    A killed process (SIGKILL, a lost machine) cannot remove its temp directories, so each
+    process holds a lock on a file in its own; the first channel of every later process
+    removes each run directory whose lock nobody holds, i.e. whose process is gone."""
+    pid = os.getpid()
+    if pid not in _run_dirs:
+        root = Path(tempfile.gettempdir()) / f"mlgo-{os.getuid()}"
+        root.mkdir(mode=0o700, exist_ok=True)
+        st = root.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise ChannelError(f"{root}: not a private directory of this user; remove it")
+        for lock in root.glob("run-*/lock"):
+            with open(lock) as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # its process is alive
+                shutil.rmtree(lock.parent, ignore_errors=True)
+        mine = Path(tempfile.mkdtemp(prefix="run-", dir=root))
+        # locked before it is named `lock`: a sweeper never sees it unlocked
+        fd, tmp = tempfile.mkstemp(dir=mine)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(tmp, mine / "lock")
+        _locks.append(fd)
+        atexit.register(shutil.rmtree, mine, True)
+        _run_dirs[pid] = mine
+    return _run_dirs[pid]
+
+
 @contextmanager
 def fifo_pair(directory: str | None = None) -> Iterator[str]:
-    """Creates BASE.in and BASE.out as FIFOs in a private temp dir; yields BASE."""
-    with tempfile.TemporaryDirectory(prefix="mlgo-ch-", dir=directory) as d:
+    """Creates BASE.in and BASE.out as FIFOs in a private temp dir (in this process's
+    run_dir unless DIRECTORY is given); yields BASE."""
+    with tempfile.TemporaryDirectory(prefix="ch-", dir=directory or run_dir()) as d:
         base = os.path.join(d, "ch")
         os.mkfifo(base + ".in", 0o600)
         os.mkfifo(base + ".out", 0o600)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mlgo.llvm.channel import ChannelError, Decision, Policy, serve_in_thread
+from mlgo.llvm.channel import ChannelError, Decision, Policy, run_dir, serve_in_thread
 from mlgo.llvm.log_format import Header, Observation
 from mlgo.runtime.messages import error_line
 
@@ -47,7 +47,7 @@ def _channel_base(problem: Problem) -> str:
     """Creates this process's FIFO pair for `problem` and points LLVM at it, once."""
     if problem.name not in _bases:
         llvm = _llvm()
-        d = tempfile.mkdtemp(prefix="mlgo-inproc-")
+        d = tempfile.mkdtemp(prefix="inproc-", dir=run_dir())
         base = os.path.join(d, "ch")
         os.mkfifo(base + ".in", 0o600)
         os.mkfifo(base + ".out", 0o600)

@@ -12,10 +12,11 @@ the compile workers); trainers and the exported SavedModel use the same weights 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import numpy as np
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from mlgo.problems import Problem
     from mlgo.traces.dataset import Decisions
 
+T = TypeVar("T")
 QUANTILES = 256
 # A per-candidate column holding the live range's own value of a feature (the last slot's),
 # so that a derived input can compare each candidate with it: "self:use_def_density".
@@ -275,18 +277,78 @@ class MLPPolicy:
 
     @classmethod
     def load(cls, directory: Path) -> MLPPolicy:
-        """The policy of the problem policy.json names, in that problem's policy class."""
+        """The policy of the problem policy.json names, in that problem's policy class,
+        checked whole (see `check`): a truncated, corrupt or diverged policy is one line
+        naming its file, never a traceback or a served NaN."""
         from mlgo.problems import get_problem
 
+        meta = _read(directory / "policy.json", lambda p: json.loads(p.read_text()))
+        norm = _read(
+            directory / "normalization.json",
+            lambda p: Normalizer.from_json(json.loads(p.read_text())),
+        )
+        weights = _read(directory / "policy.npz", _read_weights)
+        where = directory / "policy.json"
         try:
-            meta = json.loads((directory / "policy.json").read_text())
-            norm = Normalizer.from_json(json.loads((directory / "normalization.json").read_text()))
-            with np.load(directory / "policy.npz") as z:
-                weights = [z[f"arr_{i}"] for i in range(len(z.files))]
             problem = get_problem(meta["problem"])
-            kind = problem.policy_class
-            if meta.get("kind", "mlp") != kind.kind:
-                raise ValueError(f"a {meta.get('kind', 'mlp')} policy for {problem.name}")
-        except (OSError, ValueError, KeyError) as e:
-            raise ValueError(f"{directory}: not a policy ({e})") from e
-        return kind(problem, norm, weights)
+        except (KeyError, TypeError) as e:
+            raise PolicyError(f"{where}: not a policy ({e})") from e
+        kind = problem.policy_class
+        if meta.get("kind", "mlp") != kind.kind:
+            raise PolicyError(f"{where}: a {meta.get('kind', 'mlp')} policy for {problem.name}")
+        policy = kind(problem, norm, weights)
+        policy.check(directory)
+        return policy
+
+    def check(self, directory: Path) -> None:
+        """Raises a PolicyError naming the file in DIRECTORY that does not hold up: layers
+        that do not chain from the normalizer's width, weights that are not all finite,
+        boundaries the normalizer cannot search (NaN may only trail: an old policy keeps
+        its NaN boundaries and both numpy and the exported graph count them exactly)."""
+        npz, norm = directory / "policy.npz", directory / "normalization.json"
+        n = self.normalizer
+        if len(set(n.features)) != len(n.features):
+            raise PolicyError(f"{norm}: a feature is listed twice")
+        for d in n.derived:
+            if not {d.left, d.right} <= set(n.features):
+                raise PolicyError(f"{norm}: derived {d.name} uses an unknown feature")
+        if len(n.quantiles) != n.columns:
+            raise PolicyError(f"{norm}: {len(n.quantiles)} boundary lists for {n.columns} columns")
+        for j, q in enumerate(n.quantiles):
+            finite = q[~np.isnan(q)]
+            if q.ndim != 1 or not q.size or np.isnan(q[: finite.size]).any():
+                raise PolicyError(f"{norm}: column {j} boundaries are empty or not a list")
+            if (np.diff(finite) < 0).any():
+                raise PolicyError(f"{norm}: column {j} boundaries are not sorted")
+        if not self.weights or len(self.weights) % 2:
+            raise PolicyError(f"{npz}: {len(self.weights)} arrays, not weight and bias pairs")
+        width = n.width
+        for i, (w, b) in enumerate(zip(self.weights[::2], self.weights[1::2], strict=True)):
+            if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
+                raise PolicyError(
+                    f"{npz}: layer {i} is {w.shape} + {b.shape}, expected ({width}, k) + (k,)"
+                )
+            if not (np.isfinite(w).all() and np.isfinite(b).all()):
+                raise PolicyError(f"{npz}: layer {i} holds NaN or infinite weights")
+            width = w.shape[1]
+
+
+class PolicyError(ValueError):
+    """A policy on disk does not hold up; the message is one line naming the file."""
+
+
+def _read(path: Path, parse: Callable[[Path], T]) -> T:
+    try:
+        return parse(path)
+    except FileNotFoundError as e:
+        raise PolicyError(f"{path}: missing (not a policy directory)") from e
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+        raise PolicyError(f"{path}: not a policy ({type(e).__name__}: {e})") from e
+
+
+def _read_weights(path: Path) -> list[np.ndarray]:
+    with np.load(path) as z:
+        weights = [z[f"arr_{i}"] for i in range(len(z.files))]
+    if not all(np.issubdtype(w.dtype, np.floating) for w in weights):
+        raise ValueError("weights are not floating point")
+    return weights

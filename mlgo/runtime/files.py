@@ -6,7 +6,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -66,3 +66,21 @@ def atomic_directory(target: str | Path, replace: bool = True) -> Iterator[Path]
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def output_dir(path: Path) -> Iterator[Path]:
+    """Makes PATH, a command's output directory. If the command fails and PATH is new,
+    the empty directories it made go again: a failed run leaves no empty output that a
+    later run or the loader would trip on, while any file written (real progress, which
+    a rerun resumes) stays."""
+    existed = path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        if not existed:
+            for d, _, _ in sorted(os.walk(path), key=lambda t: -len(t[0])):  # deepest first
+                with suppress(OSError):  # not empty: it holds a file
+                    os.rmdir(d)
+        raise

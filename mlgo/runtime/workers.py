@@ -72,16 +72,24 @@ WORKERS_HELP = (
 )
 
 
-def make_workers(spec: str | int | None) -> Workers:
-    """The one place `--workers` is parsed; see WORKERS_HELP."""
+def parse_workers(spec: str | int | None) -> tuple[str, int | str | None]:
+    """The one place `--workers` is parsed (see WORKERS_HELP): ("local", processes or
+    None) or ("ray", address or None)."""
     if spec in (None, "", "local"):
-        return LocalPool()
+        return "local", None
     if isinstance(spec, int) or str(spec).isdigit():
         if int(spec) < 1:
             raise ValueError(f"--workers {spec}: need at least one process")
-        return LocalPool(int(spec))
+        return "local", int(spec)
     if spec == "ray" or _ADDRESS.match(str(spec)):
-        from mlgo.runtime.ray_workers import RayWorkers
-
-        return RayWorkers(None if spec == "ray" else str(spec))
+        return "ray", None if spec == "ray" else str(spec)
     raise ValueError(f"--workers {spec!r}: {WORKERS_HELP}")
+
+
+def make_workers(spec: str | int | None) -> Workers:
+    kind, arg = parse_workers(spec)
+    if kind == "local":
+        return LocalPool(arg if isinstance(arg, int) else None)
+    from mlgo.runtime.ray_workers import RayWorkers
+
+    return RayWorkers(arg if isinstance(arg, str) else None)

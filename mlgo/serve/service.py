@@ -12,7 +12,6 @@ stuck compiler and fall back to the default heuristic.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import threading
 import time
@@ -20,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlgo.problems import Problem, get_problem
+from mlgo.problems import Problem
 from mlgo.serve.backends import Backend, NativeBackend, PluginBackend, PythonBackend
 from mlgo.serve.client import runtime_dir
 
@@ -71,11 +70,10 @@ class Service:
             raise ValueError("two policies for the same problem; serve one per problem")
 
     def _load(self, directory: Path, backend: str) -> ServedPolicy:
-        try:
-            meta = json.loads((directory / "policy.json").read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{directory}: not a policy directory ({e})") from e
-        problem = get_problem(meta["problem"])
+        from mlgo.problems.policy import MLPPolicy
+
+        # checked whole before any backend builds or serves from it
+        problem = MLPPolicy.load(directory).problem
         if backend in ("auto", "plugin"):
             if problem.plugin:
                 return ServedPolicy(problem, directory.resolve(), PluginBackend(directory))

@@ -63,7 +63,10 @@ class Manifest:
         }
 
     def save(self, out: Path) -> None:
-        atomic_write_text(out / "manifest.json", json.dumps(self.to_json(), indent=1))
+        try:
+            atomic_write_text(out / "manifest.json", json.dumps(self.to_json(), indent=1))
+        except OSError as e:  # the previous manifest stays whole: a rerun resumes from it
+            raise TraceError(f"{out / 'manifest.json'}: cannot write ({e.strerror})") from e
 
     @classmethod
     def load(cls, out: Path) -> Manifest:
@@ -112,11 +115,14 @@ def write_module_trace(path: Path, run: ModuleRun, advice_name: str) -> None:
                 feature.int64_list.value.extend(values.tolist())
         lists[advice_name].feature.add().int64_list.value.append(int(run.advice[step]))
         lists[DEFAULT_DECISION].feature.add().int64_list.value.append(int(run.default[step]))
-    with atomic_path(path) as tmp, tf.io.TFRecordWriter(str(tmp)) as writer:
-        for se in examples.values():
-            # Map order follows the process's string hashing unless made deterministic;
-            # the same decisions must give the same bytes wherever they were collected.
-            writer.write(se.SerializeToString(deterministic=True))
+    try:
+        with atomic_path(path) as tmp, tf.io.TFRecordWriter(str(tmp)) as writer:
+            for se in examples.values():
+                # Map order follows the process's string hashing unless made deterministic;
+                # the same decisions must give the same bytes wherever they were collected.
+                writer.write(se.SerializeToString(deterministic=True))
+    except tf.errors.OpError as e:  # a full disk, say: the message ends with why
+        raise TraceError(f"{path}: cannot write ({e.message.split('; ')[-1]})") from e
 
 
 def read_module_trace(

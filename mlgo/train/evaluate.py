@@ -2,8 +2,8 @@
 
 The baseline is the plain compile (the same cc1 command without the channel), which the
 channel replays byte for byte. Where the problem's reward metric is one `mlgo corpus stats`
-caches (inlining's .text), it is read from there, so training pays for it once; other
-problems compile it per run.
+caches in the user's cache (inlining's .text), it is read from there, so training pays for
+it once; other problems compile it per run.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from mlgo.options import positive
+
 xla_app = typer.Typer(
     help="XLA:CPU GEMM configs (default path, Eigen, LLVM-IR tiles) chosen by a learned "
     "cost model.",
@@ -27,8 +29,8 @@ def collect_cmd(
     ),
     configs: Annotated[str, typer.Option(help="comma-separated configs (default: all)")] = "",
     only: Annotated[str, typer.Option(help="comma-separated program names")] = "",
-    rounds: Annotated[int, typer.Option(help="interleaved timing rounds per config")] = 20,
-    timeout: Annotated[float, typer.Option(help="seconds per program")] = 600.0,
+    rounds: Annotated[int, typer.Option(help="interleaved timing rounds per config", min=1)] = 20,
+    timeout: Annotated[float, typer.Option(help="seconds per program", callback=positive)] = 600.0,
 ) -> None:
     """Compile and time every program with every config, each program in its own worker."""
     from mlgo.xla.config import SEARCH_SPACE, parse_config
@@ -41,8 +43,6 @@ def collect_cmd(
         parse_config(c)
     if "default" not in chosen:
         raise ValueError("--configs must include 'default' (the baseline)")
-    if rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {rounds}")
     selected = load_corpus(programs)
     if only:
         names = set(only.split(","))
@@ -67,16 +67,19 @@ def collect_cmd(
 def train_cmd(
     data: Annotated[Path, typer.Option(help="dataset from `mlgo xla collect`")],
     out: Annotated[Path, typer.Option(help="where the model goes")],
-    steps: Annotated[int, typer.Option(help="optimizer steps")] = 400,
+    steps: Annotated[int, typer.Option(help="optimizer steps", min=1)] = 400,
     seed: Annotated[int, typer.Option(help="initialization seed")] = 0,
-    hidden: Annotated[int, typer.Option(help="hidden units")] = 64,
-    ensemble: Annotated[int, typer.Option(help="networks averaged (seeds seed, seed+1, ...)")] = 1,
-    lr: Annotated[float, typer.Option(help="Adam learning rate")] = 3e-3,
+    hidden: Annotated[int, typer.Option(help="hidden units", min=1)] = 64,
+    ensemble: Annotated[
+        int, typer.Option(help="networks averaged (seeds seed, seed+1, ...)", min=1)
+    ] = 1,
+    lr: Annotated[float, typer.Option(help="Adam learning rate", callback=positive)] = 3e-3,
     loss: Annotated[str, typer.Option(help="ranking loss: pairwise or listwise")] = "pairwise",
     folds: Annotated[
         int,
         typer.Option(
-            help="k-fold cross-validation over the training programs (fits the default margin)"
+            help="k-fold cross-validation over the training programs (fits the default margin)",
+            min=2,
         ),
     ] = 4,
     cv_only: Annotated[bool, typer.Option(help="print the cross-validation figures only")] = False,
@@ -91,8 +94,6 @@ def train_cmd(
     train_set = ds.split(held_out=False)
     if not train_set:
         raise ValueError(f"{data}: every program is held out; nothing to train on")
-    if ensemble < 1:
-        raise ValueError(f"--ensemble must be >= 1, got {ensemble}")
     hyper = Hyper(hidden=hidden, steps=steps, lr=lr, seed=seed, ensemble=ensemble, loss=loss)
     graphs, times = [r.graph for r in train_set], [r.times() for r in train_set]
     fixed = best_fixed_config(train_set, ds.configs)
@@ -191,7 +192,7 @@ def tune_cmd(
         "policies/xla-gemm-tile"
     ),
     top_k: Annotated[
-        int, typer.Option(help="candidates from the model (> 1 implies --verify)")
+        int, typer.Option(help="candidates from the model (> 1 implies --verify)", min=1)
     ] = 1,
     verify: Annotated[
         bool, typer.Option(help="time the candidates against the default before choosing")
@@ -209,8 +210,6 @@ def tune_cmd(
 
     program = load_target(target)
     cm = CostModel.load(model)
-    if top_k < 1:
-        raise ValueError(f"--top-k must be >= 1, got {top_k}")
     start = time.perf_counter()
     from mlgo.xla.extract import lower
 

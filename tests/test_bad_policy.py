@@ -1,0 +1,111 @@
+"""A policy is checked whole wherever it is loaded: a corrupt, truncated or diverged one is
+one line naming its file, in eval, export and serve alike (issue 19, items 7 and 8)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlgo.problems.policy import MLPPolicy
+from tests.cli_helpers import POLICIES, mlgo, one_line_error
+
+
+def _policy_copy(tmp_path: Path, name: str = "inlining-size") -> Path:
+    dest = tmp_path / f"bad-{name}"
+    shutil.copytree(POLICIES / name, dest, ignore=shutil.ignore_patterns("saved_model"))
+    return dest
+
+
+def _rewrite_weights(policy: Path, change) -> None:
+    with np.load(policy / "policy.npz") as z:
+        weights = [z[f"arr_{i}"] for i in range(len(z.files))]
+    change(weights)
+    with open(policy / "policy.npz", "wb") as f:
+        np.savez(f, *weights)
+
+
+def _nan_weight(w):
+    w[0][3, 5] = np.nan
+
+
+def _inf_bias(w):
+    w[3][0] = np.inf
+
+
+def _wrong_shape(w):
+    w[2] = w[2][:-1]
+
+
+def _rewrite_norm(policy: Path, change) -> None:
+    d = json.loads((policy / "normalization.json").read_text())
+    change(d)
+    (policy / "normalization.json").write_text(json.dumps(d))
+
+
+def _unsorted(d):
+    d["quantiles"][2] = d["quantiles"][2][::-1]
+
+
+def _nan_inside(d):
+    d["quantiles"][2][1] = float("nan")
+
+
+def _column_missing(d):
+    d["quantiles"].pop()
+
+
+BAD_POLICIES = [
+    ("policy.npz", "NaN or infinite", lambda p: _rewrite_weights(p, _nan_weight)),
+    ("policy.npz", "NaN or infinite", lambda p: _rewrite_weights(p, _inf_bias)),
+    ("policy.npz", "layer 1 is", lambda p: _rewrite_weights(p, _wrong_shape)),
+    ("normalization.json", "not sorted", lambda p: _rewrite_norm(p, _unsorted)),
+    ("normalization.json", "column 2", lambda p: _rewrite_norm(p, _nan_inside)),
+    ("normalization.json", "boundary lists", lambda p: _rewrite_norm(p, _column_missing)),
+    (
+        "policy.npz",
+        "not a policy",
+        lambda p: (p / "policy.npz").write_bytes((p / "policy.npz").read_bytes()[:3000]),
+    ),
+    ("policy.json", "not a policy", lambda p: (p / "policy.json").write_text('{"problem": ')),
+]
+
+
+@pytest.mark.parametrize(("file", "why", "spoil"), BAD_POLICIES)
+def test_a_spoilt_policy_is_refused_naming_its_file(tmp_path, file, why, spoil):
+    policy = _policy_copy(tmp_path)
+    spoil(policy)
+    with pytest.raises(ValueError, match=why) as e:
+        MLPPolicy.load(policy)
+    assert str(e.value).startswith(f"{policy / file}:") and "\n" not in str(e.value)
+
+
+def test_the_shipped_policies_load_nan_boundaries_included():
+    ra = MLPPolicy.load(POLICIES / "regalloc-eviction")
+    assert any(np.isnan(q).any() for q in ra.normalizer.quantiles)
+    assert MLPPolicy.load(POLICIES / "inlining-size").problem.name == "inlining-size"
+
+
+@pytest.mark.parametrize("spoil", [BAD_POLICIES[0], BAD_POLICIES[6]], ids=["nan", "truncated"])
+def test_eval_export_and_serve_refuse_a_spoilt_policy_in_one_line(mini_corpus, tmp_path, spoil):
+    file, why, change = spoil
+    policy = _policy_copy(tmp_path)
+    change(policy)
+    named = str(policy / file)
+    r = mlgo("eval", "--policy", str(policy), "--corpus", str(mini_corpus.root), "--out",
+             str(tmp_path / "ev"))  # fmt: skip
+    one_line_error(r, named, why)
+    assert not (tmp_path / "ev").exists()
+    r = mlgo("export", "--policy", str(policy), "--out", str(tmp_path / "exp"), "--no-aot")
+    one_line_error(r, named, why)
+    assert not (tmp_path / "exp").exists()
+    for backend in ("python", "native"):
+        sock = tmp_path / backend / "mlgo.sock"
+        sock.parent.mkdir()
+        r = mlgo("serve", "--policy", str(policy), "--backend", backend, "--socket", str(sock),
+                 env={"MLGO_STRICT": "1"}, timeout=120)  # fmt: skip
+        one_line_error(r, named, why)
+        assert not sock.exists()

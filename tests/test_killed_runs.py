@@ -1,0 +1,48 @@
+"""A killed run's FIFO directories go at the next start (issue 19, item 15)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.cli_helpers import mlgo
+
+HOLD_CHANNEL = (
+    "import sys, time\n"
+    "from mlgo.llvm.channel import fifo_pair\n"
+    "with fifo_pair() as base:\n"
+    "    print(base, flush=True)\n"
+    "    time.sleep(600)\n"
+)
+
+
+def _hold_channel(env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_CHANNEL], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def test_a_killed_runs_fifos_are_removed_by_the_next_run(mini_corpus, tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    killed, killed_base = _hold_channel(env)
+    live, live_base = _hold_channel(env)
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        assert Path(f"{killed_base}.in").exists()  # SIGKILL: nothing could clean up
+        r = mlgo("collect", "--problem", "inlining-size", "--corpus", str(mini_corpus.root),
+                 "--out", str(tmp_path / "t"), "--workers", "2", env=env)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert not killed_base.parent.parent.exists()  # the killed run's whole directory
+        assert Path(f"{live_base}.in").exists()  # a live run's channel is left alone
+        runs = list((tmp_path / "tmp" / f"mlgo-{os.getuid()}").iterdir())
+        assert runs == [live_base.parent.parent]  # collect removed its own on exit
+    finally:
+        live.kill()
+        live.wait()
