@@ -240,6 +240,172 @@ def retry_after_fix(work: Path) -> Result:
     return ok, first_line(fixed.stderr) if fixed.stderr else "compiled with the policy"
 
 
+# -- bad input ----------------------------------------------------------------------
+_corpus: list[Path] = []
+
+
+def corpus(work: Path) -> Path:
+    """A copy of tests/data/minipkg's corpus (3 modules at -Oz), recorded once per drill by
+    the real recording build and LLVM's extract_ir."""
+    from mlgo.corpus.extract import build_corpus, combine
+    from mlgo.llvm.toolchain import find_toolchain
+
+    if not _corpus:
+        root = Path(tempfile.mkdtemp(prefix="mlgo-drill-corpus-"))
+        shutil.copytree(MINIPKG, root / "src")
+        build = tuple(f'"$CC" -O2 -c {c.name}' for c in sorted((root / "src").glob("*.c")))
+        build_corpus("minipkg", root / "src", (), build, find_toolchain(), root / "c", root / "w")
+        combine(root / "c")
+        _corpus.append(root / "c")
+    shutil.copytree(_corpus[0], work / "corpus")
+    return work / "corpus"
+
+
+def spoilt_policy(work: Path, how: str) -> Path:
+    """The shipped policy with one NaN weight, or its weights file truncated."""
+    import numpy as np
+
+    policy = work / f"policy-{how}"
+    shutil.copytree(SHIPPED, policy, ignore=shutil.ignore_patterns("saved_model", "aot"))
+    npz = policy / "policy.npz"
+    if how == "truncated":
+        npz.write_bytes(npz.read_bytes()[:3000])
+    else:
+        with np.load(npz) as z:
+            weights = [z[f"arr_{i}"] for i in range(len(z.files))]
+        weights[0][0, 0] = np.nan
+        np.savez(npz, *weights)
+    return policy
+
+
+@case("7", "a policy with a NaN weight is refused by eval and serve")
+def nan_policy(work: Path) -> Result:
+    policy, data = spoilt_policy(work, "nan"), corpus(work)
+    ev = run([*MLGO, "eval", "--policy", str(policy), "--corpus", str(data)], env_for(work))
+    sv = run(serve(work / "s.sock", policy), env_for(work))
+    ok = all(r.returncode == 2 and one_line(r, "policy.npz") for r in (ev, sv))
+    return ok, first_line(ev.stderr)
+
+
+@case("8", "a truncated policy.npz, and --directions 0, are one line")
+def truncated_policy(work: Path) -> Result:
+    policy, out = spoilt_policy(work, "truncated"), work / "exported"
+    ex = run([*MLGO, "export", "--policy", str(policy), "--out", str(out)], env_for(work))
+    args = ["--corpus", str(work), "--out", str(work / "run"), "--directions", "0"]
+    tr = run([*MLGO, "train", "--algo", "es", *args], env_for(work))
+    ok = ex.returncode == 2 and one_line(ex, "policy.npz") and not out.exists()
+    return ok and tr.returncode == 2 and one_line(tr, "--directions"), first_line(ex.stderr)
+
+
+@case("9", "numeric options are range-checked when parsed")
+def bad_numbers(work: Path) -> Result:
+    common = ["--corpus", str(work), "--out", str(work / "o")]
+    tries = [
+        ["train", *common, "--steps", "-1"],
+        ["train", *common, "--batch", "0"],
+        ["collect", "--problem", "inlining-size", *common, "--timeout", "0"],
+    ]
+    results = [run([*MLGO, *args], env_for(work)) for args in tries]
+    ok = all(r.returncode == 2 and one_line(r, "Invalid value") for r in results)
+    return ok and not (work / "o").exists(), first_line(results[0].stderr)
+
+
+@case("11", "corpus stats sees a same-size corrupted module and a truncated one")
+def corrupted_modules(work: Path) -> Result:
+    data = corpus(work)
+    env = env_for(work, MLGO_CACHE=str(work / "cache"))
+    run([*MLGO, "corpus", "stats", str(data)], env)
+    first, second = sorted(data.rglob("*.bc"))[:2]
+    first.write_bytes(first.read_bytes()[:100] + bytes(first.stat().st_size - 100))
+    second.write_bytes(second.read_bytes()[:200])
+    r = run([*MLGO, "corpus", "stats", str(data)], env)
+    failed = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("failed")]
+    return len(
+        failed
+    ) == 2, f"{len(failed)} modules reported failed: {first_line(failed[0]) if failed else ''}"
+
+
+@case("12", "a corpus on read-only storage can be evaluated")
+def read_only_corpus(work: Path) -> Result:
+    if os.getuid() != 0:
+        raise Skip("needs root for a read-only bind mount")
+    data, ro = corpus(work), work / "ro"
+    ro.mkdir()
+    if run(["mount", "--bind", str(data), str(ro)]).returncode != 0:
+        raise Skip("cannot bind-mount here")
+    try:
+        run(["mount", "-o", "remount,ro,bind", str(ro)])
+        args = ["--policy", str(SHIPPED), "--corpus", str(ro), "--out", str(work / "ev")]
+        r = run([*MLGO, "eval", *args], env_for(work, MLGO_CACHE=str(work / "cache")))
+    finally:
+        run(["umount", str(ro)])
+    return r.returncode == 0, first_line(r.stdout)
+
+
+@case("13", "mlgo eval exits 1 when a module failed, unless --allow-failures")
+def eval_failures(work: Path) -> Result:
+    data = corpus(work)
+    sorted(data.rglob("*.bc"))[0].write_bytes(b"junk")
+    args = [*MLGO, "eval", "--policy", str(SHIPPED), "--corpus", str(data)]
+    strict = run([*args, "--out", str(work / "ev1")], env_for(work))
+    allowed = run([*args, "--out", str(work / "ev2"), "--allow-failures"], env_for(work))
+    said = [ln for ln in (strict.stdout + strict.stderr).splitlines() if "modules failed" in ln]
+    ok = strict.returncode == 1 and allowed.returncode == 0 and said
+    return bool(ok), said[0] if said else first_line(strict.stderr)
+
+
+@case("14", "a module name that escapes the corpus is refused")
+def escaping_module(work: Path) -> Result:
+    data = corpus(work)
+    description = data / "corpus_description.json"
+    meta = json.loads(description.read_text())
+    meta["modules"].append("../evil")
+    description.write_text(json.dumps(meta))
+    out = work / "traces"
+    args = ["--problem", "inlining-size", "--corpus", str(data), "--out", str(out)]
+    r = run([*MLGO, "collect", *args], env_for(work))
+    ok = r.returncode == 2 and one_line(r, "../evil") and not (work / "evil.tfrecord").exists()
+    return ok, first_line(r.stderr)
+
+
+@case("15", "the FIFOs of a killed run are removed by the next run")
+def killed_run_fifos(work: Path) -> Result:
+    data, tmp = corpus(work), work / "tmp"
+    tmp.mkdir()
+    env = env_for(work, TMPDIR=str(tmp))
+    fifo_root = tmp / f"mlgo-{os.getuid()}"
+    args = [*MLGO, "collect", "--problem", "inlining-size", "--corpus", str(data), "--workers", "1"]
+    proc = subprocess.Popen(
+        [*args, "--out", str(work / "t1")],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while not list(fifo_root.glob("run-*/**/*.in")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    left = list(fifo_root.glob("run-*"))
+    r = run([*args, "--out", str(work / "t2")], env)
+    after = [d for d in left if d.exists()]
+    ok = bool(left) and not after and r.returncode == 0
+    return ok, f"{len(left)} run directories left by the kill, {len(after)} after the next run"
+
+
+@case("17", "a failed corpus build or train writes nothing")
+def failed_commands(work: Path) -> Result:
+    new_corpus, new_run = work / "NEW", work / "RUN"
+    build = run([*MLGO, "corpus", "build", "nosuch", "--out", str(new_corpus)], env_for(work))
+    train = run(
+        [*MLGO, "train", "--corpus", str(work / "nowhere"), "--out", str(new_run)], env_for(work)
+    )
+    ok = build.returncode != 0 and train.returncode != 0
+    ok = ok and not new_corpus.exists() and not new_run.exists()
+    return ok, first_line(train.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-k", action="append", default=[], help="run only this item (repeat)")
@@ -263,6 +429,8 @@ def main() -> int:
                 failed += 1
         table.add_row(item, title, result, seen)
     Console(width=160).print(table)
+    for leftover in _corpus:
+        shutil.rmtree(leftover.parent)
     return 1 if failed else 0
 
 
