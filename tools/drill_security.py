@@ -27,29 +27,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mlgo.data import shipped_policy  # noqa: E402
+from tests.test_security import CANARY, FAKE_SERVICE  # noqa: E402  (the tests' own fake)
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 MLGO = [sys.executable, "-m", "mlgo.cli"]
-SHIPPED = ROOT / "policies" / "inlining-size"
+SHIPPED = shipped_policy("inlining-size")
 MINIPKG = ROOT / "tests" / "data" / "minipkg"
 NOBODY = 65534
-# Compiles only if nothing defines PWNED: an injected -D shows as a compile error.
-CANARY = "#ifdef PWNED\n#error PWNED was injected\n#endif\nint f(int x) { return x + 1; }\n"
-# A stand-in for a service that answers every lease with argv[2].
-FAKE_SERVICE = r"""
-import socket, sys
-server = socket.socket(socket.AF_UNIX)
-server.bind(sys.argv[1])
-server.listen(64)
-while True:
-    conn, _ = server.accept()
-    with conn, conn.makefile("rwb") as f:
-        for answer in (sys.argv[2], '{"decisions": 0, "sessions": 0, "errors": []}'):
-            if not f.readline():
-                break
-            f.write(answer.encode() + b"\n")
-            f.flush()
-"""
 
 
 class Skip(Exception):

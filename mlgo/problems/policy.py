@@ -148,6 +148,7 @@ class MLPPolicy:
     kind: ClassVar[str] = "mlp"  # policy.json's name for the shape
     hidden: ClassVar[tuple[int, ...]] = (64, 32)  # the hidden layers of a fresh policy
     mask_feature: ClassVar[str | None] = None  # the feature that rules answers out, if any
+    outputs: ClassVar[int] = 2  # the network's outputs: a logit per answer (no, yes)
     problem: Problem
     normalizer: Normalizer
     weights: list[np.ndarray] = field(default_factory=list)  # W0, b0, W1, b1, ...
@@ -163,11 +164,10 @@ class MLPPolicy:
         problem: Problem,
         normalizer: Normalizer,
         hidden: Sequence[int] | None = None,
-        actions: int = 2,
         seed: int = 0,
     ) -> MLPPolicy:
         rng = np.random.default_rng(seed)
-        sizes = [normalizer.width, *(hidden or cls.hidden), actions]
+        sizes = [normalizer.width, *(hidden or cls.hidden), cls.outputs]
         weights: list[np.ndarray] = []
         for a, b in zip(sizes[:-1], sizes[1:], strict=True):
             weights.append((rng.standard_normal((a, b)) * np.sqrt(2.0 / a)).astype(np.float32))

@@ -11,7 +11,6 @@ comes from a compile with the default advisor.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -180,17 +179,7 @@ class CandidatePolicy(MLPPolicy):
     kind = "candidate"
     hidden = (32, 16)
     mask_feature = "mask"
-
-    @classmethod
-    def init(
-        cls,
-        problem: Problem,
-        normalizer: Normalizer,
-        hidden: Sequence[int] | None = None,
-        actions: int = 1,
-        seed: int = 0,
-    ) -> CandidatePolicy:
-        return super().init(problem, normalizer, hidden, 1, seed)  # type: ignore[return-value]
+    outputs = 1  # one score per slot
 
     @classmethod
     def for_cloning(
