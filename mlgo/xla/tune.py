@@ -162,6 +162,12 @@ def _model_meta(model: CostModel | Path) -> dict:
     return {k: meta.get(k) for k in ("configs", "hyper", "info")}
 
 
+@functools.cache
+def _load_model(path: Path) -> CostModel:
+    """Loaded once per process, when the first program needs it: loading compiles."""
+    return CostModel.load(path)
+
+
 class _Tuner:
     """Chooses the config of each new signature of one tuned function (see the module doc)."""
 
@@ -238,7 +244,7 @@ class _Tuner:
                     self.cache.store(key, hlo, self.tuner, known)
                 return Choice(known["config"], tuple(known.get("ranking", ())), 0.0, cached=True)
             if isinstance(self.model, Path):
-                self.model = CostModel.load(self.model)
+                self.model = _load_model(self.model.resolve())
             choice = choose(lowered, parse_hlo(text), self.model, self.top_k, args, kwargs,
                             self.verify)  # fmt: skip
             parse_config(choice.config)
