@@ -211,10 +211,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.pin:
         pin(-1)  # before jax starts its thread pool, which inherits the affinity
-    from mlgo.xla.tune import _load_model
+    from mlgo.xla.tune import load_model
 
     start = time.perf_counter()
-    model = _load_model(args.model.resolve())  # once per process, reported apart
+    model = load_model(args.model.resolve())  # once per process, reported apart
     load_s = time.perf_counter() - start
     programs = bench_programs(args.programs)
     if args.only:

@@ -163,7 +163,7 @@ def _model_meta(model: CostModel | Path) -> dict:
 
 
 @functools.cache
-def _load_model(path: Path) -> CostModel:
+def load_model(path: Path) -> CostModel:
     """Loaded once per process, when the first program needs it: loading compiles."""
     return CostModel.load(path)
 
@@ -244,7 +244,7 @@ class _Tuner:
                     self.cache.store(key, hlo, self.tuner, known)
                 return Choice(known["config"], tuple(known.get("ranking", ())), 0.0, cached=True)
             if isinstance(self.model, Path):
-                self.model = _load_model(self.model.resolve())
+                self.model = load_model(self.model.resolve())
             choice = choose(lowered, parse_hlo(text), self.model, self.top_k, args, kwargs,
                             self.verify)  # fmt: skip
             parse_config(choice.config)
