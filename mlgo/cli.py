@@ -11,15 +11,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.aot import AotError
-from mlgo.channel import ChannelError
-from mlgo.client import ServiceError
-from mlgo.compile import CompileError
-from mlgo.corpus import CorpusError, load_corpus
-from mlgo.extract import BuildError
-from mlgo.toolchain import ToolchainError, find_toolchain
-from mlgo.traces import TraceError
-from mlgo.workers import WORKERS_HELP, make_workers
+from mlgo.corpus.compile import CompileError
+from mlgo.corpus.extract import BuildError
+from mlgo.corpus.format import CorpusError, load_corpus
+from mlgo.llvm.channel import ChannelError
+from mlgo.llvm.toolchain import ToolchainError, find_toolchain
+from mlgo.runtime.workers import WORKERS_HELP, make_workers
+from mlgo.serve.client import ServiceError
+from mlgo.ship.aot import AotError
+from mlgo.traces.format import TraceError
 from mlgo.xla.cli import xla_app
 
 app = typer.Typer(
@@ -72,8 +72,8 @@ def _kb(n: float) -> str:
 @app.command()
 def doctor(clang: ClangOpt = None) -> None:
     """Find clang and its LLVM tools, and check both MLGO channels answer."""
+    from mlgo.llvm.toolchain import probe
     from mlgo.problems import get_problem, problem_names
-    from mlgo.toolchain import probe
 
     tc = find_toolchain(clang)
     table = Table("check", "result", title="mlgo toolchain")
@@ -112,7 +112,7 @@ def corpus_build(
     clang: ClangOpt = None,
 ) -> None:
     """Build Debian source packages and extract their bitcode into a corpus."""
-    from mlgo.extract import combine, extract_package, load_recipe
+    from mlgo.corpus.extract import combine, extract_package, load_recipe
 
     if opt_level not in ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz"):
         raise typer.BadParameter(
@@ -148,8 +148,8 @@ def corpus_stats(
 ) -> None:
     """Modules, call sites and .text bytes per package, at the level the corpus was recorded
     at (compiles once, then cached)."""
-    from mlgo.stats import corpus_stats as compute
-    from mlgo.stats import per_package
+    from mlgo.corpus.stats import corpus_stats as compute
+    from mlgo.corpus.stats import per_package
 
     tc = find_toolchain(clang)
     loaded = load_corpus(corpus)
@@ -200,7 +200,7 @@ def collect(
     clang: ClangOpt = None,
 ) -> None:
     """Compile every module with the default heuristic and record its decisions."""
-    from mlgo.collect import collect as run
+    from mlgo.traces.collect import collect as run
 
     tc = find_toolchain(clang)
     selected = _load_selected(corpus, packages, problem)
@@ -222,7 +222,7 @@ def _policy_dir(path: Path) -> Path:
 
 def _collect_for_bc(problem, run, corpus, tc, workers) -> None:
     """The default traces of the training corpus, collected into the run once."""
-    from mlgo.collect import collect as run_collect
+    from mlgo.traces.collect import collect as run_collect
 
     manifest = run_collect(problem, corpus, run.traces_dir, tc, workers)
     if manifest.failed:
@@ -253,11 +253,11 @@ def train(
     clang: ClangOpt = None,
 ) -> None:
     """Train a policy; prints its size change on the training corpus."""
-    from mlgo.dataset import load_decisions
-    from mlgo.evaluate import evaluate
-    from mlgo.policy import MLPPolicy
     from mlgo.problems import get_problem
+    from mlgo.problems.policy import MLPPolicy
+    from mlgo.traces.dataset import load_decisions
     from mlgo.train import RunDir
+    from mlgo.train.evaluate import evaluate
 
     spec = get_problem(problem)
     tc = find_toolchain(clang)
@@ -329,8 +329,8 @@ def eval_cmd(
     clang: ClangOpt = None,
 ) -> None:
     """Compile a corpus with a policy and with the default; per-module and total deltas."""
-    from mlgo.evaluate import evaluate
-    from mlgo.policy import MLPPolicy
+    from mlgo.problems.policy import MLPPolicy
+    from mlgo.train.evaluate import evaluate
 
     tc = find_toolchain(clang)
     pdir = _policy_dir(policy)
@@ -382,10 +382,10 @@ def export(
     it into OUT/aot (model.h + objects, what LLVM's release mode embeds)."""
     import shutil
 
-    from mlgo.export import export_saved_model
-    from mlgo.fsutil import atomic_write_text
-    from mlgo.modelcard import model_card
-    from mlgo.policy import MLPPolicy
+    from mlgo.problems.policy import MLPPolicy
+    from mlgo.runtime.files import atomic_write_text
+    from mlgo.ship.export import export_saved_model
+    from mlgo.ship.modelcard import model_card
 
     pdir = _policy_dir(policy)
     loaded = MLPPolicy.load(pdir)
@@ -396,11 +396,11 @@ def export(
     atomic_write_text(out / "MODEL_CARD.md", model_card(loaded, pdir.parent))
     console.print(f"wrote {saved} and {out / 'MODEL_CARD.md'}")
     if aot:
-        from mlgo.aot import aot_compile, native_server
+        from mlgo.ship.aot import aot_compile, native_server
 
         console.print(f"wrote {aot_compile(saved, out / 'aot')} (model.h and objects)")
         console.print(f"native policy server: {native_server(saved)}")
-        from mlgo.plugin import PLUGIN_PROBLEMS, inliner_plugin
+        from mlgo.ship.plugin import PLUGIN_PROBLEMS, inliner_plugin
 
         if loaded.problem in PLUGIN_PROBLEMS:
             plugin = inliner_plugin(out, find_toolchain())
@@ -423,9 +423,9 @@ def report(
 ) -> None:
     """Render an evaluation (table, per-module histogram, per-package bars, JSON), or
     compare the .text of every ELF file in two build trees (--build-dir, --baseline-dir)."""
-    from mlgo.evaluate import Evaluation
-    from mlgo.fsutil import atomic_write_text
-    from mlgo.report import render_html, summary_json
+    from mlgo.runtime.files import atomic_write_text
+    from mlgo.train.evaluate import Evaluation
+    from mlgo.train.report import render_html, summary_json
 
     if build_dir or baseline_dir:
         _build_report(build_dir, baseline_dir, json_out)
@@ -446,8 +446,8 @@ def report(
 def _build_report(build: Path | None, baseline: Path | None, json_out: Path | None) -> None:
     import json
 
-    from mlgo.fsutil import atomic_write_text
-    from mlgo.sizes import compare_trees
+    from mlgo.llvm.sizes import compare_trees
+    from mlgo.runtime.files import atomic_write_text
 
     if build is None or baseline is None:
         raise ValueError("--build-dir and --baseline-dir go together")
@@ -487,15 +487,15 @@ def build(
     both, and compare the linked programs' .text."""
     import json
 
-    from mlgo.extract import BuildError, load_recipe
-    from mlgo.fsutil import atomic_write_text
-    from mlgo.programs import (
+    from mlgo.corpus.extract import BuildError, load_recipe
+    from mlgo.programs.build import (
         build_program,
         mlgo_compilers,
         plain_compilers,
         policy_service,
         pristine_source,
     )
+    from mlgo.runtime.files import atomic_write_text
 
     tc = find_toolchain(clang)
     results: list[dict] = []
@@ -588,10 +588,11 @@ def serve(
     ] = 0.0,
 ) -> None:
     """Run the policy service: one channel per compilation, many at once, until stopped."""
-    from mlgo.client import socket_path
-    from mlgo.service import Service, serve_forever
+    from mlgo.serve.client import socket_path
+    from mlgo.serve.service import Service, claim_socket, serve_forever
 
     path = socket or socket_path()
+    claim_socket(path)  # before loading anything: a live service there is left alone
     service = Service(policy, backend, runtime=path.parent)  # channels beside the socket
     names = ", ".join(f"{p.problem.name} ({p.backend.name})" for p in service.policies)
     err.print(f"mlgo: serving {names} on {path}", highlight=False)
@@ -601,7 +602,7 @@ def serve(
 @app.command()
 def status(socket: SocketOpt = None) -> None:
     """What the service serves: policies, compilations, decisions, latency percentiles."""
-    from mlgo.client import request
+    from mlgo.serve.client import request
 
     s = request({"op": "status"}, path=socket)
     table = Table("", "", title=f"mlgo service (pid {s['pid']}, up {s['uptime_s']:.0f} s)")
@@ -626,8 +627,8 @@ def channel(
 ) -> None:
     """Print a channel base for one compilation run by hand (-mllvm -...-channel-base=);
     starts the service (as mlgo-cc would) when none is running."""
-    from mlgo.cc import connect
-    from mlgo.client import socket_path
+    from mlgo.serve.cc import connect
+    from mlgo.serve.client import socket_path
 
     with connect(socket or socket_path(), may_start=socket is None) as conn:
         conn.send({"op": "channel", "problem": problem, "ttl_s": ttl})
@@ -638,7 +639,7 @@ def channel(
 def install_wrappers() -> None:
     """Install the native mlgo-cc/mlgo-c++ (C; no interpreter start-up per compile) over
     the Python entry points, which they hand every uncommon case to. tools/setup.sh runs it."""
-    from mlgo.cc import install_native_wrappers
+    from mlgo.serve.cc import install_native_wrappers
 
     for path in install_native_wrappers(Path(sys.executable).parent):
         console.print(f"installed {path}")
@@ -647,7 +648,7 @@ def install_wrappers() -> None:
 @app.command()
 def stop(socket: SocketOpt = None) -> None:
     """Stop the service; its channels are cleaned up."""
-    from mlgo.client import request
+    from mlgo.serve.client import request
 
     request({"op": "stop"}, path=socket)
     console.print("mlgo service stopping")

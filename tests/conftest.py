@@ -7,14 +7,44 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from mlgo.corpus import Corpus, load_corpus
-from mlgo.extract import build_corpus, combine
-from mlgo.toolchain import Toolchain, find_toolchain
+from mlgo.corpus.extract import build_corpus, combine
+from mlgo.corpus.format import Corpus, load_corpus
+from mlgo.llvm.toolchain import Toolchain, find_toolchain
+from mlgo.problems.policy import MLPPolicy
+from mlgo.train import RunDir
 
 DATA = Path(__file__).parent / "data"
 MLGO = [sys.executable, "-m", "mlgo.cli"]
+
+# Fixtures that run the real toolchain: a test using any of them (directly or through
+# another fixture) is marked `toolchain`, so new tests get the mark without asking.
+TOOLCHAIN_FIXTURES = {"tc", "mini_corpus", "mini_corpus_o2"}
+# Whole files that belong to a tier: a Ray cluster, the policy service and its AOT server,
+# Debian sources fetched and built.
+FILE_MARKS = {
+    "test_ray.py": ("ray",),
+    "test_service.py": ("toolchain",),
+    "test_aot.py": ("toolchain",),
+    "test_debian_package.py": ("toolchain", "slow"),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks tests by what they use; a `unit` test that reaches for the toolchain is an
+    error at collection, so the fast tier stays free of clang."""
+    for item in items:
+        needs_toolchain = TOOLCHAIN_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if needs_toolchain:
+            if item.get_closest_marker("unit"):
+                raise pytest.UsageError(
+                    f"{item.nodeid}: marked unit but uses {', '.join(sorted(needs_toolchain))}"
+                )
+            item.add_marker(pytest.mark.toolchain)
+        for mark in FILE_MARKS.get(item.path.name, ()):
+            item.add_marker(getattr(pytest.mark, mark))
 
 
 def run_mlgo(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -59,3 +89,19 @@ def mini_corpus_o2(tc: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> C
 def copy_corpus(corpus: Corpus, dest: Path) -> Path:
     shutil.copytree(corpus.root, dest)
     return dest
+
+
+def assert_saved_best_is_best_evaluated(run: RunDir, init: MLPPolicy) -> dict[str, np.ndarray]:
+    """An ES or PPO run's saved policy is the best it evaluated on the pool (its start and
+    every logged pool evaluation), and is the start itself only if nothing beat it.
+    Returns the run's checkpoint arrays."""
+    state, arrays = run.load_state()
+    key = f"{state.algo}/pool_reward"
+    evaluated = [h[key] for h in state.history if key in h]
+    assert evaluated, f"the run logged no {key}"
+    assert state.extra["best_reward"] == max([state.extra["init_reward"], *evaluated])
+    saved = MLPPolicy.load(run.policy_dir).flat()
+    assert np.array_equal(saved, arrays["best"].astype(saved.dtype))
+    kept_start = state.extra["best_reward"] == state.extra["init_reward"]
+    assert np.array_equal(saved, init.flat()) == kept_start
+    return arrays

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlgo.aot import AotError, aot_compile, native_server, replay
-from mlgo.compile import compile_module
-from mlgo.log_format import Header, LogWriter, TensorSpec
-from mlgo.policy import MLPPolicy, Normalizer
+from mlgo.corpus.compile import compile_module
+from mlgo.llvm.log_format import Header, LogWriter, TensorSpec
 from mlgo.problems import get_problem
+from mlgo.problems.policy import MLPPolicy, Normalizer
+from mlgo.ship.aot import AotError, aot_compile, native_server, replay
 
 PROBLEM = get_problem("inlining-size")
 
@@ -32,7 +32,7 @@ def recorded(mini_corpus, tc):
 @pytest.fixture(scope="module")
 def exported(recorded, tmp_path_factory):
     """A randomly initialised policy (its answers are mixed, unlike a trained one's)."""
-    from mlgo.export import export_saved_model
+    from mlgo.ship.export import export_saved_model
 
     _, features = recorded
     names = PROBLEM.feature_names
@@ -45,7 +45,7 @@ def exported(recorded, tmp_path_factory):
 
 
 def test_signature_matches_what_clang_sends(recorded, exported):
-    from mlgo.tfutil import import_tf
+    from mlgo.runtime.tfutil import import_tf
 
     specs, _ = recorded
     _, saved, _ = exported
@@ -65,7 +65,7 @@ def test_signature_matches_what_clang_sends(recorded, exported):
 
 
 def test_native_server_decides_like_saved_model_and_policy(recorded, exported, tmp_path):
-    from mlgo.export import saved_model_decisions
+    from mlgo.ship.export import saved_model_decisions
 
     specs, features = recorded
     policy, saved, x = exported

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlgo.channel import ChannelError, compile_interactive, last_line
+from mlgo.llvm.channel import ChannelError, compile_interactive, last_line
 from mlgo.problems import get_problem
 from tests.conftest import DATA
 
@@ -145,5 +145,6 @@ Stack dump:
         ("", "(no stderr)"),
     ],
 )
+@pytest.mark.unit
 def test_a_compilers_failure_is_told_in_the_line_that_says_what_went_wrong(stderr, line):
     assert last_line(stderr) == line

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlgo.collect import collect
-from mlgo.log_format import TensorSpec
-from mlgo.traces import DEFAULT_DECISION, Manifest, read_module_trace
-from mlgo.workers import LocalPool
+from mlgo.llvm.log_format import TensorSpec
+from mlgo.runtime.workers import LocalPool
+from mlgo.traces.collect import collect
+from mlgo.traces.format import DEFAULT_DECISION, Manifest, read_module_trace
 from tests.conftest import MLGO, copy_corpus, run_mlgo
 
 
@@ -44,7 +44,7 @@ def test_manifest_and_traces_record_every_decision(traces, mini_corpus):
 def test_corrupt_bitcode_skips_that_module_only(mini_corpus, tc, tmp_path):
     root = copy_corpus(mini_corpus, tmp_path / "c")
     (root / "minipkg" / "hash.o.bc").write_bytes(b"BC\xc0\xde garbage")
-    from mlgo.corpus import load_corpus
+    from mlgo.corpus.format import load_corpus
 
     manifest = collect("inlining-size", load_corpus(root), tmp_path / "t", tc, LocalPool(2))
     assert set(manifest.failed) == {"minipkg/hash.o"}
@@ -60,6 +60,7 @@ def test_regalloc_collection_records_costs(mini_corpus_o2, tc, tmp_path):
         assert {"spill_reload_cost", "text_size"} <= set(entry["metrics"])
 
 
+@pytest.mark.slow
 def test_killed_collection_resumes_with_nothing_torn(mini_corpus, tc, tmp_path):
     slow_clang = tmp_path / "slow-clang"
     slow_clang.write_text(f'#!/bin/sh\n[ "$1" = --version ] || sleep 1.5\nexec {tc.clang} "$@"\n')
@@ -130,7 +131,7 @@ def test_cli_collect_rejects_unknown_problem(mini_corpus, tmp_path):
 
 
 def test_traces_of_another_problem_are_not_mixed(traces, mini_corpus, tc):
-    from mlgo.traces import TraceError
+    from mlgo.traces.format import TraceError
 
     with pytest.raises(TraceError, match="holds inlining-size traces"):
         collect("regalloc-eviction", mini_corpus, Path(traces), tc, LocalPool(1))

@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from mlgo.compile import compile_plain
-from mlgo.corpus import CorpusError, load_corpus
-from mlgo.extract import BuildError, Recipe, build_corpus, combine, profile_own_tests
+from mlgo.corpus.compile import compile_plain
+from mlgo.corpus.extract import BuildError, Recipe, build_corpus, combine, profile_own_tests
+from mlgo.corpus.format import CorpusError, load_corpus
 from mlgo.problems import get_problem
 from tests.conftest import DATA, copy_corpus, run_mlgo
 
@@ -79,6 +79,7 @@ def test_cmd_file_without_cc1_is_rejected(mini_corpus, tmp_path):
         load_corpus(root)
 
 
+@pytest.mark.unit
 def test_missing_corpus_is_reported(tmp_path):
     with pytest.raises(CorpusError, match="not found"):
         load_corpus(tmp_path)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from mlgo.compile import replay_matches_default
-from mlgo.corpus import load_corpus
+from mlgo.corpus.compile import replay_matches_default
+from mlgo.corpus.format import load_corpus
 from mlgo.problems import get_problem
 from tests.conftest import run_mlgo
 

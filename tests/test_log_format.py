@@ -3,7 +3,9 @@ import io
 import numpy as np
 import pytest
 
-from mlgo.log_format import Header, LogFormatError, LogReader, LogWriter, TensorSpec
+from mlgo.llvm.log_format import Header, LogFormatError, LogReader, LogWriter, TensorSpec
+
+pytestmark = pytest.mark.unit
 
 SPECS = (TensorSpec("a", "int64_t", (1,)), TensorSpec("m", "float", (1, 3)))
 HEADER = Header(SPECS, advice=TensorSpec("out", "int64_t", (1,)))

@@ -17,15 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlgo import ray_workers
-from mlgo.collect import CollectTask, collect, collect_one
-from mlgo.corpus import load_corpus
-from mlgo.policy import MLPPolicy
-from mlgo.toolchain import find_toolchain
-from mlgo.traces import Manifest
+from mlgo.corpus.format import load_corpus
+from mlgo.llvm.toolchain import find_toolchain
+from mlgo.problems.policy import MLPPolicy
+from mlgo.runtime import ray_workers
+from mlgo.runtime.workers import Failed, LocalPool, make_workers
+from mlgo.traces.collect import CollectTask, collect, collect_one
+from mlgo.traces.format import Manifest
 from mlgo.train import RunDir
 from mlgo.train.es import ESConfig, train_es
-from mlgo.workers import Failed, LocalPool, make_workers
 from tests.conftest import copy_corpus, run_mlgo
 
 POLICY = Path(__file__).parents[1] / "policies" / "inlining-size"
@@ -91,7 +91,7 @@ def _worker_compiles(log: Path) -> list[tuple[int, int]]:
 
 def test_workers_option_parses_in_one_place_and_ray_is_not_imported_for_local():
     code = (
-        "import sys, mlgo.cli, mlgo.workers as w; "
+        "import sys, mlgo.cli, mlgo.runtime.workers as w; "
         "assert isinstance(w.make_workers('3'), w.LocalPool); "
         "assert 'ray' not in sys.modules, 'ray imported'"
     )
@@ -137,7 +137,8 @@ def test_a_head_that_never_starts_the_client_session_is_a_clear_error():
         assert head.stdout is not None
         address = f"ray://127.0.0.1:{int(head.stdout.readline())}"
         code = (
-            f"from mlgo.ray_workers import RayWorkers; RayWorkers({address!r}, session_timeout_s=3)"
+            "from mlgo.runtime.ray_workers import RayWorkers; "
+            f"RayWorkers({address!r}, session_timeout_s=3)"
         )
         start = time.monotonic()
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

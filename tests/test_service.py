@@ -16,16 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlgo.cc import install_native_wrappers
-from mlgo.client import ServiceError, request, runtime_dir
-from mlgo.compile import compile_module
-from mlgo.policy import MLPPolicy
+from mlgo.corpus.compile import compile_module
 from mlgo.problems import get_problem
-from mlgo.programs import live_children
+from mlgo.problems.policy import MLPPolicy
+from mlgo.programs.build import live_children
+from mlgo.serve.cc import install_native_wrappers
+from mlgo.serve.client import ServiceError, request, runtime_dir
 from tests.conftest import DATA, MLGO
 
 SHIPPED = Path(__file__).parent.parent / "policies" / "inlining-size"
-MLGO_CC = [sys.executable, "-c", "from mlgo.cc import main_c; main_c()"]
+MLGO_CC = [sys.executable, "-c", "from mlgo.serve.cc import main_c; main_c()"]
 SOURCES = sorted((DATA / "minipkg").glob("*.c"))
 
 
@@ -213,7 +213,7 @@ def test_user_compile_errors_are_passed_through(cc, native, tmp_path):
 @pytest.fixture(scope="module")
 def mismatched_policy(tmp_path_factory) -> Path:
     """A policy that wants a feature this clang does not send."""
-    from mlgo.export import export_saved_model
+    from mlgo.ship.export import export_saved_model
 
     out = tmp_path_factory.mktemp("mismatch") / "policy"
     policy = MLPPolicy.load(SHIPPED)

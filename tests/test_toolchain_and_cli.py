@@ -1,10 +1,14 @@
 """Toolchain discovery, the in-process llvmlite path, and the command line."""
 
+import click
 import pytest
+import typer.main
+from typer.testing import CliRunner
 
-from mlgo.inprocess import compile_in_process
+from mlgo.cli import app
+from mlgo.llvm.inprocess import compile_in_process
+from mlgo.llvm.toolchain import ToolchainError, find_toolchain, probe
 from mlgo.problems import get_problem
-from mlgo.toolchain import ToolchainError, find_toolchain, probe
 from tests.conftest import run_mlgo
 
 
@@ -15,6 +19,7 @@ def test_reference_toolchain_is_llvm_22_and_both_channels_work(tc):
     assert probe(tc, "regalloc-eviction") >= 0
 
 
+@pytest.mark.unit
 def test_too_old_clang_is_refused_with_the_fix(tmp_path):
     old = tmp_path / "clang"
     old.write_text('#!/bin/sh\necho "Debian clang version 19.1.7 (3+b1)"\n')
@@ -23,6 +28,7 @@ def test_too_old_clang_is_refused_with_the_fix(tmp_path):
         find_toolchain(str(old))
 
 
+@pytest.mark.unit
 def test_missing_clang_is_reported(tmp_path):
     with pytest.raises(ToolchainError, match="no clang found"):
         find_toolchain(str(tmp_path / "nothing-here"))
@@ -53,7 +59,7 @@ def test_in_process_llvmlite_path_answers_the_same_channel(mini_corpus):
 
 
 def test_in_process_policy_failure_is_reported_without_a_hang(mini_corpus):
-    from mlgo.channel import ChannelError
+    from mlgo.llvm.channel import ChannelError
 
     problem = get_problem("inlining-size")
     with pytest.raises(ChannelError, match="policy failed on decision 0"):
@@ -62,12 +68,35 @@ def test_in_process_policy_failure_is_reported_without_a_hang(mini_corpus):
         )
 
 
-@pytest.mark.parametrize(
-    "args",
-    [[], ["doctor"], ["corpus"], ["corpus", "build"], ["corpus", "stats"], ["collect"], ["demo"]],
-)
-def test_every_command_has_help(args):
-    r = run_mlgo(*args, "--help", timeout=120)
+def _command_paths(command: click.Command, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every registered command and sub-app, found by walking the click tree typer builds."""
+    subs = command.commands.items() if isinstance(command, click.Group) else ()
+    return [path, *(p for name, sub in subs for p in _command_paths(sub, (*path, name)))]
+
+
+COMMANDS = _command_paths(typer.main.get_command(app))
+
+
+@pytest.mark.unit
+def test_the_command_walk_sees_the_sub_apps():
+    assert {("corpus", "build"), ("xla", "tune"), ("demo",), ()} <= set(COMMANDS)
+    assert len(COMMANDS) >= 22
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "mlgo")
+def test_every_command_has_help(path):
+    r = CliRunner().invoke(app, [*path, "--help"], prog_name="mlgo")
+    assert r.exit_code == 0, r.output
+    assert f"Usage: mlgo {' '.join(path)}".rstrip() in r.output
+    doc = typer.main.get_command(app)
+    for name in path:
+        doc = doc.commands[name]
+    assert doc.help or doc.short_help, f"mlgo {' '.join(path)} has no help text"
+
+
+def test_the_installed_entry_point_answers_help():
+    r = run_mlgo("--help", timeout=120)
     assert r.returncode == 0 and "Usage" in r.stdout
 
 

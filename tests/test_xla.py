@@ -62,6 +62,7 @@ def model_dir(dataset, tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("0:4:1", ">= 1"),
     ],
 )
+@pytest.mark.unit
 def test_unsafe_or_malformed_configs_are_refused(config, why):
     with pytest.raises(ValueError, match=why):
         parse_config(config)
@@ -97,6 +98,7 @@ def test_extraction_finds_the_dots(programs):
     assert fingerprint(lowered) != fingerprint(lower(programs["gemm_64x128x64"]))
 
 
+@pytest.mark.unit
 def test_noisy_rounds_are_dropped():
     s = summarize([1.0, 1.1, 5.0, 1.05])
     assert s["rounds_kept"] == 3 and s["median_us"] == pytest.approx(1.05e6)
@@ -116,6 +118,7 @@ def test_dataset_round_trip_and_resume(dataset, programs):
         list(collect(CORPUS, [], ["default"], dataset, MeasureSpec()))
 
 
+@pytest.mark.slow
 def test_training_reduces_the_ranking_loss(dataset):
     ds = load_dataset(dataset)
     graphs, times = [r.graph for r in ds.records], [r.times() for r in ds.records]
@@ -138,6 +141,7 @@ def test_listwise_training_reduces_its_loss_and_bad_losses_are_refused(dataset):
         train(graphs, times, ds.configs, Hyper(hidden=16, steps=1, loss="hinge"))
 
 
+@pytest.mark.unit
 def test_measured_choice_keeps_the_default_unless_clearly_faster():
     def fast(x):
         return x
@@ -299,6 +303,7 @@ def test_a_corrupt_cache_file_is_ignored_with_one_warning(model_dir, tuned_once,
     assert len(warnings_seen) == 1 and "miscompiles" in warnings_seen[0]
 
 
+@pytest.mark.unit
 def test_targets_load_from_files_and_corpora():
     assert load_target(f"{CORPUS / 'tiny.py'}:gemm").args[0].shape == (64, 128)
     assert load_target(f"{CORPUS}:mlp_32x64x48").family == "mlp"

@@ -26,14 +26,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.channel import fifo_pair, serve
-from mlgo.collect import collect
-from mlgo.compile import compile_module, compile_plain, replay_matches_default
-from mlgo.corpus import Module, load_corpus
-from mlgo.log_format import Header, LogWriter, TensorSpec
+from mlgo.corpus.compile import compile_module, compile_plain, replay_matches_default
+from mlgo.corpus.format import Module, load_corpus
+from mlgo.llvm.channel import fifo_pair, serve
+from mlgo.llvm.log_format import Header, LogWriter, TensorSpec
+from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems import get_problem
-from mlgo.toolchain import find_toolchain
-from mlgo.workers import Failed, LocalPool
+from mlgo.runtime.workers import Failed, LocalPool
+from mlgo.traces.collect import collect
 
 console = Console()
 PROBLEM = "inlining-size"

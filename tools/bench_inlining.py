@@ -24,12 +24,12 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlgo.corpus import load_corpus  # noqa: E402
-from mlgo.evaluate import evaluate  # noqa: E402
-from mlgo.fsutil import atomic_write_text  # noqa: E402
-from mlgo.policy import MLPPolicy  # noqa: E402
-from mlgo.toolchain import find_toolchain  # noqa: E402
-from mlgo.workers import LocalPool  # noqa: E402
+from mlgo.corpus.format import load_corpus  # noqa: E402
+from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
+from mlgo.problems.policy import MLPPolicy  # noqa: E402
+from mlgo.runtime.files import atomic_write_text  # noqa: E402
+from mlgo.runtime.workers import LocalPool  # noqa: E402
+from mlgo.train.evaluate import evaluate  # noqa: E402
 
 console = Console()
 

@@ -48,9 +48,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.extract import BuildError, _run, build_env, load_recipe
-from mlgo.fsutil import atomic_write_text
-from mlgo.programs import (
+from mlgo.corpus.extract import BuildError, _run, build_env, load_recipe
+from mlgo.llvm.toolchain import Toolchain, find_toolchain
+from mlgo.programs.build import (
     build_program,
     mlgo_compilers,
     plain_compilers,
@@ -58,7 +58,7 @@ from mlgo.programs import (
     pristine_source,
     tree_cpu_seconds,
 )
-from mlgo.toolchain import Toolchain, find_toolchain
+from mlgo.runtime.files import atomic_write_text
 
 console = Console(width=160)
 TOOLS = Path(__file__).resolve().parent
@@ -240,10 +240,10 @@ def bench_program(
 
 
 def bench_heldout(corpus: Path, policy: Path, tc: Toolchain, out: Path) -> dict:
-    from mlgo.corpus import load_corpus
-    from mlgo.evaluate import evaluate
-    from mlgo.policy import MLPPolicy
-    from mlgo.workers import LocalPool
+    from mlgo.corpus.format import load_corpus
+    from mlgo.problems.policy import MLPPolicy
+    from mlgo.runtime.workers import LocalPool
+    from mlgo.train.evaluate import evaluate
 
     loaded = MLPPolicy.load(policy)
     ev = evaluate(loaded, load_corpus(corpus), tc, LocalPool(), loaded.problem)
@@ -287,9 +287,9 @@ def direct_server(policy: Path):
     """The policy's native server driven by the service's own backend class, in this
     process: a fresh channel per compile, as a lease gets, but no daemon in between.
     Yields a function that compiles CMD with a channel, and the server's process id."""
-    from mlgo.aot import native_server
     from mlgo.problems import get_problem
-    from mlgo.service import NativeBackend
+    from mlgo.serve.service import NativeBackend
+    from mlgo.ship.aot import native_server
 
     problem = get_problem("regalloc-eviction")
     tally = _Tally()
@@ -331,9 +331,9 @@ def bench_overhead(
     service's control plane). CPU counts the compiler and the policy side (server,
     service), not this script; the service and server only work while their variant runs,
     so their CPU is taken per round."""
-    from mlgo.client import Connection, request
-    from mlgo.corpus import load_corpus
+    from mlgo.corpus.format import load_corpus
     from mlgo.problems import get_problem
+    from mlgo.serve.client import Connection, request
 
     problem = get_problem("regalloc-eviction")
     modules = load_corpus(corpus).select([p for p in packages.split(",") if p]).modules
@@ -428,7 +428,7 @@ def bench_build_overhead(
     """The build step of whole packages at FLAGS with plain clang and with `mlgo-cc` (the
     native wrapper) and the policy service, alternating (ABBA) over REPS; CPU counts
     everything the build ran plus what the service and its policy server spent."""
-    from mlgo.client import request
+    from mlgo.serve.client import request
 
     socket = Path(service_env["MLGO_SOCKET"])
     service_pid = request({"op": "status"}, path=socket)["pid"]

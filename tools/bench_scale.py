@@ -3,7 +3,7 @@
 
     .venv/bin/python tools/bench_scale.py --corpus data/corpus [--repeats 3] [--json F]
 
-(a) Real collection (`mlgo.collect.collect`, TFRecords included) of the same corpus with a
+(a) Real collection (`mlgo.traces.collect.collect`, TFRecords included) of the same corpus with a
 2-process local pool and with a 2-core Ray node (a head started like `ray start --head`),
 passes interleaved with the order alternating per round; median and min..max modules/s.
 The traces of the two backends are compared byte for byte.
@@ -37,15 +37,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.collect import CollectTask, collect
-from mlgo.compile import ModuleRun
-from mlgo.corpus import Module, load_corpus
-from mlgo.log_format import TensorSpec
+from mlgo.corpus.compile import ModuleRun
+from mlgo.corpus.format import Module, load_corpus
+from mlgo.llvm.log_format import TensorSpec
+from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.problems import get_problem
-from mlgo.ray_workers import RayWorkers
-from mlgo.toolchain import Toolchain, find_toolchain
-from mlgo.traces import Manifest, trace_file, write_module_trace
-from mlgo.workers import Failed, LocalPool, Workers
+from mlgo.runtime.ray_workers import RayWorkers
+from mlgo.runtime.workers import Failed, LocalPool, Workers
+from mlgo.traces.collect import CollectTask, collect
+from mlgo.traces.format import Manifest, trace_file, write_module_trace
 
 console = Console()
 PROBLEM = "inlining-size"

@@ -34,15 +34,14 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlgo.channel import fifo_pair  # noqa: E402
-from mlgo.client import request  # noqa: E402
-from mlgo.compile import compile_module  # noqa: E402
-from mlgo.corpus import load_corpus  # noqa: E402
-from mlgo.extract import load_recipe  # noqa: E402
-from mlgo.fsutil import atomic_write_text  # noqa: E402
-from mlgo.log_format import Header, TensorSpec  # noqa: E402
+from mlgo.corpus.compile import compile_module  # noqa: E402
+from mlgo.corpus.extract import load_recipe  # noqa: E402
+from mlgo.corpus.format import load_corpus  # noqa: E402
+from mlgo.llvm.channel import fifo_pair  # noqa: E402
+from mlgo.llvm.log_format import Header, TensorSpec  # noqa: E402
+from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
 from mlgo.problems import get_problem  # noqa: E402
-from mlgo.programs import (  # noqa: E402
+from mlgo.programs.build import (  # noqa: E402
     build_program,
     live_children,
     mlgo_compilers,
@@ -51,7 +50,8 @@ from mlgo.programs import (  # noqa: E402
     pristine_source,
     tree_cpu_seconds,
 )
-from mlgo.toolchain import find_toolchain  # noqa: E402
+from mlgo.runtime.files import atomic_write_text  # noqa: E402
+from mlgo.serve.client import request  # noqa: E402
 
 console = Console(width=160)
 POLICY = ROOT / "policies" / "inlining-size"

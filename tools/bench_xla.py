@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from mlgo.fsutil import atomic_write_text
+from mlgo.runtime.files import atomic_write_text
 from mlgo.xla.measure import pin
 from mlgo.xla.programs import Program, spec
 

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from mlgo.fsutil import atomic_write_text
+from mlgo.runtime.files import atomic_write_text
 from mlgo.xla.config import parse_config
 
 SHAPES = [(128, 128, 128), (32, 2048, 512), (256, 256, 256), (64, 512, 512), (128, 1024, 128),

@@ -29,14 +29,14 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlgo.corpus import Module, load_corpus  # noqa: E402
-from mlgo.evaluate import EvalTask, baseline, eval_one, evaluate  # noqa: E402
-from mlgo.fsutil import atomic_write_text  # noqa: E402
-from mlgo.log_format import Observation  # noqa: E402
-from mlgo.policy import MLPPolicy  # noqa: E402
+from mlgo.corpus.format import Module, load_corpus  # noqa: E402
+from mlgo.llvm.log_format import Observation  # noqa: E402
+from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
 from mlgo.problems import get_problem  # noqa: E402
-from mlgo.toolchain import find_toolchain  # noqa: E402
-from mlgo.workers import Failed, LocalPool, Workers  # noqa: E402
+from mlgo.problems.policy import MLPPolicy  # noqa: E402
+from mlgo.runtime.files import atomic_write_text  # noqa: E402
+from mlgo.runtime.workers import Failed, LocalPool, Workers  # noqa: E402
+from mlgo.train.evaluate import EvalTask, baseline, eval_one, evaluate  # noqa: E402
 
 PROBLEM = "inlining-size"
 console = Console()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mlgo.log_format import Observation
-from mlgo.policy import Derived
+from mlgo.llvm.log_format import Observation
+from mlgo.problems.policy import Derived
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mlgo.log_format import Observation
-from mlgo.policy import Derived
+from mlgo.llvm.log_format import Observation
+from mlgo.llvm.sizes import text_size
 from mlgo.problems import Problem
-from mlgo.sizes import text_size
+from mlgo.problems.policy import Derived
 
 # The features clang-22's MLInlineAdvisor sends (InlineModelFeatureMaps.h), less the
 # `inlining_default` that -inliner-interactive-include-default adds.

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mlgo.log_format import Observation
-from mlgo.policy import SELF, Derived
+from mlgo.llvm.log_format import Observation
+from mlgo.llvm.sizes import text_size
 from mlgo.problems import Problem
-from mlgo.sizes import text_size
+from mlgo.problems.policy import SELF, Derived
 
 # MLRegallocEvictAdvisor.cpp's per-candidate features, each [1, 33], then `progress` [1].
 FEATURES = (

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mlgo.fsutil import atomic_path, atomic_write_text
-from mlgo.tfutil import import_tf
+from mlgo.runtime.files import atomic_path, atomic_write_text
+from mlgo.runtime.tfutil import import_tf
 
 
 @dataclass

@@ -13,10 +13,10 @@ import time
 import numpy as np
 from rich.progress import Progress
 
-from mlgo.dataset import Decisions
-from mlgo.policy import SELF, CandidatePolicy, MLPPolicy, Normalizer, with_own_columns
 from mlgo.problems import get_problem
-from mlgo.tfutil import import_tf
+from mlgo.problems.policy import SELF, CandidatePolicy, MLPPolicy, Normalizer, with_own_columns
+from mlgo.runtime.tfutil import import_tf
+from mlgo.traces.dataset import Decisions
 from mlgo.train import Adam, RunDir, RunState
 
 

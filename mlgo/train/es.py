@@ -16,14 +16,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from rich.progress import Progress
 
-from mlgo.compile import CompileError
-from mlgo.corpus import Corpus, Module
-from mlgo.evaluate import EvalTask, baseline, eval_one
-from mlgo.policy import MLPPolicy
+from mlgo.corpus.compile import CompileError
+from mlgo.corpus.format import Corpus, Module
+from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import get_problem
-from mlgo.toolchain import Toolchain
+from mlgo.problems.policy import MLPPolicy
+from mlgo.runtime.workers import Failed, Workers
 from mlgo.train import Adam, RunDir, RunState
-from mlgo.workers import Failed, Workers
+from mlgo.train.evaluate import EvalTask, baseline, eval_one
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def training_pool(
     """The modules a trainer samples batches from: those with call sites that compile
     within `max_seconds` and, given the default's costs `base`, have a cost to lower
     (the others are still in every evaluation)."""
-    from mlgo.stats import corpus_stats
+    from mlgo.corpus.stats import corpus_stats
 
     stats, _ = corpus_stats(corpus, tc.describe(), tc.clang, workers)
     pool = [

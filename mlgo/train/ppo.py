@@ -20,15 +20,15 @@ from pathlib import Path
 import numpy as np
 from rich.progress import Progress
 
-from mlgo.compile import CompileError, compile_module
-from mlgo.corpus import Corpus, Module
-from mlgo.policy import SELF, CandidatePolicy, MLPPolicy, with_own_columns
+from mlgo.corpus.compile import CompileError, compile_module
+from mlgo.corpus.format import Corpus, Module
+from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import get_problem
-from mlgo.tfutil import import_quietly, import_tf
-from mlgo.toolchain import Toolchain
+from mlgo.problems.policy import SELF, CandidatePolicy, MLPPolicy, with_own_columns
+from mlgo.runtime.tfutil import import_quietly, import_tf
+from mlgo.runtime.workers import Failed, Workers
 from mlgo.train import RunDir, RunState
 from mlgo.train.es import Scorer, training_pool
-from mlgo.workers import Failed, Workers
 
 REWARD_SCALE = 100.0  # rewards in percent of the default's cost: the scale PPO's defaults expect
 REWARD_FLOOR = -1.0

@@ -25,7 +25,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from mlgo.fsutil import atomic_write_text
+from mlgo.runtime.files import atomic_write_text
 from mlgo.xla.config import parse_config
 
 log = logging.getLogger(__name__)

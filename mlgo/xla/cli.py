@@ -156,7 +156,7 @@ def report_cmd(
     json_out: Annotated[Path | None, typer.Option("--json", help="write rows and totals")] = None,
 ) -> None:
     """Per program: the model's pick vs default, exhaustive best and best fixed config."""
-    from mlgo.fsutil import atomic_write_text
+    from mlgo.runtime.files import atomic_write_text
     from mlgo.xla.dataset import load_dataset
     from mlgo.xla.model import CostModel
     from mlgo.xla.report import best_fixed_config, evaluate, summary, to_json

@@ -21,7 +21,7 @@ from pathlib import Path
 import jax
 from rich.progress import Progress
 
-from mlgo.fsutil import atomic_write_text
+from mlgo.runtime.files import atomic_write_text
 from mlgo.xla.config import parse_config
 from mlgo.xla.extract import HloGraph
 from mlgo.xla.measure import MeasureSpec, measure_isolated

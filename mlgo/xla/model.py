@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mlgo.fsutil import atomic_path, atomic_write_text
+from mlgo.runtime.files import atomic_path, atomic_write_text
 from mlgo.xla.config import DEFAULT
 from mlgo.xla.extract import HloGraph
 from mlgo.xla.features import (

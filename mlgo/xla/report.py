@@ -185,7 +185,7 @@ def plot(rows: list[Row], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from mlgo.fsutil import atomic_path
+    from mlgo.runtime.files import atomic_path
 
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(rows)), 4))

@@ -1,0 +1,1 @@
+"""The corpus: its format, recipes and Debian sources, extraction from builds, statistics."""

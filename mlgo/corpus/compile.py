@@ -1,0 +1,121 @@
+"""Compiling one corpus module, through a problem's channel or plainly, and measuring it."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mlgo.corpus.format import Module
+from mlgo.llvm.channel import ChannelError, Policy, compile_interactive, last_line
+from mlgo.llvm.log_format import TensorSpec, stack_features
+from mlgo.problems import Problem
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class CompileError(RuntimeError):
+    """A module failed to compile; the message starts with the module's name."""
+
+
+@dataclass
+class ModuleRun:
+    """Everything one compilation of a module revealed: decisions, answers and cost."""
+
+    module: str
+    specs: tuple[TensorSpec, ...] = ()
+    contexts: list[str] = field(default_factory=list)
+    features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [decisions, ...]
+    advice: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    default: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    metrics: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def num_decisions(self) -> int:
+        return len(self.advice)
+
+
+def _measure(problem: Problem, module: Module, obj: Path, workdir: Path) -> dict[str, float]:
+    try:
+        return problem.measure(obj, workdir)
+    except (OSError, ValueError) as e:
+        raise CompileError(f"{module.name}: cannot measure the object ({e})") from e
+
+
+def compile_module(
+    problem: Problem,
+    module: Module,
+    clang: str,
+    policy: Policy | None = None,
+    keep_object: Path | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> ModuleRun:
+    """Compiles `module` answering every decision with `policy` (default: the compiler's own).
+
+    Records each decision's features, the answer given and the default answer.
+    """
+    policy = policy or problem.default_advice
+    with tempfile.TemporaryDirectory(prefix="mlgo-c-") as d:
+        work = Path(d)
+        obj = keep_object or work / "out.o"
+        cmd = module.compile_command(clang, obj, problem.opt_level, problem.measure_flags(work))
+        try:
+            session = compile_interactive(
+                cmd, policy, problem.channel_flags, timeout_s, problem.validate
+            )
+        except ChannelError as e:
+            raise CompileError(f"{module.name}: {e}") from e
+        run = ModuleRun(
+            module.name, seconds=session.seconds, metrics=_measure(problem, module, obj, work)
+        )
+    if session.header is None or not session.decisions:
+        return run
+    run.specs = session.header.features
+    run.contexts = [dec.observation.context for dec in session.decisions]
+    run.features = stack_features(
+        run.specs, [dec.observation.features for dec in session.decisions]
+    )
+    run.advice = np.array([int(dec.advice[0]) for dec in session.decisions], np.int64)
+    run.default = np.array(
+        [problem.default_advice(dec.observation) for dec in session.decisions], np.int64
+    )
+    return run
+
+
+def compile_plain(
+    problem: Problem, module: Module, clang: str, obj: Path, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> dict[str, float]:
+    """The baseline: the same compile with the compiler's built-in heuristic, no channel."""
+    with tempfile.TemporaryDirectory(prefix="mlgo-p-") as d:
+        work = Path(d)
+        cmd = module.compile_command(clang, obj, problem.opt_level, problem.measure_flags(work))
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+            )
+        except subprocess.TimeoutExpired as e:
+            raise CompileError(f"{module.name}: compiler timed out after {timeout_s:g} s") from e
+        if proc.returncode != 0:
+            raise CompileError(
+                f"{module.name}: compiler exited with {proc.returncode}: {last_line(proc.stderr)}"
+            )
+        metrics = _measure(problem, module, obj, work)
+        metrics["seconds"] = time.monotonic() - start
+        return metrics
+
+
+def replay_matches_default(problem: Problem, module: Module, clang: str) -> bool:
+    """Does answering every decision with the compiler's own default through the channel
+    give the same object, byte for byte, as the plain compile? It should: this is the
+    check that the channel observes and replays faithfully."""
+    with tempfile.TemporaryDirectory(prefix="mlgo-r-") as d:
+        replayed, plain = Path(d) / "replayed.o", Path(d) / "plain.o"
+        compile_module(problem, module, clang, keep_object=replayed)
+        compile_plain(problem, module, clang, plain)
+        return replayed.read_bytes() == plain.read_bytes()

@@ -1,0 +1,438 @@
+"""`mlgo corpus build`: real Debian source packages -> a corpus of bitcode modules.
+
+For each package: fetch its source with `apt-get source`, build it with its own build
+system under Debian's `bear` (compile_commands.json) with a compiler wrapper that adds
+`-Xclang -fembed-bitcode=all` (pre-optimization bitcode and the cc1 command line go into
+each object), then let LLVM's own `extract_ir` (PyPI's mlgo-utils) pull them out. A
+package that fails is reported with the tail of its build log and the others go on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from mlgo.corpus.format import DESCRIPTION, CorpusError, write_description
+from mlgo.llvm.toolchain import Toolchain
+
+RECIPES = Path(__file__).resolve().parents[2] / "corpus" / "recipes"
+MLGO_UTILS_DIR = Path(sys.prefix) / "mlgo-utils"  # installed by tools/setup.sh
+
+
+class BuildError(RuntimeError):
+    """A package could not be fetched, built or extracted; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    source: str
+    build: tuple[str, ...]
+    build_depends: tuple[str, ...] = ()
+    configure: tuple[str, ...] = ()
+    programs: tuple[str, ...] = ()
+    test: tuple[str, ...] = ()
+    test_timeout_s: float = 600.0
+    build_timeout_s: float = 1800.0
+
+
+def available_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES.glob("*.toml"))
+
+
+def _recipe_path(name: str, recipes_dir: Path) -> Path:
+    """A recipe by its own name (`lua`) or by its Debian source package (`lua5.4`)."""
+    path = recipes_dir / f"{name}.toml"
+    if path.is_file():
+        return path
+    for candidate in sorted(recipes_dir.glob("*.toml")):
+        if re.search(rf'^source\s*=\s*"{re.escape(name)}"', candidate.read_text(), re.M):
+            return candidate
+    raise BuildError(
+        f"no recipe {path.name} in corpus/recipes (have: {', '.join(available_recipes())})"
+    )
+
+
+def load_recipe(name: str, recipes_dir: Path = RECIPES) -> Recipe:
+    path = _recipe_path(name, recipes_dir)
+    name = path.stem
+    try:
+        d = tomllib.loads(path.read_text())
+        return Recipe(
+            name=name,
+            source=d["source"],
+            build=tuple(d["build"]),
+            build_depends=tuple(d.get("build_depends", ())),
+            configure=tuple(d.get("configure", ())),
+            programs=tuple(d.get("programs", ())),
+            test=tuple(d.get("test", ())),
+            test_timeout_s=float(d.get("test_timeout_s", 600)),
+            build_timeout_s=float(d.get("build_timeout_s", 1800)),
+        )
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+        raise BuildError(f"{path}: bad recipe ({e})") from e
+
+
+def _run(
+    cmd: list[str] | str, cwd: Path, log: Path, timeout_s: float, env=None, what: str = ""
+) -> None:
+    with open(log, "a") as f:
+        f.write(f"\n$ {cmd if isinstance(cmd, str) else shlex.join(cmd)}\n")
+        f.flush()
+        try:
+            proc = subprocess.run(
+                cmd,
+                cwd=cwd,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=env,
+                shell=isinstance(cmd, str),
+                timeout=timeout_s,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise BuildError(f"{what or cmd} timed out after {timeout_s:g} s (log: {log})") from e
+    if proc.returncode != 0:
+        tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:]
+        raise BuildError(
+            f"{what or cmd} failed ({tail[0][:200] if tail else 'no output'}; log: {log})"
+        )
+
+
+def ensure_build_depends(recipe: Recipe, log: Path) -> None:
+    missing = [
+        p
+        for p in recipe.build_depends
+        if subprocess.run(["dpkg", "-s", p], capture_output=True).returncode != 0
+    ]
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise BuildError(
+            f"{recipe.name} needs Debian packages {' '.join(missing)}; install them as root"
+        )
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    _run(
+        ["apt-get", "install", "-y", "-q", *missing],
+        Path("/"),
+        log,
+        900,
+        env,
+        f"apt-get install {' '.join(missing)}",
+    )
+
+
+def _source_versions(source: str) -> list[str]:
+    out = subprocess.run(["apt-cache", "showsrc", source], capture_output=True, text=True)
+    versions = re.findall(r"^Version: (\S+)$", out.stdout, re.M)
+    return list(dict.fromkeys(versions))
+
+
+def fetch_source(recipe: Recipe, work: Path, log: Path) -> Path:
+    """Downloads and unpacks the Debian source package; returns the source tree.
+
+    When the newest version cannot be downloaded (a security update whose files the
+    mirror lacks), the other versions apt knows are tried in turn.
+    """
+    dl = work / "download"
+    if not any(dl.glob(f"{recipe.source}_*.dsc")):
+        shutil.rmtree(dl, ignore_errors=True)
+        dl.mkdir(parents=True)
+        what = f"apt-get source {recipe.source} (is deb-src enabled? run tools/setup.sh)"
+        try:
+            _run(["apt-get", "source", "--download-only", recipe.source], dl, log, 900, what=what)
+        except BuildError:
+            for version in _source_versions(recipe.source):
+                try:
+                    _run(
+                        ["apt-get", "source", "--download-only", f"{recipe.source}={version}"],
+                        dl,
+                        log,
+                        900,
+                        what=what,
+                    )
+                    break
+                except BuildError:
+                    continue
+            else:
+                raise
+    dsc = sorted(dl.glob(f"{recipe.source}_*.dsc"))[-1]
+    src = work / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    _run(
+        ["dpkg-source", "--no-check", "-x", str(dsc), str(src)],
+        dl,
+        log,
+        600,
+        what=f"dpkg-source -x {dsc.name}",
+    )
+    return src
+
+
+def write_wrapper(path: Path, compiler: str, flags: list[str]) -> Path:
+    """A CC wrapper: the package's own flags, then ours (the last -O and -g win)."""
+    path.write_text(
+        "#!/bin/sh\nexec " + shlex.join([compiler]) + ' "$@" ' + shlex.join(flags) + "\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
+# Appended to the package's own flags, so the recorded level is ours whatever the package asks.
+RECORD_FLAGS = ["-g0", "-Xclang", "-fembed-bitcode=all", "-Qunused-arguments"]
+
+
+def build_env(
+    tc: Toolchain, work: Path, flags: list[str], cc: str | None = None, cxx: str | None = None
+) -> dict[str, str]:
+    """The environment of a package build: CC/CXX wrappers adding FLAGS to the compilers
+    (default: the toolchain's clang), and LLVM's binutils."""
+    cc, cxx = cc or tc.clang, cxx or tc.clangxx
+    cc_wrapper = write_wrapper(work / "cc", cc, flags)
+    cxx_wrapper = write_wrapper(work / "c++", cxx, flags)
+    # GNU ar/nm would index these objects through an older LLVM's bfd plugin, which
+    # chokes on the embedded bitcode and leaves archives without symbols: use LLVM's.
+    return dict(
+        os.environ,
+        CC=str(cc_wrapper),
+        CXX=str(cxx_wrapper),
+        LC_ALL="C",
+        AR=tc.tool("llvm-ar"),
+        RANLIB=tc.tool("llvm-ranlib"),
+        NM=tc.tool("llvm-nm"),
+    )
+
+
+def extract_package(
+    recipe: Recipe,
+    tc: Toolchain,
+    out: Path,
+    work: Path,
+    opt_level: str = "-Oz",
+    profile: bool = False,
+) -> int:
+    """Fetches and builds one Debian package at OPT_LEVEL; writes its corpus to OUT/NAME.
+    With PROFILE, the recorded modules carry the counts of the package's own tests."""
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "build.log"
+    log.write_text("")
+    ensure_build_depends(recipe, log)
+    src = fetch_source(recipe, work, log)
+    profdata = profile_own_tests(recipe, src, tc, work, opt_level) if profile else None
+    return build_corpus(
+        recipe.name,
+        src,
+        recipe.configure,
+        recipe.build,
+        tc,
+        out,
+        work,
+        recipe.build_timeout_s,
+        opt_level,
+        profdata,
+    )
+
+
+# clang's warnings that some functions have no counts (the tests never ran them) are expected.
+PROFILE_USE_FLAGS = ["-Wno-profile-instr-unprofiled", "-Wno-profile-instr-out-of-date"]
+
+
+def profile_own_tests(recipe: Recipe, src: Path, tc: Toolchain, work: Path, opt_level: str) -> Path:
+    """The merged profile (WORK/profile.profdata) of the recipe's own tests, run on a copy
+    of SRC built instrumented at OPT_LEVEL.
+
+    Static block-frequency estimates can weigh a function's blocks very differently from a
+    real run (an interpreter's dispatch loop is the known case), and the regalloc reward
+    weighs each spill by its block's frequency. Recorded with `-fprofile-instr-use`, a
+    module's bitcode carries the measured counts (branch weights, function entry counts),
+    so compiling it later needs no profile file.
+    """
+    if not recipe.test:
+        raise BuildError(f"{recipe.name}: its recipe has no tests to profile")
+    work = work.resolve()
+    tree, raw, bin_dir = work / "instrumented", work / "profraw", work / "instrumented-bin"
+    for d in (tree, raw):
+        shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(src, tree, symlinks=True)
+    raw.mkdir(parents=True)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    log = work / "profile.log"
+    log.write_text("")
+    flags = [opt_level, "-g0", "-fprofile-instr-generate", "-Qunused-arguments"]
+    env = build_env(tc, bin_dir, flags)
+    what = f"{recipe.name} (instrumented)"
+    for cmd in recipe.configure:
+        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{what}: configure")
+    for cmd in recipe.build:
+        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{what}: build")
+    env["LLVM_PROFILE_FILE"] = str(raw / "%m-%p.profraw")
+    for cmd in recipe.test:
+        _run(cmd, tree, log, recipe.test_timeout_s, env, f"{what}: its own tests")
+    profiles = sorted(raw.glob("*.profraw"))
+    if not profiles:
+        raise BuildError(f"{what}: its tests ran no instrumented code (log: {log})")
+    merged, tmp = work / "profile.profdata", work / ".profile.profdata.tmp"
+    merge = [tc.tool("llvm-profdata"), "merge", "-o", str(tmp), *map(str, profiles)]
+    _run(merge, work, log, 600, what=f"{what}: llvm-profdata merge")
+    tmp.replace(merged)
+    return merged
+
+
+def build_corpus(
+    name: str,
+    src: Path,
+    configure: tuple[str, ...],
+    build: tuple[str, ...],
+    tc: Toolchain,
+    out: Path,
+    work: Path,
+    timeout_s: float = 1800.0,
+    opt_level: str = "-Oz",
+    profile: Path | None = None,
+) -> int:
+    """Builds the tree SRC with the recording wrapper at OPT_LEVEL (using PROFILE's counts,
+    if given) and writes its corpus to OUT/NAME, replacing it only once extraction
+    succeeded. Returns the module count."""
+    out, work = out.resolve(), work.resolve()  # the build runs in SRC, not here
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "build.log"
+    flags = [opt_level, *RECORD_FLAGS]
+    if profile:
+        flags += [f"-fprofile-instr-use={profile.resolve()}", *PROFILE_USE_FLAGS]
+    env = build_env(tc, work, flags)
+    for cmd in configure:
+        _run(cmd, src, log, timeout_s, env, f"{name}: configure")
+    recorded = work / "compile_commands.json"
+    recorded.unlink(missing_ok=True)
+    _run(
+        ["bear", "--output", str(recorded), "--", "sh", "-c", " && ".join(build)],
+        src,
+        log,
+        timeout_s,
+        env,
+        f"{name}: build",
+    )
+    cc_json = _kept_objects(recorded, work / "compile_commands.kept.json")
+    if not MLGO_UTILS_DIR.is_dir():
+        raise BuildError(
+            f"LLVM's mlgo-utils is not installed in {MLGO_UTILS_DIR}; run tools/setup.sh"
+        )
+    staged = out / f".{name}.partial"
+    shutil.rmtree(staged, ignore_errors=True)
+    # mlgo-utils' top-level package is also called `mlgo`: run it without site-packages.
+    _run(
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "mlgo.corpus.extract_ir",
+            "--input",
+            str(cc_json),
+            "--input_type",
+            "json",
+            "--output_dir",
+            str(staged),
+            "--llvm_objcopy_path",
+            tc.tool("llvm-objcopy"),
+            "--num_workers",
+            "2",
+        ],
+        src,
+        log,
+        900,
+        dict(env, PYTHONPATH=str(MLGO_UTILS_DIR)),
+        f"{name}: extract_ir",
+    )
+    try:
+        names = _distinct_modules(staged)
+    except (OSError, ValueError, KeyError) as e:
+        raise BuildError(f"{name}: extract_ir wrote no corpus ({e}; log: {log})") from e
+    if not names:
+        raise BuildError(f"{name}: the build produced no bitcode (log: {log})")
+    final = out / name
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staged, final)
+    return len(names)
+
+
+def _is_relocatable_object(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return ELFFile(f).header["e_type"] == "ET_REL"
+    except (OSError, ELFError):
+        return False
+
+
+def _kept_objects(recorded: Path, kept: Path) -> Path:
+    """The compile commands whose output is a relocatable object that survived the build.
+
+    bear also records the `clang -cc1` jobs of a compile-and-link step (their objects are
+    deleted temporaries) and splits such a step into one `-c` entry per source, all naming
+    the linked program as output; none of those is a module. A `cc -c dir/x.c` without `-o`
+    writes x.o in its working directory; the kept command names it, as extract_ir needs.
+    """
+    entries = []
+    for entry in json.loads(recorded.read_text()):
+        args = entry.get("arguments") or shlex.split(entry.get("command", ""))
+        if "-cc1" in args:
+            continue
+        if "-o" not in args[:-1]:
+            if "-c" not in args:
+                continue
+            args = [*args, "-o", Path(entry["file"]).with_suffix(".o").name]
+            entry = {"directory": entry["directory"], "file": entry["file"], "arguments": args}
+        entries.append((entry, Path(entry["directory"]) / args[args.index("-o") + 1]))
+    outputs = Counter(out for _, out in entries)
+    keep = [e for e, out in entries if outputs[out] == 1 and _is_relocatable_object(out)]
+    if not keep:
+        raise BuildError(f"{recorded}: the build compiled no object file that survived it")
+    kept.write_text(json.dumps(keep, indent=1))
+    return kept
+
+
+def _distinct_modules(corpus_dir: Path) -> list[str]:
+    """Keeps one module per distinct bitcode (a package may compile a file twice the same
+    way) and only modules whose bitcode was really extracted."""
+    desc = corpus_dir / DESCRIPTION
+    seen: set[str] = set()
+    names = []
+    for name in json.loads(desc.read_text())["modules"]:
+        if not (corpus_dir / f"{name}.bc").is_file():  # extract_ir lists failures too
+            continue
+        digest = hashlib.sha256((corpus_dir / f"{name}.bc").read_bytes()).hexdigest()
+        if digest in seen:
+            (corpus_dir / f"{name}.bc").unlink()
+            (corpus_dir / f"{name}.cmd").unlink(missing_ok=True)
+        else:
+            seen.add(digest)
+            names.append(name)
+    write_description(corpus_dir, names)
+    return names
+
+
+def combine(out: Path) -> list[str]:
+    """Writes OUT's corpus_description.json over every package sub-corpus in OUT."""
+    names: list[str] = []
+    for desc in sorted(out.glob(f"*/{DESCRIPTION}")):
+        pkg = desc.parent.name
+        if pkg.startswith("."):
+            continue
+        try:
+            names += [f"{pkg}/{m}" for m in json.loads(desc.read_text())["modules"]]
+        except (ValueError, KeyError) as e:
+            raise CorpusError(f"{desc}: malformed ({e})") from e
+    write_description(out, names)
+    return names

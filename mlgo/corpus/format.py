@@ -1,0 +1,179 @@
+"""A corpus: pre-optimization bitcode modules and the cc1 command lines that finish them.
+
+The on-disk layout is ml-compiler-opt's, so corpora move freely between the two tools:
+`corpus_description.json` = {"has_thinlto": false, "modules": [NAME, ...]} (optionally
+"global_command_override"), and per module `NAME.bc` plus `NAME.cmd`, the cc1 arguments
+separated by NUL bytes, as LLVM's extract_ir writes them. A module's package is the first
+component of its name (`zstd/lib/compress/zstd_compress`), which is how results are grouped
+and how training and held-out sets are split.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+DESCRIPTION = "corpus_description.json"
+
+# Flags that must not survive into a re-compile: re-embedding bitcode is wasted work, and
+# split-dwarf/thinlto/profile paths point into the original build tree.
+_DROP = ("-fembed-bitcode=all", "-fembed-bitcode")
+_DROP_WITH_VALUE = (
+    "-split-dwarf-file",
+    "-split-dwarf-output",
+    "-fthinlto-index",
+    "-fprofile-sample-use",
+    "-fprofile-remapping-file",
+    "-o",
+    "-dependency-file",
+    "-MT",
+)
+_OPT_LEVEL = re.compile(r"^-O([0-3sz]|fast)?$")
+
+
+class CorpusError(ValueError):
+    """The corpus on disk is malformed; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    bitcode: Path
+    args: tuple[str, ...]  # cc1 arguments, starting with -cc1
+
+    @property
+    def package(self) -> str:
+        return self.name.split("/", 1)[0]
+
+    @property
+    def path(self) -> Path:
+        """The file a remote worker needs (`mlgo.runtime.tasks.ShippedFile`)."""
+        return self.bitcode
+
+    def at(self, path: Path) -> Module:
+        """The same module, its bitcode at PATH (a worker-local copy)."""
+        return replace(self, bitcode=path)
+
+    @property
+    def opt_level(self) -> str:
+        """The optimization level the module was recorded at (the last -O flag wins)."""
+        levels = [a for a in self.args if _OPT_LEVEL.match(a)]
+        return levels[-1] if levels else "-O0"
+
+    @property
+    def profiled(self) -> bool:
+        """Recorded with measured block counts (`mlgo corpus build --profile`)."""
+        return any(a.startswith("-fprofile-instrument-use-path=") for a in self.args)
+
+    def compile_command(
+        self,
+        clang: str,
+        output: Path,
+        opt_level: str | None = None,
+        extra: list[str] | tuple[str, ...] = (),
+    ) -> list[str]:
+        """clang -cc1 ... -x ir NAME.bc -o OUTPUT. OPT_LEVEL is the level the caller needs;
+        a module recorded at another one is refused, not re-leveled: clang's frontend
+        already decided for that level (-Oz marks every function minsize, -O2 asks for the
+        vectorizers), so a re-leveled compile is neither build."""
+        if opt_level and opt_level != self.opt_level:
+            raise CorpusError(
+                f"{self.name}: recorded at {self.opt_level}, needed at {opt_level}; "
+                f"build the corpus with `mlgo corpus build --opt-level {opt_level}`"
+            )
+        args: list[str] = []
+        skip = False
+        for a in self.args:
+            if skip:
+                skip = False
+                continue
+            if a in _DROP_WITH_VALUE:
+                skip = True
+                continue
+            if a in _DROP or any(a.startswith(f + "=") for f in _DROP_WITH_VALUE):
+                continue
+            args.append(a)
+        return [clang, *args, *extra, "-x", "ir", str(self.bitcode), "-o", str(output)]
+
+
+@dataclass(frozen=True)
+class Corpus:
+    root: Path
+    modules: tuple[Module, ...]
+
+    def packages(self) -> dict[str, list[Module]]:
+        out: dict[str, list[Module]] = {}
+        for m in self.modules:
+            out.setdefault(m.package, []).append(m)
+        return out
+
+    def select(self, packages: list[str] | None) -> Corpus:
+        if not packages:
+            return self
+        unknown = set(packages) - set(self.packages())
+        if unknown:
+            raise CorpusError(f"{self.root}: no package(s) {', '.join(sorted(unknown))} in corpus")
+        return Corpus(self.root, tuple(m for m in self.modules if m.package in packages))
+
+    def require_opt_level(self, opt_level: str) -> Corpus:
+        """This corpus, if every module was recorded at OPT_LEVEL; else one CorpusError up
+        front, instead of one failed compile per module."""
+        other = sorted({m.opt_level for m in self.modules} - {opt_level})
+        if other:
+            raise CorpusError(
+                f"{self.root}: recorded at {', '.join(other)}, needed at {opt_level}; "
+                f"build it with `mlgo corpus build --opt-level {opt_level}`"
+            )
+        return self
+
+
+def _read_cmd(path: Path) -> tuple[str, ...]:
+    try:
+        args = tuple(a for a in path.read_bytes().decode().split("\0") if a)
+    except (OSError, UnicodeDecodeError) as e:
+        raise CorpusError(f"{path}: cannot read command line ({e})") from e
+    if not args or args[0] != "-cc1":
+        raise CorpusError(f"{path}: command line does not start with -cc1")
+    return args
+
+
+def load_corpus(root: str | Path) -> Corpus:
+    """Reads and checks a corpus; every problem is reported as a CorpusError naming a file."""
+    root = Path(root)
+    desc_path = root / DESCRIPTION
+    try:
+        desc = json.loads(desc_path.read_text())
+    except FileNotFoundError as e:
+        raise CorpusError(f"{desc_path}: not found (is {root} a corpus?)") from e
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CorpusError(f"{desc_path}: not valid JSON ({e})") from e
+    if not isinstance(desc, dict) or not isinstance(desc.get("modules"), list):
+        raise CorpusError(f"{desc_path}: needs a 'modules' list")
+    names = desc["modules"]
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise CorpusError(f"{desc_path}: 'modules' must be a non-empty list of names")
+    if desc.get("has_thinlto"):
+        raise CorpusError(f"{desc_path}: ThinLTO corpora are not supported yet")
+    override = desc.get("global_command_override")
+    if override is not None and not (
+        isinstance(override, list) and all(isinstance(a, str) for a in override)
+    ):
+        raise CorpusError(f"{desc_path}: 'global_command_override' must be a list of strings")
+    modules = []
+    for name in names:
+        bc = root / f"{name}.bc"
+        if not bc.is_file():
+            raise CorpusError(f"{bc}: listed in {DESCRIPTION} but missing")
+        args = tuple(override) if override is not None else _read_cmd(root / f"{name}.cmd")
+        modules.append(Module(name, bc, args))
+    return Corpus(root, tuple(modules))
+
+
+def write_description(root: Path, names: list[str]) -> None:
+    from mlgo.runtime.files import atomic_write_text
+
+    atomic_write_text(
+        root / DESCRIPTION, json.dumps({"has_thinlto": False, "modules": sorted(names)}, indent=2)
+    )

@@ -1,0 +1,1 @@
+"""Real programs built twice, plain and with the policy, and their measurement."""

@@ -1,0 +1,168 @@
+"""Real programs built twice from their Debian source packages, with the plain compiler and
+with `mlgo-cc`, each checked by the package's own tests: the honest end-to-end figure.
+
+A recipe (corpus/recipes/*.toml) says how to configure, build and test a package and
+which programs it links. Both builds start from the same pristine source tree, use the
+same flags, and differ only in CC/CXX; the linked programs' .text is compared.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mlgo.corpus.extract import (
+    BuildError,
+    Recipe,
+    _run,
+    build_env,
+    ensure_build_depends,
+    fetch_source,
+)
+from mlgo.llvm.sizes import text_size
+from mlgo.llvm.toolchain import Toolchain
+
+SIZE_FLAGS = ["-Oz", "-g0", "-Qunused-arguments"]
+
+
+@dataclass
+class ProgramBuild:
+    package: str
+    variant: str  # "plain" or "mlgo"
+    build_seconds: float
+    build_cpu_seconds: float  # user + system time of every process the build ran
+    text: dict[str, int]  # program -> linked .text bytes
+    tests: str  # "passed" or "not run" (a failing test raises BuildError)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def live_children(pid: int) -> list[int]:
+    """PID's live child processes, whichever of its threads started them (each thread
+    lists only its own: a service's policy server is the child of a connection thread)."""
+    return [
+        int(kid)
+        for t in Path(f"/proc/{pid}/task").glob("*/children")
+        for kid in t.read_text().split()
+    ]
+
+
+def tree_cpu_seconds(pid: int, children: bool = True) -> float:
+    """User + system seconds of PID and (if CHILDREN) its live children, all their threads:
+    what a long-lived service such as `mlgo serve` and its policy server have spent so far."""
+    kids = live_children(pid) if children else []
+    total = 0
+    for p in [pid, *kids]:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def pristine_source(recipe: Recipe, work: Path) -> Path:
+    """The unpacked Debian source, fetched once and kept for every build."""
+    work = work.resolve()  # apt-get and dpkg-source run in subdirectories
+    pristine = work / "pristine"
+    if not (pristine / ".complete").exists():
+        work.mkdir(parents=True, exist_ok=True)
+        log = work / "fetch.log"
+        ensure_build_depends(recipe, log)
+        src = fetch_source(recipe, work, log)
+        shutil.rmtree(pristine, ignore_errors=True)
+        src.rename(pristine)
+        (pristine / ".complete").touch()
+    return pristine
+
+
+def build_program(
+    recipe: Recipe,
+    pristine: Path,
+    tree: Path,
+    tc: Toolchain,
+    variant: str,
+    compilers: tuple[str, str],
+    env_extra: dict[str, str] | None = None,
+    run_tests: bool = True,
+    flags: list[str] | None = None,
+) -> ProgramBuild:
+    """Configures, builds (timed) and tests a fresh copy of PRISTINE at TREE with the
+    (CC, CXX) COMPILERS, which get FLAGS (default: -Oz) after the package's own."""
+    tree = tree.resolve()
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.copytree(pristine, tree, symlinks=True)
+    wrappers = tree.parent / f".{tree.name}-bin"
+    wrappers.mkdir(parents=True, exist_ok=True)
+    log = tree.parent / f"{tree.name}.log"
+    log.write_text("")
+    cc, cxx = compilers
+    env = dict(build_env(tc, wrappers, flags or SIZE_FLAGS, cc=cc, cxx=cxx), **(env_extra or {}))
+    name = f"{recipe.name} ({variant})"
+    for cmd in recipe.configure:
+        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: configure")
+    start, cpu_start = time.monotonic(), _children_cpu()
+    for cmd in recipe.build:
+        _run(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: build")
+    seconds, cpu = time.monotonic() - start, _children_cpu() - cpu_start
+    missing = [p for p in recipe.programs if not (tree / p).is_file()]
+    if missing:
+        raise BuildError(f"{name}: the build made no {', '.join(missing)} (log: {log})")
+    text = {p: text_size(tree / p) for p in recipe.programs}
+    if run_tests and recipe.test:
+        for cmd in recipe.test:
+            _run(cmd, tree, log, recipe.test_timeout_s, env, f"{name}: its own tests")
+    tests = "passed" if recipe.test and run_tests else "not run"
+    return ProgramBuild(recipe.name, variant, seconds, cpu, text, tests)
+
+
+@contextmanager
+def policy_service(policies: list[Path], directory: Path, backend: str = "auto"):
+    """`mlgo serve` for a build, on a socket of its own; yields the environment to use."""
+    directory = directory.resolve()  # the builds run in their own directories
+    directory.mkdir(parents=True, exist_ok=True)
+    socket = directory / "mlgo.sock"
+    socket.unlink(missing_ok=True)  # a killed service's socket would look ready
+    log = directory / "serve.log"
+    args = [f"--policy={p.resolve()}" for p in policies]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlgo.cli", "serve", "--socket", str(socket)]
+            + ["--backend", backend, *args],
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not socket.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace").strip().splitlines()[-1:]
+                raise BuildError(f"the policy service did not start: {' '.join(tail)}")
+            time.sleep(0.1)
+        yield {"MLGO_SOCKET": str(socket), "MLGO_STRICT": "1"}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def mlgo_compilers() -> tuple[str, str]:
+    """mlgo-cc and mlgo-c++ as installed beside this interpreter."""
+    paths = [Path(sys.executable).parent / name for name in ("mlgo-cc", "mlgo-c++")]
+    for path in paths:
+        if not os.access(path, os.X_OK):
+            raise BuildError(f"{path} is missing; run tools/setup.sh")
+    return str(paths[0]), str(paths[1])
+
+
+def plain_compilers(tc: Toolchain) -> tuple[str, str]:
+    return tc.clang, tc.clangxx

@@ -1,0 +1,1 @@
+"""Workers (local and Ray), atomic files, process lifetime, quiet TensorFlow imports."""

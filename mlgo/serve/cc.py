@@ -1,0 +1,337 @@
+"""`mlgo-cc` / `mlgo-c++`: drop-in CC and CXX that compile with the served policies.
+
+Every argument passes through untouched. A compilation that optimizes code gets a lease
+from the policy service (started on demand) and the `-mllvm` flags of its channels;
+anything else (preprocessing, `--version`, pure links) runs the compiler as is.
+
+A build must never fail or hang because of the policy. If the service is down or cannot
+start, if a channel fails (policy crash, garbage answer, unknown feature layout), if the
+service dies mid-compilation or the compile outlives MLGO_TIMEOUT, the compiler is killed
+and the file is compiled again with the default heuristic, with a one-line warning.
+The same happens when the socket is not this user's (mlgo.serve.client) or the lease carries a
+flag no lease may carry: only the channel options of the served problems, on a FIFO in
+this user's runtime directory, and a plugin from this user's cache of built plugins.
+MLGO_STRICT=1 turns that warning into an error instead.
+
+Environment: MLGO_CC / MLGO_CXX (default clang-22 / clang++-22), MLGO_POLICY (policy
+directories, ':'-separated, for a service started on demand; default: the shipped
+inlining policy), MLGO_BACKEND (auto, plugin, native or python), MLGO_TIMEOUT (seconds,
+default 900), MLGO_STRICT, MLGO_DISABLE (plain compiler), MLGO_SOCKET.
+A bad MLGO_TIMEOUT is a warning (the default is used), and a running service that serves
+other policies than MLGO_POLICY names is too; both are errors under MLGO_STRICT.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import math
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mlgo.serve.client import Connection, ServiceError, UntrustedError, runtime_dir, socket_path
+from mlgo.ship.aot import cache_dir
+
+SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".c++", ".C", ".i", ".ii", ".m", ".mm")
+NO_CODEGEN = {"-E", "-M", "-MM", "-fsyntax-only", "-###", "--version", "--help", "-"}
+CONNECT_TIMEOUT_S = 10.0
+TIMED_OUT = "no result within MLGO_TIMEOUT"
+START_TIMEOUT_S = 180.0  # the first start may AOT-compile the policy (about 20 s)
+START_RETRY_S = 60.0  # after a failed start, fall back at once for this long (same policies)
+DEFAULT_TIMEOUT_S = 900.0
+# What a lease may carry: these -mllvm switches, the channel options (on a FIFO base in the
+# runtime directory's channels/), and -fpass-plugin= (a plugin in the cache of built ones).
+# tests/test_security.py checks them against every problem's flags_for_serving.
+LEASE_SWITCHES = ("-enable-ml-inliner=release", "-regalloc-enable-advisor=release")
+LEASE_CHANNEL_OPTIONS = (
+    "-inliner-interactive-channel-base",
+    "-regalloc-evict-interactive-channel-base",
+)
+PLUGIN_FLAG = "-fpass-plugin="
+SHIPPED_POLICY = Path(__file__).resolve().parents[2] / "policies" / "inlining-size"
+
+
+def optimizes(args: list[str]) -> bool:
+    """Does this invocation compile a source file (so the optimizer may ask)?"""
+    if NO_CODEGEN.intersection(args) or any(a.startswith("-mllvm") for a in args):
+        return False
+    return any(a.endswith(SOURCE_SUFFIXES) and not a.startswith("-") for a in args)
+
+
+def _warn(message: str) -> None:
+    print(f"mlgo-cc: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _policies() -> str:
+    return os.environ.get("MLGO_POLICY") or str(SHIPPED_POLICY)
+
+
+def _start_fingerprint() -> str:
+    """What a service start depends on: the policies named, the backend, and the size and
+    mtime of every file in the policy directories. A failed start is retried at once when
+    it changes (the user fixed the cause)."""
+    digest = hashlib.sha256(f"{_policies()}\0{os.environ.get('MLGO_BACKEND')}\0".encode())
+    for directory in _policies().split(os.pathsep):
+        for path in sorted(Path(directory).rglob("*")):
+            try:
+                st = path.stat()
+            except OSError:  # gone while we looked: the next fingerprint differs anyway
+                continue
+            digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return digest.hexdigest()
+
+
+def _failed_recently(marker: Path, fingerprint: str) -> bool:
+    try:
+        recent = time.time() - marker.stat().st_mtime < START_RETRY_S
+        return recent and marker.read_text() == fingerprint
+    except OSError:
+        return False
+
+
+def _error(problem: str, source: str) -> int:
+    print(f"mlgo-cc: error: {problem} ({source})", file=sys.stderr, flush=True)
+    return 1
+
+
+def start_service(path: Path) -> Connection:
+    """Starts a service for MLGO_POLICY and connects; one starter at a time."""
+    runtime = runtime_dir()
+    failed_marker = runtime / "start-failed"
+    with open(runtime / "start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:  # another wrapper may have started it while we waited for the lock
+            return Connection(path, CONNECT_TIMEOUT_S)
+        except ServiceError:
+            pass
+        fingerprint = _start_fingerprint()
+        if _failed_recently(failed_marker, fingerprint):
+            raise ServiceError(f"the mlgo service failed to start recently ({failed_marker})")
+        cmd = [sys.executable, "-m", "mlgo.cli", "serve", "--idle-exit", "600"]
+        cmd += ["--backend", os.environ.get("MLGO_BACKEND", "auto")]
+        for p in _policies().split(os.pathsep):
+            cmd += ["--policy", p]
+        log_path = runtime / "service.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                conn = Connection(path, CONNECT_TIMEOUT_S)
+                failed_marker.unlink(missing_ok=True)
+                return conn
+            except ServiceError:
+                time.sleep(0.1)
+        if proc.poll() is None:
+            proc.kill()
+        failed_marker.write_text(fingerprint)
+        lines = log_path.read_text(errors="replace").strip().splitlines() or ["(no output)"]
+        raise ServiceError(f"the mlgo service did not start: {lines[-1][:200]}")
+
+
+def connect(path: Path, may_start: bool) -> Connection:
+    """A connection to the service at PATH, starting one there if none runs and MAY_START
+    (an explicitly named service is not ours to start, nor one we do not trust)."""
+    try:
+        return Connection(path, CONNECT_TIMEOUT_S)
+    except ServiceError as e:
+        if not may_start or isinstance(e, UntrustedError):
+            raise
+        return start_service(path)
+
+
+def check_lease_flags(flags: list[str], runtime: Path) -> None:
+    """Refuses any flag a lease may not carry (see LEASE_SWITCHES): whatever answers on the
+    socket must not get to choose what the compiler runs."""
+    channels = (runtime / "channels").resolve()
+    plugins = (cache_dir() / "plugin").resolve()
+    rest = iter(flags)
+    for flag in rest:
+        if flag == "-mllvm":
+            option = next(rest, "")
+            name, eq, base = option.partition("=")
+            fifo = Path(base)
+            if option in LEASE_SWITCHES or (
+                eq
+                and name in LEASE_CHANNEL_OPTIONS
+                and fifo.name not in ("", ".", "..")
+                and fifo.parent.resolve() == channels
+            ):
+                continue
+            flag = f"-mllvm {option}"
+        elif (
+            flag.startswith(PLUGIN_FLAG)
+            and plugins in Path(flag.removeprefix(PLUGIN_FLAG)).resolve().parents
+        ):
+            continue
+        raise ServiceError(f"the lease carries a flag no lease may carry: {flag[:160]!r}")
+
+
+def check_policies(served: object) -> str | None:
+    """What is wrong when MLGO_POLICY is set and the service serves other policies."""
+    wanted = os.environ.get("MLGO_POLICY")
+    if not wanted:
+        return None
+    if sorted(os.path.realpath(p) for p in wanted.split(os.pathsep)) == sorted(served or ()):
+        return None
+    names = ", ".join(served) if isinstance(served, list) else "unnamed policies"
+    return f"the running mlgo service serves {names}, not MLGO_POLICY={wanted} (mlgo stop it)"
+
+
+def _lease() -> tuple[Connection, list[str], str | None]:
+    """A lease: its connection, its flags (checked) and what is wrong with its policies."""
+    path = socket_path()
+    conn = connect(path, may_start=not os.environ.get("MLGO_SOCKET"))
+    try:
+        conn.send({"op": "compile"})
+        reply = conn.receive()
+        flags = reply["flags"]
+        if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
+            raise ServiceError(f"flags that are not a list of strings: {str(flags)[:80]}")
+    except (ServiceError, KeyError, TypeError) as e:
+        conn.close()
+        raise ServiceError(f"the mlgo service refused a lease: {e}") from e
+    try:
+        check_lease_flags(flags, path.parent)
+    except ServiceError:
+        conn.close()
+        raise
+    return conn, flags, check_policies(reply.get("policies"))
+
+
+def timeout_from_env() -> tuple[float, str | None]:
+    """MLGO_TIMEOUT in seconds, and what is wrong with it (then the default is used)."""
+    text = os.environ.get("MLGO_TIMEOUT")
+    if text is None:
+        return DEFAULT_TIMEOUT_S, None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if math.isfinite(value) and value > 0:
+        return value, None
+    return DEFAULT_TIMEOUT_S, f"MLGO_TIMEOUT={text!r} is not a positive number of seconds"
+
+
+def _watch(proc: subprocess.Popen, conn: Connection, timeout_s: float) -> str | None:
+    """Waits for the compiler; kills it and says why on a channel error, a dead service
+    or the timeout. Returns None when the compiler finished by itself."""
+    pidfd = os.pidfd_open(proc.pid)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                problem = f"{TIMED_OUT}={timeout_s:g} s"
+                break
+            # select() cannot wait past a time_t; a huge MLGO_TIMEOUT just loops.
+            ready, _, _ = select.select([pidfd, conn], [], [], min(remaining, 86400.0))
+            if pidfd in ready:
+                proc.wait()
+                return None
+            if ready:
+                try:
+                    event = conn.receive()
+                    problem = str(event.get("message", event))
+                except ServiceError as e:
+                    problem = str(e)
+                break
+    finally:
+        os.close(pidfd)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return problem
+
+
+def run(compiler: str, args: list[str]) -> int:
+    if os.environ.get("MLGO_DISABLE") or not optimizes(args):
+        os.execvp(compiler, [compiler, *args])
+    strict = bool(os.environ.get("MLGO_STRICT"))
+    source = next((a for a in args if a.endswith(SOURCE_SUFFIXES)), "?")
+    timeout_s, problem = timeout_from_env()
+    if problem:
+        if strict:
+            return _error(problem, source)
+        _warn(f"{problem}; using {DEFAULT_TIMEOUT_S:g} s")
+    try:
+        conn, flags, problem = _lease()
+    except ServiceError as e:
+        problem = str(e)
+    else:
+        if problem and strict:
+            conn.close()
+            return _error(problem, source)
+        if problem:  # the served policies still compile it: say they are not the ones asked
+            _warn(problem)
+        with conn, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen([compiler, *args, *flags], stderr=err)
+            problem = _watch(proc, conn, timeout_s)
+            try:
+                conn.send({"op": "done", "returncode": proc.returncode})
+                # After a timeout the answer is not awaited: whatever hung may hold it up
+                # too, and MLGO_TIMEOUT bounds the whole compilation.
+                if not (problem or "").startswith(TIMED_OUT):
+                    while "event" in (tally := conn.receive()):
+                        problem = problem or tally.get("message")
+                    if tally["errors"]:
+                        problem = problem or tally["errors"][0]
+            except (ServiceError, KeyError) as e:
+                problem = problem or str(e)
+            if problem is None and proc.returncode < 0:
+                problem = f"the compiler died of signal {-proc.returncode}"
+            if problem is None:
+                err.seek(0)
+                sys.stderr.buffer.write(err.read())
+                sys.stderr.flush()
+                return proc.returncode
+    if strict:
+        return _error(problem, source)
+    _warn(f"{problem}; compiling {source} with the default heuristic")
+    os.execvp(compiler, [compiler, *args])
+
+
+def main_c() -> None:
+    sys.exit(run(os.environ.get("MLGO_CC", "clang-22"), sys.argv[1:]))
+
+
+def main_cxx() -> None:
+    sys.exit(run(os.environ.get("MLGO_CXX", "clang++-22"), sys.argv[1:]))
+
+
+def install_native_wrappers(bindir: Path) -> list[Path]:
+    """Builds mlgo/serve/native/mlgo_cc.c and installs it as BINDIR/mlgo-cc and mlgo-c++ (over the
+    Python entry points it hands uncommon cases to), each renamed into place."""
+    source = Path(__file__).parent / "native" / "mlgo_cc.c"
+    fd, tmp = tempfile.mkstemp(prefix=".mlgo-cc.", dir=bindir)
+    os.close(fd)
+    try:
+        cmd = ["cc", "-O2", "-Wall", "-Werror", f'-DMLGO_PYTHON="{sys.executable}"']
+        proc = subprocess.run([*cmd, str(source), "-o", tmp], capture_output=True, text=True)
+        if proc.returncode != 0:
+            lines = proc.stderr.strip().splitlines() or ["(no output)"]
+            raise OSError(f"cannot build {source.name}: {lines[0]}")
+        installed = []
+        for name in ("mlgo-cc", "mlgo-c++"):
+            staged = bindir / f".{name}.new"
+            staged.unlink(missing_ok=True)
+            os.link(tmp, staged)
+            os.chmod(staged, 0o755)
+            os.replace(staged, bindir / name)
+            installed.append(bindir / name)
+        return installed
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":  # the native wrapper hands over: python -m mlgo.serve.cc cc|c++ ARGS
+    language = sys.argv[1] if len(sys.argv) > 1 else "cc"
+    sys.argv = [f"mlgo-{language}", *sys.argv[2:]]
+    main_cxx() if language == "c++" else main_c()

@@ -1,0 +1,147 @@
+"""Talking to the policy service: where it listens, and its JSON-lines protocol.
+
+Standard library only, because `mlgo-cc` imports this on every compiler invocation.
+The service listens on a Unix socket in a private runtime directory (0700, socket 0600):
+`$MLGO_SOCKET`, else `$XDG_RUNTIME_DIR/mlgo/mlgo.sock`, else `/tmp/mlgo-UID/mlgo.sock`.
+Whatever answers there may put flags on the compiler's command line, so a client trusts
+only a socket, and a directory, that this user owns and no one else may write, served by a
+process of this user (SO_PEERCRED on the connection: the check no file swap can race).
+
+Protocol: one JSON object per line each way.
+- `{"op": "compile"}` opens a lease: the reply carries the compiler flags (one channel per
+  problem served) and the resolved paths of the policies that answer. While the compiler
+  runs the service may push `{"event": "error", ...}`;
+  `{"op": "done", "returncode": N}` ends the lease and is answered with its tally. A lease
+  also ends when its connection closes, so a killed client leaks nothing.
+- `{"op": "channel", "problem": P}`: a channel for one compilation run by hand.
+- `{"op": "status"}`, `{"op": "stop"}`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import stat
+import struct
+from pathlib import Path
+
+
+class ServiceError(RuntimeError):
+    """The service is unreachable or answered an error; the message is one line."""
+
+
+class UntrustedError(ServiceError):
+    """The socket is not this user's alone: never used, never replaced by a new service."""
+
+
+def runtime_dir() -> Path:
+    """The private runtime directory, created 0700; refused if anyone else could use it."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    path = Path(base) / "mlgo" if base else Path(f"/tmp/mlgo-{os.getuid()}")
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = path.lstat()
+    except OSError as e:
+        raise ServiceError(f"cannot create the runtime directory {path}: {e.strerror}") from e
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ServiceError(
+            f"{path} is not a private directory of this user (owner {st.st_uid}, "
+            f"mode {stat.S_IMODE(st.st_mode):o}); remove it or set MLGO_SOCKET"
+        )
+    return path
+
+
+def socket_path() -> Path:
+    explicit = os.environ.get("MLGO_SOCKET")
+    return Path(explicit) if explicit else runtime_dir() / "mlgo.sock"
+
+
+def check_owned(path: Path) -> None:
+    """Refuses PATH unless this user owns it and no one else may write to it (nothing
+    there is left to the caller: connecting says so)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UntrustedError(f"cannot check {path}: {e.strerror}") from e
+    if st.st_uid != os.getuid():
+        raise UntrustedError(
+            f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}); refusing it"
+        )
+    if st.st_mode & 0o022:
+        mode = stat.S_IMODE(st.st_mode)
+        raise UntrustedError(f"{path} is writable by other users (mode {mode:o}); refusing it")
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a connected Unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+class Connection:
+    """One connection to the service, line by line, refused unless this user serves it."""
+
+    def __init__(self, path: Path, timeout_s: float):
+        self.path = path
+        check_owned(path.parent)
+        check_owned(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout_s)
+        try:
+            self.sock.connect(str(path))
+        except OSError as e:
+            self.sock.close()
+            raise ServiceError(f"no mlgo service at {path} ({e.strerror or e})") from e
+        if (uid := peer_uid(self.sock)) != os.getuid():
+            self.sock.close()
+            raise UntrustedError(
+                f"{path} is served by uid {uid}, not by this user (uid {os.getuid()}); refusing it"
+            )
+        self._file = self.sock.makefile("rwb")
+
+    def send(self, message: dict) -> None:
+        try:
+            self._file.write(json.dumps(message).encode() + b"\n")
+            self._file.flush()
+        except OSError as e:
+            raise ServiceError(f"the mlgo service at {self.path} went away ({e})") from e
+
+    def receive(self) -> dict:
+        try:
+            line = self._file.readline()
+        except OSError as e:
+            raise ServiceError(f"the mlgo service at {self.path} did not answer ({e})") from e
+        if not line:
+            raise ServiceError(f"the mlgo service at {self.path} closed the connection")
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ServiceError(f"the mlgo service sent garbage: {line[:80]!r}") from e
+        if "error" in reply and "event" not in reply:
+            raise ServiceError(str(reply["error"]))
+        return reply
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # a dead service: nothing left to flush to
+            self._file.close()
+        self.sock.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def request(message: dict, timeout_s: float = 10.0, path: Path | None = None) -> dict:
+    """One request, one reply."""
+    with Connection(path or socket_path(), timeout_s) as conn:
+        conn.send(message)
+        return conn.receive()

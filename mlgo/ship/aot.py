@@ -1,0 +1,207 @@
+"""AOT compilation: a SavedModel becomes a native policy server with no Python per decision.
+
+`saved_model_cli aot_compile_cpu` (from the TF wheel) turns the `action` signature into
+`model.h` + objects; `mlgo/ship/native/policy_server.cc` includes that header and serves LLVM's
+interactive channel. Linking needs a few sources of the XLA AOT runtime that the wheel
+ships in `xla_aot_runtime_src`. The whole runtime takes about 15 minutes on 2 cores, but
+a small policy only uses the five files below, which build in seconds; the rest is built
+only if a link reports symbols they lack. Everything is cached under ~/.cache/mlgo, keyed
+by TF version and content, and written to a temp dir that is renamed when complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+SERVER_SOURCE = Path(__file__).parent / "native" / "policy_server.cc"
+CLASS_NAME = "Model"
+ARTIFACTS = ("model.h", "model.o", "model_constants.o", "model_metadata.o")
+CORE_RUNTIME = (
+    "tensorflow/compiler/tf2xla/xla_compiled_cpu_function.cc",
+    "tensorflow/compiler/tf2xla/allocator.cc",
+    "xla/executable_run_options.cc",
+    "xla/service/custom_call_status.cc",
+    "xla/backends/cpu/runtime/rng_state_lib.cc",
+)
+CXXFLAGS = ["-O2", "-w", "-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=1", "-fPIC"]
+
+
+class AotError(RuntimeError):
+    """AOT compilation or the native server's build failed; the message is one line."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("MLGO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlgo"
+    )
+    return Path(root)
+
+
+@cache
+def tf_dir() -> Path:
+    """The installed TF wheel's directory, found without importing TF (slow, noisy)."""
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or spec.origin is None:
+        raise AotError("TensorFlow is not installed; run tools/setup.sh")
+    return Path(spec.origin).parent
+
+
+def tf_version() -> str:
+    from importlib.metadata import version
+
+    return version("tensorflow")
+
+
+def _first_error(output: str) -> str:
+    """The line of a tool's output that says what went wrong (the first 'error' line)."""
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()] or lines or ["(no output)"]
+    return errors[0].strip()[:300]
+
+
+def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
+    if proc.returncode != 0:
+        output = proc.stderr + proc.stdout
+        raise AotError(f"{what} failed (exit {proc.returncode}): {_first_error(output)}")
+
+
+def _tree_digest(paths: list[Path], root: Path | None = None) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(str(p.relative_to(root) if root else p.name).encode() + b"\0")
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _publish(staging: Path, target: Path) -> None:
+    """Moves a complete staging dir onto `target`; a concurrent builder may have won."""
+    try:
+        staging.rename(target)
+    except OSError:
+        if not target.exists():
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def aot_compile(saved_model: Path, out: Path) -> Path:
+    """Writes OUT/model.h and its objects from SAVED_MODEL's `action` signature."""
+    if not (saved_model / "saved_model.pb").is_file():
+        raise AotError(f"{saved_model}: not a SavedModel (no saved_model.pb)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        cli = Path(sys.executable).parent / "saved_model_cli"
+        _run(
+            [str(cli), "aot_compile_cpu", "--dir", str(saved_model), "--tag_set", "serve"]
+            + ["--signature_def_key", "action", "--output_prefix", str(staging / "model")]
+            + ["--cpp_class", CLASS_NAME],
+            f"saved_model_cli aot_compile_cpu on {saved_model}",
+        )
+        (staging / "tf_version").write_text(tf_version() + "\n")
+        (staging / "model_makefile.inc").unlink(missing_ok=True)  # names this machine's paths
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _runtime_objects(sources: tuple[str, ...]) -> list[Path]:
+    """Compiled runtime sources, cached per TF version (compiled once per file)."""
+    src_root = tf_dir() / "xla_aot_runtime_src"
+    target = cache_dir() / f"aot-runtime-tf{tf_version()}"
+    target.mkdir(parents=True, exist_ok=True)
+    objects = []
+    for rel in sources:
+        obj = target / (rel.replace("/", "__") + ".o")
+        if not obj.exists():
+            fd, tmp = tempfile.mkstemp(suffix=".o", dir=target)
+            os.close(fd)
+            try:
+                _run(
+                    ["g++", *CXXFLAGS, f"-I{tf_dir() / 'include'}", "-c", str(src_root / rel)]
+                    + ["-o", tmp],
+                    f"compiling the XLA AOT runtime ({rel})",
+                )
+                os.replace(tmp, obj)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        objects.append(obj)
+    return objects
+
+
+def _all_runtime_sources() -> tuple[str, ...]:
+    root = tf_dir() / "xla_aot_runtime_src"
+    return tuple(sorted(str(p.relative_to(root)) for p in root.rglob("*.cc")))
+
+
+def _link(staging: Path, aot: Path, runtime: list[Path]) -> subprocess.CompletedProcess:
+    tf = tf_dir()
+    return subprocess.run(
+        ["g++", *CXXFLAGS, f"-I{aot}", f"-I{tf / 'include'}", str(SERVER_SOURCE)]
+        + [str(aot / a) for a in ARTIFACTS[1:]]
+        + [str(o) for o in runtime]
+        + [f"-L{tf}", "-l:libtensorflow_framework.so.2", f"-Wl,-rpath,{tf}", "-lpthread"]
+        + ["-o", str(staging / "policy_server")],
+        capture_output=True,
+        text=True,
+    )
+
+
+def cached_build(kind: str, key_material: bytes, name: str, build: Callable[[Path], None]) -> Path:
+    """CACHE/KIND/<hash>/NAME, made by BUILD(staging dir) on first use. The staging dir is
+    renamed into place only when complete, so a killed build leaves nothing half-written."""
+    key = hashlib.sha256(key_material).hexdigest()[:20]
+    target = cache_dir() / kind / key
+    if (target / name).exists():
+        return target / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=target.parent))
+    try:
+        build(staging)
+        _publish(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target / name
+
+
+def native_server(saved_model: Path) -> Path:
+    """The policy server binary for SAVED_MODEL, built on first use and cached."""
+    files = sorted(p for p in saved_model.rglob("*") if p.is_file())
+    if not files:
+        raise AotError(f"{saved_model}: no SavedModel here")
+
+    def build(staging: Path) -> None:
+        aot = aot_compile(saved_model, staging / "aot")
+        proc = _link(staging, aot, _runtime_objects(CORE_RUNTIME))
+        if proc.returncode != 0 and re.search(r"undefined reference", proc.stderr):
+            proc = _link(staging, aot, _runtime_objects(_all_runtime_sources()))
+        if proc.returncode != 0:
+            raise AotError(f"linking the policy server failed: {_first_error(proc.stderr)}")
+
+    key = f"{tf_version()}\0{_tree_digest(files, saved_model)}\0".encode()
+    return cached_build("native", key + SERVER_SOURCE.read_bytes(), "policy_server", build)
+
+
+def replay(server: Path, log: Path) -> bytes:
+    """The raw advice the native server answers to every observation of a recorded log."""
+    with tempfile.NamedTemporaryFile(suffix=".advice") as out:
+        proc = subprocess.run(
+            [str(server), "replay", str(log), out.name], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise AotError(f"policy server replay of {log}: {proc.stderr.strip()[-300:]}")
+        return Path(out.name).read_bytes()

@@ -1,0 +1,123 @@
+"""A shipped policy's model card, written from what its run recorded: the training
+corpus, the budget spent, and every evaluation saved next to the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mlgo.corpus.format import CorpusError, load_corpus
+from mlgo.problems import get_problem
+from mlgo.problems.policy import CandidatePolicy, MLPPolicy
+from mlgo.train.evaluate import Evaluation
+
+
+def _evaluations(run: Path) -> list[tuple[str, Evaluation]]:
+    found = []
+    for path in sorted(run.glob("eval*/eval.json")):
+        try:
+            found.append((path.parent.name, Evaluation.load(path)))
+        except ValueError:
+            continue
+    return found
+
+
+def _profiled(corpus: str) -> bool:
+    """Whether the training corpus carries measured counts; one that is gone counts as not."""
+    try:
+        return any(m.profiled for m in load_corpus(corpus).modules)
+    except (OSError, CorpusError):
+        return False
+
+
+def _reproduce(
+    policy: MLPPolicy, state: dict, evaluations: list[tuple[str, Evaluation]]
+) -> list[str]:
+    """The commands that rebuild the corpus and retrain this policy: from BC, or from the
+    run or policy the run was started from, when it recorded one."""
+    train = dict(evaluations).get("eval")
+    packages = " ".join(sorted(train.per_package())) if train else "PACKAGES"
+    algo, steps = state.get("algo", "bc"), state.get("step", 0)
+    config = state.get("extra", {}).get("config", {})
+    options = {
+        "es": ("sigma", "lr", "batch", "directions", "regression_penalty", "max_module_seconds"),
+        "ppo": ("batch", "max_module_seconds"),
+    }
+    flags = "".join(
+        f" --{k.replace('_', '-')} {config[k]}" for k in options.get(algo, ()) if config.get(k)
+    )
+    problem_flag = "" if policy.problem == "inlining-size" else f" --problem {policy.problem}"
+    profile_flag = " --profile" if train and _profiled(train.corpus) else ""
+    lines = [
+        "",
+        "## Reproduce",
+        "",
+        "```sh",
+        f"mlgo corpus build {packages} --opt-level {get_problem(policy.problem).opt_level}"
+        f"{profile_flag} --out data/corpus",
+    ]
+    start = config.get("init") or "runs/bc"
+    if algo == "bc" or start == "runs/bc":
+        lines.append(f"mlgo train --algo bc --corpus data/corpus{problem_flag} --out runs/bc")
+    else:
+        lines.append(f"# the run started from {start} (a run or policy of its own)")
+    if algo != "bc":
+        lines.append(
+            f"mlgo train --algo {algo} --init {start} --corpus data/corpus{problem_flag} "
+            f"--out runs/{algo} --steps {steps}{flags}"
+        )
+    return [*lines, "```"]
+
+
+def model_card(policy: MLPPolicy, run: Path) -> str:
+    state = json.loads((run / "state.json").read_text()) if (run / "state.json").exists() else {}
+    problem = get_problem(policy.problem)
+    layers = " -> ".join(str(w.shape[0]) for w in policy.weights[::2])
+    layers += f" -> {policy.weights[-1].shape[0]}"
+    shape = (
+        f"One MLP ({layers}) shared by all candidate slots scores each slot from its "
+        f"{len(policy.normalizer.features)} features; the best slot the mask allows wins. "
+        if isinstance(policy, CandidatePolicy)
+        else f"An MLP ({layers}) over LLVM's {len(policy.normalizer.features)} features. "
+    )
+    lines = [
+        f"# {policy.problem} policy",
+        "",
+        f"Decides {problem.summary}.",
+        "",
+        shape + "Each feature is mapped to its quantile among the training decisions "
+        "(q, sqrt q, q^2).",
+        "",
+        "## Training",
+        "",
+        f"- algorithm: {state.get('algo', 'unknown')}, {state.get('step', 0)} steps",
+        f"- budget: {state.get('compiles', 0):,} compilations, "
+        f"{state.get('seconds', 0.0) / 60:.0f} minutes on this machine",
+    ]
+    extra = state.get("extra", {})
+    if "init_reward" in extra:
+        lines.append(
+            f"- training-pool {problem.reward_metric} reduction: start "
+            f"{extra['init_reward']:+.2%}, best {extra['best_reward']:+.2%}"
+        )
+    evaluations = _evaluations(run)
+    lines += _reproduce(policy, state, evaluations)
+    lines += [
+        "",
+        "## Measured",
+        "",
+        f"| evaluation | corpus | modules | {problem.reward_metric} vs default |",
+        "|---|---|---|---|",
+    ]
+    for name, ev in evaluations:
+        t = ev.totals()
+        lines.append(f"| {name} | {Path(ev.corpus).name} | {t['modules']} | {t['delta']:+.2%} |")
+        for pkg, p in sorted(ev.per_package().items()):
+            lines.append(f"| | {pkg} | {int(p['modules'])} | {p['delta']:+.2%} |")
+    lines += [
+        "",
+        f"A negative change is a lower {problem.reward_metric} than clang's own heuristic "
+        f"at the same optimization level ({problem.opt_level}).",
+        "",
+    ]
+    return "\n".join(lines)

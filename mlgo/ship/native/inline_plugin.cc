@@ -1,0 +1,134 @@
+// mlgo's inlining policy inside clang: an LLVM pass plugin (`clang -fpass-plugin=...`).
+//
+// LLVM's own "release mode" embeds a compiled model in clang at LLVM's build time; a
+// stock clang has none. This plugin gives a stock clang the same at run time: it
+// registers an inline advisor (PluginInlineAdvisorAnalysis) that is LLVM's MLInlineAdvisor,
+// with a model runner that evaluates the policy in-process. LLVM computes the features
+// exactly as it does for the interactive channel, so the decisions are the policy's,
+// with no FIFO, no context switch and no second process per call site.
+//
+// The policy (quantile normalization, then an MLP; see mlgo/problems/policy.py) comes from
+// policy_constants.h, which mlgo/ship/plugin.py writes. The arithmetic follows the numpy
+// reference: features and quantiles in double, the network in float, argmax first-wins.
+//
+// If the policy needs a feature this clang does not send, the plugin says so in one line
+// on stderr and uses LLVM's default inliner for the compilation: never a failed build.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llvm/Analysis/InlineAdvisor.h"
+#include "llvm/Analysis/MLInlineAdvisor.h"
+#include "llvm/Analysis/MLModelRunner.h"
+#include "llvm/Analysis/TensorSpec.h"
+#include "llvm/IR/Module.h"
+#include "llvm/Passes/PassBuilder.h"
+#include "llvm/Plugins/PassPlugin.h"
+#include "llvm/Support/raw_ostream.h"
+#include "policy_constants.h"
+
+using namespace llvm;
+
+namespace {
+
+// The advisor factory gets no ModuleAnalysisManager, which MLInlineAdvisor needs; clang
+// builds one per compilation and registers the plugin's analysis with it first.
+ModuleAnalysisManager *CompilationMAM = nullptr;
+
+class PolicyRunner final : public MLModelRunner {
+ public:
+  PolicyRunner(LLVMContext &Ctx, const std::vector<TensorSpec> &Inputs)
+      : MLModelRunner(Ctx, Kind::Release, Inputs.size()) {
+    for (size_t I = 0; I < Inputs.size(); ++I) setUpBufferForTensor(I, Inputs[I], nullptr);
+    for (int F = 0; F < kFeatures && Problem.empty(); ++F) {
+      auto It = std::find_if(Inputs.begin(), Inputs.end(),
+                             [&](const TensorSpec &S) { return S.name() == kFeatureNames[F]; });
+      if (It == Inputs.end())
+        Problem = std::string("the policy needs '") + kFeatureNames[F] +
+                  "', which this compiler does not send";
+      else if (!It->isElementType<int64_t>() || It->getElementCount() != 1)
+        Problem = std::string("'") + kFeatureNames[F] + "' is not an int64 scalar here";
+      else
+        Index[F] = static_cast<size_t>(It - Inputs.begin());
+    }
+  }
+  std::string Problem;  // empty when every feature the policy reads is sent
+
+ private:
+  void *evaluateUntyped() override {
+    double Raw[kFeatures + kDerived];
+    for (int F = 0; F < kFeatures; ++F)
+      Raw[F] = static_cast<double>(*getTensor<int64_t>(Index[F]));
+    for (int D = 0; D < kDerived; ++D) {
+      double L = Raw[kDerivedLeft[D]], R = Raw[kDerivedRight[D]];
+      Raw[kFeatures + D] = kDerivedOp[D] == '-' ? L - R : (L < R ? 1.0 : 0.0);
+    }
+    constexpr int Columns = kFeatures + kDerived;
+    float H[kMaxWidth], Next[kMaxWidth];
+    for (int C = 0; C < Columns; ++C) {  // (q, sqrt q, q^2) of the value's quantile q
+      const double *Begin = kQuantiles + kQuantileStart[C], *End = kQuantiles + kQuantileStart[C + 1];
+      double Q = static_cast<double>(std::upper_bound(Begin, End, Raw[C]) - Begin) /
+                 std::max<long>(End - Begin, 1);
+      H[C] = static_cast<float>(Q);
+      H[Columns + C] = static_cast<float>(std::sqrt(Q));
+      H[2 * Columns + C] = static_cast<float>(Q * Q);
+    }
+    const float *W = kWeights;
+    for (int L = 0; L < kLayers; ++L) {
+      const float *B = W + kLayerIn[L] * kLayerOut[L];
+      for (int O = 0; O < kLayerOut[L]; ++O) {
+        float Sum = 0.0f;
+        for (int I = 0; I < kLayerIn[L]; ++I) Sum += H[I] * W[I * kLayerOut[L] + O];
+        Sum += B[O];
+        Next[O] = (L + 1 < kLayers) ? std::max(Sum, 0.0f) : Sum;
+      }
+      std::copy(Next, Next + kLayerOut[L], H);
+      W = B + kLayerOut[L];
+    }
+    Advice = std::max_element(H, H + kLayerOut[kLayers - 1]) - H;
+    return &Advice;
+  }
+  size_t Index[kFeatures] = {};
+  int64_t Advice = 0;
+};
+
+InlineAdvisor *makeAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams Params,
+                           InlineContext IC) {
+  if (!CompilationMAM) return new DefaultInlineAdvisor(M, FAM, Params, IC);
+  auto Default = std::make_shared<DefaultInlineAdvisor>(M, FAM, Params, IC);
+  PolicyRunner *Runner = nullptr;
+  auto Advisor = std::make_unique<MLInlineAdvisor>(
+      M, *CompilationMAM,
+      [&](const std::vector<TensorSpec> &Inputs) {
+        auto R = std::make_unique<PolicyRunner>(M.getContext(), Inputs);
+        Runner = R.get();
+        return R;
+      },
+      [Default](CallBase &CB) {  // LLVM's own decision, if MLInlineAdvisor asks for it
+        auto Advice = Default->getAdvice(CB);
+        bool Inline = Advice->isInliningRecommended();
+        Advice->recordUnattemptedInlining();
+        return Inline;
+      });
+  if (Runner && Runner->Problem.empty()) return Advisor.release();
+  errs() << "mlgo: feature layout mismatch: "
+         << (Runner ? Runner->Problem : std::string("no model runner"))
+         << "; using the default heuristic\n";
+  return new DefaultInlineAdvisor(M, FAM, Params, IC);
+}
+
+}  // namespace
+
+extern "C" LLVM_ATTRIBUTE_WEAK LLVM_ATTRIBUTE_VISIBILITY_DEFAULT PassPluginLibraryInfo
+llvmGetPassPluginInfo() {
+  return {LLVM_PLUGIN_API_VERSION, "mlgo-inliner", LLVM_VERSION_STRING, [](PassBuilder &PB) {
+            PB.registerAnalysisRegistrationCallback([](ModuleAnalysisManager &MAM) {
+              CompilationMAM = &MAM;
+              MAM.registerPass([] { return PluginInlineAdvisorAnalysis(makeAdvisor); });
+            });
+          }};
+}

@@ -1,0 +1,105 @@
+"""The inlining policy compiled into a clang pass plugin: decisions made inside clang.
+
+A stock clang has no embedded model, so the interactive channel is how a policy reaches
+it: two context switches and a FIFO round trip per call site, which cost about as much
+CPU as clang's own feature computation. `mlgo/ship/native/inline_plugin.cc` instead gives
+clang LLVM's MLInlineAdvisor with an in-process runner, and this module writes the
+policy's weights and quantiles into a C++ header for it (hex float literals: exact), then
+builds `libmlgo_inliner.so` against LLVM's headers. Builds are cached by content, like
+the policy server, and written to a temp dir that is renamed when complete.
+
+The XLA AOT model cannot be used here: its runtime needs Abseil from
+libtensorflow_framework.so, which costs about 30 ms of CPU to load in every clang.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from mlgo.llvm.toolchain import Toolchain, ToolchainError
+from mlgo.problems.policy import CandidatePolicy, MLPPolicy
+from mlgo.ship.aot import AotError, _first_error, cached_build
+
+PLUGIN_SOURCE = Path(__file__).parent / "native" / "inline_plugin.cc"
+PLUGIN_PROBLEMS = ("inlining-size",)  # scalar int64 features and a yes/no advice
+FLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared", "-fno-rtti", "-fno-exceptions"]
+FLAGS += ["-fvisibility=hidden", "-D_GLIBCXX_USE_CXX11_ABI=1", "-Wl,--no-undefined"]
+
+
+def _array(ctype: str, name: str, values: list[str]) -> str:
+    rows = [", ".join(values[i : i + 8]) for i in range(0, len(values), 8)] or ["0"]
+    return f"const {ctype} {name}[] = {{\n  " + ",\n  ".join(rows) + "\n};\n"
+
+
+def policy_header(policy: MLPPolicy) -> str:
+    """The policy as C++ constants: feature names, derived columns, quantiles, layers."""
+    norm = policy.normalizer
+    index = {f: i for i, f in enumerate(norm.features)}
+    quantile_starts = [0]
+    for q in norm.quantiles:
+        quantile_starts.append(quantile_starts[-1] + len(q))
+    layer_in = [w.shape[0] for w in policy.weights[::2]]
+    layer_out = [w.shape[1] for w in policy.weights[::2]]
+    weights = [float(x).hex() + "f" for w in policy.weights for x in w.reshape(-1)]
+    out = f"// The policy's constants, written by mlgo; problem {policy.problem}.\n"
+    out += f"constexpr int kFeatures = {len(norm.features)};\n"
+    out += f"constexpr int kDerived = {len(norm.derived)};\n"
+    out += f"constexpr int kLayers = {len(layer_in)};\n"
+    out += f"constexpr int kMaxWidth = {max([norm.width, *layer_out])};\n"
+    out += _array("char* const", "kFeatureNames", [f'"{f}"' for f in norm.features])
+    out += _array("int", "kDerivedLeft", [str(index[d.left]) for d in norm.derived])
+    out += _array("int", "kDerivedRight", [str(index[d.right]) for d in norm.derived])
+    out += _array("char", "kDerivedOp", [f"'{d.op}'" for d in norm.derived])
+    out += _array("int", "kQuantileStart", [str(s) for s in quantile_starts])
+    out += _array("double", "kQuantiles", [float(x).hex() for q in norm.quantiles for x in q])
+    out += _array("int", "kLayerIn", [str(n) for n in layer_in])
+    out += _array("int", "kLayerOut", [str(n) for n in layer_out])
+    out += _array("float", "kWeights", weights)  # per layer: W [in, out] row-major, then b
+    return out
+
+
+def _llvm_config(tc: Toolchain) -> tuple[list[str], str, str]:
+    """(cxxflags, libdir, version) of the LLVM that clang comes from, or a clear error."""
+    try:
+        config = tc.tool("llvm-config")
+        cxxflags, libdir, version = (
+            subprocess.run(
+                [config, flag], capture_output=True, text=True, check=True
+            ).stdout.strip()
+            for flag in ("--cxxflags", "--libdir", "--version")
+        )
+    except (ToolchainError, subprocess.CalledProcessError) as e:
+        raise AotError(f"the inlining plugin needs llvm-config for clang {tc.major}: {e}") from e
+    include = Path(libdir).parent / "include" / "llvm" / "Analysis" / "MLInlineAdvisor.h"
+    if not include.is_file():
+        raise AotError(
+            f"the inlining plugin needs LLVM {tc.major}'s headers (llvm-{tc.major}-dev); "
+            "run tools/setup.sh, or serve with --backend native"
+        )
+    return cxxflags.split(), libdir, version
+
+
+def inliner_plugin(policy_dir: Path, tc: Toolchain) -> Path:
+    """clang's `-fpass-plugin` for the policy in POLICY_DIR, built on first use and cached."""
+    policy = MLPPolicy.load(policy_dir)
+    if policy.problem not in PLUGIN_PROBLEMS or isinstance(policy, CandidatePolicy):
+        raise AotError(f"{policy_dir}: a {policy.problem} policy cannot be a clang plugin")
+    if policy.weights[-1].shape != (2,):  # argmax over (no, yes) is LLVM's 0/1 advice
+        raise AotError(f"{policy_dir}: the network must end in 2 outputs (no, yes)")
+    header = policy_header(policy)
+    cxxflags, libdir, llvm_version = _llvm_config(tc)
+
+    def build(staging: Path) -> None:
+        (staging / "policy_constants.h").write_text(header)
+        proc = subprocess.run(
+            ["g++", *FLAGS, *cxxflags, f"-I{staging}", str(PLUGIN_SOURCE)]
+            + [f"-L{libdir}", f"-lLLVM-{tc.major}", "-o", str(staging / "libmlgo_inliner.so")],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise AotError(f"building the inlining plugin failed: {_first_error(proc.stderr)}")
+
+    key = f"{llvm_version}\0{header}\0".encode()  # the header is the whole policy
+    return cached_build("plugin", key + PLUGIN_SOURCE.read_bytes(), "libmlgo_inliner.so", build)

@@ -1,0 +1,70 @@
+"""Training data from a trace directory: one row per decision, LLVM's features as columns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mlgo.llvm.log_format import TensorSpec
+from mlgo.problems import Problem
+from mlgo.traces.format import DEFAULT_DECISION, Manifest, TraceError, read_module_trace
+
+
+@dataclass
+class Decisions:
+    features: tuple[str, ...]
+    # [decisions, features] raw values; for per-candidate features (regalloc)
+    # [decisions, slots, features], scalar features repeated for each slot.
+    x: np.ndarray
+    default: np.ndarray  # [decisions] the default answer
+    module: np.ndarray  # [decisions] index into `modules`
+    modules: list[str]
+
+
+def load_decisions(traces: Path, problem: Problem, packages: set[str] | None = None) -> Decisions:
+    """All decisions of the traced modules (of `packages`, if given), in module order."""
+    manifest = Manifest.load(traces)
+    if manifest.problem != problem.name:
+        raise TraceError(f"{traces} holds {manifest.problem} traces, not {problem.name}")
+    specs = [TensorSpec.from_json(s) for s in manifest.specs]
+    present = {s.name for s in specs}
+    slots = max((s.num_elements for s in specs if s.name in problem.feature_names), default=1)
+    missing = [f for f in problem.feature_names if f not in present]
+    if missing:
+        raise TraceError(f"{traces}: traces lack features {missing}")
+    xs, defaults, owners, names = [], [], [], []
+    for name in sorted(manifest.modules):
+        if packages is not None and name.split("/", 1)[0] not in packages:
+            continue
+        entry = manifest.modules[name]
+        if not entry["decisions"]:
+            continue
+        cols = read_module_trace(traces / entry["file"], specs, problem.advice_name)
+        n = entry["decisions"]
+        if slots == 1:
+            columns = [cols[f].reshape(n) for f in problem.feature_names]
+            xs.append(np.stack(columns, 1).astype(np.float64))
+        else:
+            xs.append(
+                np.stack(
+                    [
+                        np.broadcast_to(cols[f].reshape(n, -1), (n, slots))
+                        for f in problem.feature_names
+                    ],
+                    2,
+                ).astype(np.float32)
+            )
+        defaults.append(cols[DEFAULT_DECISION])
+        owners.append(np.full(n, len(names)))
+        names.append(name)
+    if not xs:
+        raise TraceError(f"{traces}: no decisions for the selected packages")
+    return Decisions(
+        problem.feature_names,
+        np.concatenate(xs),
+        np.concatenate(defaults),
+        np.concatenate(owners),
+        names,
+    )

@@ -1,0 +1,162 @@
+"""Compiling a corpus with a policy and comparing each module with the default heuristic.
+
+The baseline is the plain compile (the same cc1 command without the channel), which the
+channel replays byte for byte. For inlining its per-module .text is cached in the corpus
+(`mlgo corpus stats`), so training pays for it once; other problems compile it per run.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlgo.corpus.compile import CompileError, compile_module, compile_plain
+from mlgo.corpus.format import Corpus, Module
+from mlgo.corpus.stats import corpus_stats
+from mlgo.llvm.channel import Policy
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.problems import get_problem
+from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.workers import Failed, Workers
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    problem: str
+    module: Module
+    clang: str
+    policy: Policy | None
+    tag: int = 0  # lets a trainer tell apart results of different policies in one batch
+
+
+def eval_one(task: EvalTask) -> dict[str, float]:
+    run = compile_module(get_problem(task.problem), task.module, task.clang, task.policy)
+    return {
+        "decisions": run.num_decisions,
+        "changed": int((run.advice != run.default).sum()),
+        "seconds": run.seconds,
+        **run.metrics,
+    }
+
+
+@dataclass(frozen=True)
+class PlainTask:
+    problem: str
+    module: Module
+    clang: str
+
+
+def plain_one(task: PlainTask) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="mlgo-b-") as d:
+        return compile_plain(get_problem(task.problem), task.module, task.clang, Path(d) / "o")
+
+
+def baseline(
+    corpus: Corpus, tc: Toolchain, workers: Workers, problem: str = "inlining-size"
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Per module, what the problem measures with the compiler's own heuristic; and the
+    modules it cannot measure (clang itself crashes on some), each with its error. Those
+    have nothing to compare against: they are left out, and said so. None measured is an
+    error."""
+    if get_problem(problem).reward_metric == "text_size":  # cached by `mlgo corpus stats`
+        stats, failures = corpus_stats(corpus, tc.describe(), tc.clang, workers)
+        out = {name: {"text_size": float(s["text_size"])} for name, s in stats.items()}
+    else:
+        out, failures = {}, {}
+        tasks = [PlainTask(problem, m, tc.clang) for m in corpus.modules]
+        for task, r in workers.imap(plain_one, tasks):
+            if isinstance(r, Failed):
+                failures[task.module.name] = r.message
+            else:
+                out[task.module.name] = r
+    if not out:
+        msg = next(iter(failures.values()), "no modules")
+        raise CompileError(f"baseline compile failed for all {len(failures)} modules, e.g. {msg}")
+    return out, failures
+
+
+@dataclass
+class Evaluation:
+    """Per module, the problem's metric with the policy (`M`) and the default (`default_M`)."""
+
+    problem: str
+    toolchain: str
+    corpus: str
+    modules: dict[str, dict[str, float]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def metric(self) -> str:
+        return get_problem(self.problem).reward_metric
+
+    def totals(self) -> dict[str, float]:
+        m = self.metric
+        policy = sum(r[m] for r in self.modules.values())
+        default = sum(r[f"default_{m}"] for r in self.modules.values())
+        return {
+            "modules": len(self.modules),
+            m: policy,
+            f"default_{m}": default,
+            "delta": (policy - default) / default if default else 0.0,
+        }
+
+    def per_package(self) -> dict[str, dict[str, float]]:
+        m = self.metric
+        out: dict[str, dict[str, float]] = {}
+        for name, r in self.modules.items():
+            row = out.setdefault(name.split("/", 1)[0], {"modules": 0, m: 0.0, f"default_{m}": 0.0})
+            row["modules"] += 1
+            row[m] += r[m]
+            row[f"default_{m}"] += r[f"default_{m}"]
+        for row in out.values():
+            row["delta"] = row[m] / row[f"default_{m}"] - 1 if row[f"default_{m}"] else 0.0
+        return out
+
+    def save(self, directory: Path) -> None:
+        atomic_write_text(
+            directory / "eval.json",
+            json.dumps(
+                {
+                    "problem": self.problem,
+                    "toolchain": self.toolchain,
+                    "corpus": self.corpus,
+                    "totals": self.totals(),
+                    "packages": self.per_package(),
+                    "modules": self.modules,
+                    "failed": self.failed,
+                },
+                indent=1,
+            ),
+        )
+
+    @classmethod
+    def load(cls, directory: Path) -> Evaluation:
+        path = directory / "eval.json" if directory.is_dir() else directory
+        try:
+            d = json.loads(path.read_text())
+            ev = cls(d["problem"], d["toolchain"], d["corpus"], d["modules"], d["failed"])
+            keys = {ev.metric, f"default_{ev.metric}"}
+            stale = [name for name, row in ev.modules.items() if not keys <= set(row)]
+            if stale:  # written before the problem's metric changed
+                raise ValueError(f"module {stale[0]} has no {ev.metric}")
+            return ev
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"{path}: not an evaluation ({e})") from e
+
+
+def evaluate(
+    policy: Policy, corpus: Corpus, tc: Toolchain, workers: Workers, problem: str = "inlining-size"
+) -> Evaluation:
+    base, unmeasured = baseline(corpus, tc, workers, problem)
+    result = Evaluation(problem, tc.describe(), str(corpus.root))
+    result.failed.update({name: f"default: {msg}" for name, msg in unmeasured.items()})
+    tasks = [EvalTask(problem, m, tc.clang, policy) for m in corpus.modules if m.name in base]
+    for task, r in workers.imap(eval_one, tasks):
+        if isinstance(r, Failed):
+            result.failed[task.module.name] = r.message
+        else:
+            default = {f"default_{k}": v for k, v in base[task.module.name].items()}
+            result.modules[task.module.name] = {**r, **default}
+    return result

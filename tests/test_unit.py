@@ -1,0 +1,339 @@
+"""The fast tier: pure functions on small inputs, no clang, no network, no training.
+
+`python -m pytest -q -m unit` runs these and the other `unit` tests in seconds.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlgo.corpus.extract import BuildError, available_recipes, load_recipe
+from mlgo.corpus.format import CorpusError, Module
+from mlgo.llvm.log_format import (
+    Header,
+    LogFormatError,
+    LogReader,
+    LogWriter,
+    Observation,
+    TensorSpec,
+    stack_features,
+)
+from mlgo.problems import get_problem, problem_names
+from mlgo.problems.policy import Derived, Normalizer
+from mlgo.problems.regalloc_eviction import VIRT_REG, spill_costs
+from mlgo.train import Adam
+from mlgo.train.es import _ranks, penalized_reduction
+from mlgo.train.evaluate import Evaluation
+
+pytestmark = pytest.mark.unit
+
+INLINING = get_problem("inlining-size")
+REGALLOC = get_problem("regalloc-eviction")
+
+
+# --- the training-log format -------------------------------------------------------------
+
+
+def test_header_survives_a_round_trip_through_json():
+    header = Header(
+        (TensorSpec("a", "int64_t", (1,)), TensorSpec("b", "double", (2, 2), port=1)),
+        advice=TensorSpec("out", "int64_t", (1,)),
+    )
+    assert Header.parse(json.dumps(header.to_json()).encode()) == header
+    assert header.features[1].num_bytes == 4 * 8
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"name": "x", "type": "bool", "shape": [1]}, "unknown type 'bool'"),
+        ({"name": "x", "type": "float"}, "bad tensor spec"),
+        ({"name": "x", "type": "float", "shape": ["two"]}, "bad tensor spec"),
+    ],
+)
+def test_a_bad_tensor_spec_says_which(spec, message):
+    with pytest.raises(LogFormatError, match=message):
+        TensorSpec.from_json(spec)
+
+
+def test_contexts_switch_between_observations():
+    spec = TensorSpec("a", "int32_t", (2,))
+    buf = io.BytesIO()
+    writer = LogWriter(buf, Header((spec,)))
+    for context, value in (("f", 1), ("f", 2), ("g", 3)):
+        writer.context(context)
+        writer.observation({"a": np.array([value, -value], np.int32)})
+    obs = list(LogReader(io.BytesIO(buf.getvalue())).observations())
+    assert [(o.context, o.index) for o in obs] == [("f", 0), ("f", 1), ("g", 2)]
+    stacked = stack_features((spec,), [o.features for o in obs])
+    assert stacked["a"].tolist() == [[1, -1], [2, -2], [3, -3]]
+
+
+def test_no_observations_stack_to_empty_arrays_of_the_right_shape():
+    got = stack_features((TensorSpec("m", "float", (1, 33)),), [])
+    assert got["m"].shape == (0, 1, 33) and got["m"].dtype == np.float32
+
+
+# --- the normalizer ----------------------------------------------------------------------
+
+
+def test_derived_columns_are_computed_from_the_named_features():
+    derived = (Derived("margin", "t", "-", "c"), Derived("under", "c", "<", "t"))
+    norm = Normalizer(("c", "t"), [], derived)
+    got = norm.expand(np.array([[3.0, 5.0], [7.0, 5.0]]))
+    assert got.tolist() == [[3.0, 5.0, 2.0, 1.0], [7.0, 5.0, -2.0, 0.0]]
+    assert norm.columns == 4 and norm.width == 12
+
+
+def test_an_unknown_derived_op_is_refused():
+    with pytest.raises(ValueError, match="unknown op '>'"):
+        Derived("x", "a", ">", "b")
+
+
+def test_normalizer_json_round_trip_transforms_identically():
+    rng = np.random.default_rng(0)
+    x = rng.exponential(5.0, (300, 2))
+    norm = Normalizer.fit(["a", "b"], x, (Derived("d", "a", "-", "b"),), n=16)
+    again = Normalizer.from_json(json.loads(json.dumps(norm.to_json())))
+    assert np.array_equal(again.transform(x), norm.transform(x))
+    out = norm.transform(x)
+    c = norm.columns
+    assert np.allclose(out[:, c : 2 * c], np.sqrt(out[:, :c]))
+    assert np.allclose(out[:, 2 * c :], out[:, :c] ** 2)
+
+
+def test_a_constant_feature_normalizes_to_a_step():
+    norm = Normalizer.fit(["k"], np.full((50, 1), 4.0))
+    assert norm.transform(np.array([[3.0], [4.0], [5.0]]))[:, 0].tolist() == [0.0, 1.0, 1.0]
+
+
+# --- problem declarations ----------------------------------------------------------------
+
+
+def test_the_registry_knows_both_problems_and_names_them_when_asked_for_another():
+    assert problem_names() == ["inlining-size", "regalloc-eviction"]
+    with pytest.raises(KeyError, match="known: inlining-size, regalloc-eviction"):
+        get_problem("loop-unroll")
+
+
+def test_inlining_trains_with_the_default_and_serves_without_it():
+    train, serve = INLINING.channel_flags("/b"), INLINING.flags_for_serving("/b")
+    assert "-inliner-interactive-channel-base=/b" in train and serve == train[:-2]
+    assert train[-1] == "-inliner-interactive-include-default"
+    assert INLINING.opt_level == "-Oz" and INLINING.reward_metric == "text_size"
+    obs = Observation("f", 0, {"inlining_default": np.array([1])})
+    assert INLINING.default_advice(obs) == 1
+    INLINING.validate(obs, np.array([0]))
+    with pytest.raises(ValueError, match="must be 0 or 1, got 2"):
+        INLINING.validate(obs, np.array([2]))
+
+
+def test_regalloc_declares_llvms_tensors_and_its_derived_inputs_name_real_features():
+    assert REGALLOC.flags_for_serving("/b") == REGALLOC.channel_flags("/b")
+    specs = {name: (dtype, shape) for name, dtype, shape in REGALLOC.input_specs}
+    assert list(specs) == list(REGALLOC.feature_names)
+    assert specs["mask"] == ("int64", (1, 33)) and specs["progress"] == ("float32", (1,))
+    assert specs["liverange_size"] == ("float32", (1, 33))
+    for problem in (INLINING, REGALLOC):
+        known = set(problem.feature_names)
+        for d in problem.derived:
+            assert {d.left, d.right.removeprefix("self:")} <= known, d
+
+
+def _eviction(**columns: dict[int, float]) -> Observation:
+    """A regalloc observation where only the given slots of the given features are set."""
+    feats = {f: np.zeros((1, 33), np.float32) for f in REGALLOC.feature_names}
+    feats["progress"] = np.zeros(1, np.float32)
+    for name, slots in columns.items():
+        for slot, value in slots.items():
+            feats[name][0, slot] = value
+    return Observation("f", 0, feats)
+
+
+def test_default_eviction_rule_picks_the_lightest_legal_interference():
+    # slot 5 is lighter than the live range, slot 7 heavier: evict 5
+    obs = _eviction(mask={5: 1, 7: 1, VIRT_REG: 1}, use_def_density={5: 1.0, 7: 9.0, VIRT_REG: 4.0})
+    assert REGALLOC.default_advice(obs) == 5
+    # nothing lighter and nothing free: evict nothing
+    heavy = _eviction(mask={7: 1, VIRT_REG: 1}, use_def_density={7: 9.0, VIRT_REG: 4.0})
+    assert REGALLOC.default_advice(heavy) == VIRT_REG
+    # an unspillable live range must evict something, the first legal slot at worst
+    forced = _eviction(mask={7: 1}, use_def_density={7: 9.0})
+    assert REGALLOC.default_advice(forced) == 7
+
+
+def test_spill_costs_are_read_from_the_allocators_remarks(tmp_path):
+    remarks = tmp_path / "r.yaml"
+    remarks.write_text(
+        "--- !Missed\nPass: regalloc\nName: SpillReloadCopies\nFunction: main\nArgs:\n"
+        "  - NumSpills:       '2'\n  - TotalSpillsCost: '3.5'\n"
+        "--- !Missed\nPass: regalloc\nName: LoopSpillReloadCopies\nFunction: loop\nArgs:\n"
+        "  - TotalSpillsCost: '99'\n"
+    )
+    assert spill_costs(remarks) == {"main": {"NumSpills": 2.0, "TotalSpillsCost": 3.5}}
+
+
+# --- compile command construction ---------------------------------------------------------
+
+ARGS = (
+    "-cc1",
+    "-triple",
+    "x86_64-pc-linux-gnu",
+    "-O2",
+    "-fembed-bitcode=all",
+    "-split-dwarf-file",
+    "a.dwo",
+    "-dependency-file=a.d",
+    "-MT",
+    "a.o",
+    "-o",
+    "a.o",
+    "-Oz",
+    "-fprofile-instrument-use-path=a.profdata",
+)
+
+
+def test_compile_command_drops_build_tree_flags_and_appends_the_module():
+    module = Module("pkg/dir/a.o", Path("c/pkg/dir/a.o.bc"), ARGS)
+    assert module.package == "pkg" and module.opt_level == "-Oz" and module.profiled
+    cmd = module.compile_command("clang", Path("out.o"), "-Oz", ["-mllvm", "-x"])
+    assert cmd == [
+        "clang",
+        "-cc1",
+        "-triple",
+        "x86_64-pc-linux-gnu",
+        "-O2",
+        "-Oz",
+        "-fprofile-instrument-use-path=a.profdata",
+        "-mllvm",
+        "-x",
+        "-x",
+        "ir",
+        "c/pkg/dir/a.o.bc",
+        "-o",
+        "out.o",
+    ]
+
+
+def test_a_module_is_not_re_leveled():
+    module = Module("pkg/a.o", Path("a.bc"), ("-cc1", "-O2"))
+    with pytest.raises(CorpusError, match="recorded at -O2, needed at -Oz"):
+        module.compile_command("clang", Path("o"), "-Oz")
+    assert Module("pkg/b.o", Path("b.bc"), ("-cc1",)).opt_level == "-O0"
+
+
+# --- recipe parsing ----------------------------------------------------------------------
+
+
+def test_every_shipped_recipe_parses():
+    names = available_recipes()
+    assert len(names) >= 20 and "zlib" in names
+    for name in names:
+        recipe = load_recipe(name)
+        assert recipe.name == name and recipe.source and recipe.build, name
+
+
+def test_a_recipe_is_found_by_its_name_or_its_debian_source(tmp_path):
+    (tmp_path / "lua.toml").write_text(
+        'source = "lua5.4"\nbuild = ["make"]\ntest = ["make test"]\ntest_timeout_s = 30\n'
+    )
+    by_name, by_source = load_recipe("lua", tmp_path), load_recipe("lua5.4", tmp_path)
+    assert by_name == by_source
+    assert by_name.build == ("make",) and by_name.test_timeout_s == 30.0
+    assert by_name.build_timeout_s == 1800.0 and by_name.configure == ()
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [('source = "x"\n', "bad recipe.*'build'"), ("source = [\n", "bad recipe"), ("", "bad recipe")],
+)
+def test_a_bad_recipe_names_its_file(tmp_path, text, message):
+    (tmp_path / "bad.toml").write_text(text)
+    with pytest.raises(BuildError, match=f"bad.toml: {message}"):
+        load_recipe("bad", tmp_path)
+
+
+def test_an_unknown_recipe_lists_the_known_ones(tmp_path):
+    with pytest.raises(BuildError, match="no recipe nothing.toml.*have: .*zlib"):
+        load_recipe("nothing", tmp_path)
+
+
+# --- reward shaping ----------------------------------------------------------------------
+
+
+def test_ranks_are_centered_and_ignore_how_far_an_outlier_is():
+    r = _ranks(np.array([0.1, -5.0, 0.2, 100.0]))
+    assert r == pytest.approx([-1 / 6, -0.5, 1 / 6, 0.5])
+    assert _ranks(np.array([0.1, -5.0, 0.2, 0.3])).tolist() == r.tolist()
+    assert _ranks(np.array([7.0])).tolist() == [-0.5]
+
+
+def test_reduction_without_penalty_is_the_plain_relative_saving():
+    base = np.array([100.0, 50.0])
+    costs = np.array([[90.0, 55.0], [100.0, 50.0]])
+    assert np.allclose(penalized_reduction(base, costs, 0.0), [(0.1 - 0.1) / 2, 0.0])
+    assert np.allclose(penalized_reduction(base, costs, 1.0), [(0.1 - 0.2) / 2, 0.0])
+
+
+def test_adam_ascends_and_its_state_restores():
+    adam = Adam(2, lr=0.1)
+    theta = adam.step(np.zeros(2), np.array([1.0, -3.0]))
+    assert np.allclose(theta, [0.1, -0.1])  # the first step is lr * sign(grad)
+    again = Adam(2, lr=0.1)
+    again.restore(adam.state())
+    grad = np.array([0.5, 0.5])
+    assert np.array_equal(again.step(theta, grad), adam.step(theta, grad))
+
+
+# --- evaluation totals -------------------------------------------------------------------
+
+
+def _evaluation(problem: str, metric: str) -> Evaluation:
+    ev = Evaluation(problem, "clang 22", "corpus")
+    ev.modules = {
+        "zlib/a.o": {metric: 90.0, f"default_{metric}": 100.0},
+        "zlib/b.o": {metric: 60.0, f"default_{metric}": 50.0},
+        "lua/c.o": {metric: 0.0, f"default_{metric}": 0.0},
+    }
+    return ev
+
+
+def test_totals_and_packages_compare_the_policy_with_the_default(tmp_path):
+    ev = _evaluation("inlining-size", "text_size")
+    assert ev.totals() == {
+        "modules": 3,
+        "text_size": 150.0,
+        "default_text_size": 150.0,
+        "delta": 0.0,
+    }
+    packages = ev.per_package()
+    assert packages["zlib"]["delta"] == pytest.approx(0.0)
+    assert packages["lua"] == {
+        "modules": 1,
+        "text_size": 0.0,
+        "default_text_size": 0.0,
+        "delta": 0.0,
+    }
+    ev.modules["zlib/b.o"]["text_size"] = 40.0
+    assert ev.totals()["delta"] == pytest.approx((130 - 150) / 150)
+    ev.save(tmp_path)
+    assert Evaluation.load(tmp_path).totals() == ev.totals()
+
+
+def test_regalloc_totals_are_in_its_own_metric_and_a_stale_evaluation_is_refused(tmp_path):
+    ev = _evaluation("regalloc-eviction", "spill_reload_cost")
+    assert ev.totals()["default_spill_reload_cost"] == 150.0
+    ev.save(tmp_path)
+    Evaluation.load(tmp_path)
+    # written when the reward was the weighted regalloc_cost
+    stale = json.loads((tmp_path / "eval.json").read_text())
+    for row in stale["modules"].values():
+        row["regalloc_cost"] = row.pop("spill_reload_cost")
+    (tmp_path / "stale.json").write_text(json.dumps(stale))
+    with pytest.raises(ValueError, match="stale.json: not an evaluation .*no spill_reload_cost"):
+        Evaluation.load(tmp_path / "stale.json")
