@@ -1,156 +1,254 @@
-"""Benchmark of the XLA GEMM cost model on held-out programs (the issue's figures).
+"""Benchmark of `tuned_jit` against `jax.jit` on held-out programs (issue 23's figures).
 
-Model quality and benefit come from the measured dataset (every config of every held-out
-program was timed by `mlgo xla collect`); tuning cost is measured live here: lowering,
-graph extraction, the model and the compilation of its pick, per program, against what
-exhaustive autotuning spent (every config compiled and timed, from the dataset). The
-model's own compilation happens once per process and is reported apart (model_warmup_s).
-Three ways of tuning are timed: the model alone (tuned_jit default, prefix top1_), its
-pick verified by timing it against the default on the spot (verify=True, top1v_), and its
-top K verified likewise (top_k=K, topKv_); each pick is judged on the dataset's
-independent measurement.
-The ceiling of any picker is the exhaustive best (best_vs_default_*), and every call pays
-jax's dispatch, measured here as the time of a trivial jitted call (dispatch_floor_us).
-The benchmark runs pinned to the core the dataset's workers used (`--cpu`), so that the
-verifying measurements and the dataset that judges them see the same XLA thread count.
+Held-out programs: the five of `bench_programs()`, 1-4 ms per call on two cores, are in no
+corpus file, so the cost model was never trained, cross-validated or selected on them:
+attn_4x256x128, mlp_256x256x1024, gemm_512x512x512, gemm_bias_384x768x256 and
+mlp2_512x256x512 (the corpus's own functions at shapes 4-64x larger than any in it).
 
-    .venv/bin/python tools/bench_xla.py --data data/xla-runs --model policies/xla-gemm-tile \
-        --json data/bench/xla.json --plot data/bench/xla.png
+Per program, in one process and one interleaved run: `jax.jit` (the baseline), a second,
+separately compiled `jax.jit` (the A/A control: what the noise alone makes of a ratio),
+`tuned_jit` with the model alone, with `verify=True` and with `top_k=3`, and every config of
+the search space compiled directly (`Compiled` objects, as an exhaustive autotuner would
+time them; their ratios are to the default compiled the same way). Each of `--rounds`
+rounds times `--calls` calls of every variant after a warm-up call, the order alternating
+from round to round; a variant's figure is the median over rounds of the per-round ratio
+`jax.jit` time / its time (above 1: faster than jax.jit), with the interquartile range.
+The exhaustive ceiling is the best config's figure (the maximum of 16 noisy medians, so
+biased upwards by about the A/A spread).
+
+Tuning cost: each tuned variant's first call (empty tuning cache) minus a fresh jax.jit's
+first call, against exhaustive search (every config compiled, then all timed against the
+default with the verification protocol). Every variant is a new function object, so no
+compilation is shared between them through jax's caches. The model's one-time costs, its
+load per process and its compilation per graph size, are reported apart.
+Dispatch: per-call time of `x + 1` on 4 floats, tuned against jax.jit, in interleaved rounds.
+
+By default the process runs as users run jax (every core, default flags); `--pin` runs it
+on one core (pinned before jax starts its threads). With `--data` the cost model's
+ranking quality is also reported from a measured dataset (`mlgo xla collect`).
+
+    .venv/bin/python tools/bench_xla.py --model policies/xla-gemm-tile \
+        --json data/bench/xla-jit.json
+    .venv/bin/python tools/bench_xla.py --model policies/xla-gemm-tile --pin \
+        --json data/bench/xla-jit-1core.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from scipy.stats import kendalltau
 
 from mlgo.runtime.files import atomic_write_text
-from mlgo.xla.dataset import load_dataset
-from mlgo.xla.extract import lower
-from mlgo.xla.measure import MeasureSpec, pin
-from mlgo.xla.model import CostModel
-from mlgo.xla.programs import example_inputs, load_corpus
-from mlgo.xla.report import evaluate, plot, summary, to_json
-from mlgo.xla.tune import choose
+from mlgo.xla.measure import pin
+from mlgo.xla.programs import Program, spec
+
+JIT, AA = "jax.jit", "jax.jit A/A"
+TUNERS = {"tuned": {}, "tuned verify": {"verify": True}, "tuned top3": {"top_k": 3}}
 
 
-def tuning_seconds(
-    corpus: Path, names: list[str], model: CostModel, top_k: int, verify: bool
-) -> dict:
-    """Wall time of the model's tuning per program, and the config it picked."""
-    programs = {p.name: p for p in load_corpus(corpus)}
-    out = {}
-    for name in names:
-        p = programs[name]
-        start = time.perf_counter()
-        choice, _ = choose(lower(p), model, top_k, tuple(example_inputs(p)), {}, verify)
-        out[name] = {"seconds": time.perf_counter() - start, "config": choice.config}
-    return out
+def bench_programs(corpus: Path) -> list[Program]:
+    """The held-out programs: the corpus's functions at shapes no corpus program has."""
+    from mlgo.xla.programs import load_corpus
+
+    fn = {p.name: p.fn for p in load_corpus(corpus)}
+    d, f = 256, 1024
+    return [
+        Program("attn_4x256x128", "attention", fn["attn_1x64x64"],
+                (spec((4, 256, 128)),) + (spec((128, 128)),) * 4, True),
+        Program("mlp_256x256x1024", "mlp", fn["mlp_16x64x256"],
+                (spec((256, d)), spec((d, f)), spec((f,)), spec((f, d)), spec((d,))), True),
+        Program("gemm_512x512x512", "gemm", fn["gemm_64x64x64_float32"],
+                (spec((512, 512)), spec((512, 512))), True),
+        Program("gemm_bias_384x768x256", "gemm", fn["gemm_bias_32x128x32"],
+                (spec((384, 768)), spec((768, 256)), spec((256,))), True),
+        Program("mlp2_512x256x512", "mlp", fn["mlp2_32x64x64"],
+                (spec((512, 256)), spec((256, 512)), spec((512, 256))), True),
+    ]  # fmt: skip
 
 
-def fixed_order_tau(train: list, held: list) -> float:
-    """Median Kendall tau of one program-independent order of the configs (their mean log
-    runtime over default on the training programs): the baseline a model must beat."""
-    configs = [c for c in held[0].times() if all(c in r.times() for r in train)]
+def interleaved(fns: dict[str, Callable], args: tuple, rounds: int, calls: int) -> dict:
+    """Per variant, its median call time in each round (after one warm-up call; a median,
+    so that a call preempted by another job does not count); the order of the variants
+    alternates between rounds, so a drift hits all alike."""
+    import jax
 
-    def log_ratios(r) -> np.ndarray:
-        t = r.times()
-        return np.log([t.get(c, np.nan) / t["default"] for c in configs])
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            fn = fns[name]
+            jax.block_until_ready(fn(*args))
+            samples = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                jax.block_until_ready(fn(*args))
+                samples.append(time.perf_counter() - start)
+            times[name].append(float(np.median(samples)))
+    return times
 
-    order = np.nanmean([log_ratios(r) for r in train], axis=0)
-    taus = []
-    for r in held:
-        x = log_ratios(r)
-        ok = ~np.isnan(x)
-        taus.append(kendalltau(order[ok], x[ok]).statistic)
-    return float(np.median(taus))
+
+def ratio(base: list[float], times: list[float]) -> dict[str, float]:
+    """Median and interquartile range of the per-round ratios base / times."""
+    r = np.asarray(base) / np.asarray(times)
+    q25, median, q75 = np.percentile(r, [25, 50, 75])
+    return {"median": float(median), "iqr": float(q75 - q25)}
 
 
-def dispatch_floor_us(calls: int = 2000) -> float:
-    """Median wall time of a jitted x + 1 on 4 floats: what every call costs at least."""
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def first_call(fn: Callable, args: tuple) -> float:
+    import jax
+
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - start
+
+
+def bench_program(program: Program, model: Any, rounds: int, calls: int, cache: Path) -> dict:
+    import jax
+
+    from mlgo.xla.config import DEFAULT, SEARCH_SPACE, compiler_options
+    from mlgo.xla.extract import extract_graph
+    from mlgo.xla.programs import example_inputs
+    from mlgo.xla.tune import measured_choice, tuned_jit
+
+    args = tuple(example_inputs(program))
+
+    def fresh() -> Callable:
+        """The program as a new function object: nothing jax caches is shared with others."""
+        return lambda *a: program.fn(*a)
+
+    # The model's compilation for this program's graph size, once per process and size.
+    start = time.perf_counter()
+    model.predict([extract_graph(jax.jit(fresh()).lower(*args))])
+    warmup_s = time.perf_counter() - start
+    jit = jax.jit(fresh())
+    fns: dict[str, Callable] = {JIT: jit, AA: jax.jit(fresh())}
+    jit_first = first_call(jit, args)
+    overhead, configs = {}, {}
+    for name, kwargs in TUNERS.items():
+        fns[name] = tuned_jit(fresh(), cost_model=model, cache_dir=cache / name, **kwargs)
+        overhead[name] = first_call(fns[name], args) - jit_first
+        (choice,) = fns[name].choices.values()
+        configs[name] = choice.config
+    start = time.perf_counter()
+    lowered = jax.jit(fresh()).lower(*args)
+    compiled = {c: lowered.compile(compiler_options=compiler_options(c)) for c in SEARCH_SPACE}
+    exhaustive_pick = measured_choice(compiled, args, {})
+    exhaustive_s = time.perf_counter() - start
+    times = interleaved({**fns, **{f"config {c}": f for c, f in compiled.items()}}, args,
+                        rounds, calls)  # fmt: skip
+    vs_jit = {name: ratio(times[JIT], times[name]) for name in fns}
+    per_config = {c: ratio(times[f"config {DEFAULT}"], times[f"config {c}"]) for c in compiled}
+    best = max(per_config, key=lambda c: per_config[c]["median"])
+    return {
+        "program": program.name,
+        "jit_ms": float(np.median(times[JIT])) * 1e3,
+        "vs_jit": vs_jit,
+        "configs": configs,
+        "tuning_overhead_s": overhead,
+        "model_warmup_s": warmup_s,
+        "exhaustive_s": exhaustive_s,
+        "exhaustive_pick": exhaustive_pick,
+        "per_config": per_config,
+        "best_config": best,
+        "ceiling": per_config[best]["median"],
+    }
+
+
+def dispatch(model: Any, rounds: int, cache: Path) -> dict:
+    """Per-call µs of a trivial jitted function: tuned_jit and the A/A against jax.jit."""
     import jax
     import jax.numpy as jnp
 
-    f = jax.jit(lambda x: x + 1.0)
-    x = jnp.zeros(4)
-    f(x).block_until_ready()
-    samples = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        f(x).block_until_ready()
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples)) * 1e6
+    from mlgo.xla.tune import tuned_jit
+
+    def inc(x):
+        return x + 1.0
+
+    fns = {JIT: jax.jit(inc), AA: jax.jit(lambda x: inc(x)),
+           "tuned": tuned_jit(inc, cost_model=model, cache_dir=cache)}  # fmt: skip
+    times = interleaved(fns, (jnp.zeros(4),), rounds, 2000)
+    med = {name: float(np.median(t)) * 1e6 for name, t in times.items()}
+    return {"us": med, "tuned_minus_jit_us": med["tuned"] - med[JIT],
+            "aa_minus_jit_us": med[AA] - med[JIT]}  # fmt: skip
+
+
+def dataset_figures(data: Path, model_dir: Path) -> dict:
+    """The model's ranking quality on the dataset's held-out programs (mlgo xla report's)."""
+    from mlgo.xla.dataset import load_dataset
+    from mlgo.xla.model import CostModel
+    from mlgo.xla.report import evaluate, summary
+
+    model = CostModel.load(model_dir)
+    ds = load_dataset(data)
+    return summary(evaluate(ds.split(held_out=True), model, model.info["best_fixed_config"]))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--programs", type=Path, default=Path("corpus/xla"))
-    ap.add_argument("--top-k", type=int, default=3, help="K of the verified top-K tuning")
-    ap.add_argument("--split", choices=("held-out", "train"), default="held-out",
-                    help="train: check tuning on the training programs")  # fmt: skip
-    ap.add_argument("--cpu", type=int, default=MeasureSpec.cpu, help="core to pin to")
+    ap.add_argument("--programs", type=Path, default=Path("corpus/xla"),
+                    help="corpus whose functions the held-out programs use")  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=21)
+    ap.add_argument("--calls", type=int, default=15, help="calls per round and variant")
+    ap.add_argument("--only", default="", help="comma-separated program names")
+    ap.add_argument("--pin", action="store_true", help="run on one core (the last)")
+    ap.add_argument("--data", type=Path, help="also report ranking quality on this dataset")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--plot", type=Path)
     args = ap.parse_args()
-    pin(args.cpu)  # before jax starts its thread pool, which inherits the affinity
+    if args.pin:
+        pin(-1)  # before jax starts its thread pool, which inherits the affinity
+    from mlgo.xla.tune import load_model
 
-    ds = load_dataset(args.data)
-    model = CostModel.load(args.model)
-    fixed = model.info["best_fixed_config"]
-    held = ds.split(held_out=args.split == "held-out")
-    rows = evaluate(held, model, fixed)
-    totals = summary(rows)
-    totals["fixed_order_kendall_tau_median"] = fixed_order_tau(ds.split(held_out=False), held)
-    names = [r.name for r in held]
-    exhaustive = sum(r.exhaustive_seconds() for r in held)
-    # A lower bound of any exhaustive search: every config compiled, none timed.
-    compile_only = sum(run.get("compile_s", 0.0) for r in held for run in r.runs.values())
-    by_name = {r.name: r for r in held}
     start = time.perf_counter()
-    model.predict([held[0].graph])  # the model's own one-time compilation, per process
-    totals["model_warmup_s"] = time.perf_counter() - start
-    picks: dict[str, dict[str, str]] = {}
-    for k, verify in ((1, False), (1, True), (args.top_k, True)):
-        tuned = tuning_seconds(args.programs, names, model, k, verify)
-        spent = sum(t["seconds"] for t in tuned.values())
-        label = f"top{k}v" if verify else f"top{k}"
-        picked = [by_name[n].times()["default"] / by_name[n].times()[t["config"]]
-                  for n, t in tuned.items()]  # fmt: skip
-        picks[label] = {n: t["config"] for n, t in tuned.items()}
-        totals[f"{label}_tuning_s"] = spent
-        totals[f"{label}_tuning_vs_exhaustive"] = spent / exhaustive
-        totals[f"{label}_tuning_vs_exhaustive_compile_only"] = spent / compile_only
-        totals[f"{label}_tuning_with_warmup_vs_exhaustive"] = (
-            spent + totals["model_warmup_s"]
-        ) / exhaustive
-        totals[f"{label}_pick_vs_default_geomean"] = float(np.exp(np.mean(np.log(picked))))
-        gemm = [x for x, r in zip(picked, rows, strict=True) if r.gemm_dominated]
-        totals[f"{label}_pick_vs_default_geomean_gemm"] = float(np.exp(np.mean(np.log(gemm))))
-        totals[f"{label}_worst_vs_default"] = min(picked)
-        totals[f"{label}_slower_than_0.98"] = sum(x < 0.98 for x in picked)
-    totals["exhaustive_s"] = exhaustive
-    totals["exhaustive_compile_only_s"] = compile_only
-    totals["dispatch_floor_us"] = dispatch_floor_us()
-    totals["best_fixed_config"] = fixed
+    model = load_model(args.model.resolve())  # once per process, reported apart
+    load_s = time.perf_counter() - start
+    programs = bench_programs(args.programs)
+    if args.only:
+        programs = [p for p in programs if p.name in args.only.split(",")]
+    with tempfile.TemporaryDirectory(prefix="mlgo-bench-xla-") as tmp:
+        rows = []
+        for p in programs:
+            rows.append(bench_program(p, model, args.rounds, args.calls, Path(tmp)))
+            print(f"measured {p.name}", file=sys.stderr, flush=True)
+        calls = dispatch(model, args.rounds, Path(tmp) / "dispatch")
+    totals: dict[str, Any] = {"cores": len(os.sched_getaffinity(0)), "model_load_s": load_s}
+    for name in (AA, *TUNERS):
+        xs = [r["vs_jit"][name]["median"] for r in rows]
+        totals[f"{name} geomean"], totals[f"{name} worst"] = geomean(xs), min(xs)
+        spent = sum(r["tuning_overhead_s"].get(name, 0.0) for r in rows)
+        if name in TUNERS:
+            totals[f"{name} tuning vs exhaustive"] = spent / sum(r["exhaustive_s"] for r in rows)
+    totals["ceiling geomean"] = geomean([r["ceiling"] for r in rows])
+    totals["dispatch"] = calls
+    if args.data:
+        totals["dataset"] = dataset_figures(args.data, args.model)
+    print(f"{'program':24s} {'jit ms':>7s} " + " ".join(f"{n:>14s}" for n in (AA, *TUNERS))
+          + "   ceiling (config)  picks")  # fmt: skip
+    for r in rows:
+        cells = " ".join(
+            f"{r['vs_jit'][n]['median']:6.3f}x ±{r['vs_jit'][n]['iqr']:.3f}" for n in (AA, *TUNERS)
+        )
+        picks = f"{r['configs']} exhaustive: {r['exhaustive_pick']}"
+        print(f"{r['program']:24s} {r['jit_ms']:7.2f} {cells}   {r['ceiling']:.3f}x "
+              f"({r['best_config']})  {picks}")  # fmt: skip
     for k, v in totals.items():
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
-    for r in rows:
-        print(f"  {r.program:28s} {r.chosen:8s} vs default {r.vs_default:5.2f}x  "
-              f"gap {r.top1_gap:+6.1%}  tau {r.kendall_tau:+.2f}  roofline tau "
-              f"{r.roofline_tau:+.2f}  repeat tau {r.repeat_tau:+.2f}  ceiling "
-              f"{r.default_us / r.best_us:.3f}x ({r.best}; default "
-              f"{r.default_us:.1f} us)")  # fmt: skip
     if args.json:
-        result = {"summary": totals, "rows": to_json(rows), "picks": picks}
-        atomic_write_text(args.json, json.dumps(result, indent=1))
-    if args.plot:
-        plot(rows, args.plot)
+        atomic_write_text(args.json, json.dumps({"summary": totals, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -211,10 +211,11 @@ def tune_cmd(
     program = load_target(target)
     cm = CostModel.load(model)
     start = time.perf_counter()
-    from mlgo.xla.extract import lower
+    from mlgo.xla.extract import extract_graph, lower
 
     lowered = lower(program)
-    choice, _ = choose(lowered, cm, top_k, tuple(example_inputs(program)), {}, verify)
+    args = tuple(example_inputs(program))
+    choice = choose(lowered, extract_graph(lowered), cm, top_k, args, {}, verify)
     tuning_s = time.perf_counter() - start
     console.print(f"{program.name}: chose {choice.config} in {tuning_s:.2f} s "
                   f"(model's order: {', '.join(choice.ranking[:5])}, ...)")  # fmt: skip

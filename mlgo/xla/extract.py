@@ -122,8 +122,23 @@ def fingerprint(lowered: jax.stages.Lowered) -> str:
     return hashlib.sha256(lowered.as_text().encode()).hexdigest()[:16]
 
 
-def extract_graph(lowered: jax.stages.Lowered) -> HloGraph:
-    """The optimized HLO graph. LLVM runs at -O0 here: the HLO passes, and so the graph,
+def optimized_hlo(lowered: jax.stages.Lowered) -> str:
+    """The optimized HLO's text. LLVM runs at -O0 here: the HLO passes, and so the graph,
     are the same, and the compilation takes a fraction of a real one."""
     options = {**compiler_options(EIGEN), "xla_backend_optimization_level": 0}
-    return parse_hlo(lowered.compile(compiler_options=options).as_text())
+    return lowered.compile(compiler_options=options).as_text()
+
+
+def extract_graph(lowered: jax.stages.Lowered) -> HloGraph:
+    return parse_hlo(optimized_hlo(lowered))
+
+
+_METADATA = re.compile(r", metadata=\{[^{}]*\}")
+
+
+def hlo_fingerprint(text: str) -> str:
+    """A key for what XLA will compile: the optimized HLO's computations, without the
+    module's name and source locations, so the same program written twice shares it."""
+    lines = text.splitlines()
+    kept = [_METADATA.sub("", ln) for ln in lines if ln.startswith(("%", "ENTRY", "}", " "))]
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:16]

@@ -257,6 +257,9 @@ class CostModel:
         return cls(jax.tree_util.tree_unflatten(tree, leaves), meta["configs"], hyper, meta["info"])
 
 
+ALWAYS_DEFAULT = 1e9  # a margin no predicted gain reaches
+
+
 def pick(scores: np.ndarray, configs: list[str], default_margin: float) -> str:
     """See CostModel.pick."""
     best = configs[int(np.argmin(scores))]

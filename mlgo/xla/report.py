@@ -18,7 +18,7 @@ from scipy.stats import kendalltau
 from mlgo.xla.dataset import Record
 from mlgo.xla.extract import HloGraph
 from mlgo.xla.features import dot_roofline_ns
-from mlgo.xla.model import CostModel
+from mlgo.xla.model import ALWAYS_DEFAULT, CostModel
 
 GEMM_DOMINATED = 0.9  # share of the program's arithmetic in dots
 
@@ -130,7 +130,6 @@ def evaluate(
 
 
 SLOWDOWN_LIMIT = 0.98  # the bound: never slower than default by more than 2%
-ALWAYS_DEFAULT = 1e9  # a margin no predicted gain reaches
 MARGINS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, ALWAYS_DEFAULT)
 
 

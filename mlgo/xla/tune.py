@@ -1,22 +1,34 @@
-"""`tuned_jit`: jax.jit whose GEMM config is chosen by the cost model.
+"""`tuned_jit`: jax.jit whose GEMM config is chosen, per input signature, by the cost model.
 
-On the first call for an input signature the function is lowered; its fingerprint (hash of
-the StableHLO) looks up an earlier choice, shared by every tuned function in the process.
-Otherwise the optimized HLO graph is extracted (one compilation), the model ranks every
-config, and either its pick is taken, or (verify, implied by top_k > 1) the top k and XLA's
-default are compiled, checked against the default's output and timed on the actual inputs
-(the default is the model's only candidate when it ranks first). A candidate
-replaces the default only if it is clearly faster: interleaved rounds (order reshuffled
-each round, so load hits all alike) compare it with the default round by round, and it must
-be faster in the median round by WIN_MARGIN, by the rounds' own spread or by WIN_SECONDS
-per call, whichever is largest, and faster in most rounds. A winner is then confirmed by a
-second, independent measurement: both it and the default are compiled again (new code and
-buffers, as another process would get) and timed afresh; it replaces the default only if
-it wins again. Any failure on the way warns and falls back to XLA's default compilation.
+Calls take jax's own C++ dispatch path: `tuned_jit` returns the kind of object `jax.jit`
+returns (a PjitFunction), built with a cache-miss handler of ours. The first call of a
+signature chooses the config and hands the call to `jax.jit(fun, compiler_options=...)` of
+that config (plain `jax.jit(fun)` for XLA's default), which compiles it; the C++ fast path
+keeps that executable for the signature, so later calls never enter Python and cost what a
+`jax.jit` call costs.
+
+Choosing: the function is lowered (as jax.jit does anyway); its StableHLO fingerprint finds
+an earlier choice made in this process or kept in the persistent tuning cache (cache.py),
+which then costs no model, no measurement and no extra compilation. Otherwise the optimized
+HLO graph is extracted (one compilation), the model ranks every config, and either its pick
+is taken, or (verify, implied by top_k > 1) the top k and XLA's default are compiled,
+checked against the default's output and timed on the actual inputs (the default is the
+model's only candidate when it ranks first). A model whose fitted margin never lets it leave
+the default is not even run unless asked to verify. A candidate replaces the default only if
+it is clearly faster: interleaved rounds (order reshuffled each round, so load hits all
+alike) compare it with the default round by round, and it must be faster in the median
+round by WIN_MARGIN, by the rounds' own spread or by WIN_SECONDS per call, whichever is
+largest, and faster in most rounds. A winner is then confirmed by a second, independent
+measurement: both it and the default are compiled again (new code and buffers, as another
+process would get) and timed afresh; it replaces the default only if it wins again. Any
+failure on the way warns and falls back to XLA's default compilation.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
 import random
 import time
 import warnings
@@ -28,21 +40,24 @@ from typing import Any
 import jax
 import numpy as np
 
-from mlgo.xla.config import DEFAULT, compiler_options
-from mlgo.xla.extract import extract_graph, fingerprint
+from mlgo.xla.cache import TuningCache, default_root, digest
+from mlgo.xla.config import DEFAULT, compiler_options, parse_config
+from mlgo.xla.extract import HloGraph, fingerprint, hlo_fingerprint, optimized_hlo, parse_hlo
 from mlgo.xla.measure import MAX_REL_ERROR
-from mlgo.xla.model import CostModel
+from mlgo.xla.model import ALWAYS_DEFAULT, CostModel
 
 
 @dataclass(frozen=True)
 class Choice:
     config: str
     ranking: tuple[str, ...]  # the model's order, best first
-    seconds: float  # time spent choosing and compiling
+    seconds: float  # time spent choosing: extraction, model, verification
     fallback: str = ""  # why the default was used instead, if it was
+    cached: bool = False  # reused from the persistent tuning cache
 
 
-_CHOICES: dict[str, Choice] = {}  # by fingerprint, for the whole process
+# By (StableHLO fingerprint, tuner), for the whole process.
+_CHOICES: dict[tuple[str, str], Choice] = {}
 
 
 # A measured candidate must beat the default by this much in the median round (or by the
@@ -104,83 +119,165 @@ def _first_leaf(out: Any) -> np.ndarray:
 
 def choose(
     lowered: jax.stages.Lowered,
+    graph: HloGraph,
     model: CostModel,
     top_k: int,
     args: tuple,
     kwargs: dict,
     verify: bool = False,
-) -> tuple[Choice, Any]:
-    """The model's config for `lowered` and its compiled executable (see the module doc)."""
+) -> Choice:
+    """The model's config for `lowered`, whose optimized HLO is `graph` (see the module doc)."""
     start = time.perf_counter()
-    scores = model.predict([extract_graph(lowered)])[0]
+    scores = model.predict([graph])[0]
     ranking = tuple(model.configs[i] for i in np.argsort(scores))
+    if top_k <= 1 and not verify:
+        return Choice(model.pick(scores), ranking, time.perf_counter() - start)
 
     def build(config: str) -> Any:
         return lowered.compile(compiler_options=compiler_options(config))
 
-    if top_k <= 1 and not verify:
-        config = model.pick(scores)
-        compiled = build(config)
-    else:
-        candidates = list(dict.fromkeys([DEFAULT, *ranking[: ranking.index(DEFAULT)][:top_k]]))
-        built = {c: build(c) for c in candidates}
-        reference = _first_leaf(built[DEFAULT](*args, **kwargs))
-        for c in candidates[1:]:  # a config that computes something else is never a candidate
-            out = _first_leaf(built[c](*args, **kwargs))
-            if np.max(np.abs(out - reference)) > MAX_REL_ERROR * (np.max(np.abs(reference)) + 1e-6):
-                del built[c]
-        config = measured_choice(built, args, kwargs)
-        if config != DEFAULT:  # confirmed on fresh compilations, or the default stays
-            again = {DEFAULT: build(DEFAULT), config: build(config)}
-            config = measured_choice(again, args, kwargs, seed=1)
-            built = again
-        compiled = built[config]
-    return Choice(config, ranking, time.perf_counter() - start), compiled
+    candidates = list(dict.fromkeys([DEFAULT, *ranking[: ranking.index(DEFAULT)][:top_k]]))
+    built = {c: build(c) for c in candidates}
+    reference = _first_leaf(built[DEFAULT](*args, **kwargs))
+    for c in candidates[1:]:  # a config that computes something else is never a candidate
+        out = _first_leaf(built[c](*args, **kwargs))
+        if np.max(np.abs(out - reference)) > MAX_REL_ERROR * (np.max(np.abs(reference)) + 1e-6):
+            del built[c]
+    config = measured_choice(built, args, kwargs)
+    if config != DEFAULT:  # confirmed on fresh compilations, or the default stays
+        again = {DEFAULT: build(DEFAULT), config: build(config)}
+        config = measured_choice(again, args, kwargs, seed=1)
+    return Choice(config, ranking, time.perf_counter() - start)
 
 
-class TunedFunction:
-    """Callable like the `jax.jit` of `fun`; see the module docstring."""
+def _model_meta(model: CostModel | Path) -> dict:
+    """What identifies a model and its margin, read without loading its networks."""
+    if isinstance(model, CostModel):
+        return {"configs": model.configs, "hyper": model.hyper.__dict__, "info": model.info}
+    path = model / "model.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a cost model ({e})") from e
+    return {k: meta.get(k) for k in ("configs", "hyper", "info")}
+
+
+@functools.cache
+def load_model(path: Path) -> CostModel:
+    """Loaded once per process, when the first program needs it: loading compiles."""
+    return CostModel.load(path)
+
+
+class _Tuner:
+    """Chooses the config of each new signature of one tuned function (see the module doc)."""
 
     def __init__(
-        self, fun: Callable, model: CostModel | None, top_k: int, verify: bool, jit_kwargs: dict
+        self,
+        fun: Callable,
+        model: CostModel | Path | None,
+        top_k: int,
+        verify: bool,
+        cache: TuningCache,
+        jit_kwargs: dict,
     ) -> None:
-        self._jit = jax.jit(fun, **jit_kwargs)
-        self._model = model
-        self._top_k = top_k
-        self._verify = verify
-        self._compiled: dict[Any, Any] = {}
-        self.choices: dict[str, Choice] = {}  # by fingerprint, for this function
+        self.fun = fun
+        self.jit_kwargs = jit_kwargs
+        self.jits = {DEFAULT: jax.jit(fun, **jit_kwargs)}
+        self.model = model
+        self.top_k = top_k
+        self.verify = verify or top_k > 1
+        self.cache = cache
+        meta = _model_meta(model) if model is not None else {}
+        self.tuner = digest([meta, top_k, self.verify])
+        # Fitted so that the model alone never leaves the default: running it buys nothing.
+        margin = (meta.get("info") or {}).get("default_margin", 0.0)
+        self.idle = model is not None and not self.verify and margin >= ALWAYS_DEFAULT
+        self.choices: dict[str, Choice] = {}  # by StableHLO fingerprint, for this function
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, tree = jax.tree.flatten((args, kwargs))
-        signature = (tree, tuple((np.shape(x), np.result_type(x)) for x in leaves))
-        compiled = self._compiled.get(signature)
-        if compiled is None:
-            compiled = self._compiled[signature] = self._compile(args, kwargs)
-        return compiled(*args, **kwargs)
+    def jit(self, config: str) -> Any:
+        """`jax.jit(fun)` compiling with `config`, one per config."""
+        if config not in self.jits:
+            own = self.jit_kwargs.get("compiler_options") or {}
+            options = {**own, **compiler_options(config)}
+            kwargs = {**self.jit_kwargs, "compiler_options": options}
+            self.jits[config] = jax.jit(self.fun, **kwargs)
+        return self.jits[config]
 
-    def _compile(self, args: tuple, kwargs: dict) -> Any:
-        lowered = self._jit.lower(*args, **kwargs)
-        key = fingerprint(lowered)
-        known = _CHOICES.get(key)
+    def cache_miss(self, *args: Any, **kwargs: Any) -> Any:
+        """The C++ fast path's miss handler: the chosen config's jit compiles and runs the
+        call and returns the executable that the fast path keeps for this signature."""
+        return self.jit(self.config_for(args, kwargs))._cache_miss(*args, **kwargs)
+
+    def config_for(self, args: tuple, kwargs: dict) -> str:
+        from jax._src import core
+
+        if not core.trace_state_clean():  # inside an outer jit or transform: it compiles us
+            return DEFAULT
         try:
-            if known is not None:
-                choice = known
-                compiled = lowered.compile(compiler_options=compiler_options(known.config))
-            elif self._model is None:
+            lowered = self.jits[DEFAULT].lower(*args, **kwargs)
+        except Exception:  # bad arguments: jax.jit's own call raises what jax.jit would
+            return DEFAULT
+        key = fingerprint(lowered)
+        choice = _CHOICES.get((key, self.tuner))
+        if choice is None:
+            choice = _CHOICES[(key, self.tuner)] = self.choose(lowered, key, args, kwargs)
+        self.choices[key] = choice
+        return choice.config
+
+    def choose(self, lowered: jax.stages.Lowered, key: str, args: tuple, kwargs: dict) -> Choice:
+        start = time.perf_counter()
+        try:
+            if self.model is None:
                 raise ValueError("no cost model given")
-            else:
-                choice, compiled = choose(
-                    lowered, self._model, self._top_k, args, kwargs, self._verify
-                )
+            if self.idle:
+                return Choice(DEFAULT, (), time.perf_counter() - start)
+            hlo = self.cache.optimized(key)
+            known = self.cache.choice(hlo, self.tuner) if hlo else None
+            aliased = known is not None
+            if known is None:
+                text = optimized_hlo(lowered)
+                fresh = hlo_fingerprint(text)
+                if fresh != hlo:  # the same HLO may have been tuned when lowered otherwise
+                    hlo, known = fresh, self.cache.choice(fresh, self.tuner)
+            if known is not None:
+                if not aliased:
+                    self.cache.store(key, hlo, self.tuner, known)
+                return Choice(known["config"], tuple(known.get("ranking", ())), 0.0, cached=True)
+            if isinstance(self.model, Path):
+                self.model = load_model(self.model.resolve())
+            choice = choose(lowered, parse_hlo(text), self.model, self.top_k, args, kwargs,
+                            self.verify)  # fmt: skip
+            parse_config(choice.config)
+            choice = dataclasses.replace(choice, seconds=time.perf_counter() - start)
+            record = {"config": choice.config, "ranking": list(choice.ranking)}
+            self.cache.store(key, hlo, self.tuner, {**record, "seconds": choice.seconds})
+            return choice
         except Exception as e:  # the default compilation always stands behind the model
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
-            warnings.warn(f"tuned_jit: tuning failed ({why}); using XLA's default", stacklevel=3)
-            choice = Choice(DEFAULT, (), 0.0, fallback=why)
-            compiled = lowered.compile()
-        _CHOICES.setdefault(key, choice)
-        self.choices[key] = choice
-        return compiled
+            warnings.warn(f"tuned_jit: tuning failed ({why}); using XLA's default", stacklevel=4)
+            return Choice(DEFAULT, (), time.perf_counter() - start, fallback=why)
+
+
+def _fast_path(fun: Callable, tuner: _Tuner) -> Any:
+    """A PjitFunction like `jax.jit(fun)`'s but with `tuner.cache_miss`, in a C++ cache of
+    its own (so it never hands its executables to, or takes them from, `jax.jit(fun)`)."""
+    from jax._src import pjit, tree_util
+    from jax._src.interpreters import pxla
+    from jax._src.lib import _jax
+
+    info = tuner.jits[DEFAULT]._jit_info
+    fields = dataclasses.fields(pxla.JitGlobalCppCacheKeys)
+    key = pxla.JitGlobalCppCacheKeys(**{f.name: getattr(info, f.name) for f in fields})
+    f = _jax.pjit(pjit.fun_name(fun), fun, tuner.cache_miss, info.static_argnums,
+                  info.static_argnames, key, tree_util.dispatch_registry, pxla.cc_shard_arg,
+                  pjit.make_jit_cpp_cache(CPP_CACHE_SIGNATURES))  # fmt: skip
+    f = functools.wraps(fun)(f)
+    f._fun, f._jit_info = fun, info  # what `.lower()` and `.trace()` of a jit read
+    f.choices = tuner.choices
+    return f
+
+
+CPP_CACHE_SIGNATURES = 4096  # as jax.jit's own cache
 
 
 def tuned_jit(
@@ -188,15 +285,17 @@ def tuned_jit(
     cost_model: str | Path | CostModel | None = None,
     top_k: int = 1,
     verify: bool = False,
+    cache_dir: str | Path | None = None,
     **jit_kwargs: Any,
-) -> TunedFunction:
-    """Like `jax.jit(fun, **jit_kwargs)`, with the GEMM config chosen by `cost_model` (a
-    model directory such as policies/xla-gemm-tile). With `verify` (implied by `top_k` > 1)
-    the model's top k are timed against XLA's default on the first call's inputs, and the
-    default stays unless one is clearly faster."""
+) -> Any:
+    """Like `jax.jit(fun, **jit_kwargs)` (and as fast to call), with the GEMM config chosen
+    by `cost_model` (a model directory such as policies/xla-gemm-tile). With `verify`
+    (implied by `top_k` > 1) the model's top k are timed against XLA's default on the first
+    call's inputs, and the default stays unless one is clearly faster. Choices persist in
+    `cache_dir` (default `$XDG_CACHE_HOME/mlgo` or `~/.cache/mlgo`); the returned function's
+    `choices` maps each signature's StableHLO fingerprint to its Choice."""
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
-    model = cost_model
-    if isinstance(cost_model, str | Path):
-        model = CostModel.load(Path(cost_model))
-    return TunedFunction(fun, model, top_k, verify, jit_kwargs)
+    model = Path(cost_model) if isinstance(cost_model, str) else cost_model
+    cache = TuningCache(Path(cache_dir) if cache_dir is not None else default_root())
+    return _fast_path(fun, _Tuner(fun, model, top_k, verify, cache, jit_kwargs))
