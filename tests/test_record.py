@@ -12,12 +12,14 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+import typer
 
 from mlgo.corpus.extract import MLGO_UTILS_DIR, BuildError
 from mlgo.corpus.format import DESCRIPTION, Corpus, load_corpus
 from mlgo.corpus.record import Recorded, record, record_from
 from mlgo.corpus.stats import corpus_stats
 from mlgo.llvm.toolchain import Toolchain
+from mlgo.options import opt_level
 from mlgo.problems import get_problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.workers import LocalPool
@@ -212,3 +214,10 @@ def test_an_extract_ir_corpus_from_compile_commands_loads_in_stats_and_eval(
         ev = evaluate(policy, corpus, tc, pool, policy.problem)
     assert not failures and len(stats) == 3
     assert not ev.failed and ev.totals()["modules"] == 3
+
+
+@pytest.mark.unit
+def test_the_opt_level_option_takes_only_clangs_levels():
+    assert opt_level("-O2") == "-O2"
+    with pytest.raises(typer.BadParameter, match="'O2' is not one of -O0..-O3, -Os, -Oz"):
+        opt_level("O2")
