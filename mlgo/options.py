@@ -27,3 +27,13 @@ def workers_spec(value: str) -> str:
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
     return value
+
+
+OPT_LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz")
+
+
+def opt_level(value: str) -> str:
+    """A level clang has: a corpus recorded at another would be refused by every problem."""
+    if value not in OPT_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not one of -O0..-O3, -Os, -Oz")
+    return value

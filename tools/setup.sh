@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(clang-22 llvm-22 llvm-22-dev lld-22 bear dpkg-dev g++)
+APT_PACKAGES=(clang-22 llvm-22 llvm-22-dev lld-22 bear dpkg-dev g++
+  # the build systems that the `mlgo corpus record` tests drive
+  cmake ninja-build meson autoconf automake)
 # LLVM's corpus tools. Its top-level package is also named `mlgo`, so it lives beside the
 # venv's site-packages and mlgo runs it in a separate interpreter.
 MLGO_UTILS="mlgo-utils==19.0.0.dev202407180600"

@@ -90,7 +90,12 @@ def load_recipe(name: str, recipes_dir: Path = RECIPES) -> Recipe:
 
 
 def run_logged(
-    cmd: list[str] | str, cwd: Path, log: Path, timeout_s: float, env=None, what: str = ""
+    cmd: list[str] | str,
+    cwd: Path,
+    log: Path,
+    timeout_s: float | None,
+    env: dict[str, str] | None = None,
+    what: str = "",
 ) -> None:
     """Runs CMD (a shell line if a string) with its output appended to LOG; a failure or
     timeout is a BuildError naming WHAT and the line of this command's output that says why."""
@@ -321,53 +326,72 @@ def build_corpus(
     env = build_env(tc, work, flags)
     for cmd in configure:
         run_logged(cmd, src, log, timeout_s, env, f"{name}: configure")
+    recorded = run_under_bear(
+        ["sh", "-c", " && ".join(build)], src, work, log, timeout_s, env, f"{name}: build"
+    )
+    cc_json = work / "compile_commands.kept.json"
+    cc_json.write_text(json.dumps([c.entry for c in kept_compiles(recorded)], indent=1))
+    with atomic_directory(out / name) as staged:
+        return len(run_extract_ir(cc_json, staged, tc, src, log, name))
+
+
+def run_under_bear(
+    argv: list[str],
+    cwd: Path,
+    work: Path,
+    log: Path,
+    timeout_s: float | None,
+    env: dict[str, str],
+    what: str,
+) -> Path:
+    """Runs the build ARGV in CWD under Debian's `bear`; returns the compile_commands.json
+    it recorded (in WORK)."""
     recorded = work / "compile_commands.json"
     recorded.unlink(missing_ok=True)
-    run_logged(
-        ["bear", "--output", str(recorded), "--", "sh", "-c", " && ".join(build)],
-        src,
-        log,
-        timeout_s,
-        env,
-        f"{name}: build",
-    )
-    cc_json = _kept_objects(recorded, work / "compile_commands.kept.json")
+    run_logged(["bear", "--output", str(recorded), "--", *argv], cwd, log, timeout_s, env, what)
+    return recorded
+
+
+def run_extract_ir(
+    cc_json: Path, staged: Path, tc: Toolchain, cwd: Path, log: Path, what: str
+) -> list[str]:
+    """LLVM's extract_ir over the compile commands CC_JSON into the corpus directory STAGED;
+    returns its distinct module names (a BuildError if it extracted none)."""
     if not MLGO_UTILS_DIR.is_dir():
         raise BuildError(
             f"LLVM's mlgo-utils is not installed in {MLGO_UTILS_DIR}; run tools/setup.sh"
         )
-    with atomic_directory(out / name) as staged:
-        # mlgo-utils' top-level package is also called `mlgo`: run it without site-packages.
-        run_logged(
-            [
-                sys.executable,
-                "-S",
-                "-m",
-                "mlgo.corpus.extract_ir",
-                "--input",
-                str(cc_json),
-                "--input_type",
-                "json",
-                "--output_dir",
-                str(staged),
-                "--llvm_objcopy_path",
-                tc.tool("llvm-objcopy"),
-                "--num_workers",
-                "2",
-            ],
-            src,
-            log,
-            900,
-            dict(env, PYTHONPATH=str(MLGO_UTILS_DIR)),
-            f"{name}: extract_ir",
-        )
-        try:
-            names = _distinct_modules(staged)
-        except (OSError, ValueError, KeyError) as e:
-            raise BuildError(f"{name}: extract_ir wrote no corpus ({e}; log: {log})") from e
-        if not names:
-            raise BuildError(f"{name}: the build produced no bitcode (log: {log})")
-    return len(names)
+    # mlgo-utils' top-level package is also called `mlgo`: run it without site-packages.
+    run_logged(
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "mlgo.corpus.extract_ir",
+            "--input",
+            str(cc_json),
+            "--input_type",
+            "json",
+            "--output_dir",
+            str(staged),
+            "--llvm_objcopy_path",
+            tc.tool("llvm-objcopy"),
+            "--num_workers",
+            str(min(8, os.cpu_count() or 2)),
+        ],
+        cwd,
+        log,
+        900,
+        dict(os.environ, PYTHONPATH=str(MLGO_UTILS_DIR)),
+        f"{what}: extract_ir",
+    )
+    try:
+        names = _distinct_modules(staged)
+    except (OSError, ValueError, KeyError) as e:
+        raise BuildError(f"{what}: extract_ir wrote no corpus ({e}; log: {log})") from e
+    if not names:
+        raise BuildError(f"{what}: the build produced no bitcode (log: {log})")
+    return names
 
 
 def _is_relocatable_object(path: Path) -> bool:
@@ -378,7 +402,17 @@ def _is_relocatable_object(path: Path) -> bool:
         return False
 
 
-def _kept_objects(recorded: Path, kept: Path) -> Path:
+@dataclass(frozen=True)
+class Compile:
+    """One compile step of a recorded build: its compile_commands.json entry (naming its
+    object with -o), its source and the object it wrote."""
+
+    entry: dict
+    source: Path
+    obj: Path
+
+
+def kept_compiles(recorded: Path) -> list[Compile]:
     """The compile commands whose output is a relocatable object that survived the build.
 
     bear also records the `clang -cc1` jobs of a compile-and-link step (their objects are
@@ -386,7 +420,7 @@ def _kept_objects(recorded: Path, kept: Path) -> Path:
     the linked program as output; none of those is a module. A `cc -c dir/x.c` without `-o`
     writes x.o in its working directory; the kept command names it, as extract_ir needs.
     """
-    entries = []
+    compiles = []
     for entry in json.loads(recorded.read_text()):
         args = entry.get("arguments") or shlex.split(entry.get("command", ""))
         if "-cc1" in args:
@@ -396,13 +430,18 @@ def _kept_objects(recorded: Path, kept: Path) -> Path:
                 continue
             args = [*args, "-o", Path(entry["file"]).with_suffix(".o").name]
             entry = {"directory": entry["directory"], "file": entry["file"], "arguments": args}
-        entries.append((entry, Path(entry["directory"]) / args[args.index("-o") + 1]))
-    outputs = Counter(out for _, out in entries)
-    keep = [e for e, out in entries if outputs[out] == 1 and _is_relocatable_object(out)]
+        directory = Path(entry["directory"])
+        compiles.append(
+            Compile(entry, directory / entry["file"], directory / args[args.index("-o") + 1])
+        )
+    outputs = Counter(c.obj for c in compiles)
+    keep = [c for c in compiles if outputs[c.obj] == 1 and _is_relocatable_object(c.obj)]
     if not keep:
-        raise BuildError(f"{recorded}: the build compiled no object file that survived it")
-    kept.write_text(json.dumps(keep, indent=1))
-    return kept
+        raise BuildError(
+            f"{recorded}: the build compiled no object file that survived it "
+            "(an up-to-date build compiles nothing: record a clean one)"
+        )
+    return keep
 
 
 def _distinct_modules(corpus_dir: Path) -> list[str]:

@@ -1,0 +1,283 @@
+"""`mlgo corpus record`: a corpus from the user's own build, or from their compilation database.
+
+`record` runs their build command as it is, in their tree, under Debian's `bear`, with
+CC/CXX set to the recording wrappers (`extract.build_env`), so nothing in their build files
+changes; a build system that fixes its compiler at configure time must be configured inside
+the recorded command too. `record_from` recompiles the entries of an existing
+compile_commands.json with the recording flags into a private directory, leaving their
+build tree alone. Both name each module by its source's path under SOURCE_DIR, so a
+module's package is the top-level directory its source is in (or the one `--package`), and
+both publish the corpus at OUT in one rename, after LLVM's `extract_ir` succeeded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from mlgo.corpus.extract import (
+    RECORD_FLAGS,
+    BuildError,
+    build_env,
+    kept_compiles,
+    run_extract_ir,
+    run_under_bear,
+)
+from mlgo.corpus.format import DESCRIPTION
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.runtime.files import atomic_directory
+from mlgo.runtime.messages import error_line
+from mlgo.ship.aot import cache_dir
+
+C_SUFFIXES = {".c"}
+CXX_SUFFIXES = {".cc", ".cpp", ".cxx", ".c++", ".cp", ".C", ".CPP"}
+# Flags of a database entry that would write into the user's build tree (the object and
+# its dependency files); the object goes to our own directory instead.
+_DROP = {"-c", "-MD", "-MMD"}
+_DROP_WITH_VALUE = {"-o", "-MF", "-MT", "-MQ", "-MJ"}
+# A database written for gcc may carry warning options clang lacks, and -Werror with them.
+_FROM_FLAGS = ["-Wno-error", "-Wno-unknown-warning-option"]
+
+
+@dataclass
+class Recorded:
+    """What a recording wrote, and one line for each thing it could not record."""
+
+    out: Path
+    packages: dict[str, int]
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def modules(self) -> int:
+        return sum(self.packages.values())
+
+
+def work_dir(out: Path) -> Path:
+    """Where a recording into OUT keeps its wrappers, log and objects: the user cache, by
+    OUT's path. Kept after the run: a build configured under `record` names the wrappers."""
+    key = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16]
+    return cache_dir() / "record" / key
+
+
+def record(
+    build_argv: list[str],
+    out: Path,
+    tc: Toolchain,
+    source_dir: Path | None = None,
+    package: str | None = None,
+    opt_level: str = "-Oz",
+    timeout_s: float | None = None,
+) -> Recorded:
+    """Runs BUILD_ARGV in SOURCE_DIR (default: here) with CC/CXX recording bitcode at
+    OPT_LEVEL, under bear, and writes the corpus of what it compiled to OUT."""
+    if not build_argv:
+        raise BuildError("no build command to record (give it after `--`)")
+    src, work = _prepare(out, source_dir, package)
+    log = work / "build.log"
+    env = build_env(tc, work, [opt_level, *RECORD_FLAGS])
+    what = f"{shlex.join(build_argv)} (in {src})"
+    recorded = run_under_bear(build_argv, src, work, log, timeout_s, env, what)
+    return _publish([(c.source, c.obj) for c in kept_compiles(recorded)], [], out, tc, src, package)
+
+
+def record_from(
+    database: Path,
+    out: Path,
+    tc: Toolchain,
+    source_dir: Path | None = None,
+    package: str | None = None,
+    opt_level: str = "-Oz",
+    timeout_s: float = 600.0,
+) -> Recorded:
+    """Recompiles every C/C++ entry of the compilation database DATABASE with its own
+    command line, clang and the recording flags at OPT_LEVEL (in its own directory, its
+    object written to a private one) and writes their corpus to OUT. Entries that are not
+    C or C++ or fail to compile are named in the result's `skipped`."""
+    entries = _read_database(database)
+    src, work = _prepare(out, source_dir, package)
+    objects = work / "objects"
+    shutil.rmtree(objects, ignore_errors=True)
+    objects.mkdir(parents=True)
+    jobs, skipped = [], []
+    for i, entry in enumerate(entries):
+        where = f"{database}: entry {i}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("directory"), str):
+            skipped.append(f"{where}: no 'directory', not recorded")
+            continue
+        argv = _entry_argv(entry)
+        if not argv or not isinstance(entry.get("file"), str):
+            skipped.append(f"{where}: no 'file' and command line, not recorded")
+            continue
+        source = Path(entry["directory"]) / entry["file"]
+        if source.suffix not in C_SUFFIXES | CXX_SUFFIXES:
+            skipped.append(f"{source}: not C or C++, not recorded")
+            continue
+        clang = tc.clangxx if source.suffix in CXX_SUFFIXES else tc.clang
+        obj = objects / f"{i}.o"
+        cmd = [clang, *_kept_args(argv[1:]), "-c", "-o", str(obj), opt_level]
+        jobs.append((source, obj, Path(entry["directory"]), [*cmd, *RECORD_FLAGS, *_FROM_FLAGS]))
+
+    def compile_one(job: tuple[Path, Path, Path, list[str]]) -> str | None:
+        source, _, directory, cmd = job
+        try:
+            r = subprocess.run(
+                cmd,
+                cwd=directory,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            return f"{source}: compile timed out after {timeout_s:g} s, not recorded"
+        except OSError as e:
+            return f"{source}: cannot compile in {directory} ({e.strerror}), not recorded"
+        if r.returncode != 0:
+            return f"{source}: compile failed ({error_line(r.stderr, 200)}), not recorded"
+        return None
+
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        failures = list(pool.map(compile_one, jobs))
+    skipped += [f for f in failures if f]
+    compiled = [(j[0], j[1]) for j, f in zip(jobs, failures, strict=True) if not f]
+    return _publish(compiled, skipped, out, tc, src, package)
+
+
+def _read_database(database: Path) -> list:
+    try:
+        entries = json.loads(database.read_text())
+    except FileNotFoundError as e:
+        raise BuildError(f"{database}: not found") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BuildError(f"{database}: not a compilation database ({error_line(e)})") from e
+    if not isinstance(entries, list) or not entries:
+        raise BuildError(f"{database}: not a compilation database (needs a non-empty list)")
+    return entries
+
+
+def _entry_argv(entry: dict) -> list[str]:
+    args = entry.get("arguments")
+    if isinstance(args, list) and all(isinstance(a, str) for a in args):
+        return args
+    command = entry.get("command")
+    try:
+        return shlex.split(command) if isinstance(command, str) else []
+    except ValueError:  # unbalanced quotes
+        return []
+
+
+def _kept_args(args: list[str]) -> list[str]:
+    """A database entry's arguments without those that write into the user's build tree
+    (`-o X` and `-oX` alike)."""
+    kept: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in _DROP_WITH_VALUE:
+            skip = True
+        elif a not in _DROP and not any(a.startswith(f) for f in _DROP_WITH_VALUE):
+            kept.append(a)
+    return kept
+
+
+def _prepare(out: Path, source_dir: Path | None, package: str | None) -> tuple[Path, Path]:
+    """The resolved source directory and the work directory, once the arguments are sane:
+    OUT must be new, empty or a corpus (which is replaced), never a directory of other
+    files, which replacing it would delete."""
+    src = (source_dir or Path.cwd()).resolve()
+    if not src.is_dir():
+        raise BuildError(f"{src}: source directory not found")
+    if package is not None and (not package or "/" in package or package in (".", "..")):
+        raise BuildError(f"--package {package!r}: must be a plain directory name")
+    new_or_empty = not out.exists() or (out.is_dir() and not any(out.iterdir()))
+    if not new_or_empty and not (out / DESCRIPTION).is_file():
+        raise BuildError(f"{out}: exists and is not a corpus; choose another --out")
+    work = work_dir(out)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "build.log").write_text("")
+    return src, work
+
+
+def _bitcode_digest(obj: Path) -> str | None:
+    """The hash of OBJ's embedded bitcode, or None if it has none."""
+    try:
+        with open(obj, "rb") as f:
+            section = ELFFile(f).get_section_by_name(".llvmbc")
+            return hashlib.sha256(section.data()).hexdigest() if section else None
+    except (OSError, ELFError):
+        return None
+
+
+def _module_names(
+    compiles: list[tuple[Path, Path]], src: Path, package: str | None, skipped: list[str]
+) -> dict[str, Path]:
+    """Module name -> object, one per distinct bitcode: the source's path under SRC (its
+    first directory is its package), under PACKAGE if given. A file at SRC's top is in the
+    package named after SRC; the same source built into different bitcode (a library built
+    twice with different flags) gets `.2`, `.3`... A skipped object is named in SKIPPED."""
+    names: dict[str, Path] = {}
+    seen: set[str] = set()
+    uses: Counter[str] = Counter()
+    for source, obj in compiles:
+        try:
+            rel = source.resolve().relative_to(src)
+        except ValueError:
+            skipped.append(f"{source}: outside the source directory {src}, not recorded")
+            continue
+        digest = _bitcode_digest(obj)
+        if digest is None:
+            skipped.append(
+                f"{obj}: no bitcode (not compiled by the recording CC/CXX, or not C/C++), "
+                "not recorded"
+            )
+            continue
+        if digest in seen:
+            continue
+        seen.add(digest)
+        prefix = package or (src.name if len(rel.parts) == 1 else "")
+        base = f"{prefix}/{rel}" if prefix else str(rel)
+        uses[base] += 1
+        names[base if uses[base] == 1 else f"{base}.{uses[base]}"] = obj
+    return names
+
+
+def _publish(
+    compiles: list[tuple[Path, Path]],
+    skipped: list[str],
+    out: Path,
+    tc: Toolchain,
+    src: Path,
+    package: str | None,
+) -> Recorded:
+    """Extracts the modules of COMPILES' objects with LLVM's extract_ir into OUT, replacing
+    it only once that succeeded."""
+    work = work_dir(out)
+    log = work / "build.log"
+    names = _module_names(compiles, src, package, skipped)
+    if not names:
+        raise BuildError(f"{src}: nothing to record ({len(skipped)} objects skipped; log: {log})")
+    # extract_ir names each module by its object's path: link the objects under those names.
+    linked = work / "modules"
+    shutil.rmtree(linked, ignore_errors=True)
+    entries = []
+    for name, obj in names.items():
+        (linked / name).parent.mkdir(parents=True, exist_ok=True)
+        (linked / name).symlink_to(obj.resolve())
+        entries.append({"directory": str(linked), "file": name, "arguments": ["-o", name]})
+    cc_json = work / "compile_commands.modules.json"
+    cc_json.write_text(json.dumps(entries, indent=1))
+    with atomic_directory(out) as staged:
+        modules = run_extract_ir(cc_json, staged, tc, work, log, str(src))
+    return Recorded(out, dict(Counter(m.split("/", 1)[0] for m in modules)), skipped)
