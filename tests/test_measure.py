@@ -10,7 +10,7 @@ import pytest
 
 from mlgo.corpus.extract import BuildError
 from mlgo.programs.build import ProgramBuild
-from mlgo.programs.compare import Comparison
+from mlgo.programs.compare import Comparison, variants
 from mlgo.programs.measure import (
     Workload,
     compare_workload,
@@ -100,3 +100,12 @@ def test_two_builds_that_print_different_results_are_refused(tmp_path):
     assert set(measured["default"]) == {"wall_seconds", "cpu_seconds"}
     with pytest.raises(BuildError, match="the two builds print different results"):
         compare_workload(Workload("p", (), (("cat", "out.txt"),)), trees, 0, callgrind=False)
+
+
+def test_both_variants_compile_with_the_same_clang(tc):
+    # the benchmark's mlgo-cc builds used to leave MLGO_CC/MLGO_CXX unset, so its wrapper
+    # could pick another clang than the plain build's
+    plain, served = variants(tc, {"MLGO_SOCKET": "s"}, ("default", "policy"))
+    assert (plain.name, plain.compilers, plain.env) == ("default", (tc.clang, tc.clangxx), {})
+    assert served.env == {"MLGO_SOCKET": "s", "MLGO_CC": tc.clang, "MLGO_CXX": tc.clangxx}
+    assert [Path(c).name for c in served.compilers] == ["mlgo-cc", "mlgo-c++"]
