@@ -401,7 +401,7 @@ def main() -> int:
     for column in ("item", "case", "result", "seen"):
         table.add_column(column, overflow="fold")
     failed = 0
-    for item, title, fn in CASES:
+    for item, title, fn in sorted(CASES, key=lambda c: int(c[0])):
         if args.k and item not in args.k:
             continue
         with tempfile.TemporaryDirectory(prefix=f"mlgo-drill-{item}-") as tmp:
