@@ -19,7 +19,7 @@ import pytest
 from mlgo.corpus.compile import compile_module
 from mlgo.problems import get_problem
 from mlgo.problems.policy import MLPPolicy
-from mlgo.programs.build import live_children
+from mlgo.programs.measure import live_children
 from mlgo.serve.cc import install_native_wrappers
 from mlgo.serve.client import ServiceError, request, runtime_dir
 from tests.conftest import DATA, MLGO

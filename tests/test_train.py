@@ -208,3 +208,26 @@ def test_derived_inputs_reach_the_saved_model(bc_run, tmp_path):
     rows = slice(0, 60)
     got = saved_model_decisions(saved, {f: data.x[rows, j] for j, f in enumerate(data.features)})
     assert np.array_equal(got, np.argmax(policy.logits(data.x[rows]), 1))
+
+
+def test_train_run_is_one_entry_point_over_bc_and_es(mini_corpus, tc, tmp_path):
+    # what `mlgo train` calls: BC collects its traces and reports its accuracy, ES starts
+    # from the BC run with the options given, and both runs are evaluated into OUT/eval
+    from mlgo.train.run import TrainOptions, run
+
+    bc = run("bc", mini_corpus, PROBLEM, tmp_path / "bc", tc, LocalPool(2), TrainOptions(steps=40))
+    assert bc.accuracy["accuracy"] > 0.5 and bc.decisions > 0 and bc.left_out == 0
+    assert Evaluation.load(tmp_path / "bc" / "eval").totals() == bc.evaluation.totals()
+    assert bc.evaluation.totals()["modules"] == len(mini_corpus.modules)
+    opts = TrainOptions(steps=1, init=tmp_path / "bc", directions=2, batch=3, lr=0.005)
+    es = run("es", mini_corpus, PROBLEM, tmp_path / "es", tc, LocalPool(2), opts)
+    state, _ = RunDir(tmp_path / "es", "es").load_state()
+    assert state.step == 1 and state.compiles >= 2 * 2 * 3
+    assert_saved_best_is_best_evaluated(RunDir(tmp_path / "es", "es"), bc.policy)
+    assert (tmp_path / "es" / "eval" / "eval.json").exists() and not es.accuracy
+    card = model_card(es.policy, tmp_path / "es")
+    assert f"--init {tmp_path / 'bc'} " in card and " --lr 0.005" in card
+    with pytest.raises(ValueError, match="is a inlining-size policy, not regalloc-eviction"):
+        run("ppo", mini_corpus, get_problem("regalloc-eviction"), tmp_path / "ppo", tc,
+            LocalPool(1), TrainOptions(init=tmp_path / "bc"))  # fmt: skip
+    assert not (tmp_path / "ppo").exists()

@@ -32,15 +32,12 @@ import hashlib
 import itertools
 import json
 import os
-import re
-import resource
 import shlex
 import statistics
 import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -50,12 +47,17 @@ from rich.table import Table
 
 from mlgo.corpus.extract import BuildError, build_env, load_recipe, run_logged
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
-from mlgo.programs.build import (
-    build_program,
-    mlgo_compilers,
-    plain_compilers,
-    policy_service,
-    pristine_source,
+from mlgo.programs.build import build_program, policy_service, pristine_source
+from mlgo.programs.compare import Variant, build_pair, variants
+from mlgo.programs.measure import (
+    Times,
+    Workload,
+    children_cpu,
+    compare_workload,
+    paired_change,
+    round_order,
+    spread,
+    timed_rounds,
     tree_cpu_seconds,
 )
 from mlgo.runtime.files import atomic_write_text
@@ -66,17 +68,8 @@ FLAGS = ["-O2", "-g0", "-Qunused-arguments"]
 VARIANTS = ("default", "policy")
 
 
-@dataclass(frozen=True)
-class Program:
-    recipe: str
-    prepare: tuple[str, ...]  # shell, in the build tree, after the recipe's build
-    workload: tuple[tuple[str, ...], ...]  # argv lists, measured
-    check: str = "true"  # shell, after the workload ran: its result is right
-    volatile: str = r"$^"  # what may differ between the two builds' output (timings)
-
-
 PROGRAMS = {
-    "sqlite3": Program(
+    "sqlite3": Workload(
         "sqlite3",
         (
             '"$CC" -c test/speedtest1.c -o speedtest1.o',
@@ -85,7 +78,7 @@ PROGRAMS = {
         (("./speedtest1", "--size", "8", "--memdb"),),
         volatile=r"\d+\.\d+s",
     ),
-    "zstd": Program(
+    "zstd": Workload(
         "zstd",
         (
             'make -j2 -C tests CC="$CC" datagen',
@@ -97,7 +90,7 @@ PROGRAMS = {
         ),
         "cmp bench.dat bench.out",
     ),
-    "lua5.4": Program(
+    "lua5.4": Workload(
         "lua",
         (f"cp {shlex.quote(str(TOOLS / 'bench_data' / 'regalloc_bench.lua'))} bench.lua",),
         (("src/lua", "bench.lua"),),
@@ -106,7 +99,7 @@ PROGRAMS = {
 
 
 def build_variants(
-    prog: Program,
+    prog: Workload,
     tc: Toolchain,
     work: Path,
     policy: Path,
@@ -115,78 +108,27 @@ def build_variants(
 ) -> dict:
     """Both builds from one pristine source, the package's tests on each, then the
     benchmark's own setup (compiled the same way); reused while the policy is unchanged."""
-    recipe = load_recipe(prog.recipe)
     key = hashlib.sha256((policy / "policy.npz").read_bytes()).hexdigest()
     stamp = work / "bench-builds.json"
     if stamp.exists() and json.loads(stamp.read_text())["policy"] == key:
         return json.loads(stamp.read_text())["builds"]
-    pristine = pristine_source(recipe, work)
-    compilers = {"default": plain_compilers(tc), "policy": mlgo_compilers()}
-    extra = {"default": {}, "policy": service_env}
-    builds = {}
-    for v in VARIANTS:
-        with console.status(f"{prog.recipe}: building and testing the {v} build"):
-            b = build_program(
-                recipe, pristine, work / v, tc, v, compilers[v], extra[v], tests, FLAGS
-            )
-        env = dict(build_env(tc, work / f".{v}-bin", FLAGS, *compilers[v]), **extra[v])
+    pair = variants(tc, service_env, VARIANTS)
+    with console.status(f"{prog.recipe}: building and testing both builds"):
+        built = build_pair(load_recipe(prog.recipe), work, tc, pair, tests, FLAGS)
+    for v in pair:
+        env = dict(build_env(tc, work / f".{v.name}-bin", FLAGS, *v.compilers), **v.env)
         for cmd in prog.prepare:
             run_logged(
-                cmd, work / v, work / f"{v}.log", 1800, env, f"{prog.recipe} {v}: bench setup"
+                cmd,
+                work / v.name,
+                work / f"{v.name}.log",
+                1800,
+                env,
+                f"{prog.recipe} {v.name}: bench setup",
             )
-        builds[v] = b.to_json()
+    builds = {b.variant: b.to_json() for b in built}
     atomic_write_text(stamp, json.dumps({"policy": key, "builds": builds}))
     return builds
-
-
-def run_workload(
-    prog: Program, tree: Path, prefix: tuple[str, ...] = (), loops: int = 1
-) -> tuple[float, float, str]:
-    """Runs every workload command LOOPS times; returns (wall seconds, CPU seconds, stderr
-    of the last loop). CPU is user+sys of the workload's own processes (their rusage,
-    reaped with wait4), so other jobs on the machine do not count in it, only slow it."""
-    wall = cpu = 0.0
-    errors = []
-    for _ in range(loops):
-        errors = []
-        for argv in prog.workload:
-            with tempfile.TemporaryFile() as err:
-                start = time.perf_counter()
-                proc = subprocess.Popen(
-                    [*prefix, *argv],
-                    cwd=tree,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=err,
-                )
-                _, status, usage = os.wait4(proc.pid, 0)
-                wall += time.perf_counter() - start
-                proc.returncode = os.waitstatus_to_exitcode(status)
-                cpu += usage.ru_utime + usage.ru_stime
-                err.seek(0)
-                stderr = err.read().decode(errors="replace")
-            if proc.returncode != 0:
-                raise BuildError(f"{shlex.join(argv)} failed in {tree}: {stderr.strip()[-200:]}")
-            errors.append(stderr)
-    check = subprocess.run(prog.check, shell=True, cwd=tree, capture_output=True)
-    if check.returncode != 0:
-        raise BuildError(f"{prog.recipe}: the workload's result is wrong in {tree}")
-    return wall, cpu, "".join(errors)
-
-
-def instructions(prog: Program, tree: Path) -> int:
-    _, _, stderr = run_workload(
-        prog, tree, ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
-    )
-    counts = re.findall(r"Collected : (\d+)", stderr)
-    if len(counts) != len(prog.workload):
-        raise BuildError(f"{prog.recipe}: callgrind reported no instruction count")
-    return sum(int(c) for c in counts)
-
-
-def _spread(xs: list[float]) -> dict:
-    q1, median, q3 = statistics.quantiles(xs, n=4) if len(xs) > 1 else xs * 3
-    return {"median": median, "q1": q1, "q3": q3, "min": min(xs), "max": max(xs), "runs": xs}
 
 
 def bench_program(
@@ -202,42 +144,15 @@ def bench_program(
 ) -> dict:
     """Instruction counts (if CALLGRIND) and REPEATS timed ABBA rounds (if any) of both
     builds, each sample about MIN_SECONDS of CPU; the two must print the same results."""
-    prog = PROGRAMS[name]
     pwork = work / name
-    out: dict = build_variants(prog, tc, pwork, policy, service_env, tests)
-    outputs = {}
+    out: dict = build_variants(PROGRAMS[name], tc, pwork, policy, service_env, tests)
+    with console.status(f"{name}: callgrind and {repeats} timed rounds of both builds"):
+        measured = compare_workload(
+            PROGRAMS[name], {v: pwork / v for v in VARIANTS}, repeats, min_seconds, callgrind
+        )
     for v in VARIANTS:
-        if callgrind:
-            with console.status(f"{name}: callgrind, {v} build"):
-                out[v]["instructions"] = instructions(prog, pwork / v)
-        stdout = subprocess.run(
-            prog.workload[0], cwd=pwork / v, capture_output=True, text=True
-        ).stdout
-        outputs[v] = re.sub(prog.volatile, "", stdout)
-    if outputs["default"] != outputs["policy"]:
-        raise BuildError(f"{name}: the two builds print different results")
-    if callgrind:
-        d, p = out["default"]["instructions"], out["policy"]["instructions"]
-        out["instructions_delta"] = p / d - 1
-    if repeats:
-        # enough loops of the workload that one timed sample takes about MIN_SECONDS
-        loops = max(1, round(min_seconds / run_workload(prog, pwork / "default")[1]))
-        times: dict[str, dict[str, list[float]]] = {
-            clock: {v: [] for v in VARIANTS} for clock in ("wall", "cpu")
-        }
-        with console.status(f"{name}: {repeats} timed rounds of {loops} loops"):
-            for r in range(repeats):
-                for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
-                    wall, cpu, _ = run_workload(prog, pwork / v, loops=loops)
-                    times["wall"][v].append(wall)
-                    times["cpu"][v].append(cpu)
-        out["loops"] = loops
-        for clock, series in times.items():
-            for v in VARIANTS:
-                out[v][f"{clock}_seconds"] = _spread(series[v])
-            out[f"{clock}_delta_paired"] = _spread(
-                [p / d - 1 for p, d in zip(series["policy"], series["default"], strict=True)]
-            )
+        out[v].update(measured.pop(v))
+    out.update(measured)
     return out
 
 
@@ -264,11 +179,6 @@ def bench_heldout(corpus: Path, policy: Path, tc: Toolchain, out: Path) -> dict:
         k: v["policy"] / v["default"] - 1 if v["default"] else 0.0 for k, v in packages.items()
     }
     return result
-
-
-def _cpu_children() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 class _Tally:
@@ -350,7 +260,7 @@ def bench_overhead(
     with tempfile.TemporaryDirectory() as d, direct_server(policy) as (direct, server_pid):
         obj = Path(d) / "o.o"
         for r in range(rounds):
-            order = variants if r % 2 == 0 else variants[::-1]
+            order = round_order(r, variants)
             seconds = dict.fromkeys(variants, 0.0)
             compiler = dict.fromkeys(variants, 0.0)
             server_start = tree_cpu_seconds(server_pid)
@@ -359,7 +269,7 @@ def bench_overhead(
             for m in modules:
                 cmd = m.compile_command(tc.clang, obj, problem.opt_level)
                 for v in order:
-                    start, cpu_start = time.perf_counter(), _cpu_children()
+                    start, cpu_start = time.perf_counter(), children_cpu()
                     if v == "plain":
                         subprocess.run(cmd, check=True, capture_output=True)
                     elif v == "direct":
@@ -376,7 +286,7 @@ def bench_overhead(
                             raise BuildError(f"{m.name}: {tally['errors'][0]}")
                         decisions += tally["decisions"] if r == 0 else 0
                     seconds[v] += time.perf_counter() - start
-                    compiler[v] += _cpu_children() - cpu_start
+                    compiler[v] += children_cpu() - cpu_start
             server_cpu = tree_cpu_seconds(server_pid) - server_start
             service_cpu = tree_cpu_seconds(service_pid) - service_start
             control[r] = tree_cpu_seconds(service_pid, children=False) - control_start
@@ -394,7 +304,7 @@ def bench_overhead(
         latency = request({"op": "status"}, path=socket)["policies"][0]["latency"]
 
     def change(series: dict[str, list[float]], v: str) -> dict:
-        return _spread([a / b - 1 for a, b in zip(series[v], series["plain"], strict=True)])
+        return paired_change(series[v], series["plain"])
 
     def share(part: list[float]) -> float:
         return statistics.median(x / p for x, p in zip(part, cpu["plain"], strict=True))
@@ -407,9 +317,9 @@ def bench_overhead(
         "modules": len(modules),
         "decisions": decisions,
         "rounds": rounds,
-        "cpu_seconds": {v: _spread(cpu[v]) for v in variants},
-        "clang_cpu_seconds": {v: _spread(clang_cpu[v]) for v in variants},
-        "wall_seconds": {v: _spread(wall[v]) for v in variants},
+        "cpu_seconds": {v: spread(cpu[v]) for v in variants},
+        "clang_cpu_seconds": {v: spread(clang_cpu[v]) for v in variants},
+        "wall_seconds": {v: spread(wall[v]) for v in variants},
         "cpu_overhead": {v: change(cpu, v) for v in variants[1:]},
         "wall_overhead": {v: change(wall, v) for v in variants[1:]},
         # the service variant's CPU overhead in parts, each a share of plain's CPU: the
@@ -424,6 +334,32 @@ def bench_overhead(
     }
 
 
+def _timed_builds(
+    name: str, tc: Toolchain, work: Path, pair: dict[str, Variant], service_pid: int, reps: int
+) -> Times:
+    """REPS ABBA rounds of NAME's build step with both variants; a build's CPU counts
+    everything it ran plus what the service and its policy server spent meanwhile."""
+    recipe = load_recipe(PROGRAMS[name].recipe)
+    pristine = pristine_source(recipe, work / name)
+
+    def sample(v: str) -> tuple[float, float]:
+        service_start = tree_cpu_seconds(service_pid)
+        tree = work / name / "overhead"
+        b = build_program(
+            recipe, pristine, tree, tc, v, pair[v].compilers, pair[v].env, False, FLAGS
+        )
+        return b.build_seconds, b.build_cpu_seconds + tree_cpu_seconds(service_pid) - service_start
+
+    def progress(r: int, t: Times) -> None:
+        cpu = t["cpu"]
+        console.print(
+            f"{name} rep {r + 1}: CPU s default {cpu['default'][-1]:.2f}, "
+            f"policy {cpu['policy'][-1]:.2f}"
+        )
+
+    return timed_rounds(reps, VARIANTS, sample, progress)
+
+
 def bench_build_overhead(
     names: list[str], tc: Toolchain, work: Path, service_env: dict[str, str], reps: int
 ) -> dict:
@@ -434,48 +370,20 @@ def bench_build_overhead(
 
     socket = Path(service_env["MLGO_SOCKET"])
     service_pid = request({"op": "status"}, path=socket)["pid"]
-    compilers = {"default": plain_compilers(tc), "policy": mlgo_compilers()}
-    extra = {"default": {}, "policy": dict(service_env, MLGO_CC=tc.clang, MLGO_CXX=tc.clangxx)}
+    pair = dict(zip(VARIANTS, variants(tc, service_env, VARIANTS), strict=True))
     out: dict = {}
     for name in names:
-        recipe = load_recipe(PROGRAMS[name].recipe)
-        pristine = pristine_source(recipe, work / name)
-        cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
         counted = request({"op": "status"}, path=socket)
-        for r in range(reps):
-            for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
-                service_start = tree_cpu_seconds(service_pid)
-                b = build_program(
-                    recipe,
-                    pristine,
-                    work / name / "overhead",
-                    tc,
-                    v,
-                    compilers[v],
-                    extra[v],
-                    False,
-                    FLAGS,
-                )
-                cpu[v].append(b.build_cpu_seconds + tree_cpu_seconds(service_pid) - service_start)
-                wall[v].append(b.build_seconds)
-            console.print(
-                f"{name} rep {r + 1}: CPU s default {cpu['default'][-1]:.2f}, "
-                f"policy {cpu['policy'][-1]:.2f}"
-            )
+        times = _timed_builds(name, tc, work, pair, service_pid, reps)
         status = request({"op": "status"}, path=socket)
         out[name] = {
             "reps": reps,
             "compilations": (status["compilations"] - counted["compilations"]) // reps,
             "decisions": (status["decisions"] - counted["decisions"]) // reps,
-            "cpu_seconds": {v: _spread(cpu[v]) for v in VARIANTS},
-            "wall_seconds": {v: _spread(wall[v]) for v in VARIANTS},
-            "cpu_overhead": _spread(
-                [p / d - 1 for p, d in zip(cpu["policy"], cpu["default"], strict=True)]
-            ),
-            "wall_overhead": _spread(
-                [p / d - 1 for p, d in zip(wall["policy"], wall["default"], strict=True)]
-            ),
+            "cpu_seconds": {v: spread(times["cpu"][v]) for v in VARIANTS},
+            "wall_seconds": {v: spread(times["wall"][v]) for v in VARIANTS},
+            "cpu_overhead": paired_change(times["cpu"]["policy"], times["cpu"]["default"]),
+            "wall_overhead": paired_change(times["wall"]["policy"], times["wall"]["default"]),
         }
     return out
 

@@ -43,13 +43,12 @@ from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
 from mlgo.problems import get_problem  # noqa: E402
 from mlgo.programs.build import (  # noqa: E402
     build_program,
-    live_children,
     mlgo_compilers,
     plain_compilers,
     policy_service,
     pristine_source,
-    tree_cpu_seconds,
 )
+from mlgo.programs.measure import live_children, tree_cpu_seconds  # noqa: E402
 from mlgo.runtime.files import atomic_write_text  # noqa: E402
 from mlgo.serve.client import request  # noqa: E402
 

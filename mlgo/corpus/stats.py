@@ -113,3 +113,9 @@ def per_package(stats: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
         for k in ("call_sites", "text_size", "bitcode_bytes"):
             row[k] += s[k]
     return out
+
+
+def totals(rows: dict[str, dict[str, int]]) -> dict[str, int]:
+    """The per-package ROWS summed: the corpus's line of `mlgo corpus stats`."""
+    keys = ("modules", "call_sites", "text_size", "bitcode_bytes")
+    return {k: sum(r[k] for r in rows.values()) for k in keys}

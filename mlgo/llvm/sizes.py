@@ -60,3 +60,14 @@ def compare_trees(build: Path, baseline: Path) -> list[SizeRow]:
     if not common:
         raise ValueError(f"no ELF file is in both {build} and {baseline}")
     return [SizeRow(p, theirs[p], ours[p]) for p in common]
+
+
+def tree_totals(rows: list[SizeRow]) -> dict[str, float]:
+    """Both trees' .text summed over ROWS, and the change in percent."""
+    base, build = sum(r.baseline for r in rows), sum(r.build for r in rows)
+    return {"baseline": base, "build": build, "delta_pct": SizeRow("", base, build).delta_pct}
+
+
+def tree_report(rows: list[SizeRow]) -> dict:
+    """What `mlgo report --json` writes for two build trees."""
+    return {"files": [r.__dict__ for r in rows], "total": tree_totals(rows)}

@@ -9,7 +9,6 @@ same flags, and differ only in CC/CXX; the linked programs' .text is compared.
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import sys
 import time
@@ -27,6 +26,7 @@ from mlgo.corpus.extract import (
 )
 from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
+from mlgo.programs.measure import children_cpu
 from mlgo.runtime.files import atomic_directory
 from mlgo.serve.client import ServiceError, launch_service
 
@@ -44,32 +44,6 @@ class ProgramBuild:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def live_children(pid: int) -> list[int]:
-    """PID's live child processes, whichever of its threads started them (each thread
-    lists only its own: a service's policy server is the child of a connection thread)."""
-    return [
-        int(kid)
-        for t in Path(f"/proc/{pid}/task").glob("*/children")
-        for kid in t.read_text().split()
-    ]
-
-
-def tree_cpu_seconds(pid: int, children: bool = True) -> float:
-    """User + system seconds of PID and (if CHILDREN) its live children, all their threads:
-    what a long-lived service such as `mlgo serve` and its policy server have spent so far."""
-    kids = live_children(pid) if children else []
-    total = 0
-    for p in [pid, *kids]:
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def pristine_source(recipe: Recipe, work: Path) -> Path:
@@ -111,10 +85,10 @@ def build_program(
     name = f"{recipe.name} ({variant})"
     for cmd in recipe.configure:
         run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: configure")
-    start, cpu_start = time.monotonic(), _children_cpu()
+    start, cpu_start = time.monotonic(), children_cpu()
     for cmd in recipe.build:
         run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: build")
-    seconds, cpu = time.monotonic() - start, _children_cpu() - cpu_start
+    seconds, cpu = time.monotonic() - start, children_cpu() - cpu_start
     missing = [p for p in recipe.programs if not (tree / p).is_file()]
     if missing:
         raise BuildError(f"{name}: the build made no {', '.join(missing)} (log: {log})")

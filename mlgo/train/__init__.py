@@ -31,6 +31,11 @@ class RunState:
     extra: dict = field(default_factory=dict)
 
 
+def policy_dir(path: Path) -> Path:
+    """A run directory or its policy/ directory."""
+    return path / "policy" if (path / "policy" / "policy.json").exists() else path
+
+
 class RunDir:
     def __init__(self, root: Path, algo: str):
         self.root = root

@@ -1,0 +1,87 @@
+"""The `mlgo` command: one module per command group, each command a few lines that parse
+its options, call the library and print. This module registers them and turns a user's
+error into one line."""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import click
+import typer
+from rich.markup import escape
+
+from mlgo.cli import corpus, programs, serve, ship, train
+from mlgo.cli.options import err
+from mlgo.corpus.compile import CompileError
+from mlgo.corpus.extract import BuildError
+from mlgo.corpus.format import CorpusError
+from mlgo.llvm.channel import ChannelError
+from mlgo.llvm.toolchain import ToolchainError
+from mlgo.runtime.messages import error_line
+from mlgo.serve.client import ServiceError
+from mlgo.ship.aot import AotError
+from mlgo.traces.format import TraceError
+from mlgo.xla.cli import xla_app
+
+app = typer.Typer(
+    help="ML-guided compiler heuristics: corpora, traces and policies for "
+    "LLVM's inliner and register allocator.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.command()(corpus.doctor)
+app.add_typer(corpus.app, name="corpus")
+app.add_typer(xla_app, name="xla")
+app.command()(train.collect)
+app.command()(train.train)
+app.command("eval")(train.eval_cmd)
+app.command()(ship.export)
+app.command()(train.report)
+app.command()(programs.build)
+app.command()(serve.serve)
+app.command()(serve.status)
+app.command()(serve.channel)
+app.command("install-wrappers")(serve.install_wrappers)
+app.command()(serve.stop)
+app.command()(programs.demo)
+
+# The errors a user can cause or fix; anything else is a bug and keeps its traceback.
+USER_ERRORS = (
+    ToolchainError,
+    CorpusError,
+    BuildError,
+    TraceError,
+    ChannelError,
+    CompileError,
+    AotError,
+    ServiceError,
+    KeyError,
+    ValueError,
+    OSError,
+)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    """One line on stderr, then exit CODE: what a user needs, no traceback or usage box."""
+    first = message.splitlines()[0] if message.strip() else "failed"
+    err.print(f"[red]error:[/red] {escape(first)}", highlight=False)
+    sys.exit(code)
+
+
+def main() -> None:
+    try:
+        code = app(standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        e.show()  # the help text, not an error
+        sys.exit(e.exit_code)
+    except click.UsageError as e:  # a bad option or value, found at parse time
+        where = e.ctx.command_path if e.ctx else "mlgo"
+        _fail(f"{where}: {e.format_message()}", e.exit_code)
+    except click.ClickException as e:
+        _fail(e.format_message(), e.exit_code)
+    except click.Abort:
+        _fail("aborted", 1)
+    except USER_ERRORS as e:
+        _fail(error_line(e), 2)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,127 @@
+"""`mlgo doctor` and `mlgo corpus ...`: the toolchain, and corpora of real Debian packages."""
+
+from __future__ import annotations
+
+from contextlib import closing
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from mlgo.cli.options import ClangOpt, WorkersOpt, console, err, kib
+from mlgo.corpus.extract import BuildError
+from mlgo.llvm.toolchain import find_toolchain
+
+app = typer.Typer(help="Build and inspect corpora of real Debian packages.", no_args_is_help=True)
+OPT_LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz")
+
+
+def opt_level_spec(value: str) -> str:
+    if value not in OPT_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not one of -O0..-O3, -Os, -Oz")
+    return value
+
+
+def doctor(clang: ClangOpt = None) -> None:
+    """Find clang and its LLVM tools, and check both MLGO channels answer."""
+    from mlgo.llvm.toolchain import probe
+    from mlgo.problems import problems
+
+    tc = find_toolchain(clang)
+    table = Table("check", "result", title="mlgo toolchain")
+    table.add_row("clang", tc.describe())
+    for tool in ("llvm-objcopy", "llvm-size"):
+        table.add_row(tool, tc.tool(tool))
+    for problem in problems():
+        table.add_row(
+            f"{problem.name} channel",
+            f"ok ({probe(tc, problem)} decisions on the probe): {problem.summary}",
+        )
+    console.print(table)
+
+
+@app.command("build")
+def corpus_build(
+    packages: Annotated[list[str], typer.Argument(help="recipe names from corpus/recipes")],
+    out: Annotated[Path, typer.Option(help="corpus directory")] = Path("data/corpus"),
+    work: Annotated[Path, typer.Option(help="where sources are unpacked and built")] = Path(
+        "data/build"
+    ),
+    opt_level: Annotated[
+        str,
+        typer.Option(
+            help="the level the problem you train compiles at: -Oz for inlining-size, "
+            "-O2 for regalloc-eviction (clang's frontend already optimizes for it)",
+            callback=opt_level_spec,
+        ),
+    ] = "-Oz",
+    profile: Annotated[
+        bool,
+        typer.Option(
+            help="block counts from the package's own tests (an instrumented build runs "
+            "them first) instead of static estimates, in every recorded module"
+        ),
+    ] = False,
+    clang: ClangOpt = None,
+) -> None:
+    """Build Debian source packages and extract their bitcode into a corpus."""
+    from mlgo.corpus.extract import combine, extract_package, load_recipe
+    from mlgo.corpus.format import DESCRIPTION
+    from mlgo.runtime.files import output_dir
+
+    tc = find_toolchain(clang)
+    failed = []
+    with output_dir(out):  # nothing built into a new OUT: no OUT (the failures said why)
+        for pkg in packages:
+            try:
+                with err.status(f"building {pkg}"):
+                    n = extract_package(
+                        load_recipe(pkg), tc, out, work.resolve() / pkg, opt_level, profile
+                    )
+                err.print(f"[green]built[/green] {pkg}: {n} modules")
+            except BuildError as e:
+                err.print(f"[red]failed[/red] {pkg}: {e}", highlight=False)
+                failed.append(pkg)
+        if len(failed) == len(packages) and not (out / DESCRIPTION).exists():
+            raise typer.Exit(1)
+        names = combine(out)
+    console.print(
+        f"{out}: {len(names)} modules from {len({n.split('/', 1)[0] for n in names})} packages"
+    )
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command("stats")
+def corpus_stats(
+    corpus: Annotated[Path, typer.Argument(help="corpus directory")],
+    workers: WorkersOpt = "local",
+    clang: ClangOpt = None,
+) -> None:
+    """Modules, call sites and .text bytes per package, at the level the corpus was recorded
+    at (compiles once, then cached)."""
+    from mlgo.corpus.format import load_corpus
+    from mlgo.corpus.stats import corpus_stats as compute
+    from mlgo.corpus.stats import per_package, totals
+    from mlgo.runtime.workers import make_workers
+
+    tc = find_toolchain(clang)
+    loaded = load_corpus(corpus)
+    with closing(make_workers(workers)) as pool:
+        stats, failures = compute(loaded, tc.describe(), tc.clang, pool)
+    levels = "/".join(sorted({m.opt_level for m in loaded.modules}))
+    columns = ("package", "modules", "call sites", f".text at {levels}", "bitcode")
+    table = Table(*columns, title=f"{corpus} ({tc.describe()})")
+    rows = per_package(stats)
+    for pkg, r in [*sorted(rows.items()), ("[bold]total", totals(rows))]:
+        table.add_row(
+            pkg,
+            str(r["modules"]),
+            f"{r['call_sites']:,}",
+            kib(r["text_size"]),
+            kib(r["bitcode_bytes"]),
+        )
+    console.print(table)
+    for name, msg in failures.items():
+        err.print(f"[red]failed[/red] {name}: {msg}", highlight=False)

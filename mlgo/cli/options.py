@@ -1,0 +1,43 @@
+"""What the command groups share: the consoles, the typed options, and reading a corpus
+selection. The value checks themselves live in `mlgo.options`, shared with the XLA wing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from mlgo.corpus.format import Corpus, load_corpus
+from mlgo.options import workers_spec
+from mlgo.problems import Problem
+from mlgo.runtime.workers import WORKERS_HELP
+
+console = Console()
+err = Console(stderr=True, soft_wrap=True)
+
+ClangOpt = Annotated[
+    str | None, typer.Option(help="clang to use (default: $MLGO_CLANG, clang-22, clang)")
+]
+WorkersOpt = Annotated[str, typer.Option(help=WORKERS_HELP, callback=workers_spec)]
+PackagesOpt = Annotated[str, typer.Option(help="comma-separated packages (default: all)")]
+PolicyOpt = Annotated[Path, typer.Option(help="policy directory (or its run)")]
+PoliciesOpt = Annotated[
+    list[Path], typer.Option(help="policy directory; repeat for one per problem")
+]
+DEFAULT_POLICIES = [Path("policies/inlining-size")]
+SocketOpt = Annotated[
+    Path | None, typer.Option(help="service socket (default: $MLGO_SOCKET or the runtime dir)")
+]
+
+
+def selected(corpus: Path, packages: str, problem: Problem) -> Corpus:
+    """The corpus at CORPUS, restricted to the comma-separated PACKAGES if any are named,
+    recorded at the level PROBLEM compiles at."""
+    chosen = load_corpus(corpus).select([p for p in packages.split(",") if p])
+    return chosen.require_opt_level(problem.opt_level)
+
+
+def kib(n: float) -> str:
+    return f"{n / 1024:,.1f} KiB"

@@ -1,0 +1,72 @@
+"""`mlgo build` and `mlgo demo`: real programs built with a policy, and the main job on a
+small default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console
+from mlgo.llvm.toolchain import find_toolchain
+
+
+def build(
+    packages: Annotated[list[str], typer.Argument(help="recipes, e.g. lua sqlite3 zstd")],
+    policy: PoliciesOpt = DEFAULT_POLICIES,
+    out: Annotated[Path, typer.Option(help="where sources, builds and build.json go")] = Path(
+        "data/programs"
+    ),
+    tests: Annotated[bool, typer.Option(help="run each package's own tests on both")] = True,
+    backend: Annotated[
+        str, typer.Option(help="service backend: auto, plugin, native or python")
+    ] = "auto",
+    clang: ClangOpt = None,
+) -> None:
+    """Build real programs from their Debian source packages twice, with plain clang and
+    with mlgo-cc serving the policies (same -Oz flags), run the package's own tests on
+    both, and compare the linked programs' .text."""
+    from mlgo.corpus.extract import BuildError, load_recipe
+    from mlgo.programs.compare import compare_programs
+
+    tc = find_toolchain(clang)
+    recipes = [load_recipe(name) for name in packages]  # a misspelt name fails before any build
+    result = compare_programs(recipes, policy, out, tc, tests, backend)
+    table = Table("program", "clang -Oz .text", "mlgo .text", "delta", "build s", "tests")
+    for plain, ml in result.pairs:
+        for prog, base in plain.text.items():
+            table.add_row(
+                f"{plain.package}: {prog}",
+                f"{base:,}",
+                f"{ml.text[prog]:,}",
+                f"{100 * (ml.text[prog] / base - 1):+.2f}%",
+                f"{plain.build_seconds:.0f} / {ml.build_seconds:.0f}",
+                f"{plain.tests} / {ml.tests}",
+            )
+    base_total, ml_total, delta = result.totals()
+    table.add_row("total", f"{base_total:,}", f"{ml_total:,}", f"{delta:+.2f}%", style="bold")
+    console.print(table)
+    console.print(f"wrote {out / 'build.json'}")
+    for error in result.failed.values():
+        console.print(f"[red]{error}")
+    if result.failed:
+        failed = ", ".join(result.failed)
+        raise BuildError(f"{len(result.failed)} of {len(packages)} packages failed: {failed}")
+
+
+def demo(
+    out: Annotated[Path, typer.Option(help="where the demo corpus and traces go")] = Path(
+        "data/demo"
+    ),
+    package: Annotated[str, typer.Option(help="recipe to build")] = "zlib",
+) -> None:
+    """The main job on a small default: build one real package's corpus, collect its
+    inlining decisions, and show the corpus statistics."""
+    from mlgo.cli.corpus import corpus_build, corpus_stats
+    from mlgo.cli.train import collect
+
+    corpus_build([package], out=out / "corpus", work=out / "build", opt_level="-Oz")
+    collect("inlining-size", out / "corpus", out=out / "traces")
+    corpus_stats(out / "corpus")

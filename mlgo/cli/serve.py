@@ -1,0 +1,95 @@
+"""`mlgo serve`, `status`, `channel`, `stop` and `install-wrappers`: the policy service
+that builds reach through mlgo-cc."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from mlgo.cli.options import DEFAULT_POLICIES, PoliciesOpt, SocketOpt, console, err
+from mlgo.options import non_negative, positive
+
+
+def serve(
+    policy: PoliciesOpt = DEFAULT_POLICIES,
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="plugin (inside clang), native (AOT policy server on a channel), python, "
+            "or auto: plugin where the problem has one, native otherwise"
+        ),
+    ] = "auto",
+    socket: SocketOpt = None,
+    idle_exit: Annotated[
+        float,
+        typer.Option(help="exit after this many idle seconds (0: never)", callback=non_negative),
+    ] = 0.0,
+) -> None:
+    """Run the policy service: one channel per compilation, many at once, until stopped."""
+    from mlgo.serve.client import socket_path
+    from mlgo.serve.server import claim_socket, serve_forever
+    from mlgo.serve.service import Service
+
+    path = socket or socket_path()
+    claim_socket(path)  # before loading anything: a live service there is left alone
+    service = Service(policy, backend, runtime=path.parent)  # channels beside the socket
+    names = ", ".join(f"{p.problem.name} ({p.backend.name})" for p in service.policies)
+    err.print(f"mlgo: serving {names} on {path}", highlight=False)
+    serve_forever(service, path, idle_exit)
+
+
+def status(socket: SocketOpt = None) -> None:
+    """What the service serves: policies, compilations, decisions, latency percentiles."""
+    from mlgo.serve.client import request
+
+    s = request({"op": "status"}, path=socket)
+    table = Table("", "", title=f"mlgo service (pid {s['pid']}, up {s['uptime_s']:.0f} s)")
+    for key in ("active_leases", "compilations", "decisions", "failed_compilations"):
+        table.add_row(key.replace("_", " "), f"{s[key]:,}")
+    for p in s["policies"]:
+        lat = p["latency"]
+        pct = ", ".join(f"{k[:-3]} {v:.1f} µs" for k, v in lat.items()) if lat else "no decisions"
+        if p["backend"] == "plugin":
+            pct = "decided inside clang (not counted here)"
+        table.add_row(f"{p['problem']} ({p['backend']})", f"{p['path']}\n{pct}")
+    console.print(table)
+
+
+def channel(
+    problem: Annotated[str, typer.Option(help="the decision the channel serves")] = (
+        "inlining-size"
+    ),
+    socket: SocketOpt = None,
+    ttl: Annotated[
+        float, typer.Option(help="seconds the channel waits for its compiler", callback=positive)
+    ] = 600,
+) -> None:
+    """Print a channel base for one compilation run by hand (-mllvm -...-channel-base=);
+    starts the service (as mlgo-cc would) when none is running."""
+    from mlgo.serve.cc import connect
+    from mlgo.serve.client import socket_path
+
+    with connect(socket or socket_path(), may_start=socket is None) as conn:
+        conn.send({"op": "channel", "problem": problem, "ttl_s": ttl})
+        print(conn.receive()["base"])
+
+
+def install_wrappers() -> None:
+    """Install the native mlgo-cc/mlgo-c++ (C; no interpreter start-up per compile) over
+    the Python entry points, which they hand every uncommon case to. tools/setup.sh runs it."""
+    from mlgo.serve.cc import install_native_wrappers
+
+    for path in install_native_wrappers(Path(sys.executable).parent):
+        console.print(f"installed {path}")
+
+
+def stop(socket: SocketOpt = None) -> None:
+    """Stop the service; its channels are cleaned up."""
+    from mlgo.serve.client import request
+
+    request({"op": "stop"}, path=socket)
+    console.print("mlgo service stopping")

@@ -1,0 +1,35 @@
+"""`mlgo export`: a trained policy shipped as the artifacts builds use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlgo.cli.options import PolicyOpt, console
+
+
+def export(
+    policy: PolicyOpt,
+    out: Annotated[Path, typer.Option(help="where the shipped policy goes")],
+    aot: Annotated[
+        bool,
+        typer.Option(
+            help="also AOT-compile it (OUT/aot), build the native server and the clang plugin"
+        ),
+    ] = True,
+) -> None:
+    """Write a policy as a TF SavedModel (LLVM's feature names) beside its numpy form,
+    with a model card drawn from its run (budget) and its evaluations; then AOT-compile
+    it into OUT/aot (model.h + objects, what LLVM's release mode embeds)."""
+    from mlgo.ship.release import release
+
+    shipped = release(policy, out, aot)
+    console.print(f"wrote {shipped.saved_model} and {shipped.model_card}")
+    if shipped.aot:
+        console.print(f"wrote {shipped.aot} (model.h and objects)")
+        console.print(f"native policy server: {shipped.native_server}")
+    if shipped.plugin:
+        p = shipped.plugin
+        console.print(f"clang plugin: {p} (clang-22 -fpass-plugin={p} ...)")

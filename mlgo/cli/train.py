@@ -1,0 +1,205 @@
+"""`mlgo collect`, `train`, `eval` and `report`: traces, policies, and their evaluation."""
+
+from __future__ import annotations
+
+from contextlib import closing
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from mlgo.cli.options import (
+    ClangOpt,
+    PackagesOpt,
+    PolicyOpt,
+    WorkersOpt,
+    console,
+    err,
+    selected,
+)
+from mlgo.llvm.toolchain import find_toolchain
+from mlgo.options import non_negative, positive
+from mlgo.problems import get_problem
+from mlgo.runtime.workers import make_workers
+
+
+def collect(
+    problem: Annotated[str, typer.Option(help="inlining-size or regalloc-eviction")],
+    corpus: Annotated[Path, typer.Option(help="corpus directory")],
+    out: Annotated[Path, typer.Option(help="trace directory (resumed if it exists)")],
+    packages: PackagesOpt = "",
+    workers: WorkersOpt = "local",
+    timeout: Annotated[float, typer.Option(help="seconds per module", callback=positive)] = 600.0,
+    clang: ClangOpt = None,
+) -> None:
+    """Compile every module with the default heuristic and record its decisions."""
+    from mlgo.traces.collect import collect as run
+
+    spec = get_problem(problem)
+    tc = find_toolchain(clang)
+    chosen = selected(corpus, packages, spec)
+    with closing(make_workers(workers)) as pool:
+        manifest = run(spec, chosen, out, tc, pool, timeout)
+    decisions = sum(m["decisions"] for m in manifest.modules.values())
+    console.print(
+        f"{out}: {len(manifest.modules)} modules, {decisions:,} decisions, "
+        f"{len(manifest.failed)} failed"
+    )
+    if manifest.failed:
+        raise typer.Exit(1)
+
+
+def train(
+    corpus: Annotated[Path, typer.Option(help="training corpus (held-out packages not in it)")],
+    out: Annotated[Path, typer.Option(help="run directory; an existing run resumes")],
+    algo: Annotated[str, typer.Option(help="bc, es or ppo")] = "bc",
+    problem: Annotated[str, typer.Option(help="the decision to learn")] = "inlining-size",
+    init: Annotated[Path | None, typer.Option(help="run or policy to start from (es, ppo)")] = None,
+    packages: PackagesOpt = "",
+    steps: Annotated[
+        int, typer.Option(help="epochs (bc) or steps (es, ppo); 0: the algorithm's default", min=0)
+    ] = 0,
+    sigma: Annotated[
+        float, typer.Option(help="ES: perturbation scale of the weights", callback=positive)
+    ] = 0.05,
+    derived: Annotated[bool, typer.Option(help="BC: also feed the default's cost rule")] = False,
+    batch: Annotated[int, typer.Option(help="es, ppo: modules compiled per step", min=1)] = 24,
+    directions: Annotated[int, typer.Option(help="ES: perturbations per step", min=1)] = 8,
+    lr: Annotated[float, typer.Option(help="ES: Adam step size", callback=positive)] = 0.02,
+    regression_penalty: Annotated[
+        float,
+        typer.Option(
+            help="ES: reward per package, a package's loss x (1 + this)", callback=non_negative
+        ),
+    ] = 0.0,
+    max_module_seconds: Annotated[
+        float,
+        typer.Option(
+            help="es, ppo: modules that compile slower stay out of batches", callback=positive
+        ),
+    ] = 2.0,
+    workers: WorkersOpt = "local",
+    clang: ClangOpt = None,
+) -> None:
+    """Train a policy; prints its size change on the training corpus."""
+    from mlgo.train.run import TrainOptions, run
+
+    spec = get_problem(problem)
+    tc = find_toolchain(clang)
+    chosen = selected(corpus, packages, spec)  # every input is checked before OUT is made
+    opts = TrainOptions(
+        steps, init, derived, sigma, directions, lr, regression_penalty, batch, max_module_seconds
+    )
+    with closing(make_workers(workers)) as pool:
+        result = run(algo, chosen, spec, out, tc, pool, opts)
+    if result.left_out:
+        err.print(f"[yellow]{result.left_out} modules failed to compile and are left out")
+    if result.accuracy:
+        acc = result.accuracy
+        console.print(
+            f"BC accuracy on {result.decisions:,} default decisions: {acc['accuracy']:.4f}"
+            + "".join(f", {k} {v:.3f}" for k, v in acc.items() if k != "accuracy")
+        )
+    t = result.evaluation.totals()
+    console.print(
+        f"{out / 'policy'}: training corpus {spec.reward_metric} {t['delta']:+.2%} vs "
+        f"the default at {spec.opt_level} ({t['modules']} modules)"
+    )
+
+
+def eval_cmd(
+    policy: PolicyOpt,
+    corpus: Annotated[Path, typer.Option(help="corpus to compile, e.g. held-out packages")],
+    out: Annotated[Path | None, typer.Option(help="where eval.json goes")] = None,
+    packages: PackagesOpt = "",
+    allow_failures: Annotated[
+        bool, typer.Option(help="exit 0 even when some modules failed to compile")
+    ] = False,
+    workers: WorkersOpt = "local",
+    clang: ClangOpt = None,
+) -> None:
+    """Compile a corpus with a policy and with the default; per-module and total deltas.
+    Exits 1 when any module failed (its total leaves it out), unless --allow-failures."""
+    from mlgo.problems.policy import MLPPolicy
+    from mlgo.train import policy_dir
+    from mlgo.train.evaluate import evaluate
+
+    tc = find_toolchain(clang)
+    pdir = policy_dir(policy)
+    loaded = MLPPolicy.load(pdir)
+    chosen = selected(corpus, packages, loaded.problem)
+    with closing(make_workers(workers)) as pool:
+        ev = evaluate(loaded, chosen, tc, pool, loaded.problem)
+    dest = out or pdir.parent / f"eval-{corpus.name}"
+    ev.save(dest)
+    m = ev.metric
+    columns = ("package", "modules", f"default {m}", f"policy {m}", "change")
+    table = Table(*columns, title=f"{pdir} on {corpus}")
+    for pkg, r in [*sorted(ev.per_package().items()), ("[bold]total", ev.totals())]:
+        delta = ("[bold]" if pkg == "[bold]total" else "") + f"{r['delta']:+.2%}"
+        table.add_row(pkg, str(r["modules"]), f"{r[f'default_{m}']:,.0f}", f"{r[m]:,.0f}", delta)
+    console.print(table)
+    console.print(f"wrote {dest / 'eval.json'}")
+    for name, msg in ev.failed.items():
+        err.print(f"[red]failed[/red] {name}: {msg}", highlight=False)
+    if ev.failed:
+        err.print(f"{len(ev.failed)} of {len(chosen.modules)} modules failed", highlight=False)
+        if not allow_failures:
+            raise typer.Exit(1)
+
+
+def report(
+    evaluation: Annotated[
+        Path | None, typer.Argument(help="an eval directory or eval.json")
+    ] = None,
+    html: Annotated[Path | None, typer.Option(help="write a self-contained HTML report")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write a JSON summary")] = None,
+    build_dir: Annotated[
+        Path | None, typer.Option(help="a build tree made with mlgo-cc (instead of an eval)")
+    ] = None,
+    baseline_dir: Annotated[
+        Path | None, typer.Option(help="the same build made with the plain compiler")
+    ] = None,
+) -> None:
+    """Render an evaluation (table, per-module histogram, per-package bars, JSON), or
+    compare the .text of every ELF file in two build trees (--build-dir, --baseline-dir)."""
+    from mlgo.runtime.files import atomic_write_text
+    from mlgo.train.evaluate import Evaluation
+    from mlgo.train.report import render_html, summary_json
+
+    if build_dir or baseline_dir:
+        return _tree_report(build_dir, baseline_dir, json_out)
+    if evaluation is None:
+        raise ValueError("give an evaluation, or --build-dir and --baseline-dir")
+    ev = Evaluation.load(evaluation)
+    if html:
+        atomic_write_text(html, render_html(ev, f"mlgo report: {evaluation}"))
+        console.print(f"wrote {html}")
+    if json_out:
+        atomic_write_text(json_out, summary_json(ev))
+        console.print(f"wrote {json_out}")
+    if not html and not json_out:
+        console.print(summary_json(ev))
+
+
+def _tree_report(build: Path | None, baseline: Path | None, json_out: Path | None) -> None:
+    """`mlgo report --build-dir B --baseline-dir A`: the .text of both trees' ELF files."""
+    import json
+
+    from mlgo.llvm.sizes import compare_trees, tree_report, tree_totals
+    from mlgo.runtime.files import atomic_write_text
+
+    if build is None or baseline is None:
+        raise ValueError("--build-dir and --baseline-dir go together")
+    rows = compare_trees(build, baseline)
+    table = Table("file", "baseline .text", "build .text", "delta", title=f"{build} vs {baseline}")
+    for r in rows:
+        table.add_row(r.path, f"{r.baseline:,}", f"{r.build:,}", f"{r.delta_pct:+.2f}%")
+    t = tree_totals(rows)
+    table.add_row(
+        "total", f"{t['baseline']:,}", f"{t['build']:,}", f"{t['delta_pct']:+.2f}%", style="bold"
+    )
+    console.print(table)
+    if json_out:
+        atomic_write_text(json_out, json.dumps(tree_report(rows), indent=1))

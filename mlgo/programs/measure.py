@@ -1,0 +1,184 @@
+"""How fast a program runs, measured so that machine noise cancels: a fixed workload in a
+build tree, timed in paired rounds (ABBA: the variants' order flips every round) with the
+CPU of the workload's own processes, and counted exactly under callgrind.
+
+CPU time is user+sys from each process's rusage as `wait4` reaps it, so what other jobs
+on the machine spend does not count, it only slows the run; a variant's change is the
+median and interquartile range of its per-round ratios against the first variant.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shlex
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlgo.corpus.extract import BuildError
+
+CLOCKS = ("wall", "cpu")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What runs in a program's build tree, and how its result is checked."""
+
+    recipe: str
+    prepare: tuple[str, ...]  # shell, in the build tree, after the recipe's build
+    commands: tuple[tuple[str, ...], ...]  # argv lists, measured
+    check: str = "true"  # shell, after the workload ran: its result is right
+    volatile: str = r"$^"  # what may differ between two builds' output (timings)
+
+
+def children_cpu() -> float:
+    """User + system seconds of this process's reaped children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def live_children(pid: int) -> list[int]:
+    """PID's live child processes, whichever of its threads started them (each thread
+    lists only its own: a service's policy server is the child of a connection thread)."""
+    return [
+        int(kid)
+        for t in Path(f"/proc/{pid}/task").glob("*/children")
+        for kid in t.read_text().split()
+    ]
+
+
+def tree_cpu_seconds(pid: int, children: bool = True) -> float:
+    """User + system seconds of PID and (if CHILDREN) its live children, all their threads:
+    what a long-lived service such as `mlgo serve` and its policy server have spent so far."""
+    kids = live_children(pid) if children else []
+    total = 0
+    for p in [pid, *kids]:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def run_workload(
+    workload: Workload, tree: Path, prefix: tuple[str, ...] = (), loops: int = 1
+) -> tuple[float, float, str]:
+    """Runs every workload command LOOPS times; returns (wall seconds, CPU seconds, stderr
+    of the last loop). CPU is user+sys of the workload's own processes (their rusage,
+    reaped with wait4), so other jobs on the machine do not count in it, only slow it."""
+    wall = cpu = 0.0
+    errors: list[str] = []
+    for _ in range(loops):
+        errors = []
+        for argv in workload.commands:
+            with tempfile.TemporaryFile() as err:
+                start = time.perf_counter()
+                proc = subprocess.Popen(
+                    [*prefix, *argv],
+                    cwd=tree,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                )
+                _, status, usage = os.wait4(proc.pid, 0)
+                wall += time.perf_counter() - start
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                cpu += usage.ru_utime + usage.ru_stime
+                err.seek(0)
+                stderr = err.read().decode(errors="replace")
+            if proc.returncode != 0:
+                raise BuildError(f"{shlex.join(argv)} failed in {tree}: {stderr.strip()[-200:]}")
+            errors.append(stderr)
+    check = subprocess.run(workload.check, shell=True, cwd=tree, capture_output=True)
+    if check.returncode != 0:
+        raise BuildError(f"{workload.recipe}: the workload's result is wrong in {tree}")
+    return wall, cpu, "".join(errors)
+
+
+def instructions(workload: Workload, tree: Path) -> int:
+    """Instructions the workload executes, counted by callgrind (deterministic)."""
+    _, _, stderr = run_workload(
+        workload, tree, ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
+    )
+    counts = re.findall(r"Collected : (\d+)", stderr)
+    if len(counts) != len(workload.commands):
+        raise BuildError(f"{workload.recipe}: callgrind reported no instruction count")
+    return sum(int(c) for c in counts)
+
+
+def spread(xs: list[float]) -> dict:
+    """Median, quartiles and range of XS (all three the value itself for one sample)."""
+    q1, median, q3 = statistics.quantiles(xs, n=4) if len(xs) > 1 else xs * 3
+    return {"median": median, "q1": q1, "q3": q3, "min": min(xs), "max": max(xs), "runs": xs}
+
+
+def paired_change(ours: list[float], base: list[float]) -> dict:
+    """The spread of OURS / BASE - 1, round by round."""
+    return spread([a / b - 1 for a, b in zip(ours, base, strict=True)])
+
+
+def round_order(r: int, variants: Sequence[str]) -> Sequence[str]:
+    """The variants in round R's order (ABBA: it flips every round), so that a drift of
+    the machine's speed hits all of them alike."""
+    return variants if r % 2 == 0 else variants[::-1]
+
+
+Times = dict[str, dict[str, list[float]]]  # {clock: {variant: [seconds per round]}}
+
+
+def timed_rounds(
+    rounds: int,
+    variants: Sequence[str],
+    sample: Callable[[str], tuple[float, float]],
+    after_round: Callable[[int, Times], None] = lambda r, times: None,
+) -> Times:
+    """SAMPLE(variant) -> (wall, cpu) of every variant in ROUNDS rounds, in ABBA order."""
+    times: Times = {c: {v: [] for v in variants} for c in CLOCKS}
+    for r in range(rounds):
+        for v in round_order(r, variants):
+            for clock, seconds in zip(CLOCKS, sample(v), strict=True):
+                times[clock][v].append(seconds)
+        after_round(r, times)
+    return times
+
+
+def compare_workload(
+    workload: Workload,
+    trees: dict[str, Path],
+    repeats: int,
+    min_seconds: float = 1.0,
+    callgrind: bool = True,
+) -> dict:
+    """Both builds of a program (TREES: the baseline first) run WORKLOAD: instruction
+    counts (if CALLGRIND) and REPEATS timed ABBA rounds (if any), each sample about
+    MIN_SECONDS of CPU. The builds must print the same results."""
+    (base, base_tree), (other, other_tree) = trees.items()
+    out: dict = {v: {} for v in trees}
+    outputs = {}
+    for v, tree in trees.items():
+        if callgrind:
+            out[v]["instructions"] = instructions(workload, tree)
+        stdout = subprocess.run(
+            workload.commands[0], cwd=tree, capture_output=True, text=True
+        ).stdout
+        outputs[v] = re.sub(workload.volatile, "", stdout)
+    if outputs[base] != outputs[other]:
+        raise BuildError(f"{workload.recipe}: the two builds print different results")
+    if callgrind:
+        out["instructions_delta"] = out[other]["instructions"] / out[base]["instructions"] - 1
+    if repeats:
+        # enough loops of the workload that one timed sample takes about MIN_SECONDS
+        loops = max(1, round(min_seconds / run_workload(workload, base_tree)[1]))
+        times = timed_rounds(
+            repeats, list(trees), lambda v: run_workload(workload, trees[v], loops=loops)[:2]
+        )
+        out["loops"] = loops
+        for clock, series in times.items():
+            for v in trees:
+                out[v][f"{clock}_seconds"] = spread(series[v])
+            out[f"{clock}_delta_paired"] = paired_change(series[other], series[base])
+    return out

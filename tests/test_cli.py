@@ -1,0 +1,117 @@
+"""The command line stays thin: every command a few lines over a library function, and the
+library functions it calls are the ones tools/ and these tests call."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+import click
+import pytest
+import typer.main
+
+from mlgo.cli import app
+from mlgo.llvm.sizes import SizeRow, tree_report, tree_totals
+from mlgo.problems import get_problem
+from mlgo.train.run import start_policy
+from tests.conftest import MLGO, run_mlgo
+
+MAX_BODY_LINES = 30
+POLICIES = Path(__file__).parent.parent / "policies"
+
+
+def _callbacks(group: click.Group) -> list:
+    found = []
+    for cmd in group.commands.values():
+        found += _callbacks(cmd) if isinstance(cmd, click.Group) else [cmd.callback]
+    return found
+
+
+def _body_lines(fn) -> int:
+    """Lines of FN's body, its docstring left out."""
+    node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    assert isinstance(node, ast.FunctionDef)
+    body = node.body[1:] if ast.get_docstring(node) else node.body
+    return body[-1].end_lineno - body[0].lineno + 1
+
+
+ALL_COMMANDS = _callbacks(typer.main.get_command(app))
+CLI_COMMANDS = [fn for fn in ALL_COMMANDS if fn.__module__.startswith("mlgo.cli.")]
+
+
+@pytest.mark.unit
+def test_every_command_lives_in_the_cli_package_but_the_xla_wing():
+    elsewhere = {fn.__module__ for fn in ALL_COMMANDS} - {fn.__module__ for fn in CLI_COMMANDS}
+    assert elsewhere == {"mlgo.xla.cli"}
+    modules = {fn.__module__ for fn in CLI_COMMANDS}
+    assert modules == {f"mlgo.cli.{m}" for m in ("corpus", "train", "ship", "programs", "serve")}
+    assert len(CLI_COMMANDS) == 15
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("fn", CLI_COMMANDS, ids=lambda fn: fn.__name__)
+def test_each_command_is_at_most_30_lines(fn):
+    assert _body_lines(fn) <= MAX_BODY_LINES, f"{fn.__module__}.{fn.__name__} is not thin"
+
+
+@pytest.mark.unit
+def test_the_line_count_sees_a_long_command():
+    def long_command() -> None:
+        """Doc."""
+        x = 0
+        for _ in range(3):
+            x += 1
+        print(x)
+
+    assert _body_lines(long_command) == 4
+
+
+@pytest.mark.unit
+def test_python_dash_m_runs_the_package():
+    r = subprocess.run([*MLGO, "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "collect" in r.stdout and "install-wrappers" in r.stdout
+
+
+# -- train.run: every input checked before anything is written ------------------------
+@pytest.mark.unit
+def test_start_policy_checks_algo_and_init_before_training(tmp_path):
+    inlining = get_problem("inlining-size")
+    assert start_policy("bc", None, inlining) is None
+    with pytest.raises(ValueError, match="unknown --algo 'sgd': use bc, es or ppo"):
+        start_policy("sgd", None, inlining)
+    with pytest.raises(ValueError, match="--algo ppo needs --init"):
+        start_policy("ppo", None, inlining)
+    with pytest.raises(ValueError, match="is a regalloc-eviction policy, not inlining-size"):
+        start_policy("es", POLICIES / "regalloc-eviction", inlining)
+    assert start_policy("es", POLICIES / "inlining-size", inlining).problem is inlining
+
+
+@pytest.mark.unit
+def test_tree_report_totals():
+    rows = [SizeRow("a.o", 100, 90), SizeRow("b", 300, 330)]
+    assert tree_totals(rows) == {"baseline": 400, "build": 420, "delta_pct": pytest.approx(5.0)}
+    assert tree_report(rows)["files"][1] == {"path": "b", "baseline": 300, "build": 330}
+    assert tree_totals([])["delta_pct"] == 0.0
+
+
+def test_report_compares_two_build_trees(tc, tmp_path):
+    src = tmp_path / "x.c"
+    src.write_text("int f(int *a, int n) { int s = 0; for (int i = 0; i < n; i++) s += a[i] * i;"
+                   " return s; }\n")  # fmt: skip
+    for tree, level in (("small", "-Oz"), ("fast", "-O3")):
+        (tmp_path / tree / "lib").mkdir(parents=True)
+        obj = tmp_path / tree / "lib" / "x.o"
+        subprocess.run([tc.clang, level, "-c", str(src), "-o", str(obj)], check=True)
+    out = tmp_path / "report.json"
+    r = run_mlgo("report", "--build-dir", str(tmp_path / "small"), "--baseline-dir",
+                 str(tmp_path / "fast"), "--json", str(out), timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert [f["path"] for f in report["files"]] == ["lib/x.o"]
+    total = report["total"]
+    assert total["build"] < total["baseline"] and total["delta_pct"] < 0
+    assert "total" in r.stdout and "lib/x.o" in r.stdout

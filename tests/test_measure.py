@@ -1,0 +1,111 @@
+"""Real programs measured: the comparison `mlgo build` writes, and the paired timing and
+CPU accounting that tools/bench_regalloc.py (and a later tuner) use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlgo.corpus.extract import BuildError
+from mlgo.programs.build import ProgramBuild
+from mlgo.programs.compare import Comparison, variants
+from mlgo.programs.measure import (
+    Workload,
+    compare_workload,
+    paired_change,
+    round_order,
+    run_workload,
+    spread,
+    timed_rounds,
+)
+
+
+# -- mlgo build's comparison and build.json ----------------------------------------------
+def _built(package: str, variant: str, text: dict[str, int]) -> ProgramBuild:
+    return ProgramBuild(package, variant, 1.0, 2.0, text, "passed")
+
+
+@pytest.mark.unit
+def test_comparison_totals_and_build_json(tmp_path):
+    result = Comparison([Path("p")])
+    result.pairs.append(
+        (_built("lua", "plain", {"lua": 1000}), _built("lua", "mlgo", {"lua": 900}))
+    )
+    result.pairs.append(
+        (_built("z", "plain", {"a": 500, "b": 500}), _built("z", "mlgo", {"a": 550, "b": 500}))
+    )
+    result.failed["x"] = "x (plain): build failed"
+    assert result.totals() == (2000, 1950, pytest.approx(-2.5))
+    result.save(tmp_path / "build.json")
+    saved = json.loads((tmp_path / "build.json").read_text())
+    assert saved["policies"] == ["p"] and saved["failed"] == {"x": "x (plain): build failed"}
+    assert [b["variant"] for b in saved["builds"]] == ["plain", "mlgo", "plain", "mlgo"]
+    assert saved["delta_pct"] == pytest.approx(-2.5)
+    assert Comparison([]).totals() == (0, 0, 0.0)
+
+
+# -- measurement: ABBA rounds, the workload's own CPU ------------------------------------
+@pytest.mark.unit
+def test_rounds_alternate_abba_and_spread_is_the_median_and_quartiles():
+    assert [list(round_order(r, ("a", "b"))) for r in range(3)] == [
+        ["a", "b"],
+        ["b", "a"],
+        ["a", "b"],
+    ]
+    order = []
+    times = timed_rounds(4, ("a", "b"), lambda v: (order.append(v), (1.0, 2.0))[1])
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert times == {
+        "wall": {"a": [1.0] * 4, "b": [1.0] * 4},
+        "cpu": {"a": [2.0] * 4, "b": [2.0] * 4},
+    }
+    s = spread([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert (s["median"], s["min"], s["max"]) == (3.0, 1.0, 100.0)
+    assert paired_change([1.1, 2.2], [1.0, 2.0])["median"] == pytest.approx(0.1)
+    assert spread([5.0])["q1"] == spread([5.0])["q3"] == 5.0
+
+
+BUSY = (
+    "python3",
+    "-c",
+    "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass",
+)
+
+
+@pytest.mark.unit
+def test_workload_cpu_is_its_own_and_a_failure_is_one_error(tmp_path):
+    busy = Workload("busy", (), (BUSY,), check="true")
+    sleepy = Workload("sleepy", (), (("sleep", "0.3"),))
+    wall, cpu, _ = run_workload(busy, tmp_path, loops=2)
+    assert cpu >= 0.35 and wall >= cpu * 0.5
+    wall, cpu, _ = run_workload(sleepy, tmp_path)
+    assert wall >= 0.3 and cpu < 0.1  # waiting is not CPU
+    with pytest.raises(BuildError, match="false failed in"):
+        run_workload(Workload("f", (), (("false",),)), tmp_path)
+    with pytest.raises(BuildError, match="the workload's result is wrong"):
+        run_workload(Workload("c", (), (("true",),), check="exit 1"), tmp_path)
+
+
+@pytest.mark.unit
+def test_two_builds_that_print_different_results_are_refused(tmp_path):
+    for tree, word in (("a", "one 1.5s"), ("b", "two 2.5s")):
+        (tmp_path / tree).mkdir()
+        (tmp_path / tree / "out.txt").write_text(word)
+    trees = {"default": tmp_path / "a", "policy": tmp_path / "b"}
+    prints = Workload("p", (), (("cat", "out.txt"),), volatile=r"\S+ \d\.\ds")
+    measured = compare_workload(prints, trees, repeats=2, min_seconds=0.001, callgrind=False)
+    assert measured["loops"] >= 1 and len(measured["cpu_delta_paired"]["runs"]) == 2
+    assert set(measured["default"]) == {"wall_seconds", "cpu_seconds"}
+    with pytest.raises(BuildError, match="the two builds print different results"):
+        compare_workload(Workload("p", (), (("cat", "out.txt"),)), trees, 0, callgrind=False)
+
+
+def test_both_variants_compile_with_the_same_clang(tc):
+    # the benchmark's mlgo-cc builds used to leave MLGO_CC/MLGO_CXX unset, so its wrapper
+    # could pick another clang than the plain build's
+    plain, served = variants(tc, {"MLGO_SOCKET": "s"}, ("default", "policy"))
+    assert (plain.name, plain.compilers, plain.env) == ("default", (tc.clang, tc.clangxx), {})
+    assert served.env == {"MLGO_SOCKET": "s", "MLGO_CC": tc.clang, "MLGO_CXX": tc.clangxx}
+    assert [Path(c).name for c in served.compilers] == ["mlgo-cc", "mlgo-c++"]
