@@ -26,7 +26,7 @@ from mlgo.runtime.workers import LocalPool
 from mlgo.traces.collect import collect
 from mlgo.train.evaluate import evaluate
 from tests.cli_helpers import POLICIES
-from tests.conftest import DATA
+from tests.conftest import DATA, run_mlgo
 
 PROJECTS = DATA / "record"
 
@@ -221,3 +221,25 @@ def test_the_opt_level_option_takes_only_clangs_levels():
     assert opt_level("-O2") == "-O2"
     with pytest.raises(typer.BadParameter, match="'O2' is not one of -O0..-O3, -Os, -Oz"):
         opt_level("O2")
+
+
+def test_the_command_records_a_compilation_database_and_refuses_no_build(tc, tmp_path):
+    """`mlgo corpus record` as a user runs it: --from a CMake database; and with neither a
+    build command nor --from, one line and exit 2."""
+    src = project("cmake", tmp_path)
+    subprocess.run(
+        ["cmake", "-B", "build", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"],
+        cwd=src,
+        check=True,
+        capture_output=True,
+    )
+    out = tmp_path / "corpus"
+    database = src / "build" / "compile_commands.json"
+    args = ["corpus", "record", "--out", str(out), "--from", str(database)]
+    r = run_mlgo(*args, "--source-dir", str(src), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "2 modules: app (1), lib (1)" in r.stdout
+    assert len(load_corpus(out).modules) == 2
+    r = run_mlgo("corpus", "record", "--out", str(tmp_path / "none"), timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "build command" in r.stderr and not (tmp_path / "none").exists()

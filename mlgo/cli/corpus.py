@@ -12,15 +12,12 @@ from rich.table import Table
 from mlgo.cli.options import ClangOpt, WorkersOpt, console, err, kib
 from mlgo.corpus.extract import BuildError
 from mlgo.llvm.toolchain import find_toolchain
+from mlgo.options import opt_level as level_check
 
-app = typer.Typer(help="Build and inspect corpora of real Debian packages.", no_args_is_help=True)
-OPT_LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz")
-
-
-def opt_level_spec(value: str) -> str:
-    if value not in OPT_LEVELS:
-        raise typer.BadParameter(f"{value!r} is not one of -O0..-O3, -Os, -Oz")
-    return value
+app = typer.Typer(
+    help="Record corpora from your own builds or Debian packages, and inspect them.",
+    no_args_is_help=True,
+)
 
 
 def doctor(clang: ClangOpt = None) -> None:
@@ -53,7 +50,7 @@ def corpus_build(
         typer.Option(
             help="the level the problem you train compiles at: -Oz for inlining-size, "
             "-O2 for regalloc-eviction (clang's frontend already optimizes for it)",
-            callback=opt_level_spec,
+            callback=level_check,
         ),
     ] = "-Oz",
     profile: Annotated[
@@ -125,3 +122,49 @@ def corpus_stats(
     console.print(table)
     for name, msg in failures.items():
         err.print(f"[red]failed[/red] {name}: {msg}", highlight=False)
+
+
+@app.command("record", context_settings={"allow_interspersed_args": False}, no_args_is_help=True)
+def corpus_record(
+    out: Annotated[Path, typer.Option(help="corpus directory (a corpus there is replaced)")],
+    build: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="your build command, after `--`; configure inside it if your build "
+            "system fixes its compiler then: -- sh -c './configure && make'"
+        ),
+    ] = None,
+    package: Annotated[
+        str | None,
+        typer.Option(help="one package for all modules (default: the sources' top directories)"),
+    ] = None,
+    opt_level: Annotated[
+        str,
+        typer.Option(
+            help="the level to record at: -Oz for inlining-size, -O2 for regalloc-eviction",
+            callback=level_check,
+        ),
+    ] = "-Oz",
+    from_: Annotated[
+        Path | None,
+        typer.Option("--from", help="recompile this compile_commands.json instead of building"),
+    ] = None,
+    source_dir: Annotated[Path, typer.Option(help="your source tree")] = Path("."),
+    clang: ClangOpt = None,
+) -> None:
+    """Record a corpus from your own build (make, CMake, Ninja, Meson, autotools...) or from
+    its compile_commands.json; names what it could not record."""
+    from mlgo.corpus.record import record, record_from
+
+    if bool(from_) == bool(build):
+        raise typer.BadParameter("give either a build command after `--` or --from")
+    tc = find_toolchain(clang)
+    with err.status("recording"):
+        if from_:
+            result = record_from(from_, out, tc, source_dir, package, opt_level)
+        else:
+            result = record(build or [], out, tc, source_dir, package, opt_level)
+    for line in result.skipped:
+        err.print(f"[yellow]not recorded[/yellow] {line}", highlight=False)
+    packages = ", ".join(f"{p} ({n})" for p, n in sorted(result.packages.items()))
+    console.print(f"{out}: {result.modules} modules: {packages}", highlight=False, soft_wrap=True)
