@@ -170,3 +170,35 @@ def test_an_unknown_guard_is_one_warning(cc, eager, tmp_path):
     r = run([*cc, *args], eager.env(MLGO_GUARD="speed", MLGO_STRICT="1"))
     assert r.returncode == 1 and not obj.exists()
     assert r.stderr.startswith("mlgo-cc: error: MLGO_GUARD='speed'") and r.stderr.count("\n") == 1
+
+
+def test_each_policy_serves_its_own_level_beside_another(cc, tmp_path):
+    """Serving the -Oz inliner and the -O2 register allocator: each level gets its own
+    policy, and the first compile at each level says which one it goes without."""
+    regalloc = SHIPPED.parent / "regalloc-eviction"
+    service = Service(
+        tmp_path, "--policy", str(SHIPPED), "--policy", str(regalloc), "--backend", "python"
+    )
+    try:
+        stderr = []
+        for level in ("-Oz", "-O2", "-Oz", "-O2"):
+            args = [level, "-c", str(HASH), "-o", str(tmp_path / "got.o")]
+            r = run([*cc, *args], service.env())
+            assert r.returncode == 0, r.stderr
+            stderr.append(r.stderr)
+        assert stderr == [
+            "mlgo-cc: note: -Oz compiles are left to clang's default for regalloc-eviction "
+            f"(trained for -O2) (first: {HASH})\n",
+            "mlgo-cc: note: -O2 compiles are left to clang's default for inlining-size "
+            f"(trained for -Oz) (first: {HASH})\n",
+            "",
+            "",
+        ]
+        status = service.status()
+        assert status["levels"] == {
+            "-Oz": {"served": 2, "default": 0},
+            "-O2": {"served": 2, "default": 0},
+        }
+        assert status["compilations"] == 4 and status["failed_compilations"] == 0
+    finally:
+        service.stop()
