@@ -27,6 +27,7 @@ TOOLCHAIN_FIXTURES = {"tc", "mini_corpus", "mini_corpus_o2"}
 FILE_MARKS = {
     "test_ray.py": ("ray",),
     "test_service.py": ("toolchain",),
+    "test_guard.py": ("toolchain",),
     "test_aot.py": ("toolchain",),
     "test_debian_package.py": ("toolchain", "slow"),
 }

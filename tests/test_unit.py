@@ -26,6 +26,8 @@ from mlgo.llvm.log_format import (
 from mlgo.problems import get_problem, problems
 from mlgo.problems.policy import Derived, Normalizer
 from mlgo.problems.regalloc_eviction import VIRT_REG, spill_costs
+from mlgo.serve.cc import opt_level
+from mlgo.serve.guard import default_args, guarded_object
 from mlgo.train import Adam
 from mlgo.train.es import _ranks, penalized_reduction
 from mlgo.train.evaluate import Evaluation
@@ -337,3 +339,62 @@ def test_regalloc_totals_are_in_its_own_metric_and_a_stale_evaluation_is_refused
     (tmp_path / "stale.json").write_text(json.dumps(stale))
     with pytest.raises(ValueError, match="stale.json: not an evaluation .*no spill_reload_cost"):
         Evaluation.load(tmp_path / "stale.json")
+
+
+# --- what mlgo-cc reads off a command line ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "level"),
+    [
+        ([], "-O0"),
+        (["-O"], "-O1"),
+        (["-O2"], "-O2"),
+        (["-O3", "-march=native", "-Oz"], "-Oz"),
+        (["-Oz", "-O3"], "-O3"),
+        (["-O4"], "-O3"),
+        (["-O9"], "-O3"),
+        (["-Os"], "-Os"),
+        (["-Og"], "-Og"),
+        (["-Ofast"], "-Ofast"),
+        (["--optimize"], "-O1"),
+        (["--optimize=z"], "-Oz"),
+        (["-Oz", "-O"], "-O1"),
+        (["-Oz", "-Xclang", "-O3", "-Xlinker", "-O1"], "-Oz"),
+        (["-Oz", "-ObjC"], "-Oz"),
+        (["-Ox"], None),
+        (["-O²"], None),
+    ],
+)
+def test_the_level_is_the_last_o_flag_as_clang_reads_it(args, level):
+    assert opt_level([*args, "-c", "x.c"]) == level
+
+
+@pytest.mark.parametrize(
+    ("args", "obj"),
+    [
+        (["-c", "a.c", "-o", "out/a.o"], "out/a.o"),
+        (["-c", "dir/a.c"], "a.o"),
+        (["-c", "a.c", "-oout.o"], "out.o"),
+        (["-c", "a.c", "-flto", "-fno-lto", "-o", "a.o"], "a.o"),
+        (["a.c", "-o", "prog"], None),  # compile and link
+        (["-c", "a.c", "b.c"], None),
+        (["-S", "-c", "a.c"], None),
+        (["-c", "-emit-llvm", "a.c"], None),
+        (["-c", "a.c", "-flto=thin"], None),
+        (["-c", "a.c", "-gsplit-dwarf"], None),
+        (["-c", "a.c", "--coverage"], None),
+        (["-c", "a.c", "-save-temps=obj"], None),
+        (["-c", "a.c", "-o", "-"], None),
+    ],
+)
+def test_the_guard_compares_only_one_elf_object(args, obj):
+    sources = [a for a in args if a.endswith(".c")]
+    assert guarded_object(args, sources) == (Path(obj) if obj else None)
+
+
+def test_the_default_compile_writes_nothing_but_its_object():
+    args = ["-Oz", "-c", "a.c", "-o", "a.o", "-MD", "-MP", "-MF", "a.d", "-MT", "t", "-MQx"]
+    args += ["-Wp,-MMD,.a.d", "-ftime-trace=t.json", "-fsave-optimization-record", "-MJ", "j"]
+    args += ["-foptimization-record-file=r.yaml", "--serialize-diagnostics", "a.dia", "-g"]
+    assert default_args(args, Path("tmp/a.o")) == ["-Oz", "-c", "a.c", "-g", "-o", "tmp/a.o"]

@@ -2,7 +2,10 @@
 
 Every argument passes through untouched. A compilation that optimizes code gets a lease
 from the policy service (started on demand) and the `-mllvm` flags of its channels;
-anything else (preprocessing, `--version`, pure links) runs the compiler as is.
+anything else (preprocessing, `--version`, pure links) runs the compiler as is. A policy
+serves only compiles at the -O level it was trained for (the last -O flag, as clang reads
+it): the others run the compiler as is, and the first of each level in the service's
+lifetime prints one note saying so.
 
 A build must never fail or hang because of the policy. If the service is down or cannot
 start, if a channel fails (policy crash, garbage answer, unknown feature layout), if the
@@ -16,9 +19,11 @@ MLGO_STRICT=1 turns that warning into an error instead.
 Environment: MLGO_CC / MLGO_CXX (default clang-22 / clang++-22), MLGO_POLICY (policy
 directories, ':'-separated, for a service started on demand; default: the shipped
 inlining policy), MLGO_BACKEND (auto, plugin, native or python), MLGO_TIMEOUT (seconds,
-default 900), MLGO_STRICT, MLGO_DISABLE (plain compiler), MLGO_SOCKET.
-A bad MLGO_TIMEOUT is a warning (the default is used), and a running service that serves
-other policies than MLGO_POLICY names is too; both are errors under MLGO_STRICT.
+default 900), MLGO_STRICT, MLGO_DISABLE (plain compiler), MLGO_SOCKET, MLGO_GUARD (`size`:
+keep the smaller of the policy's and the default's object, mlgo.serve.guard).
+A bad MLGO_TIMEOUT or MLGO_GUARD is a warning (the default, or no guard, is used), and a
+running service that serves other policies than MLGO_POLICY names is too; all are errors
+under MLGO_STRICT.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from mlgo.serve.client import (
     runtime_dir,
     socket_path,
 )
+from mlgo.serve.guard import guard_from_env, guarded_object, keep_smaller
 from mlgo.ship.aot import cache_dir
 
 SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".c++", ".C", ".i", ".ii", ".m", ".mm")
@@ -64,6 +70,7 @@ LEASE_CHANNEL_OPTIONS = (
 )
 PLUGIN_FLAG = "-fpass-plugin="
 SHIPPED_POLICY = shipped_policy("inlining-size")
+LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz", "-Og", "-Ofast")
 
 
 def optimizes(args: list[str]) -> bool:
@@ -71,6 +78,27 @@ def optimizes(args: list[str]) -> bool:
     if NO_CODEGEN.intersection(args) or any(a.startswith("-mllvm") for a in args):
         return False
     return any(a.endswith(SOURCE_SUFFIXES) and not a.startswith("-") for a in args)
+
+
+def opt_level(args: list[str]) -> str | None:
+    """The -O level clang compiles at, read as its driver reads it: the last -O flag wins, -O
+    alone is -O1, -O4 and up are -O3, none is -O0; None for a level clang refuses (and says
+    so). An argument handed on to another tool (-Xclang X, -Xlinker X) is not the driver's."""
+    level = "-O0"
+    rest = iter(args)
+    for a in rest:
+        if a.startswith("-X") and len(a) > 2:
+            next(rest, None)
+        elif a == "--optimize" or a.startswith("--optimize="):
+            level = "-O" + a.removeprefix("--optimize").removeprefix("=")
+        elif a.startswith("-O") and a not in ("-ObjC", "-ObjC++"):
+            level = a
+    digits = level[2:]
+    if not digits:
+        return "-O1"
+    if digits.isascii() and digits.isdigit():
+        return f"-O{min(int(digits), 3)}"
+    return level if level in LEVELS else None
 
 
 def _warn(message: str) -> None:
@@ -182,12 +210,13 @@ def check_policies(served: object) -> str | None:
     return f"the running mlgo service serves {names}, not MLGO_POLICY={wanted} (mlgo stop it)"
 
 
-def _lease() -> tuple[Connection, list[str], str | None]:
-    """A lease: its connection, its flags (checked) and what is wrong with its policies."""
+def _lease(level: str) -> tuple[Connection | None, list[str], str | None, str | None]:
+    """A lease for a compile at LEVEL: its connection (None when no policy serves LEVEL), its
+    flags (checked), what is wrong with its policies, and the service's note."""
     path = socket_path()
     conn = connect(path, may_start=not os.environ.get("MLGO_SOCKET"))
     try:
-        conn.send({"op": "compile"})
+        conn.send({"op": "compile", "level": level})
         reply = conn.receive()
         flags = reply["flags"]
         if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
@@ -195,12 +224,16 @@ def _lease() -> tuple[Connection, list[str], str | None]:
     except (ServiceError, KeyError, TypeError) as e:
         conn.close()
         raise ServiceError(f"the mlgo service refused a lease: {e}") from e
+    note = reply.get("note") if isinstance(reply.get("note"), str) else None
+    if "lease" not in reply:
+        conn.close()
+        return None, [], None, note
     try:
         check_lease_flags(flags, path.parent)
     except ServiceError:
         conn.close()
         raise
-    return conn, flags, check_policies(reply.get("policies"))
+    return conn, flags, check_policies(reply.get("policies")), note
 
 
 def timeout_from_env() -> tuple[float, str | None]:
@@ -247,21 +280,44 @@ def _watch(proc: subprocess.Popen, conn: Connection, timeout_s: float) -> str | 
     return problem
 
 
+def _guard(compiler: str, args: list[str], sources: list[str], strict: bool) -> int:
+    """MLGO_GUARD=size after the policy's compile succeeded: the smaller object stays."""
+    obj = guarded_object(args, sources)
+    problem = obj and keep_smaller(compiler, args, obj)
+    if not problem:
+        return 0
+    if strict:
+        return _error(f"the size guard failed: {problem}", sources[0])
+    _warn(f"the size guard failed: {problem}; keeping the policy's object for {sources[0]}")
+    return 0
+
+
 def run(compiler: str, args: list[str]) -> int:
-    if os.environ.get("MLGO_DISABLE") or not optimizes(args):
+    level = opt_level(args) if optimizes(args) else None
+    if os.environ.get("MLGO_DISABLE") or level is None:
         os.execvp(compiler, [compiler, *args])
     strict = bool(os.environ.get("MLGO_STRICT"))
-    source = next((a for a in args if a.endswith(SOURCE_SUFFIXES)), "?")
+    sources = [a for a in args if a.endswith(SOURCE_SUFFIXES) and not a.startswith("-")]
+    source = sources[0]
     timeout_s, problem = timeout_from_env()
     if problem:
         if strict:
             return _error(problem, source)
         _warn(f"{problem}; using {DEFAULT_TIMEOUT_S:g} s")
+    guard, problem = guard_from_env()
+    if problem:
+        if strict:
+            return _error(problem, source)
+        _warn(f"{problem}; compiling {source} without a guard")
     try:
-        conn, flags, problem = _lease()
+        conn, flags, problem, note = _lease(level)
     except ServiceError as e:
         problem = str(e)
     else:
+        if note:
+            print(f"mlgo-cc: note: {note} (first: {source})", file=sys.stderr, flush=True)
+        if conn is None:  # no policy serves this level: the compiler as is
+            os.execvp(compiler, [compiler, *args])
         if problem and strict:
             conn.close()
             return _error(problem, source)
@@ -287,7 +343,10 @@ def run(compiler: str, args: list[str]) -> int:
                 err.seek(0)
                 sys.stderr.buffer.write(err.read())
                 sys.stderr.flush()
-                return proc.returncode
+        if problem is None:  # the lease is over: a guard's second compile holds nothing
+            if guard and proc.returncode == 0:
+                return _guard(compiler, args, sources, strict)
+            return proc.returncode
     if strict:
         return _error(problem, source)
     _warn(f"{problem}; compiling {source} with the default heuristic")

@@ -9,11 +9,13 @@ only a socket, and a directory, that this user owns and no one else may write, s
 process of this user (SO_PEERCRED on the connection: the check no file swap can race).
 
 Protocol: one JSON object per line each way.
-- `{"op": "compile"}` opens a lease: the reply carries the compiler flags (one channel per
-  problem served) and the resolved paths of the policies that answer. While the compiler
-  runs the service may push `{"event": "error", ...}`;
-  `{"op": "done", "returncode": N}` ends the lease and is answered with its tally. A lease
-  also ends when its connection closes, so a killed client leaks nothing.
+- `{"op": "compile", "level": "-Oz"}` (the compile's effective -O level) opens a lease: the
+  reply carries the compiler flags (one channel per problem served at that level) and the
+  resolved paths of the served policies, plus a `note` the first time a level leaves some
+  policy to clang's default. While the compiler runs the service may push
+  `{"event": "error", ...}`; `{"op": "done", "returncode": N}` ends the lease and is answered
+  with its tally. A lease also ends when its connection closes, so a killed client leaks
+  nothing. At a level no policy serves the reply has no `lease`: no flags, nothing to end.
 - `{"op": "channel", "problem": P}`: a channel for one compilation run by hand.
 - `{"op": "status"}`, `{"op": "stop"}`.
 """

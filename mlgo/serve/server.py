@@ -33,7 +33,7 @@ class _Handler(socketserver.StreamRequestHandler):
             message = json.loads(line or b"{}")
             op = message.get("op")
             if op == "compile":
-                self._compile(service)
+                self._compile(service, message.get("level"))
             elif op == "channel":
                 lease = service.open_lease(message.get("problem"))
                 (_policy, base), *_ = lease.channels.values()
@@ -60,11 +60,20 @@ class _Handler(socketserver.StreamRequestHandler):
         with contextlib.suppress(OSError):  # a killed client: its lease ends on its own
             self._send(event)
 
-    def _compile(self, service: Service) -> None:
+    def _compile(self, service: Service, level: object) -> None:
+        """A lease for a compile at LEVEL; at a level no policy serves, no lease: no flags
+        and, the first time, the note saying why."""
+        if not isinstance(level, str):
+            raise ValueError(f"a compile request names its -O level, not {level!r}")
+        served, note = service.serving(level)
+        policies = [str(p.path) for p in service.policies]  # what answers, for MLGO_POLICY
+        reply: dict = {"policies": policies} | ({"note": note} if note else {})
+        if not served:
+            self._send({"flags": [], **reply})
+            return
         with self.write_lock:  # no event before the flags
-            lease = service.open_lease(notify=self._notify)
-            policies = [str(p.path) for p in service.policies]  # what answers, for MLGO_POLICY
-            self._send({"lease": lease.id, "flags": lease.flags, "policies": policies})
+            lease = service.open_lease(notify=self._notify, level=level)
+            self._send({"lease": lease.id, "flags": lease.flags, **reply})
         returncode = None
         try:
             line = self.rfile.readline()  # blocks until the client is done or gone

@@ -7,6 +7,10 @@ plane: leases, cleanup, error events and statistics; mlgo/serve/server.py puts i
 
 A channel that fails raises an error event on its lease at once, so `mlgo-cc` can kill the
 stuck compiler and fall back to the default heuristic.
+
+A policy answers only compiles at the -O level its problem was trained for: a -Oz inlining
+policy would shrink -O3 code the user wants fast. Other compiles get no flags, and the first
+one at each level carries a note saying so, once in the service's lifetime (about a build).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class Service:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.compilations = self.decisions = self.failed = 0
+        self.levels: dict[str, dict[str, int]] = {}  # -O level -> compiles served / not
         self.last_activity = time.monotonic()
         self.policies = [self._load(Path(d), backend) for d in policy_dirs]
         if len({p.problem.name for p in self.policies}) != len(self.policies):
@@ -115,13 +120,42 @@ class Service:
             threading.Thread(target=self.end_lease, args=(lease,), daemon=True).start()
 
     # -- leases ----------------------------------------------------------------------
+    def serving(self, level: str) -> tuple[bool, str | None]:
+        """Does any policy answer a compile at LEVEL, and the note for the first compile at
+        a level that leaves some served policy to clang's default (None otherwise)."""
+        served = [p for p in self.policies if p.problem.opt_level == level]
+        with self._lock:
+            counts = self.levels.setdefault(level, {"served": 0, "default": 0})
+            counts["served" if served else "default"] += 1
+            first = sum(counts.values()) == 1
+        if not first or len(served) == len(self.policies):
+            return bool(served), None
+        if not served:
+            levels = " and ".join(sorted({p.problem.opt_level for p in self.policies}))
+            why = f"the served policies are for {levels}"
+            return False, f"{level} compiles are left to clang's default: {why}"
+        left = ", ".join(
+            f"{p.problem.name} (trained for {p.problem.opt_level})"
+            for p in self.policies
+            if p not in served
+        )
+        return True, f"{level} compiles are left to clang's default for {left}"
+
     def open_lease(
-        self, problem: str | None = None, notify: Callable[[dict], None] | None = None
+        self,
+        problem: str | None = None,
+        notify: Callable[[dict], None] | None = None,
+        level: str | None = None,
     ) -> Lease:
-        """A lease for one compilation. NOTIFY gets its error events as they happen; a lease
-        without one is detached: a channel by hand, which ends after one compilation."""
+        """A lease for one compilation (at LEVEL: only the policies trained for it). NOTIFY
+        gets its error events as they happen; a lease without one is detached: a channel by
+        hand, which ends after one compilation."""
         detached = notify is None
-        chosen = [p for p in self.policies if problem in (None, p.problem.name)]
+        chosen = [
+            p
+            for p in self.policies
+            if problem in (None, p.problem.name) and level in (None, p.problem.opt_level)
+        ]
         if not chosen:
             raise ValueError(f"this service serves no policy for {problem!r}")
         if detached:  # a channel by hand: a plugin has none to give
@@ -182,6 +216,7 @@ class Service:
                 "compilations": self.compilations,
                 "decisions": self.decisions,
                 "failed_compilations": self.failed,
+                "levels": {level: dict(counts) for level, counts in self.levels.items()},
             }
         counters["policies"] = [
             {

@@ -9,6 +9,9 @@
  * it does not trust: a socket or directory not this user's alone, a peer of another uid
  * (SO_PEERCRED), a lease flag outside what mlgo.serve.cc.check_lease_flags allows, policies
  * other than MLGO_POLICY names, and an MLGO_TIMEOUT that is not a plain positive number.
+ * MLGO_GUARD (two compiles a file) is Python's too. A compile at an -O level no served policy
+ * was trained for gets a reply without a lease: it runs the compiler as is, after the
+ * service's note if the reply has one (the first compile at that level).
  * Built by `mlgo install-wrappers` with -DMLGO_PYTHON="<the venv's python>". */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -56,6 +59,42 @@ static int optimizes(int argc, char **argv) {
         if (ends_with(argv[i], *s)) source = 1;
   }
   return source;
+}
+
+/* Same rule as mlgo.serve.cc.opt_level: the last -O flag as clang's driver reads it, NULL for
+ * a level clang refuses. BUF holds an --optimize=X level. */
+static const char *opt_level(int argc, char **argv, char *buf, size_t cap) {
+  static const char *named[] = {"-Os", "-Oz", "-Og", "-Ofast", NULL};
+  static const char *numbered[] = {"-O0", "-O1", "-O2", "-O3"};
+  const char *level = "-O0";
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (a[0] == '-' && a[1] == 'X' && a[2]) /* -Xclang X, -Xlinker X: another tool's */
+      i++;
+    else if (strcmp(a, "--optimize") == 0)
+      level = "-O";
+    else if (strncmp(a, "--optimize=", 11) == 0)
+      snprintf(buf, cap, "-O%s", a + 11), level = buf;
+    else if (strncmp(a, "-O", 2) == 0 && strcmp(a, "-ObjC") && strcmp(a, "-ObjC++"))
+      level = a;
+  }
+  const char *digits = level + 2;
+  if (!*digits) return numbered[1];
+  if (strspn(digits, "0123456789") == strlen(digits)) {
+    while (digits[0] == '0' && digits[1]) digits++;
+    return digits[1] || digits[0] > '3' ? numbered[3] : numbered[digits[0] - '0'];
+  }
+  for (const char **n = named; *n; n++)
+    if (strcmp(level, *n) == 0) return *n;
+  return NULL;
+}
+
+/* The first source file, as mlgo.serve.cc names it in its messages. */
+static const char *first_source(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    for (const char **s = source_suffixes; *s; s++)
+      if (argv[i][0] != '-' && ends_with(argv[i], *s)) return argv[i];
+  return "?";
 }
 
 static const char *lang;     /* "cc" or "c++" */
@@ -267,7 +306,12 @@ int main(int argc, char **argv) {
   lang = cxx ? "c++" : "cc";
   compiler = getenv(cxx ? "MLGO_CXX" : "MLGO_CC");
   if (!compiler) compiler = cxx ? "clang++-22" : "clang-22";
-  if (getenv("MLGO_DISABLE") || !optimizes(argc, argv)) exec_compiler(argc, argv, NULL, 0);
+  char level_buf[64];
+  const char *level = optimizes(argc, argv) ? opt_level(argc, argv, level_buf, sizeof level_buf)
+                                            : NULL;
+  if (getenv("MLGO_DISABLE") || !level) exec_compiler(argc, argv, NULL, 0);
+  const char *guard = getenv("MLGO_GUARD");
+  if (guard && *guard) exec_python(argc, argv);
 
   double timeout = timeout_s();
   if (timeout < 0) exec_python(argc, argv);
@@ -289,10 +333,19 @@ int main(int argc, char **argv) {
   char *line = malloc(LINE_MAX_BYTES);
   char *flags[MAX_FLAGS];
   int n_flags;
-  if (send_all(sock, "{\"op\": \"compile\"}\n") ||
-      read_line(sock, line, LINE_MAX_BYTES, 10000) < 0 ||
-      (n_flags = json_strings(line, "flags", flags, MAX_FLAGS)) < 0 ||
-      !lease_flags_ok(flags, n_flags, runtime) || !policies_match(line)) {
+  snprintf(line, LINE_MAX_BYTES, "{\"op\": \"compile\", \"level\": \"%s\"}\n", level);
+  if (send_all(sock, line) || read_line(sock, line, LINE_MAX_BYTES, 10000) < 0 ||
+      (n_flags = json_strings(line, "flags", flags, MAX_FLAGS)) < 0) {
+    close(sock);
+    exec_python(argc, argv);
+  }
+  char *note = json_field(line, "note");
+  if (note) fprintf(stderr, "mlgo-cc: note: %s (first: %s)\n", note, first_source(argc, argv));
+  if (!strstr(line, "\"lease\": ")) { /* no policy serves this level */
+    close(sock);
+    exec_compiler(argc, argv, NULL, 0);
+  }
+  if (!lease_flags_ok(flags, n_flags, runtime) || !policies_match(line)) {
     close(sock); /* ends the lease */
     exec_python(argc, argv);
   }
@@ -356,10 +409,7 @@ int main(int argc, char **argv) {
       if (write(2, buf, (size_t)n) != n) break;
     return rc;
   }
-  const char *source = "?";
-  for (int i = argc - 1; i > 0; i--) /* the first source file, as mlgo.serve.cc says */
-    for (const char **s = source_suffixes; *s; s++)
-      if (argv[i][0] != '-' && ends_with(argv[i], *s)) source = argv[i];
+  const char *source = first_source(argc, argv);
   if (getenv("MLGO_STRICT")) {
     fprintf(stderr, "mlgo-cc: error: %s (%s)\n", problem, source);
     return 1;

@@ -1,0 +1,120 @@
+"""MLGO_GUARD=size: no object larger than clang's default makes it.
+
+After the policy's compile has written the object (and everything else the command line
+asks for: dependency files, remarks, traces), the same file is compiled again with the
+default heuristic into a private directory beside the object, writing nothing else, and
+the smaller object is kept (by executable bytes, as mlgo.llvm.sizes measures them; a tie
+keeps the default's). The dependency file the policy's compile wrote stays right: both
+compiles read the same headers and name the same object.
+
+Only a compile that writes one ELF object can be guarded. Compile-and-link, -S, -emit-llvm,
+LTO bitcode, and outputs whose bytes name their own path (split DWARF's .dwo, coverage's
+.gcno/.gcda) keep the policy's output alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+GUARDS = ("size",)
+# The object is not plain ELF code, or its bytes name files of its own (split DWARF's .dwo,
+# coverage's .gcda), or a second compile would rewrite what the first wrote (-save-temps).
+UNGUARDED = {"-S", "-emit-llvm", "-save-temps", "--coverage", "-ftest-coverage", "-fprofile-arcs"}
+UNGUARDED_PREFIXES = ("-save-temps=", "-gsplit-dwarf")
+# What the default's compile must not write again (the policy's compile wrote it), and the
+# options among them that take their value as the next argument.
+SIDE_OUTPUTS = {"-MD", "-MMD", "-MP", "-MG", "-ftime-trace", "-fsave-optimization-record"}
+SIDE_OUTPUTS_WITH_VALUE = {"-MF", "-MT", "-MQ", "-MJ", "--serialize-diagnostics"}
+SIDE_OUTPUT_PREFIXES = (
+    "-MF",
+    "-MT",
+    "-MQ",
+    "-MJ",
+    "-ftime-trace=",
+    "-fsave-optimization-record=",
+    "-foptimization-record-file=",
+    "-save-stats",
+    "--save-stats",
+)
+
+
+def guard_from_env() -> tuple[str | None, str | None]:
+    """MLGO_GUARD's guard (None: none), and what is wrong with it (then none is used)."""
+    value = os.environ.get("MLGO_GUARD") or None
+    if value is None or value in GUARDS:
+        return value, None
+    return None, f"MLGO_GUARD={value!r} is not one of: {', '.join(GUARDS)}"
+
+
+def _joined_output(arg: str) -> bool:
+    """-oFILE (not -objcmt-..., -object: other options that start alike)."""
+    return arg.startswith("-o") and len(arg) > 2 and not arg.startswith("-obj")
+
+
+def _lto(args: list[str]) -> bool:
+    """Does clang write LLVM bitcode instead of an ELF object (the last -flto or -fno-lto)?"""
+    switches = [a for a in args if a in ("-flto", "-fno-lto") or a.startswith("-flto=")]
+    return bool(switches) and switches[-1] != "-fno-lto"
+
+
+def guarded_object(args: list[str], sources: list[str]) -> Path | None:
+    """The object this compile writes, if the guard can compare it; None if it cannot."""
+    if "-c" not in args or len(sources) != 1 or _lto(args):
+        return None
+    if any(a in UNGUARDED or a.startswith(UNGUARDED_PREFIXES) for a in args):
+        return None
+    output = None
+    rest = iter(args)
+    for a in rest:
+        if a == "-o":
+            output = next(rest, None)
+        elif _joined_output(a):
+            output = a[2:]
+    if output == "-":
+        return None
+    return Path(output) if output else Path(Path(sources[0]).stem + ".o")
+
+
+def default_args(args: list[str], output: Path) -> list[str]:
+    """ARGS compiling to OUTPUT and writing nothing else the original command line asks for."""
+    kept: list[str] = []
+    rest = iter(args)
+    for a in rest:
+        if a == "-o" or a in SIDE_OUTPUTS_WITH_VALUE:
+            next(rest, None)
+        elif not (
+            a in SIDE_OUTPUTS
+            or _joined_output(a)
+            or a.startswith(SIDE_OUTPUT_PREFIXES)
+            or (a.startswith("-Wp,") and any(p.startswith("-M") for p in a.split(",")[1:]))
+        ):
+            kept.append(a)
+    return [*kept, "-o", str(output)]
+
+
+def keep_smaller(compiler: str, args: list[str], obj: Path) -> str | None:
+    """With the policy's OBJ written, compiles ARGS with the default beside it and keeps the
+    smaller of the two in OBJ. Returns what went wrong (then OBJ is the policy's), or None."""
+    from mlgo.llvm.sizes import text_size
+    from mlgo.runtime.messages import error_line
+
+    if not obj.is_file():  # -o /dev/null and the like: nothing to keep
+        return None
+    scratch = tempfile.mkdtemp(prefix=".mlgo-guard-", dir=obj.parent)
+    try:
+        default = Path(scratch) / obj.name
+        cmd = [compiler, *default_args(args, default)]
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return f"the default heuristic's compile failed: {error_line(proc.stderr)}"
+        if text_size(default) <= text_size(obj):
+            os.replace(default, obj)
+        return None
+    except (OSError, ValueError) as e:
+        return error_line(e)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
