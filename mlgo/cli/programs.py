@@ -23,6 +23,10 @@ def build(
     backend: Annotated[
         str, typer.Option(help="service backend: auto, plugin, native or python")
     ] = "auto",
+    guard: Annotated[
+        bool,
+        typer.Option(help="MLGO_GUARD=size: per file, the smaller of the policy's and -Oz's"),
+    ] = False,
     clang: ClangOpt = None,
 ) -> None:
     """Build real programs from their Debian source packages twice, with plain clang and
@@ -33,7 +37,7 @@ def build(
 
     tc = find_toolchain(clang)
     recipes = [load_recipe(name) for name in packages]  # a misspelt name fails before any build
-    result = compare_programs(recipes, policy, out, tc, tests, backend)
+    result = compare_programs(recipes, policy, out, tc, tests, backend, guard)
     table = Table("program", "clang -Oz .text", "mlgo .text", "delta", "build s", "tests")
     for plain, ml in result.pairs:
         for prog, base in plain.text.items():

@@ -50,6 +50,9 @@ def status(socket: SocketOpt = None) -> None:
     table = Table("", "", title=f"mlgo service (pid {s['pid']}, up {s['uptime_s']:.0f} s)")
     for key in ("active_leases", "compilations", "decisions", "failed_compilations"):
         table.add_row(key.replace("_", " "), f"{s[key]:,}")
+    for level, n in sorted(s.get("levels", {}).items()):
+        served = f"{n['served']:,} served, {n['default']:,} left to clang's default"
+        table.add_row(f"{level} compiles", served)
     for p in s["policies"]:
         lat = p["latency"]
         pct = ", ".join(f"{k[:-3]} {v:.1f} µs" for k, v in lat.items()) if lat else "no decisions"

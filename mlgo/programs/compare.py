@@ -90,12 +90,14 @@ def compare_programs(
     tc: Toolchain,
     tests: bool = True,
     backend: str = "auto",
+    guard: bool = False,
 ) -> Comparison:
     """Builds every recipe plain and with the POLICIES served (SIZE_FLAGS on both) under
-    OUT, saving OUT/build.json after each; a failed package is recorded and skipped."""
+    OUT, saving OUT/build.json after each; a failed package is recorded and skipped.
+    GUARD: mlgo-cc keeps the smaller of the policy's and the default's object per file."""
     result = Comparison(policies)
     with policy_service(policies, out / "service", backend) as service_env:
-        pair = variants(tc, service_env)
+        pair = variants(tc, dict(service_env, MLGO_GUARD="size") if guard else service_env)
         for recipe in recipes:
             try:
                 result.pairs.append(
