@@ -167,4 +167,4 @@ def corpus_record(
     for line in result.skipped:
         err.print(f"[yellow]not recorded[/yellow] {line}", highlight=False)
     packages = ", ".join(f"{p} ({n})" for p, n in sorted(result.packages.items()))
-    console.print(f"{out}: {result.modules} modules: {packages}", highlight=False, soft_wrap=True)
+    console.print(f"{out}: {result.modules} modules: {packages}", highlight=False)

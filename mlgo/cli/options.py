@@ -14,7 +14,7 @@ from mlgo.options import workers_spec
 from mlgo.problems import Problem
 from mlgo.runtime.workers import WORKERS_HELP
 
-console = Console()
+console = Console(soft_wrap=True)  # a path or a count never breaks a line
 err = Console(stderr=True, soft_wrap=True)
 
 ClangOpt = Annotated[

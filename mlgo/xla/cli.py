@@ -17,7 +17,7 @@ xla_app = typer.Typer(
     "cost model.",
     no_args_is_help=True,
 )
-console = Console()
+console = Console(soft_wrap=True)  # a path or a count never breaks a line
 err = Console(stderr=True, soft_wrap=True)
 
 
