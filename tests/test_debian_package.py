@@ -1,18 +1,26 @@
-"""A real Debian source package end to end: apt-get source, build, extract, replay."""
+"""A real Debian source package end to end: apt-get source, build, extract, replay; and
+`mlgo demo`'s whole loop on it: train, build twice, test, measure, report."""
+
+import json
+from pathlib import Path
 
 import pytest
 
 from mlgo.corpus.compile import replay_matches_default
 from mlgo.corpus.format import load_corpus
+from mlgo.llvm.sizes import text_size
 from mlgo.problems import get_problem
 from tests.conftest import run_mlgo
 
 
 @pytest.fixture(scope="module")
 def zlib_demo(tmp_path_factory):
-    """README's main job, `mlgo demo`: zlib's corpus, its inlining traces, its statistics."""
+    """README's main job, `mlgo demo`, with one ES step and a few workload rounds: zlib's
+    corpus, traces and statistics, then the policy, both builds and report.json."""
     root = tmp_path_factory.mktemp("zlib")
-    r = run_mlgo("demo", "--out", str(root), timeout=900)
+    r = run_mlgo(
+        "demo", "--out", str(root), "--train-steps", "1", "--bench-rounds", "4", timeout=900
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     return root, r.stdout
 
@@ -28,6 +36,45 @@ def test_the_demo_collects_and_reports_the_package(zlib_demo):
     traces = list((root / "traces" / "modules" / "zlib").glob("*.tfrecord"))
     assert len(traces) >= 15 and (root / "traces" / "manifest.json").is_file()
     assert "zlib" in out and "total" in out and "call sites" in out
+
+
+def elf_text_total(tree: Path) -> int:
+    return sum(
+        text_size(p)
+        for p in tree.rglob("*")
+        if p.is_file() and not p.is_symlink() and p.read_bytes()[:4] == b"\x7fELF"
+    )
+
+
+def test_the_demo_reports_size_throughput_and_tests_of_both_builds(zlib_demo):
+    root, out = zlib_demo
+    report = json.loads((root / "report.json").read_text())
+    assert report["tests"] == {"baseline": "passed", "policy": "passed"}
+    assert (Path(report["policy"]) / "policy.npz").is_file()
+    assert report["training"]["steps"] == 1
+    assert set(report["training"]["corpus_change_pct"]) == {"shipped", "trained"}
+    size = report["size"]
+    trees = {v: root / "programs" / "zlib" / v for v in ("plain", "mlgo")}
+    assert size["baseline"] == elf_text_total(trees["plain"])
+    assert size["policy"] == elf_text_total(trees["mlgo"])
+    assert size["change_pct"] == pytest.approx(100 * (size["policy"] / size["baseline"] - 1))
+    assert set(size["programs"]) == {"minigzip", "example", "minigzipsh", "examplesh"}
+    for prog, r in size["programs"].items():
+        assert (r["baseline"], r["policy"]) == tuple(text_size(t / prog) for t in trees.values())
+    speed = report["throughput"]
+    q1, q3 = speed["iqr_pct"]
+    assert q1 <= speed["change_pct"] <= q3 and speed["rounds"] == 4
+    assert abs(speed["change_pct"]) < 50  # the same code, give or take inlining
+    assert "instructions_change_pct" in speed  # valgrind is installed here
+    assert "CPU time" in out and "ELF files" in out and "passed" in out
+    assert "trained on" in out
+
+
+def test_the_demo_refuses_an_unknown_package_before_building(tmp_path):
+    r = run_mlgo("demo", "--out", str(tmp_path / "d"), "--package", "no-such-pkg", timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "no recipe no-such-pkg.toml" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "d").exists()
 
 
 def test_zlib_builds_and_extracts(zlib_corpus):

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console
 from mlgo.llvm.toolchain import find_toolchain
+from mlgo.programs.demo import DemoOptions
 
 
 def build(
@@ -61,16 +62,33 @@ def build(
 
 
 def demo(
-    out: Annotated[Path, typer.Option(help="where the demo corpus and traces go")] = Path(
-        "data/demo"
+    out: Annotated[Path, typer.Option(help="where the corpus, policy, builds and report go")] = (
+        Path("data/demo")
     ),
     package: Annotated[str, typer.Option(help="recipe to build")] = "zlib",
+    train_steps: Annotated[
+        int, typer.Option(help="ES steps from the shipped policy; 0: use it as is", min=0)
+    ] = DemoOptions.train_steps,
+    bench_rounds: Annotated[
+        int, typer.Option(help="paired rounds of the recipe's workload", min=1)
+    ] = DemoOptions.bench_rounds,
+    clang: ClangOpt = None,
 ) -> None:
-    """The main job on a small default: build one real package's corpus, collect its
-    inlining decisions, and show the corpus statistics."""
+    """The whole loop on one real package: record its corpus and inlining decisions, train
+    briefly from the shipped policy, build the package twice (plain clang and mlgo-cc with
+    the better policy), run its tests and workload on both, and report size and throughput."""
     from mlgo.cli.corpus import corpus_build, corpus_stats
     from mlgo.cli.train import collect
+    from mlgo.corpus.extract import load_recipe
+    from mlgo.programs.demo import report_table, run_demo, training_line
 
-    corpus_build([package], out=out / "corpus", work=out / "build", opt_level="-Oz")
-    collect("inlining-size", out / "corpus", out=out / "traces")
-    corpus_stats(out / "corpus")
+    recipe = load_recipe(package)
+    tc = find_toolchain(clang)
+    corpus_build([package], out=out / "corpus", work=out / "build", opt_level="-Oz", clang=clang)
+    collect("inlining-size", out / "corpus", out=out / "traces", clang=clang)
+    corpus_stats(out / "corpus", clang=clang)
+    opts = DemoOptions(train_steps, bench_rounds)
+    report = run_demo(recipe, out / "corpus", DEFAULT_POLICIES[0], out, tc, opts, console.print)
+    console.print(report_table(report))
+    console.print(training_line(report["training"]))
+    console.print(f"wrote {out / 'report.json'}")

@@ -50,6 +50,11 @@ class Recipe:
     test: tuple[str, ...] = ()
     test_timeout_s: float = 600.0
     build_timeout_s: float = 1800.0
+    # a workload for throughput: shell lines that make its input in the built tree, the
+    # commands timed (argv, no shell), and a shell line that checks their result
+    bench_prepare: tuple[str, ...] = ()
+    bench: tuple[str, ...] = ()
+    bench_check: str = "true"
 
 
 def available_recipes() -> list[str]:
@@ -84,6 +89,9 @@ def load_recipe(name: str, recipes_dir: Path = RECIPES) -> Recipe:
             test=tuple(d.get("test", ())),
             test_timeout_s=float(d.get("test_timeout_s", 600)),
             build_timeout_s=float(d.get("build_timeout_s", 1800)),
+            bench_prepare=tuple(d.get("bench_prepare", ())),
+            bench=tuple(d.get("bench", ())),
+            bench_check=str(d.get("bench_check", "true")),
         )
     except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
         raise BuildError(f"{path}: bad recipe ({e})") from e
