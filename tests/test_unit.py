@@ -398,3 +398,21 @@ def test_the_default_compile_writes_nothing_but_its_object():
     args += ["-Wp,-MMD,.a.d", "-ftime-trace=t.json", "-fsave-optimization-record", "-MJ", "j"]
     args += ["-foptimization-record-file=r.yaml", "--serialize-diagnostics", "a.dia", "-g"]
     assert default_args(args, Path("tmp/a.o")) == ["-Oz", "-c", "a.c", "-g", "-o", "tmp/a.o"]
+
+
+@pytest.mark.unit
+def test_a_policy_server_is_cached_per_tensorflow_library_directory(tmp_path, monkeypatch):
+    """The server's rpath names TF's library directory: a server built for another (or a
+    deleted) virtualenv must not be reused, or it exits 127 at its first start."""
+    from mlgo.ship import aot
+
+    model = tmp_path / "saved_model"
+    model.mkdir()
+    (model / "saved_model.pb").write_bytes(b"model")
+    files = [model / "saved_model.pb"]
+    monkeypatch.setattr(aot, "tf_version", lambda: "2.21.0")
+    keys = []
+    for lib in ("/venv-a/tensorflow", "/venv-b/tensorflow", "/venv-a/tensorflow"):
+        monkeypatch.setattr(aot, "tf_dir", lambda lib=lib: Path(lib))
+        keys.append(aot.server_key(files, model))
+    assert keys[0] != keys[1] and keys[0] == keys[2]

@@ -165,8 +165,15 @@ def native_server(saved_model: Path) -> Path:
         if proc.returncode != 0:
             raise AotError(f"linking the policy server failed: {error_line(proc.stderr)}")
 
-    key = f"{tf_version()}\0{_tree_digest(files, saved_model)}\0".encode()
-    return cached_build("native", key + SERVER_SOURCE.read_bytes(), "policy_server", build)
+    return cached_build("native", server_key(files, saved_model), "policy_server", build)
+
+
+def server_key(files: list[Path], saved_model: Path) -> bytes:
+    """What a built policy server depends on: the model, the server's source, the TF version
+    and the directory of TF's library, which the binary's rpath names (a server built for a
+    virtualenv that was since deleted or recreated elsewhere would not start)."""
+    model = _tree_digest(files, saved_model)
+    return f"{tf_version()}\0{tf_dir()}\0{model}\0".encode() + SERVER_SOURCE.read_bytes()
 
 
 def replay(server: Path, log: Path) -> bytes:
