@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from mlgo.problems import get_problem, problems
+from mlgo.runtime.files import cache_dir
 from mlgo.serve.cc import check_lease_flags
 from mlgo.serve.client import ServiceError, request
-from mlgo.ship.aot import cache_dir
 from tests import test_service
 from tests.conftest import MLGO
 from tests.test_service import SHIPPED, SOURCES, Service, mlgo_cc

@@ -21,9 +21,8 @@ from pathlib import Path
 from mlgo.corpus.compile import compile_object, measure_object
 from mlgo.corpus.format import Corpus, Module
 from mlgo.llvm.sizes import text_metrics
-from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.files import atomic_write_text, cache_dir
 from mlgo.runtime.workers import Failed, Workers
-from mlgo.ship.aot import cache_dir
 
 
 def cache_file(corpus: Corpus) -> Path:

@@ -10,6 +10,14 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
+def cache_dir() -> Path:
+    """The user's mlgo cache: $MLGO_CACHE, else $XDG_CACHE_HOME/mlgo, else ~/.cache/mlgo."""
+    root = os.environ.get("MLGO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlgo"
+    )
+    return Path(root)
+
+
 def _chmod_as_created(path: str | Path, mode: int) -> None:
     """The mode a plain create would give (MODE under the umask): mkstemp's and mkdtemp's
     private 0600/0700 would make results private by accident."""

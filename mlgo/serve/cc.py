@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from mlgo.data import shipped_policy
+from mlgo.runtime.files import cache_dir
 from mlgo.runtime.messages import error_line
 from mlgo.serve.client import (
     Connection,
@@ -51,7 +52,6 @@ from mlgo.serve.client import (
     socket_path,
 )
 from mlgo.serve.guard import guard_from_env, guarded_object, keep_smaller
-from mlgo.ship.aot import cache_dir
 
 SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".c++", ".C", ".i", ".ii", ".m", ".mm")
 NO_CODEGEN = {"-E", "-M", "-MM", "-fsyntax-only", "-###", "--version", "--help", "-"}

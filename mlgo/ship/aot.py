@@ -22,7 +22,7 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from mlgo.runtime.files import atomic_directory
+from mlgo.runtime.files import atomic_directory, cache_dir
 from mlgo.runtime.messages import error_line
 
 SERVER_SOURCE = Path(__file__).parent / "native" / "policy_server.cc"
@@ -40,13 +40,6 @@ CXXFLAGS = ["-O2", "-w", "-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=1", "-fPIC"]
 
 class AotError(RuntimeError):
     """AOT compilation or the native server's build failed; the message is one line."""
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("MLGO_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlgo"
-    )
-    return Path(root)
 
 
 @cache

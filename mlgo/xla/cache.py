@@ -31,11 +31,6 @@ from mlgo.xla.config import parse_config
 log = logging.getLogger(__name__)
 
 
-def default_root() -> Path:
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "mlgo"
-
-
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -40,7 +40,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from mlgo.xla.cache import TuningCache, default_root, digest
+from mlgo.runtime.files import cache_dir as user_cache_dir
+from mlgo.xla.cache import TuningCache, digest
 from mlgo.xla.config import DEFAULT, compiler_options, parse_config
 from mlgo.xla.extract import HloGraph, fingerprint, hlo_fingerprint, optimized_hlo, parse_hlo
 from mlgo.xla.measure import MAX_REL_ERROR
@@ -292,10 +293,10 @@ def tuned_jit(
     by `cost_model` (a model directory such as policies/xla-gemm-tile). With `verify`
     (implied by `top_k` > 1) the model's top k are timed against XLA's default on the first
     call's inputs, and the default stays unless one is clearly faster. Choices persist in
-    `cache_dir` (default `$XDG_CACHE_HOME/mlgo` or `~/.cache/mlgo`); the returned function's
-    `choices` maps each signature's StableHLO fingerprint to its Choice."""
+    `cache_dir` (default: the user's mlgo cache, `mlgo.runtime.files.cache_dir`); the returned
+    function's `choices` maps each signature's StableHLO fingerprint to its Choice."""
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     model = Path(cost_model) if isinstance(cost_model, str) else cost_model
-    cache = TuningCache(Path(cache_dir) if cache_dir is not None else default_root())
+    cache = TuningCache(Path(cache_dir) if cache_dir is not None else user_cache_dir())
     return _fast_path(fun, _Tuner(fun, model, top_k, verify, cache, jit_kwargs))

@@ -233,7 +233,7 @@ static double timeout_s(void) {
   return value;
 }
 
-/* Where the lease's plugins must come from: mlgo.ship.aot.cache_dir()/plugin, resolved. */
+/* Where the lease's plugins must come from: mlgo.runtime.files.cache_dir()/plugin, resolved. */
 static int plugin_cache(char *out) {
   const char *root = getenv("MLGO_CACHE"), *xdg = getenv("XDG_CACHE_HOME");
   const char *home = getenv("HOME");
