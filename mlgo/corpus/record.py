@@ -35,17 +35,13 @@ from mlgo.corpus.extract import (
     run_under_bear,
 )
 from mlgo.corpus.format import DESCRIPTION
+from mlgo.llvm.cmdline import without_outputs
 from mlgo.llvm.toolchain import Toolchain
-from mlgo.runtime.files import atomic_directory
+from mlgo.runtime.files import atomic_directory, cache_dir
 from mlgo.runtime.messages import error_line
-from mlgo.ship.aot import cache_dir
 
 C_SUFFIXES = {".c"}
 CXX_SUFFIXES = {".cc", ".cpp", ".cxx", ".c++", ".cp", ".C", ".CPP"}
-# Flags of a database entry that would write into the user's build tree (the object and
-# its dependency files); the object goes to our own directory instead.
-_DROP = {"-c", "-MD", "-MMD"}
-_DROP_WITH_VALUE = {"-o", "-MF", "-MT", "-MQ", "-MJ"}
 # A database written for gcc may carry warning options clang lacks, and -Werror with them.
 _FROM_FLAGS = ["-Wno-error", "-Wno-unknown-warning-option"]
 
@@ -125,7 +121,9 @@ def record_from(
             continue
         clang = tc.clangxx if source.suffix in CXX_SUFFIXES else tc.clang
         obj = objects / f"{i}.o"
-        cmd = [clang, *_kept_args(argv[1:]), "-c", "-o", str(obj), opt_level]
+        # Nothing written into the user's build tree: no -o there, no dependency file.
+        kept = [a for a in without_outputs(argv[1:]) if a != "-c"]
+        cmd = [clang, *kept, "-c", "-o", str(obj), opt_level]
         jobs.append((source, obj, Path(entry["directory"]), [*cmd, *RECORD_FLAGS, *_FROM_FLAGS]))
 
     def compile_one(job: tuple[Path, Path, Path, list[str]]) -> str | None:
@@ -175,21 +173,6 @@ def _entry_argv(entry: dict) -> list[str]:
         return shlex.split(command) if isinstance(command, str) else []
     except ValueError:  # unbalanced quotes
         return []
-
-
-def _kept_args(args: list[str]) -> list[str]:
-    """A database entry's arguments without those that write into the user's build tree
-    (`-o X` and `-oX` alike)."""
-    kept: list[str] = []
-    skip = False
-    for a in args:
-        if skip:
-            skip = False
-        elif a in _DROP_WITH_VALUE:
-            skip = True
-        elif a not in _DROP and not any(a.startswith(f) for f in _DROP_WITH_VALUE):
-            kept.append(a)
-    return kept
 
 
 def _prepare(out: Path, source_dir: Path | None, package: str | None) -> tuple[Path, Path]:

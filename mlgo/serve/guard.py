@@ -20,26 +20,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from mlgo.llvm.cmdline import joined_output, without_outputs
+
 GUARDS = ("size",)
 # The object is not plain ELF code, or its bytes name files of its own (split DWARF's .dwo,
 # coverage's .gcda), or a second compile would rewrite what the first wrote (-save-temps).
 UNGUARDED = {"-S", "-emit-llvm", "-save-temps", "--coverage", "-ftest-coverage", "-fprofile-arcs"}
 UNGUARDED_PREFIXES = ("-save-temps=", "-gsplit-dwarf")
-# What the default's compile must not write again (the policy's compile wrote it), and the
-# options among them that take their value as the next argument.
-SIDE_OUTPUTS = {"-MD", "-MMD", "-MP", "-MG", "-ftime-trace", "-fsave-optimization-record"}
-SIDE_OUTPUTS_WITH_VALUE = {"-MF", "-MT", "-MQ", "-MJ", "--serialize-diagnostics"}
-SIDE_OUTPUT_PREFIXES = (
-    "-MF",
-    "-MT",
-    "-MQ",
-    "-MJ",
-    "-ftime-trace=",
-    "-fsave-optimization-record=",
-    "-foptimization-record-file=",
-    "-save-stats",
-    "--save-stats",
-)
 
 
 def guard_from_env() -> tuple[str | None, str | None]:
@@ -48,11 +35,6 @@ def guard_from_env() -> tuple[str | None, str | None]:
     if value is None or value in GUARDS:
         return value, None
     return None, f"MLGO_GUARD={value!r} is not one of: {', '.join(GUARDS)}"
-
-
-def _joined_output(arg: str) -> bool:
-    """-oFILE (not -objcmt-..., -object: other options that start alike)."""
-    return arg.startswith("-o") and len(arg) > 2 and not arg.startswith("-obj")
 
 
 def _lto(args: list[str]) -> bool:
@@ -72,7 +54,7 @@ def guarded_object(args: list[str], sources: list[str]) -> Path | None:
     for a in rest:
         if a == "-o":
             output = next(rest, None)
-        elif _joined_output(a):
+        elif joined_output(a):
             output = a[2:]
     if output == "-":
         return None
@@ -80,20 +62,9 @@ def guarded_object(args: list[str], sources: list[str]) -> Path | None:
 
 
 def default_args(args: list[str], output: Path) -> list[str]:
-    """ARGS compiling to OUTPUT and writing nothing else the original command line asks for."""
-    kept: list[str] = []
-    rest = iter(args)
-    for a in rest:
-        if a == "-o" or a in SIDE_OUTPUTS_WITH_VALUE:
-            next(rest, None)
-        elif not (
-            a in SIDE_OUTPUTS
-            or _joined_output(a)
-            or a.startswith(SIDE_OUTPUT_PREFIXES)
-            or (a.startswith("-Wp,") and any(p.startswith("-M") for p in a.split(",")[1:]))
-        ):
-            kept.append(a)
-    return [*kept, "-o", str(output)]
+    """ARGS compiling to OUTPUT and writing nothing else the original command line asks for
+    (the policy's compile wrote it)."""
+    return [*without_outputs(args), "-o", str(output)]
 
 
 def keep_smaller(compiler: str, args: list[str], obj: Path) -> str | None:

@@ -1,0 +1,43 @@
+"""What a clang command line writes: its object, and the files it writes beside it
+(dependency files, time traces, optimization records, statistics). A second compile of the
+same command (the size guard's, a recording's) must write only its own object."""
+
+from __future__ import annotations
+
+# Options that write a file besides the object, and those among them that take their value
+# as the next argument.
+SIDE_OUTPUTS = {"-MD", "-MMD", "-MP", "-MG", "-ftime-trace", "-fsave-optimization-record"}
+SIDE_OUTPUTS_WITH_VALUE = {"-MF", "-MT", "-MQ", "-MJ", "--serialize-diagnostics"}
+SIDE_OUTPUT_PREFIXES = (
+    "-MF",
+    "-MT",
+    "-MQ",
+    "-MJ",
+    "-ftime-trace=",
+    "-fsave-optimization-record=",
+    "-foptimization-record-file=",
+    "-save-stats",
+    "--save-stats",
+)
+
+
+def joined_output(arg: str) -> bool:
+    """-oFILE (not -objcmt-..., -object: other options that start alike)."""
+    return arg.startswith("-o") and len(arg) > 2 and not arg.startswith("-obj")
+
+
+def without_outputs(args: list[str]) -> list[str]:
+    """ARGS without `-o` and every option that writes another file."""
+    kept: list[str] = []
+    rest = iter(args)
+    for a in rest:
+        if a == "-o" or a in SIDE_OUTPUTS_WITH_VALUE:
+            next(rest, None)
+        elif not (
+            a in SIDE_OUTPUTS
+            or joined_output(a)
+            or a.startswith(SIDE_OUTPUT_PREFIXES)
+            or (a.startswith("-Wp,") and any(p.startswith("-M") for p in a.split(",")[1:]))
+        ):
+            kept.append(a)
+    return kept
