@@ -217,10 +217,13 @@ class MLPPolicy:
         )
 
     def __call__(self, obs: Observation) -> int:
-        logits = self.logits(self.raw_features(obs))[0]
+        return self.pick(self.logits(self.raw_features(obs))[0])
+
+    def pick(self, scores: np.ndarray) -> int:
+        """The best answer, or a sample from softmax(scores / T) when exploring."""
         if self.temperature <= 0:
-            return int(np.argmax(logits))
-        z = logits / self.temperature
+            return int(np.argmax(scores))
+        z = scores / self.temperature
         p = np.exp(z - z.max())
         return int(self._rng.choice(len(p), p=p / p.sum()))
 

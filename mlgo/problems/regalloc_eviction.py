@@ -231,12 +231,7 @@ class CandidatePolicy(MLPPolicy):
     def __call__(self, obs: Observation) -> int:
         raw = self.raw_features(obs)
         mask = obs.features[self.mask_feature].reshape(1, -1)
-        s = self.scores(raw[None], mask)[0]
-        if self.temperature <= 0:
-            return int(np.argmax(s))
-        z = s / self.temperature
-        p = np.exp(z - z.max())
-        return int(self._rng.choice(len(p), p=p / p.sum()))
+        return self.pick(self.scores(raw[None], mask)[0])
 
     def predict(self, raw: np.ndarray) -> np.ndarray:
         """raw: [decisions, slots, LLVM's features]; the SELF columns are added here."""
