@@ -30,13 +30,8 @@ from mlgo.corpus.extract import load_recipe  # noqa: E402
 from mlgo.data import shipped_policy  # noqa: E402
 from mlgo.llvm.sizes import text_size  # noqa: E402
 from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
-from mlgo.programs.build import (  # noqa: E402
-    build_program,
-    mlgo_compilers,
-    plain_compilers,
-    policy_service,
-    pristine_source,
-)
+from mlgo.programs.build import build_program, policy_service, pristine_source  # noqa: E402
+from mlgo.programs.compare import Variant, variants  # noqa: E402
 from mlgo.runtime.files import atomic_write_text  # noqa: E402
 
 VARIANTS = ("plain", "policy", "guard")
@@ -51,13 +46,12 @@ def bench_package(name: str, work: Path, policy: Path) -> dict:
     pristine = pristine_source(recipe, work / name)
     cpu = {}
     with policy_service([policy], work / name / "service") as env:
-        for variant in VARIANTS:
-            compilers = plain_compilers(tc) if variant == "plain" else mlgo_compilers()
-            extra = {} if variant == "plain" else env
-            extra |= {"MLGO_GUARD": "size"} if variant == "guard" else {}
-            tree = work / name / variant
-            build = build_program(recipe, pristine, tree, tc, variant, compilers, extra, False)
-            cpu[variant] = build.build_cpu_seconds
+        plain, served = variants(tc, env, VARIANTS[:2])
+        guarded = Variant(VARIANTS[2], served.compilers, dict(served.env, MLGO_GUARD="size"))
+        for v in (plain, served, guarded):
+            tree = work / name / v.name
+            build = build_program(recipe, pristine, tree, tc, v.name, v.compilers, v.env, False)
+            cpu[v.name] = build.build_cpu_seconds
     texts = {v: object_texts(work / name / v) for v in VARIANTS}
     common = sorted(set.intersection(*(set(t) for t in texts.values())))
     figures: dict = {"cpu_s": cpu, "objects": len(common)}
