@@ -53,17 +53,21 @@ def test_the_demo_reports_size_throughput_and_tests_of_both_builds(zlib_demo):
     assert (Path(report["policy"]) / "policy.npz").is_file()
     assert report["training"]["steps"] == 1
     assert set(report["training"]["corpus_change_pct"]) == {"shipped", "trained"}
+    assert [c["step"] for c in report["training"]["curve"]] == [1]
     size = report["size"]
     trees = {v: root / "programs" / "zlib" / v for v in ("plain", "mlgo")}
     assert size["baseline"] == elf_text_total(trees["plain"])
     assert size["policy"] == elf_text_total(trees["mlgo"])
     assert size["change_pct"] == pytest.approx(100 * (size["policy"] / size["baseline"] - 1))
     assert set(size["programs"]) == {"minigzip", "example", "minigzipsh", "examplesh"}
+    per_file = size["per_file"]
+    assert len(per_file) == size["files"] and sum(f["policy"] for f in per_file) == size["policy"]
     for prog, r in size["programs"].items():
         assert (r["baseline"], r["policy"]) == tuple(text_size(t / prog) for t in trees.values())
     speed = report["throughput"]
     q1, q3 = speed["iqr_pct"]
     assert q1 <= speed["change_pct"] <= q3 and speed["rounds"] == 4
+    assert len(speed["ratios_pct"]) == 4
     assert abs(speed["change_pct"]) < 50  # the same code, give or take inlining
     assert "instructions_change_pct" in speed  # valgrind is installed here
     assert "CPU time" in out and "ELF files" in out and "passed" in out
