@@ -200,6 +200,9 @@ def test_readme_channel_by_hand_works_on_the_default_service(plugin, tmp_path):
         assert got.read_bytes() == want.read_bytes(), src.name
     (policy,) = plugin.status()["policies"]
     assert (policy["backend"], policy["by_hand"]) == ("plugin", "native")
+    status = [*MLGO, "status", "--socket", str(plugin.socket)]
+    r = subprocess.run(status, capture_output=True, text=True, env=dict(os.environ, COLUMNS="200"))
+    assert "inlining-size (plugin; channels by hand: native)" in r.stdout, r.stdout
     deadline = time.monotonic() + 10
     while channel_files(plugin):  # each by-hand lease ends after its compilation
         assert time.monotonic() < deadline
@@ -242,6 +245,20 @@ def test_mlgo_flags_in_a_users_own_command_build_what_mlgo_cc_builds(served, req
     route = "-fpass-plugin=" if served == "plugin" else "-inliner-interactive-channel-base="
     assert r.stdout.count("\n") == 1 and route in r.stdout, r.stdout
     assert got.read_bytes() == want.read_bytes()
+
+
+def test_mlgo_flags_starts_the_service_as_mlgo_cc_does(tmp_path):
+    """With no service running, `mlgo flags` starts the default one: the plugin's flag."""
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    env.pop("MLGO_SOCKET", None)
+    env.pop("MLGO_POLICY", None)
+    try:
+        r = by_hand("mlgo flags -- -Oz", env)
+        assert r.returncode == 0 and not r.stderr, r.stderr
+        assert r.stdout.startswith("-fpass-plugin=") and r.stdout.count("\n") == 1
+    finally:
+        by_hand("mlgo stop", env)
+    assert "serving inlining-size (plugin)" in (tmp_path / "mlgo" / "service.log").read_text()
 
 
 def test_mlgo_flags_at_another_level_print_nothing_and_say_why(plugin):
