@@ -51,6 +51,13 @@ def test_a_bad_number_is_refused_when_parsed(tmp_path, command, option, value):
     assert not list(tmp_path.iterdir())  # nothing ran: nothing written
 
 
+def test_flags_for_a_level_clang_refuses_is_one_line_before_any_service(tmp_path):
+    """The level is read first: no service is asked (or started) for flags clang refuses."""
+    r = mlgo("flags", "--socket", str(tmp_path / "mlgo.sock"), "--", "-Ofoo", timeout=120)
+    one_line_error(r, "clang accepts no such -O level: -Ofoo")
+    assert r.stdout == "" and not list(tmp_path.iterdir())
+
+
 # -- item 13: eval says how many modules failed, and exits 1 --------------------------
 def test_eval_exits_1_when_modules_failed_unless_allowed(mini_corpus, tmp_path):
     cache_env = user_cache(tmp_path)

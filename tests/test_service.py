@@ -4,6 +4,7 @@ compilations run at once, and every failure ends in a finished compile, never a 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -174,11 +175,111 @@ def test_the_plugin_falls_back_on_an_unknown_feature_layout(cc, mismatched_polic
     assert (tmp_path / "a.o").read_bytes() == plain.read_bytes()
 
 
-def test_a_plugin_service_has_no_channel_by_hand(plugin):
-    r = subprocess.run(
-        [*MLGO, "channel", "--socket", str(plugin.socket)], capture_output=True, text=True
+def by_hand(line: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """LINE run by a shell, `mlgo` in it being this checkout's command, as a user types it."""
+    script = f'mlgo() {{ {shlex.join(MLGO)} "$@"; }}\n{line}'
+    return subprocess.run(
+        ["sh", "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
-    assert r.returncode != 0 and "--backend native" in r.stderr
+
+
+README_BY_HAND = (
+    "clang-22 -Oz -c {src} -o {out} -mllvm -enable-ml-inliner=release "
+    '-mllvm -inliner-interactive-channel-base="$(mlgo channel)"'
+)
+
+
+def test_readme_channel_by_hand_works_on_the_default_service(plugin, tmp_path):
+    """README's by-hand line against the service mlgo-cc starts (the plugin): the channel is
+    answered by the native server of the same policy, so the objects are mlgo-cc's."""
+    for src in SOURCES:
+        want, got = tmp_path / "cc.o", tmp_path / "hand.o"
+        assert mlgo_cc(MLGO_CC, src, want, plugin.env()).returncode == 0
+        r = by_hand(README_BY_HAND.format(src=src, out=got), plugin.env())
+        assert r.returncode == 0 and not r.stderr, r.stderr
+        assert got.read_bytes() == want.read_bytes(), src.name
+    (policy,) = plugin.status()["policies"]
+    assert (policy["backend"], policy["by_hand"]) == ("plugin", "native")
+    status = [*MLGO, "status", "--socket", str(plugin.socket)]
+    r = subprocess.run(status, capture_output=True, text=True, env=dict(os.environ, COLUMNS="200"))
+    assert "inlining-size (plugin; channels by hand: native)" in r.stdout, r.stdout
+    deadline = time.monotonic() + 10
+    while channel_files(plugin):  # each by-hand lease ends after its compilation
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_plugin_policy_without_a_saved_model_answers_channels_from_python(tmp_path, tc):
+    """No native server without a SavedModel: the numpy policy answers the channel, with
+    the plugin's decisions (here, departing from clang's default)."""
+    inline_all = MLPPolicy.load(SHIPPED)
+    inline_all.weights[-1] = np.array([0.0, 1e30], np.float32)  # always "inline"
+    inline_all.save(tmp_path / "inline-all")
+    service = Service(tmp_path, "--policy", str(tmp_path / "inline-all"))
+    try:
+        departed = 0
+        for src in SOURCES:
+            want, got, plain = tmp_path / "cc.o", tmp_path / "hand.o", tmp_path / "plain.o"
+            assert mlgo_cc(MLGO_CC, src, want, service.env()).returncode == 0
+            r = by_hand(README_BY_HAND.format(src=src, out=got), service.env())
+            assert r.returncode == 0 and not r.stderr, r.stderr
+            assert got.read_bytes() == want.read_bytes(), src.name
+            subprocess.run([tc.clang, "-Oz", "-c", str(src), "-o", str(plain)], check=True)
+            departed += got.read_bytes() != plain.read_bytes()
+        assert departed > 0
+        assert service.status()["policies"][0]["by_hand"] == "python"
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize("served", ["plugin", "native"])
+def test_mlgo_flags_in_a_users_own_command_build_what_mlgo_cc_builds(served, request, tmp_path):
+    """`clang-22 $(mlgo flags -- -Oz) -Oz -c x.c`: the plugin where there is one (flags for a
+    whole build), a channel for one compilation otherwise; mlgo-cc's object either way."""
+    service = request.getfixturevalue(served)
+    want, got = tmp_path / "cc.o", tmp_path / "flags.o"
+    assert mlgo_cc(MLGO_CC, SOURCES[0], want, service.env()).returncode == 0
+    line = f"f=$(mlgo flags -- -Oz -g) && echo $f && clang-22 $f -Oz -c {SOURCES[0]} -o {got}"
+    r = by_hand(line, service.env())
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    route = "-fpass-plugin=" if served == "plugin" else "-inliner-interactive-channel-base="
+    assert r.stdout.count("\n") == 1 and route in r.stdout, r.stdout
+    assert got.read_bytes() == want.read_bytes()
+
+
+def test_mlgo_flags_starts_the_service_as_mlgo_cc_does(tmp_path):
+    """With no service running, `mlgo flags` starts the default one: the plugin's flag."""
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    env.pop("MLGO_SOCKET", None)
+    env.pop("MLGO_POLICY", None)
+    try:
+        r = by_hand("mlgo flags -- -Oz", env)
+        assert r.returncode == 0 and not r.stderr, r.stderr
+        assert r.stdout.startswith("-fpass-plugin=") and r.stdout.count("\n") == 1
+    finally:
+        by_hand("mlgo stop", env)
+    assert "serving inlining-size (plugin)" in (tmp_path / "mlgo" / "service.log").read_text()
+
+
+def test_mlgo_flags_at_another_level_print_nothing_and_say_why(plugin):
+    r = subprocess.run(
+        [*MLGO, "flags", "--socket", str(plugin.socket), "--", "-O2", "-Wall"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and r.stdout == "", r.stdout
+    assert r.stderr == (
+        "mlgo: note: -O2 compiles are left to clang's default: the served policies are for -Oz\n"
+    )
+
+
+@pytest.mark.parametrize("command", [["channel"], ["flags", "--", "-O2"]])
+def test_a_problem_the_service_does_not_serve_is_one_line(command, plugin):
+    cmd = [*MLGO, command[0], "--socket", str(plugin.socket), "--problem", "regalloc-eviction"]
+    r = subprocess.run([*cmd, *command[1:]], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert r.stderr.count("\n") == 1 and "serves no policy for 'regalloc-eviction'" in r.stderr
 
 
 def test_channel_by_hand(native, tmp_path):

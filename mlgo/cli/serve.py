@@ -1,4 +1,4 @@
-"""`mlgo serve`, `status`, `channel`, `stop` and `install-wrappers`: the policy service
+"""`mlgo serve`, `status`, `channel`, `flags`, `stop` and `install-wrappers`: the policy service
 that builds reach through mlgo-cc."""
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def status(socket: SocketOpt = None) -> None:
         pct = ", ".join(f"{k[:-3]} {v:.1f} µs" for k, v in lat.items()) if lat else "no decisions"
         if p["backend"] == "plugin":
             pct = "decided inside clang (not counted here)"
-        table.add_row(f"{p['problem']} ({p['backend']})", f"{p['path']}\n{pct}")
+        by_hand = f"; channels by hand: {p['by_hand']}" if p.get("by_hand") else ""
+        table.add_row(f"{p['problem']} ({p['backend']}{by_hand})", f"{p['path']}\n{pct}")
     console.print(table)
 
 
@@ -73,12 +74,34 @@ def channel(
 ) -> None:
     """Print a channel base for one compilation run by hand (-mllvm -...-channel-base=);
     starts the service (as mlgo-cc would) when none is running."""
-    from mlgo.serve.cc import connect
+    from mlgo.serve.cc import by_hand
     from mlgo.serve.client import socket_path
 
-    with connect(socket or socket_path(), may_start=socket is None) as conn:
-        conn.send({"op": "channel", "problem": problem, "ttl_s": ttl})
-        print(conn.receive()["base"])
+    message = {"op": "channel", "problem": problem, "ttl_s": ttl}
+    print(by_hand(socket or socket_path(), socket is None, message)["base"])
+
+
+def flags(
+    cflags: Annotated[
+        list[str] | None, typer.Argument(help="your compile flags, after --: their -O level")
+    ] = None,
+    problem: Annotated[
+        str | None, typer.Option(help="only this decision (default: every served policy)")
+    ] = None,
+    socket: SocketOpt = None,
+) -> None:
+    """Print the flags that bring the served policies to your own clang command, each by its
+    fastest route (the plugin; a channel, for one compilation, where a problem has none);
+    nothing when CFLAGS select a level no policy was trained for. Starts the service (as
+    mlgo-cc would) when none is running."""
+    from mlgo.serve.cc import flags_by_hand
+    from mlgo.serve.client import socket_path
+
+    found, note = flags_by_hand(socket or socket_path(), socket is None, problem, cflags or [])
+    if note:
+        err.print(f"mlgo: note: {note}", highlight=False)
+    if found:
+        print(" ".join(found))
 
 
 def install_wrappers() -> None:

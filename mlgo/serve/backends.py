@@ -249,4 +249,5 @@ class PythonBackend:
         pass
 
 
-Backend = NativeBackend | PythonBackend | PluginBackend
+ChannelBackend = NativeBackend | PythonBackend
+Backend = ChannelBackend | PluginBackend

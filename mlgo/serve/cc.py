@@ -172,6 +172,34 @@ def connect(path: Path, may_start: bool) -> Connection:
         return start_service(path)
 
 
+def by_hand(path: Path, may_start: bool, message: dict) -> dict:
+    """The service's answer to MESSAGE for a compilation run by hand (`mlgo channel`, `mlgo
+    flags`), starting it as mlgo-cc would. A first channel on a plugin-served policy starts
+    its native server, so the answer may take as long as a start."""
+    with connect(path, may_start) as conn:
+        conn.sock.settimeout(START_TIMEOUT_S)
+        conn.send(message)
+        return conn.receive()
+
+
+def flags_by_hand(
+    path: Path, may_start: bool, problem: str | None, cflags: list[str]
+) -> tuple[list[str], str | None]:
+    """The flags that bring the served policies (PROBLEM's only, if named) to the user's own
+    clang command with CFLAGS, checked as a lease's are, and the note when the level CFLAGS
+    select leaves some policy to clang's default (no flags when it leaves them all)."""
+    level = opt_level(cflags)
+    if level is None:
+        raise ValueError(f"clang accepts no such -O level: {' '.join(cflags)}")
+    reply = by_hand(path, may_start, {"op": "flags", "level": level, "problem": problem})
+    flags = reply.get("flags")
+    if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
+        raise ServiceError(f"the mlgo service sent flags that are not strings: {str(flags)[:80]}")
+    check_lease_flags(flags, path.parent)
+    note = reply.get("note")
+    return flags, note if isinstance(note, str) else None
+
+
 def check_lease_flags(flags: list[str], runtime: Path) -> None:
     """Refuses any flag a lease may not carry (see LEASE_SWITCHES): whatever answers on the
     socket must not get to choose what the compiler runs."""

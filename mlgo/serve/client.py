@@ -16,7 +16,11 @@ Protocol: one JSON object per line each way.
   `{"event": "error", ...}`; `{"op": "done", "returncode": N}` ends the lease and is answered
   with its tally. A lease also ends when its connection closes, so a killed client leaks
   nothing. At a level no policy serves the reply has no `lease`: no flags, nothing to end.
-- `{"op": "channel", "problem": P}`: a channel for one compilation run by hand.
+- `{"op": "channel", "problem": P}`: a channel for one compilation run by hand, whatever
+  backend serves P (a plugin-served policy gets a channel backend on the first request).
+- `{"op": "flags", "level": L, "problem": P}` (P optional): the flags of a compilation by
+  hand at level L, each policy by its fastest route (the plugin, else a channel that serves
+  one compilation), plus the `note` when L leaves some policy to clang's default.
 - `{"op": "status"}`, `{"op": "stop"}`.
 """
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from mlgo.serve.client import Connection, ServiceError, UntrustedError
-from mlgo.serve.service import Service
+from mlgo.serve.service import Lease, Service
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -35,14 +35,12 @@ class _Handler(socketserver.StreamRequestHandler):
             if op == "compile":
                 self._compile(service, message.get("level"))
             elif op == "channel":
-                lease = service.open_lease(message.get("problem"))
-                (_policy, base), *_ = lease.channels.values()
+                lease = service.open_lease(message.get("problem"), channel=True)
+                (_problem, _backend, base), *_ = lease.channels.values()
                 self._send({"base": base, "lease": lease.id})
-                expiry = threading.Timer(
-                    float(message.get("ttl_s", 600)), service.end_lease, (lease,)
-                )
-                expiry.daemon = True
-                expiry.start()
+                self._expire(service, lease, float(message.get("ttl_s", 600)))
+            elif op == "flags":
+                self._flags(service, message)
             elif op == "status":
                 self._send(service.status())
             elif op == "stop":
@@ -53,6 +51,29 @@ class _Handler(socketserver.StreamRequestHandler):
         except (ValueError, OSError, AttributeError) as e:
             with contextlib.suppress(OSError):  # the client may be gone too
                 self._send({"error": f"{type(e).__name__}: {e}"})
+
+    @staticmethod
+    def _expire(service: Service, lease: Lease, ttl_s: float) -> None:
+        """Ends a lease by hand after TTL_S seconds if its compiler never came."""
+        if lease.channels:
+            expiry = threading.Timer(ttl_s, service.end_lease, (lease,))
+            expiry.daemon = True
+            expiry.start()
+
+    def _flags(self, service: Service, message: dict) -> None:
+        """The flags of a compilation by hand at the request's level, by each served policy's
+        fastest route, and the note when the level leaves some policy to clang's default."""
+        problem, level = message.get("problem"), message.get("level")
+        if not isinstance(level, str):
+            raise ValueError(f"a flags request names its -O level, not {level!r}")
+        served, note = service.level_note(level, problem)
+        reply: dict = {"note": note} if note else {}
+        if not served:
+            self._send({"flags": [], **reply})
+            return
+        lease = service.open_lease(problem, level=level)
+        self._send({"flags": lease.flags, "lease": lease.id, **reply})
+        self._expire(service, lease, float(message.get("ttl_s", 600)))
 
     def _notify(self, event: dict) -> None:
         """Sends an event as it happens, from whichever thread saw it; the lock keeps it

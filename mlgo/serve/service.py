@@ -11,12 +11,17 @@ stuck compiler and fall back to the default heuristic.
 A policy answers only compiles at the -O level its problem was trained for: a -Oz inlining
 policy would shrink -O3 code the user wants fast. Other compiles get no flags, and the first
 one at each level carries a note saying so, once in the service's lifetime (about a build).
+
+A compilation run by hand may ask for a channel whatever backend serves its problem: a policy
+served by the plugin then also gets a channel backend for the same policy (native, else
+python), started on the first such request, so `mlgo channel` works against the default service.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlgo.problems import Problem
-from mlgo.serve.backends import Backend, NativeBackend, PluginBackend, PythonBackend
+from mlgo.serve.backends import (
+    Backend,
+    ChannelBackend,
+    NativeBackend,
+    PluginBackend,
+    PythonBackend,
+)
 from mlgo.serve.client import runtime_dir
 
 
@@ -33,12 +44,13 @@ class ServedPolicy:
     problem: Problem
     path: Path
     backend: Backend
+    by_hand: ChannelBackend | None = None  # the channel backend of a plugin-served policy
 
 
 @dataclass
 class Lease:
     id: str
-    channels: dict[str, tuple[ServedPolicy, str]]  # channel id -> (policy, FIFO base)
+    channels: dict[str, tuple[Problem, ChannelBackend, str]]  # channel id -> its FIFO base
     plugin_flags: list[str] = field(default_factory=list)
     notify: Callable[[dict], None] | None = None  # events to the client holding the lease
     detached: bool = False
@@ -50,7 +62,9 @@ class Lease:
     @property
     def flags(self) -> list[str]:
         channels = [
-            f for p, base in self.channels.values() for f in p.problem.flags_for_serving(base)
+            f
+            for problem, _, base in self.channels.values()
+            for f in problem.flags_for_serving(base)
         ]
         return channels + self.plugin_flags
 
@@ -67,6 +81,7 @@ class Service:
         self._by_channel: dict[str, Lease] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._by_hand_lock = threading.Lock()  # held while a channel backend starts
         self.compilations = self.decisions = self.failed = 0
         self.levels: dict[str, dict[str, int]] = {}  # -O level -> compiles served / not
         self.last_activity = time.monotonic()
@@ -85,17 +100,34 @@ class Service:
             if backend == "plugin":
                 raise ValueError(f"{directory}: {problem.name} has no plugin; use --backend native")
             backend = "native"
-        if backend == "native":
-            from mlgo.ship.aot import native_server
-
-            binary = native_server(directory / "saved_model")
-            log = self.runtime / f"policy-server-{problem.name}.log"
-            served: Backend = NativeBackend(binary, log, self)
-        elif backend == "python":
-            served = PythonBackend(directory, self)
-        else:
+        if backend not in ("native", "python"):
             raise ValueError(f"unknown backend {backend!r}; use auto, plugin, native or python")
+        served = self._channel_backend(directory, problem, backend)
         return ServedPolicy(problem, directory.resolve(), served)
+
+    def _channel_backend(self, directory: Path, problem: Problem, backend: str) -> ChannelBackend:
+        if backend == "python":
+            return PythonBackend(directory, self)
+        from mlgo.ship.aot import native_server
+
+        binary = native_server(directory / "saved_model")
+        return NativeBackend(binary, self.runtime / f"policy-server-{problem.name}.log", self)
+
+    def _by_hand(self, p: ServedPolicy) -> ChannelBackend:
+        """The backend that answers P's channels by hand: its own, or for a plugin the native
+        server of the same policy (python where that cannot be built), started once."""
+        from mlgo.ship.aot import AotError
+
+        if not isinstance(p.backend, PluginBackend):
+            return p.backend
+        with self._by_hand_lock:
+            if p.by_hand is None:
+                try:
+                    p.by_hand = self._channel_backend(p.path, p.problem, "native")
+                except (AotError, OSError) as e:
+                    print(f"mlgo: channels by hand from the python policy: {e}", file=sys.stderr)
+                    p.by_hand = self._channel_backend(p.path, p.problem, "python")
+            return p.by_hand
 
     # -- events from backends -------------------------------------------------------
     def on_session(self, cid: str, decisions: int) -> None:
@@ -105,7 +137,8 @@ class Service:
                 return
             lease.decisions += decisions
             lease.sessions += 1
-        if lease.detached:  # a by-hand channel serves one compilation
+            done = lease.sessions >= len(lease.channels)
+        if lease.detached and done:  # by hand: one compilation, a session on each channel
             threading.Thread(target=self.end_lease, args=(lease,), daemon=True).start()
 
     def on_error(self, cid: str, message: str) -> None:
@@ -120,37 +153,44 @@ class Service:
             threading.Thread(target=self.end_lease, args=(lease,), daemon=True).start()
 
     # -- leases ----------------------------------------------------------------------
+    def level_note(self, level: str, problem: str | None = None) -> tuple[bool, str | None]:
+        """Does any policy (for PROBLEM, if named) answer a compile at LEVEL, and the note
+        when that leaves some of them to clang's default (None when none is)."""
+        pool = [p for p in self.policies if problem in (None, p.problem.name)]
+        if not pool:
+            raise ValueError(f"this service serves no policy for {problem!r}")
+        served = [p for p in pool if p.problem.opt_level == level]
+        if len(served) == len(pool):
+            return True, None
+        if not served:
+            levels = " and ".join(sorted({p.problem.opt_level for p in pool}))
+            why = f"the served policies are for {levels}"
+            return False, f"{level} compiles are left to clang's default: {why}"
+        left = ", ".join(
+            f"{p.problem.name} (trained for {p.problem.opt_level})" for p in pool if p not in served
+        )
+        return True, f"{level} compiles are left to clang's default for {left}"
+
     def serving(self, level: str) -> tuple[bool, str | None]:
-        """Does any policy answer a compile at LEVEL, and the note for the first compile at
-        a level that leaves some served policy to clang's default (None otherwise)."""
-        served = [p for p in self.policies if p.problem.opt_level == level]
+        """level_note for a compile: counted, and the note only for the first at LEVEL."""
+        served, note = self.level_note(level)
         with self._lock:
             counts = self.levels.setdefault(level, {"served": 0, "default": 0})
             counts["served" if served else "default"] += 1
             first = sum(counts.values()) == 1
-        if not first or len(served) == len(self.policies):
-            return bool(served), None
-        if not served:
-            levels = " and ".join(sorted({p.problem.opt_level for p in self.policies}))
-            why = f"the served policies are for {levels}"
-            return False, f"{level} compiles are left to clang's default: {why}"
-        left = ", ".join(
-            f"{p.problem.name} (trained for {p.problem.opt_level})"
-            for p in self.policies
-            if p not in served
-        )
-        return True, f"{level} compiles are left to clang's default for {left}"
+        return served, note if first else None
 
     def open_lease(
         self,
         problem: str | None = None,
         notify: Callable[[dict], None] | None = None,
         level: str | None = None,
+        channel: bool = False,
     ) -> Lease:
-        """A lease for one compilation (at LEVEL: only the policies trained for it). NOTIFY
-        gets its error events as they happen; a lease without one is detached: a channel by
-        hand, which ends after one compilation."""
-        detached = notify is None
+        """A lease for one compilation (at LEVEL: only the policies trained for it), each
+        policy by its backend, or with CHANNEL on a channel whatever its backend. NOTIFY gets
+        its error events as they happen; a lease without one is detached: a compilation by
+        hand, which ends after one session (one without channels is over at once)."""
         chosen = [
             p
             for p in self.policies
@@ -158,29 +198,26 @@ class Service:
         ]
         if not chosen:
             raise ValueError(f"this service serves no policy for {problem!r}")
-        if detached:  # a channel by hand: a plugin has none to give
-            chosen = [p for p in chosen if not isinstance(p.backend, PluginBackend)]
-            if not chosen:
-                raise ValueError(
-                    "this service's policy runs inside clang (-fpass-plugin), not on a "
-                    "channel; for a channel by hand, serve with --backend native"
-                )
+        backends = [(p, self._by_hand(p) if channel else p.backend) for p in chosen]
+        lease = Lease(f"{os.getpid()}-{next(self._ids)}", {}, notify=notify, detached=not notify)
+        plugins = [b for _, b in backends if isinstance(b, PluginBackend)]
+        lease.plugin_flags = [f for b in plugins for f in b.flags]
+        if lease.detached and len(plugins) == len(backends):  # flags by hand: nothing to end
+            return lease
         with self._lock:
-            lease = Lease(f"{os.getpid()}-{next(self._ids)}", {}, notify=notify, detached=detached)
             self.leases[lease.id] = lease
             self.last_activity = time.monotonic()
-        for p in chosen:
-            if isinstance(p.backend, PluginBackend):  # no channel: a flag is all it takes
-                lease.plugin_flags += p.backend.flags
+        for p, backend in backends:
+            if isinstance(backend, PluginBackend):  # no channel: a flag is all it takes
                 continue
             cid = f"{lease.id}-{p.problem.name}"
             base = str(self.channel_dir / cid)
             os.mkfifo(base + ".in", 0o600)
             os.mkfifo(base + ".out", 0o600)
-            lease.channels[cid] = (p, base)
+            lease.channels[cid] = (p.problem, backend, base)
             with self._lock:
                 self._by_channel[cid] = lease
-            p.backend.start(cid, base, p.problem)
+            backend.start(cid, base, p.problem)
         return lease
 
     def end_lease(self, lease: Lease, returncode: int | None = None) -> dict:
@@ -188,9 +225,8 @@ class Service:
             if lease.ended.is_set():
                 return self._tally(lease)
             lease.ended.set()
-        for cid, (p, base) in lease.channels.items():
-            assert not isinstance(p.backend, PluginBackend)  # it has no channels
-            p.backend.stop(cid, base)
+        for cid, (_, backend, base) in lease.channels.items():
+            backend.stop(cid, base)
             for suffix in (".in", ".out"):
                 Path(base + suffix).unlink(missing_ok=True)
         with self._lock:
@@ -223,6 +259,7 @@ class Service:
                 "problem": p.problem.name,
                 "path": str(p.path),
                 "backend": p.backend.name,
+                "by_hand": p.by_hand and p.by_hand.name,  # a plugin's channels, once asked for
                 "latency": p.backend.latency(),
             }
             for p in self.policies
@@ -239,3 +276,5 @@ class Service:
             self.end_lease(lease)
         for p in self.policies:
             p.backend.close()
+            if p.by_hand is not None:
+                p.by_hand.close()
