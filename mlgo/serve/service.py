@@ -33,6 +33,7 @@ class ServedPolicy:
     problem: Problem
     path: Path
     backend: Backend
+    gated: bool = False  # it follows the compiler's own answer unless confident: send it
 
 
 @dataclass
@@ -50,7 +51,9 @@ class Lease:
     @property
     def flags(self) -> list[str]:
         channels = [
-            f for p, base in self.channels.values() for f in p.problem.flags_for_serving(base)
+            f
+            for p, base in self.channels.values()
+            for f in p.problem.flags_for_serving(base, default=p.gated)
         ]
         return channels + self.plugin_flags
 
@@ -78,10 +81,11 @@ class Service:
         from mlgo.problems.policy import MLPPolicy
 
         # checked whole before any backend builds or serves from it
-        problem = MLPPolicy.load(directory).problem
+        policy = MLPPolicy.load(directory)
+        problem, gated = policy.problem, policy.departure_threshold is not None
         if backend in ("auto", "plugin"):
             if problem.plugin:
-                return ServedPolicy(problem, directory.resolve(), PluginBackend(directory))
+                return ServedPolicy(problem, directory.resolve(), PluginBackend(directory), gated)
             if backend == "plugin":
                 raise ValueError(f"{directory}: {problem.name} has no plugin; use --backend native")
             backend = "native"
@@ -95,7 +99,7 @@ class Service:
             served = PythonBackend(directory, self)
         else:
             raise ValueError(f"unknown backend {backend!r}; use auto, plugin, native or python")
-        return ServedPolicy(problem, directory.resolve(), served)
+        return ServedPolicy(problem, directory.resolve(), served, gated)
 
     # -- events from backends -------------------------------------------------------
     def on_session(self, cid: str, decisions: int) -> None:
