@@ -35,11 +35,13 @@ class Calibration:
 
 
 def calibrate(
-    policy: MLPPolicy, corpus: Corpus, tc: Toolchain, workers: Workers, grid=GRID
+    policy: MLPPolicy,
+    corpus: Corpus,
+    tc: Toolchain,
+    workers: Workers,
+    grid: tuple[float, ...] = GRID,
 ) -> Calibration:
-    """The threshold of GRID with no package of CORPUS larger than the default (nor a
-    module that failed) that makes CORPUS smallest, the higher one of equals; NEVER if
-    every threshold makes some package larger."""
+    """One evaluation of POLICY on CORPUS per threshold of GRID, and the one `choose`s."""
     if not policy.can_gate:
         raise ValueError(f"a {policy.problem.name} policy has no default to gate on")
     m = policy.problem.reward_metric
@@ -56,9 +58,16 @@ def calibrate(
                 "failed": sorted(ev.failed),
             }
         )
+    return Calibration(choose(sweep), sweep)
+
+
+def choose(sweep: list[dict]) -> float:
+    """Of the thresholds with no package larger and no module failed, the one with the
+    lowest total change (the higher of equals: it departs less for the same result);
+    NEVER if there is none."""
     safe = [r for r in sweep if not r["packages_larger"] and not r["failed"]]
     best = min(safe, key=lambda r: (r["change"], -r["threshold"]), default=None)
-    return Calibration(best["threshold"] if best else NEVER, sweep)
+    return best["threshold"] if best else NEVER
 
 
 def calibrate_policy(
