@@ -24,6 +24,7 @@ from mlgo.train.calibrate import GRID, NEVER, choose
 from mlgo.train.es import ESConfig, train_es
 from mlgo.train.evaluate import Evaluation, evaluate
 from mlgo.train.report import render_html, summary
+from mlgo.train.run import start_policy
 from tests.cli_helpers import POLICIES
 from tests.conftest import MLGO, assert_saved_best_is_best_evaluated, run_mlgo
 
@@ -198,6 +199,14 @@ def test_calibrate_writes_a_gated_policy_no_package_grows_with(mini_corpus, tc, 
     r = run_mlgo(*args, "--out", str(tmp_path / "mine"), timeout=120)
     assert r.returncode != 0 and "not a policy directory" in r.stderr
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+@pytest.mark.unit
+def test_training_from_a_calibrated_policy_starts_without_its_gate(tmp_path):
+    gated = replace(MLPPolicy.load(POLICIES / "inlining-size"), departure_threshold=0.9)
+    gated.save(tmp_path / "gated")
+    start = start_policy("es", tmp_path / "gated", PROBLEM)
+    assert start is not None and start.departure_threshold is None
 
 
 @pytest.mark.unit
