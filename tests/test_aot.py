@@ -29,9 +29,10 @@ def recorded(mini_corpus, tc):
     return specs, features
 
 
-@pytest.fixture(scope="module")
-def exported(recorded, tmp_path_factory):
-    """A randomly initialised policy (its answers are mixed, unlike a trained one's)."""
+@pytest.fixture(scope="module", params=["argmax", "gated"])
+def exported(request, recorded, tmp_path_factory):
+    """A randomly initialised policy (its answers are mixed, unlike a trained one's); gated,
+    it keeps about half of its departures from the default, those with the larger margin."""
     from mlgo.ship.export import export_saved_model
 
     _, features = recorded
@@ -40,6 +41,11 @@ def exported(recorded, tmp_path_factory):
     policy = MLPPolicy.init(PROBLEM, Normalizer.fit(names, x), hidden=(16,), seed=3)
     margin = np.diff(policy.logits(x), axis=1)[:, 0]
     policy.weights[-1][1] -= np.median(margin) + 1e-3  # centred: about half inline
+    if request.param == "gated":
+        default = features[PROBLEM.default_feature].reshape(-1)
+        logits = policy.logits(x)
+        departs = np.abs(np.diff(logits, axis=1)[:, 0])[np.argmax(logits, 1) != default]
+        policy.departure_threshold = float(1 / (1 + np.exp(-np.median(departs))))
     out = tmp_path_factory.mktemp("policy")
     return policy, export_saved_model(policy, out), x
 
@@ -78,10 +84,16 @@ def test_native_server_decides_like_saved_model_and_policy(recorded, exported, t
     log.write_bytes(buf.getvalue())
 
     native = np.frombuffer(replay(native_server(saved), log), np.int64)
-    numpy_policy = np.argmax(policy.logits(x), 1)
-    tf_model = saved_model_decisions(
-        saved, {f: x[:, j] for j, f in enumerate(policy.normalizer.features)}
-    )
+    argmax = np.argmax(policy.logits(x), 1)
+    inputs = {f: x[:, j] for j, f in enumerate(policy.normalizer.features)}
+    default = features[PROBLEM.default_feature].reshape(-1)
+    numpy_policy = argmax
+    if policy.departure_threshold is not None:
+        numpy_policy = policy.gate(policy.logits(x), default)
+        inputs[PROBLEM.default_feature] = default
+        departures = (numpy_policy != default).sum()
+        assert 0 < departures < (argmax != default).sum(), "the gate keeps some departures"
+    tf_model = saved_model_decisions(saved, inputs)
     assert n >= 15 and len(native) == n
     assert 0 < native.sum() < n, "a random policy should answer both ways"
     assert np.array_equal(native, numpy_policy)

@@ -71,7 +71,14 @@ BAD_POLICIES = [
         lambda p: (p / "policy.npz").write_bytes((p / "policy.npz").read_bytes()[:3000]),
     ),
     ("policy.json", "not a policy", lambda p: (p / "policy.json").write_text('{"problem": ')),
+    ("policy.json", "not in \\[0.5, 1\\]", lambda p: _rewrite_meta(p, departure_threshold=0.3)),
+    ("policy.json", "not in \\[0.5, 1\\]", lambda p: _rewrite_meta(p, departure_threshold="x")),
 ]
+
+
+def _rewrite_meta(policy: Path, **change) -> None:
+    d = json.loads((policy / "policy.json").read_text())
+    (policy / "policy.json").write_text(json.dumps({**d, **change}))
 
 
 @pytest.mark.parametrize(("file", "why", "spoil"), BAD_POLICIES)
@@ -81,6 +88,18 @@ def test_a_spoilt_policy_is_refused_naming_its_file(tmp_path, file, why, spoil):
     with pytest.raises(ValueError, match=why) as e:
         MLPPolicy.load(policy)
     assert str(e.value).startswith(f"{policy / file}:") and "\n" not in str(e.value)
+
+
+def test_a_departure_threshold_is_saved_with_the_policy_and_only_where_a_default_is(tmp_path):
+    policy = MLPPolicy.load(POLICIES / "inlining-size")
+    policy.departure_threshold = 0.8
+    policy.save(tmp_path / "gated")
+    assert MLPPolicy.load(tmp_path / "gated").departure_threshold == 0.8
+    regalloc = _policy_copy(tmp_path, "regalloc-eviction")
+    _rewrite_meta(regalloc, departure_threshold=0.8)
+    with pytest.raises(ValueError, match="no default to gate on") as e:
+        MLPPolicy.load(regalloc)
+    assert str(e.value).startswith(f"{regalloc / 'policy.json'}:")
 
 
 def test_the_shipped_policies_load_nan_boundaries_included():

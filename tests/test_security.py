@@ -143,13 +143,14 @@ def test_a_socket_others_can_write_is_refused(cc, canary, tmp_path):
 
 def test_every_problems_serving_flags_pass_the_lease_check(tmp_path, monkeypatch):
     """The allowed flags are exactly what the service hands out: a channel per problem in
-    the runtime directory, and a plugin from the cache of built plugins."""
+    the runtime directory (with the compiler's own answer, for a gated policy), and a
+    plugin from the cache of built plugins."""
     monkeypatch.setenv("MLGO_CACHE", str(tmp_path / "cache"))
     (tmp_path / "channels").mkdir()
     for problem in problems():
         base = str(tmp_path / "channels" / f"1-1-{problem.name}")
-        flags = problem.flags_for_serving(base)
-        check_lease_flags(flags, tmp_path)
+        for default in (False, True):
+            check_lease_flags(problem.flags_for_serving(base, default), tmp_path)
     check_lease_flags([f"-fpass-plugin={cache_dir() / 'plugin' / 'k' / 'lib.so'}"], tmp_path)
 
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from tests.conftest import DATA, MLGO
 SHIPPED = Path(__file__).parent.parent / "policies" / "inlining-size"
 MLGO_CC = [sys.executable, "-c", "from mlgo.serve.cc import main_c; main_c()"]
 SOURCES = sorted((DATA / "minipkg").glob("*.c"))
+CXX_SOURCE = DATA / "cxx" / "inventory.cc"
 
 
 class Service:
@@ -160,6 +162,45 @@ def test_the_plugin_decides_as_the_policy_does(cc, plugin, mini_corpus, tc, tmp_
     finally:
         eager.stop()
     assert plugin.status()["failed_compilations"] == 0
+
+
+def test_every_backend_applies_a_departure_gate_alike(native_cc, tc, tmp_path):
+    """A gated policy (an eager one that departs towards "inline", gated so that only its
+    surest departures stay) gives the same objects from the numpy policy, the native AOT
+    server and the plugin, on C and on C++; and the gate keeps some departures, not all."""
+    from mlgo.llvm.channel import compile_interactive
+    from mlgo.ship.export import export_saved_model
+
+    eager = MLPPolicy.load(SHIPPED)
+    eager.weights[-1] = eager.weights[-1] + np.array([0.0, 6.0], np.float32)
+    gated = replace(eager, departure_threshold=0.87)  # a logit margin of 1.9
+    gated.save(tmp_path / "gated")
+    export_saved_model(gated, tmp_path / "gated")
+    problem = get_problem("inlining-size")
+    mlgo_cxx = str(Path(native_cc[0]).with_name("mlgo-c++"))
+    sources = [(SOURCES[-1], native_cc[0], tc.clang), (CXX_SOURCE, mlgo_cxx, tc.clangxx)]
+    objects: dict[str, list[bytes]] = {}
+    for backend in ("python", "native", "plugin"):
+        (tmp_path / backend).mkdir()
+        service = Service(
+            tmp_path / backend, "--policy", str(tmp_path / "gated"), "--backend", backend
+        )
+        try:
+            for src, wrapper, _ in sources:
+                r = mlgo_cc([wrapper], src, tmp_path / "got.o", service.env())
+                assert r.returncode == 0 and not r.stderr, r.stderr
+                objects.setdefault(src.name, []).append((tmp_path / "got.o").read_bytes())
+        finally:
+            service.stop()
+    for src, _, compiler in sources:
+        served = objects[src.name]
+        assert served[0] == served[1] == served[2], f"{src.name}: the backends disagree"
+        plain, ungated = tmp_path / "plain.o", tmp_path / "ungated.o"
+        subprocess.run([compiler, "-Oz", "-c", str(src), "-o", str(plain)], check=True)
+        cmd = [compiler, "-Oz", "-c", str(src), "-o", str(ungated)]
+        compile_interactive(cmd, eager, problem.channel_flags)
+        assert served[0] != plain.read_bytes(), f"{src.name}: the gate kept no departure"
+        assert served[0] != ungated.read_bytes(), f"{src.name}: the gate let every one through"
 
 
 def test_the_plugin_falls_back_on_an_unknown_feature_layout(cc, mismatched_policy, tc, tmp_path):

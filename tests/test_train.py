@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import time
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,15 +14,18 @@ import pytest
 
 from mlgo.problems import get_problem
 from mlgo.problems.policy import MLPPolicy, Normalizer
-from mlgo.runtime.workers import LocalPool
+from mlgo.runtime.workers import LocalPool, make_workers
 from mlgo.ship.modelcard import model_card
 from mlgo.traces.collect import collect
 from mlgo.traces.dataset import load_decisions
 from mlgo.train import RunDir
 from mlgo.train.bc import train_bc
+from mlgo.train.calibrate import GRID, NEVER, choose
 from mlgo.train.es import ESConfig, train_es
 from mlgo.train.evaluate import Evaluation, evaluate
 from mlgo.train.report import render_html, summary
+from mlgo.train.run import start_policy
+from tests.cli_helpers import POLICIES
 from tests.conftest import MLGO, assert_saved_best_is_best_evaluated, run_mlgo
 
 PROBLEM = get_problem("inlining-size")
@@ -158,6 +162,51 @@ def test_eval_and_report(bc_run, mini_corpus, tc, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "r.json").read_text())["totals"]["modules"] == 3
+
+
+@pytest.mark.unit
+def test_calibration_keeps_the_smallest_safe_threshold_the_higher_of_equals():
+    def row(t, change, larger=(), failed=()):
+        return {"threshold": t, "change": change, "packages_larger": larger, "failed": failed}
+
+    sweep = [row(0.5, -0.03, ["a"]), row(0.7, -0.01), row(0.9, -0.01), row(0.99, -0.005)]
+    assert choose(sweep) == 0.9
+    assert choose([row(0.5, -0.02, ["a"]), row(0.9, -0.01, failed=["a/m.c"])]) == NEVER == 1.0
+
+
+def test_calibrate_writes_a_gated_policy_no_package_grows_with(mini_corpus, tc, tmp_path):
+    """An eager policy (shipped, pushed towards "inline") grows the package ungated; the
+    calibrated one is written with its sweep, and re-evaluated grows no package."""
+    eager = MLPPolicy.load(POLICIES / "inlining-size")
+    eager.weights[-1] = eager.weights[-1] + np.array([0.0, 6.0], np.float32)
+    eager.save(tmp_path / "eager")
+    args = ("calibrate", "--policy", str(tmp_path / "eager"), "--corpus", str(mini_corpus.root))
+    r = run_mlgo(*args, "--out", str(tmp_path / "cal"), timeout=600)
+    assert r.returncode == 0, r.stderr
+    record = json.loads((tmp_path / "cal" / "calibration.json").read_text())
+    assert [row["threshold"] for row in record["sweep"]] == list(GRID)
+    assert record["sweep"][0]["packages_larger"] == ["minipkg"]
+    gated = MLPPolicy.load(tmp_path / "cal")
+    assert gated.departure_threshold == record["threshold"] == choose(record["sweep"])
+    assert ("never departs" in r.stderr) == (not record["safe"])
+    with closing(make_workers("local")) as pool:
+        ev = evaluate(gated, mini_corpus, tc, pool, gated.problem)
+    assert ev.per_package()["minipkg"]["delta"] <= 0
+    r = run_mlgo(*args, "--out", str(tmp_path / "eager"), timeout=120)
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "is the policy itself" in r.stderr
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    r = run_mlgo(*args, "--out", str(tmp_path / "mine"), timeout=120)
+    assert r.returncode != 0 and "not a policy directory" in r.stderr
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+@pytest.mark.unit
+def test_training_from_a_calibrated_policy_starts_without_its_gate(tmp_path):
+    gated = replace(MLPPolicy.load(POLICIES / "inlining-size"), departure_threshold=0.9)
+    gated.save(tmp_path / "gated")
+    start = start_policy("es", tmp_path / "gated", PROBLEM)
+    assert start is not None and start.departure_threshold is None
 
 
 @pytest.mark.unit

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,13 +25,14 @@ from mlgo.llvm.log_format import (
     stack_features,
 )
 from mlgo.problems import get_problem, problems
-from mlgo.problems.policy import Derived, Normalizer
+from mlgo.problems.policy import Derived, MLPPolicy, Normalizer
 from mlgo.problems.regalloc_eviction import VIRT_REG, spill_costs
 from mlgo.serve.cc import opt_level
 from mlgo.serve.guard import default_args, guarded_object
 from mlgo.train import Adam
 from mlgo.train.es import _ranks, penalized_reduction
 from mlgo.train.evaluate import Evaluation
+from tests.cli_helpers import POLICIES
 
 pytestmark = pytest.mark.unit
 
@@ -127,12 +129,35 @@ def test_inlining_trains_with_the_default_and_serves_without_it():
     train, serve = INLINING.channel_flags("/b"), INLINING.flags_for_serving("/b")
     assert "-inliner-interactive-channel-base=/b" in train and serve == train[:-2]
     assert train[-1] == "-inliner-interactive-include-default"
+    assert INLINING.flags_for_serving("/b", default=True) == train  # for a gated policy
     assert INLINING.opt_level == "-Oz" and INLINING.reward_metric == "text_size"
     obs = Observation("f", 0, {"inlining_default": np.array([1])})
     assert INLINING.default_advice(obs) == 1
     INLINING.validate(obs, np.array([0]))
     with pytest.raises(ValueError, match="must be 0 or 1, got 2"):
         INLINING.validate(obs, np.array([2]))
+
+
+def test_a_departure_gate_follows_the_default_unless_confident():
+    """p(other) >= t, as one float32 logit margin: 0.5 is argmax, 1 is the default."""
+    policy = MLPPolicy.load(POLICIES / "inlining-size")
+    assert policy.departure_threshold is None  # a policy saved before the gate: argmax
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, (2000, 2)).astype(np.float32)
+    default = rng.integers(0, 2, 2000)
+    gated = lambda t: replace(policy, departure_threshold=t).gate(logits, default)  # noqa: E731
+    assert np.array_equal(gated(0.5), np.argmax(logits, 1))
+    assert np.array_equal(gated(1.0), default)
+    p_other = 1 / (
+        1 + np.exp(logits[np.arange(2000), default] - logits[np.arange(2000), 1 - default])
+    )
+    assert np.array_equal(gated(0.9) != default, p_other >= 0.9)
+    assert 0 < (gated(0.9) != default).sum() < (gated(0.5) != default).sum()
+    x = np.zeros((1, len(policy.normalizer.features)))
+    features = {f: x[:, j] for j, f in enumerate(policy.normalizer.features)}
+    answer = int(np.argmax(policy.logits(x)[0]))
+    obs = Observation("f", 0, {**features, "inlining_default": np.array([1 - answer])})
+    assert policy(obs) == answer and replace(policy, departure_threshold=1.0)(obs) == 1 - answer
 
 
 def test_regalloc_declares_llvms_tensors_and_its_derived_inputs_name_real_features():

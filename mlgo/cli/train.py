@@ -1,4 +1,5 @@
-"""`mlgo collect`, `train`, `eval` and `report`: traces, policies, and their evaluation."""
+"""`mlgo collect`, `train`, `eval`, `calibrate` and `report`: traces, policies, and their
+evaluation."""
 
 from __future__ import annotations
 
@@ -147,6 +148,35 @@ def eval_cmd(
         err.print(f"{len(ev.failed)} of {len(chosen.modules)} modules failed", highlight=False)
         if not allow_failures:
             raise typer.Exit(1)
+
+
+def calibrate(
+    policy: PolicyOpt,
+    corpus: Annotated[Path, typer.Option(help="validation corpus: packages it did not train on")],
+    out: Annotated[Path, typer.Option(help="where the calibrated policy goes")],
+    packages: PackagesOpt = "",
+    workers: WorkersOpt = "local",
+    clang: ClangOpt = None,
+) -> None:
+    """Sweep the policy's departure threshold on a validation corpus and keep the one that
+    shrinks it most with no package larger than clang's default (1: never depart)."""
+    from mlgo.problems.policy import MLPPolicy
+    from mlgo.train import policy_dir
+    from mlgo.train.calibrate import calibrate_policy
+
+    tc = find_toolchain(clang)
+    pdir = policy_dir(policy)
+    chosen = selected(corpus, packages, MLPPolicy.load(pdir).problem)
+    with closing(make_workers(workers)) as pool:
+        cal = calibrate_policy(pdir, chosen, tc, pool, out)
+    table = Table("threshold", "change", "packages larger", "failed", title=f"{pdir} on {corpus}")
+    for r in cal.sweep:
+        larger = ", ".join(r["packages_larger"]) or "-"
+        table.add_row(f"{r['threshold']:g}", f"{r['change']:+.3%}", larger, str(len(r["failed"])))
+    console.print(table)
+    if not cal.safe:
+        err.print("no threshold kept every package no larger: the policy never departs (1.0)")
+    console.print(f"{out}: departure threshold {cal.threshold:g}")
 
 
 def report(

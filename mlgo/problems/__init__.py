@@ -38,7 +38,9 @@ class Problem:
     # The compiler's own decision (inlining sends it) or, where the compiler does not
     # reveal it, the documented baseline answer used to walk the default trajectory.
     default_advice: Callable[[Observation], int]
-    default_is_observed: bool
+    # The feature that carries the compiler's own answer when the channel sends it (None
+    # where it never does): a policy's departure gate reads it in every backend.
+    default_feature: str | None
     validate: Callable[[Observation, np.ndarray], None]  # raises ValueError on illegal advice
     measure_flags: Callable[[Path], list[str]]  # cc1 flags that make the compiler report costs
     measure: Callable[[Path, Path], dict[str, float]]  # (object, work dir) -> metrics
@@ -62,8 +64,13 @@ class Problem:
     # from there instead of compiling the corpus again.
     reward_in_stats: bool = False
 
-    def flags_for_serving(self, base: str) -> list[str]:
-        return (self.serving_flags or self.channel_flags)(base)
+    @property
+    def default_is_observed(self) -> bool:
+        return self.default_feature is not None
+
+    def flags_for_serving(self, base: str, default: bool = False) -> list[str]:
+        """The serving flags; the channel's (which send the default) if DEFAULT."""
+        return (self.channel_flags if default else self.serving_flags or self.channel_flags)(base)
 
     @property
     def slots(self) -> int:

@@ -154,6 +154,9 @@ class MLPPolicy:
     weights: list[np.ndarray] = field(default_factory=list)  # W0, b0, W1, b1, ...
     temperature: float = 0.0  # 0: greedy; > 0: sample from softmax(logits / T)
     seed: int | None = None
+    # Follow the compiler's own answer unless the policy gives the other one at least
+    # this probability (None: no gate, argmax). Set by `mlgo calibrate`, saved with it.
+    departure_threshold: float | None = None
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
@@ -194,7 +197,13 @@ class MLPPolicy:
         """The network's shape in a sentence, for the model card."""
         layers = " -> ".join(str(w.shape[0]) for w in self.weights[::2])
         layers += f" -> {self.weights[-1].shape[0]}"
-        return f"An MLP ({layers}) over LLVM's {len(self.normalizer.features)} features. "
+        out = f"An MLP ({layers}) over LLVM's {len(self.normalizer.features)} features. "
+        if self.departure_threshold is not None:
+            out += (
+                "It departs from the compiler's own decision only where it gives the other "
+                f"answer a probability of at least {self.departure_threshold:g}. "
+            )
+        return out
 
     @property
     def classes(self) -> range:
@@ -217,7 +226,32 @@ class MLPPolicy:
         )
 
     def __call__(self, obs: Observation) -> int:
-        return self.pick(self.logits(self.raw_features(obs))[0])
+        scores = self.logits(self.raw_features(obs))[0]
+        if self.departure_threshold is None:
+            return self.pick(scores)
+        return int(self.gate(scores[None, :], np.array([self.problem.default_advice(obs)]))[0])
+
+    @property
+    def can_gate(self) -> bool:
+        """A yes/no decision whose default the compiler sends: a departure gate applies."""
+        return self.problem.default_is_observed and self.outputs == 2
+
+    @property
+    def departure_margin(self) -> np.float32:
+        """The gate as a logit difference: p(other) >= t is logit(other) - logit(default)
+        >= log(t / (1 - t)). Every backend compares in float32 against this one number."""
+        t = self.departure_threshold
+        if t is None:
+            raise ValueError("the policy has no departure gate")
+        with np.errstate(divide="ignore"):
+            return np.float32(np.log(np.float64(t)) - np.log1p(-np.float64(t)))
+
+    def gate(self, logits: np.ndarray, default: np.ndarray) -> np.ndarray:
+        """[n, 2] logits and the compiler's [n] answers -> the gated [n] answers."""
+        rows = np.arange(len(default))
+        other = 1 - default
+        margin = logits[rows, other] - logits[rows, default]
+        return np.where(margin >= self.departure_margin, other, default)
 
     def pick(self, scores: np.ndarray) -> int:
         """The best answer, or a sample from softmax(scores / T) when exploring."""
@@ -266,17 +300,14 @@ class MLPPolicy:
         with atomic_path(directory / "policy.npz") as tmp, open(tmp, "wb") as f:
             np.savez(f, *self.weights)
         atomic_write_text(directory / "normalization.json", json.dumps(self.normalizer.to_json()))
-        atomic_write_text(
-            directory / "policy.json",
-            json.dumps(
-                {
-                    "problem": self.problem.name,
-                    "kind": self.kind,
-                    "layers": [list(w.shape) for w in self.weights[::2]],
-                },
-                indent=1,
-            ),
-        )
+        meta = {
+            "problem": self.problem.name,
+            "kind": self.kind,
+            "layers": [list(w.shape) for w in self.weights[::2]],
+        }
+        if self.departure_threshold is not None:
+            meta["departure_threshold"] = self.departure_threshold
+        atomic_write_text(directory / "policy.json", json.dumps(meta, indent=1))
 
     @classmethod
     def load(cls, directory: Path) -> MLPPolicy:
@@ -299,7 +330,7 @@ class MLPPolicy:
         kind = problem.policy_class
         if meta.get("kind", "mlp") != kind.kind:
             raise PolicyError(f"{where}: a {meta.get('kind', 'mlp')} policy for {problem.name}")
-        policy = kind(problem, norm, weights)
+        policy = kind(problem, norm, weights, departure_threshold=meta.get("departure_threshold"))
         policy.check(directory)
         return policy
 
@@ -307,8 +338,16 @@ class MLPPolicy:
         """Raises a PolicyError naming the file in DIRECTORY that does not hold up: layers
         that do not chain from the normalizer's width, weights that are not all finite,
         boundaries the normalizer cannot search (NaN may only trail: an old policy keeps
-        its NaN boundaries and both numpy and the exported graph count them exactly)."""
+        its NaN boundaries and both numpy and the exported graph count them exactly), a
+        departure threshold outside [0.5, 1] or where there is no default to gate on."""
         npz, norm = directory / "policy.npz", directory / "normalization.json"
+        t = self.departure_threshold
+        if t is not None:
+            meta = directory / "policy.json"
+            if isinstance(t, bool) or not isinstance(t, int | float) or not 0.5 <= t <= 1:
+                raise PolicyError(f"{meta}: departure_threshold {t!r} is not in [0.5, 1]")
+            if not self.can_gate:
+                raise PolicyError(f"{meta}: {self.problem.name} has no default to gate on")
         n = self.normalizer
         if len(set(n.features)) != len(n.features):
             raise PolicyError(f"{norm}: a feature is listed twice")

@@ -272,7 +272,7 @@ PROBLEM = Problem(
     feature_names=FEATURES,
     advice_name="index_to_evict",
     default_advice=default_advice,
-    default_is_observed=False,
+    default_feature=None,
     validate=validate,
     measure_flags=lambda workdir: [
         "-opt-record-file",

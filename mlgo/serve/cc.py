@@ -63,7 +63,11 @@ DEFAULT_TIMEOUT_S = 900.0
 # What a lease may carry: these -mllvm switches, the channel options (on a FIFO base in the
 # runtime directory's channels/), and -fpass-plugin= (a plugin in the cache of built ones).
 # tests/test_security.py checks them against every problem's flags_for_serving.
-LEASE_SWITCHES = ("-enable-ml-inliner=release", "-regalloc-enable-advisor=release")
+LEASE_SWITCHES = (
+    "-enable-ml-inliner=release",
+    "-inliner-interactive-include-default",  # a gated policy's channel sends the default
+    "-regalloc-enable-advisor=release",
+)
 LEASE_CHANNEL_OPTIONS = (
     "-inliner-interactive-channel-base",
     "-regalloc-evict-interactive-channel-base",

@@ -36,7 +36,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 self._compile(service, message.get("level"))
             elif op == "channel":
                 lease = service.open_lease(message.get("problem"), channel=True)
-                (_problem, _backend, base), *_ = lease.channels.values()
+                (_policy, _backend, base), *_ = lease.channels.values()
                 self._send({"base": base, "lease": lease.id})
                 self._expire(service, lease, float(message.get("ttl_s", 600)))
             elif op == "flags":

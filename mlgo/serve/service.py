@@ -44,13 +44,14 @@ class ServedPolicy:
     problem: Problem
     path: Path
     backend: Backend
+    gated: bool = False  # it follows the compiler's own answer unless confident: send it
     by_hand: ChannelBackend | None = None  # the channel backend of a plugin-served policy
 
 
 @dataclass
 class Lease:
     id: str
-    channels: dict[str, tuple[Problem, ChannelBackend, str]]  # channel id -> its FIFO base
+    channels: dict[str, tuple[ServedPolicy, ChannelBackend, str]]  # channel id -> its FIFO base
     plugin_flags: list[str] = field(default_factory=list)
     notify: Callable[[dict], None] | None = None  # events to the client holding the lease
     detached: bool = False
@@ -63,8 +64,8 @@ class Lease:
     def flags(self) -> list[str]:
         channels = [
             f
-            for problem, _, base in self.channels.values()
-            for f in problem.flags_for_serving(base)
+            for p, _, base in self.channels.values()
+            for f in p.problem.flags_for_serving(base, default=p.gated)
         ]
         return channels + self.plugin_flags
 
@@ -93,17 +94,18 @@ class Service:
         from mlgo.problems.policy import MLPPolicy
 
         # checked whole before any backend builds or serves from it
-        problem = MLPPolicy.load(directory).problem
+        policy = MLPPolicy.load(directory)
+        problem, gated = policy.problem, policy.departure_threshold is not None
         if backend in ("auto", "plugin"):
             if problem.plugin:
-                return ServedPolicy(problem, directory.resolve(), PluginBackend(directory))
+                return ServedPolicy(problem, directory.resolve(), PluginBackend(directory), gated)
             if backend == "plugin":
                 raise ValueError(f"{directory}: {problem.name} has no plugin; use --backend native")
             backend = "native"
         if backend not in ("native", "python"):
             raise ValueError(f"unknown backend {backend!r}; use auto, plugin, native or python")
         served = self._channel_backend(directory, problem, backend)
-        return ServedPolicy(problem, directory.resolve(), served)
+        return ServedPolicy(problem, directory.resolve(), served, gated)
 
     def _channel_backend(self, directory: Path, problem: Problem, backend: str) -> ChannelBackend:
         if backend == "python":
@@ -214,7 +216,7 @@ class Service:
             base = str(self.channel_dir / cid)
             os.mkfifo(base + ".in", 0o600)
             os.mkfifo(base + ".out", 0o600)
-            lease.channels[cid] = (p.problem, backend, base)
+            lease.channels[cid] = (p, backend, base)
             with self._lock:
                 self._by_channel[cid] = lease
             backend.start(cid, base, p.problem)

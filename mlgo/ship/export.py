@@ -98,6 +98,9 @@ def build_module(policy: MLPPolicy):
     weights = [tf.constant(w, tf.float32) for w in policy.weights]
     declared = {n: (t, shape) for n, t, shape in problem.input_specs}
     llvm = [f for f in features if not f.startswith(SELF)]  # the model's inputs
+    gated = policy.departure_threshold is not None  # then the compiler's answer is one too
+    if gated and problem.default_feature:
+        llvm.append(problem.default_feature)
     specs = [
         tf.TensorSpec(declared[f][1], declared[f][0], name=f)
         if f in declared
@@ -133,7 +136,13 @@ def build_module(policy: MLPPolicy):
         if policy.mask_feature:  # one score per slot, illegal ones out
             legal = by_name[policy.mask_feature] > 0
             h = tf.reshape(tf.where(legal, tf.reshape(h, [-1]), -np.inf), [1, slots])
-        return {problem.advice_name: tf.reshape(tf.argmax(h, axis=1, output_type=tf.int64), [1])}
+        advice = tf.reshape(tf.argmax(h, axis=1, output_type=tf.int64), [1])
+        if gated:  # MLPPolicy.gate: the default unless the other answer's margin is enough
+            default = tf.cast(by_name[problem.default_feature][:1], tf.int64)
+            other = 1 - default
+            margin = tf.gather(h[0], other) - tf.gather(h[0], default)
+            advice = tf.where(margin >= policy.departure_margin, other, default)
+        return {problem.advice_name: advice}
 
     module = tf.Module()
     module.action = tf.function(action, input_signature=specs)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import numpy as np
+
 from mlgo.llvm.toolchain import Toolchain, ToolchainError
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.messages import error_line
@@ -56,6 +58,11 @@ def policy_header(policy: MLPPolicy) -> str:
     out += _array("int", "kLayerIn", [str(n) for n in layer_in])
     out += _array("int", "kLayerOut", [str(n) for n in layer_out])
     out += _array("float", "kWeights", weights)  # per layer: W [in, out] row-major, then b
+    gated = policy.departure_threshold is not None
+    margin = float(policy.departure_margin) if gated else 0.0
+    margin_literal = "HUGE_VALF" if margin == np.inf else margin.hex() + "f"
+    out += f"constexpr bool kGated = {str(gated).lower()};  // see MLPPolicy.gate\n"
+    out += f"constexpr float kDepartureMargin = {margin_literal};\n"
     return out
 
 

@@ -3,7 +3,7 @@ or ppo into a run directory, and evaluates the result on the training corpus."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mlgo.corpus.format import Corpus
@@ -53,7 +53,8 @@ def start_policy(algo: str, init: Path | None, problem: Problem) -> MLPPolicy | 
     start = MLPPolicy.load(policy_dir(init))
     if start.problem is not problem:
         raise ValueError(f"--init {init} is a {start.problem.name} policy, not {problem.name}")
-    return start
+    # A calibrated gate holds for the weights it was calibrated with, not for new ones.
+    return replace(start, departure_threshold=None)
 
 
 def run(

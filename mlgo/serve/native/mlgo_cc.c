@@ -254,6 +254,7 @@ static int plugin_cache(char *out) {
  * base directly in RUNTIME/channels, or a plugin inside the cache of built plugins. */
 static int lease_flags_ok(char **flags, int n, const char *runtime) {
   static const char *switches[] = {"-enable-ml-inliner=release",
+                                   "-inliner-interactive-include-default",
                                    "-regalloc-enable-advisor=release", NULL};
   static const char *channels[] = {"-inliner-interactive-channel-base=",
                                    "-regalloc-evict-interactive-channel-base=", NULL};

@@ -10,6 +10,9 @@
 // The policy (quantile normalization, then an MLP; see mlgo/problems/policy.py) comes from
 // policy_constants.h, which mlgo/ship/plugin.py writes. The arithmetic follows the numpy
 // reference: features and quantiles in double, the network in float, argmax first-wins.
+// A gated policy (kGated) follows LLVM's own decision unless the other answer's logit
+// margin reaches kDepartureMargin; the advisor asks LLVM's default at the point where the
+// interactive channel's -inliner-interactive-include-default does, just before the model.
 //
 // If the policy needs a feature this clang does not send, the plugin says so in one line
 // on stderr and uses LLVM's default inliner for the compilation: never a failed build.
@@ -57,6 +60,7 @@ class PolicyRunner final : public MLModelRunner {
     }
   }
   std::string Problem;  // empty when every feature the policy reads is sent
+  int64_t Default = 0;  // LLVM's own decision at this call site (set only when kGated)
 
  private:
   void *evaluateUntyped() override {
@@ -89,11 +93,28 @@ class PolicyRunner final : public MLModelRunner {
       std::copy(Next, Next + kLayerOut[L], H);
       W = B + kLayerOut[L];
     }
-    Advice = std::max_element(H, H + kLayerOut[kLayers - 1]) - H;
+    if (kGated)
+      Advice = H[1 - Default] - H[Default] >= kDepartureMargin ? 1 - Default : Default;
+    else
+      Advice = std::max_element(H, H + kLayerOut[kLayers - 1]) - H;
     return &Advice;
   }
   size_t Index[kFeatures] = {};
   int64_t Advice = 0;
+};
+
+// MLInlineAdvisor, with LLVM's own decision handed to the runner before each evaluation.
+class GatedAdvisor final : public MLInlineAdvisor {
+ public:
+  using MLInlineAdvisor::MLInlineAdvisor;
+  PolicyRunner *Runner = nullptr;
+
+ protected:
+  std::unique_ptr<MLInlineAdvice> getAdviceFromModel(CallBase &CB,
+                                                     OptimizationRemarkEmitter &ORE) override {
+    if (kGated) Runner->Default = GetDefaultAdvice(CB);
+    return MLInlineAdvisor::getAdviceFromModel(CB, ORE);
+  }
 };
 
 InlineAdvisor *makeAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams Params,
@@ -101,7 +122,7 @@ InlineAdvisor *makeAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams
   if (!CompilationMAM) return new DefaultInlineAdvisor(M, FAM, Params, IC);
   auto Default = std::make_shared<DefaultInlineAdvisor>(M, FAM, Params, IC);
   PolicyRunner *Runner = nullptr;
-  auto Advisor = std::make_unique<MLInlineAdvisor>(
+  auto Advisor = std::make_unique<GatedAdvisor>(
       M, *CompilationMAM,
       [&](const std::vector<TensorSpec> &Inputs) {
         auto R = std::make_unique<PolicyRunner>(M.getContext(), Inputs);
@@ -114,6 +135,7 @@ InlineAdvisor *makeAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams
         Advice->recordUnattemptedInlining();
         return Inline;
       });
+  Advisor->Runner = Runner;
   if (Runner && Runner->Problem.empty()) return Advisor.release();
   errs() << "mlgo: feature layout mismatch: "
          << (Runner ? Runner->Problem : std::string("no model runner"))

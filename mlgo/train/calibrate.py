@@ -1,0 +1,100 @@
+"""Calibrating a policy's departure gate on validation packages (`mlgo calibrate`).
+
+A policy that departs from clang's decision only where it is confident cannot lose much
+where it is wrong: with a threshold of 1 it is exactly the default. The sweep evaluates a
+few thresholds on packages the policy did not train on, one evaluation each, and keeps the
+one that shrinks them most without any package getting larger.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from mlgo.corpus.format import Corpus
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.problems.policy import MLPPolicy
+from mlgo.runtime.files import atomic_directory, atomic_write_text
+from mlgo.runtime.workers import Workers
+from mlgo.train.evaluate import evaluate
+
+GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+NEVER = 1.0  # the policy never departs: the default's own decisions
+
+
+@dataclass
+class Calibration:
+    threshold: float
+    sweep: list[dict]  # per threshold: its total change, the packages it made larger
+
+    @property
+    def safe(self) -> bool:
+        """Did some threshold of the sweep leave every package no larger?"""
+        return self.threshold != NEVER
+
+
+def calibrate(
+    policy: MLPPolicy,
+    corpus: Corpus,
+    tc: Toolchain,
+    workers: Workers,
+    grid: tuple[float, ...] = GRID,
+) -> Calibration:
+    """One evaluation of POLICY on CORPUS per threshold of GRID, and the one `choose`s."""
+    if not policy.can_gate:
+        raise ValueError(f"a {policy.problem.name} policy has no default to gate on")
+    m = policy.problem.reward_metric
+    sweep = []
+    for t in sorted(grid):
+        ev = evaluate(replace(policy, departure_threshold=t), corpus, tc, workers, policy.problem)
+        packages = ev.per_package()
+        larger = sorted(p for p, r in packages.items() if r[m] > r[f"default_{m}"])
+        sweep.append(
+            {
+                "threshold": t,
+                "change": ev.totals()["delta"],
+                "packages_larger": larger,
+                "failed": sorted(ev.failed),
+            }
+        )
+    return Calibration(choose(sweep), sweep)
+
+
+def choose(sweep: list[dict]) -> float:
+    """Of the thresholds with no package larger and no module failed, the one with the
+    lowest total change (the higher of equals: it departs less for the same result);
+    NEVER if there is none."""
+    safe = [r for r in sweep if not r["packages_larger"] and not r["failed"]]
+    best = min(safe, key=lambda r: (r["change"], -r["threshold"]), default=None)
+    return best["threshold"] if best else NEVER
+
+
+def calibrate_policy(
+    source: Path, corpus: Corpus, tc: Toolchain, workers: Workers, out: Path
+) -> Calibration:
+    """Calibrates the policy in SOURCE on CORPUS into OUT: the policy with the chosen
+    threshold and calibration.json recording the sweep, written whole or not at all. OUT
+    may be a policy directory (replaced, with any export of it: that one has no gate), never
+    SOURCE or a directory of other files; both are refused before anything is compiled."""
+    if out.resolve() == source.resolve():
+        raise ValueError(f"--out {out} is the policy itself; write the calibrated one beside it")
+    if (
+        out.exists()
+        and (not out.is_dir() or any(out.iterdir()))
+        and not (out / "policy.json").exists()
+    ):
+        raise ValueError(f"--out {out} exists and is not a policy directory")
+    policy = MLPPolicy.load(source)
+    calibration = calibrate(policy, corpus, tc, workers)
+    with atomic_directory(out) as staging:
+        replace(policy, departure_threshold=calibration.threshold).save(staging)
+        record = {
+            "source": str(source),
+            "corpus": str(corpus.root),
+            "threshold": calibration.threshold,
+            "safe": calibration.safe,
+            "sweep": calibration.sweep,
+        }
+        atomic_write_text(staging / "calibration.json", json.dumps(record, indent=1))
+    return calibration
