@@ -240,21 +240,14 @@ class _Best:
             "traj_cost": self.cost,
             "traj_len": np.array([len(a) for a in self.actions]),
             "traj_actions": np.concatenate(self.actions),
-            "traj_x": np.concatenate(
-                [x.reshape(len(a), -1) for x, a in zip(self.x, self.actions, strict=True)]
-            ),
+            "traj_x": np.concatenate(self.x),
         }
 
     def decisions(self, features: tuple[str, ...]) -> Decisions:
         owner = np.concatenate([np.full(len(a), i) for i, a in enumerate(self.actions)])
         return Decisions(
             features,
-            np.concatenate(
-                [
-                    x.reshape(len(a), len(features))
-                    for x, a in zip(self.x, self.actions, strict=True)
-                ]
-            ),
+            np.concatenate(self.x),
             np.concatenate(self.actions).astype(np.int64),
             owner,
             self.modules,
