@@ -15,6 +15,7 @@ from mlgo.data import shipped_policy
 from mlgo.problems import get_problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.workers import LocalPool
+from mlgo.ship.modelcard import model_card
 from mlgo.train import RunDir
 from mlgo.train.bcmax import (
     Answerer,
@@ -113,6 +114,8 @@ def test_bcmax_trains_resumes_and_keeps_the_best(mini_corpus, tc, tmp_path, ship
     rewards = [state.extra["init_reward"], state.extra["final_reward"]]
     rewards += [h["bcmax/pool_reward"] for h in state.history]
     assert state.extra["best_reward"] == max(rewards)
+    card = model_card(MLPPolicy.load(out.policy_dir), out.root)  # retrains it as it was run
+    assert "mlgo train --algo bcmax --init " in card and " --search-budget 6" in card
 
 
 def test_killed_bcmax_resumes_from_its_search(mini_corpus, tmp_path):
