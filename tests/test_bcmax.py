@@ -4,8 +4,10 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,3 +152,16 @@ def test_bcmax_refuses_a_problem_it_cannot_flip(mini_corpus, tc, tmp_path):
         run("bcmax", mini_corpus, get_problem("regalloc-eviction"), tmp_path / "r", tc,
             LocalPool(1), opts)  # fmt: skip
     assert not (tmp_path / "r").exists()
+
+
+def test_the_headroom_tool_runs_the_same_search(mini_corpus, tmp_path, default_sizes):
+    tool = Path(__file__).resolve().parents[1] / "tools" / "headroom_inlining.py"
+    out = tmp_path / "headroom.json"
+    args = ["--corpus", str(mini_corpus.root), "--budget", "3", "--json", str(out)]
+    r = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert report["modules"].keys() == default_sizes.keys()
+    for name, m in report["modules"].items():
+        assert m["default"] == default_sizes[name] and m["search"] <= m["default"]
+    assert len(default_sizes) <= report["compiles"] <= 3 * len(default_sizes)
