@@ -81,7 +81,7 @@ def test_python_dash_m_runs_the_package():
 def test_start_policy_checks_algo_and_init_before_training(tmp_path):
     inlining = get_problem("inlining-size")
     assert start_policy("bc", None, inlining) is None
-    with pytest.raises(ValueError, match="unknown --algo 'sgd': use bc, es or ppo"):
+    with pytest.raises(ValueError, match="unknown --algo 'sgd': use bc, es, ppo or bcmax"):
         start_policy("sgd", None, inlining)
     with pytest.raises(ValueError, match="--algo ppo needs --init"):
         start_policy("ppo", None, inlining)

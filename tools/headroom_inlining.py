@@ -5,13 +5,14 @@ looking at that module's own size? A reference for what any inlining policy can 
       --packages bzip2,libyaml,lua,lz4,zlib --policy policies/inlining-size \
       --json data/bench/headroom.json
 
-A greedy search per module over "flip the k-th decision the compiler asks" (every answer
-is the default heuristic's, except at the flipped indices). Each pass compiles every single
-flip from the current set; then the flips that helped are added one at a time, best
-first, each kept only if a real compile of the whole set confirms it. Every size reported
-was measured. A search that sees the module's size is not a policy (a policy sees only
-features, and must work on modules it never saw), so what it finds is a ceiling for what
-a policy can be expected to reach, though not a proof that nothing better exists.
+The search is BC-Max's (mlgo/train/bcmax.py), here around the default heuristic alone:
+each round compiles every single flip of "the k-th decision the compiler asks" (every other
+answer is the default's) from the best trajectory so far, then all the helpful flips at
+once, or else adds them one at a time best first, each kept only if a real compile of the
+whole set confirms it. Every size reported was measured. A search that sees the module's
+size is not a policy (a policy sees only features, and must work on modules it never saw),
+so what it finds is a ceiling for what a policy can be expected to reach, though not a
+proof that nothing better exists.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -29,81 +29,17 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlgo.corpus.format import Module, load_corpus  # noqa: E402
-from mlgo.llvm.log_format import Observation  # noqa: E402
+from mlgo.corpus.format import load_corpus  # noqa: E402
 from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
 from mlgo.problems import get_problem  # noqa: E402
 from mlgo.problems.policy import MLPPolicy  # noqa: E402
 from mlgo.runtime.files import atomic_write_text  # noqa: E402
-from mlgo.runtime.workers import Failed, LocalPool, Workers  # noqa: E402
-from mlgo.train.evaluate import EvalTask, baseline, eval_one, evaluate  # noqa: E402
+from mlgo.runtime.workers import Failed, LocalPool  # noqa: E402
+from mlgo.train.bcmax import SearchConfig, SearchResult, SearchTask, search_module  # noqa: E402
+from mlgo.train.evaluate import baseline, evaluate  # noqa: E402
 
 PROBLEM = get_problem("inlining-size")
 console = Console()
-
-
-@dataclass(frozen=True)
-class FlipPolicy:
-    """The default heuristic's answers, flipped at the given decision indices."""
-
-    flips: frozenset[int]
-
-    def __call__(self, obs: Observation) -> int:
-        default = PROBLEM.default_advice(obs)
-        return 1 - default if obs.index in self.flips else default
-
-
-@dataclass
-class Search:
-    module: Module
-    size: float  # the smallest .text measured so far, with `flips`
-    decisions: int
-    flips: frozenset[int] = frozenset()
-    compiles: int = 0
-
-
-def run_tasks(workers: Workers, tasks: list[EvalTask], label: str) -> list[tuple[EvalTask, dict]]:
-    """All results; a compile that failed counts as no improvement (and is reported)."""
-    out = []
-    with Progress(console=console) as bar:
-        job = bar.add_task(label, total=len(tasks))
-        for task, r in workers.imap(eval_one, tasks):
-            bar.advance(job)
-            if isinstance(r, Failed):
-                console.print(f"[yellow]{task.module.name}: {r.message}")
-            else:
-                out.append((task, r))
-    return out
-
-
-def search_pass(searches: list[Search], workers: Workers, clang: str, max_confirm: int) -> None:
-    """One pass: every single flip from each module's current set, then the helpful
-    ones added best first, each confirmed by compiling the whole set."""
-    tasks = [
-        EvalTask(PROBLEM, s.module, clang, FlipPolicy(s.flips ^ {i}), tag=n)
-        for n, s in enumerate(searches)
-        for i in range(s.decisions)
-    ]
-    gains: list[list[tuple[float, int]]] = [[] for _ in searches]
-    for task, r in run_tasks(workers, tasks, "single flips"):
-        s = searches[task.tag]
-        s.compiles += 1
-        if r["text_size"] < s.size:
-            (index,) = task.policy.flips ^ s.flips
-            gains[task.tag].append((r["text_size"], index))
-    queues = [sorted(g)[:max_confirm] for g in gains]
-    while any(queues):  # one candidate per module per round, all modules in parallel
-        tasks = []
-        for n, q in enumerate(queues):
-            if q:
-                _, index = q.pop(0)
-                flips = searches[n].flips ^ {index}
-                tasks.append(EvalTask(PROBLEM, searches[n].module, clang, FlipPolicy(flips), n))
-        for task, r in run_tasks(workers, tasks, "confirming"):
-            s = searches[task.tag]
-            s.compiles += 1
-            if r["text_size"] < s.size:
-                s.size, s.flips, s.decisions = r["text_size"], task.policy.flips, r["decisions"]
 
 
 def main() -> None:
@@ -111,8 +47,9 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, required=True)
     ap.add_argument("--packages", help="comma-separated; default: all of the corpus")
     ap.add_argument("--policy", type=Path, help="also evaluate this policy on the same modules")
-    ap.add_argument("--passes", type=int, default=2)
-    ap.add_argument("--max-confirm", type=int, default=30, help="flips tried per module per pass")
+    ap.add_argument("--passes", type=int, default=2, help="search rounds per module")
+    ap.add_argument("--max-confirm", type=int, default=30, help="flips combined per round")
+    ap.add_argument("--budget", type=int, default=0, help="compiles per module (0: no limit)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -122,16 +59,19 @@ def main() -> None:
     tc = find_toolchain()
     workers = LocalPool(args.workers)
     base, _ = baseline(corpus, tc, workers, PROBLEM)
-    probe = [EvalTask(PROBLEM, m, tc.clang, None) for m in corpus.modules if m.name in base]
-    searches = [
-        Search(task.module, base[task.module.name]["text_size"], int(r["decisions"]))
-        for task, r in run_tasks(workers, probe, "default decisions")
-        if r["decisions"] > 0
-    ]
-    for p in range(args.passes):
-        search_pass(searches, workers, tc.clang, args.max_confirm)
-        found = sum(base[s.module.name]["text_size"] - s.size for s in searches)
-        console.print(f"pass {p + 1}: {found:,.0f} bytes smaller in total")
+    cfg = SearchConfig(
+        budget=args.budget, singles=0, max_confirm=args.max_confirm, rounds=args.passes
+    )
+    tasks = [SearchTask(PROBLEM, m, tc.clang, None, cfg) for m in corpus.modules if m.name in base]
+    searched: dict[str, SearchResult] = {}
+    with Progress(console=console) as bar:
+        job = bar.add_task("searching", total=len(tasks))
+        for task, r in workers.imap(search_module, tasks):
+            bar.advance(job)
+            if isinstance(r, Failed):  # left at the default's size, and said so
+                console.print(f"[yellow]{task.module.name}: {r.message}")
+            else:
+                searched[task.module.name] = r
 
     policy_size: dict[str, float] = {}
     if args.policy:
@@ -140,13 +80,12 @@ def main() -> None:
     workers.close()
 
     packages: dict[str, dict[str, float]] = {}
-    searched = {s.module.name: s for s in searches}
     for m in corpus.modules:
         row = packages.setdefault(m.package, {"default": 0, "search": 0, "policy": 0, "flips": 0})
         default = base[m.name]["text_size"]
         row["default"] += default
-        row["search"] += searched[m.name].size if m.name in searched else default
-        row["flips"] += len(searched[m.name].flips) if m.name in searched else 0
+        row["search"] += searched[m.name].best.cost if m.name in searched else default
+        row["flips"] += len(searched[m.name].best.answerer.flips) if m.name in searched else 0
         row["policy"] += policy_size.get(m.name, default)
     total = {
         k: sum(r[k] for r in packages.values()) for k in ("default", "search", "policy", "flips")
@@ -163,7 +102,7 @@ def main() -> None:
             f"{100 * (row['policy'] / row['default'] - 1):+.2f}%" if args.policy else "",
         )
     console.print(table)
-    compiles = sum(s.compiles for s in searches)
+    compiles = sum(r.compiles for r in searched.values())
     console.print(f"compiles: {compiles:,}")
     if args.json:
         report = {
@@ -173,13 +112,13 @@ def main() -> None:
             "total": total,
             "compiles": compiles,
             "modules": {
-                s.module.name: {
-                    "default": base[s.module.name]["text_size"],
-                    "search": s.size,
-                    "flips": sorted(s.flips),
-                    "decisions": s.decisions,
+                name: {
+                    "default": base[name]["text_size"],
+                    "search": r.best.cost,
+                    "flips": sorted(r.best.answerer.flips),
+                    "decisions": len(r.best.actions),
                 }
-                for s in searches
+                for name, r in searched.items()
             },
         }
         atomic_write_text(args.json, json.dumps(report, indent=1))

@@ -54,12 +54,18 @@ def collect(
 def train(
     corpus: Annotated[Path, typer.Option(help="training corpus (held-out packages not in it)")],
     out: Annotated[Path, typer.Option(help="run directory; an existing run resumes")],
-    algo: Annotated[str, typer.Option(help="bc, es or ppo")] = "bc",
+    algo: Annotated[str, typer.Option(help="bc, es, ppo or bcmax")] = "bc",
     problem: Annotated[str, typer.Option(help="the decision to learn")] = "inlining-size",
-    init: Annotated[Path | None, typer.Option(help="run or policy to start from (es, ppo)")] = None,
+    init: Annotated[
+        Path | None, typer.Option(help="run or policy to start from (es, ppo, bcmax)")
+    ] = None,
     packages: PackagesOpt = "",
     steps: Annotated[
-        int, typer.Option(help="epochs (bc) or steps (es, ppo); 0: the algorithm's default", min=0)
+        int,
+        typer.Option(
+            help="epochs (bc), steps (es, ppo) or iterations (bcmax); 0: the algorithm's default",
+            min=0,
+        ),
     ] = 0,
     sigma: Annotated[
         float, typer.Option(help="ES: perturbation scale of the weights", callback=positive)
@@ -77,9 +83,13 @@ def train(
     max_module_seconds: Annotated[
         float,
         typer.Option(
-            help="es, ppo: modules that compile slower stay out of batches", callback=positive
+            help="es, ppo, bcmax: modules that compile slower stay out of training",
+            callback=positive,
         ),
     ] = 2.0,
+    search_budget: Annotated[
+        int, typer.Option(help="bcmax: compiles per module per iteration's search", min=2)
+    ] = 24,
     workers: WorkersOpt = "local",
     clang: ClangOpt = None,
 ) -> None:
@@ -89,9 +99,8 @@ def train(
     spec = get_problem(problem)
     tc = find_toolchain(clang)
     chosen = selected(corpus, packages, spec)  # every input is checked before OUT is made
-    opts = TrainOptions(
-        steps, init, derived, sigma, directions, lr, regression_penalty, batch, max_module_seconds
-    )
+    opts = TrainOptions(steps, init, derived, sigma, directions, lr, regression_penalty, batch,
+                        max_module_seconds, search_budget)  # fmt: skip
     with closing(make_workers(workers)) as pool:
         result = run(algo, chosen, spec, out, tc, pool, opts)
     if result.left_out:

@@ -187,11 +187,16 @@ class MLPPolicy:
         as common ones; the problem's derived inputs only with `derived`."""
         normalizer = Normalizer.fit(data.features, data.x, problem.derived if derived else ())
         policy = cls.init(problem, normalizer, seed=seed)
-        actions = policy.weights[-1].shape[0]
+        return policy, *policy.cloning_inputs(data)
+
+    def cloning_inputs(self, data: Decisions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What `for_cloning` gives besides the policy, with this policy's own
+        normalization: a warm start (BC-Max) clones new decisions into it."""
+        actions = self.weights[-1].shape[0]
         freq = np.bincount(data.default, minlength=actions) / len(data.default)
         weight = (1 / actions / np.maximum(freq, 1e-6))[data.default].astype(np.float32)
-        x = normalizer.transform(data.x)
-        return policy, x, weight, np.zeros((len(x), actions), np.float32)
+        x = self.normalizer.transform(data.x)
+        return x, weight, np.zeros((len(x), actions), np.float32)
 
     def describe(self) -> str:
         """The network's shape in a sentence, for the model card."""
@@ -253,13 +258,14 @@ class MLPPolicy:
         margin = logits[rows, other] - logits[rows, default]
         return np.where(margin >= self.departure_margin, other, default)
 
-    def pick(self, scores: np.ndarray) -> int:
-        """The best answer, or a sample from softmax(scores / T) when exploring."""
+    def pick(self, scores: np.ndarray, rng: np.random.Generator | None = None) -> int:
+        """The best answer, or a sample from softmax(scores / T) when exploring (drawn
+        from RNG if given, else from the policy's own stream)."""
         if self.temperature <= 0:
             return int(np.argmax(scores))
         z = scores / self.temperature
         p = np.exp(z - z.max())
-        return int(self._rng.choice(len(p), p=p / p.sum()))
+        return int((rng or self._rng).choice(len(p), p=p / p.sum()))
 
     def predict(self, raw: np.ndarray) -> np.ndarray:
         """Greedy answers for traced decisions (`Decisions.x`: LLVM's features as rows)."""

@@ -192,13 +192,17 @@ class CandidatePolicy(MLPPolicy):
         own = sorted({c for d in problem.derived for c in (d.left, d.right) if c.startswith(SELF)})
         names = (*data.features, *own)
         full = with_own_columns(data.x, data.features, names)
-        n, slots, width = full.shape
         mask = data.x[:, :, data.features.index(cls.mask_feature)] > 0
         normalizer = Normalizer.fit(names, full[mask], problem.derived)
         policy = cls.init(problem, normalizer, seed=seed)
-        x = normalizer.transform(full.reshape(n * slots, width))
-        weight = np.ones(n, np.float32)
-        return policy, x, weight, np.where(mask, 0.0, MASKED).astype(np.float32)
+        return policy, *policy.cloning_inputs(data)
+
+    def cloning_inputs(self, data: Decisions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        full = with_own_columns(data.x, data.features, self.normalizer.features)
+        n, slots, width = full.shape
+        mask = data.x[:, :, data.features.index(self.mask_feature)] > 0
+        x = self.normalizer.transform(full.reshape(n * slots, width))
+        return x, np.ones(n, np.float32), np.where(mask, 0.0, MASKED).astype(np.float32)
 
     def describe(self) -> str:
         layers = " -> ".join(str(w.shape[0]) for w in self.weights[::2])

@@ -41,6 +41,7 @@ def _reproduce(
     options = {
         "es": ("sigma", "lr", "batch", "directions", "regression_penalty", "max_module_seconds"),
         "ppo": ("batch", "max_module_seconds"),
+        "bcmax": ("search_budget", "max_module_seconds"),
     }
     flags = "".join(
         f" --{k.replace('_', '-')} {config[k]}" for k in options.get(algo, ()) if config.get(k)

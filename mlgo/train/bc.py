@@ -67,15 +67,22 @@ def train_bc(
     batch: int = 1024,
     seed: int = 0,
     derived: bool = False,
+    init: MLPPolicy | None = None,
 ) -> tuple[MLPPolicy, dict[str, float]]:
-    """Trains (or resumes training) a BC policy; saves it to run.policy_dir.
+    """Trains (or resumes training) a BC policy on the answers in `data.default`; saves
+    it to run.policy_dir.
 
     With `derived`, the network also sees the problem's derived inputs (for inlining, the
     default's own cost-vs-threshold rule): it then matches the default almost exactly,
     also on unseen code, but sits in a flat spot that weight-space search leaves slowly.
+    With `init`, training starts from that policy (its shape and normalization) instead
+    of a fresh one: BC-Max clones better trajectories into its current policy.
     """
     rng = np.random.default_rng(seed)
-    policy, x, weight, offset = problem.policy_class.for_cloning(problem, data, seed, derived)
+    if init is None:
+        policy, x, weight, offset = problem.policy_class.for_cloning(problem, data, seed, derived)
+    else:
+        policy, (x, weight, offset) = init, init.cloning_inputs(data)
     adam = Adam(policy.flat().size, lr)
     state = RunState("bc")
     if (saved := run.load_state()) is not None:

@@ -1,5 +1,5 @@
-"""One entry point over the trainers: `run(algo, ...)` checks every input, trains with bc, es
-or ppo into a run directory, and evaluates the result on the training corpus."""
+"""One entry point over the trainers: `run(algo, ...)` checks every input, trains with bc, es,
+ppo or bcmax into a run directory, and evaluates the result on the training corpus."""
 
 from __future__ import annotations
 
@@ -15,22 +15,23 @@ from mlgo.runtime.workers import Workers
 from mlgo.train import RunDir, policy_dir
 from mlgo.train.evaluate import Evaluation, evaluate
 
-ALGOS = ("bc", "es", "ppo")
+ALGOS = ("bc", "es", "ppo", "bcmax")
 
 
 @dataclass(frozen=True)
 class TrainOptions:
     """What a user may set; each trainer reads the fields it knows."""
 
-    steps: int = 0  # epochs (bc) or steps (es, ppo); 0: the trainer's default
-    init: Path | None = None  # run or policy to start from (es, ppo)
+    steps: int = 0  # epochs (bc), steps (es, ppo) or iterations (bcmax); 0: the default
+    init: Path | None = None  # run or policy to start from (es, ppo, bcmax)
     derived: bool = False  # BC: also feed the default's cost rule
     sigma: float = 0.05  # ES
     directions: int = 8  # ES
     lr: float = 0.02  # ES
     regression_penalty: float = 0.0  # ES
     batch: int = 24  # es, ppo
-    max_module_seconds: float = 2.0  # es, ppo
+    max_module_seconds: float = 2.0  # es, ppo, bcmax
+    search_budget: int = 24  # bcmax: compiles per module per iteration
 
 
 @dataclass
@@ -43,9 +44,10 @@ class Trained:
 
 
 def start_policy(algo: str, init: Path | None, problem: Problem) -> MLPPolicy | None:
-    """The policy ES or PPO starts from (None for BC), checked before anything is written."""
+    """The policy ES, PPO or BC-Max starts from (None for BC), checked before anything is
+    written."""
     if algo not in ALGOS:
-        raise ValueError(f"unknown --algo {algo!r}: use bc, es or ppo")
+        raise ValueError(f"unknown --algo {algo!r}: use bc, es, ppo or bcmax")
     if algo == "bc":
         return None
     if init is None:
@@ -53,6 +55,10 @@ def start_policy(algo: str, init: Path | None, problem: Problem) -> MLPPolicy | 
     start = MLPPolicy.load(policy_dir(init))
     if start.problem is not problem:
         raise ValueError(f"--init {init} is a {start.problem.name} policy, not {problem.name}")
+    if algo == "bcmax":
+        from mlgo.train.bcmax import check_problem
+
+        check_problem(problem)
     # A calibrated gate holds for the weights it was calibrated with, not for new ones.
     return replace(start, departure_threshold=None)
 
@@ -114,7 +120,17 @@ def _search(
     workers: Workers,
     opts: TrainOptions,
 ) -> MLPPolicy:
-    """ES or PPO from START: both score whole compiles of CORPUS batches."""
+    """ES, PPO or BC-Max from START: all score whole compiles of CORPUS modules."""
+    if algo == "bcmax":
+        from mlgo.train.bcmax import BCMaxConfig, train_bcmax
+
+        cfg = BCMaxConfig(
+            steps=opts.steps or BCMaxConfig.steps,
+            search_budget=opts.search_budget,
+            max_module_seconds=opts.max_module_seconds,
+            init=str(opts.init),
+        )
+        return train_bcmax(corpus, start, run_dir, tc, workers, cfg)
     common = {
         "batch": opts.batch,
         "max_module_seconds": opts.max_module_seconds,

@@ -1,0 +1,378 @@
+"""BC-Max, MLGO's method since its inlining-Oz-v1.2 model (arXiv 2403.19462): search every
+training module for a cheaper decision trajectory than the policy's own, keep the best one
+ever found per module, clone the best trajectories of the whole pool into the policy
+(behavioral cloning, warm-started from it), and repeat with the cloned policy.
+
+The search (`search_module`) is one task per module, run in the workers; it is also how
+tools/headroom_inlining.py measures what per-module search can reach. It starts from the
+policy's greedy trajectory (and from the default heuristic's, the first time a module is
+searched: the best kept is never worse than either), and each round, from the best
+trajectory so far:
+
+- flips single decisions, those the policy is least sure of first (the smallest gap
+  between its two logits; with no policy, every decision in order);
+- samples whole trajectories from the policy at a temperature;
+- flips all the helpful single flips at once and, when that is not better than the best
+  of them, adds them to it one at a time, best first, each kept only if a compile of the
+  whole set confirms it.
+
+Every cost is measured by a real compile, and every compile counts against the budget.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+from rich.progress import Progress
+
+from mlgo.corpus.compile import CompileError, ModuleRun, compile_module
+from mlgo.corpus.format import Corpus, Module
+from mlgo.llvm.log_format import Observation
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.problems import Problem
+from mlgo.problems.policy import MLPPolicy
+from mlgo.runtime.workers import Failed, Workers
+from mlgo.traces.dataset import Decisions
+from mlgo.train import RunDir, RunState
+from mlgo.train.bc import train_bc
+from mlgo.train.es import Scorer, training_pool
+
+
+@dataclass(frozen=True)
+class Answerer:
+    """A reproducible trajectory: a base's answers (the compiler's default, or a policy's,
+    greedy or sampled at its temperature from `seed`), flipped at decision indices. On
+    the same module it asks the same questions and gets the same object every time."""
+
+    problem: Problem
+    policy: MLPPolicy | None = None
+    seed: tuple[int, ...] = ()
+    flips: frozenset[int] = frozenset()
+
+    def __call__(self, obs: Observation) -> int:
+        if self.policy is None:
+            answer = self.problem.default_advice(obs)
+        else:
+            scores = self.policy.logits(self.policy.raw_features(obs))[0]
+            # one stream per decision: a flip upstream does not reshuffle the draws
+            rng = np.random.default_rng((*self.seed, obs.index))
+            answer = self.policy.pick(scores, rng if self.policy.temperature > 0 else None)
+        return 1 - answer if obs.index in self.flips else answer
+
+    def flipped(self, indices: Iterable[int]) -> Answerer:
+        return replace(self, flips=self.flips ^ frozenset(indices))
+
+
+@dataclass
+class Trajectory:
+    cost: float  # the problem's reward metric, measured
+    actions: np.ndarray  # [decisions] the answers given
+    x: np.ndarray  # [decisions, features] the features of each decision, raw
+    answerer: Answerer  # how to compile it again
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    budget: int = 24  # compiles per module, the starting ones included (0: no limit)
+    singles: int = 8  # single flips per round, least sure first (0: every decision)
+    samples: int = 2  # trajectories sampled from the policy per round
+    temperature: float = 1.0
+    max_confirm: int = 8  # helpful single flips combined per round
+    rounds: int = 0  # 0: until the budget is spent or a round finds nothing better
+
+
+@dataclass(frozen=True)
+class SearchTask:
+    problem: Problem
+    module: Module
+    clang: str
+    policy: MLPPolicy | None  # None: search around the default heuristic alone
+    cfg: SearchConfig
+    with_default: bool = True  # also start from the default's trajectory
+    seed: int = 0
+
+
+@dataclass
+class SearchResult:
+    best: Trajectory
+    starts: dict[str, float]  # the cost of each starting trajectory: default, policy
+    compiles: int
+    failed: int  # compiles that failed: counted, and no improvement
+
+
+class _Search:
+    def __init__(self, task: SearchTask):
+        self.task = task
+        self.names = task.policy.normalizer.features if task.policy else task.problem.feature_names
+        self.compiles = self.failed = 0
+        self.best: Trajectory | None = None
+
+    @property
+    def spent(self) -> bool:
+        return 0 < self.task.cfg.budget <= self.compiles
+
+    def start(self, answerer: Answerer) -> Trajectory:
+        """A starting trajectory: its compile must succeed, budget or not."""
+        self.compiles += 1
+        t = self.task
+        run = compile_module(t.problem, t.module, t.clang, answerer)
+        traj = Trajectory(
+            run.metrics[t.problem.reward_metric], run.advice, self._rows(run), answerer
+        )
+        if self.best is None or traj.cost < self.best.cost:
+            self.best = traj
+        return traj
+
+    def measure(self, answerer: Answerer) -> Trajectory | None:
+        """A candidate: None once the budget is spent, or if its compile fails (no
+        improvement, and counted)."""
+        if self.spent:
+            return None
+        try:
+            return self.start(answerer)
+        except CompileError:
+            self.failed += 1
+            return None
+
+    def _rows(self, run: ModuleRun) -> np.ndarray:
+        n = run.num_decisions
+        if n == 0:
+            return np.zeros((0, len(self.names)))
+        return np.stack([run.features[f].reshape(n, -1)[:, 0] for f in self.names], 1)
+
+    def least_sure_first(self, traj: Trajectory) -> list[int]:
+        if self.task.policy is None or not len(traj.actions):
+            return list(range(len(traj.actions)))
+        top2 = np.sort(self.task.policy.logits(traj.x), 1)[:, -2:]
+        return [int(i) for i in np.argsort(top2[:, 1] - top2[:, 0], kind="stable")]
+
+    def round(self, r: int) -> None:
+        cfg, inc = self.task.cfg, self.best
+        assert inc is not None
+        order = self.least_sure_first(inc)
+        singles: dict[int, Trajectory] = {}
+        for i in order[: cfg.singles] if cfg.singles else order:
+            t = self.measure(inc.answerer.flipped({i}))
+            if t is not None and t.cost < inc.cost:
+                singles[i] = t
+        if self.task.policy is not None:
+            sampler = replace(self.task.policy, temperature=cfg.temperature)
+            for k in range(cfg.samples):
+                self.measure(Answerer(self.task.problem, sampler, (self.task.seed, r, k)))
+        helpful = sorted(singles, key=lambda i: singles[i].cost)[: cfg.max_confirm]
+        if len(helpful) < 2:
+            return
+        current = singles[helpful[0]]
+        together = self.measure(inc.answerer.flipped(helpful))
+        if together is not None and together.cost < current.cost:
+            return
+        for i in helpful[1:]:
+            t = self.measure(current.answerer.flipped({i}))
+            if t is not None and t.cost < current.cost:
+                current = t
+
+
+def search_module(task: SearchTask) -> SearchResult:
+    """The cheapest trajectory the search finds for one module within the budget."""
+    s = _Search(task)
+    starts: dict[str, float] = {}
+    if task.with_default or task.policy is None:
+        starts["default"] = s.start(Answerer(task.problem)).cost
+    if task.policy is not None:
+        greedy = Answerer(task.problem, replace(task.policy, temperature=0.0))
+        starts["policy"] = s.start(greedy).cost
+    best = s.best
+    assert best is not None
+    r = 0
+    while not s.spent and (task.cfg.rounds == 0 or r < task.cfg.rounds):
+        s.round(r)
+        r += 1
+        if s.best is best:  # nothing better this round: the next would repeat it
+            break
+        best = s.best
+    return SearchResult(best, starts, s.compiles, s.failed)
+
+
+@dataclass(frozen=True)
+class BCMaxConfig:
+    steps: int = 3  # iterations: search every pool module, then clone
+    search_budget: int = 24  # compiles per module per iteration
+    temperature: float = 1.0  # of the trajectories sampled from the policy
+    epochs: int = 10  # of behavioral cloning per iteration
+    lr: float = 1e-3  # of behavioral cloning
+    max_module_seconds: float = 2.0  # modules slower than this are not searched
+    seed: int = 0
+    init: str = ""  # the --init run or policy, as given: its model card's starting point
+
+
+def check_problem(problem: Problem) -> None:
+    """BC-Max flips yes/no answers: a problem whose answer is a candidate slot is refused."""
+    if problem.policy_class is not MLPPolicy or MLPPolicy.outputs != 2:
+        raise ValueError(f"--algo bcmax searches yes/no decisions; {problem.name}'s are not")
+
+
+class _Best:
+    """The best trajectory found per pool module, as checkpoint arrays and as BC data."""
+
+    def __init__(self, modules: list[str], arrays: dict[str, np.ndarray] | None = None):
+        self.modules = modules
+        self.cost = np.full(len(modules), np.nan)
+        self.actions: list[np.ndarray] = [np.zeros(0, np.int64)] * len(modules)
+        self.x: list[np.ndarray] = [np.zeros((0, 0))] * len(modules)
+        if arrays is not None:
+            self.cost = arrays["traj_cost"]
+            ends = np.cumsum(arrays["traj_len"])
+            self.actions = np.split(arrays["traj_actions"], ends[:-1])
+            self.x = np.split(arrays["traj_x"], ends[:-1])
+
+    def known(self, i: int) -> bool:
+        return not np.isnan(self.cost[i])
+
+    def offer(self, i: int, t: Trajectory) -> None:
+        if not self.known(i) or t.cost < self.cost[i]:
+            self.cost[i], self.actions[i], self.x[i] = t.cost, t.actions, t.x
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "traj_cost": self.cost,
+            "traj_len": np.array([len(a) for a in self.actions]),
+            "traj_actions": np.concatenate(self.actions),
+            "traj_x": np.concatenate(self.x),
+        }
+
+    def decisions(self, features: tuple[str, ...]) -> Decisions:
+        owner = np.concatenate([np.full(len(a), i) for i, a in enumerate(self.actions)])
+        return Decisions(
+            features,
+            np.concatenate(self.x),
+            np.concatenate(self.actions).astype(np.int64),
+            owner,
+            self.modules,
+        )
+
+
+def train_bcmax(
+    corpus: Corpus,
+    init: MLPPolicy,
+    run: RunDir,
+    tc: Toolchain,
+    workers: Workers,
+    cfg: BCMaxConfig = BCMaxConfig(),
+) -> MLPPolicy:
+    """Trains (or resumes) BC-Max from INIT; the best policy on the pool so far is in
+    run.policy_dir at every moment, each iteration's clone in OUT/clone-N/policy."""
+    problem = init.problem
+    check_problem(problem)
+    scorer = Scorer(corpus, tc, workers, problem)
+    costs = {name: b[scorer.metric] for name, b in scorer.base.items()}
+    pool = training_pool(corpus, tc, workers, cfg.max_module_seconds, costs)
+    names = [m.name for m in pool]
+    base_total = sum(costs[n] for n in names)
+    state = RunState(
+        "bcmax",
+        extra={
+            "config": asdict(cfg),
+            "pool": len(pool),
+            "modules": names,
+            "unmeasured": scorer.unmeasured,
+            "best_reward": -np.inf,
+            "searched": 0,  # iterations whose search is done
+        },
+    )
+    theta, best = init.flat(), init.flat()
+    trajectories = _Best(names)
+    if (saved := run.load_state()) is not None:
+        state, arrays = saved
+        if state.extra["modules"] != names:
+            raise ValueError(f"{run.root}: its training pool differs from this corpus's")
+        theta, best = arrays["theta"], arrays["best"]
+        trajectories = _Best(names, arrays)
+    else:
+        init.save(run.policy_dir)
+
+    def save() -> None:
+        run.save_state(state, {"theta": theta, "best": best, **trajectories.arrays()})
+
+    def offer_policy(policy: MLPPolicy, reward: float) -> None:
+        nonlocal best
+        if reward > state.extra["best_reward"]:
+            state.extra["best_reward"] = reward
+            best = policy.flat()
+            policy.save(run.policy_dir)  # a stopped run keeps its best
+
+    start = time.monotonic()
+    search = SearchConfig(budget=cfg.search_budget, temperature=cfg.temperature)
+    with Progress() as bar:
+        job = bar.add_task("BC-Max", total=cfg.steps, completed=state.step)
+        while state.step < cfg.steps:
+            current = init.with_flat(theta)
+            metrics: dict[str, float] = {}
+            if state.extra["searched"] <= state.step:
+                tasks = [
+                    SearchTask(
+                        problem,
+                        m,
+                        tc.clang,
+                        current,
+                        search,
+                        not trajectories.known(i),
+                        cfg.seed * 100003 + state.step * 1009 + i,
+                    )
+                    for i, m in enumerate(pool)
+                ]
+                policy_total = 0.0
+                modules = bar.add_task(f"searching {len(pool)} modules", total=len(tasks))
+                for task, r in workers.imap(search_module, tasks):
+                    if isinstance(r, Failed):
+                        raise CompileError(f"BC-Max search failed: {r.message}")
+                    trajectories.offer(names.index(task.module.name), r.best)
+                    policy_total += r.starts["policy"]
+                    state.compiles += r.compiles
+                    bar.advance(modules)
+                bar.remove_task(modules)
+                reward = (base_total - policy_total) / base_total
+                if state.step == 0:
+                    state.extra["init_reward"] = reward
+                offer_policy(current, reward)
+                metrics["bcmax/pool_reward"] = reward
+                metrics["bcmax/trajectory_reward"] = (
+                    base_total - float(trajectories.cost.sum())
+                ) / base_total
+                state.extra["searched"] = state.step + 1
+                state.extra["search_metrics"] = metrics
+                save()
+            data = trajectories.decisions(tuple(init.normalizer.features))
+            clone_run = RunDir(run.root / f"clone-{state.step + 1}", "bc")
+            clone, acc = train_bc(
+                data, problem, clone_run, cfg.epochs, cfg.lr, seed=cfg.seed, init=current
+            )
+            theta = clone.flat()
+            metrics = {
+                **state.extra.pop("search_metrics", {}),
+                "bcmax/clone_accuracy": acc["accuracy"],
+            }
+            state.step += 1
+            state.seconds += time.monotonic() - start
+            start = time.monotonic()
+            state.history.append({"step": state.step, "compiles": state.compiles, **metrics})
+            save()
+            run.scalars(state.step, metrics)
+            bar.update(
+                job,
+                completed=state.step,
+                description=f"BC-Max (best {state.extra['best_reward']:+.3%})",
+            )
+    if state.extra.get("evaluated") != state.step:  # the last clone is not compiled yet
+        final = init.with_flat(theta)
+        reward = float(scorer.rewards([final], pool)[0])
+        state.compiles += scorer.compiles
+        offer_policy(final, reward)
+        state.extra.update(evaluated=state.step, final_reward=reward)
+        state.seconds += time.monotonic() - start
+        save()
+    policy = init.with_flat(best)
+    policy.save(run.policy_dir)
+    return policy

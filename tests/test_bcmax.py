@@ -1,0 +1,167 @@
+"""BC-Max on the small real corpus: the per-module search, the trainer, its resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlgo.corpus.compile import compile_module
+from mlgo.data import shipped_policy
+from mlgo.problems import get_problem
+from mlgo.problems.policy import MLPPolicy
+from mlgo.runtime.workers import LocalPool
+from mlgo.ship.modelcard import model_card
+from mlgo.train import RunDir
+from mlgo.train.bcmax import (
+    Answerer,
+    BCMaxConfig,
+    SearchConfig,
+    SearchTask,
+    search_module,
+    train_bcmax,
+)
+from mlgo.train.evaluate import baseline
+from mlgo.train.run import TrainOptions, run
+from tests.conftest import MLGO, run_mlgo
+
+PROBLEM = get_problem("inlining-size")
+
+
+@pytest.fixture(scope="module")
+def shipped() -> MLPPolicy:
+    return MLPPolicy.load(shipped_policy("inlining-size"))
+
+
+@pytest.fixture(scope="module")
+def default_sizes(mini_corpus, tc) -> dict[str, float]:
+    base, _ = baseline(mini_corpus, tc, LocalPool(2), PROBLEM)
+    return {name: b["text_size"] for name, b in base.items()}
+
+
+@pytest.mark.unit
+def test_an_answerer_flips_the_indices_it_names_and_samples_reproducibly(shipped):
+    from mlgo.llvm.log_format import Observation
+
+    names = shipped.normalizer.features
+    obs = [
+        Observation("f", i, {f: np.array([i * 7 % 13 + j]) for j, f in enumerate(names)})
+        for i in range(40)
+    ]
+    for o in obs:
+        o.features["inlining_default"] = np.array([o.index % 2])
+    default = Answerer(PROBLEM)
+    assert [default(o) for o in obs] == [o.index % 2 for o in obs]
+    flipped = default.flipped({3, 5}).flipped({5})  # flipping twice undoes a flip
+    assert [flipped(o) for o in obs] == [
+        1 - o.index % 2 if o.index == 3 else o.index % 2 for o in obs
+    ]
+    hot = Answerer(PROBLEM, replace(shipped, temperature=50.0), seed=(1,))
+    first = [hot(o) for o in obs]
+    assert [hot(o) for o in reversed(obs)] == first[::-1]  # one stream per decision
+    other = [Answerer(PROBLEM, replace(shipped, temperature=50.0), seed=(2,))(o) for o in obs]
+    assert first != other
+
+
+def test_the_search_improves_on_a_poor_policy_within_its_budget(
+    mini_corpus, tc, shipped, default_sizes
+):
+    # a policy that never inlines: the tiny package's modules grow, and flips find it out
+    w = [*shipped.weights[:-1], shipped.weights[-1] + np.array([30.0, -30.0], np.float32)]
+    never = replace(shipped, weights=w)
+    cfg = SearchConfig(budget=12, singles=8, samples=1)
+    tasks = [SearchTask(PROBLEM, m, tc.clang, never, cfg) for m in mini_corpus.modules]
+    for task, r in LocalPool(2).imap(search_module, tasks):
+        name = task.module.name
+        assert r.starts["default"] == default_sizes[name]  # the channel replays the default
+        assert r.starts["policy"] > r.starts["default"]
+        assert r.best.cost <= r.starts["default"] and r.compiles <= cfg.budget
+        # the best trajectory is real: compiling its recipe again gives it again
+        again = compile_module(PROBLEM, task.module, tc.clang, r.best.answerer)
+        assert again.metrics["text_size"] == r.best.cost
+        assert np.array_equal(again.advice, r.best.actions) and len(r.best.x) == len(again.advice)
+        # without the default to fall back on, the search itself beats the policy
+        alone = search_module(replace(task, with_default=False))
+        assert "default" not in alone.starts and alone.best.cost < alone.starts["policy"]
+
+
+def test_bcmax_trains_resumes_and_keeps_the_best(mini_corpus, tc, tmp_path, shipped, default_sizes):
+    out = RunDir(tmp_path / "bcmax", "bcmax")
+    cfg = BCMaxConfig(steps=1, search_budget=6, epochs=2, max_module_seconds=60)
+    train_bcmax(mini_corpus, shipped, out, tc, LocalPool(2), cfg)
+    state, arrays = out.load_state()
+    assert state.step == 1 and state.extra["searched"] == 1 and state.extra["evaluated"] == 1
+    names = state.extra["modules"]
+    # never worse than the default on any module
+    assert all(c <= default_sizes[n] for c, n in zip(arrays["traj_cost"], names, strict=True))
+    clone = MLPPolicy.load(out.root / "clone-1" / "policy")
+    assert np.array_equal(clone.flat(), arrays["theta"])
+    assert not np.array_equal(clone.flat(), shipped.flat())  # cloning moved it
+    first_compiles = state.compiles
+    assert len(names) <= first_compiles <= len(names) * (6 + 1)  # search + final pool eval
+    # a rerun with more iterations resumes: one more search and clone, nothing redone
+    train_bcmax(mini_corpus, shipped, out, tc, LocalPool(2), replace(cfg, steps=2))
+    state, again = out.load_state()
+    assert state.step == 2 and [h["step"] for h in state.history] == [1, 2]
+    assert (again["traj_cost"] <= arrays["traj_cost"]).all()  # the best only ever improves
+    assert state.compiles > first_compiles and (out.root / "clone-2" / "policy").exists()
+    saved = MLPPolicy.load(out.policy_dir).flat()
+    assert np.array_equal(saved, again["best"])
+    rewards = [state.extra["init_reward"], state.extra["final_reward"]]
+    rewards += [h["bcmax/pool_reward"] for h in state.history]
+    assert state.extra["best_reward"] == max(rewards)
+    card = model_card(MLPPolicy.load(out.policy_dir), out.root)  # retrains it as it was run
+    assert "mlgo train --algo bcmax --init " in card and " --search-budget 6" in card
+
+
+def test_killed_bcmax_resumes_from_its_search(mini_corpus, tmp_path):
+    out = tmp_path / "bcmax"
+    init = str(shipped_policy("inlining-size"))
+    args = ["train", "--algo", "bcmax", "--corpus", str(mini_corpus.root), "--out", str(out)]
+    args += ["--init", init, "--steps", "1", "--search-budget", "4", "--max-module-seconds", "60"]
+    proc = subprocess.Popen([*MLGO, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    state = out / "state.json"
+    while time.monotonic() < deadline and proc.poll() is None:
+        if state.exists() and json.loads(state.read_text())["extra"]["searched"] >= 1:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = json.loads(state.read_text())
+    assert killed["step"] == 0 and killed["extra"]["searched"] == 1  # killed while cloning
+    MLPPolicy.load(out / "policy")  # the run holds its best policy so far, whole
+    r = run_mlgo(*args, timeout=300)
+    assert r.returncode == 0, r.stderr
+    done = json.loads(state.read_text())
+    assert done["step"] == 1 and done["extra"]["searched"] == 1
+    # the search was not repeated: only the final pool evaluation was added
+    assert done["compiles"] == killed["compiles"] + done["extra"]["pool"]
+    assert "training corpus text_size" in r.stdout and not list(out.rglob("*.tmp"))
+
+
+def test_bcmax_refuses_a_problem_it_cannot_flip(mini_corpus, tc, tmp_path):
+    opts = TrainOptions(init=shipped_policy("regalloc-eviction"))
+    with pytest.raises(ValueError, match="bcmax searches yes/no decisions"):
+        run("bcmax", mini_corpus, get_problem("regalloc-eviction"), tmp_path / "r", tc,
+            LocalPool(1), opts)  # fmt: skip
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_headroom_tool_runs_the_same_search(mini_corpus, tmp_path, default_sizes):
+    tool = Path(__file__).resolve().parents[1] / "tools" / "headroom_inlining.py"
+    out = tmp_path / "headroom.json"
+    args = ["--corpus", str(mini_corpus.root), "--budget", "3", "--json", str(out)]
+    r = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert report["modules"].keys() == default_sizes.keys()
+    for name, m in report["modules"].items():
+        assert m["default"] == default_sizes[name] and m["search"] <= m["default"]
+    assert len(default_sizes) <= report["compiles"] <= 3 * len(default_sizes)
