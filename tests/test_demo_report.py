@@ -180,3 +180,6 @@ def test_mlgo_report_on_a_directory_with_no_report_says_so(tmp_path):
         assert done.returncode == 2 and says in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert not (tmp_path / "r.html").exists()
+    # `mlgo build`'s output: one report per package, and the line says where
+    done = run_mlgo("report", str(tmp_path), timeout=60)
+    assert f"one per package: {tmp_path / 'bad'}" in " ".join(done.stderr.split())

@@ -197,7 +197,9 @@ def _render(path: Path, terse: bool) -> tuple[Callable[[], str], str]:
         console.print(report_table(program))
         return lambda: render_html(program), json.dumps(program, indent=1)
     if path.is_dir() and not (path / "eval.json").is_file():
-        raise ValueError(f"{path}: holds neither a report.json nor an eval.json")
+        inside = ", ".join(sorted(str(p.parent) for p in path.glob("*/report.json")))
+        hint = f" (mlgo build's are one per package: {inside})" if inside else ""
+        raise ValueError(f"{path}: holds neither a report.json nor an eval.json{hint}")
     ev = Evaluation.load(path)
     if not terse:
         console.print(summary_json(ev))

@@ -76,8 +76,7 @@ def run_demo(
     say: Callable[[str], None] = print,
 ) -> dict:
     """The loop after collection (see the module doc); writes OUT/report.json and
-    report.html, and returns the report.
-    A failing build or test stops with its log."""
+    report.html, and returns the report. A failing build or test stops with its log."""
     from mlgo.ship.release import release
 
     say(f"training from {shipped} ({opts.train_steps} ES steps)")
