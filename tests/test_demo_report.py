@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from mlgo.corpus.extract import Recipe
-from mlgo.llvm.sizes import text_size
+from mlgo.llvm.sizes import SizeRow, compare_trees, text_size
 from mlgo.programs.build import ProgramBuild
 from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.report import (
@@ -183,3 +183,24 @@ def test_mlgo_report_on_a_directory_with_no_report_says_so(tmp_path):
     # `mlgo build`'s output: one report per package, and the line says where
     done = run_mlgo("report", str(tmp_path), timeout=60)
     assert f"one per package: {tmp_path / 'bad'}" in " ".join(done.stderr.split())
+
+
+def test_objects_in_directories_named_by_a_configuration_hash_are_counted(tc, tmp_path):
+    # zstd's objects are in obj/conf_<md5 of CC and flags>/, which differs between the two
+    # builds: they were left out, and zstd's size was its one program's alone
+    (tmp_path / "sum.c").write_text(LIBRARY)
+    a, b, c = "2aecd475cc1814de22821cd69cdfb9cc", "8fe0857422e822bada0dfafbc06a910c", "0" * 32
+    dirs = {
+        "plain": ("lib/conf_" + a, "twice/conf_" + a, "short/conf_abc"),
+        "mlgo": ("lib/conf_" + b, "twice/conf_" + b, "twice/conf_" + c, "short/conf_def"),
+    }
+    for (tree, where), level in zip(dirs.items(), ("-Oz", "-O2"), strict=True):
+        for d in where:
+            (tmp_path / tree / d).mkdir(parents=True)
+            out = tmp_path / tree / d / "sum.o"
+            subprocess.run([tc.clang, level, "-c", tmp_path / "sum.c", "-o", out], check=True)
+    sizes = [text_size(tmp_path / t / dirs[t][0] / "sum.o") for t in ("plain", "mlgo")]
+    assert sizes[0] != sizes[1]
+    # twice/: two candidates in one tree, short/: not a hash; neither is paired
+    rows = compare_trees(tmp_path / "mlgo", tmp_path / "plain")
+    assert rows == [SizeRow("lib/conf_*/sum.o", *sizes)]
