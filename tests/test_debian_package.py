@@ -74,6 +74,37 @@ def test_the_demo_reports_size_throughput_and_tests_of_both_builds(zlib_demo):
     assert "trained on" in out
 
 
+def test_the_demo_says_where_its_page_of_plots_is(zlib_demo):
+    root, out = zlib_demo
+    assert str(root / "report.html") in " ".join(out.split())
+    page = (root / "report.html").read_text()
+    report = json.loads((root / "report.json").read_text())
+    # the per-file plot shows the files whose .text changed: with one step of training,
+    # zlib may have none, and then that plot is left out
+    changed = any(f["policy"] != f["baseline"] for f in report["size"]["per_file"])
+    assert ("<h2 id='size'>" in page) is changed
+    assert "<h2 id='throughput'>" in page and "<h2 id='training'>" in page
+    assert page.count('<img src="data:image/png;base64,') == 2 + changed
+    # mlgo build's own report of the same pair, without training, sits beside its trees
+    built = json.loads((root / "programs" / "zlib" / "report.json").read_text())
+    assert built["size"] == report["size"]
+    assert "training" not in built and (root / "programs" / "zlib" / "report.html").is_file()
+
+
+def test_build_measures_the_workload_of_lua(tmp_path):
+    """`mlgo build lua`: both builds run the recipe's Lua script (its check passes on
+    both, and both print the same), and the table, build.json and lua's report hold the
+    paired change of its CPU time."""
+    r = run_mlgo("build", "lua", "--out", str(tmp_path), "--bench-rounds", "2", timeout=900)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "CPU time" in r.stdout and "IQR" in r.stdout
+    speed = json.loads((tmp_path / "build.json").read_text())["throughput"]["lua"]
+    assert len(speed["ratios_pct"]) == 2 and speed["workload"] == ["src/lua bench.lua"]
+    report = json.loads((tmp_path / "lua" / "report.json").read_text())
+    assert report["throughput"] == speed and report["tests"]["policy"] == "passed"
+    assert "<h2 id='throughput'>" in (tmp_path / "lua" / "report.html").read_text()
+
+
 def test_the_demo_refuses_an_unknown_package_before_building(tmp_path):
     r = run_mlgo("demo", "--out", str(tmp_path / "d"), "--package", "no-such-pkg", timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1

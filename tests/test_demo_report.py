@@ -1,14 +1,34 @@
-"""`mlgo demo`'s report: a smaller program that runs measurably slower is flagged."""
+"""The program report `mlgo demo`, `mlgo build` and `mlgo tune` write: a smaller program
+that runs measurably slower is flagged; report.html has a plot for each kind of data the
+report holds (built here from two real ELF trees and a real workload measurement), and
+`mlgo report` shows it again."""
+
+import base64
+import json
+import re
+import subprocess
 
 import pytest
 from rich.console import Console
 
-from mlgo.programs.report import report_table, slower_but_smaller
+from mlgo.corpus.extract import Recipe
+from mlgo.llvm.sizes import SizeRow, compare_trees, text_size
+from mlgo.programs.build import ProgramBuild
+from mlgo.programs.measure import recipe_throughput
+from mlgo.programs.report import (
+    load_report,
+    program_report,
+    report_table,
+    slower_but_smaller,
+    write_report,
+)
+from tests.conftest import run_mlgo
 
 
 def report(size_pct: float, iqr: list[float]) -> dict:
     return {
         "package": "zlib",
+        "policy": "p",
         "size": {
             "baseline": 1000,
             "policy": round(1000 * (1 + size_pct / 100)),
@@ -44,3 +64,143 @@ def test_no_workload_no_throughput_row():
     console = Console(width=200, record=True)
     console.print(report_table(r))
     assert not slower_but_smaller(r) and "IQR" not in console.export_text()
+
+
+# -- report.html, from two real trees ----------------------------------------------------
+PROGRAM = """#include <stdio.h>
+static unsigned mix(unsigned h, unsigned x) { return (h ^ x) * 16777619u + (x << 3); }
+int main(void) {
+  unsigned h = 2166136261u;
+  for (unsigned i = 0; i < 3000000; i++) h = mix(h, i % 251);
+  printf("%u\\n", h);
+  return 0;
+}
+"""
+LIBRARY = "int sum(const int *a, int n) { int s = 0; for (int i = 0; i < n; i++) s += a[i] * i;"
+LIBRARY += " return s; }\n"
+# what ES's state.json history holds, one row per step (pool reward every few steps)
+CURVE = [
+    {"step": 1, "compiles": 48, "es/batch_reward_mean": -0.01, "es/batch_reward_max": 0.0},
+    {"step": 2, "compiles": 96, "es/batch_reward_mean": 0.002, "es/pool_reward": 0.004},
+]
+PNG_IMG = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
+
+
+@pytest.fixture(scope="module")
+def built(tc, tmp_path_factory):
+    """Two trees of one small package (a program and a library object) compiled at -Oz
+    (the baseline) and -O2 (standing in for the policy: other sizes, the same output),
+    its workload measured on both, and the report of the pair."""
+    root = tmp_path_factory.mktemp("tiny")
+    (root / "prog.c").write_text(PROGRAM)
+    (root / "sum.c").write_text(LIBRARY)
+    trees = {"plain": root / "plain", "mlgo": root / "mlgo"}
+    builds = []
+    for (name, tree), level in zip(trees.items(), ("-Oz", "-O2"), strict=True):
+        (tree / "lib").mkdir(parents=True)
+        subprocess.run(
+            [tc.clang, level, "-c", root / "sum.c", "-o", tree / "lib/sum.o"], check=True
+        )
+        subprocess.run([tc.clang, level, root / "prog.c", "-o", tree / "prog"], check=True)
+        builds.append(
+            ProgramBuild("tiny", name, 1.0, 1.0, {"prog": text_size(tree / "prog")}, "passed")
+        )
+    recipe = Recipe("tiny", "tiny", (), bench=("./prog",), bench_check="./prog | grep -qx '[0-9]*'")
+    speed = recipe_throughput(recipe, trees, rounds=3, seconds=0.05)
+    r = program_report(tuple(builds), trees, [root / "policy"], speed)
+    r["training"] = {"steps": 2, "curve": CURVE}
+    return root, r
+
+
+def pictures(page: str) -> list[bytes]:
+    return [base64.b64decode(b) for b in PNG_IMG.findall(page)]
+
+
+def test_report_html_has_every_plot_and_the_tables_numbers(built, tmp_path):
+    _, r = built
+    write_report(r, tmp_path)
+    assert load_report(tmp_path) == r == json.loads((tmp_path / "report.json").read_text())
+    page = (tmp_path / "report.html").read_text()
+    for section in ("size", "throughput", "training"):
+        assert f"<h2 id='{section}'>" in page
+    pics = pictures(page)
+    assert len(pics) == 3 and all(p.startswith(b"\x89PNG") for p in pics)
+    size = r["size"]
+    assert size["files"] == 2 and size["baseline"] != size["policy"]
+    assert f"{size['baseline']:,}" in page and f"{size['change_pct']:+.2f}%" in page
+    speed = r["throughput"]
+    assert len(speed["ratios_pct"]) == 3 and "instructions_change_pct" in speed
+    assert f"{speed['change_pct']:+.2f}%" in page and r["policy"] in page
+
+
+@pytest.mark.parametrize("absent", ["size", "throughput", "training"])
+def test_a_plot_without_its_data_is_left_out(built, tmp_path, absent):
+    _, r = built
+    r = json.loads(json.dumps(r))
+    if absent == "size":  # no file changed
+        for f in r["size"]["per_file"]:
+            f["policy"] = f["baseline"]
+    else:
+        del r[absent]
+    write_report(r, tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    assert f"<h2 id='{absent}'>" not in page and len(pictures(page)) == 2
+    assert "tests" in page and r["policy"] in page
+
+
+def test_a_report_that_cannot_be_drawn_leaves_the_old_one_alone(built, tmp_path):
+    _, r = built
+    (tmp_path / "report.json").write_text("the old report")
+    broken = dict(r, size={"per_file": []})  # no totals: the table cannot be made
+    with pytest.raises(KeyError):
+        write_report(broken, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+    assert (tmp_path / "report.json").read_text() == "the old report"
+
+
+def test_mlgo_report_shows_a_program_report_again(built, tmp_path):
+    root, r = built
+    write_report(r, root / "out")
+    html, js = tmp_path / "r.html", tmp_path / "r.json"
+    cmd = ("report", str(root / "out"), "--html", str(html), "--json", str(js))
+    done = run_mlgo(*cmd, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "ELF files" in done.stdout and "CPU time" in done.stdout
+    assert json.loads(js.read_text()) == r and len(pictures(html.read_text())) == 3
+    again = run_mlgo("report", str(js), timeout=120)  # the JSON it wrote is a report too
+    assert again.returncode == 0 and "ELF files" in again.stdout, again.stderr
+
+
+def test_mlgo_report_on_a_directory_with_no_report_says_so(tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "report.json").write_text('{"package": "x"}')
+    for where, says in ((tmp_path, "holds neither a report.json nor an eval.json"),
+                        (tmp_path / "bad", "not a program report")):  # fmt: skip
+        done = run_mlgo("report", str(where), "--html", str(tmp_path / "r.html"), timeout=60)
+        assert done.returncode == 2 and says in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "r.html").exists()
+    # `mlgo build`'s output: one report per package, and the line says where
+    done = run_mlgo("report", str(tmp_path), timeout=60)
+    assert f"one per package: {tmp_path / 'bad'}" in " ".join(done.stderr.split())
+
+
+def test_objects_in_directories_named_by_a_configuration_hash_are_counted(tc, tmp_path):
+    # zstd's objects are in obj/conf_<md5 of CC and flags>/, which differs between the two
+    # builds: they were left out, and zstd's size was its one program's alone
+    (tmp_path / "sum.c").write_text(LIBRARY)
+    a, b, c = "2aecd475cc1814de22821cd69cdfb9cc", "8fe0857422e822bada0dfafbc06a910c", "0" * 32
+    dirs = {
+        "plain": ("lib/conf_" + a, "twice/conf_" + a, "short/conf_abc"),
+        "mlgo": ("lib/conf_" + b, "twice/conf_" + b, "twice/conf_" + c, "short/conf_def"),
+    }
+    for (tree, where), level in zip(dirs.items(), ("-Oz", "-O2"), strict=True):
+        for d in where:
+            (tmp_path / tree / d).mkdir(parents=True)
+            out = tmp_path / tree / d / "sum.o"
+            subprocess.run([tc.clang, level, "-c", tmp_path / "sum.c", "-o", out], check=True)
+    sizes = [text_size(tmp_path / t / dirs[t][0] / "sum.o") for t in ("plain", "mlgo")]
+    assert sizes[0] != sizes[1]
+    # twice/: two candidates in one tree, short/: not a hash; neither is paired
+    rows = compare_trees(tmp_path / "mlgo", tmp_path / "plain")
+    assert rows == [SizeRow("lib/conf_*/sum.o", *sizes)]

@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from mlgo.corpus.extract import BuildError
 from mlgo.programs.build import ProgramBuild
-from mlgo.programs.compare import Comparison, variants
+from mlgo.programs.compare import Comparison, comparison_table, variants
 from mlgo.programs.measure import (
     Workload,
     compare_workload,
@@ -43,7 +44,31 @@ def test_comparison_totals_and_build_json(tmp_path):
     assert saved["policies"] == ["p"] and saved["failed"] == {"x": "x (plain): build failed"}
     assert [b["variant"] for b in saved["builds"]] == ["plain", "mlgo", "plain", "mlgo"]
     assert saved["delta_pct"] == pytest.approx(-2.5)
+    assert saved["throughput"] == {}
     assert Comparison([]).totals() == (0, 0, 0.0)
+
+
+@pytest.mark.unit
+def test_build_shows_each_packages_throughput_and_flags_smaller_but_slower(tmp_path):
+    result = Comparison([Path("p")])
+    for name, size_pct, iqr in (("lua", -1.0, [0.5, 1.5]), ("z", -1.0, [-0.5, 0.5])):
+        result.pairs.append(
+            (_built(name, "plain", {name: 1000}), _built(name, "mlgo", {name: 990}))
+        )
+        speed = {"change_pct": sum(iqr) / 2, "iqr_pct": iqr, "ratios_pct": iqr}
+        size = {"change_pct": size_pct}
+        result.reports[name] = {"package": name, "size": size, "throughput": speed}
+    result.pairs.append((_built("x", "plain", {"x": 10}), _built("x", "mlgo", {"x": 10})))
+    result.reports["x"] = {"package": "x", "size": {"change_pct": 0.0}}  # no workload
+    result.save(tmp_path / "build.json")
+    saved = json.loads((tmp_path / "build.json").read_text())["throughput"]
+    assert set(saved) == {"lua", "z"} and saved["lua"]["iqr_pct"] == [0.5, 1.5]
+    console = Console(width=200, record=True)
+    console.print(comparison_table(result))
+    rows = {line.split()[1]: line for line in console.export_text().splitlines() if ": " in line}
+    assert "+1.00% (IQR +0.50..+1.50%) smaller but slower" in rows["lua:"]
+    assert "+0.00% (IQR -0.50..+0.50%)" in rows["z:"] and "slower" not in rows["z:"]
+    assert "IQR" not in rows["x:"]
 
 
 # -- measurement: ABBA rounds, the workload's own CPU ------------------------------------

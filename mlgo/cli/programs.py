@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.programs.demo import DemoOptions
+
+BENCH_ROUNDS = 5  # mlgo build: a modest default, a few seconds per package
 
 
 def build(
@@ -28,31 +29,22 @@ def build(
         bool,
         typer.Option(help="MLGO_GUARD=size: per file, the smaller of the policy's and -Oz's"),
     ] = False,
+    bench_rounds: Annotated[
+        int, typer.Option(help="paired rounds of each recipe's workload; 0: not measured", min=0)
+    ] = BENCH_ROUNDS,
     clang: ClangOpt = None,
 ) -> None:
     """Build real programs from their Debian source packages twice, with plain clang and
-    with mlgo-cc serving the policies (same -Oz flags), run the package's own tests on
-    both, and compare the linked programs' .text."""
+    with mlgo-cc serving the policies (same -Oz flags), run the package's own tests and
+    its workload (if its recipe has one) on both, and compare the linked programs' .text
+    and the workload's CPU time. Each package's report.json and report.html go in OUT/<package>."""
     from mlgo.corpus.extract import BuildError, load_recipe
-    from mlgo.programs.compare import compare_programs
+    from mlgo.programs.compare import compare_programs, comparison_table
 
     tc = find_toolchain(clang)
     recipes = [load_recipe(name) for name in packages]  # a misspelt name fails before any build
-    result = compare_programs(recipes, policy, out, tc, tests, backend, guard)
-    table = Table("program", "clang -Oz .text", "mlgo .text", "delta", "build s", "tests")
-    for plain, ml in result.pairs:
-        for prog, base in plain.text.items():
-            table.add_row(
-                f"{plain.package}: {prog}",
-                f"{base:,}",
-                f"{ml.text[prog]:,}",
-                f"{100 * (ml.text[prog] / base - 1):+.2f}%",
-                f"{plain.build_seconds:.0f} / {ml.build_seconds:.0f}",
-                f"{plain.tests} / {ml.tests}",
-            )
-    base_total, ml_total, delta = result.totals()
-    table.add_row("total", f"{base_total:,}", f"{ml_total:,}", f"{delta:+.2f}%", style="bold")
-    console.print(table)
+    result = compare_programs(recipes, policy, out, tc, tests, backend, guard, bench_rounds)
+    console.print(comparison_table(result))
     console.print(f"wrote {out / 'build.json'}")
     for error in result.failed.values():
         console.print(f"[red]{error}")
@@ -92,4 +84,4 @@ def demo(
     report = run_demo(recipe, out / "corpus", DEFAULT_POLICIES[0], out, tc, opts, console.print)
     console.print(report_table(report))
     console.print(training_line(report["training"]))
-    console.print(f"wrote {out / 'report.json'}")
+    console.print(f"wrote {out / 'report.json'} and {out / 'report.html'} (with plots)")

@@ -3,6 +3,7 @@ evaluation."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Annotated
@@ -190,7 +191,8 @@ def calibrate(
 
 def report(
     evaluation: Annotated[
-        Path | None, typer.Argument(help="an eval directory or eval.json")
+        Path | None,
+        typer.Argument(help="a report.json, an eval.json, or a directory holding one"),
     ] = None,
     html: Annotated[Path | None, typer.Option(help="write a self-contained HTML report")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write a JSON summary")] = None,
@@ -201,25 +203,46 @@ def report(
         Path | None, typer.Option(help="the same build made with the plain compiler")
     ] = None,
 ) -> None:
-    """Render an evaluation (table, per-module histogram, per-package bars, JSON), or
-    compare the .text of every ELF file in two build trees (--build-dir, --baseline-dir)."""
+    """Render a program's report (as `mlgo demo`, `build` and `tune` write it: size and
+    throughput table, HTML with plots, JSON) or an evaluation (table, per-module histogram,
+    per-package bars, JSON), or compare the .text of every ELF file in two build trees
+    (--build-dir, --baseline-dir)."""
     from mlgo.runtime.files import atomic_write_text
-    from mlgo.train.evaluate import Evaluation
-    from mlgo.train.report import render_html, summary_json
 
     if build_dir or baseline_dir:
         return _tree_report(build_dir, baseline_dir, json_out)
     if evaluation is None:
-        raise ValueError("give an evaluation, or --build-dir and --baseline-dir")
-    ev = Evaluation.load(evaluation)
+        raise ValueError("give a report or an evaluation, or --build-dir and --baseline-dir")
+    page, summary = _render(evaluation, terse=bool(html or json_out))
     if html:
-        atomic_write_text(html, render_html(ev, f"mlgo report: {evaluation}"))
+        atomic_write_text(html, page())
         console.print(f"wrote {html}")
     if json_out:
-        atomic_write_text(json_out, summary_json(ev))
+        atomic_write_text(json_out, summary)
         console.print(f"wrote {json_out}")
-    if not html and not json_out:
+
+
+def _render(path: Path, terse: bool) -> tuple[Callable[[], str], str]:
+    """The HTML page (drawn on demand) and the JSON of the program report or evaluation at
+    PATH; prints a program report's table, or (unless TERSE) an evaluation's summary."""
+    import json
+
+    from mlgo.programs.report import load_report, render_html, report_table
+    from mlgo.train.evaluate import Evaluation
+    from mlgo.train.report import render_html as render_evaluation
+    from mlgo.train.report import summary_json
+
+    if (program := load_report(path)) is not None:
+        console.print(report_table(program))
+        return lambda: render_html(program), json.dumps(program, indent=1)
+    if path.is_dir() and not (path / "eval.json").is_file():
+        inside = ", ".join(sorted(str(p.parent) for p in path.glob("*/report.json")))
+        hint = f" (mlgo build's are one per package: {inside})" if inside else ""
+        raise ValueError(f"{path}: holds neither a report.json nor an eval.json{hint}")
+    ev = Evaluation.load(path)
+    if not terse:
         console.print(summary_json(ev))
+    return lambda: render_evaluation(ev, f"mlgo report: {path}"), summary_json(ev)
 
 
 def _tree_report(build: Path | None, baseline: Path | None, json_out: Path | None) -> None:

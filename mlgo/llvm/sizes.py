@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,12 +52,34 @@ def _elf_texts(root: Path) -> dict[str, int]:
     return sizes
 
 
+# a build system's hash of its compiler and flags in a directory name (zstd's objects are in
+# obj/conf_<md5>/), which differs between two builds made with different compilers
+CONFIG_HASH = re.compile(r"[0-9a-f]{16,}")
+
+
+def _pair_hashed(ours: dict[str, int], theirs: dict[str, int]) -> None:
+    """Files that only one tree has under their own path are paired under their path with
+    CONFIG_HASH masked, where that names exactly one file in each tree."""
+
+    def alone(sizes: dict[str, int], other: dict[str, int]) -> dict[str, str]:
+        masked = defaultdict(list)
+        for path in sizes.keys() - other.keys():
+            masked[CONFIG_HASH.sub("*", path)].append(path)
+        return {m: paths[0] for m, paths in masked.items() if len(paths) == 1}
+
+    mine, yours = alone(ours, theirs), alone(theirs, ours)
+    for m in mine.keys() & yours.keys():
+        ours[m], theirs[m] = ours.pop(mine[m]), theirs.pop(yours[m])
+
+
 def compare_trees(build: Path, baseline: Path) -> list[SizeRow]:
-    """The .text of every ELF file (object, library, program) present in both trees."""
+    """The .text of every ELF file (object, library, program) present in both trees; a
+    directory named by a configuration hash matches its counterpart in the other tree."""
     for tree in (build, baseline):
         if not tree.is_dir():
             raise ValueError(f"{tree}: not a directory")
     ours, theirs = _elf_texts(build), _elf_texts(baseline)
+    _pair_hashed(ours, theirs)
     common = sorted(set(ours) & set(theirs))
     if not common:
         raise ValueError(f"no ELF file is in both {build} and {baseline}")

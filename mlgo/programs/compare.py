@@ -1,12 +1,16 @@
 """`mlgo build`'s comparison: each package built with the plain compiler and with `mlgo-cc`
-and the policy service, from one pristine source; the linked programs' .text side by side.
-`build.json` is rewritten after every package, so a package that fails loses no other's."""
+and the policy service, from one pristine source; the linked programs' .text side by side,
+and the throughput of the package's workload where its recipe has one. `build.json` is
+rewritten after every package, so a package that fails loses no other's; each package's
+report (report.json, report.html) goes beside its two trees."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rich.table import Table
 
 from mlgo.corpus.extract import BuildError, Recipe
 from mlgo.llvm.toolchain import Toolchain
@@ -18,6 +22,13 @@ from mlgo.programs.build import (
     plain_compilers,
     policy_service,
     pristine_source,
+)
+from mlgo.programs.measure import recipe_throughput
+from mlgo.programs.report import (
+    program_report,
+    slower_but_smaller,
+    throughput_change,
+    write_report,
 )
 from mlgo.runtime.files import atomic_write_text
 
@@ -61,11 +72,13 @@ def build_pair(
 
 @dataclass
 class Comparison:
-    """The finished pairs, the packages that failed and why, and the policies used."""
+    """The finished pairs and their reports, the packages that failed and why, and the
+    policies used."""
 
     policies: list[Path]
     pairs: list[tuple[ProgramBuild, ProgramBuild]] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    reports: dict[str, dict] = field(default_factory=dict)  # package -> its report.json
 
     def totals(self) -> tuple[int, int, float]:
         """Plain .text, mlgo .text over every program, and the change in percent."""
@@ -79,6 +92,9 @@ class Comparison:
             "builds": [b.to_json() for pair in self.pairs for b in pair],
             "failed": self.failed,
             "delta_pct": self.totals()[2],
+            "throughput": {
+                name: r["throughput"] for name, r in self.reports.items() if "throughput" in r
+            },
         }
         atomic_write_text(path, json.dumps(payload, indent=1))
 
@@ -91,19 +107,55 @@ def compare_programs(
     tests: bool = True,
     backend: str = "auto",
     guard: bool = False,
+    bench_rounds: int = 0,
+    bench_seconds: float = 1.0,
 ) -> Comparison:
     """Builds every recipe plain and with the POLICIES served (SIZE_FLAGS on both) under
-    OUT, saving OUT/build.json after each; a failed package is recorded and skipped.
-    GUARD: mlgo-cc keeps the smaller of the policy's and the default's object per file."""
+    OUT, saving OUT/build.json after each and OUT/<package>/report.json and .html; a failed
+    package is recorded and skipped. GUARD: mlgo-cc keeps the smaller of the policy's and
+    the default's object per file. BENCH_ROUNDS: paired rounds of the workload of each
+    recipe that has one, about BENCH_SECONDS of CPU each (0: not measured)."""
     result = Comparison(policies)
     with policy_service(policies, out / "service", backend) as service_env:
         pair = variants(tc, dict(service_env, MLGO_GUARD="size") if guard else service_env)
         for recipe in recipes:
+            trees = {v.name: out / recipe.name / v.name for v in pair}
             try:
-                result.pairs.append(
-                    build_pair(recipe, out / recipe.name, tc, pair, tests, SIZE_FLAGS)
-                )
+                built = build_pair(recipe, out / recipe.name, tc, pair, tests, SIZE_FLAGS)
+                speed = None
+                if bench_rounds and recipe.bench:
+                    speed = recipe_throughput(recipe, trees, bench_rounds, bench_seconds)
+                report = program_report(built, trees, policies, speed)
+                write_report(report, out / recipe.name)
+                result.pairs.append(built)
+                result.reports[recipe.name] = report
             except BuildError as e:
                 result.failed[recipe.name] = str(e)
             result.save(out / "build.json")
     return result
+
+
+def comparison_table(result: Comparison) -> Table:
+    """`mlgo build`'s table: each linked program's .text, and each package's workload CPU
+    time (flagged when the package got smaller but measurably slower), build time, tests."""
+    columns = ("program", "clang -Oz .text", "mlgo .text", "delta", "CPU time", "build s")
+    table = Table(*columns, "tests")
+    for plain, ml in result.pairs:
+        report = result.reports[plain.package]
+        speed = throughput_change(report["throughput"]) if "throughput" in report else ""
+        if slower_but_smaller(report):
+            speed += " [red]smaller but slower"
+        for prog, base in plain.text.items():
+            table.add_row(
+                f"{plain.package}: {prog}",
+                f"{base:,}",
+                f"{ml.text[prog]:,}",
+                f"{100 * (ml.text[prog] / base - 1):+.2f}%",
+                speed,
+                f"{plain.build_seconds:.0f} / {ml.build_seconds:.0f}",
+                f"{plain.tests} / {ml.tests}",
+            )
+            speed = ""  # once per package
+    base_total, ml_total, delta = result.totals()
+    table.add_row("total", f"{base_total:,}", f"{ml_total:,}", f"{delta:+.2f}%", style="bold")
+    return table

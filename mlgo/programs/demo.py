@@ -1,25 +1,23 @@
 """`mlgo demo`'s loop on one recipe, after its corpus and traces are recorded: train briefly
 from the shipped policy, keep whichever of the two is smaller on the corpus, build the
 program twice (plain clang, and `mlgo-cc` with that policy), run its tests and its workload
-on both, and report size and throughput side by side (report.json and a table)."""
+on both, and report size and throughput side by side (report.json, report.html with plots
+and a table)."""
 
 from __future__ import annotations
 
 import json
-import shlex
-import shutil
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlgo.corpus.extract import BuildError, Recipe, run_logged
+from mlgo.corpus.extract import BuildError, Recipe
 from mlgo.corpus.format import load_corpus
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import get_problem
 from mlgo.programs.compare import compare_programs
-from mlgo.programs.measure import Workload, compare_workload
-from mlgo.programs.report import size_report, write_report
+from mlgo.programs.report import write_report
 from mlgo.runtime.workers import make_workers
 
 PROBLEM = "inlining-size"
@@ -68,43 +66,6 @@ def choose_policy(
     return chosen, training
 
 
-def workload(recipe: Recipe) -> Workload:
-    return Workload(
-        recipe.name,
-        recipe.bench_prepare,
-        tuple(tuple(shlex.split(cmd)) for cmd in recipe.bench),
-        recipe.bench_check,
-    )
-
-
-def measure_throughput(recipe: Recipe, trees: dict[str, Path], opts: DemoOptions) -> dict:
-    """The recipe's workload on both trees (the baseline first): the paired change of its
-    CPU time (median and IQR, in percent; positive is slower) and, where valgrind is
-    installed, of callgrind's instruction count."""
-    bench = workload(recipe)
-    for name, tree in trees.items():
-        for cmd in bench.prepare:
-            log = tree.parent / f"{tree.name}.log"
-            run_logged(
-                cmd, tree, log, recipe.test_timeout_s, None, f"{recipe.name} ({name}): bench"
-            )
-    callgrind = shutil.which("valgrind") is not None
-    m = compare_workload(bench, trees, opts.bench_rounds, opts.bench_seconds, callgrind)
-    cpu = m["cpu_delta_paired"]
-    result = {
-        "change_pct": 100 * cpu["median"],
-        "iqr_pct": [100 * cpu["q1"], 100 * cpu["q3"]],
-        "ratios_pct": [100 * r for r in cpu["runs"]],  # one per paired round
-        "measure": "CPU seconds of the workload, policy / baseline - 1 (positive: slower)",
-        "workload": list(recipe.bench),
-        "rounds": opts.bench_rounds,
-        "loops": m["loops"],
-    }
-    if callgrind:
-        result["instructions_change_pct"] = 100 * m["instructions_delta"]
-    return result
-
-
 def run_demo(
     recipe: Recipe,
     corpus_dir: Path,
@@ -114,28 +75,26 @@ def run_demo(
     opts: DemoOptions,
     say: Callable[[str], None] = print,
 ) -> dict:
-    """The loop after collection (see the module doc); writes and returns OUT/report.json.
-    A failing build or test stops with its log."""
+    """The loop after collection (see the module doc); writes OUT/report.json and
+    report.html, and returns the report. A failing build or test stops with its log."""
     from mlgo.ship.release import release
 
     say(f"training from {shipped} ({opts.train_steps} ES steps)")
     chosen, training = choose_policy(corpus_dir, shipped, out, tc, opts.train_steps)
     policy = release(chosen, out / "policy", aot=False).saved_model.parent
     say(f"building {recipe.name} twice (clang -Oz, and mlgo-cc with {policy}), with its tests")
-    built = compare_programs([recipe], [policy], out / "programs", tc)
+    if recipe.bench:
+        say(f"then measuring its workload on both ({opts.bench_rounds} paired rounds)")
+    built = compare_programs(
+        [recipe],
+        [policy],
+        out / "programs",
+        tc,
+        bench_rounds=opts.bench_rounds,
+        bench_seconds=opts.bench_seconds,
+    )
     if built.failed:
         raise BuildError(built.failed[recipe.name])
-    pair = built.pairs[0]
-    trees = {v: out / "programs" / recipe.name / v for v in ("plain", "mlgo")}
-    report = {
-        "package": recipe.name,
-        "policy": str(policy),
-        "training": training,
-        "size": size_report(pair, trees),
-        "tests": {"baseline": pair[0].tests, "policy": pair[1].tests},
-    }
-    if recipe.bench:
-        say(f"measuring {recipe.name}'s workload on both builds ({opts.bench_rounds} rounds)")
-        report["throughput"] = measure_throughput(recipe, trees, opts)
+    report = dict(built.reports[recipe.name], training=training)
     write_report(report, out)
     return report

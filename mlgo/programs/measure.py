@@ -13,6 +13,7 @@ import os
 import re
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -21,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlgo.corpus.extract import BuildError
+from mlgo.corpus.extract import BuildError, Recipe, run_logged
 
 CLOCKS = ("wall", "cpu")
 
@@ -182,3 +183,43 @@ def compare_workload(
                 out[v][f"{clock}_seconds"] = spread(series[v])
             out[f"{clock}_delta_paired"] = paired_change(series[other], series[base])
     return out
+
+
+def recipe_workload(recipe: Recipe) -> Workload:
+    """The workload a recipe's bench_prepare, bench and bench_check describe."""
+    return Workload(
+        recipe.name,
+        recipe.bench_prepare,
+        tuple(tuple(shlex.split(cmd)) for cmd in recipe.bench),
+        recipe.bench_check,
+    )
+
+
+def recipe_throughput(
+    recipe: Recipe, trees: dict[str, Path], rounds: int, seconds: float = 1.0
+) -> dict:
+    """The recipe's workload on both build trees (the baseline first), ROUNDS paired rounds
+    of about SECONDS of CPU each: the change of its CPU time (median and IQR, in percent;
+    positive is slower) and, where valgrind is installed, of callgrind's instruction count."""
+    bench = recipe_workload(recipe)
+    for name, tree in trees.items():
+        log, what = tree.parent / f"{tree.name}.log", f"{recipe.name} ({name}): bench"
+        for cmd in bench.prepare:
+            run_logged(cmd, tree, log, recipe.test_timeout_s, None, what)
+    callgrind = shutil.which("valgrind") is not None
+    m = compare_workload(bench, trees, rounds, seconds, callgrind)
+    cpu = m["cpu_delta_paired"]
+    result = {
+        "change_pct": 100 * cpu["median"],
+        "iqr_pct": [100 * cpu["q1"], 100 * cpu["q3"]],
+        "ratios_pct": [100 * r for r in cpu["runs"]],  # one per paired round
+        "measure": "CPU seconds of the workload, policy / baseline - 1 (positive: slower)",
+        "workload": list(recipe.bench),
+        "rounds": rounds,
+        "loops": m["loops"],
+    }
+    if callgrind:
+        base, ours = (m[v]["instructions"] for v in trees)
+        result["instructions"] = {"baseline": base, "policy": ours}
+        result["instructions_change_pct"] = 100 * m["instructions_delta"]
+    return result

@@ -1,17 +1,23 @@
 """The report of a program built twice (plain clang, and mlgo-cc with a policy): its size
 over every ELF file the build produced, its workload's throughput, its tests, and what
-training did; as report.json for machines and a rich table for the terminal. `mlgo demo`
-writes it; so does anything else that builds a user's program twice."""
+training did; as report.json for machines, report.html with plots for people, and a rich
+table for the terminal. `mlgo demo`, `mlgo build` and `mlgo tune` write it; `mlgo report`
+shows it again."""
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
 from rich.table import Table
 
 from mlgo.llvm.sizes import compare_trees, tree_totals
+from mlgo.plots import STYLE, img, png, pyplot
 from mlgo.runtime.files import atomic_write_text
+
+LARGEST_CHANGES = 20  # files in the per-file size plot
+REPORT_KEYS = {"package", "policy", "size", "tests"}
 
 
 def size_report(pair, trees: dict[str, Path]) -> dict:
@@ -35,9 +41,51 @@ def size_report(pair, trees: dict[str, Path]) -> dict:
     }
 
 
+def program_report(
+    pair, trees: dict[str, Path], policies: list[Path], throughput: dict | None = None
+) -> dict:
+    """The report of one package built twice (PAIR, in TREES: plain and mlgo) with
+    POLICIES; its throughput if its workload was measured."""
+    plain, ml = pair
+    report = {
+        "package": plain.package,
+        "policy": ", ".join(str(p) for p in policies),
+        "size": size_report(pair, trees),
+        "tests": {"baseline": plain.tests, "policy": ml.tests},
+    }
+    if throughput:
+        report["throughput"] = throughput
+    return report
+
+
 def write_report(report: dict, out: Path) -> None:
-    """OUT/report.json, written atomically."""
+    """OUT/report.json and OUT/report.html, each written atomically; the page is drawn
+    before either is written, so a failure leaves no report half-made."""
+    page = render_html(report)
     atomic_write_text(out / "report.json", json.dumps(report, indent=1))
+    atomic_write_text(out / "report.html", page)
+
+
+def load_report(path: Path) -> dict | None:
+    """The program report at PATH (a report.json, or a directory holding one); None if
+    there is none (PATH is an evaluation, say). A report.json that is not one is an error
+    naming it."""
+    path = path / "report.json" if path.is_dir() else path
+    named = path.name == "report.json"
+    try:
+        report = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        if named:
+            raise ValueError(f"{path}: not a program report ({e})") from e
+        return None
+    if isinstance(report, dict) and report.keys() >= REPORT_KEYS:
+        return report
+    if named:
+        needs = ", ".join(sorted(REPORT_KEYS))
+        raise ValueError(f"{path}: not a program report (it needs {needs})")
+    return None
 
 
 def slower_but_smaller(report: dict) -> bool:
@@ -52,29 +100,126 @@ def training_line(training: dict) -> str:
     return f"corpus .text against -Oz: {changes}; kept {training['chosen']} ({training['note']})"
 
 
+def throughput_change(speed: dict) -> str:
+    q1, q3 = speed["iqr_pct"]
+    return f"{speed['change_pct']:+.2f}% (IQR {q1:+.2f}..{q3:+.2f}%)"
+
+
+Row = tuple[str, str, str, str, str]  # label, baseline, policy, change, style
+
+
+def table_rows(report: dict) -> list[Row]:
+    """Size and throughput, baseline against policy: what the terminal table and the page's
+    header both show."""
+    size = report["size"]
+    rows: list[Row] = [
+        (f"{p} .text", f"{r['baseline']:,}", f"{r['policy']:,}", f"{r['change_pct']:+.2f}%", "")
+        for p, r in size["programs"].items()
+    ]
+    base, ours, change = size["baseline"], size["policy"], size["change_pct"]
+    rows.append((f"{size['files']} ELF files", f"{base:,}", f"{ours:,}", f"{change:+.2f}%", "bold"))
+    if speed := report.get("throughput"):
+        slow = slower_but_smaller(report)
+        change = throughput_change(speed) + (" smaller but slower" if slow else "")
+        rows.append(("CPU time", "", "", change, "red" if slow else ""))
+        if "instructions_change_pct" in speed:
+            rows.append(("instructions", "", "", f"{speed['instructions_change_pct']:+.2f}%", ""))
+    tests = report["tests"]
+    rows.append(("tests", tests["baseline"], tests["policy"], "", ""))
+    return rows
+
+
 def report_table(report: dict) -> Table:
     """Size and throughput, baseline against policy, as the terminal shows them."""
-    size = report["size"]
     title = f"{report['package']}: .text bytes, workload CPU time, tests"
     table = Table("", "clang -Oz", "mlgo-cc", "change", title=title)
-    for prog, r in size["programs"].items():
-        table.add_row(
-            f"{prog} .text", f"{r['baseline']:,}", f"{r['policy']:,}", f"{r['change_pct']:+.2f}%"
-        )
-    table.add_row(
-        f"{size['files']} ELF files",
-        f"{size['baseline']:,}",
-        f"{size['policy']:,}",
-        f"{size['change_pct']:+.2f}%",
-        style="bold",
-    )
-    if speed := report.get("throughput"):
-        q1, q3 = speed["iqr_pct"]
-        flag = " [red]smaller but slower" if slower_but_smaller(report) else ""
-        change = f"{speed['change_pct']:+.2f}% (IQR {q1:+.2f}..{q3:+.2f}%){flag}"
-        table.add_row("CPU time", "", "", change)
-        if "instructions_change_pct" in speed:
-            table.add_row("instructions", "", "", f"{speed['instructions_change_pct']:+.2f}%")
-    tests = report["tests"]
-    table.add_row("tests", tests["baseline"], tests["policy"], "")
+    for *cells, style in table_rows(report):
+        table.add_row(*cells, style=style or None)
     return table
+
+
+def size_figure(per_file: list[dict]) -> str | None:
+    """The files whose .text changed most (bytes and percent); None if none changed."""
+    changed = [f for f in per_file if f["policy"] != f["baseline"]]
+    if not changed:
+        return None
+    changed.sort(key=lambda f: abs(f["policy"] - f["baseline"]), reverse=True)
+    top = changed[:LARGEST_CHANGES][::-1]  # the largest at the top
+    names = [f["path"] for f in top]
+    delta = [f["policy"] - f["baseline"] for f in top]
+    pct = [100 * (f["policy"] / f["baseline"] - 1) if f["baseline"] else 0.0 for f in top]
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(9, 0.3 * len(top) + 1.2), sharey=True)
+    for ax, values, label in ((left, delta, "bytes"), (right, pct, "%")):
+        ax.barh(names, values, color=["#228833" if v <= 0 else "#cc3311" for v in values])
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_xlabel(f".text change, mlgo-cc vs clang -Oz ({label})")
+    left.tick_params(axis="y", labelsize=7)
+    return png(fig)
+
+
+def throughput_figure(speed: dict) -> str:
+    """Every paired round's CPU-time ratio, its median and IQR, and callgrind's count."""
+    ratios = speed["ratios_pct"]
+    q1, q3 = speed["iqr_pct"]
+    fig, ax = pyplot().subplots(figsize=(6, 3.2))
+    ax.axhspan(q1, q3, color="#4477aa", alpha=0.2, label=f"IQR {q1:+.2f}..{q3:+.2f}%")
+    ax.axhline(speed["change_pct"], color="#4477aa", label=f"median {speed['change_pct']:+.2f}%")
+    ax.plot(range(1, len(ratios) + 1), ratios, "o", color="#4477aa", label="paired rounds")
+    if "instructions_change_pct" in speed:
+        n = speed["instructions_change_pct"]
+        ax.axhline(n, color="#cc3311", ls="--", label=f"callgrind instructions {n:+.2f}%")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xlabel("round")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel("workload CPU time, policy vs baseline (%)")
+    ax.legend(fontsize=7)
+    return png(fig)
+
+
+def training_figure(curve: list[dict]) -> str | None:
+    """The trainer's rewards (higher is better) against compiles, or steps; None if the
+    history holds no reward."""
+    keys = sorted({k for row in curve for k in row if "reward" in k and not k.endswith("max")})
+    if not keys:
+        return None
+    x = "compiles" if all("compiles" in row for row in curve) else "step"
+    fig, ax = pyplot().subplots(figsize=(6, 3.2))
+    for key in keys:
+        points = [(row.get(x, i), row[key]) for i, row in enumerate(curve) if key in row]
+        ax.plot(*zip(*points, strict=True), "o-", label=key)
+    ax.set_xlabel(x)
+    ax.set_ylabel("reward (higher is better)")
+    ax.legend(fontsize=7)
+    return png(fig)
+
+
+def render_html(report: dict) -> str:
+    """report.html: the table's numbers, then a plot of each kind of data the report holds."""
+    esc = html.escape
+    cells = "".join(
+        f"<tr class='{style}'>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>"
+        for *row, style in table_rows(report)
+    )
+    sections = []
+    if pic := size_figure(report["size"].get("per_file", [])):
+        sections.append(f"<h2 id='size'>Size per file (largest changes)</h2>{img(pic)}")
+    speed = report.get("throughput")
+    if speed and speed.get("ratios_pct"):
+        work = esc("; ".join(speed.get("workload", [])))
+        sections.append(
+            f"<h2 id='throughput'>Throughput</h2><p>{esc(speed.get('measure', ''))}; "
+            f"workload: <code>{work}</code></p>{img(throughput_figure(speed))}"
+        )
+    training = report.get("training") or {}
+    if pic := training_figure(training.get("curve", [])):
+        note = esc(training_line(training)) if "corpus_change_pct" in training else ""
+        sections.append(f"<h2 id='training'>Training</h2><p>{note}</p>{img(pic)}")
+    title = f"mlgo report: {report['package']}"
+    counts = report["size"].get("counts", ".text")
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{esc(title)}</title>
+{STYLE}<style>tr.bold td{{font-weight:bold}} tr.red td{{color:#cc3311}}</style>
+</head><body><h1>{esc(title)}</h1>
+<p>policy: <code>{esc(report["policy"])}</code>; size counts {esc(counts)}</p>
+<table><tr><th></th><th>clang -Oz</th><th>mlgo-cc</th><th>change</th></tr>{cells}</table>
+{"".join(sections)}
+</body></html>"""

@@ -4,20 +4,13 @@ problem's reward metric (.text bytes for inlining, spill+reload cost for regallo
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 
 import numpy as np
 
+from mlgo.plots import STYLE, img, png, pyplot
 from mlgo.train.evaluate import Evaluation
-
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def module_deltas(ev: Evaluation) -> np.ndarray:
@@ -29,19 +22,14 @@ def module_deltas(ev: Evaluation) -> np.ndarray:
 
 def figures(ev: Evaluation) -> dict[str, str]:
     """Base64 PNGs: the per-module delta histogram and the per-package bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     deltas = 100 * module_deltas(ev)
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.hist(deltas, bins=40, color="#4477aa")
     ax.axvline(0, color="black", lw=0.8)
     ax.set_xlabel(f"{ev.metric} change vs default per module (%)")
     ax.set_ylabel("modules")
-    hist = _png(fig)
-    plt.close(fig)
+    hist = png(fig)
 
     packages = ev.per_package()
     names = sorted(packages)
@@ -50,8 +38,7 @@ def figures(ev: Evaluation) -> dict[str, str]:
     ax.barh(names, values, color=["#228833" if v <= 0 else "#cc3311" for v in values])
     ax.axvline(0, color="black", lw=0.8)
     ax.set_xlabel(f"{ev.metric} change vs default per package (%)")
-    bars = _png(fig)
-    plt.close(fig)
+    bars = png(fig)
     return {"histogram": hist, "packages": bars}
 
 
@@ -79,9 +66,7 @@ def render_html(ev: Evaluation, title: str) -> str:
     )
     t = s["totals"]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}
-td:first-child{{text-align:left}}</style>
+{STYLE}
 </head><body><h1>{html.escape(title)}</h1>
 <p>{html.escape(ev.problem.name)} with {html.escape(ev.toolchain)} on {html.escape(ev.corpus)}:
 {t["modules"]} modules, {m} {t[f"default_{m}"]:,.0f} &rarr; {t[m]:,.0f}
@@ -91,8 +76,8 @@ td:first-child{{text-align:left}}</style>
 <th>change</th></tr>{rows}<tr><th>total</th><th>{t["modules"]}</th>
 <th>{t[f"default_{m}"]:,.0f}</th><th>{t[m]:,.0f}</th>
 <th>{100 * t["delta"]:+.2f}%</th></tr></table>
-<h2>Per package</h2><img src="data:image/png;base64,{pics["packages"]}">
-<h2>Per module</h2><img src="data:image/png;base64,{pics["histogram"]}">
+<h2>Per package</h2>{img(pics["packages"])}
+<h2>Per module</h2>{img(pics["histogram"])}
 </body></html>"""
 
 

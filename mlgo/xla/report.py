@@ -180,12 +180,10 @@ def to_json(rows: list[Row]) -> list[dict]:
 
 def plot(rows: list[Row], path: Path) -> None:
     """Per program: speedup over default of the model's pick, the fixed config and the best."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    from mlgo.plots import pyplot
     from mlgo.runtime.files import atomic_path
+
+    plt = pyplot()
 
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(rows)), 4))
