@@ -4,8 +4,10 @@ smaller of the policy's and the default's object. Real clang, a real service, bo
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +199,28 @@ def test_the_native_wrapper_guards_without_python(eager, tc, tmp_path):
         [str(wrapper), "-m32", "-Oz", "-c", "shrinks.c"], eager.env(MLGO_GUARD="size"), tmp_path
     )
     assert r.returncode == 127 and "cannot run" in r.stderr
+
+
+def test_a_stopped_native_guard_leaves_nothing_behind(native_cc, eager, tmp_path):
+    """make's Ctrl-C or a killed job: the wrapper dies of the signal, and its private
+    directory goes with it."""
+    src = tmp_path / "slow.c"
+    src.write_text(
+        "".join(
+            f"int f{i}(int x) {{ return x * {i} + f{i // 2}(x); }}\n" for i in range(1, 4000)
+        ).replace("f0(x)", "0")
+    )
+    proc = subprocess.Popen(
+        [*native_cc, "-Oz", "-c", str(src), "-o", str(tmp_path / "slow.o")],
+        env=eager.env(MLGO_GUARD="size"),
+        stderr=subprocess.DEVNULL,
+    )
+    while not list(tmp_path.glob(".mlgo-guard-*")):
+        assert proc.poll() is None, "finished before its private directory was seen"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == -signal.SIGTERM
+    assert not list(tmp_path.glob(".mlgo-guard-*"))
 
 
 # Outputs the guard cannot compare: assembly, bitcode, and an object naming its own .dwo.

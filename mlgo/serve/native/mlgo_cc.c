@@ -480,13 +480,9 @@ static void guard_on_signal(int sig) {
   raise(sig);
 }
 
-/* Starts the default compile beside the policy's, if the guard can compare this one.
- * 0: it cannot (the policy's output stays as it is), 1: started, -1: failed to start. */
-static int guard_start(int argc, char **argv) {
-  struct stat st;
+/* The private directory and the default compile in it, the child's signal mask BEFORE. */
+static int guard_spawn(int argc, char **argv, const sigset_t *before) {
   char parent[PATH_MAX];
-  if (!guarded_object(argc, argv, guard.obj, sizeof guard.obj)) return 0;
-  if (stat(guard.obj, &st) == 0 && !S_ISREG(st.st_mode)) return 0; /* -o /dev/null */
   parent_dir(guard.obj, parent, sizeof parent);
   const char *name = strrchr(guard.obj, '/') ? strrchr(guard.obj, '/') + 1 : guard.obj;
   if (snprintf(guard.dir, sizeof guard.dir, "%s/.mlgo-guard-XXXXXX", parent) >=
@@ -497,14 +493,12 @@ static int guard_start(int argc, char **argv) {
   }
   if (snprintf(guard.out, sizeof guard.out, "%s/%s", guard.dir, name) >= (int)sizeof guard.out)
     return guard_stop(), -1;
-  struct sigaction on_signal = {.sa_handler = guard_on_signal, .sa_flags = SA_RESTART};
-  for (const int *sig = (const int[]){SIGHUP, SIGINT, SIGTERM, 0}; *sig; sig++)
-    sigaction(*sig, &on_signal, NULL);
   char **args = default_args(argc, argv, guard.out);
   pid_t pid = fork();
   if (pid == 0) {
     int null = open("/dev/null", O_RDWR);
     dup2(null, 0), dup2(null, 1), dup2(null, 2);
+    sigprocmask(SIG_SETMASK, before, NULL);
     execvp(compiler, args);
     _exit(127);
   }
@@ -512,6 +506,24 @@ static int guard_start(int argc, char **argv) {
   if (pid < 0) return guard_stop(), -1;
   guard.pid = pid;
   return 1;
+}
+
+/* Starts the default compile beside the policy's, if the guard can compare this one.
+ * 0: it cannot (the policy's output stays as it is), 1: started, -1: failed to start. */
+static int guard_start(int argc, char **argv) {
+  struct stat st;
+  if (!guarded_object(argc, argv, guard.obj, sizeof guard.obj)) return 0;
+  if (stat(guard.obj, &st) == 0 && !S_ISREG(st.st_mode)) return 0; /* -o /dev/null */
+  struct sigaction on_signal = {.sa_handler = guard_on_signal, .sa_flags = SA_RESTART};
+  sigset_t stopping, before;
+  sigemptyset(&stopping);
+  for (const int *sig = (const int[]){SIGHUP, SIGINT, SIGTERM, 0}; *sig; sig++)
+    sigaddset(&stopping, *sig), sigaction(*sig, &on_signal, NULL);
+  /* Held off until the directory and the compile in it are where the handler looks. */
+  sigprocmask(SIG_BLOCK, &stopping, &before);
+  int started = guard_spawn(argc, argv, &before);
+  sigprocmask(SIG_SETMASK, &before, NULL);
+  return started;
 }
 
 /* After both compiles succeeded: keeps the smaller object. -1 when the default compile failed
