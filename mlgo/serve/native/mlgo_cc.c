@@ -9,12 +9,12 @@
  * it does not trust: a socket or directory not this user's alone, a peer of another uid
  * (SO_PEERCRED), a lease flag outside what mlgo.serve.cc.check_lease_flags allows, policies
  * other than MLGO_POLICY names, and an MLGO_TIMEOUT that is not a plain positive number.
- * MLGO_GUARD=size is done here too (see struct guard), except when anything about it is
- * unusual: another MLGO_GUARD value, an object this cannot read, a default compile that
- * fails. Then Python does the whole compile again and says what is wrong. A compile at an
- * -O level no served policy
- * was trained for gets a reply without a lease: it runs the compiler as is, after the
- * service's note if the reply has one (the first compile at that level).
+ * MLGO_GUARD=size is done here too (see `guard` below) unless anything about it is unusual:
+ * another MLGO_GUARD value, an object this does not read (ELF32, the other byte order), a
+ * default compile that fails. Then Python does the whole compile again and says what is wrong.
+ * A compile at an -O level no served policy was trained for gets a reply without a lease: it
+ * runs the compiler as is, after the service's note if the reply has one (the first compile
+ * at that level).
  * Built by `mlgo install-wrappers` with -DMLGO_PYTHON="<the venv's python>". */
 #define _GNU_SOURCE
 #include <dirent.h>
