@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mlgo.llvm.cmdline import SIDE_OUTPUT_PREFIXES, SIDE_OUTPUTS, SIDE_OUTPUTS_WITH_VALUE
 from mlgo.llvm.sizes import text_size
 from mlgo.problems.policy import MLPPolicy
 from mlgo.serve.cc import build_native_wrapper, source_files
-from mlgo.serve.guard import default_args, guarded_object
+from mlgo.serve.guard import UNGUARDED, UNGUARDED_PREFIXES, default_args, guarded_object
 from tests import test_service
 from tests.test_service import MLGO_CC, SHIPPED, SOURCES, Service
 
@@ -287,6 +288,10 @@ COMMAND_LINES = [
     ["-c", "a.c", "-flto"],
     ["-c", "a.c", "-flto=thin", "-fno-lto"],
     ["-c", "a.c", "-fno-lto", "-flto=full"],
+    # every option Python's rules name, so that one added there alone fails
+    *(["-c", "x.c", a] for a in (*SIDE_OUTPUTS, *UNGUARDED, *UNGUARDED_PREFIXES)),
+    *(["-c", "x.c", a, "v.o"] for a in SIDE_OUTPUTS_WITH_VALUE),
+    *(["-c", "x.c", f"{a}v.o"] for a in SIDE_OUTPUT_PREFIXES),
 ]
 
 

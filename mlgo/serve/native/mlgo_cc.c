@@ -332,24 +332,18 @@ static int policies_match(const char *line) {
  * runs, the same file is compiled with the default heuristic into a private directory beside
  * the object, writing nothing else; when both succeed, the object with fewer executable bytes
  * stays (a tie keeps the default's), renamed into place. */
-static const char *unguarded[] = {"-S",         "-emit-llvm",      "-save-temps", "--coverage",
+/* mlgo.serve.guard.UNGUARDED and UNGUARDED_PREFIXES. */
+static const char *unguarded[] = {"-S", "-emit-llvm", "-save-temps", "--coverage",
                                   "-ftest-coverage", "-fprofile-arcs", NULL};
 static const char *unguarded_prefixes[] = {"-save-temps=", "-gsplit-dwarf", NULL};
-static const char *side_outputs[] = {"-MD", "-MMD",         "-MP",
-                                     "-MG", "-ftime-trace", "-fsave-optimization-record",
-                                     NULL};
+/* mlgo.llvm.cmdline.SIDE_OUTPUTS, SIDE_OUTPUTS_WITH_VALUE and SIDE_OUTPUT_PREFIXES. */
+static const char *side_outputs[] = {"-MD", "-MMD", "-MP", "-MG", "-ftime-trace",
+                                     "-fsave-optimization-record", NULL};
 static const char *side_outputs_with_value[] = {"-MF", "-MT", "-MQ", "-MJ",
                                                 "--serialize-diagnostics", NULL};
-static const char *side_output_prefixes[] = {"-MF",
-                                             "-MT",
-                                             "-MQ",
-                                             "-MJ",
-                                             "-ftime-trace=",
-                                             "-fsave-optimization-record=",
-                                             "-foptimization-record-file=",
-                                             "-save-stats",
-                                             "--save-stats",
-                                             NULL};
+static const char *side_output_prefixes[] = {
+    "-MF", "-MT", "-MQ", "-MJ", "-ftime-trace=", "-fsave-optimization-record=",
+    "-foptimization-record-file=", "-save-stats", "--save-stats", NULL};
 
 static struct {
   pid_t pid;          /* the default compile while it runs, else 0 */
