@@ -4,19 +4,27 @@ smaller of the policy's and the default's object. Real clang, a real service, bo
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from mlgo.llvm.cmdline import SIDE_OUTPUT_PREFIXES, SIDE_OUTPUTS, SIDE_OUTPUTS_WITH_VALUE
 from mlgo.llvm.sizes import text_size
 from mlgo.problems.policy import MLPPolicy
+from mlgo.serve.cc import build_native_wrapper, source_files
+from mlgo.serve.guard import UNGUARDED, UNGUARDED_PREFIXES, default_args, guarded_object
 from tests import test_service
-from tests.test_service import SHIPPED, SOURCES, Service
+from tests.test_service import MLGO_CC, SHIPPED, SOURCES, Service
 
 cc = test_service.cc  # both wrappers, as the service's own tests run them
 native_cc = test_service.native_cc
+native_wrappers = test_service.native_wrappers
+MLGO_CXX = [sys.executable, "-c", "from mlgo.serve.cc import main_cxx; main_cxx()"]
 
 HASH = next(s for s in SOURCES if s.name == "hash.c")  # inlining everything grows it 2.6x
 # Two callers passing permuted arguments: inlining both (no argument moves, no call) is a
@@ -32,6 +40,33 @@ static int mix(int a, int b, int c, int d) {
 int f(int a, int b, int c, int d) { return mix(d, c, b, a) + 1; }
 int g(int a, int b, int c, int d) { return mix(c, d, a, b) - 1; }
 """
+# A method probed from three callers: inlining every call grows the object by a fifth.
+GROWS_CXX = """\
+struct Table {
+  unsigned slots[64];
+  unsigned probe(const char *key) const {
+    unsigned h = 2166136261u;
+    for (const char *p = key; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
+    for (unsigned i = 0; i < 64; i++) {
+      unsigned s = (h + i * i) & 63;
+      if (slots[s] == 0 || slots[s] == h) return s;
+    }
+    return 64;
+  }
+};
+unsigned a(const Table &t) { return t.probe("alpha") + t.probe("beta"); }
+unsigned b(const Table &t) { return t.probe("gamma") * t.probe("delta"); }
+unsigned c(const Table &t, const char *k) { return t.probe(k) ^ t.probe("epsilon"); }
+"""
+# name: (source, is the policy's object the larger, more arguments, the object they write).
+# An ELF32 object is one the native wrapper does not read: it hands the compile to Python.
+GUARD_CASES = {
+    "hash.c": (HASH.read_text(), True, ["-o", "out/hash.o"], "out/hash.o"),
+    "shrinks.c": (SHRINKS, False, [], "shrinks.o"),
+    "grows.cpp": (GROWS_CXX, True, [], "grows.o"),
+    "shrinks.cpp": (SHRINKS, False, ["-oout/shrinks.o"], "out/shrinks.o"),
+    "elf32.c": (SHRINKS, False, ["-m32"], "elf32.o"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -107,54 +142,193 @@ def test_a_compile_request_must_name_its_level(eager):
         request({"op": "compile"}, path=eager.socket)
 
 
-def test_the_guard_keeps_the_default_where_the_policy_is_larger(cc, eager, tc, tmp_path):
-    """The object and its dependency file are plain clang's, byte for byte; nothing else
-    is left behind."""
-    obj, dep = tmp_path / "hash.o", tmp_path / "hash.d"
-    args = ["-Oz", "-c", str(HASH), "-o", str(obj), "-MD", "-MP"]
-    plain(tc, args)
-    want_obj, want_dep = obj.read_bytes(), dep.read_bytes()
-    default_text = text_size(obj)
-    r = run([*cc, *args], eager.env())
-    assert r.returncode == 0 and not r.stderr, r.stderr
-    policy_alone = text_size(obj)
-    assert policy_alone > default_text  # the premise: the policy loses here
-    r = run([*cc, *args], eager.env(MLGO_GUARD="size"))
-    assert r.returncode == 0 and not r.stderr, r.stderr
-    assert obj.read_bytes() == want_obj and dep.read_bytes() == want_dep
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hash.d", "hash.o"]
+@pytest.fixture(params=["python", "native"])
+def wrappers(request, native_wrappers) -> dict[str, list[str]]:
+    """mlgo-cc and mlgo-c++ of one kind (the Python reference or the native one), by the
+    suffix of the source they compile."""
+    if request.param == "python":
+        return {".c": MLGO_CC, ".cpp": MLGO_CXX}
+    return {".c": [str(native_wrappers[0])], ".cpp": [str(native_wrappers[1])]}
 
 
-def test_the_guard_keeps_the_policy_where_it_is_smaller(cc, eager, tc, tmp_path):
-    """With the object implied (no -o) and an explicit -MF/-MT: the policy's object stays."""
-    src = tmp_path / "shrinks.c"
-    src.write_text(SHRINKS)
-    args = ["-Oz", "-c", src.name, "-MD", "-MF", "deps/out.d", "-MT", "target"]
+@pytest.mark.parametrize("name", GUARD_CASES)
+def test_the_guard_keeps_the_smaller_object(wrappers, name, eager, tc, tmp_path):
+    """The object kept is plain clang's, byte for byte, where the policy's is larger, and the
+    policy's where it is smaller: the same bytes from both wrappers. The dependency file is
+    the policy's compile's alone (the default's would name its private object), and nothing
+    else is left behind."""
+    text, policy_larger, more, written = GUARD_CASES[name]
+    src, obj = tmp_path / name, tmp_path / written
+    src.write_text(text)
+    (tmp_path / "out").mkdir()
     (tmp_path / "deps").mkdir()
-    plain(tc, args, cwd=tmp_path)
-    default_text = text_size(tmp_path / "shrinks.o")
+    args = ["-Oz", "-c", name, *more, "-MD", "-MP", "-MF", "deps/out.d"]
+    clang = tc.clangxx if src.suffix == ".cpp" else tc.clang
+    wrapper = wrappers[src.suffix]
+    r = run([clang, *args], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    default, default_text = obj.read_bytes(), text_size(obj)
     want_dep = (tmp_path / "deps/out.d").read_text()
+    r = run([*wrapper, *args], eager.env(), cwd=tmp_path)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    policy = obj.read_bytes()
+    assert text_size(obj) != default_text  # the premise: they differ, the expected way
+    assert (text_size(obj) > default_text) == policy_larger
+    obj.unlink()
+    r = run([*wrapper, *args], eager.env(MLGO_GUARD="size"), cwd=tmp_path)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    assert obj.read_bytes() == (default if policy_larger else policy)
+    assert (tmp_path / "deps/out.d").read_text() == want_dep
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert left == sorted(["deps", "deps/out.d", "out", name, written])
+
+
+def test_the_native_wrapper_guards_without_python(eager, tc, tmp_path):
+    """The native wrapper keeps the smaller object itself (no interpreter start-up per file):
+    built to hand over to an interpreter that is not there, it still does. It hands over
+    only what it cannot read, an ELF32 object."""
+    wrapper = tmp_path / "mlgo-cc"
+    build_native_wrapper(wrapper, python=str(tmp_path / "no-python"))
+    (tmp_path / "shrinks.c").write_text(SHRINKS)
+    args = ["-Oz", "-c", str(HASH), "-o", "hash.o"]
+    plain(tc, args, cwd=tmp_path)
+    default = (tmp_path / "hash.o").read_bytes()
+    r = run([str(wrapper), *args], eager.env(MLGO_GUARD="size"), cwd=tmp_path)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    assert (tmp_path / "hash.o").read_bytes() == default
+    r = run(
+        [str(wrapper), "-m32", "-Oz", "-c", "shrinks.c"], eager.env(MLGO_GUARD="size"), tmp_path
+    )
+    assert r.returncode == 127 and "cannot run" in r.stderr
+
+
+def test_a_stopped_native_guard_leaves_nothing_behind(native_cc, eager, tmp_path):
+    """make's Ctrl-C or a killed job: the wrapper dies of the signal, and its private
+    directory goes with it."""
+    src = tmp_path / "slow.c"
+    src.write_text(
+        "".join(
+            f"int f{i}(int x) {{ return x * {i} + f{i // 2}(x); }}\n" for i in range(1, 4000)
+        ).replace("f0(x)", "0")
+    )
+    proc = subprocess.Popen(
+        [*native_cc, "-Oz", "-c", str(src), "-o", str(tmp_path / "slow.o")],
+        env=eager.env(MLGO_GUARD="size"),
+        stderr=subprocess.DEVNULL,
+    )
+    while not list(tmp_path.glob(".mlgo-guard-*")):
+        assert proc.poll() is None, "finished before its private directory was seen"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == -signal.SIGTERM
+    assert not list(tmp_path.glob(".mlgo-guard-*"))
+
+
+# Outputs the guard cannot compare: assembly, bitcode, and an object naming its own .dwo.
+UNGUARDED_CASES = {
+    "-S": ["-S", "-o", "hash.s"],
+    "-emit-llvm": ["-c", "-emit-llvm", "-o", "hash.bc"],
+    "-flto=thin": ["-c", "-flto=thin", "-o", "hash.o"],
+    "-gsplit-dwarf": ["-c", "-g", "-gsplit-dwarf", "-o", "hash.o"],
+}
+
+
+@pytest.mark.parametrize("case", UNGUARDED_CASES)
+def test_the_guard_leaves_what_it_cannot_compare_to_the_policy(cc, case, eager, tmp_path):
+    """Every file written is the policy's, byte for byte as without the guard."""
+    args = ["-Oz", str(HASH), *UNGUARDED_CASES[case]]
     r = run([*cc, *args], eager.env(), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    policy_alone = (tmp_path / "shrinks.o").read_bytes()
-    assert text_size(tmp_path / "shrinks.o") < default_text  # the premise: the policy wins
-    (tmp_path / "shrinks.o").unlink()
+    policy_alone = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for p in tmp_path.iterdir():
+        p.unlink()
     r = run([*cc, *args], eager.env(MLGO_GUARD="size"), cwd=tmp_path)
     assert r.returncode == 0 and not r.stderr, r.stderr
-    assert (tmp_path / "shrinks.o").read_bytes() == policy_alone
-    assert (tmp_path / "deps/out.d").read_text() == want_dep
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["deps", "shrinks.c", "shrinks.o"]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == policy_alone
 
 
-def test_the_guard_leaves_what_it_cannot_compare_to_the_policy(cc, eager, tmp_path):
-    """-S writes assembly, not an object: the policy's output, as without the guard."""
-    args = ["-Oz", "-S", str(HASH), "-o", str(tmp_path / "hash.s")]
-    r = run([*cc, *args], eager.env())
-    assert r.returncode == 0, r.stderr
-    policy_alone = (tmp_path / "hash.s").read_text()
-    r = run([*cc, *args], eager.env(MLGO_GUARD="size"))
-    assert r.returncode == 0 and not r.stderr, r.stderr
-    assert (tmp_path / "hash.s").read_text() == policy_alone
+@pytest.fixture(scope="module")
+def checker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """mlgo_cc.c built with its checking entry point: its guard's rules alone."""
+    out = tmp_path_factory.mktemp("check") / "mlgo-cc-check"
+    build_native_wrapper(out, "-DMLGO_GUARD_CHECK")
+    return out
+
+
+# Command lines for the native wrapper's reading of them to agree with mlgo.serve.guard's.
+COMMAND_LINES = [
+    ["-Oz", "-c", "a.c"],
+    ["-c", "dir/a.b.c", "-o", "out/x.o", "-MD", "-MP", "-MF", "out/x.d", "-MT", "t", "-MQ", "q"],
+    ["-c", "x.cpp", "-ox.o", "-MMD", "-MFdeps.d", "-MTt", "-MQq", "-MJcdb.json", "-MG"],
+    ["-c", "x.c", "-ftime-trace", "-ftime-trace=t.json", "-fsave-optimization-record"],
+    ["-c", "x.c", "-fsave-optimization-record=yaml", "-foptimization-record-file=r.yaml"],
+    ["-c", "x.c", "-save-stats", "--save-stats=obj", "--serialize-diagnostics", "x.dia"],
+    ["-c", "x.c", "-MJ", "cdb.json", "-Wp,-MD,dep.d", "-Wp,-DX,-MMD,d2", "-Wp,-DY", "-Wp,"],
+    ["-c", "x.c", "-objcmt-migrate-literals", "-o", "y.o", "-I", "inc", "-include", "h.h"],
+    ["-c", "x.c", "-o", "dir/"],
+    ["-c", "x.c", "-o", ""],
+    ["-c", "x.c", "-o"],
+    ["-c", "x.c", "-o", "-"],
+    ["-c", "x.c", "-o-"],
+    ["-c", ".c"],
+    ["-c", "..c"],
+    ["-c", "/abs/X.C", "-x", "c++"],
+    ["-c", "lib/a.mm", "-o", "/abs/o.o"],
+    ["x.c", "-o", "x"],
+    ["-c", "a.c", "b.c"],
+    ["-c", "a.c", "-o", "b.c"],
+    ["-c", "a.c", "-S"],
+    ["-c", "a.c", "-Xclang", "-emit-llvm"],
+    ["-c", "a.c", "-save-temps"],
+    ["-c", "a.c", "-save-temps=obj"],
+    ["-c", "a.c", "--coverage"],
+    ["-c", "a.c", "-ftest-coverage"],
+    ["-c", "a.c", "-fprofile-arcs"],
+    ["-c", "a.c", "-gsplit-dwarf=single"],
+    ["-c", "a.c", "-flto"],
+    ["-c", "a.c", "-flto=thin", "-fno-lto"],
+    ["-c", "a.c", "-fno-lto", "-flto=full"],
+    # every option Python's rules name, so that one added there alone fails
+    *(["-c", "x.c", a] for a in (*SIDE_OUTPUTS, *UNGUARDED, *UNGUARDED_PREFIXES)),
+    *(["-c", "x.c", a, "v.o"] for a in SIDE_OUTPUTS_WITH_VALUE),
+    *(["-c", "x.c", f"{a}v.o"] for a in SIDE_OUTPUT_PREFIXES),
+]
+
+
+def test_the_native_wrapper_reads_command_lines_as_python_does(checker):
+    """Which compiles the guard compares, the object, and the default compile's arguments."""
+    guarded = 0
+    for args in COMMAND_LINES:
+        r = subprocess.run([checker, "guard", *args], capture_output=True, text=True)
+        assert r.returncode == 0, (args, r.stderr)
+        words = r.stdout.split("\0")[:-1]
+        got = [Path(words[0]), *words[1:]] if words else []
+        obj = guarded_object(args, source_files(args))
+        assert got == ([obj, *default_args(args, Path("OUT"))] if obj else []), args
+        guarded += bool(obj)
+    assert 0 < guarded < len(COMMAND_LINES)
+
+
+def test_the_native_wrapper_counts_text_as_python_does(checker, tc, tmp_path):
+    """ELF64 objects of C, C++ and assembly with more sections than an ELF header counts:
+    the bytes mlgo.llvm.sizes counts. -1 (Python's to read) for ELF32 and not ELF."""
+    (tmp_path / "shrinks.c").write_text(SHRINKS)
+    (tmp_path / "grows.cpp").write_text(GROWS_CXX)
+    many = "".join(f'.section .text.f{i},"ax",@progbits\nret\n' for i in range(65300))
+    (tmp_path / "many.s").write_text(many)
+    builds = {
+        "hash.o": [tc.clang, "-Oz", "-ffunction-sections", "-g", "-c", str(HASH)],
+        "grows.o": [tc.clangxx, "-Oz", "-c", "grows.cpp"],
+        "many.o": [tc.clang, "-c", "many.s"],
+        "elf32.o": [tc.clang, "-m32", "-Oz", "-c", "shrinks.c"],
+    }
+    for obj, cmd in builds.items():
+        r = run([*cmd, "-o", obj], cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    r = run([str(checker), "text", *builds, "shrinks.c", "missing.o"], cwd=tmp_path)
+    want = [text_size(tmp_path / o) for o in ("hash.o", "grows.o", "many.o")]
+    assert want[2] == 65300  # a one-byte ret in each section
+    assert r.stdout.split() == [str(n) for n in (*want, -1, -1, -1)]
 
 
 def test_an_unknown_guard_is_one_warning(cc, eager, tmp_path):

@@ -27,6 +27,7 @@ from tests.test_service import SHIPPED, SOURCES, Service, mlgo_cc
 
 cc = test_service.cc  # both wrappers, as the service's own tests run them
 native_cc = test_service.native_cc
+native_wrappers = test_service.native_wrappers
 
 NOBODY = 65534
 # Compiles only if nothing defines PWNED: an injected -D shows as a compile error.

@@ -78,9 +78,14 @@ def plugin(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def native_cc(tmp_path_factory) -> list[str]:
-    """The C fast path, built as `mlgo install-wrappers` builds it."""
-    return [str(install_native_wrappers(tmp_path_factory.mktemp("bin"))[0])]
+def native_wrappers(tmp_path_factory) -> list[Path]:
+    """The C fast path, mlgo-cc and mlgo-c++, built as `mlgo install-wrappers` builds it."""
+    return install_native_wrappers(tmp_path_factory.mktemp("bin"))
+
+
+@pytest.fixture(scope="module")
+def native_cc(native_wrappers) -> list[str]:
+    return [str(native_wrappers[0])]
 
 
 @pytest.fixture(params=["python", "native"])

@@ -81,7 +81,12 @@ def optimizes(args: list[str]) -> bool:
     """Does this invocation compile a source file (so the optimizer may ask)?"""
     if NO_CODEGEN.intersection(args) or any(a.startswith("-mllvm") for a in args):
         return False
-    return any(a.endswith(SOURCE_SUFFIXES) and not a.startswith("-") for a in args)
+    return bool(source_files(args))
+
+
+def source_files(args: list[str]) -> list[str]:
+    """The source files among ARGS (the guard compares only a compile of one)."""
+    return [a for a in args if a.endswith(SOURCE_SUFFIXES) and not a.startswith("-")]
 
 
 def opt_level(args: list[str]) -> str | None:
@@ -329,7 +334,7 @@ def run(compiler: str, args: list[str]) -> int:
     if os.environ.get("MLGO_DISABLE") or level is None:
         os.execvp(compiler, [compiler, *args])
     strict = bool(os.environ.get("MLGO_STRICT"))
-    sources = [a for a in args if a.endswith(SOURCE_SUFFIXES) and not a.startswith("-")]
+    sources = source_files(args)
     source = sources[0]
     timeout_s, problem = timeout_from_env()
     if problem:
@@ -393,17 +398,23 @@ def main_cxx() -> None:
     sys.exit(run(os.environ.get("MLGO_CXX", "clang++-22"), sys.argv[1:]))
 
 
+def build_native_wrapper(out: Path, *defines: str, python: str = sys.executable) -> None:
+    """Compiles mlgo/serve/native/mlgo_cc.c to OUT, handing uncommon cases to PYTHON, with
+    DEFINES (-D options: tests build its checking entry point so)."""
+    source = Path(__file__).parent / "native" / "mlgo_cc.c"
+    cmd = ["cc", "-O2", "-Wall", "-Werror", f'-DMLGO_PYTHON="{python}"', *defines]
+    proc = subprocess.run([*cmd, str(source), "-o", str(out)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise OSError(f"cannot build {source.name}: {error_line(proc.stderr)}")
+
+
 def install_native_wrappers(bindir: Path) -> list[Path]:
     """Builds mlgo/serve/native/mlgo_cc.c and installs it as BINDIR/mlgo-cc and mlgo-c++ (over the
     Python entry points it hands uncommon cases to), each renamed into place."""
-    source = Path(__file__).parent / "native" / "mlgo_cc.c"
     fd, tmp = tempfile.mkstemp(prefix=".mlgo-cc.", dir=bindir)
     os.close(fd)
     try:
-        cmd = ["cc", "-O2", "-Wall", "-Werror", f'-DMLGO_PYTHON="{sys.executable}"']
-        proc = subprocess.run([*cmd, str(source), "-o", tmp], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise OSError(f"cannot build {source.name}: {error_line(proc.stderr)}")
+        build_native_wrapper(Path(tmp))
         installed = []
         for name in ("mlgo-cc", "mlgo-c++"):
             staged = bindir / f".{name}.new"

@@ -10,6 +10,9 @@ compiles read the same headers and name the same object.
 Only a compile that writes one ELF object can be guarded. Compile-and-link, -S, -emit-llvm,
 LTO bitcode, and outputs whose bytes name their own path (split DWARF's .dwo, coverage's
 .gcno/.gcda) keep the policy's output alone.
+
+The native mlgo-cc (mlgo/serve/native/mlgo_cc.c) guards by these same rules without starting
+Python, running the two compiles at once; tests/test_guard.py holds both to agree.
 """
 
 from __future__ import annotations

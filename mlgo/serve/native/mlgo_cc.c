@@ -9,17 +9,23 @@
  * it does not trust: a socket or directory not this user's alone, a peer of another uid
  * (SO_PEERCRED), a lease flag outside what mlgo.serve.cc.check_lease_flags allows, policies
  * other than MLGO_POLICY names, and an MLGO_TIMEOUT that is not a plain positive number.
- * MLGO_GUARD (two compiles a file) is Python's too. A compile at an -O level no served policy
- * was trained for gets a reply without a lease: it runs the compiler as is, after the
- * service's note if the reply has one (the first compile at that level).
+ * MLGO_GUARD=size is done here too (see `guard` below) unless anything about it is unusual:
+ * another MLGO_GUARD value, an object this does not read (ELF32, the other byte order), a
+ * default compile that fails. Then Python does the whole compile again and says what is wrong.
+ * A compile at an -O level no served policy was trained for gets a reply without a lease: it
+ * runs the compiler as is, after the service's note if the reply has one (the first compile
+ * at that level).
  * Built by `mlgo install-wrappers` with -DMLGO_PYTHON="<the venv's python>". */
 #define _GNU_SOURCE
+#include <dirent.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,16 +53,32 @@ static int ends_with(const char *s, const char *suffix) {
   return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+static int one_of(const char *s, const char **list) {
+  for (; *list; list++)
+    if (strcmp(s, *list) == 0) return 1;
+  return 0;
+}
+
+static int starts_with_one_of(const char *s, const char **prefixes) {
+  for (; *prefixes; prefixes++)
+    if (strncmp(s, *prefixes, strlen(*prefixes)) == 0) return 1;
+  return 0;
+}
+
+/* A source file, as mlgo.serve.cc.source_files tells them. */
+static int is_source(const char *arg) {
+  if (arg[0] == '-') return 0;
+  for (const char **s = source_suffixes; *s; s++)
+    if (ends_with(arg, *s)) return 1;
+  return 0;
+}
+
 /* Same rule as mlgo.serve.cc.optimizes: a source file is compiled, no flag says otherwise. */
 static int optimizes(int argc, char **argv) {
   int source = 0;
   for (int i = 1; i < argc; i++) {
-    for (const char **f = no_codegen; *f; f++)
-      if (strcmp(argv[i], *f) == 0) return 0;
-    if (strncmp(argv[i], "-mllvm", 6) == 0) return 0;
-    if (argv[i][0] != '-')
-      for (const char **s = source_suffixes; *s; s++)
-        if (ends_with(argv[i], *s)) source = 1;
+    if (one_of(argv[i], no_codegen) || strncmp(argv[i], "-mllvm", 6) == 0) return 0;
+    source |= is_source(argv[i]);
   }
   return source;
 }
@@ -92,8 +114,7 @@ static const char *opt_level(int argc, char **argv, char *buf, size_t cap) {
 /* The first source file, as mlgo.serve.cc names it in its messages. */
 static const char *first_source(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
-    for (const char **s = source_suffixes; *s; s++)
-      if (argv[i][0] != '-' && ends_with(argv[i], *s)) return argv[i];
+    if (is_source(argv[i])) return argv[i];
   return "?";
 }
 
@@ -129,14 +150,19 @@ static int owned(const char *path) {
   return stat(path, &st) == 0 && st.st_uid == getuid() && !(st.st_mode & 022);
 }
 
+/* PATH's directory into DIR, as a path to it: "." for a bare name, "/" at the root. */
+static void parent_dir(const char *path, char *dir, size_t cap) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) snprintf(dir, cap, ".");
+  else if (slash == path) snprintf(dir, cap, "/");
+  else snprintf(dir, cap, "%.*s", (int)(slash - path), path);
+}
+
 /* The socket into OUT and its directory (the runtime directory) into DIR, both trusted. */
 static int socket_path(char *out, size_t cap, char *dir, size_t dir_cap) {
   const char *explicit_path = getenv("MLGO_SOCKET");
   if (explicit_path) {
-    const char *slash = strrchr(explicit_path, '/');
-    if (!slash) snprintf(dir, dir_cap, ".");
-    else if (slash == explicit_path) snprintf(dir, dir_cap, "/");
-    else snprintf(dir, dir_cap, "%.*s", (int)(slash - explicit_path), explicit_path);
+    parent_dir(explicit_path, dir, dir_cap);
     return snprintf(out, cap, "%s", explicit_path) < (int)cap && owned(dir) && owned(out);
   }
   const char *xdg = getenv("XDG_RUNTIME_DIR");
@@ -302,7 +328,234 @@ static int policies_match(const char *line) {
   return n_wanted == n_served;
 }
 
+/* MLGO_GUARD=size, as mlgo.serve.guard does it and by the rules of mlgo.llvm.cmdline (which
+ * tests/test_guard.py holds this to on a table of command lines): while the policy's compile
+ * runs, the same file is compiled with the default heuristic into a private directory beside
+ * the object, writing nothing else; when both succeed, the object with fewer executable bytes
+ * stays (a tie keeps the default's), renamed into place. */
+/* mlgo.serve.guard.UNGUARDED and UNGUARDED_PREFIXES. */
+static const char *unguarded[] = {"-S", "-emit-llvm", "-save-temps", "--coverage",
+                                  "-ftest-coverage", "-fprofile-arcs", NULL};
+static const char *unguarded_prefixes[] = {"-save-temps=", "-gsplit-dwarf", NULL};
+/* mlgo.llvm.cmdline.SIDE_OUTPUTS, SIDE_OUTPUTS_WITH_VALUE and SIDE_OUTPUT_PREFIXES. */
+static const char *side_outputs[] = {"-MD", "-MMD", "-MP", "-MG", "-ftime-trace",
+                                     "-fsave-optimization-record", NULL};
+static const char *side_outputs_with_value[] = {"-MF", "-MT", "-MQ", "-MJ",
+                                                "--serialize-diagnostics", NULL};
+static const char *side_output_prefixes[] = {
+    "-MF", "-MT", "-MQ", "-MJ", "-ftime-trace=", "-fsave-optimization-record=",
+    "-foptimization-record-file=", "-save-stats", "--save-stats", NULL};
+
+static struct {
+  pid_t pid;          /* the default compile while it runs, else 0 */
+  char dir[PATH_MAX]; /* the private directory, "" when there is none */
+  char obj[PATH_MAX]; /* the object the command line writes */
+  char out[PATH_MAX]; /* the default compile's, in DIR */
+} guard;
+
+/* mlgo.llvm.cmdline.joined_output: -oFILE (not -objcmt-..., -object). */
+static int joined_output(const char *arg) {
+  return strncmp(arg, "-o", 2) == 0 && arg[2] && strncmp(arg, "-obj", 4) != 0;
+}
+
+/* -Wp,-MD,FILE and the like: dependency options handed to the preprocessor. */
+static int preprocessor_dependencies(const char *arg) {
+  if (strncmp(arg, "-Wp,", 4) != 0) return 0;
+  for (const char *comma = arg + 3; comma; comma = strchr(comma + 1, ','))
+    if (comma[1] == '-' && comma[2] == 'M') return 1;
+  return 0;
+}
+
+/* mlgo.serve.guard.guarded_object: the object this compile writes into OBJ, if the guard can
+ * compare it (one source, -c, an ELF object, no output that names its own path). */
+static int guarded_object(int argc, char **argv, char *obj, size_t cap) {
+  int compiles = 0, sources = 0, lto = 0;
+  const char *source = NULL, *output = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (one_of(a, unguarded) || starts_with_one_of(a, unguarded_prefixes)) return 0;
+    compiles |= strcmp(a, "-c") == 0;
+    if (is_source(a)) sources++, source = a;
+    if (strcmp(a, "-flto") == 0 || strncmp(a, "-flto=", 6) == 0) lto = 1;
+    else if (strcmp(a, "-fno-lto") == 0) lto = 0;
+  }
+  if (!compiles || sources != 1 || lto) return 0;
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "-o") == 0) output = ++i < argc ? argv[i] : NULL;
+    else if (joined_output(argv[i])) output = argv[i] + 2;
+  if (output && strcmp(output, "-") == 0) return 0;
+  if (output && *output) {
+    size_t n = strlen(output);
+    while (n > 1 && output[n - 1] == '/') n--; /* as pathlib reads "dir/x.o/" */
+    return snprintf(obj, cap, "%.*s", (int)n, output) < (int)cap;
+  }
+  const char *name = strrchr(source, '/') ? strrchr(source, '/') + 1 : source;
+  const char *dot = strrchr(name, '.'); /* pathlib's stem: a leading dot is no suffix */
+  int stem = dot && dot > name ? (int)(dot - name) : (int)strlen(name);
+  return snprintf(obj, cap, "%.*s.o", stem, name) < (int)cap;
+}
+
+/* mlgo.serve.guard.default_args: the command line compiling to OUT and writing nothing else
+ * (mlgo.llvm.cmdline.without_outputs), the compiler first, NULL-terminated. */
+static char **default_args(int argc, char **argv, const char *out) {
+  char **args = calloc((size_t)argc + 3, sizeof *args);
+  int n = 0;
+  args[n++] = (char *)compiler;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "-o") == 0 || one_of(a, side_outputs_with_value))
+      i++;
+    else if (!(one_of(a, side_outputs) || joined_output(a) ||
+               starts_with_one_of(a, side_output_prefixes) || preprocessor_dependencies(a)))
+      args[n++] = argv[i];
+  }
+  args[n++] = "-o";
+  args[n++] = (char *)out;
+  return args;
+}
+
+/* mlgo.llvm.sizes.text_size of the ELF64 object at PATH: the sizes of its sections flagged
+ * both SHF_ALLOC and SHF_EXECINSTR. -1 for anything else (ELF32, the other byte order, not
+ * ELF, unreadable): Python's reader takes those. */
+static long long text_size(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  const unsigned char native = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? ELFDATA2LSB
+                                                                         : ELFDATA2MSB;
+  const uint64_t want = SHF_ALLOC | SHF_EXECINSTR;
+  Elf64_Ehdr eh;
+  Elf64_Shdr sh;
+  long long total = -1;
+  if (pread(fd, &eh, sizeof eh, 0) == (ssize_t)sizeof eh &&
+      memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 && eh.e_ident[EI_CLASS] == ELFCLASS64 &&
+      eh.e_ident[EI_DATA] == native && (eh.e_shoff == 0 || eh.e_shentsize == sizeof sh)) {
+    uint64_t count = eh.e_shnum;
+    total = 0;
+    /* Past SHN_LORESERVE sections (-ffunction-sections), the count is section 0's size. */
+    if (count == 0 && eh.e_shoff)
+      count = pread(fd, &sh, sizeof sh, (off_t)eh.e_shoff) == (ssize_t)sizeof sh ? sh.sh_size : 0;
+    for (uint64_t i = 0; i < count && total >= 0; i++)
+      if (pread(fd, &sh, sizeof sh, (off_t)(eh.e_shoff + i * sizeof sh)) != (ssize_t)sizeof sh)
+        total = -1;
+      else if ((sh.sh_flags & want) == want)
+        total += (long long)sh.sh_size;
+  }
+  close(fd);
+  return total;
+}
+
+/* Ends the default compile if it still runs, and removes the private directory with
+ * whatever is in it (the default's object, a temporary file of clang's). */
+static void guard_stop(void) {
+  if (guard.pid > 0) {
+    kill(guard.pid, SIGKILL);
+    waitpid(guard.pid, NULL, 0);
+    guard.pid = 0;
+  }
+  if (!guard.dir[0]) return;
+  DIR *dir = opendir(guard.dir);
+  for (struct dirent *e; dir && (e = readdir(dir));)
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+      unlinkat(dirfd(dir), e->d_name, 0);
+  if (dir) closedir(dir);
+  rmdir(guard.dir);
+  guard.dir[0] = guard.out[0] = 0;
+}
+
+/* A build stopped by a signal (make's Ctrl-C, a job killed) leaves no private directory:
+ * the default compile gets the same signal (clang removes its temporary files on it). */
+static void guard_on_signal(int sig) {
+  if (guard.pid > 0) {
+    kill(guard.pid, sig);
+    waitpid(guard.pid, NULL, 0);
+  }
+  unlink(guard.out);
+  rmdir(guard.dir);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* The private directory and the default compile in it, the child's signal mask BEFORE. */
+static int guard_spawn(int argc, char **argv, const sigset_t *before) {
+  char parent[PATH_MAX];
+  parent_dir(guard.obj, parent, sizeof parent);
+  const char *name = strrchr(guard.obj, '/') ? strrchr(guard.obj, '/') + 1 : guard.obj;
+  if (snprintf(guard.dir, sizeof guard.dir, "%s/.mlgo-guard-XXXXXX", parent) >=
+          (int)sizeof guard.dir ||
+      !mkdtemp(guard.dir)) {
+    guard.dir[0] = 0;
+    return -1;
+  }
+  if (snprintf(guard.out, sizeof guard.out, "%s/%s", guard.dir, name) >= (int)sizeof guard.out)
+    return guard_stop(), -1;
+  char **args = default_args(argc, argv, guard.out);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int null = open("/dev/null", O_RDWR);
+    dup2(null, 0), dup2(null, 1), dup2(null, 2);
+    sigprocmask(SIG_SETMASK, before, NULL);
+    execvp(compiler, args);
+    _exit(127);
+  }
+  free(args);
+  if (pid < 0) return guard_stop(), -1;
+  guard.pid = pid;
+  return 1;
+}
+
+/* Starts the default compile beside the policy's, if the guard can compare this one.
+ * 0: it cannot (the policy's output stays as it is), 1: started, -1: failed to start. */
+static int guard_start(int argc, char **argv) {
+  struct stat st;
+  if (!guarded_object(argc, argv, guard.obj, sizeof guard.obj)) return 0;
+  if (stat(guard.obj, &st) == 0 && !S_ISREG(st.st_mode)) return 0; /* -o /dev/null */
+  struct sigaction on_signal = {.sa_handler = guard_on_signal, .sa_flags = SA_RESTART};
+  sigset_t stopping, before;
+  sigemptyset(&stopping);
+  for (const int *sig = (const int[]){SIGHUP, SIGINT, SIGTERM, 0}; *sig; sig++)
+    sigaddset(&stopping, *sig), sigaction(*sig, &on_signal, NULL);
+  /* Held off until the directory and the compile in it are where the handler looks. */
+  sigprocmask(SIG_BLOCK, &stopping, &before);
+  int started = guard_spawn(argc, argv, &before);
+  sigprocmask(SIG_SETMASK, &before, NULL);
+  return started;
+}
+
+/* After both compiles succeeded: keeps the smaller object. -1 when the default compile failed
+ * or an object is not one this reads (Python does it again and says why). */
+static int guard_keep_smaller(void) {
+  int status;
+  pid_t pid = guard.pid;
+  guard.pid = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return -1;
+  long long policy = text_size(guard.obj), fallback = text_size(guard.out);
+  if (policy < 0 || fallback < 0) return -1;
+  return fallback <= policy && rename(guard.out, guard.obj) != 0 ? -1 : 0;
+}
+
+#ifdef MLGO_GUARD_CHECK
+/* Built by tests/test_guard.py to hold the rules above against Python's: `guard ARGS...`
+ * prints the object the guard compares (nothing if none) and the default compile's arguments
+ * after the compiler (to OUT), each ended by a NUL; `text FILE...` prints each file's
+ * text_size on a line. */
+static int check(int argc, char **argv) {
+  char obj[PATH_MAX];
+  if (argc > 1 && strcmp(argv[1], "text") == 0) {
+    for (int i = 2; i < argc; i++) printf("%lld\n", text_size(argv[i]));
+    return 0;
+  }
+  if (!guarded_object(argc - 1, argv + 1, obj, sizeof obj)) return 0;
+  printf("%s%c", obj, 0);
+  for (char **a = default_args(argc - 1, argv + 1, "OUT") + 1; *a; a++) printf("%s%c", *a, 0);
+  return 0;
+}
+#endif
+
 int main(int argc, char **argv) {
+#ifdef MLGO_GUARD_CHECK
+  return check(argc, argv);
+#endif
   int cxx = ends_with(argv[0], "++");
   lang = cxx ? "c++" : "cc";
   compiler = getenv(cxx ? "MLGO_CXX" : "MLGO_CC");
@@ -311,8 +564,9 @@ int main(int argc, char **argv) {
   const char *level = optimizes(argc, argv) ? opt_level(argc, argv, level_buf, sizeof level_buf)
                                             : NULL;
   if (getenv("MLGO_DISABLE") || !level) exec_compiler(argc, argv, NULL, 0);
-  const char *guard = getenv("MLGO_GUARD");
-  if (guard && *guard) exec_python(argc, argv);
+  const char *guard_name = getenv("MLGO_GUARD");
+  int guarding = guard_name && *guard_name;
+  if (guarding && strcmp(guard_name, "size") != 0) exec_python(argc, argv); /* it warns */
 
   double timeout = timeout_s();
   if (timeout < 0) exec_python(argc, argv);
@@ -356,6 +610,10 @@ int main(int argc, char **argv) {
   if (err_fd < 0) exec_python(argc, argv);
   unlink(err_path);
   fcntl(err_fd, F_SETFD, FD_CLOEXEC);
+  if (guarding && guard_start(argc, argv) < 0) {
+    close(sock);
+    exec_python(argc, argv);
+  }
   pid_t pid = fork();
   if (pid == 0) {
     dup2(err_fd, 2);
@@ -402,6 +660,11 @@ int main(int argc, char **argv) {
     snprintf(problem, 96, "the compiler died of signal %d", WTERMSIG(status));
   }
   close(sock);
+  if (!problem && rc == 0 && guard.pid && guard_keep_smaller() != 0) {
+    guard_stop();
+    exec_python(argc, argv); /* does it all again and says what is wrong with the guard */
+  }
+  guard_stop();
   if (!problem) {
     char buf[65536];
     ssize_t n;
