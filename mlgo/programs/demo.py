@@ -1,29 +1,33 @@
-"""`mlgo demo`'s loop on one recipe, after its corpus and traces are recorded: train briefly
-from the shipped policy, keep whichever of the two is smaller on the corpus, build the
-program twice (plain clang, and `mlgo-cc` with that policy), run its tests and its workload
-on both, and report size and throughput side by side (report.json and a table)."""
+"""`mlgo demo`'s loop on one recipe, after its corpus and traces are recorded: the stages of
+`mlgo tune` (mlgo.programs.tune) on a Debian package. Train briefly from the shipped policy,
+keep whichever of the two is smaller on the corpus, build the program twice (plain clang,
+and `mlgo-cc` with that policy), run its tests and its workload on both, and report size
+and throughput side by side (report.json and a table).
+
+Unlike `mlgo tune`, the demo records its corpus with `mlgo corpus build` (the recipe's
+Debian build, modules named as in every other recipe corpus) and fetches its source with
+apt, and it trains a fixed number of steps rather than for a time budget."""
 
 from __future__ import annotations
 
-import json
-import shlex
-import shutil
 from collections.abc import Callable
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlgo.corpus.extract import BuildError, Recipe, run_logged
-from mlgo.corpus.format import load_corpus
+from mlgo.corpus.extract import Recipe
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import get_problem
-from mlgo.programs.compare import compare_programs
-from mlgo.programs.measure import Workload, compare_workload
-from mlgo.programs.report import size_report, write_report
-from mlgo.runtime.workers import make_workers
+from mlgo.programs.build import pristine_source
+from mlgo.programs.report import write_report
+from mlgo.programs.tune import (
+    build_twice,
+    choose_policy,
+    export,
+    measure_throughput,
+    program_report,
+)
 
 PROBLEM = "inlining-size"
-ON_TRAINING_CODE = "measured on the modules it trained on, not on held-out code"
 
 
 @dataclass(frozen=True)
@@ -31,78 +35,6 @@ class DemoOptions:
     train_steps: int = 10  # ES steps from the shipped policy; 0: the shipped policy as is
     bench_rounds: int = 10  # paired ABBA rounds of the workload
     bench_seconds: float = 1.0  # CPU seconds per timed sample (the workload loops to it)
-
-
-def choose_policy(
-    corpus_dir: Path, shipped: Path, out: Path, tc: Toolchain, steps: int
-) -> tuple[Path, dict]:
-    """Trains ES for STEPS steps from SHIPPED into OUT/train and evaluates both on the
-    corpus; returns the one with the smaller total .text (the shipped one on a tie) and the
-    per-policy change against -Oz."""
-    from mlgo.problems.policy import MLPPolicy
-    from mlgo.train import policy_dir
-    from mlgo.train.evaluate import evaluate
-    from mlgo.train.run import TrainOptions, run
-
-    problem = get_problem(PROBLEM)
-    corpus = load_corpus(corpus_dir).require_opt_level(problem.opt_level)
-    curve: list[dict] = []
-    with closing(make_workers("local")) as pool:
-        start = MLPPolicy.load(policy_dir(shipped))
-        deltas = {shipped: evaluate(start, corpus, tc, pool, problem).totals()["delta"]}
-        if steps:
-            opts = TrainOptions(steps=steps, init=shipped)
-            trained = run("es", corpus, problem, out / "train", tc, pool, opts)
-            deltas[out / "train" / "policy"] = trained.evaluation.totals()["delta"]
-            curve = json.loads((out / "train" / "state.json").read_text())["history"]
-    chosen = min(deltas, key=lambda p: deltas[p])
-    training = {
-        "steps": steps,
-        "chosen": "trained" if chosen != shipped else "shipped",
-        "corpus_change_pct": {
-            ("shipped" if p == shipped else "trained"): 100 * d for p, d in deltas.items()
-        },
-        "note": ON_TRAINING_CODE,
-        "curve": curve,  # the trainer's history: step, compiles and its rewards
-    }
-    return chosen, training
-
-
-def workload(recipe: Recipe) -> Workload:
-    return Workload(
-        recipe.name,
-        recipe.bench_prepare,
-        tuple(tuple(shlex.split(cmd)) for cmd in recipe.bench),
-        recipe.bench_check,
-    )
-
-
-def measure_throughput(recipe: Recipe, trees: dict[str, Path], opts: DemoOptions) -> dict:
-    """The recipe's workload on both trees (the baseline first): the paired change of its
-    CPU time (median and IQR, in percent; positive is slower) and, where valgrind is
-    installed, of callgrind's instruction count."""
-    bench = workload(recipe)
-    for name, tree in trees.items():
-        for cmd in bench.prepare:
-            log = tree.parent / f"{tree.name}.log"
-            run_logged(
-                cmd, tree, log, recipe.test_timeout_s, None, f"{recipe.name} ({name}): bench"
-            )
-    callgrind = shutil.which("valgrind") is not None
-    m = compare_workload(bench, trees, opts.bench_rounds, opts.bench_seconds, callgrind)
-    cpu = m["cpu_delta_paired"]
-    result = {
-        "change_pct": 100 * cpu["median"],
-        "iqr_pct": [100 * cpu["q1"], 100 * cpu["q3"]],
-        "ratios_pct": [100 * r for r in cpu["runs"]],  # one per paired round
-        "measure": "CPU seconds of the workload, policy / baseline - 1 (positive: slower)",
-        "workload": list(recipe.bench),
-        "rounds": opts.bench_rounds,
-        "loops": m["loops"],
-    }
-    if callgrind:
-        result["instructions_change_pct"] = 100 * m["instructions_delta"]
-    return result
 
 
 def run_demo(
@@ -116,26 +48,17 @@ def run_demo(
 ) -> dict:
     """The loop after collection (see the module doc); writes and returns OUT/report.json.
     A failing build or test stops with its log."""
-    from mlgo.ship.release import release
-
+    problem = get_problem(PROBLEM)
     say(f"training from {shipped} ({opts.train_steps} ES steps)")
-    chosen, training = choose_policy(corpus_dir, shipped, out, tc, opts.train_steps)
-    policy = release(chosen, out / "policy", aot=False).saved_model.parent
+    chosen, training = choose_policy(corpus_dir, problem, shipped, out, tc, opts.train_steps)
+    policy = export(chosen, out)
     say(f"building {recipe.name} twice (clang -Oz, and mlgo-cc with {policy}), with its tests")
-    built = compare_programs([recipe], [policy], out / "programs", tc)
-    if built.failed:
-        raise BuildError(built.failed[recipe.name])
-    pair = built.pairs[0]
-    trees = {v: out / "programs" / recipe.name / v for v in ("plain", "mlgo")}
-    report = {
-        "package": recipe.name,
-        "policy": str(policy),
-        "training": training,
-        "size": size_report(pair, trees),
-        "tests": {"baseline": pair[0].tests, "policy": pair[1].tests},
-    }
+    work = out / "programs" / recipe.name
+    pair, trees = build_twice(recipe, pristine_source(recipe, work), policy, work, tc, problem)
+    speed = None
     if recipe.bench:
         say(f"measuring {recipe.name}'s workload on both builds ({opts.bench_rounds} rounds)")
-        report["throughput"] = measure_throughput(recipe, trees, opts)
+        speed = measure_throughput(recipe, trees, opts.bench_rounds, opts.bench_seconds)
+    report = program_report(recipe, problem, policy, training, pair, trees, speed)
     write_report(report, out)
     return report

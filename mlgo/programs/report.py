@@ -49,14 +49,15 @@ def slower_but_smaller(report: dict) -> bool:
 def training_line(training: dict) -> str:
     """What training did, in one line, with the caveat that it is the training code."""
     changes = ", ".join(f"{k} {v:+.2f}%" for k, v in training["corpus_change_pct"].items())
-    return f"corpus .text against -Oz: {changes}; kept {training['chosen']} ({training['note']})"
+    metric = training.get("metric", ".text against -Oz")
+    return f"corpus {metric}: {changes}; kept {training['chosen']} ({training['note']})"
 
 
 def report_table(report: dict) -> Table:
     """Size and throughput, baseline against policy, as the terminal shows them."""
     size = report["size"]
     title = f"{report['package']}: .text bytes, workload CPU time, tests"
-    table = Table("", "clang -Oz", "mlgo-cc", "change", title=title)
+    table = Table("", f"clang {report.get('level', '-Oz')}", "mlgo-cc", "change", title=title)
     for prog, r in size["programs"].items():
         table.add_row(
             f"{prog} .text", f"{r['baseline']:,}", f"{r['policy']:,}", f"{r['change_pct']:+.2f}%"
