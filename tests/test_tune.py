@@ -34,7 +34,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory):
         os.environ["MLGO_CACHE"] = old
 
 
-def cmake_args(src: Path, out: Path, test: str, minutes: str = "0.1") -> list[str]:
+def cmake_args(src: Path, out: Path, test: str, minutes: str = "0.05") -> list[str]:
     """`mlgo tune` on the CMake project: configure and build out of tree, a test that
     checks the program's answer, and a workload that runs it."""
     return [
@@ -142,10 +142,10 @@ def test_a_rerun_redoes_nothing_and_other_arguments_are_refused(tuned):
     assert again.returncode == 0 and "ELF files" in again.stdout
     assert "training" not in again.stdout and "building" not in again.stdout
     assert (out / "stages.log").read_text() == log and (out / "report.json").read_text() == report
-    changed = [*args[:-3], "0.5", *args[-2:]]  # --minutes 0.5
+    changed = [*args[:-3], "0.5", *args[-2:]]  # --minutes 0.5, not 0.05
     r = run_mlgo(*changed, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert "tuned before with minutes 0.1, not 0.5" in r.stderr
+    assert "tuned before with minutes 0.05, not 0.5" in r.stderr
 
 
 def test_a_source_that_is_not_a_directory_is_refused(tmp_path):
@@ -154,6 +154,15 @@ def test_a_source_that_is_not_a_directory_is_refused(tmp_path):
                  "--out", str(tmp_path / "out"), timeout=60)  # fmt: skip
     assert r.returncode == 2 and "not a directory" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_start_policy_of_another_problem_is_refused(tmp_path):
+    r = run_mlgo("tune", "--source", str(DATA / "minipkg"), "--build", "make",
+                 "--problem", "regalloc-eviction", "--policy", "policies/inlining-size",
+                 "--out", str(tmp_path / "out"), timeout=60)  # fmt: skip
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "policies/inlining-size: not a regalloc-eviction policy" in r.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
@@ -165,7 +174,7 @@ def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
         "--build", 'for f in *.c; do "$CC" -c "$f" || exit 1; done && "$CC" -o wordcount *.o',
         "--test", "echo 'a b a' | ./wordcount | grep -qx 'words: 3 distinct: 2'",
         "--problem", "regalloc-eviction",
-        "--minutes", "0.05",
+        "--minutes", "0.02",
         "--out", str(out),
         timeout=600,
     )  # fmt: skip

@@ -288,7 +288,9 @@ def tune(
 ) -> dict:
     """The loop of the module doc on the project RECIPE describes, whose source is SOURCE;
     writes and returns OUT/report.json."""
+    from mlgo.problems.policy import MLPPolicy
     from mlgo.traces.collect import collect
+    from mlgo.train import policy_dir
 
     if not source.is_dir():
         raise BuildError(f"--source {source}: not a directory")
@@ -296,6 +298,8 @@ def tune(
         raise BuildError(f"--out {out}: is the source directory; choose another")
     problem = get_problem(opts.problem)
     start = (opts.policy or shipped_policy(problem.name)).resolve()
+    if MLPPolicy.load(policy_dir(start)).problem is not problem:
+        raise BuildError(f"--policy {start}: not a {problem.name} policy")
     args = {
         **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()},
         "policy": str(start),
