@@ -95,20 +95,21 @@ def demo(
     console.print(f"wrote {out / 'report.json'}")
 
 
-Lines = Annotated[list[str] | None, typer.Option(help="a shell line; repeat for more")]
-
-
 def tune(
     source: Annotated[Path, typer.Option(help="your project's source directory")],
     build: Annotated[list[str], typer.Option(help="build shell line, e.g. 'make -j2'; repeatable")],
     out: Annotated[Path, typer.Option(help="where everything goes; rerun to resume")],
-    configure: Lines = None,
-    test: Lines = None,
+    configure: Annotated[
+        list[str] | None, typer.Option(help="shell line run before --build; repeatable")
+    ] = None,
+    test: Annotated[
+        list[str] | None, typer.Option(help="test shell line, run on both builds; repeatable")
+    ] = None,
     bench: Annotated[
         str | None, typer.Option(help="workload shell line; its output must match on both")
     ] = None,
     bench_rounds: Annotated[int, typer.Option(help="paired rounds of --bench", min=1)] = 10,
-    minutes: Annotated[float, typer.Option(help="training time budget", min=0.01)] = 10.0,
+    minutes: Annotated[float, typer.Option(help="minutes of training (only)", min=0.01)] = 10.0,
     problem: Annotated[str, typer.Option(help="inlining-size or regalloc-eviction")] = (
         "inlining-size"
     ),
