@@ -168,7 +168,7 @@ def test_a_start_policy_of_another_problem_is_refused(tmp_path):
 def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
     src = shutil.copytree(DATA / "minipkg", tmp_path / "wordcount")
     out = tmp_path / "out"
-    r = run_mlgo(
+    args = [
         "tune",
         "--source", str(src),
         "--build", 'for f in *.c; do "$CC" -c "$f" || exit 1; done && "$CC" -o wordcount *.o',
@@ -176,8 +176,8 @@ def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
         "--problem", "regalloc-eviction",
         "--minutes", "0.02",
         "--out", str(out),
-        timeout=600,
-    )  # fmt: skip
+    ]  # fmt: skip
+    r = run_mlgo(*args, timeout=600)
     assert r.returncode == 0, r.stderr + r.stdout
     report = json.loads((out / "report.json").read_text())
     assert report["problem"] == "regalloc-eviction" and report["level"] == "-O2"
@@ -187,3 +187,6 @@ def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
     plain = elf_text(out / "programs" / "plain")
     assert "wordcount" in plain and report["size"]["baseline"] == sum(plain.values())
     assert "clang -O2" in r.stdout
+    # finished without a workload, it cannot gain one on a rerun
+    again = run_mlgo(*args, "--bench", "./wordcount < main.c", timeout=120)
+    assert again.returncode == 2 and "tuned before with bench [], not" in again.stderr

@@ -345,10 +345,11 @@ def tune(
         return json.loads((out / "report.json").read_text())
     plain, ml = (ProgramBuild(**b) for b in json.loads((work / "builds.json").read_text()))
     trees = {b.variant: work / b.variant for b in (plain, ml)}
-    if recipe.bench and not stages.done("bench"):
-        say(f"measuring the workload on both builds ({opts.bench_rounds} rounds)")
-        speed = measure_throughput(recipe, trees, opts.bench_rounds, opts.bench_seconds)
-        atomic_write_text(out / "throughput.json", json.dumps(speed, indent=1))
+    if not stages.done("bench"):  # finished without a workload too: --bench is its argument
+        if recipe.bench:
+            say(f"measuring the workload on both builds ({opts.bench_rounds} rounds)")
+            speed = measure_throughput(recipe, trees, opts.bench_rounds, opts.bench_seconds)
+            atomic_write_text(out / "throughput.json", json.dumps(speed, indent=1))
         stages.finish("bench")
     speed = json.loads((out / "throughput.json").read_text()) if recipe.bench else None
     training = json.loads((out / "training.json").read_text())
