@@ -280,3 +280,22 @@ def test_train_run_is_one_entry_point_over_bc_and_es(mini_corpus, tc, tmp_path):
         run("ppo", mini_corpus, get_problem("regalloc-eviction"), tmp_path / "ppo", tc,
             LocalPool(1), TrainOptions(init=tmp_path / "bc"))  # fmt: skip
     assert not (tmp_path / "ppo").exists()
+
+
+@pytest.mark.parametrize("algo", ["es", "ppo"])
+def test_a_time_budget_stops_training_after_a_whole_evaluated_step(
+    algo, bc_run, mini_corpus, tc, tmp_path
+):
+    # `mlgo tune`'s --minutes: a budget spent after the first step ends the run there, with
+    # that step evaluated (not only every eval_every steps); a rerun trains no further
+    from mlgo.train.run import TrainOptions, run
+
+    bc_dir, _, _, _ = bc_run
+    opts = TrainOptions(
+        steps=50, init=bc_dir.root, directions=2, batch=3, max_module_seconds=60, max_seconds=1e-3
+    )
+    for _ in range(2):
+        run(algo, mini_corpus, PROBLEM, tmp_path / algo, tc, LocalPool(2), opts)
+        state, _ = RunDir(tmp_path / algo, algo).load_state()
+        assert state.step == 1 and state.seconds >= 1e-3
+        assert f"{algo}/pool_reward" in state.history[-1]

@@ -47,6 +47,7 @@ app.command()(serve.flags)
 app.command("install-wrappers")(serve.install_wrappers)
 app.command()(serve.stop)
 app.command()(programs.demo)
+app.command()(programs.tune)
 
 # The errors a user can cause or fix; anything else is a bug and keeps its traceback.
 USER_ERRORS = (

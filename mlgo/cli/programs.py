@@ -1,5 +1,5 @@
-"""`mlgo build` and `mlgo demo`: real programs built with a policy, and the main job on a
-small default."""
+"""`mlgo build`, `mlgo demo` and `mlgo tune`: real programs built with a policy, the main job
+on a small default, and the same loop on the user's own code base."""
 
 from __future__ import annotations
 
@@ -82,6 +82,43 @@ def demo(
     corpus_stats(out / "corpus", clang=clang)
     opts = DemoOptions(train_steps, bench_rounds)
     report = run_demo(recipe, out / "corpus", DEFAULT_POLICIES[0], out, tc, opts, console.print)
+    console.print(report_table(report))
+    console.print(training_line(report["training"]))
+    console.print(f"wrote {out / 'report.json'} and {out / 'report.html'} (with plots)")
+
+
+def tune(
+    source: Annotated[Path, typer.Option(help="your project's source directory")],
+    build: Annotated[list[str], typer.Option(help="build shell line, e.g. 'make -j2'; repeatable")],
+    out: Annotated[Path, typer.Option(help="where everything goes; rerun to resume")],
+    configure: Annotated[
+        list[str] | None, typer.Option(help="shell line run before --build; repeatable")
+    ] = None,
+    test: Annotated[
+        list[str] | None, typer.Option(help="test shell line, run on both builds; repeatable")
+    ] = None,
+    bench: Annotated[
+        str | None, typer.Option(help="workload shell line; its output must match on both")
+    ] = None,
+    bench_rounds: Annotated[int, typer.Option(help="paired rounds of --bench", min=1)] = 10,
+    minutes: Annotated[float, typer.Option(help="minutes of training (only)", min=0.01)] = 10.0,
+    problem: Annotated[str, typer.Option(help="inlining-size or regalloc-eviction")] = (
+        "inlining-size"
+    ),
+    guard: Annotated[bool, typer.Option(help="MLGO_GUARD=size on the policy build")] = False,
+    policy: Annotated[Path | None, typer.Option(help="start policy (default: shipped)")] = None,
+    clang: ClangOpt = None,
+) -> None:
+    """Your code base to a trained policy and a size-and-throughput report: record its
+    build, train from the shipped policy for --minutes, build it twice from a pristine copy
+    (clang, and mlgo-cc with the better policy), run --test on both, time --bench on both."""
+    from mlgo.programs.report import report_table, training_line
+    from mlgo.programs.tune import TuneOptions, project
+    from mlgo.programs.tune import tune as run_tune
+
+    recipe = project(source.resolve().name, configure or [], build, test or [], bench)
+    opts = TuneOptions(problem, policy, minutes, guard=guard, bench_rounds=bench_rounds)
+    report = run_tune(source, recipe, out, find_toolchain(clang), opts, console.print)
     console.print(report_table(report))
     console.print(training_line(report["training"]))
     console.print(f"wrote {out / 'report.json'} and {out / 'report.html'} (with plots)")

@@ -30,7 +30,14 @@ from mlgo.programs.measure import children_cpu
 from mlgo.runtime.files import atomic_directory
 from mlgo.serve.client import ServiceError, launch_service
 
-SIZE_FLAGS = ["-Oz", "-g0", "-Qunused-arguments"]
+
+def level_flags(level: str) -> list[str]:
+    """What both builds of a comparison add after a package's own flags: the level the
+    policy serves (the last -O wins) and no debug info."""
+    return [level, "-g0", "-Qunused-arguments"]
+
+
+SIZE_FLAGS = level_flags("-Oz")
 
 
 @dataclass

@@ -59,10 +59,11 @@ def build_pair(
     pair: tuple[Variant, Variant],
     tests: bool = True,
     flags: list[str] | None = None,
+    pristine: Path | None = None,
 ) -> tuple[ProgramBuild, ProgramBuild]:
     """Both variants of RECIPE built (and tested, if TESTS) in WORK/<variant> from one
-    pristine source fetched into WORK."""
-    pristine = pristine_source(recipe, work)
+    pristine source: PRISTINE, or the recipe's Debian source fetched into WORK."""
+    pristine = pristine or pristine_source(recipe, work)
     a, b = (
         build_program(recipe, pristine, work / v.name, tc, v.name, v.compilers, v.env, tests, flags)
         for v in pair

@@ -97,7 +97,8 @@ def slower_but_smaller(report: dict) -> bool:
 def training_line(training: dict) -> str:
     """What training did, in one line, with the caveat that it is the training code."""
     changes = ", ".join(f"{k} {v:+.2f}%" for k, v in training["corpus_change_pct"].items())
-    return f"corpus .text against -Oz: {changes}; kept {training['chosen']} ({training['note']})"
+    metric = training.get("metric", ".text against -Oz")
+    return f"corpus {metric}: {changes}; kept {training['chosen']} ({training['note']})"
 
 
 def throughput_change(speed: dict) -> str:
@@ -132,7 +133,7 @@ def table_rows(report: dict) -> list[Row]:
 def report_table(report: dict) -> Table:
     """Size and throughput, baseline against policy, as the terminal shows them."""
     title = f"{report['package']}: .text bytes, workload CPU time, tests"
-    table = Table("", "clang -Oz", "mlgo-cc", "change", title=title)
+    table = Table("", f"clang {report.get('level', '-Oz')}", "mlgo-cc", "change", title=title)
     for *cells, style in table_rows(report):
         table.add_row(*cells, style=style or None)
     return table
@@ -220,6 +221,7 @@ def render_html(report: dict) -> str:
 {STYLE}<style>tr.bold td{{font-weight:bold}} tr.red td{{color:#cc3311}}</style>
 </head><body><h1>{esc(title)}</h1>
 <p>policy: <code>{esc(report["policy"])}</code>; size counts {esc(counts)}</p>
-<table><tr><th></th><th>clang -Oz</th><th>mlgo-cc</th><th>change</th></tr>{cells}</table>
+<table><tr><th></th><th>clang {esc(report.get("level", "-Oz"))}</th><th>mlgo-cc</th>
+<th>change</th></tr>{cells}</table>
 {"".join(sections)}
 </body></html>"""

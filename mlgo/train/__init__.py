@@ -31,6 +31,13 @@ class RunState:
     extra: dict = field(default_factory=dict)
 
 
+def stops_after(state: RunState, steps: int, seconds: float, max_seconds: float) -> bool:
+    """Whether a run stops after its current step: it reached STEPS, or SECONDS of training
+    (summed over resumes) reached its budget MAX_SECONDS (0: none). Checked between steps,
+    so a budget ends the run with a whole step and its best policy so far."""
+    return state.step >= steps or 0 < max_seconds <= seconds
+
+
 def policy_dir(path: Path) -> Path:
     """A run directory or its policy/ directory."""
     return path / "policy" if (path / "policy" / "policy.json").exists() else path

@@ -22,7 +22,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.workers import Failed, Workers
-from mlgo.train import Adam, RunDir, RunState
+from mlgo.train import Adam, RunDir, RunState, stops_after
 from mlgo.train.evaluate import EvalTask, baseline, eval_one
 
 
@@ -40,6 +40,7 @@ class ESConfig:
     # reduction, a package made worse counting (1 + penalty) times its loss
     regression_penalty: float = 0.0
     init: str = ""  # the --init run or policy, as given: its model card's starting point
+    max_seconds: float = 0.0  # training time budget over all resumes (0: none), see stops_after
 
 
 def _ranks(values: np.ndarray) -> np.ndarray:
@@ -160,7 +161,7 @@ def train_es(
     start = time.monotonic()
     with Progress() as bar:
         job = bar.add_task("evolution strategies", total=cfg.steps, completed=state.step)
-        while state.step < cfg.steps:
+        while not stops_after(state, cfg.steps, state.seconds, cfg.max_seconds):
             rng = np.random.default_rng(cfg.seed + state.step)  # a resumed step is the same step
             batch = list(rng.choice(pool, min(cfg.batch, len(pool)), replace=False))
             eps = rng.standard_normal((cfg.directions, theta.size))
@@ -178,7 +179,9 @@ def train_es(
                 "es/batch_reward_mean": float(r.mean()),
                 "es/batch_reward_max": float(r.max()),
             }
-            if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
+            elapsed = state.seconds + time.monotonic() - start
+            last = stops_after(state, cfg.steps, elapsed, cfg.max_seconds)
+            if state.step % cfg.eval_every == 0 or last:
                 pool_reward = float(scorer.rewards([init.with_flat(theta)], pool)[0])
                 metrics["es/pool_reward"] = pool_reward
                 if pool_reward > state.extra["best_reward"]:
@@ -197,6 +200,8 @@ def train_es(
                 completed=state.step,
                 description=(f"evolution strategies (best {state.extra['best_reward']:+.3%})"),
             )
+            if last:  # the step count or the time budget is reached
+                break
     policy = init.with_flat(best)
     policy.save(run.policy_dir)
     return policy

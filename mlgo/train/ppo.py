@@ -26,7 +26,7 @@ from mlgo.problems.policy import MASKED, MLPPolicy
 from mlgo.runtime.files import atomic_directory
 from mlgo.runtime.tfutil import import_quietly, import_tf
 from mlgo.runtime.workers import Failed, Workers
-from mlgo.train import RunDir, RunState
+from mlgo.train import RunDir, RunState, stops_after
 from mlgo.train.es import Scorer, training_pool
 
 REWARD_SCALE = 100.0  # rewards in percent of the default's cost: the scale PPO's defaults expect
@@ -45,6 +45,7 @@ class PPOConfig:
     max_module_seconds: float = 2.0
     seed: int = 0
     init: str = ""  # the --init run or policy, as given: its model card's starting point
+    max_seconds: float = 0.0  # training time budget over all resumes (0: none), see stops_after
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ def train_ppo(
     start = time.monotonic()
     with Progress() as bar:
         job = bar.add_task("PPO", total=cfg.steps, completed=state.step)
-        while state.step < cfg.steps:
+        while not stops_after(state, cfg.steps, state.seconds, cfg.max_seconds):
             rng = np.random.default_rng(cfg.seed + state.step)
             batch = list(rng.choice(pool, min(cfg.batch, len(pool)), replace=False))
             current = replace(init, weights=agent.weights())
@@ -241,7 +242,9 @@ def train_ppo(
                 obs, logits = current.observations(np.concatenate(xs))
                 acts_all, rews_all = np.concatenate(acts), np.concatenate(rews)
                 metrics["ppo/loss"] = agent.train(obs, acts_all, rews_all, logits)
-            if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
+            elapsed = state.seconds + time.monotonic() - start
+            last = stops_after(state, cfg.steps, elapsed, cfg.max_seconds)
+            if state.step % cfg.eval_every == 0 or last:
                 theta = replace(init, weights=agent.weights())
                 pool_reward = float(scorer.rewards([theta], pool)[0])
                 metrics["ppo/pool_reward"] = pool_reward
@@ -262,6 +265,8 @@ def train_ppo(
                 completed=state.step,
                 description=f"PPO (best {state.extra['best_reward']:+.3%})",
             )
+            if last:  # the step count or the time budget is reached
+                break
     policy = init.with_flat(best)
     policy.save(run.policy_dir)
     return policy

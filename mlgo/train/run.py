@@ -32,6 +32,7 @@ class TrainOptions:
     batch: int = 24  # es, ppo
     max_module_seconds: float = 2.0  # es, ppo, bcmax
     search_budget: int = 24  # bcmax: compiles per module per iteration
+    max_seconds: float = 0.0  # es, ppo: stop between steps after this much training (0: never)
 
 
 @dataclass
@@ -135,6 +136,7 @@ def _search(
         "batch": opts.batch,
         "max_module_seconds": opts.max_module_seconds,
         "init": str(opts.init),
+        "max_seconds": opts.max_seconds,
     }
     if algo == "es":
         from mlgo.train.es import ESConfig, train_es

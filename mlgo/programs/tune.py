@@ -1,0 +1,296 @@
+"""`mlgo tune`: a user's own code base to a trained policy and a size-and-throughput report.
+
+The stages, each writing its result into OUT atomically and then its name into
+OUT/stages.log, so that a rerun of the same command skips what is finished (training
+resumes from its checkpoint):
+
+    snapshot  the source copied once to OUT/pristine (OUT left out if it lies inside)
+    record    configure and build a scratch copy with the recording compiler, at the
+              problem's level: OUT/corpus
+    collect   the default heuristic's decisions: OUT/traces
+    train     ES from the start policy until the budget is spent, then the better of
+              start and trained on the corpus, exported to OUT/policy
+    build     configure, build and test two copies of the snapshot: plain clang at the
+              level, and mlgo-cc serving OUT/policy (OUT/programs/plain, OUT/programs/mlgo)
+    bench     the workload on both builds in paired rounds: OUT/throughput.json
+    report    OUT/report.json
+
+The budget (`minutes`) counts training only: the trainer's own clock, summed over resumes,
+checked between steps. Recording and building take what the user's build takes.
+OUT/tune.json holds the arguments; a rerun whose arguments differ in one a finished stage
+used stops and says which, rather than mixing results.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import time
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mlgo.corpus.extract import BuildError, Recipe
+from mlgo.corpus.format import load_corpus
+from mlgo.data import shipped_policy
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.problems import Problem, get_problem
+from mlgo.programs.build import ProgramBuild, level_flags, policy_service
+from mlgo.programs.compare import build_pair, variants
+from mlgo.programs.measure import recipe_throughput
+from mlgo.programs.report import program_report, write_report
+from mlgo.runtime.files import atomic_directory, atomic_write_text
+from mlgo.runtime.workers import make_workers
+
+ON_TRAINING_CODE = "measured on the modules it trained on, not on held-out code"
+UNTIL_BUDGET = 1_000_000  # ES steps when only the time budget stops training
+
+# Each stage, and the arguments its result depends on besides its predecessors' ones.
+STAGES: dict[str, tuple[str, ...]] = {
+    "snapshot": ("source",),
+    "record": ("configure", "build", "problem", "clang"),
+    "collect": (),
+    "train": ("policy", "minutes", "train_steps"),
+    "build": ("test", "guard"),
+    "bench": ("bench", "bench_rounds"),
+    "report": (),
+}
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    problem: str = "inlining-size"
+    policy: Path | None = None  # the start policy; None: the shipped one for the problem
+    minutes: float = 10.0  # training budget (wall clock of training alone)
+    train_steps: int = 0  # ES steps; 0: as many as the budget allows
+    guard: bool = False  # mlgo-cc keeps the smaller of the policy's and the default's object
+    bench_rounds: int = 10  # paired ABBA rounds of the workload
+    bench_seconds: float = 1.0  # CPU seconds per timed sample (the workload loops to it)
+
+
+def project(
+    name: str,
+    configure: list[str],
+    build: list[str],
+    test: list[str],
+    bench: str | None,
+) -> Recipe:
+    """A user's project as a recipe without a Debian source: its shell lines, and its
+    workload (a shell line whose output must be the same on both builds)."""
+    if not build:
+        raise BuildError("no build command: give --build, e.g. --build 'make -j2'")
+    workload = (shlex.join(["sh", "-c", bench]),) if bench else ()
+    return Recipe(
+        name, "", tuple(build), configure=tuple(configure), test=tuple(test), bench=workload
+    )
+
+
+def choose_policy(
+    corpus_dir: Path,
+    problem: Problem,
+    start: Path,
+    out: Path,
+    tc: Toolchain,
+    steps: int,
+    max_seconds: float = 0.0,
+) -> tuple[Path, dict]:
+    """Trains ES from START into OUT/train for STEPS steps or MAX_SECONDS of training
+    (whichever ends first; STEPS 0: no training) and evaluates both on the corpus; returns
+    the one with the lower cost (START on a tie) and what training did."""
+    from mlgo.problems.policy import MLPPolicy
+    from mlgo.train import policy_dir
+    from mlgo.train.evaluate import evaluate
+    from mlgo.train.run import TrainOptions, run
+
+    corpus = load_corpus(corpus_dir).require_opt_level(problem.opt_level)
+    curve: list[dict] = []
+    seconds = 0.0
+    with closing(make_workers("local")) as pool:
+        first = MLPPolicy.load(policy_dir(start))
+        deltas = {start: evaluate(first, corpus, tc, pool, problem).totals()["delta"]}
+        if steps:
+            opts = TrainOptions(steps=steps, init=start, max_seconds=max_seconds)
+            trained = run("es", corpus, problem, out / "train", tc, pool, opts)
+            deltas[out / "train" / "policy"] = trained.evaluation.totals()["delta"]
+            state = json.loads((out / "train" / "state.json").read_text())
+            curve, seconds = state["history"], state["seconds"]
+    chosen = min(deltas, key=lambda p: deltas[p])
+    training = {
+        "steps": len(curve),
+        "seconds": seconds,
+        "metric": f"{problem.reward_metric} against {problem.opt_level}",
+        "chosen": "trained" if chosen != start else "shipped",
+        "corpus_change_pct": {
+            ("shipped" if p == start else "trained"): 100 * d for p, d in deltas.items()
+        },
+        "note": ON_TRAINING_CODE,
+        "curve": curve,  # the trainer's history: step, compiles and its rewards
+    }
+    return chosen, training
+
+
+def export(chosen: Path, out: Path) -> Path:
+    """The chosen policy released (numpy and SavedModel) into OUT/policy."""
+    from mlgo.ship.release import release
+
+    return release(chosen, out / "policy", aot=False).saved_model.parent
+
+
+def build_twice(
+    recipe: Recipe,
+    pristine: Path,
+    policy: Path,
+    work: Path,
+    tc: Toolchain,
+    problem: Problem,
+    guard: bool = False,
+) -> tuple[tuple[ProgramBuild, ProgramBuild], dict[str, Path]]:
+    """RECIPE configured, built and tested from PRISTINE twice, in WORK/plain (clang at
+    the problem's level) and WORK/mlgo (mlgo-cc serving POLICY; GUARD: MLGO_GUARD=size).
+    A failing build or test raises BuildError naming its log."""
+    with policy_service([policy], work / "service") as env:
+        pair = variants(tc, dict(env, MLGO_GUARD="size") if guard else env)
+        built = build_pair(recipe, work, tc, pair, True, level_flags(problem.opt_level), pristine)
+    return built, {v.name: work / v.name for v in pair}
+
+
+class Stages:
+    """OUT/stages.log (a finished stage per line, with its time) and OUT/tune.json (the
+    arguments); refuses arguments that differ in one a finished stage depended on."""
+
+    def __init__(self, out: Path, args: dict):
+        self.out, self.log = out, out / "stages.log"
+        record = out / "tune.json"
+        if out.exists() and any(out.iterdir()) and not record.is_file():
+            raise BuildError(f"{out}: exists and is not a tune directory; choose another --out")
+        self.finished = [line.split("\t")[0] for line in self._lines()]
+        if record.is_file():
+            before = json.loads(record.read_text())
+            used = [a for s in self.finished for a in STAGES.get(s, ())]
+            for arg in used:
+                if before.get(arg) != args.get(arg):
+                    raise BuildError(
+                        f"{out}: tuned before with {arg} {before.get(arg)!r}, not "
+                        f"{args.get(arg)!r}; rerun with it, or choose another --out"
+                    )
+        atomic_write_text(record, json.dumps(args, indent=1))
+
+    def _lines(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.is_file() else []
+
+    def done(self, stage: str) -> bool:
+        return stage in self.finished
+
+    def finish(self, stage: str) -> None:
+        self.finished.append(stage)
+        lines = [*self._lines(), f"{stage}\t{time.strftime('%Y-%m-%dT%H:%M:%S')}"]
+        atomic_write_text(self.log, "".join(f"{line}\n" for line in lines))
+
+
+def snapshot(source: Path, out: Path) -> Path:
+    """SOURCE copied to OUT/pristine in one rename, without OUT if it lies inside."""
+    inner = out.resolve()
+
+    def skip(directory: str, names: list[str]) -> list[str]:
+        return [n for n in names if (Path(directory) / n).resolve() == inner]
+
+    with atomic_directory(out / "pristine") as staged:
+        shutil.copytree(source, staged, symlinks=True, ignore=skip, dirs_exist_ok=True)
+    return out / "pristine"
+
+
+def record_corpus(recipe: Recipe, pristine: Path, out: Path, tc: Toolchain, level: str) -> None:
+    """The configure and build of a scratch copy of PRISTINE recorded at LEVEL into
+    OUT/corpus (modules named by their path in the source)."""
+    from mlgo.corpus.record import record
+
+    scratch = (out / "record" / recipe.name).resolve()
+    shutil.rmtree(scratch.parent, ignore_errors=True)
+    shutil.copytree(pristine, scratch, symlinks=True)
+    script = " && ".join([*recipe.configure, *recipe.build])
+    record(["sh", "-c", script], out / "corpus", tc, scratch, opt_level=level)
+    shutil.rmtree(scratch.parent)
+
+
+def tune(
+    source: Path,
+    recipe: Recipe,
+    out: Path,
+    tc: Toolchain,
+    opts: TuneOptions,
+    say: Callable[[str], None] = print,
+) -> dict:
+    """The loop of the module doc on the project RECIPE describes, whose source is SOURCE;
+    writes and returns OUT/report.json."""
+    from mlgo.problems.policy import MLPPolicy
+    from mlgo.traces.collect import collect
+    from mlgo.train import policy_dir
+
+    if not source.is_dir():
+        raise BuildError(f"--source {source}: not a directory")
+    if out.resolve() == source.resolve():
+        raise BuildError(f"--out {out}: is the source directory; choose another")
+    problem = get_problem(opts.problem)
+    start = (opts.policy or shipped_policy(problem.name)).resolve()
+    if MLPPolicy.load(policy_dir(start)).problem is not problem:
+        raise BuildError(f"--policy {start}: not a {problem.name} policy")
+    args = {
+        **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()},
+        "policy": str(start),
+        "source": str(source.resolve()),
+        "configure": list(recipe.configure),
+        "build": list(recipe.build),
+        "test": list(recipe.test),
+        "bench": list(recipe.bench),
+        "clang": tc.describe(),
+    }
+    stages = Stages(out, args)
+    if not stages.done("snapshot"):
+        say(f"copying {source} to {out / 'pristine'}")
+        snapshot(source, out)
+        stages.finish("snapshot")
+    pristine = out / "pristine"
+    if not stages.done("record"):
+        say(f"recording the corpus of {recipe.name}'s build at {problem.opt_level}")
+        record_corpus(recipe, pristine, out, tc, problem.opt_level)
+        stages.finish("record")
+    if not stages.done("collect"):
+        corpus = load_corpus(out / "corpus").require_opt_level(problem.opt_level)
+        with closing(make_workers("local")) as pool:
+            collect(problem, corpus, out / "traces", tc, pool)
+        stages.finish("collect")
+    if not stages.done("train"):
+        say(f"training {problem.name} from {start} for {opts.minutes:g} minutes")
+        steps = opts.train_steps or UNTIL_BUDGET
+        chosen, training = choose_policy(
+            out / "corpus", problem, start, out, tc, steps, 60 * opts.minutes
+        )
+        export(chosen, out)
+        atomic_write_text(out / "training.json", json.dumps(training, indent=1))
+        stages.finish("train")
+    policy = out / "policy"
+    work = out / "programs"
+    if not stages.done("build"):
+        say(f"building {recipe.name} twice (clang {problem.opt_level}, and mlgo-cc), with tests")
+        built, _ = build_twice(recipe, pristine, policy, work, tc, problem, opts.guard)
+        atomic_write_text(work / "builds.json", json.dumps([b.to_json() for b in built]))
+        stages.finish("build")
+    if stages.done("report"):
+        return json.loads((out / "report.json").read_text())
+    plain, ml = (ProgramBuild(**b) for b in json.loads((work / "builds.json").read_text()))
+    trees = {b.variant: work / b.variant for b in (plain, ml)}
+    if not stages.done("bench"):  # finished without a workload too: --bench is its argument
+        if recipe.bench:
+            say(f"measuring the workload on both builds ({opts.bench_rounds} rounds)")
+            speed = recipe_throughput(recipe, trees, opts.bench_rounds, opts.bench_seconds)
+            atomic_write_text(out / "throughput.json", json.dumps(speed, indent=1))
+        stages.finish("bench")
+    speed = json.loads((out / "throughput.json").read_text()) if recipe.bench else None
+    training = json.loads((out / "training.json").read_text())
+    report = program_report((plain, ml), trees, [policy.resolve()], speed)
+    report.update(problem=problem.name, level=problem.opt_level, training=training)
+    write_report(report, out)
+    stages.finish("report")
+    return report

@@ -1,0 +1,192 @@
+"""`mlgo tune` on small real projects: record, train for a budget, build twice, test,
+measure, report; killed and rerun, it resumes; a failing test stops it with its log."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from mlgo.corpus.format import load_corpus
+from mlgo.llvm.sizes import text_size
+from tests.conftest import DATA, MLGO, run_mlgo
+
+pytestmark = pytest.mark.toolchain
+
+SUMMARIZE = "build/summarize 1 2 3 4 5 6"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory):
+    """Recording work directories and stats caches stay in the tests' own directory."""
+    old = os.environ.get("MLGO_CACHE")
+    os.environ["MLGO_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        del os.environ["MLGO_CACHE"]
+    else:
+        os.environ["MLGO_CACHE"] = old
+
+
+def cmake_args(src: Path, out: Path, test: str, minutes: str = "0.05") -> list[str]:
+    """`mlgo tune` on the CMake project: configure and build out of tree, a test that
+    checks the program's answer, and a workload that runs it."""
+    return [
+        "tune",
+        "--source", str(src),
+        "--configure", "cmake -B build",
+        "--build", "cmake --build build",
+        "--test", test,
+        "--bench", SUMMARIZE,
+        "--bench-rounds", "2",
+        "--minutes", minutes,
+        "--out", str(out),
+    ]  # fmt: skip
+
+
+GOOD_TEST = "build/summarize 1 3 | grep -qx 'mean 2 var 1'"
+
+
+def stages(out: Path) -> list[str]:
+    log = out / "stages.log"
+    return [line.split("\t")[0] for line in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.fixture(scope="module")
+def tuned(cache, tmp_path_factory: pytest.TempPathFactory):
+    """The CMake project tuned into an OUT inside its own source: first killed in
+    training, then rerun with a failing test (allowed: no build finished yet), then
+    rerun as at first, to the end."""
+    src = shutil.copytree(DATA / "record" / "cmake", tmp_path_factory.mktemp("p") / "cmake")
+    out = src / "tuned"
+    args = cmake_args(src, out, GOOD_TEST)
+    proc = subprocess.Popen(
+        [*MLGO, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    deadline = time.monotonic() + 300
+    state = out / "train" / "state.json"
+    while proc.poll() is None and time.monotonic() < deadline:
+        if state.exists() and json.loads(state.read_text())["step"] >= 1:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the run and its compile workers
+    _, stderr = proc.communicate()
+    killed = {"stages": stages(out), "step": json.loads(state.read_text())["step"]}
+    assert killed["stages"] == ["snapshot", "record", "collect"], stderr
+    failing = run_mlgo(*cmake_args(src, out, "build/summarize 1 3 | grep -q nope"), timeout=600)
+    after_failing = stages(out)
+    done = run_mlgo(*args, timeout=600)
+    assert done.returncode == 0, done.stderr + done.stdout
+    return src, out, args, killed, failing, after_failing, done
+
+
+def elf_text(tree: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(tree)): text_size(p)
+        for p in tree.rglob("*")
+        if p.is_file() and not p.is_symlink() and p.read_bytes()[:4] == b"\x7fELF"
+    }
+
+
+def test_tune_reports_size_over_every_elf_file_tests_and_throughput(tuned):
+    src, out, _, _, _, _, done = tuned
+    report = json.loads((out / "report.json").read_text())
+    assert report["tests"] == {"baseline": "passed", "policy": "passed"}
+    assert report["problem"] == "inlining-size" and report["level"] == "-Oz"
+    assert (Path(report["policy"]) / "policy.npz").is_file()
+    size = report["size"]
+    plain, ml = (elf_text(out / "programs" / v) for v in ("plain", "mlgo"))
+    assert "build/summarize" in plain and set(plain) == set(ml)
+    assert size["baseline"] == sum(plain.values()) and size["policy"] == sum(ml.values())
+    assert size["change_pct"] == pytest.approx(100 * (size["policy"] / size["baseline"] - 1))
+    assert {f["path"]: f["policy"] for f in size["per_file"]} == ml
+    speed = report["throughput"]
+    q1, q3 = speed["iqr_pct"]
+    assert q1 <= speed["change_pct"] <= q3 and len(speed["ratios_pct"]) == 2
+    assert "instructions_change_pct" in speed  # valgrind is installed here
+    assert report["training"]["chosen"] in ("shipped", "trained")
+    assert "ELF files" in done.stdout and "CPU time" in done.stdout and "passed" in done.stdout
+    # the snapshot left out the OUT inside the source
+    assert (out / "pristine" / "CMakeLists.txt").is_file() and not (
+        out / "pristine" / "tuned"
+    ).exists()
+
+
+def test_a_killed_tune_resumes_training_where_it_stopped(tuned):
+    _, out, _, killed, _, _, _ = tuned
+    curve = json.loads((out / "report.json").read_text())["training"]["curve"]
+    assert len(curve) >= killed["step"] >= 1
+    assert [c["step"] for c in curve] == list(range(1, len(curve) + 1))
+    assert stages(out) == ["snapshot", "record", "collect", "train", "build", "bench", "report"]
+
+
+def test_a_failing_test_stops_with_one_line_naming_its_log(tuned):
+    _, out, _, _, failing, after_failing, _ = tuned
+    assert failing.returncode == 2, failing.stderr
+    assert "Traceback" not in failing.stderr
+    (line,) = [x for x in failing.stderr.splitlines() if x.startswith("error:")]
+    assert "its own tests failed" in line and f"log: {out / 'programs' / 'plain.log'}" in line
+    assert after_failing == ["snapshot", "record", "collect", "train"]
+
+
+def test_a_rerun_redoes_nothing_and_other_arguments_are_refused(tuned):
+    _, out, args, _, _, _, _ = tuned
+    log, report = (out / "stages.log").read_text(), (out / "report.json").read_text()
+    again = run_mlgo(*args, timeout=120)
+    assert again.returncode == 0 and "ELF files" in again.stdout
+    assert "training" not in again.stdout and "building" not in again.stdout
+    assert (out / "stages.log").read_text() == log and (out / "report.json").read_text() == report
+    changed = [*args[:-3], "0.5", *args[-2:]]  # --minutes 0.5, not 0.05
+    r = run_mlgo(*changed, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "tuned before with minutes 0.05, not 0.5" in r.stderr
+
+
+def test_a_source_that_is_not_a_directory_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    r = run_mlgo("tune", "--source", str(tmp_path / "file"), "--build", "make",
+                 "--out", str(tmp_path / "out"), timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "not a directory" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_start_policy_of_another_problem_is_refused(tmp_path):
+    r = run_mlgo("tune", "--source", str(DATA / "minipkg"), "--build", "make",
+                 "--problem", "regalloc-eviction", "--policy", "policies/inlining-size",
+                 "--out", str(tmp_path / "out"), timeout=60)  # fmt: skip
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "policies/inlining-size: not a regalloc-eviction policy" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
+    src = shutil.copytree(DATA / "minipkg", tmp_path / "wordcount")
+    out = tmp_path / "out"
+    args = [
+        "tune",
+        "--source", str(src),
+        "--build", 'for f in *.c; do "$CC" -c "$f" || exit 1; done && "$CC" -o wordcount *.o',
+        "--test", "echo 'a b a' | ./wordcount | grep -qx 'words: 3 distinct: 2'",
+        "--problem", "regalloc-eviction",
+        "--minutes", "0.02",
+        "--out", str(out),
+    ]  # fmt: skip
+    r = run_mlgo(*args, timeout=600)
+    assert r.returncode == 0, r.stderr + r.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["problem"] == "regalloc-eviction" and report["level"] == "-O2"
+    assert report["tests"] == {"baseline": "passed", "policy": "passed"}
+    assert "throughput" not in report  # no --bench
+    assert {m.opt_level for m in load_corpus(out / "corpus").modules} == {"-O2"}
+    plain = elf_text(out / "programs" / "plain")
+    assert "wordcount" in plain and report["size"]["baseline"] == sum(plain.values())
+    assert "clang -O2" in r.stdout
+    # finished without a workload, it cannot gain one on a rerun
+    again = run_mlgo(*args, "--bench", "./wordcount < main.c", timeout=120)
+    assert again.returncode == 2 and "tuned before with bench [], not" in again.stderr
