@@ -3,7 +3,7 @@
 import pytest
 from rich.console import Console
 
-from mlgo.programs.report import report_table, slower_but_smaller
+from mlgo.programs.demo import report_table, slower_but_smaller
 
 
 def report(size_pct: float, iqr: list[float]) -> dict:

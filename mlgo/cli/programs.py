@@ -80,8 +80,7 @@ def demo(
     from mlgo.cli.corpus import corpus_build, corpus_stats
     from mlgo.cli.train import collect
     from mlgo.corpus.extract import load_recipe
-    from mlgo.programs.demo import run_demo
-    from mlgo.programs.report import report_table, training_line
+    from mlgo.programs.demo import report_table, run_demo, training_line
 
     recipe = load_recipe(package)
     tc = find_toolchain(clang)

@@ -13,13 +13,16 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.table import Table
+
 from mlgo.corpus.extract import BuildError, Recipe, run_logged
 from mlgo.corpus.format import load_corpus
+from mlgo.llvm.sizes import compare_trees, tree_totals
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import get_problem
 from mlgo.programs.compare import compare_programs
 from mlgo.programs.measure import Workload, compare_workload
-from mlgo.programs.report import size_report, write_report
+from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import make_workers
 
 PROBLEM = "inlining-size"
@@ -46,7 +49,6 @@ def choose_policy(
 
     problem = get_problem(PROBLEM)
     corpus = load_corpus(corpus_dir).require_opt_level(problem.opt_level)
-    curve: list[dict] = []
     with closing(make_workers("local")) as pool:
         start = MLPPolicy.load(policy_dir(shipped))
         deltas = {shipped: evaluate(start, corpus, tc, pool, problem).totals()["delta"]}
@@ -54,7 +56,6 @@ def choose_policy(
             opts = TrainOptions(steps=steps, init=shipped)
             trained = run("es", corpus, problem, out / "train", tc, pool, opts)
             deltas[out / "train" / "policy"] = trained.evaluation.totals()["delta"]
-            curve = json.loads((out / "train" / "state.json").read_text())["history"]
     chosen = min(deltas, key=lambda p: deltas[p])
     training = {
         "steps": steps,
@@ -63,7 +64,6 @@ def choose_policy(
             ("shipped" if p == shipped else "trained"): 100 * d for p, d in deltas.items()
         },
         "note": ON_TRAINING_CODE,
-        "curve": curve,  # the trainer's history: step, compiles and its rewards
     }
     return chosen, training
 
@@ -94,7 +94,6 @@ def measure_throughput(recipe: Recipe, trees: dict[str, Path], opts: DemoOptions
     result = {
         "change_pct": 100 * cpu["median"],
         "iqr_pct": [100 * cpu["q1"], 100 * cpu["q3"]],
-        "ratios_pct": [100 * r for r in cpu["runs"]],  # one per paired round
         "measure": "CPU seconds of the workload, policy / baseline - 1 (positive: slower)",
         "workload": list(recipe.bench),
         "rounds": opts.bench_rounds,
@@ -103,6 +102,26 @@ def measure_throughput(recipe: Recipe, trees: dict[str, Path], opts: DemoOptions
     if callgrind:
         result["instructions_change_pct"] = 100 * m["instructions_delta"]
     return result
+
+
+def size_report(pair, trees: dict[str, Path]) -> dict:
+    """.text of every ELF file both builds produced (objects, libraries, programs), and of
+    the recipe's linked programs alone."""
+    plain, ml = pair
+    rows = compare_trees(trees["mlgo"], trees["plain"])
+    total = tree_totals(rows)
+    programs = {
+        p: {"baseline": b, "policy": ml.text[p], "change_pct": 100 * (ml.text[p] / b - 1)}
+        for p, b in plain.text.items()
+    }
+    return {
+        "baseline": total["baseline"],
+        "policy": total["build"],
+        "change_pct": total["delta_pct"],
+        "counts": f"the .text of all {len(rows)} ELF files the build produced",
+        "files": len(rows),
+        "programs": programs,
+    }
 
 
 def run_demo(
@@ -137,5 +156,45 @@ def run_demo(
     if recipe.bench:
         say(f"measuring {recipe.name}'s workload on both builds ({opts.bench_rounds} rounds)")
         report["throughput"] = measure_throughput(recipe, trees, opts)
-    write_report(report, out)
+    atomic_write_text(out / "report.json", json.dumps(report, indent=1))
     return report
+
+
+def slower_but_smaller(report: dict) -> bool:
+    """A smaller program that runs measurably slower: its whole IQR above 0."""
+    speed = report.get("throughput")
+    return bool(speed) and report["size"]["change_pct"] < 0 and speed["iqr_pct"][0] > 0
+
+
+def training_line(training: dict) -> str:
+    """What training did, in one line, with the caveat that it is the training code."""
+    changes = ", ".join(f"{k} {v:+.2f}%" for k, v in training["corpus_change_pct"].items())
+    return f"corpus .text against -Oz: {changes}; kept {training['chosen']} ({training['note']})"
+
+
+def report_table(report: dict) -> Table:
+    """Size and throughput, baseline against policy, as the terminal shows them."""
+    size = report["size"]
+    title = f"{report['package']}: .text bytes, workload CPU time, tests"
+    table = Table("", "clang -Oz", "mlgo-cc", "change", title=title)
+    for prog, r in size["programs"].items():
+        table.add_row(
+            f"{prog} .text", f"{r['baseline']:,}", f"{r['policy']:,}", f"{r['change_pct']:+.2f}%"
+        )
+    table.add_row(
+        f"{size['files']} ELF files",
+        f"{size['baseline']:,}",
+        f"{size['policy']:,}",
+        f"{size['change_pct']:+.2f}%",
+        style="bold",
+    )
+    if speed := report.get("throughput"):
+        q1, q3 = speed["iqr_pct"]
+        flag = " [red]smaller but slower" if slower_but_smaller(report) else ""
+        change = f"{speed['change_pct']:+.2f}% (IQR {q1:+.2f}..{q3:+.2f}%){flag}"
+        table.add_row("CPU time", "", "", change)
+        if "instructions_change_pct" in speed:
+            table.add_row("instructions", "", "", f"{speed['instructions_change_pct']:+.2f}%")
+    tests = report["tests"]
+    table.add_row("tests", tests["baseline"], tests["policy"], "")
+    return table
