@@ -2,9 +2,11 @@
 
 One place decides, so that an installed mlgo (`pip install .`, not only an editable
 checkout) finds them. In order:
-- `$MLGO_DATA`, a directory holding `recipes/` and `policies/` (your own, or a copy);
-- the package's own `mlgo/_data/`: in a checkout, links to `corpus/recipes` and
-  `policies/`; in an installed package, the copies the build put there.
+- `$MLGO_DATA`, a directory holding `recipes/`, `splits.toml` and `policies/` (your own,
+  or a copy);
+- the package's own `mlgo/_data/`: in a checkout, links to `corpus/recipes`,
+  `corpus/splits.toml` and `policies/`; in an installed package, the copies the build
+  put there.
 Standard library only: `mlgo-cc` imports this on every compiler invocation.
 """
 

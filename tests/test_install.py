@@ -14,7 +14,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a source distribution holds: the package, its metadata, and the data it ships.
-SHIPPED_FILES = ("pyproject.toml", "README.md", "mlgo", "corpus/recipes", "policies")
+SHIPPED_FILES = (
+    "pyproject.toml",
+    "README.md",
+    "mlgo",
+    "corpus/recipes",
+    "corpus/splits.toml",
+    "policies",
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,17 +58,18 @@ def _python(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_an_installed_package_ships_its_recipes_and_policies(installed, tmp_path):
     probe = (
-        "import json, mlgo, mlgo.data as d, mlgo.corpus.extract as x;"
+        "import json, mlgo, mlgo.data as d, mlgo.corpus.extract as x, mlgo.corpus.splits as s;"
         "print(json.dumps([mlgo.__file__, str(d.shipped_policy('inlining-size')),"
-        " x.available_recipes()]))"
+        " x.available_recipes(), s.split_packages('test')]))"
     )
     r = _python(installed, "-c", probe, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    package, policy, recipes = json.loads(r.stdout)
+    package, policy, recipes, test_split = json.loads(r.stdout)
     assert Path(package).is_relative_to(installed)  # not the checkout's editable copy
     assert Path(policy).is_relative_to(installed) and not Path(policy).is_symlink()
     assert (Path(policy) / "saved_model" / "saved_model.pb").is_file()
     assert "lua" in recipes and len(recipes) == len(list((ROOT / "corpus/recipes").glob("*.toml")))
+    assert len(test_split) >= 15 and set(test_split) <= set(recipes)  # splits.toml is shipped
 
 
 def test_an_installed_mlgo_runs_doctor_and_eval_with_the_shipped_policy(

@@ -40,11 +40,20 @@ def doctor(clang: ClangOpt = None) -> None:
 
 @app.command("build")
 def corpus_build(
-    packages: Annotated[list[str], typer.Argument(help="recipe names from corpus/recipes")],
+    packages: Annotated[
+        list[str] | None, typer.Argument(help="recipe names from corpus/recipes")
+    ] = None,
+    split: Annotated[
+        str | None,
+        typer.Option(
+            help="every package of this split in corpus/splits.toml: train, validation or test"
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option(help="corpus directory")] = Path("data/corpus"),
-    work: Annotated[Path, typer.Option(help="where sources are unpacked and built")] = Path(
-        "data/build"
-    ),
+    work: Annotated[
+        Path,
+        typer.Option(help="where sources are unpacked and built; finished packages are reused"),
+    ] = Path("data/build"),
     opt_level: Annotated[
         str,
         typer.Option(
@@ -62,31 +71,32 @@ def corpus_build(
     ] = False,
     clang: ClangOpt = None,
 ) -> None:
-    """Build Debian source packages and extract their bitcode into a corpus."""
+    """Build Debian source packages (named, or a whole split) and extract their bitcode into
+    a corpus; a package that fails is named and the others go on."""
     from mlgo.corpus.extract import combine, extract_package, load_recipe
     from mlgo.corpus.format import DESCRIPTION
+    from mlgo.corpus.splits import packages_to_build
     from mlgo.runtime.files import output_dir
 
-    tc = find_toolchain(clang)
-    failed = []
+    names = packages_to_build(packages or [], split)
+    tc, failed = find_toolchain(clang), []
     with output_dir(out):  # nothing built into a new OUT: no OUT (the failures said why)
-        for pkg in packages:
+        for pkg in names:
             try:
                 with err.status(f"building {pkg}"):
-                    n = extract_package(
-                        load_recipe(pkg), tc, out, work.resolve() / pkg, opt_level, profile
-                    )
-                err.print(f"[green]built[/green] {pkg}: {n} modules")
+                    b = extract_package(load_recipe(pkg), tc, out, work / pkg, opt_level, profile)
+                done = "reused" if b.reused else "built"
+                err.print(f"[green]{done}[/green] {pkg}: {b.modules} modules")
             except BuildError as e:
                 err.print(f"[red]failed[/red] {pkg}: {e}", highlight=False)
                 failed.append(pkg)
-        if len(failed) == len(packages) and not (out / DESCRIPTION).exists():
+        if len(failed) == len(names) and not (out / DESCRIPTION).exists():
             raise typer.Exit(1)
-        names = combine(out)
-    console.print(
-        f"{out}: {len(names)} modules from {len({n.split('/', 1)[0] for n in names})} packages"
-    )
+        modules = combine(out)
+    n_pkgs = len({n.split("/", 1)[0] for n in modules})
+    console.print(f"{out}: {len(modules)} modules from {n_pkgs} packages")
     if failed:
+        err.print(f"[red]{len(failed)} of {len(names)} failed:[/red] {' '.join(failed)}")
         raise typer.Exit(1)
 
 

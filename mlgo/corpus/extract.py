@@ -235,6 +235,15 @@ def build_env(
     )
 
 
+@dataclass(frozen=True)
+class Built:
+    """One package's corpus: its module count, and whether a finished earlier build of the
+    same recipe, level and clang was reused instead of building again."""
+
+    modules: int
+    reused: bool
+
+
 def extract_package(
     recipe: Recipe,
     tc: Toolchain,
@@ -242,27 +251,42 @@ def extract_package(
     work: Path,
     opt_level: str = "-Oz",
     profile: bool = False,
-) -> int:
+) -> Built:
     """Fetches and builds one Debian package at OPT_LEVEL; writes its corpus to OUT/NAME.
-    With PROFILE, the recorded modules carry the counts of the package's own tests."""
+    With PROFILE, the recorded modules carry the counts of the package's own tests.
+
+    The finished corpus is kept in WORK with a stamp of everything that made it, so that
+    rebuilding a split only builds the packages that failed, changed or are new.
+    """
+    work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    log = work / "build.log"
-    log.write_text("")
-    ensure_build_depends(recipe, log)
-    src = fetch_source(recipe, work, log)
-    profdata = profile_own_tests(recipe, src, tc, work, opt_level) if profile else None
-    return build_corpus(
-        recipe.name,
-        src,
-        recipe.configure,
-        recipe.build,
-        tc,
-        out,
-        work,
-        recipe.build_timeout_s,
-        opt_level,
-        profdata,
-    )
+    finished, stamp = work / "finished", work / "finished.stamp"
+    key = hashlib.sha256(repr((recipe, opt_level, profile, tc.describe())).encode()).hexdigest()
+    reused = stamp.is_file() and stamp.read_text() == key and (finished / recipe.name).is_dir()
+    if not reused:
+        stamp.unlink(missing_ok=True)
+        log = work / "build.log"
+        log.write_text("")
+        ensure_build_depends(recipe, log)
+        src = fetch_source(recipe, work, log)
+        profdata = profile_own_tests(recipe, src, tc, work, opt_level) if profile else None
+        build_corpus(
+            recipe.name,
+            src,
+            recipe.configure,
+            recipe.build,
+            tc,
+            finished,
+            work,
+            recipe.build_timeout_s,
+            opt_level,
+            profdata,
+        )
+        stamp.write_text(key)
+    with atomic_directory(out.resolve() / recipe.name) as staged:
+        shutil.copytree(finished / recipe.name, staged, dirs_exist_ok=True)
+    modules = json.loads((finished / recipe.name / DESCRIPTION).read_text())["modules"]
+    return Built(len(modules), reused)
 
 
 # clang's warnings that some functions have no counts (the tests never ran them) are expected.
