@@ -236,11 +236,13 @@ def build_env(
 
 @dataclass(frozen=True)
 class Built:
-    """One package's corpus: its module count, and whether a finished earlier build of the
-    same recipe, level and clang was reused instead of building again."""
+    """One package's corpus: its module count, whether a finished earlier build of the
+    same recipe, level and clang was reused instead of building again, and one line per
+    object a new build left out."""
 
     modules: int
     reused: bool
+    skipped: tuple[str, ...] = ()
 
 
 def extract_package(
@@ -262,6 +264,7 @@ def extract_package(
     finished, stamp = work / "finished", work / "finished.stamp"
     key = hashlib.sha256(repr((recipe, opt_level, profile, tc.describe())).encode()).hexdigest()
     reused = stamp.is_file() and stamp.read_text() == key and (finished / recipe.name).is_dir()
+    skipped: list[str] = []
     if not reused:
         stamp.unlink(missing_ok=True)
         log = work / "build.log"
@@ -280,12 +283,13 @@ def extract_package(
             recipe.build_timeout_s,
             opt_level,
             profdata,
+            skipped,
         )
         stamp.write_text(key)
     with atomic_directory(out.resolve() / recipe.name) as staged:
         shutil.copytree(finished / recipe.name, staged, dirs_exist_ok=True)
     modules = json.loads((finished / recipe.name / DESCRIPTION).read_text())["modules"]
-    return Built(len(modules), reused)
+    return Built(len(modules), reused, tuple(skipped))
 
 
 # clang's warnings that some functions have no counts (the tests never ran them) are expected.
