@@ -111,6 +111,32 @@ def test_compile_without_output_flag_is_kept(tc, tmp_path):
     assert build_corpus("pkg", src, (), build, tc, tmp_path / "out", tmp_path / "work") == 2
 
 
+def test_objects_named_by_absolute_paths_are_named_under_the_package(tc, tmp_path):
+    """freetype and lcms2 compile with `-o $(CURDIR)/obj/x.o`: the module is named by the
+    object's path under the build tree, and one outside it is skipped and named."""
+    src = shutil.copytree(DATA / "abspath", tmp_path / "src")
+    out, skipped = tmp_path / "out", []
+    assert build_corpus("abs", src, (), ("make",), tc, out, tmp_path / "work", skipped=skipped) == 1
+    combine(out)
+    assert [m.name for m in load_corpus(out).modules] == ["abs/obj/scale.o"]
+    assert skipped == [f"{tmp_path}/elsewhere/outside.o: outside the package's tree {src}, skipped"]
+    assert not list(src.rglob("*.bc")) and not list(tmp_path.glob("elsewhere/*.bc"))
+
+
+def test_objects_of_one_name_are_each_a_module(tc, tmp_path):
+    """flac and fribidi compile util.o in two directories, and an object twice to one path
+    (the last compile is the object, so its bitcode is the module)."""
+    src = shutil.copytree(DATA / "dupnames", tmp_path / "src")
+    out = tmp_path / "out"
+    assert build_corpus("dup", src, (), ("make",), tc, out, tmp_path / "work") == 3
+    combine(out)
+    modules = {m.name: m for m in load_corpus(out).modules}
+    assert sorted(modules) == ["dup/a/util.o", "dup/b/util.o", "dup/main.o"]
+    assert b"@util_a(" in _disassembled(tc, modules["dup/a/util.o"].bitcode)
+    assert b"@util_b(" in _disassembled(tc, modules["dup/b/util.o"].bitcode)
+    assert b"@twice(" in _disassembled(tc, modules["dup/main.o"].bitcode)
+
+
 def test_build_without_objects_says_so(tc, tmp_path):
     src = shutil.copytree(DATA / "minipkg", tmp_path / "src")
     with pytest.raises(BuildError, match="compiled no object file"):

@@ -87,6 +87,8 @@ def corpus_build(
                     b = extract_package(load_recipe(pkg), tc, out, work / pkg, opt_level, profile)
                 done = "reused" if b.reused else "built"
                 err.print(f"[green]{done}[/green] {pkg}: {b.modules} modules")
+                for line in b.skipped:
+                    err.print(f"[yellow]skipped[/yellow] {pkg}: {line}", highlight=False)
             except BuildError as e:
                 err.print(f"[red]failed[/red] {pkg}: {e}", highlight=False)
                 failed.append(pkg)

@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -237,11 +236,13 @@ def build_env(
 
 @dataclass(frozen=True)
 class Built:
-    """One package's corpus: its module count, and whether a finished earlier build of the
-    same recipe, level and clang was reused instead of building again."""
+    """One package's corpus: its module count, whether a finished earlier build of the
+    same recipe, level and clang was reused instead of building again, and one line per
+    object a new build left out."""
 
     modules: int
     reused: bool
+    skipped: tuple[str, ...] = ()
 
 
 def extract_package(
@@ -263,6 +264,7 @@ def extract_package(
     finished, stamp = work / "finished", work / "finished.stamp"
     key = hashlib.sha256(repr((recipe, opt_level, profile, tc.describe())).encode()).hexdigest()
     reused = stamp.is_file() and stamp.read_text() == key and (finished / recipe.name).is_dir()
+    skipped: list[str] = []
     if not reused:
         stamp.unlink(missing_ok=True)
         log = work / "build.log"
@@ -281,12 +283,13 @@ def extract_package(
             recipe.build_timeout_s,
             opt_level,
             profdata,
+            skipped,
         )
         stamp.write_text(key)
     with atomic_directory(out.resolve() / recipe.name) as staged:
         shutil.copytree(finished / recipe.name, staged, dirs_exist_ok=True)
     modules = json.loads((finished / recipe.name / DESCRIPTION).read_text())["modules"]
-    return Built(len(modules), reused)
+    return Built(len(modules), reused, tuple(skipped))
 
 
 # clang's warnings that some functions have no counts (the tests never ran them) are expected.
@@ -345,11 +348,16 @@ def build_corpus(
     timeout_s: float = 1800.0,
     opt_level: str = "-Oz",
     profile: Path | None = None,
+    skipped: list[str] | None = None,
 ) -> int:
     """Builds the tree SRC with the recording wrapper at OPT_LEVEL (using PROFILE's counts,
     if given) and writes its corpus to OUT/NAME, replacing it only once extraction
-    succeeded. Returns the module count."""
-    out, work = out.resolve(), work.resolve()  # the build runs in SRC, not here
+    succeeded. Returns the module count; SKIPPED gets one line per object left out.
+
+    A module is named by its object's path under SRC, however the build named it (`-o
+    $(CURDIR)/obj/x.o`, or `-o util.o` in two directories), so names are distinct,
+    relative and the same in every build; an object outside SRC is left out."""
+    src, out, work = src.resolve(), out.resolve(), work.resolve()  # the build runs in SRC
     work.mkdir(parents=True, exist_ok=True)
     log = work / "build.log"
     flags = [opt_level, *RECORD_FLAGS]
@@ -361,10 +369,18 @@ def build_corpus(
     recorded = run_under_bear(
         ["sh", "-c", " && ".join(build)], src, work, log, timeout_s, env, f"{name}: build"
     )
-    cc_json = work / "compile_commands.kept.json"
-    cc_json.write_text(json.dumps([c.entry for c in kept_compiles(recorded)], indent=1))
+    skipped = [] if skipped is None else skipped
+    named = []
+    for obj in (c.obj.resolve() for c in kept_compiles(recorded)):
+        try:
+            named.append((str(obj.relative_to(src)), obj))
+        except ValueError:
+            skipped.append(f"{obj}: outside the package's tree {src}, skipped")
+    modules = distinct_modules(named, skipped)
+    if not modules:
+        raise BuildError(f"{name}: no object with bitcode in {src} (log: {log})")
     with atomic_directory(out / name) as staged:
-        return len(run_extract_ir(cc_json, staged, tc, src, log, name))
+        return len(extract_modules(modules, staged, tc, work, log, name))
 
 
 def run_under_bear(
@@ -384,15 +400,64 @@ def run_under_bear(
     return recorded
 
 
-def run_extract_ir(
-    cc_json: Path, staged: Path, tc: Toolchain, cwd: Path, log: Path, what: str
+def _bitcode_digest(obj: Path) -> str | None:
+    """The hash of OBJ's embedded bitcode, or None if it has none."""
+    try:
+        with open(obj, "rb") as f:
+            section = ELFFile(f).get_section_by_name(".llvmbc")
+            return hashlib.sha256(section.data()).hexdigest() if section else None
+    except (OSError, ELFError):
+        return None
+
+
+def distinct_modules(named: list[tuple[str, Path]], skipped: list[str]) -> dict[str, Path]:
+    """Module name -> object, from (wanted name, object) pairs: one module per distinct
+    bitcode (a file compiled twice the same way is kept once, under its shortest name), and
+    a name wanted twice for different bitcode (a library's PIC and static copies of one
+    source) gets `.2`, `.3`... in the order of the objects' paths, so names do not depend on
+    the order a parallel build ran in. An object without bitcode is named in SKIPPED."""
+    names: dict[str, Path] = {}
+    seen: set[str] = set()
+    for base, obj in sorted(named, key=lambda n: (n[0].count("/"), n[0], str(n[1]))):
+        digest = _bitcode_digest(obj)
+        if digest is None:
+            skipped.append(
+                f"{obj}: no bitcode (not compiled by the recording CC/CXX, or not C/C++), "
+                "not recorded"
+            )
+            continue
+        if digest in seen:
+            continue
+        seen.add(digest)
+        name, n = base, 1
+        while name in names:
+            n += 1
+            name = f"{base}.{n}"
+        names[name] = obj
+    return names
+
+
+def extract_modules(
+    modules: dict[str, Path], staged: Path, tc: Toolchain, work: Path, log: Path, what: str
 ) -> list[str]:
-    """LLVM's extract_ir over the compile commands CC_JSON into the corpus directory STAGED;
-    returns its distinct module names (a BuildError if it extracted none)."""
+    """LLVM's extract_ir over MODULES (name -> object) into the corpus directory STAGED;
+    returns the names it extracted (a BuildError if none).
+
+    extract_ir names each module by its object's path as the build wrote it (an absolute
+    one lands outside the corpus): link the objects under WORK by their module names."""
     if not MLGO_UTILS_DIR.is_dir():
         raise BuildError(
             f"LLVM's mlgo-utils is not installed in {MLGO_UTILS_DIR}; run tools/setup.sh"
         )
+    linked = work / "modules"
+    shutil.rmtree(linked, ignore_errors=True)
+    entries = []
+    for name, obj in modules.items():
+        (linked / name).parent.mkdir(parents=True, exist_ok=True)
+        (linked / name).symlink_to(obj.resolve())
+        entries.append({"directory": str(linked), "file": name, "arguments": ["-o", name]})
+    cc_json = work / "compile_commands.modules.json"
+    cc_json.write_text(json.dumps(entries, indent=1))
     # mlgo-utils' top-level package is also called `mlgo`: run it without site-packages.
     run_logged(
         [
@@ -411,14 +476,14 @@ def run_extract_ir(
             "--num_workers",
             str(min(8, os.cpu_count() or 2)),
         ],
-        cwd,
+        work,
         log,
         900,
         dict(os.environ, PYTHONPATH=str(MLGO_UTILS_DIR)),
         f"{what}: extract_ir",
     )
     try:
-        names = _distinct_modules(staged)
+        names = _extracted_modules(staged)
     except (OSError, ValueError, KeyError) as e:
         raise BuildError(f"{what}: extract_ir wrote no corpus ({e}; log: {log})") from e
     if not names:
@@ -436,38 +501,41 @@ def _is_relocatable_object(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class Compile:
-    """One compile step of a recorded build: its compile_commands.json entry (naming its
-    object with -o), its source and the object it wrote."""
+    """One compile step of a recorded build: its source and the object it wrote."""
 
-    entry: dict
     source: Path
     obj: Path
 
 
 def kept_compiles(recorded: Path) -> list[Compile]:
-    """The compile commands whose output is a relocatable object that survived the build.
+    """The compile commands whose output is a relocatable object that survived the build,
+    one per object.
 
     bear also records the `clang -cc1` jobs of a compile-and-link step (their objects are
     deleted temporaries) and splits such a step into one `-c` entry per source, all naming
     the linked program as output; none of those is a module. A `cc -c dir/x.c` without `-o`
-    writes x.o in its working directory; the kept command names it, as extract_ir needs.
+    writes x.o in its working directory. An object its source was compiled to twice (with
+    other flags the second time) holds the last compile's bitcode, and is one module.
     """
-    compiles = []
+    compiles: dict[Path, Compile] = {}
+    sources: dict[Path, set[Path]] = {}
     for entry in json.loads(recorded.read_text()):
         args = entry.get("arguments") or shlex.split(entry.get("command", ""))
         if "-cc1" in args:
             continue
-        if "-o" not in args[:-1]:
-            if "-c" not in args:
-                continue
-            args = [*args, "-o", Path(entry["file"]).with_suffix(".o").name]
-            entry = {"directory": entry["directory"], "file": entry["file"], "arguments": args}
         directory = Path(entry["directory"])
-        compiles.append(
-            Compile(entry, directory / entry["file"], directory / args[args.index("-o") + 1])
-        )
-    outputs = Counter(c.obj for c in compiles)
-    keep = [c for c in compiles if outputs[c.obj] == 1 and _is_relocatable_object(c.obj)]
+        source = directory / entry["file"]
+        if "-o" in args[:-1]:
+            obj = directory / args[args.index("-o") + 1]
+        elif "-c" in args:
+            obj = directory / source.with_suffix(".o").name
+        else:
+            continue
+        compiles[obj] = Compile(source, obj)
+        sources.setdefault(obj, set()).add(source)
+    keep = [
+        c for c in compiles.values() if len(sources[c.obj]) == 1 and _is_relocatable_object(c.obj)
+    ]
     if not keep:
         raise BuildError(
             f"{recorded}: the build compiled no object file that survived it "
@@ -476,22 +544,12 @@ def kept_compiles(recorded: Path) -> list[Compile]:
     return keep
 
 
-def _distinct_modules(corpus_dir: Path) -> list[str]:
-    """Keeps one module per distinct bitcode (a package may compile a file twice the same
-    way) and only modules whose bitcode was really extracted."""
+def _extracted_modules(corpus_dir: Path) -> list[str]:
+    """The modules whose bitcode was really extracted (extract_ir lists failures too)."""
     desc = corpus_dir / DESCRIPTION
-    seen: set[str] = set()
-    names = []
-    for name in json.loads(desc.read_text())["modules"]:
-        if not (corpus_dir / f"{name}.bc").is_file():  # extract_ir lists failures too
-            continue
-        digest = hashlib.sha256((corpus_dir / f"{name}.bc").read_bytes()).hexdigest()
-        if digest in seen:
-            (corpus_dir / f"{name}.bc").unlink()
-            (corpus_dir / f"{name}.cmd").unlink(missing_ok=True)
-        else:
-            seen.add(digest)
-            names.append(name)
+    names = [
+        n for n in json.loads(desc.read_text())["modules"] if (corpus_dir / f"{n}.bc").is_file()
+    ]
     write_description(corpus_dir, names)
     return names
 

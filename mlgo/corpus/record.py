@@ -23,15 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-
 from mlgo.corpus.extract import (
     RECORD_FLAGS,
     BuildError,
     build_env,
+    distinct_modules,
+    extract_modules,
     kept_compiles,
-    run_extract_ir,
     run_under_bear,
 )
 from mlgo.corpus.format import DESCRIPTION
@@ -193,47 +191,22 @@ def _prepare(out: Path, source_dir: Path | None, package: str | None) -> tuple[P
     return src, work
 
 
-def _bitcode_digest(obj: Path) -> str | None:
-    """The hash of OBJ's embedded bitcode, or None if it has none."""
-    try:
-        with open(obj, "rb") as f:
-            section = ELFFile(f).get_section_by_name(".llvmbc")
-            return hashlib.sha256(section.data()).hexdigest() if section else None
-    except (OSError, ELFError):
-        return None
-
-
 def _module_names(
     compiles: list[tuple[Path, Path]], src: Path, package: str | None, skipped: list[str]
 ) -> dict[str, Path]:
-    """Module name -> object, one per distinct bitcode: the source's path under SRC (its
+    """Module name -> object (`extract.distinct_modules`): the source's path under SRC (its
     first directory is its package), under PACKAGE if given. A file at SRC's top is in the
-    package named after SRC; the same source built into different bitcode (a library built
-    twice with different flags) gets `.2`, `.3`... A skipped object is named in SKIPPED."""
-    names: dict[str, Path] = {}
-    seen: set[str] = set()
-    uses: Counter[str] = Counter()
+    package named after SRC. A skipped object is named in SKIPPED."""
+    named = []
     for source, obj in compiles:
         try:
             rel = source.resolve().relative_to(src)
         except ValueError:
             skipped.append(f"{source}: outside the source directory {src}, not recorded")
             continue
-        digest = _bitcode_digest(obj)
-        if digest is None:
-            skipped.append(
-                f"{obj}: no bitcode (not compiled by the recording CC/CXX, or not C/C++), "
-                "not recorded"
-            )
-            continue
-        if digest in seen:
-            continue
-        seen.add(digest)
         prefix = package or (src.name if len(rel.parts) == 1 else "")
-        base = f"{prefix}/{rel}" if prefix else str(rel)
-        uses[base] += 1
-        names[base if uses[base] == 1 else f"{base}.{uses[base]}"] = obj
-    return names
+        named.append((f"{prefix}/{rel}" if prefix else str(rel), obj))
+    return distinct_modules(named, skipped)
 
 
 def _publish(
@@ -251,16 +224,6 @@ def _publish(
     names = _module_names(compiles, src, package, skipped)
     if not names:
         raise BuildError(f"{src}: nothing to record ({len(skipped)} objects skipped; log: {log})")
-    # extract_ir names each module by its object's path: link the objects under those names.
-    linked = work / "modules"
-    shutil.rmtree(linked, ignore_errors=True)
-    entries = []
-    for name, obj in names.items():
-        (linked / name).parent.mkdir(parents=True, exist_ok=True)
-        (linked / name).symlink_to(obj.resolve())
-        entries.append({"directory": str(linked), "file": name, "arguments": ["-o", name]})
-    cc_json = work / "compile_commands.modules.json"
-    cc_json.write_text(json.dumps(entries, indent=1))
     with atomic_directory(out) as staged:
-        modules = run_extract_ir(cc_json, staged, tc, work, log, str(src))
+        modules = extract_modules(names, staged, tc, work, log, str(src))
     return Recorded(out, dict(Counter(m.split("/", 1)[0] for m in modules)), skipped)

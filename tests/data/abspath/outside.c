@@ -1,0 +1,2 @@
+/* compiled to an object outside the package tree */
+int outside(int x) { return x - 7; }

@@ -1,0 +1,2 @@
+/* the other util.c */
+int util_b(int x) { return x + 42; }
