@@ -28,6 +28,8 @@ BAD_OPTIONS = [
     (["train", "--corpus", "c", "--out", "o"], "--lr", "nan"),
     (["train", "--corpus", "c", "--out", "o"], "--regression-penalty", "-1"),
     (["train", "--corpus", "c", "--out", "o"], "--max-module-seconds", "0"),
+    (["train", "--corpus", "c", "--out", "o"], "--minutes", "-1"),
+    (["train", "--corpus", "c", "--out", "o"], "--minutes", "nan"),
     (["eval", "--policy", "p", "--corpus", "c"], "--workers", "-2"),
     (["serve"], "--idle-exit", "-1"),
     (["channel"], "--ttl", "0"),

@@ -91,6 +91,14 @@ def train(
     search_budget: Annotated[
         int, typer.Option(help="bcmax: compiles per module per iteration's search", min=2)
     ] = 24,
+    minutes: Annotated[
+        float,
+        typer.Option(
+            help="es, ppo: stop between steps after this much training, over all resumes "
+            "(0: no limit); the best policy so far is kept",
+            callback=non_negative,
+        ),
+    ] = 0.0,
     workers: WorkersOpt = "local",
     clang: ClangOpt = None,
 ) -> None:
@@ -101,7 +109,7 @@ def train(
     tc = find_toolchain(clang)
     chosen = selected(corpus, packages, spec)  # every input is checked before OUT is made
     opts = TrainOptions(steps, init, derived, sigma, directions, lr, regression_penalty, batch,
-                        max_module_seconds, search_budget)  # fmt: skip
+                        max_module_seconds, search_budget, 60 * minutes)  # fmt: skip
     with closing(make_workers(workers)) as pool:
         result = run(algo, chosen, spec, out, tc, pool, opts)
     if result.left_out:
