@@ -134,3 +134,5 @@ def test_both_variants_compile_with_the_same_clang(tc):
     assert (plain.name, plain.compilers, plain.env) == ("default", (tc.clang, tc.clangxx), {})
     assert served.env == {"MLGO_SOCKET": "s", "MLGO_CC": tc.clang, "MLGO_CXX": tc.clangxx}
     assert [Path(c).name for c in served.compilers] == ["mlgo-cc", "mlgo-c++"]
+    _, guarded = variants(tc, {"MLGO_SOCKET": "s"}, guard=True)
+    assert guarded.env == dict(served.env, MLGO_GUARD="size")

@@ -31,7 +31,7 @@ from mlgo.data import shipped_policy  # noqa: E402
 from mlgo.llvm.sizes import text_size  # noqa: E402
 from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
 from mlgo.programs.build import build_program, policy_service, pristine_source  # noqa: E402
-from mlgo.programs.compare import Variant, variants  # noqa: E402
+from mlgo.programs.compare import variants  # noqa: E402
 from mlgo.runtime.files import atomic_write_text  # noqa: E402
 
 VARIANTS = ("plain", "policy", "guard")
@@ -47,7 +47,7 @@ def bench_package(name: str, work: Path, policy: Path) -> dict:
     cpu = {}
     with policy_service([policy], work / name / "service") as env:
         plain, served = variants(tc, env, VARIANTS[:2])
-        guarded = Variant(VARIANTS[2], served.compilers, dict(served.env, MLGO_GUARD="size"))
+        _, guarded = variants(tc, env, (VARIANTS[0], VARIANTS[2]), guard=True)
         for v in (plain, served, guarded):
             tree = work / name / v.name
             build = build_program(recipe, pristine, tree, tc, v.name, v.compilers, v.env, False)

@@ -44,11 +44,17 @@ class Variant:
 
 
 def variants(
-    tc: Toolchain, service_env: dict[str, str], names: tuple[str, str] = ("plain", "mlgo")
+    tc: Toolchain,
+    service_env: dict[str, str],
+    names: tuple[str, str] = ("plain", "mlgo"),
+    guard: bool = False,
 ) -> tuple[Variant, Variant]:
     """The plain compiler, and mlgo-cc over the same clang answered by the service at
-    SERVICE_ENV."""
+    SERVICE_ENV (GUARD: MLGO_GUARD=size, the smaller of the policy's and the default's
+    object per file)."""
     served = dict(service_env, MLGO_CC=tc.clang, MLGO_CXX=tc.clangxx)
+    if guard:
+        served["MLGO_GUARD"] = "size"
     return Variant(names[0], plain_compilers(tc), {}), Variant(names[1], mlgo_compilers(), served)
 
 
@@ -118,7 +124,7 @@ def compare_programs(
     recipe that has one, about BENCH_SECONDS of CPU each (0: not measured)."""
     result = Comparison(policies)
     with policy_service(policies, out / "service", backend) as service_env:
-        pair = variants(tc, dict(service_env, MLGO_GUARD="size") if guard else service_env)
+        pair = variants(tc, service_env, guard=guard)
         for recipe in recipes:
             trees = {v.name: out / recipe.name / v.name for v in pair}
             try:

@@ -151,7 +151,7 @@ def build_twice(
     the problem's level) and WORK/mlgo (mlgo-cc serving POLICY; GUARD: MLGO_GUARD=size).
     A failing build or test raises BuildError naming its log."""
     with policy_service([policy], work / "service") as env:
-        pair = variants(tc, dict(env, MLGO_GUARD="size") if guard else env)
+        pair = variants(tc, env, guard=guard)
         built = build_pair(recipe, work, tc, pair, True, level_flags(problem.opt_level), pristine)
     return built, {v.name: work / v.name for v in pair}
 
