@@ -15,7 +15,7 @@ import pytest
 import typer.main
 
 from mlgo.cli import app
-from mlgo.llvm.sizes import SizeRow, tree_report, tree_totals
+from mlgo.llvm.sizes import SizeRow, linked_rows, tree_report, tree_totals
 from mlgo.problems import get_problem
 from mlgo.train.run import start_policy
 from tests.conftest import MLGO, run_mlgo
@@ -92,9 +92,11 @@ def test_start_policy_checks_algo_and_init_before_training(tmp_path):
 
 @pytest.mark.unit
 def test_tree_report_totals():
-    rows = [SizeRow("a.o", 100, 90), SizeRow("b", 300, 330)]
+    rows = [SizeRow("a.o", 100, 90), SizeRow("b", 300, 330, linked=True)]
     assert tree_totals(rows) == {"baseline": 400, "build": 420, "delta_pct": pytest.approx(5.0)}
-    assert tree_report(rows)["files"][1] == {"path": "b", "baseline": 300, "build": 330}
+    b = {"path": "b", "baseline": 300, "build": 330, "linked": True}
+    assert tree_report(rows)["files"][1] == b
+    assert linked_rows(rows) == rows[1:]
     assert tree_totals([])["delta_pct"] == 0.0
 
 

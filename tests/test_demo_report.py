@@ -112,6 +112,17 @@ def built(tc, tmp_path_factory):
     return root, r
 
 
+def test_the_linked_files_are_counted_apart_from_the_objects(built):
+    root, r = built
+    linked = r["size"]["linked"]
+    assert linked["files"] == 1  # prog; lib/sum.o is an object
+    assert linked["baseline"] == text_size(root / "plain" / "prog")
+    assert linked["policy"] == text_size(root / "mlgo" / "prog")
+    console = Console(width=200, record=True)
+    console.print(report_table(r))
+    assert "1 programs and shared libraries" in console.export_text()
+
+
 def pictures(page: str) -> list[bytes]:
     return [base64.b64decode(b) for b in PNG_IMG.findall(page)]
 

@@ -6,22 +6,28 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
 
-def text_size(path: str | Path) -> int:
-    """Sum of SHF_ALLOC|SHF_EXECINSTR sections (.text and .text.* with -ffunction-sections)."""
+def _text_and_type(path: str | Path) -> tuple[int, str]:
+    """The .text bytes of an ELF file and its type (ET_REL, ET_EXEC, ET_DYN, ...)."""
     want = SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_EXECINSTR
     try:
         with open(path, "rb") as f:
-            return sum(
-                s["sh_size"] for s in ELFFile(f).iter_sections() if s["sh_flags"] & want == want
-            )
+            elf = ELFFile(f)
+            text = sum(s["sh_size"] for s in elf.iter_sections() if s["sh_flags"] & want == want)
+            return text, elf.header["e_type"]
     except ELFError as e:
         raise ValueError(f"{path}: not an ELF object ({e})") from e
+
+
+def text_size(path: str | Path) -> int:
+    """Sum of SHF_ALLOC|SHF_EXECINSTR sections (.text and .text.* with -ffunction-sections)."""
+    return _text_and_type(path)[0]
 
 
 def text_metrics(obj: Path, _workdir: Path) -> dict[str, float]:
@@ -35,20 +41,26 @@ class SizeRow:
     path: str
     baseline: int
     build: int
+    linked: bool = False  # a program or shared library, not an object file
 
     @property
     def delta_pct(self) -> float:
         return 100 * (self.build / self.baseline - 1) if self.baseline else 0.0
 
 
-def _elf_texts(root: Path) -> dict[str, int]:
+LINKED = ("ET_EXEC", "ET_DYN")  # programs (PIE ones are ET_DYN) and shared libraries
+
+
+def _elf_texts(root: Path) -> dict[str, tuple[int, bool]]:
+    """Every ELF file under ROOT: its .text and whether it is linked."""
     sizes = {}
     for path in sorted(root.rglob("*")):
         if path.is_file() and not path.is_symlink():
             with open(path, "rb") as f:
                 if f.read(4) != b"\x7fELF":
                     continue
-            sizes[str(path.relative_to(root))] = text_size(path)
+            text, kind = _text_and_type(path)
+            sizes[str(path.relative_to(root))] = (text, kind in LINKED)
     return sizes
 
 
@@ -57,11 +69,11 @@ def _elf_texts(root: Path) -> dict[str, int]:
 CONFIG_HASH = re.compile(r"[0-9a-f]{16,}")
 
 
-def _pair_hashed(ours: dict[str, int], theirs: dict[str, int]) -> None:
+def _pair_hashed(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
     """Files that only one tree has under their own path are paired under their path with
     CONFIG_HASH masked, where that names exactly one file in each tree."""
 
-    def alone(sizes: dict[str, int], other: dict[str, int]) -> dict[str, str]:
+    def alone(sizes: dict[str, Any], other: dict[str, Any]) -> dict[str, str]:
         masked = defaultdict(list)
         for path in sizes.keys() - other.keys():
             masked[CONFIG_HASH.sub("*", path)].append(path)
@@ -83,7 +95,13 @@ def compare_trees(build: Path, baseline: Path) -> list[SizeRow]:
     common = sorted(set(ours) & set(theirs))
     if not common:
         raise ValueError(f"no ELF file is in both {build} and {baseline}")
-    return [SizeRow(p, theirs[p], ours[p]) for p in common]
+    return [SizeRow(p, theirs[p][0], ours[p][0], theirs[p][1]) for p in common]
+
+
+def linked_rows(rows: list[SizeRow]) -> list[SizeRow]:
+    """The programs and shared libraries of ROWS: what ships, after the linker has merged
+    the objects' duplicate template and inline functions."""
+    return [r for r in rows if r.linked]
 
 
 def tree_totals(rows: list[SizeRow]) -> dict[str, float]:

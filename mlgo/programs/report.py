@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from mlgo.llvm.sizes import compare_trees, tree_totals
+from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.plots import STYLE, img, png, pyplot
 from mlgo.runtime.files import atomic_write_text
 
@@ -21,11 +21,13 @@ REPORT_KEYS = {"package", "policy", "size", "tests"}
 
 
 def size_report(pair, trees: dict[str, Path]) -> dict:
-    """.text of every ELF file both builds produced (objects, libraries, programs), and of
-    the recipe's linked programs alone."""
+    """.text of every ELF file both builds produced (objects, libraries, programs), of the
+    linked ones alone (programs and shared libraries), and of the recipe's named programs."""
     plain, ml = pair
     rows = compare_trees(trees["mlgo"], trees["plain"])
     total = tree_totals(rows)
+    linked = linked_rows(rows)
+    linked_total = tree_totals(linked)
     programs = {
         p: {"baseline": b, "policy": ml.text[p], "change_pct": 100 * (ml.text[p] / b - 1)}
         for p, b in plain.text.items()
@@ -36,6 +38,12 @@ def size_report(pair, trees: dict[str, Path]) -> dict:
         "change_pct": total["delta_pct"],
         "counts": f"the .text of all {len(rows)} ELF files the build produced",
         "files": len(rows),
+        "linked": {
+            "baseline": linked_total["baseline"],
+            "policy": linked_total["build"],
+            "change_pct": linked_total["delta_pct"],
+            "files": len(linked),
+        },
         "per_file": [{"path": r.path, "baseline": r.baseline, "policy": r.build} for r in rows],
         "programs": programs,
     }
@@ -117,6 +125,10 @@ def table_rows(report: dict) -> list[Row]:
         (f"{p} .text", f"{r['baseline']:,}", f"{r['policy']:,}", f"{r['change_pct']:+.2f}%", "")
         for p, r in size["programs"].items()
     ]
+    if (linked := size.get("linked")) and linked["files"]:
+        label = f"{linked['files']} programs and shared libraries"
+        base, ours, change = linked["baseline"], linked["policy"], linked["change_pct"]
+        rows.append((label, f"{base:,}", f"{ours:,}", f"{change:+.2f}%", "bold"))
     base, ours, change = size["baseline"], size["policy"], size["change_pct"]
     rows.append((f"{size['files']} ELF files", f"{base:,}", f"{ours:,}", f"{change:+.2f}%", "bold"))
     if speed := report.get("throughput"):
