@@ -69,6 +69,26 @@ def test_an_answerer_flips_the_indices_it_names_and_samples_reproducibly(shipped
     assert first != other
 
 
+def test_each_round_flips_decisions_not_tried_yet_least_sure_first(shipped, mini_corpus):
+    from mlgo.train.bcmax import Trajectory, _Search
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 50, (30, len(shipped.normalizer.features)))
+    traj = Trajectory(0.0, np.zeros(30, np.int64), x, Answerer(PROBLEM, shipped))
+    task = SearchTask(PROBLEM, mini_corpus.modules[0], "clang", shipped, SearchConfig(singles=4))
+    search = _Search(task)
+    batches = []
+    while flips := search.untried_flips(traj):
+        batches.append(flips)
+    tried = [i for b in batches for i in b]
+    assert sorted(tried) == list(range(30)) and len(batches) == 8  # each once, 4 a round
+    top2 = np.sort(shipped.logits(x), 1)[:, -2:]
+    assert batches[0] == list(np.argsort(top2[:, 1] - top2[:, 0], kind="stable")[:4])
+    # another seed (another BC-Max iteration) reaches the others in another order
+    other = _Search(replace(task, seed=1))
+    assert other.untried_flips(traj) == batches[0] and other.untried_flips(traj) != batches[1]
+
+
 def test_the_search_improves_on_a_poor_policy_within_its_budget(
     mini_corpus, tc, shipped, default_sizes
 ):

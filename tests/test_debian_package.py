@@ -55,7 +55,10 @@ def test_the_demo_reports_size_throughput_and_tests_of_both_builds(zlib_demo):
     assert report["tests"] == {"baseline": "passed", "policy": "passed"}
     assert (Path(report["policy"]) / "policy.npz").is_file()
     assert report["training"]["steps"] == 1
-    assert set(report["training"]["corpus_change_pct"]) == {"shipped", "trained"}
+    training = report["training"]
+    assert {"default", "shipped", "trained"} <= set(training["corpus_change_pct"])
+    changes = training["candidates_change_pct"]
+    assert changes["default"] == 0.0 and changes[training["chosen"]] == min(changes.values())
     size = report["size"]
     trees = {v: root / "programs" / "zlib" / v for v in ("plain", "mlgo")}
     assert size["baseline"] == elf_text_total(trees["plain"])

@@ -110,7 +110,13 @@ def test_tune_reports_size_over_every_elf_file_tests_and_throughput(tuned):
     q1, q3 = speed["iqr_pct"]
     assert q1 <= speed["change_pct"] <= q3 and len(speed["ratios_pct"]) == 2
     assert "instructions_change_pct" in speed  # valgrind is installed here
-    assert report["training"]["chosen"] in ("shipped", "trained")
+    training = report["training"]
+    assert training["algorithm"] == "bcmax"
+    # the default, the start, the trained policy and its gated forms, measured; the least kept
+    changes = training["candidates_change_pct"]
+    assert {"default", "shipped", "trained", "trained, gated at 0.9"} <= set(changes)
+    assert changes["default"] == 0.0 and changes[training["chosen"]] == min(changes.values())
+    assert training["headroom_pct"] <= 0.0  # the search keeps the default's trajectory at worst
     assert "ELF files" in done.stdout and "CPU time" in done.stdout and "passed" in done.stdout
     # the snapshot left out the OUT inside the source
     assert (out / "pristine" / "CMakeLists.txt").is_file() and not (

@@ -94,7 +94,7 @@ def train(
     minutes: Annotated[
         float,
         typer.Option(
-            help="es, ppo: stop between steps after this much training, over all resumes "
+            help="es, ppo, bcmax: stop between steps after this much training, over all resumes "
             "(0: no limit); the best policy so far is kept",
             callback=non_negative,
         ),

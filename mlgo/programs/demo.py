@@ -25,7 +25,7 @@ PROBLEM = "inlining-size"
 
 @dataclass(frozen=True)
 class DemoOptions:
-    train_steps: int = 10  # ES steps from the shipped policy; 0: the shipped policy as is
+    train_steps: int = 10  # training steps from the shipped policy; 0: the shipped policy as is
     bench_rounds: int = 10  # paired ABBA rounds of the workload
     bench_seconds: float = 1.0  # CPU seconds per timed sample (the workload loops to it)
 

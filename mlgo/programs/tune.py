@@ -29,7 +29,7 @@ import shutil
 import time
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from mlgo.corpus.extract import BuildError, Recipe
@@ -45,6 +45,15 @@ from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.workers import make_workers
 
 ON_TRAINING_CODE = "measured on the modules it trained on, not on held-out code"
+# Training on the code it will build: every module is searched however slowly it compiles,
+# more compiles per module, and the best trajectories cloned until the policy has them
+# (a held-out corpus would want fewer epochs; here the training code is the shipped code).
+OWN_CODE = {
+    "max_module_seconds": 600.0,
+    "search_budget": 48,
+    "clone_epochs": 400,
+    "clone_lr": 3e-3,
+}
 UNTIL_BUDGET = 1_000_000  # ES steps when only the time budget stops training
 
 # Each stage, and the arguments its result depends on besides its predecessors' ones.
@@ -87,6 +96,35 @@ def project(
     )
 
 
+def trainer(problem: Problem) -> str:
+    """BC-Max where the answers are yes/no: on a user's own code it searches these very
+    modules for smaller decision trajectories and clones them, so the policy learns the
+    code it will build. ES otherwise."""
+    from mlgo.train.bcmax import check_problem
+
+    try:
+        check_problem(problem)
+    except ValueError:
+        return "es"
+    return "bcmax"
+
+
+def search_headroom(state: dict, evaluation) -> float | None:
+    """The change of the whole corpus had every module the BC-Max search tried taken the
+    smallest trajectory it found (a ceiling found on the way, not a policy); None for a
+    trainer that does not search."""
+    found = [
+        r["bcmax/trajectory_reward"] for r in state["history"] if "bcmax/trajectory_reward" in r
+    ]
+    if not found:
+        return None
+    default = f"default_{evaluation.metric}"
+    searched = sum(
+        evaluation.modules[m][default] for m in state["extra"]["modules"] if m in evaluation.modules
+    )
+    return -found[-1] * searched / evaluation.totals()[default]
+
+
 def choose_policy(
     corpus_dir: Path,
     problem: Problem,
@@ -96,39 +134,65 @@ def choose_policy(
     steps: int,
     max_seconds: float = 0.0,
 ) -> tuple[Path, dict]:
-    """Trains ES from START into OUT/train for STEPS steps or MAX_SECONDS of training
-    (whichever ends first; STEPS 0: no training) and evaluates both on the corpus; returns
-    the one with the lower cost (START on a tie) and what training did."""
+    """Trains from START into OUT/train (see `trainer`) for STEPS steps or MAX_SECONDS of
+    training, whichever ends first (STEPS 0: no training), and keeps the candidate that is
+    cheapest on the corpus, saved in OUT/chosen: the compiler's default (START gated never
+    to depart), START, the trained policy, and the trained policy at each departure
+    threshold of calibration's grid. The earliest of equals wins, so a policy that does
+    not beat the default on the code it will build is not served. Returns it and what
+    training did."""
     from mlgo.problems.policy import MLPPolicy
     from mlgo.train import policy_dir
+    from mlgo.train.calibrate import NEVER, calibrate
     from mlgo.train.evaluate import evaluate
     from mlgo.train.run import TrainOptions, run
 
     corpus = load_corpus(corpus_dir).require_opt_level(problem.opt_level)
-    curve: list[dict] = []
-    seconds = 0.0
+    first = MLPPolicy.load(policy_dir(start))
+    candidates: dict[str, tuple[MLPPolicy, float]] = {}
+    if first.can_gate:  # the default's own decisions: no change, by definition
+        candidates["default"] = (replace(first, departure_threshold=NEVER), 0.0)
+    algo = trainer(problem) if steps else "none"
+    state: dict = {"history": [], "seconds": 0.0}
+    headroom = None
     with closing(make_workers("local")) as pool:
-        first = MLPPolicy.load(policy_dir(start))
-        deltas = {start: evaluate(first, corpus, tc, pool, problem).totals()["delta"]}
+        shipped = evaluate(first, corpus, tc, pool, problem)
+        candidates["shipped"] = (first, shipped.totals()["delta"])
         if steps:
-            opts = TrainOptions(steps=steps, init=start, max_seconds=max_seconds)
-            trained = run("es", corpus, problem, out / "train", tc, pool, opts)
-            deltas[out / "train" / "policy"] = trained.evaluation.totals()["delta"]
+            opts = TrainOptions(steps=steps, init=start, max_seconds=max_seconds, **OWN_CODE)
+            trained = run(algo, corpus, problem, out / "train", tc, pool, opts)
+            candidates["trained"] = (trained.policy, trained.evaluation.totals()["delta"])
             state = json.loads((out / "train" / "state.json").read_text())
-            curve, seconds = state["history"], state["seconds"]
-    chosen = min(deltas, key=lambda p: deltas[p])
+            headroom = search_headroom(state, trained.evaluation)
+            if trained.policy.can_gate:
+                for row in calibrate(trained.policy, corpus, tc, pool).sweep:
+                    if not row["failed"]:
+                        t = row["threshold"]
+                        gated = replace(trained.policy, departure_threshold=t)
+                        candidates[f"trained, gated at {t:g}"] = (gated, row["change"])
+    chosen = min(candidates, key=lambda name: candidates[name][1])
+    candidates[chosen][0].save(out / "chosen")
+    change = {name: 100 * c for name, (_, c) in candidates.items()}
     training = {
-        "steps": len(curve),
-        "seconds": seconds,
+        "algorithm": algo,
+        "steps": len(state["history"]),
+        "seconds": state["seconds"],
         "metric": f"{problem.reward_metric} against {problem.opt_level}",
-        "chosen": "trained" if chosen != start else "shipped",
+        "chosen": chosen,
         "corpus_change_pct": {
-            ("shipped" if p == start else "trained"): 100 * d for p, d in deltas.items()
+            name: change[name]
+            for name in dict.fromkeys(["default", "shipped", "trained", chosen])
+            if name in change
         },
+        "candidates_change_pct": change,
         "note": ON_TRAINING_CODE,
-        "curve": curve,  # the trainer's history: step, compiles and its rewards
+        "curve": state["history"],  # the trainer's history: step, compiles and its rewards
     }
-    return chosen, training
+    if headroom is not None:
+        training["headroom_pct"] = 100 * headroom
+        if headroom < 0:  # the chosen policy's share of what the search found
+            training["headroom_captured"] = min(candidates[chosen][1], 0.0) / headroom
+    return out / "chosen", training
 
 
 def export(chosen: Path, out: Path) -> Path:

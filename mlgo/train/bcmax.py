@@ -9,8 +9,10 @@ policy's greedy trajectory (and from the default heuristic's, the first time a m
 searched: the best kept is never worse than either), and each round, from the best
 trajectory so far:
 
-- flips single decisions, those the policy is least sure of first (the smallest gap
-  between its two logits; with no policy, every decision in order);
+- flips single decisions not yet tried from the best trajectory so far: those the
+  policy is least sure of first (the smallest gap between its two logits), then the
+  others in a seeded random order, so that later rounds and iterations reach other
+  decisions (with no policy, every decision in order);
 - samples whole trajectories from the policy at a temperature;
 - flips all the helpful single flips at once and, when that is not better than the best
   of them, adds them to it one at a time, best first, each kept only if a compile of the
@@ -36,7 +38,7 @@ from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.workers import Failed, Workers
 from mlgo.traces.dataset import Decisions
-from mlgo.train import RunDir, RunState
+from mlgo.train import RunDir, RunState, stops_after
 from mlgo.train.bc import train_bc
 from mlgo.train.es import Scorer, training_pool
 
@@ -81,7 +83,7 @@ class SearchConfig:
     samples: int = 2  # trajectories sampled from the policy per round
     temperature: float = 1.0
     max_confirm: int = 8  # helpful single flips combined per round
-    rounds: int = 0  # 0: until the budget is spent or a round finds nothing better
+    rounds: int = 0  # 0: until the budget is spent or no single flip is left to try
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,9 @@ class _Search:
         self.names = task.policy.normalizer.features if task.policy else task.problem.feature_names
         self.compiles = self.failed = 0
         self.best: Trajectory | None = None
+        self.rng = np.random.default_rng(task.seed)
+        self.tried_from: Trajectory | None = None  # the incumbent the flips in `tried` were of
+        self.tried: set[int] = set()
 
     @property
     def spent(self) -> bool:
@@ -144,17 +149,36 @@ class _Search:
         return np.stack([run.features[f].reshape(n, -1)[:, 0] for f in self.names], 1)
 
     def least_sure_first(self, traj: Trajectory) -> list[int]:
+        """The decisions of TRAJ to flip, in order: the policy's `singles` least sure first,
+        then the others in an order of this task's seed (each BC-Max iteration's search
+        reaches other decisions); with no policy, every decision in order."""
         if self.task.policy is None or not len(traj.actions):
             return list(range(len(traj.actions)))
         top2 = np.sort(self.task.policy.logits(traj.x), 1)[:, -2:]
-        return [int(i) for i in np.argsort(top2[:, 1] - top2[:, 0], kind="stable")]
+        order = [int(i) for i in np.argsort(top2[:, 1] - top2[:, 0], kind="stable")]
+        k = self.task.cfg.singles
+        return order[:k] + [int(i) for i in self.rng.permutation(order[k:])] if k else order
 
-    def round(self, r: int) -> None:
+    def untried_flips(self, inc: Trajectory) -> list[int]:
+        """The next single flips of the incumbent INC not measured yet: `singles` of them
+        (0: all)."""
+        if self.tried_from is not inc:
+            self.tried_from, self.tried = inc, set()
+        k = self.task.cfg.singles
+        fresh = [i for i in self.least_sure_first(inc) if i not in self.tried]
+        picked = fresh[:k] if k else fresh
+        self.tried.update(picked)
+        return picked
+
+    def round(self, r: int) -> bool:
+        """One round from the best trajectory so far; False if it had nothing left to try."""
         cfg, inc = self.task.cfg, self.best
         assert inc is not None
-        order = self.least_sure_first(inc)
+        flips = self.untried_flips(inc)
+        if not flips:
+            return False
         singles: dict[int, Trajectory] = {}
-        for i in order[: cfg.singles] if cfg.singles else order:
+        for i in flips:
             t = self.measure(inc.answerer.flipped({i}))
             if t is not None and t.cost < inc.cost:
                 singles[i] = t
@@ -164,15 +188,16 @@ class _Search:
                 self.measure(Answerer(self.task.problem, sampler, (self.task.seed, r, k)))
         helpful = sorted(singles, key=lambda i: singles[i].cost)[: cfg.max_confirm]
         if len(helpful) < 2:
-            return
+            return True
         current = singles[helpful[0]]
         together = self.measure(inc.answerer.flipped(helpful))
         if together is not None and together.cost < current.cost:
-            return
+            return True
         for i in helpful[1:]:
             t = self.measure(current.answerer.flipped({i}))
             if t is not None and t.cost < current.cost:
                 current = t
+        return True
 
 
 def search_module(task: SearchTask) -> SearchResult:
@@ -184,16 +209,13 @@ def search_module(task: SearchTask) -> SearchResult:
     if task.policy is not None:
         greedy = Answerer(task.problem, replace(task.policy, temperature=0.0))
         starts["policy"] = s.start(greedy).cost
-    best = s.best
-    assert best is not None
     r = 0
     while not s.spent and (task.cfg.rounds == 0 or r < task.cfg.rounds):
-        s.round(r)
-        r += 1
-        if s.best is best:  # nothing better this round: the next would repeat it
+        if not s.round(r):  # every single flip of the best so far is measured
             break
-        best = s.best
-    return SearchResult(best, starts, s.compiles, s.failed)
+        r += 1
+    assert s.best is not None
+    return SearchResult(s.best, starts, s.compiles, s.failed)
 
 
 @dataclass(frozen=True)
@@ -206,6 +228,7 @@ class BCMaxConfig:
     max_module_seconds: float = 2.0  # modules slower than this are not searched
     seed: int = 0
     init: str = ""  # the --init run or policy, as given: its model card's starting point
+    max_seconds: float = 0.0  # training time budget over all resumes (0: none), see stops_after
 
 
 def check_problem(problem: Problem) -> None:
@@ -307,7 +330,7 @@ def train_bcmax(
     search = SearchConfig(budget=cfg.search_budget, temperature=cfg.temperature)
     with Progress() as bar:
         job = bar.add_task("BC-Max", total=cfg.steps, completed=state.step)
-        while state.step < cfg.steps:
+        while not stops_after(state, cfg.steps, state.seconds, cfg.max_seconds):
             current = init.with_flat(theta)
             metrics: dict[str, float] = {}
             if state.extra["searched"] <= state.step:

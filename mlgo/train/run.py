@@ -32,7 +32,9 @@ class TrainOptions:
     batch: int = 24  # es, ppo
     max_module_seconds: float = 2.0  # es, ppo, bcmax
     search_budget: int = 24  # bcmax: compiles per module per iteration
-    max_seconds: float = 0.0  # es, ppo: stop between steps after this much training (0: never)
+    clone_epochs: int = 10  # bcmax: behavioral cloning per iteration
+    clone_lr: float = 1e-3  # bcmax
+    max_seconds: float = 0.0  # es, ppo, bcmax: stop between steps after this much training
 
 
 @dataclass
@@ -128,8 +130,11 @@ def _search(
         cfg = BCMaxConfig(
             steps=opts.steps or BCMaxConfig.steps,
             search_budget=opts.search_budget,
+            epochs=opts.clone_epochs,
+            lr=opts.clone_lr,
             max_module_seconds=opts.max_module_seconds,
             init=str(opts.init),
+            max_seconds=opts.max_seconds,
         )
         return train_bcmax(corpus, start, run_dir, tc, workers, cfg)
     common = {
