@@ -58,8 +58,12 @@ def demo(
         Path("data/demo")
     ),
     package: Annotated[str, typer.Option(help="recipe to build")] = "zlib",
+    minutes: Annotated[
+        float,
+        typer.Option(help="minutes of training from the shipped policy; 0: use it as is", min=0),
+    ] = DemoOptions.minutes,
     train_steps: Annotated[
-        int, typer.Option(help="ES steps from the shipped policy; 0: use it as is", min=0)
+        int, typer.Option(help="stop training after this many iterations; 0: the minutes", min=0)
     ] = DemoOptions.train_steps,
     bench_rounds: Annotated[
         int, typer.Option(help="paired rounds of the recipe's workload", min=1)
@@ -80,7 +84,7 @@ def demo(
     corpus_build([package], out=out / "corpus", work=out / "build", opt_level="-Oz", clang=clang)
     collect("inlining-size", out / "corpus", out=out / "traces", clang=clang)
     corpus_stats(out / "corpus", clang=clang)
-    opts = DemoOptions(train_steps, bench_rounds)
+    opts = DemoOptions(minutes, train_steps, bench_rounds)
     report = run_demo(recipe, out / "corpus", DEFAULT_POLICIES[0], out, tc, opts, console.print)
     console.print(report_table(report))
     console.print(training_line(report["training"]))

@@ -73,12 +73,19 @@ def channel(
     ] = 600,
 ) -> None:
     """Print a channel base for one compilation run by hand (-mllvm -...-channel-base=);
-    starts the service (as mlgo-cc would) when none is running."""
-    from mlgo.serve.cc import by_hand
+    starts the service (as mlgo-cc would) when none is running. When the policy needs more
+    than the base (a gated one needs the compiler's own answer), a note says which flags."""
+    from mlgo.problems import get_problem
+    from mlgo.serve.cc import by_hand, check_lease_flags
     from mlgo.serve.client import socket_path
 
-    message = {"op": "channel", "problem": problem, "ttl_s": ttl}
-    print(by_hand(socket or socket_path(), socket is None, message)["base"])
+    path = socket or socket_path()
+    reply = by_hand(path, socket is None, {"op": "channel", "problem": problem, "ttl_s": ttl})
+    base, flags = reply["base"], reply.get("flags") or []
+    check_lease_flags(flags, path.parent)
+    if flags and flags != get_problem(problem).flags_for_serving(base):
+        err.print(f"mlgo: note: this policy's channel needs: {' '.join(flags)}", highlight=False)
+    print(base)
 
 
 def flags(

@@ -1,11 +1,10 @@
 """`mlgo demo`'s loop on one recipe, after its corpus and traces are recorded: train briefly
-from the shipped policy, keep whichever of the two is smaller on the corpus, build the
+from the shipped policy, keep what is smallest on the corpus (`tune.choose_policy`), build the
 program twice (plain clang, and `mlgo-cc` with that policy), run its tests and its workload
 on both, and report size and throughput side by side (report.json, report.html with plots
 and a table). The stages are `mlgo tune`'s (mlgo.programs.tune), but the demo records its
 corpus with `mlgo corpus build` (the recipe's Debian build, modules named as in every other
-recipe corpus), fetches its source with apt, and trains a fixed number of steps rather than
-for a time budget."""
+recipe corpus) and fetches its source with apt."""
 
 from __future__ import annotations
 
@@ -18,14 +17,15 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import get_problem
 from mlgo.programs.compare import compare_programs
 from mlgo.programs.report import write_report
-from mlgo.programs.tune import choose_policy, export
+from mlgo.programs.tune import UNTIL_BUDGET, choose_policy, export
 
 PROBLEM = "inlining-size"
 
 
 @dataclass(frozen=True)
 class DemoOptions:
-    train_steps: int = 10  # training steps from the shipped policy; 0: the shipped policy as is
+    minutes: float = 2.0  # of training from the shipped policy; 0: the shipped policy as is
+    train_steps: int = 0  # stop after this many iterations as well (0: only the minutes)
     bench_rounds: int = 10  # paired ABBA rounds of the workload
     bench_seconds: float = 1.0  # CPU seconds per timed sample (the workload loops to it)
 
@@ -42,8 +42,11 @@ def run_demo(
     """The loop after collection (see the module doc); writes OUT/report.json and
     report.html, and returns the report. A failing build or test stops with its log."""
     problem = get_problem(PROBLEM)
-    say(f"training from {shipped} ({opts.train_steps} ES steps)")
-    chosen, training = choose_policy(corpus_dir, problem, shipped, out, tc, opts.train_steps)
+    steps = (opts.train_steps or UNTIL_BUDGET) if opts.minutes else 0
+    say(f"training from {shipped} for {opts.minutes:g} minutes")
+    chosen, training = choose_policy(
+        corpus_dir, problem, shipped, out, tc, steps, 60 * opts.minutes
+    )
     policy = export(chosen, out)
     say(f"building {recipe.name} twice (clang -Oz, and mlgo-cc with {policy}), with its tests")
     if recipe.bench:

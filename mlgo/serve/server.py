@@ -36,8 +36,9 @@ class _Handler(socketserver.StreamRequestHandler):
                 self._compile(service, message.get("level"))
             elif op == "channel":
                 lease = service.open_lease(message.get("problem"), channel=True)
-                (_policy, _backend, base), *_ = lease.channels.values()
-                self._send({"base": base, "lease": lease.id})
+                (policy, _backend, base), *_ = lease.channels.values()
+                flags = policy.problem.flags_for_serving(base, default=policy.gated)
+                self._send({"base": base, "lease": lease.id, "flags": flags})
                 self._expire(service, lease, float(message.get("ttl_s", 600)))
             elif op == "flags":
                 self._flags(service, message)
