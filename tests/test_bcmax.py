@@ -69,6 +69,17 @@ def test_an_answerer_flips_the_indices_it_names_and_samples_reproducibly(shipped
     assert first != other
 
 
+@pytest.mark.unit
+def test_a_time_budget_shrinks_each_search_to_a_share_of_the_time_left():
+    from mlgo.train.bcmax import MIN_BUDGET, iteration_budget
+
+    cfg = BCMaxConfig(search_budget=48, max_seconds=3600)
+    assert iteration_budget(cfg, 3600, 10.0) == 48  # a quarter of an hour: 90 passes
+    assert iteration_budget(cfg, 3600, 100.0) == 9
+    assert iteration_budget(cfg, 60, 100.0) == MIN_BUDGET  # never too few to search at all
+    assert iteration_budget(replace(cfg, max_seconds=0), 0, 100.0) == 48  # no time budget
+
+
 def test_each_round_flips_decisions_not_tried_yet_least_sure_first(shipped, mini_corpus):
     from mlgo.train.bcmax import Trajectory, _Search
 

@@ -54,6 +54,7 @@ OWN_CODE = {
     "clone_epochs": 400,
     "clone_lr": 3e-3,
 }
+GATES = (0.6, 0.8, 0.95)  # departure thresholds tried on the trained policy (an evaluation each)
 UNTIL_BUDGET = 1_000_000  # ES steps when only the time budget stops training
 
 # Each stage, and the arguments its result depends on besides its predecessors' ones.
@@ -138,7 +139,7 @@ def choose_policy(
     training, whichever ends first (STEPS 0: no training), and keeps the candidate that is
     cheapest on the corpus, saved in OUT/chosen: the compiler's default (START gated never
     to depart), START, the trained policy, and the trained policy at each departure
-    threshold of calibration's grid. The earliest of equals wins, so a policy that does
+    threshold of GATES. The earliest of equals wins, so a policy that does
     not beat the default on the code it will build is not served. Returns it and what
     training did."""
     from mlgo.problems.policy import MLPPolicy
@@ -165,7 +166,7 @@ def choose_policy(
             state = json.loads((out / "train" / "state.json").read_text())
             headroom = search_headroom(state, trained.evaluation)
             if trained.policy.can_gate:
-                for row in calibrate(trained.policy, corpus, tc, pool).sweep:
+                for row in calibrate(trained.policy, corpus, tc, pool, GATES).sweep:
                     if not row["failed"]:
                         t = row["threshold"]
                         gated = replace(trained.policy, departure_threshold=t)

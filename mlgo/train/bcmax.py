@@ -32,6 +32,7 @@ from rich.progress import Progress
 
 from mlgo.corpus.compile import CompileError, ModuleRun, compile_module
 from mlgo.corpus.format import Corpus, Module
+from mlgo.corpus.stats import corpus_stats
 from mlgo.llvm.log_format import Observation
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
@@ -277,6 +278,21 @@ class _Best:
         )
 
 
+MIN_BUDGET = 4  # compiles per module: its starting trajectories and a couple of flips
+SHARE_OF_TIME_LEFT = 0.25  # an iteration's search, so that several iterations fit
+
+
+def iteration_budget(cfg: BCMaxConfig, seconds_left: float, pass_seconds: float) -> int:
+    """Compiles per module for this iteration's search: the configured budget, or with a time
+    budget what a quarter of the time left affords, given PASS_SECONDS, the wall time of one
+    compile of every pool module as the last search measured it (the machine's load
+    included), but never fewer than MIN_BUDGET."""
+    if not cfg.max_seconds or pass_seconds <= 0:
+        return cfg.search_budget
+    fits = int(SHARE_OF_TIME_LEFT * seconds_left / pass_seconds)
+    return max(MIN_BUDGET, min(cfg.search_budget, fits))
+
+
 def train_bcmax(
     corpus: Corpus,
     init: MLPPolicy,
@@ -327,13 +343,20 @@ def train_bcmax(
             policy.save(run.policy_dir)  # a stopped run keeps its best
 
     start = time.monotonic()
-    search = SearchConfig(budget=cfg.search_budget, temperature=cfg.temperature)
+    if cfg.max_seconds and "pass_seconds" not in state.extra:  # until a search measures it
+        stats, _ = corpus_stats(corpus, tc.describe(), tc.clang, workers)
+        parallel = getattr(workers, "processes", 1)
+        state.extra["pass_seconds"] = sum(stats[n].get("seconds", 0.0) for n in names) / parallel
     with Progress() as bar:
         job = bar.add_task("BC-Max", total=cfg.steps, completed=state.step)
         while not stops_after(state, cfg.steps, state.seconds, cfg.max_seconds):
             current = init.with_flat(theta)
             metrics: dict[str, float] = {}
             if state.extra["searched"] <= state.step:
+                left = cfg.max_seconds - state.seconds - (time.monotonic() - start)
+                budget = iteration_budget(cfg, left, state.extra.get("pass_seconds", 0.0))
+                search = SearchConfig(budget=budget, temperature=cfg.temperature)
+                searching, compiles = time.monotonic(), state.compiles
                 tasks = [
                     SearchTask(
                         problem,
@@ -356,6 +379,9 @@ def train_bcmax(
                     state.compiles += r.compiles
                     bar.advance(modules)
                 bar.remove_task(modules)
+                per_pass = len(pool) / max(state.compiles - compiles, 1)
+                state.extra["pass_seconds"] = (time.monotonic() - searching) * per_pass
+                metrics["bcmax/search_budget"] = budget
                 reward = (base_total - policy_total) / base_total
                 if state.step == 0:
                     state.extra["init_reward"] = reward
