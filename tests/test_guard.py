@@ -202,7 +202,7 @@ def test_the_native_wrapper_guards_without_python(eager, tc, tmp_path):
     assert r.returncode == 127 and "cannot run" in r.stderr
 
 
-def test_a_stopped_native_guard_leaves_nothing_behind(native_cc, eager, tmp_path):
+def test_a_stopped_guard_leaves_nothing_behind(cc, eager, tmp_path):
     """make's Ctrl-C or a killed job: the wrapper dies of the signal, and its private
     directory goes with it."""
     src = tmp_path / "slow.c"
@@ -212,7 +212,7 @@ def test_a_stopped_native_guard_leaves_nothing_behind(native_cc, eager, tmp_path
         ).replace("f0(x)", "0")
     )
     proc = subprocess.Popen(
-        [*native_cc, "-Oz", "-c", str(src), "-o", str(tmp_path / "slow.o")],
+        [*cc, "-Oz", "-c", str(src), "-o", str(tmp_path / "slow.o")],
         env=eager.env(MLGO_GUARD="size"),
         stderr=subprocess.DEVNULL,
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -79,6 +80,7 @@ def keep_smaller(compiler: str, args: list[str], obj: Path) -> str | None:
     if not obj.is_file():  # -o /dev/null and the like: nothing to keep
         return None
     scratch = tempfile.mkdtemp(prefix=".mlgo-guard-", dir=obj.parent)
+    previous = signal.signal(signal.SIGTERM, _stopped)
     try:
         default = Path(scratch) / obj.name
         cmd = [compiler, *default_args(args, default)]
@@ -90,5 +92,20 @@ def keep_smaller(compiler: str, args: list[str], obj: Path) -> str | None:
         return None
     except (OSError, ValueError) as e:
         return error_line(e)
-    finally:
+    except Stopped:  # the compile is killed (subprocess.run does it); then die of the signal
         shutil.rmtree(scratch, ignore_errors=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+class Stopped(Exception):
+    """SIGTERM (a stopped make job) during the guard's compile: raised so that the private
+    directory is removed before the wrapper dies of the signal, as the native one does."""
+
+
+def _stopped(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
