@@ -114,8 +114,9 @@ def tune(
     clang: ClangOpt = None,
 ) -> None:
     """Your code base to a trained policy and a size-and-throughput report: record its
-    build, train from the shipped policy for --minutes, build it twice from a pristine copy
-    (clang, and mlgo-cc with the better policy), run --test on both, time --bench on both."""
+    build, train on its own modules from the shipped policy for --minutes, build it twice
+    from a pristine copy (clang, and mlgo-cc with what was smallest on your code: clang's own
+    decisions if nothing beat them), run --test on both, time --bench on both."""
     from mlgo.programs.report import report_table, training_line
     from mlgo.programs.tune import TuneOptions, project
     from mlgo.programs.tune import tune as run_tune

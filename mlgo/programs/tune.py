@@ -8,15 +8,17 @@ resumes from its checkpoint):
     record    configure and build a scratch copy with the recording compiler, at the
               problem's level: OUT/corpus
     collect   the default heuristic's decisions: OUT/traces
-    train     ES from the start policy until the budget is spent, then the better of
-              start and trained on the corpus, exported to OUT/policy
+    train     from the start policy until the budget is spent (`trainer`), then the
+              cheapest on the corpus of the default, the start and the trained policy
+              (`choose_policy`), exported to OUT/policy
     build     configure, build and test two copies of the snapshot: plain clang at the
               level, and mlgo-cc serving OUT/policy (OUT/programs/plain, OUT/programs/mlgo)
     bench     the workload on both builds in paired rounds: OUT/throughput.json
     report    OUT/report.json
 
 The budget (`minutes`) counts training only: the trainer's own clock, summed over resumes,
-checked between steps. Recording and building take what the user's build takes.
+checked between iterations (BC-Max fits each iteration's search to the time left).
+Recording and building take what the user's build takes.
 OUT/tune.json holds the arguments; a rerun whose arguments differ in one a finished stage
 used stops and says which, rather than mixing results.
 """
