@@ -18,7 +18,7 @@ from tests.conftest import run_mlgo
 
 @pytest.fixture(scope="module")
 def zlib_demo(tmp_path_factory):
-    """README's main job, `mlgo demo`, with one ES step and a few workload rounds: zlib's
+    """README's main job, `mlgo demo`, with one training iteration and a few workload rounds: zlib's
     corpus, traces and statistics, then the policy, both builds and report.json."""
     root = tmp_path_factory.mktemp("zlib")
     r = run_mlgo(
