@@ -38,6 +38,12 @@ def stops_after(state: RunState, steps: int, seconds: float, max_seconds: float)
     return state.step >= steps or 0 < max_seconds <= seconds
 
 
+def bar_total(steps: int, max_seconds: float) -> int | None:
+    """A trainer's progress bar length: its steps, or none (no made-up time left) when a
+    time budget ends the run."""
+    return None if max_seconds else steps
+
+
 def policy_dir(path: Path) -> Path:
     """A run directory or its policy/ directory."""
     return path / "policy" if (path / "policy" / "policy.json").exists() else path

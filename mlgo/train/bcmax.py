@@ -39,7 +39,7 @@ from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.workers import Failed, Workers
 from mlgo.traces.dataset import Decisions
-from mlgo.train import RunDir, RunState, stops_after
+from mlgo.train import RunDir, RunState, bar_total, stops_after
 from mlgo.train.bc import train_bc
 from mlgo.train.es import Scorer, training_pool
 
@@ -348,7 +348,9 @@ def train_bcmax(
         parallel = getattr(workers, "processes", 1)
         state.extra["pass_seconds"] = sum(stats[n].get("seconds", 0.0) for n in names) / parallel
     with Progress() as bar:
-        job = bar.add_task("BC-Max", total=cfg.steps, completed=state.step)
+        job = bar.add_task(
+            "BC-Max", total=bar_total(cfg.steps, cfg.max_seconds), completed=state.step
+        )
         while not stops_after(state, cfg.steps, state.seconds, cfg.max_seconds):
             current = init.with_flat(theta)
             metrics: dict[str, float] = {}

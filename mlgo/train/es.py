@@ -22,7 +22,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.workers import Failed, Workers
-from mlgo.train import Adam, RunDir, RunState, stops_after
+from mlgo.train import Adam, RunDir, RunState, bar_total, stops_after
 from mlgo.train.evaluate import EvalTask, baseline, eval_one
 
 
@@ -160,7 +160,11 @@ def train_es(
         init.save(run.policy_dir)
     start = time.monotonic()
     with Progress() as bar:
-        job = bar.add_task("evolution strategies", total=cfg.steps, completed=state.step)
+        job = bar.add_task(
+            "evolution strategies",
+            total=bar_total(cfg.steps, cfg.max_seconds),
+            completed=state.step,
+        )
         while not stops_after(state, cfg.steps, state.seconds, cfg.max_seconds):
             rng = np.random.default_rng(cfg.seed + state.step)  # a resumed step is the same step
             batch = list(rng.choice(pool, min(cfg.batch, len(pool)), replace=False))

@@ -26,7 +26,7 @@ from mlgo.problems.policy import MASKED, MLPPolicy
 from mlgo.runtime.files import atomic_directory
 from mlgo.runtime.tfutil import import_quietly, import_tf
 from mlgo.runtime.workers import Failed, Workers
-from mlgo.train import RunDir, RunState, stops_after
+from mlgo.train import RunDir, RunState, bar_total, stops_after
 from mlgo.train.es import Scorer, training_pool
 
 REWARD_SCALE = 100.0  # rewards in percent of the default's cost: the scale PPO's defaults expect
@@ -208,7 +208,7 @@ def train_ppo(
         init.save(run.policy_dir)
     start = time.monotonic()
     with Progress() as bar:
-        job = bar.add_task("PPO", total=cfg.steps, completed=state.step)
+        job = bar.add_task("PPO", total=bar_total(cfg.steps, cfg.max_seconds), completed=state.step)
         while not stops_after(state, cfg.steps, state.seconds, cfg.max_seconds):
             rng = np.random.default_rng(cfg.seed + state.step)
             batch = list(rng.choice(pool, min(cfg.batch, len(pool)), replace=False))
