@@ -33,6 +33,7 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlgo.corpus.extract import BuildError, Recipe
 from mlgo.corpus.format import load_corpus
@@ -45,6 +46,9 @@ from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.report import program_report, write_report
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.workers import make_workers
+
+if TYPE_CHECKING:
+    from mlgo.train.evaluate import Evaluation
 
 ON_TRAINING_CODE = "measured on the modules it trained on, not on held-out code"
 # Training on the code it will build: every module is searched however slowly it compiles,
@@ -112,7 +116,7 @@ def trainer(problem: Problem) -> str:
     return "bcmax"
 
 
-def search_headroom(state: dict, evaluation) -> float | None:
+def search_headroom(state: dict, evaluation: Evaluation) -> float | None:
     """The change of the whole corpus had every module the BC-Max search tried taken the
     smallest trajectory it found (a ceiling found on the way, not a policy); None for a
     trainer that does not search."""

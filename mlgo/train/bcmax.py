@@ -345,7 +345,7 @@ def train_bcmax(
     start = time.monotonic()
     if cfg.max_seconds and "pass_seconds" not in state.extra:  # until a search measures it
         stats, _ = corpus_stats(corpus, tc.describe(), tc.clang, workers)
-        parallel = getattr(workers, "processes", 1)
+        parallel = getattr(workers, "processes", 1)  # Ray's: 1, until a search is measured
         state.extra["pass_seconds"] = sum(stats[n].get("seconds", 0.0) for n in names) / parallel
     with Progress() as bar:
         job = bar.add_task(
