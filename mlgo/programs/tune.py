@@ -217,14 +217,13 @@ def build_twice(
     tc: Toolchain,
     problem: Problem,
     guard: bool = False,
-) -> tuple[tuple[ProgramBuild, ProgramBuild], dict[str, Path]]:
+) -> tuple[ProgramBuild, ProgramBuild]:
     """RECIPE configured, built and tested from PRISTINE twice, in WORK/plain (clang at
     the problem's level) and WORK/mlgo (mlgo-cc serving POLICY; GUARD: MLGO_GUARD=size).
     A failing build or test raises BuildError naming its log."""
     with policy_service([policy], work / "service") as env:
         pair = variants(tc, env, guard=guard)
-        built = build_pair(recipe, work, tc, pair, True, level_flags(problem.opt_level), pristine)
-    return built, {v.name: work / v.name for v in pair}
+        return build_pair(recipe, work, tc, pair, True, level_flags(problem.opt_level), pristine)
 
 
 class Stages:
@@ -345,7 +344,7 @@ def tune(
     work = out / "programs"
     if not stages.done("build"):
         say(f"building {recipe.name} twice (clang {problem.opt_level}, and mlgo-cc), with tests")
-        built, _ = build_twice(recipe, pristine, policy, work, tc, problem, opts.guard)
+        built = build_twice(recipe, pristine, policy, work, tc, problem, opts.guard)
         atomic_write_text(work / "builds.json", json.dumps([b.to_json() for b in built]))
         stages.finish("build")
     if stages.done("report"):
