@@ -113,8 +113,8 @@ class _Search:
         self.compiles = self.failed = 0
         self.best: Trajectory | None = None
         self.rng = np.random.default_rng(task.seed)
-        self.tried_from: Trajectory | None = None  # the incumbent the flips in `tried` were of
-        self.tried: set[int] = set()
+        self.queued_for: Trajectory | None = None  # the incumbent whose flips `queue` holds
+        self.queue: list[int] = []  # its single flips not measured yet, in order
 
     @property
     def spent(self) -> bool:
@@ -163,12 +163,10 @@ class _Search:
     def untried_flips(self, inc: Trajectory) -> list[int]:
         """The next single flips of the incumbent INC not measured yet: `singles` of them
         (0: all)."""
-        if self.tried_from is not inc:
-            self.tried_from, self.tried = inc, set()
-        k = self.task.cfg.singles
-        fresh = [i for i in self.least_sure_first(inc) if i not in self.tried]
-        picked = fresh[:k] if k else fresh
-        self.tried.update(picked)
+        if self.queued_for is not inc:
+            self.queued_for, self.queue = inc, self.least_sure_first(inc)
+        k = self.task.cfg.singles or len(self.queue)
+        picked, self.queue = self.queue[:k], self.queue[k:]
         return picked
 
     def round(self, r: int) -> bool:
