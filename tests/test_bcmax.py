@@ -149,6 +149,7 @@ def test_bcmax_trains_resumes_and_keeps_the_best(mini_corpus, tc, tmp_path, ship
     assert state.extra["best_reward"] == max(rewards)
     card = model_card(MLPPolicy.load(out.policy_dir), out.root)  # retrains it as it was run
     assert "mlgo train --algo bcmax --init " in card and " --search-budget 6" in card
+    assert " --clone-epochs 2 --clone-lr 0.001" in card
 
 
 def test_killed_bcmax_resumes_from_its_search(mini_corpus, tmp_path):
@@ -156,6 +157,7 @@ def test_killed_bcmax_resumes_from_its_search(mini_corpus, tmp_path):
     init = str(shipped_policy("inlining-size"))
     args = ["train", "--algo", "bcmax", "--corpus", str(mini_corpus.root), "--out", str(out)]
     args += ["--init", init, "--steps", "1", "--search-budget", "4", "--max-module-seconds", "60"]
+    args += ["--minutes", "30", "--clone-epochs", "3", "--clone-lr", "0.002"]
     proc = subprocess.Popen([*MLGO, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     state = out / "state.json"
@@ -172,6 +174,10 @@ def test_killed_bcmax_resumes_from_its_search(mini_corpus, tmp_path):
     assert r.returncode == 0, r.stderr
     done = json.loads(state.read_text())
     assert done["step"] == 1 and done["extra"]["searched"] == 1
+    config = done["extra"]["config"]  # each option reached its own setting
+    assert (config["steps"], config["search_budget"], config["max_module_seconds"]) == (1, 4, 60)
+    assert (config["max_seconds"], config["epochs"], config["lr"]) == (1800, 3, 0.002)
+    assert len(json.loads((out / "clone-1" / "state.json").read_text())["history"]) == 3
     # the search was not repeated: only the final pool evaluation was added
     assert done["compiles"] == killed["compiles"] + done["extra"]["pool"]
     assert "training corpus text_size" in r.stdout and not list(out.rglob("*.tmp"))

@@ -91,6 +91,12 @@ def train(
     search_budget: Annotated[
         int, typer.Option(help="bcmax: compiles per module per iteration's search", min=2)
     ] = 24,
+    clone_epochs: Annotated[
+        int, typer.Option(help="bcmax: behavioral cloning epochs per iteration", min=1)
+    ] = 10,
+    clone_lr: Annotated[
+        float, typer.Option(help="bcmax: behavioral cloning step size", callback=positive)
+    ] = 1e-3,
     minutes: Annotated[
         float,
         typer.Option(
@@ -108,8 +114,12 @@ def train(
     spec = get_problem(problem)
     tc = find_toolchain(clang)
     chosen = selected(corpus, packages, spec)  # every input is checked before OUT is made
-    opts = TrainOptions(steps, init, derived, sigma, directions, lr, regression_penalty, batch,
-                        max_module_seconds, search_budget, 60 * minutes)  # fmt: skip
+    opts = TrainOptions(
+        steps=steps, init=init, derived=derived, sigma=sigma, directions=directions, lr=lr,
+        regression_penalty=regression_penalty, batch=batch, search_budget=search_budget,
+        max_module_seconds=max_module_seconds, clone_epochs=clone_epochs, clone_lr=clone_lr,
+        max_seconds=60 * minutes,
+    )  # fmt: skip
     with closing(make_workers(workers)) as pool:
         result = run(algo, chosen, spec, out, tc, pool, opts)
     if result.left_out:

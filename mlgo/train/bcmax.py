@@ -327,6 +327,7 @@ def train_bcmax(
             raise ValueError(f"{run.root}: its training pool differs from this corpus's")
         theta, best = arrays["theta"], arrays["best"]
         trajectories = _Best(names, arrays)
+        state.extra["config"] = asdict(cfg)  # the rest of the run follows this invocation's
     else:
         init.save(run.policy_dir)
 

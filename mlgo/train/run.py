@@ -18,9 +18,10 @@ from mlgo.train.evaluate import Evaluation, evaluate
 ALGOS = ("bc", "es", "ppo", "bcmax")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainOptions:
-    """What a user may set; each trainer reads the fields it knows."""
+    """What a user may set; each trainer reads the fields it knows. Keyword-only: a field
+    added in the middle cannot shift the others' values."""
 
     steps: int = 0  # epochs (bc), steps (es, ppo) or iterations (bcmax); 0: the default
     init: Path | None = None  # run or policy to start from (es, ppo, bcmax)
