@@ -84,7 +84,7 @@ def demo(
     corpus_build([package], out=out / "corpus", work=out / "build", opt_level="-Oz", clang=clang)
     collect("inlining-size", out / "corpus", out=out / "traces", clang=clang)
     corpus_stats(out / "corpus", clang=clang)
-    opts = DemoOptions(minutes, train_steps, bench_rounds)
+    opts = DemoOptions(minutes=minutes, train_steps=train_steps, bench_rounds=bench_rounds)
     report = run_demo(recipe, out / "corpus", DEFAULT_POLICIES[0], out, tc, opts, console.print)
     console.print(report_table(report))
     console.print(training_line(report["training"]))
@@ -122,7 +122,9 @@ def tune(
     from mlgo.programs.tune import tune as run_tune
 
     recipe = project(source.resolve().name, configure or [], build, test or [], bench)
-    opts = TuneOptions(problem, policy, minutes, guard=guard, bench_rounds=bench_rounds)
+    opts = TuneOptions(
+        problem=problem, policy=policy, minutes=minutes, guard=guard, bench_rounds=bench_rounds
+    )
     report = run_tune(source, recipe, out, find_toolchain(clang), opts, console.print)
     console.print(report_table(report))
     console.print(training_line(report["training"]))

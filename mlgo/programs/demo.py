@@ -22,7 +22,7 @@ from mlgo.programs.tune import UNTIL_BUDGET, choose_policy, export
 PROBLEM = "inlining-size"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DemoOptions:
     minutes: float = 2.0  # of training from the shipped policy; 0: the shipped policy as is
     train_steps: int = 0  # stop after this many iterations as well (0: only the minutes)

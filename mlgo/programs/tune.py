@@ -75,7 +75,7 @@ STAGES: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TuneOptions:
     problem: str = "inlining-size"
     policy: Path | None = None  # the start policy; None: the shipped one for the problem
