@@ -124,7 +124,7 @@ def test_the_search_improves_on_a_poor_policy_within_its_budget(
 
 def test_bcmax_trains_resumes_and_keeps_the_best(mini_corpus, tc, tmp_path, shipped, default_sizes):
     out = RunDir(tmp_path / "bcmax", "bcmax")
-    cfg = BCMaxConfig(steps=1, search_budget=6, epochs=2, max_module_seconds=60)
+    cfg = BCMaxConfig(steps=1, search_budget=6, clone_epochs=2, max_module_seconds=60)
     train_bcmax(mini_corpus, shipped, out, tc, LocalPool(2), cfg)
     state, arrays = out.load_state()
     assert state.step == 1 and state.extra["searched"] == 1 and state.extra["evaluated"] == 1
@@ -176,7 +176,7 @@ def test_killed_bcmax_resumes_from_its_search(mini_corpus, tmp_path):
     assert done["step"] == 1 and done["extra"]["searched"] == 1
     config = done["extra"]["config"]  # each option reached its own setting
     assert (config["steps"], config["search_budget"], config["max_module_seconds"]) == (1, 4, 60)
-    assert (config["max_seconds"], config["epochs"], config["lr"]) == (1800, 3, 0.002)
+    assert (config["max_seconds"], config["clone_epochs"], config["clone_lr"]) == (1800, 3, 0.002)
     assert len(json.loads((out / "clone-1" / "state.json").read_text())["history"]) == 3
     # the search was not repeated: only the final pool evaluation was added
     assert done["compiles"] == killed["compiles"] + done["extra"]["pool"]

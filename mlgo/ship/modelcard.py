@@ -38,18 +38,14 @@ def _reproduce(
     packages = " ".join(sorted(train.per_package())) if train else "PACKAGES"
     algo, steps = state.get("algo", "bc"), state.get("step", 0)
     config = state.get("extra", {}).get("config", {})
-    # the `mlgo train` options of each algorithm's config: 'option', or 'option:key' where
-    # the option's config key is another
     options = {
         "es": ("sigma", "lr", "batch", "directions", "regression_penalty", "max_module_seconds"),
         "ppo": ("batch", "max_module_seconds"),
-        "bcmax": ("search_budget", "max_module_seconds", "clone_epochs:epochs", "clone_lr:lr"),
+        "bcmax": ("search_budget", "max_module_seconds", "clone_epochs", "clone_lr"),
     }
-    flags = ""
-    for option in options.get(algo, ()):
-        flag, _, key = option.partition(":")
-        if config.get(key or flag):
-            flags += f" --{flag.replace('_', '-')} {config[key or flag]}"
+    flags = "".join(
+        f" --{k.replace('_', '-')} {config[k]}" for k in options.get(algo, ()) if config.get(k)
+    )
     problem_flag = f" --problem {policy.problem.name}"
     profile_flag = " --profile" if train and _profiled(train.corpus) else ""
     lines = [

@@ -222,8 +222,8 @@ class BCMaxConfig:
     steps: int = 3  # iterations: search every pool module, then clone
     search_budget: int = 24  # compiles per module per iteration
     temperature: float = 1.0  # of the trajectories sampled from the policy
-    epochs: int = 10  # of behavioral cloning per iteration
-    lr: float = 1e-3  # of behavioral cloning
+    clone_epochs: int = 10  # of behavioral cloning per iteration
+    clone_lr: float = 1e-3  # of behavioral cloning
     max_module_seconds: float = 2.0  # modules slower than this are not searched
     seed: int = 0
     init: str = ""  # the --init run or policy, as given: its model card's starting point
@@ -397,7 +397,13 @@ def train_bcmax(
             data = trajectories.decisions(tuple(init.normalizer.features))
             clone_run = RunDir(run.root / f"clone-{state.step + 1}", "bc")
             clone, acc = train_bc(
-                data, problem, clone_run, cfg.epochs, cfg.lr, seed=cfg.seed, init=current
+                data,
+                problem,
+                clone_run,
+                cfg.clone_epochs,
+                cfg.clone_lr,
+                seed=cfg.seed,
+                init=current,
             )
             theta = clone.flat()
             metrics = {

@@ -131,8 +131,8 @@ def _search(
         cfg = BCMaxConfig(
             steps=opts.steps or BCMaxConfig.steps,
             search_budget=opts.search_budget,
-            epochs=opts.clone_epochs,
-            lr=opts.clone_lr,
+            clone_epochs=opts.clone_epochs,
+            clone_lr=opts.clone_lr,
             max_module_seconds=opts.max_module_seconds,
             init=str(opts.init),
             max_seconds=opts.max_seconds,
