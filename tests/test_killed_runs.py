@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from mlgo.llvm import channel
 from tests.cli_helpers import mlgo
 
 HOLD_CHANNEL = (
@@ -46,3 +49,24 @@ def test_a_killed_runs_fifos_are_removed_by_the_next_run(mini_corpus, tmp_path):
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_run_directory_a_sibling_swept_first_is_skipped(tmp_path, monkeypatch):
+    """Parallel workers start together and sweep the same dead run: the loser of that race
+    finds its lock gone between listing and opening it, and must carry on."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(channel, "_run_dirs", {})
+    root = tmp_path / f"mlgo-{os.getuid()}"
+    root.mkdir(mode=0o700)
+    (root / "run-dead").mkdir()
+    (root / "run-dead" / "lock").touch()
+    listed = Path.glob
+
+    def sibling_sweeps_between(self: Path, pattern: str):
+        for found in list(listed(self, pattern)):
+            shutil.rmtree(found.parent)
+            yield found
+
+    monkeypatch.setattr(Path, "glob", sibling_sweeps_between)
+    mine = channel.run_dir()
+    assert [p.name for p in root.iterdir()] == [mine.name]

@@ -80,12 +80,14 @@ def run_dir() -> Path:
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
             raise ChannelError(f"{root}: not a private directory of this user; remove it")
         for lock in root.glob("run-*/lock"):
-            with open(lock) as f:
-                try:
+            try:
+                with open(lock) as f:
                     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # its process is alive
-                shutil.rmtree(lock.parent, ignore_errors=True)
+                    shutil.rmtree(lock.parent, ignore_errors=True)
+            except BlockingIOError:
+                continue  # its process is alive
+            except FileNotFoundError:
+                continue  # a sibling process swept it first
         mine = Path(tempfile.mkdtemp(prefix="run-", dir=root))
         # locked before it is named `lock`: a sweeper never sees it unlocked
         fd, tmp = tempfile.mkstemp(dir=mine)
