@@ -70,6 +70,30 @@ def test_an_answerer_flips_the_indices_it_names_and_samples_reproducibly(shipped
 
 
 @pytest.mark.unit
+def test_a_group_move_answers_every_call_site_of_one_callee_alike():
+    from mlgo.llvm.log_format import Observation
+
+    callee = {"callee_conditionally_executed_blocks": 2, "is_callee_avail_external": 0}
+    obs = [  # call sites 0, 2 and 4 call one callee, 1 and 3 another
+        Observation(
+            "f",
+            i,
+            {"inlining_default": np.array([i % 3 == 0])}
+            | {f: np.array([v]) for f, v in callee.items()}
+            | {"callee_basic_block_count": np.array([5 if i % 2 == 0 else 9])},
+        )
+        for i in range(5)
+    ]
+    default = Answerer(PROBLEM)
+    assert [default(o) for o in obs] == [1, 0, 0, 1, 0]
+    inline_all = default.moved([((5, 2, 0), 1)])
+    assert [inline_all(o) for o in obs] == [1, 0, 1, 1, 1]
+    assert [inline_all.moved([3])(o) for o in obs] == [1, 0, 1, 0, 1]  # then flips
+    none = inline_all.moved([((5, 2, 0), 0)])  # a group has one answer: the last moved
+    assert len(none.groups) == 1 and [none(o) for o in obs] == [0, 0, 0, 1, 0]
+
+
+@pytest.mark.unit
 def test_a_time_budget_shrinks_each_search_to_a_share_of_the_time_left():
     from mlgo.train.bcmax import MIN_BUDGET, iteration_budget
 
@@ -98,6 +122,20 @@ def test_each_round_flips_decisions_not_tried_yet_least_sure_first(shipped, mini
     # another seed (another BC-Max iteration) reaches the others in another order
     other = _Search(replace(task, seed=1))
     assert other.untried_flips(traj) == batches[0] and other.untried_flips(traj) != batches[1]
+
+
+def test_each_round_moves_groups_not_tried_yet_largest_first(shipped, mini_corpus):
+    from mlgo.train.bcmax import Trajectory, _Search
+
+    groups = [(1,), (2,), (1,), (3,), (2,), (1,), (4,)]
+    actions = np.array([0, 1, 1, 0, 1, 0, 1])
+    traj = Trajectory(0.0, actions, np.zeros((7, 1)), Answerer(PROBLEM), groups)
+    task = SearchTask(PROBLEM, mini_corpus.modules[0], "clang", None, SearchConfig(groups=2))
+    search = _Search(task)
+    # (1,) is mixed: both answers; (2,) all inlined: only "none"; (3,), (4,) alone: no move
+    assert search.untried_groups(traj) == [((1,), 1), ((1,), 0)]
+    assert search.untried_groups(traj) == [((2,), 0)]
+    assert search.untried_groups(traj) == []
 
 
 def test_the_search_improves_on_a_poor_policy_within_its_budget(

@@ -6,13 +6,13 @@ looking at that module's own size? A reference for what any inlining policy can 
       --json data/bench/headroom.json
 
 The search is BC-Max's (mlgo/train/bcmax.py), here around the default heuristic alone:
-each round compiles every single flip of "the k-th decision the compiler asks" (every other
-answer is the default's) from the best trajectory so far, then all the helpful flips at
-once, or else adds them one at a time best first, each kept only if a real compile of the
-whole set confirms it. Every size reported was measured. A search that sees the module's
-size is not a policy (a policy sees only features, and must work on modules it never saw),
-so what it finds is a ceiling for what a policy can be expected to reach, though not a
-proof that nothing better exists.
+each round compiles, from the best trajectory so far, every move of a callee's call sites to
+one answer, and every single flip of "the k-th decision the compiler asks" (every other
+answer is the default's), then all the helpful moves at once, or else adds them one at a
+time best first, each kept only if a real compile of the whole set confirms it. Every size
+reported was measured. A search that sees the module's size is not a policy (a policy sees
+only features, and must work on modules it never saw), so what it finds is a ceiling for
+what a policy can be expected to reach, though not a proof that nothing better exists.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def main() -> None:
     workers = LocalPool(args.workers)
     base, _ = baseline(corpus, tc, workers, PROBLEM)
     cfg = SearchConfig(
-        budget=args.budget, singles=0, max_confirm=args.max_confirm, rounds=args.passes
+        budget=args.budget, singles=0, groups=0, max_confirm=args.max_confirm, rounds=args.passes
     )
     tasks = [SearchTask(PROBLEM, m, tc.clang, None, cfg) for m in corpus.modules if m.name in base]
     searched: dict[str, SearchResult] = {}
@@ -85,13 +85,13 @@ def main() -> None:
         default = base[m.name]["text_size"]
         row["default"] += default
         row["search"] += searched[m.name].best.cost if m.name in searched else default
-        row["flips"] += len(searched[m.name].best.answerer.flips) if m.name in searched else 0
+        row["flips"] += moves_kept(searched[m.name]) if m.name in searched else 0
         row["policy"] += policy_size.get(m.name, default)
     total = {
         k: sum(r[k] for r in packages.values()) for k in ("default", "search", "policy", "flips")
     }
     table = Table(title="inlining headroom at -Oz: object .text against the default heuristic")
-    for col in ("package", "default bytes", "search", "flips kept", "policy"):
+    for col in ("package", "default bytes", "search", "moves kept", "policy"):
         table.add_column(col, justify="left" if col == "package" else "right")
     for name, row in [*packages.items(), ("total", total)]:
         table.add_row(
@@ -116,12 +116,17 @@ def main() -> None:
                     "default": base[name]["text_size"],
                     "search": r.best.cost,
                     "flips": sorted(r.best.answerer.flips),
+                    "groups": sorted(r.best.answerer.groups),
                     "decisions": len(r.best.actions),
                 }
                 for name, r in searched.items()
             },
         }
         atomic_write_text(args.json, json.dumps(report, indent=1))
+
+
+def moves_kept(r: SearchResult) -> int:
+    return len(r.best.answerer.flips) + len(r.best.answerer.groups)
 
 
 if __name__ == "__main__":

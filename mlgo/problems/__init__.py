@@ -63,6 +63,9 @@ class Problem:
     # same name, from the plain compile at the corpus's level: then a baseline reads it
     # from there instead of compiling the corpus again.
     reward_in_stats: bool = False
+    # The features that tell which decisions a search should also move together (inlining:
+    # the callee's, as LLVM sends no names): decisions equal in all of them form a group.
+    group_features: tuple[str, ...] = ()
 
     @property
     def default_is_observed(self) -> bool:
@@ -71,6 +74,10 @@ class Problem:
     def flags_for_serving(self, base: str, default: bool = False) -> list[str]:
         """The serving flags; the channel's (which send the default) if DEFAULT."""
         return (self.channel_flags if default else self.serving_flags or self.channel_flags)(base)
+
+    def group_of(self, obs: Observation) -> tuple[int, ...]:
+        """The decision's group: its values of `group_features` (() where none are set)."""
+        return tuple(int(obs.features[f].reshape(-1)[0]) for f in self.group_features)
 
     @property
     def slots(self) -> int:

@@ -92,6 +92,13 @@ PROBLEM = Problem(
     measure=text_metrics,
     reward_metric="text_size",
     reward_in_stats=True,
+    # One callee's call sites: inlining all of them can delete it, which no single flip
+    # shows. The caller's inlining leaves these unchanged (the callee is done first).
+    group_features=(
+        "callee_basic_block_count",
+        "callee_conditionally_executed_blocks",
+        "is_callee_avail_external",
+    ),
     plugin=True,
     # The default heuristic inlines when the cost is under the threshold; with this the
     # network starts from the default and learns where to depart from it.

@@ -9,13 +9,16 @@ policy's greedy trajectory (and from the default heuristic's, the first time a m
 searched: the best kept is never worse than either), and each round, from the best
 trajectory so far:
 
+- sets every decision of a group (for inlining, every call site of one callee) to the
+  same answer, largest groups first: inlining all of a function's call sites can delete
+  it, which no single flip shows;
 - flips single decisions not yet tried from the best trajectory so far: those the
   policy is least sure of first (the smallest gap between its two logits), then the
   others in a seeded random order, so that later rounds and iterations reach other
   decisions (with no policy, every decision in order);
 - samples whole trajectories from the policy at a temperature;
-- flips all the helpful single flips at once and, when that is not better than the best
-  of them, adds them to it one at a time, best first, each kept only if a compile of the
+- makes all the helpful moves at once and, when that is not better than the best of
+  them, adds them to it one at a time, best first, each kept only if a compile of the
   whole set confirms it.
 
 Every cost is measured by a real compile, and every compile counts against the budget.
@@ -25,7 +28,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+from typing import TypeAlias
 
 import numpy as np
 from rich.progress import Progress
@@ -43,17 +47,23 @@ from mlgo.train import RunDir, RunState, bar_total, stops_after
 from mlgo.train.bc import train_bc
 from mlgo.train.es import Scorer, training_pool
 
+Group = tuple[int, ...]  # a decision's values of its problem's group_features
+GroupMove = tuple[Group, int]  # every decision of the group given this answer
+Move: TypeAlias = int | GroupMove  # an int: flip the decision at that index
+
 
 @dataclass(frozen=True)
 class Answerer:
     """A reproducible trajectory: a base's answers (the compiler's default, or a policy's,
-    greedy or sampled at its temperature from `seed`), flipped at decision indices. On
-    the same module it asks the same questions and gets the same object every time."""
+    greedy or sampled at its temperature from `seed`), set per group, then flipped at
+    decision indices. On the same module it asks the same questions and gets the same
+    object every time."""
 
     problem: Problem
     policy: MLPPolicy | None = None
     seed: tuple[int, ...] = ()
     flips: frozenset[int] = frozenset()
+    groups: frozenset[GroupMove] = frozenset()  # at most one answer per group
 
     def __call__(self, obs: Observation) -> int:
         if self.policy is None:
@@ -63,10 +73,22 @@ class Answerer:
             # one stream per decision: a flip upstream does not reshuffle the draws
             rng = np.random.default_rng((*self.seed, obs.index))
             answer = self.policy.pick(scores, rng if self.policy.temperature > 0 else None)
+        if self.groups:
+            answer = dict(self.groups).get(self.problem.group_of(obs), answer)
         return 1 - answer if obs.index in self.flips else answer
 
     def flipped(self, indices: Iterable[int]) -> Answerer:
         return replace(self, flips=self.flips ^ frozenset(indices))
+
+    def moved(self, moves: Iterable[Move]) -> Answerer:
+        flips: list[int] = []
+        groups = dict(self.groups)
+        for m in moves:
+            if isinstance(m, int):
+                flips.append(m)
+            else:
+                groups[m[0]] = m[1]
+        return replace(self.flipped(flips), groups=frozenset(groups.items()))
 
 
 @dataclass
@@ -75,12 +97,14 @@ class Trajectory:
     actions: np.ndarray  # [decisions] the answers given
     x: np.ndarray  # [decisions, features] the features of each decision, raw
     answerer: Answerer  # how to compile it again
+    groups: list[Group] = field(default_factory=list)  # of each decision
 
 
 @dataclass(frozen=True)
 class SearchConfig:
     budget: int = 24  # compiles per module, the starting ones included (0: no limit)
     singles: int = 8  # single flips per round, least sure first (0: every decision)
+    groups: int = 8  # group moves per round, largest groups first (0: every group)
     samples: int = 2  # trajectories sampled from the policy per round
     temperature: float = 1.0
     max_confirm: int = 8  # helpful single flips combined per round
@@ -115,6 +139,7 @@ class _Search:
         self.rng = np.random.default_rng(task.seed)
         self.queued_for: Trajectory | None = None  # the incumbent whose flips `queue` holds
         self.queue: list[int] = []  # its single flips not measured yet, in order
+        self.tried_groups: set[GroupMove] = set()  # from any incumbent
 
     @property
     def spent(self) -> bool:
@@ -125,9 +150,8 @@ class _Search:
         self.compiles += 1
         t = self.task
         run = compile_module(t.problem, t.module, t.clang, answerer)
-        traj = Trajectory(
-            run.metrics[t.problem.reward_metric], run.advice, self._rows(run), answerer
-        )
+        cost = run.metrics[t.problem.reward_metric]
+        traj = Trajectory(cost, run.advice, self._rows(run), answerer, self._groups(run))
         if self.best is None or traj.cost < self.best.cost:
             self.best = traj
         return traj
@@ -148,6 +172,32 @@ class _Search:
         if n == 0:
             return np.zeros((0, len(self.names)))
         return np.stack([run.features[f].reshape(n, -1)[:, 0] for f in self.names], 1)
+
+    def _groups(self, run: ModuleRun) -> list[Group]:
+        n, names = run.num_decisions, self.task.problem.group_features
+        if not names:
+            return []
+        columns = [run.features[f].reshape(n, -1)[:, 0] for f in names]
+        return [tuple(int(v) for v in row) for row in zip(*columns, strict=True)]
+
+    def untried_groups(self, inc: Trajectory) -> list[GroupMove]:
+        """The next group moves of the incumbent INC: groups of two decisions or more not all
+        answered alike, to one answer, largest first; `groups` of them (0: all)."""
+        sizes: dict[Group, int] = {}
+        answers: dict[Group, set[int]] = {}
+        for g, a in zip(inc.groups, inc.actions, strict=True):
+            sizes[g] = sizes.get(g, 0) + 1
+            answers.setdefault(g, set()).add(int(a))
+        moves = [
+            (g, answer)
+            for g in sorted(sizes, key=lambda g: -sizes[g])
+            if sizes[g] > 1
+            for answer in (1, 0)
+            if answers[g] != {answer} and (g, answer) not in self.tried_groups
+        ]
+        k = self.task.cfg.groups or len(moves)
+        self.tried_groups.update(moves[:k])
+        return moves[:k]
 
     def least_sure_first(self, traj: Trajectory) -> list[int]:
         """The decisions of TRAJ to flip, in order: the policy's `singles` least sure first,
@@ -173,27 +223,32 @@ class _Search:
         """One round from the best trajectory so far; False if it had nothing left to try."""
         cfg, inc = self.task.cfg, self.best
         assert inc is not None
-        flips = self.untried_flips(inc)
-        if not flips:
+        moves: list[Move] = [*self.untried_groups(inc), *self.untried_flips(inc)]
+        if not moves:
             return False
-        singles: dict[int, Trajectory] = {}
-        for i in flips:
-            t = self.measure(inc.answerer.flipped({i}))
+        better: dict[Move, Trajectory] = {}
+        for m in moves:
+            t = self.measure(inc.answerer.moved([m]))
             if t is not None and t.cost < inc.cost:
-                singles[i] = t
+                better[m] = t
         if self.task.policy is not None:
             sampler = replace(self.task.policy, temperature=cfg.temperature)
             for k in range(cfg.samples):
                 self.measure(Answerer(self.task.problem, sampler, (self.task.seed, r, k)))
-        helpful = sorted(singles, key=lambda i: singles[i].cost)[: cfg.max_confirm]
+        helpful: list[Move] = []
+        for m in sorted(better, key=lambda m: better[m].cost):
+            # one answer per group: the better of its two moves
+            if isinstance(m, int) or all(h[0] != m[0] for h in helpful if isinstance(h, tuple)):
+                helpful.append(m)
+        helpful = helpful[: cfg.max_confirm]
         if len(helpful) < 2:
             return True
-        current = singles[helpful[0]]
-        together = self.measure(inc.answerer.flipped(helpful))
+        current = better[helpful[0]]
+        together = self.measure(inc.answerer.moved(helpful))
         if together is not None and together.cost < current.cost:
             return True
-        for i in helpful[1:]:
-            t = self.measure(current.answerer.flipped({i}))
+        for m in helpful[1:]:
+            t = self.measure(current.answerer.moved([m]))
             if t is not None and t.cost < current.cost:
                 current = t
         return True
