@@ -136,6 +136,8 @@ def test_each_round_moves_groups_not_tried_yet_largest_first(shipped, mini_corpu
     assert search.untried_groups(traj) == [((1,), 1), ((1,), 0)]
     assert search.untried_groups(traj) == [((2,), 0)]
     assert search.untried_groups(traj) == []
+    alone = replace(task, cfg=SearchConfig(move_groups=False))
+    assert _Search(alone).untried_groups(traj) == []  # single flips alone
 
 
 def test_the_search_improves_on_a_poor_policy_within_its_budget(

@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2, help="search rounds per module")
     ap.add_argument("--max-confirm", type=int, default=30, help="flips combined per round")
     ap.add_argument("--budget", type=int, default=0, help="compiles per module (0: no limit)")
+    ap.add_argument("--no-groups", action="store_true", help="single flips alone")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -60,7 +61,12 @@ def main() -> None:
     workers = LocalPool(args.workers)
     base, _ = baseline(corpus, tc, workers, PROBLEM)
     cfg = SearchConfig(
-        budget=args.budget, singles=0, groups=0, max_confirm=args.max_confirm, rounds=args.passes
+        budget=args.budget,
+        singles=0,
+        groups=0,
+        move_groups=not args.no_groups,
+        max_confirm=args.max_confirm,
+        rounds=args.passes,
     )
     tasks = [SearchTask(PROBLEM, m, tc.clang, None, cfg) for m in corpus.modules if m.name in base]
     searched: dict[str, SearchResult] = {}
@@ -108,6 +114,7 @@ def main() -> None:
         report = {
             "corpus": str(args.corpus),
             "passes": args.passes,
+            "groups": not args.no_groups,
             "packages": packages,
             "total": total,
             "compiles": compiles,

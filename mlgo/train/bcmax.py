@@ -105,6 +105,7 @@ class SearchConfig:
     budget: int = 24  # compiles per module, the starting ones included (0: no limit)
     singles: int = 8  # single flips per round, least sure first (0: every decision)
     groups: int = 8  # group moves per round, largest groups first (0: every group)
+    move_groups: bool = True  # False: single flips alone, as before group moves existed
     samples: int = 2  # trajectories sampled from the policy per round
     temperature: float = 1.0
     max_confirm: int = 8  # helpful single flips combined per round
@@ -183,6 +184,8 @@ class _Search:
     def untried_groups(self, inc: Trajectory) -> list[GroupMove]:
         """The next group moves of the incumbent INC: groups of two decisions or more not all
         answered alike, to one answer, largest first; `groups` of them (0: all)."""
+        if not self.task.cfg.move_groups:
+            return []
         sizes: dict[Group, int] = {}
         answers: dict[Group, set[int]] = {}
         for g, a in zip(inc.groups, inc.actions, strict=True):
