@@ -140,6 +140,16 @@ def test_each_round_moves_groups_not_tried_yet_largest_first(shipped, mini_corpu
     assert _Search(alone).untried_groups(traj) == []  # single flips alone
 
 
+def test_a_module_without_call_sites_is_searched_without_error(mini_corpus, tc, tmp_path):
+    (tmp_path / "leaf.c").write_text("int leaf(int x) { return x * 3 + 1; }\n")
+    bitcode = tmp_path / "leaf.bc"
+    cmd = [tc.clang, "-Oz", "-c", "-emit-llvm", "-Xclang", "-disable-llvm-passes"]
+    subprocess.run([*cmd, str(tmp_path / "leaf.c"), "-o", str(bitcode)], check=True)
+    module = replace(mini_corpus.modules[0], name="minipkg/leaf.o", bitcode=bitcode)
+    r = search_module(SearchTask(PROBLEM, module, tc.clang, None, SearchConfig(budget=4)))
+    assert len(r.best.actions) == 0 and r.best.groups == [] and r.compiles == 1
+
+
 def test_the_search_improves_on_a_poor_policy_within_its_budget(
     mini_corpus, tc, shipped, default_sizes
 ):

@@ -176,7 +176,7 @@ class _Search:
 
     def _groups(self, run: ModuleRun) -> list[Group]:
         n, names = run.num_decisions, self.task.problem.group_features
-        if not names:
+        if not names or n == 0:  # a module with no call sites sends no features
             return []
         columns = [run.features[f].reshape(n, -1)[:, 0] for f in names]
         return [tuple(int(v) for v in row) for row in zip(*columns, strict=True)]
