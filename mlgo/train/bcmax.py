@@ -108,7 +108,7 @@ class SearchConfig:
     move_groups: bool = True  # False: single flips alone, as before group moves existed
     samples: int = 2  # trajectories sampled from the policy per round
     temperature: float = 1.0
-    max_confirm: int = 8  # helpful single flips combined per round
+    max_confirm: int = 8  # helpful moves combined per round
     rounds: int = 0  # 0: until the budget is spent or no single flip is left to try
 
 
@@ -168,18 +168,23 @@ class _Search:
             self.failed += 1
             return None
 
-    def _rows(self, run: ModuleRun) -> np.ndarray:
+    @staticmethod
+    def _columns(run: ModuleRun, names: tuple[str, ...]) -> np.ndarray:
+        """[decisions, names] the first value of each named feature; a module with no
+        decisions sends no features."""
         n = run.num_decisions
         if n == 0:
-            return np.zeros((0, len(self.names)))
-        return np.stack([run.features[f].reshape(n, -1)[:, 0] for f in self.names], 1)
+            return np.zeros((0, len(names)))
+        return np.stack([run.features[f].reshape(n, -1)[:, 0] for f in names], 1)
+
+    def _rows(self, run: ModuleRun) -> np.ndarray:
+        return self._columns(run, tuple(self.names))
 
     def _groups(self, run: ModuleRun) -> list[Group]:
-        n, names = run.num_decisions, self.task.problem.group_features
-        if not names or n == 0:  # a module with no call sites sends no features
+        names = self.task.problem.group_features
+        if not names:
             return []
-        columns = [run.features[f].reshape(n, -1)[:, 0] for f in names]
-        return [tuple(int(v) for v in row) for row in zip(*columns, strict=True)]
+        return [tuple(int(v) for v in row) for row in self._columns(run, names)]
 
     def untried_groups(self, inc: Trajectory) -> list[GroupMove]:
         """The next group moves of the incumbent INC: groups of two decisions or more not all
