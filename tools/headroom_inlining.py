@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--packages", help="comma-separated; default: all of the corpus")
     ap.add_argument("--policy", type=Path, help="also evaluate this policy on the same modules")
     ap.add_argument("--passes", type=int, default=2, help="search rounds per module")
-    ap.add_argument("--max-confirm", type=int, default=30, help="flips combined per round")
+    ap.add_argument("--max-confirm", type=int, default=30, help="helpful moves combined per round")
     ap.add_argument("--budget", type=int, default=0, help="compiles per module (0: no limit)")
     ap.add_argument("--no-groups", action="store_true", help="single flips alone")
     ap.add_argument("--workers", type=int, default=2)
@@ -87,14 +87,14 @@ def main() -> None:
 
     packages: dict[str, dict[str, float]] = {}
     for m in corpus.modules:
-        row = packages.setdefault(m.package, {"default": 0, "search": 0, "policy": 0, "flips": 0})
+        row = packages.setdefault(m.package, {"default": 0, "search": 0, "policy": 0, "moves": 0})
         default = base[m.name]["text_size"]
         row["default"] += default
         row["search"] += searched[m.name].best.cost if m.name in searched else default
-        row["flips"] += moves_kept(searched[m.name]) if m.name in searched else 0
+        row["moves"] += moves_kept(searched[m.name]) if m.name in searched else 0
         row["policy"] += policy_size.get(m.name, default)
     total = {
-        k: sum(r[k] for r in packages.values()) for k in ("default", "search", "policy", "flips")
+        k: sum(r[k] for r in packages.values()) for k in ("default", "search", "policy", "moves")
     }
     table = Table(title="inlining headroom at -Oz: object .text against the default heuristic")
     for col in ("package", "default bytes", "search", "moves kept", "policy"):
@@ -104,7 +104,7 @@ def main() -> None:
             name,
             f"{row['default']:,.0f}",
             f"{100 * (row['search'] / row['default'] - 1):+.2f}%",
-            f"{row['flips']:,.0f}",
+            f"{row['moves']:,.0f}",
             f"{100 * (row['policy'] / row['default'] - 1):+.2f}%" if args.policy else "",
         )
     console.print(table)
