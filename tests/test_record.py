@@ -87,11 +87,11 @@ def test_meson_builddir_and_its_compilation_database_are_recorded(tc: Toolchain,
         assert a.bitcode.read_bytes() == b.bitcode.read_bytes(), a.name
 
 
-def test_autotools_configured_under_record_is_recorded(tc: Toolchain, tmp_path):
+def test_autotools_configured_under_record_is_recorded(tc: Toolchain, tmp_path, monkeypatch):
+    """Into an OUT named relative to here, as a user types it (`--out ../corpus`)."""
     src = project("autotools", tmp_path)
-    result = record(
-        sh("autoreconf -i && ./configure && make"), tmp_path / "corpus", tc, source_dir=src
-    )
+    monkeypatch.chdir(src)
+    result = record(sh("autoreconf -i && ./configure && make"), Path("../corpus"), tc)
     check_corpus(result, {"src": 2})
     run = subprocess.run([src / "wc2", "two words", "three"], capture_output=True, text=True)
     assert run.stdout == "3\n"

@@ -470,7 +470,7 @@ def extract_modules(
             "--input_type",
             "json",
             "--output_dir",
-            str(staged),
+            str(staged.resolve()),  # extract_ir runs in WORK, not where OUT was named
             "--llvm_objcopy_path",
             tc.tool("llvm-objcopy"),
             "--num_workers",
