@@ -123,7 +123,12 @@ def test_two_builds_that_print_different_results_are_refused(tmp_path):
     measured = compare_workload(prints, trees, repeats=2, min_seconds=0.001, callgrind=False)
     assert measured["loops"] >= 1 and len(measured["cpu_delta_paired"]["runs"]) == 2
     assert set(measured["default"]) == {"wall_seconds", "cpu_seconds"}
-    with pytest.raises(BuildError, match="the two builds print different results"):
+    with pytest.raises(BuildError, match="the two builds print different results") as e:
+        compare_workload(Workload("p", (), (("cat", "out.txt"),)), trees, 0, callgrind=False)
+    assert "line 1: 'one 1.5s' against 'two 2.5s'" in str(e.value)
+    assert "\n" not in str(e.value)  # one line
+    (tmp_path / "b" / "out.txt").write_text("one 1.5s\nmore")
+    with pytest.raises(BuildError, match="line 2: '\\(end of output\\)' against 'more'"):
         compare_workload(Workload("p", (), (("cat", "out.txt"),)), trees, 0, callgrind=False)
 
 

@@ -147,6 +147,22 @@ def timed_rounds(
     return times
 
 
+def first_difference(base: str, other: str) -> str:
+    """Where two builds' workload output first differs, and what to do when that is only
+    timings: the builds must print the same for their results to count as right."""
+    a, b = base.splitlines(), other.splitlines()
+    line = next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+    a.append("(end of output)")
+    b.append("(end of output)")
+    return (
+        f"the two builds print different results (line {line + 1}: {a[line][:80]!r} against "
+        f"{b[line][:80]!r}); a benchmark that prints timings should print them to stderr or "
+        "/dev/null, or its result as a checksum"
+    )
+
+
 def compare_workload(
     workload: Workload,
     trees: dict[str, Path],
@@ -168,7 +184,7 @@ def compare_workload(
         ).stdout
         outputs[v] = re.sub(workload.volatile, "", stdout)
     if outputs[base] != outputs[other]:
-        raise BuildError(f"{workload.recipe}: the two builds print different results")
+        raise BuildError(f"{workload.recipe}: {first_difference(outputs[base], outputs[other])}")
     if callgrind:
         out["instructions_delta"] = out[other]["instructions"] / out[base]["instructions"] - 1
     if repeats:
