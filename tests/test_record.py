@@ -223,6 +223,19 @@ def test_the_opt_level_option_takes_only_clangs_levels():
         opt_level("O2")
 
 
+def test_a_failed_build_is_one_line_that_ends_with_its_log(tmp_path):
+    """The build's error line is cut, never the path of the log that holds the rest."""
+    why = "error: " + "x" * 400
+    build = f"echo {why} >&2; exit 1"
+    r = run_mlgo(
+        "corpus", "record", "--out", str(tmp_path / "c"), "--", "sh", "-c", build, timeout=60
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    log = Path(r.stderr.rsplit("log: ", 1)[1].removesuffix(")\n"))
+    assert log.name == "build.log" and why in log.read_text()
+    assert not (tmp_path / "c").exists()
+
+
 def test_the_command_records_a_compilation_database_and_refuses_no_build(tc, tmp_path):
     """`mlgo corpus record` as a user runs it: --from a CMake database; and with neither a
     build command nor --from, one line and exit 2."""

@@ -85,6 +85,6 @@ def main() -> None:
         _fail(e.format_message(), e.exit_code)
     except click.Abort:
         _fail("aborted", 1)
-    except USER_ERRORS as e:
-        _fail(error_line(e), 2)
+    except USER_ERRORS as e:  # our messages end with where to look (a log): keep it
+        _fail(error_line(e, limit=2000), 2)
     sys.exit(code if isinstance(code, int) else 0)
