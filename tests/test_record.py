@@ -97,6 +97,20 @@ def test_autotools_configured_under_record_is_recorded(tc: Toolchain, tmp_path, 
     assert run.stdout == "3\n"
 
 
+def test_a_makefile_that_names_ar_itself_links_against_its_archive(tc: Toolchain, tmp_path):
+    """A build that runs `ar` by name, not $(AR), gets LLVM's: GNU ar indexes the recorded
+    objects through whichever LLVM's bfd plugin is installed, and an older one leaves the
+    archive without symbols (seen on hiredis: undefined references linking its tests)."""
+    src = shutil.copytree(DATA / "minipkg", tmp_path / "wordcount")
+    build = (
+        '"$CC" -c hash.c strbuf.c && ar rcs libwc.a hash.o strbuf.o && ranlib libwc.a '
+        '&& "$CC" -c main.c && "$CC" main.o libwc.a -o wc'
+    )
+    check_corpus(record(sh(build), tmp_path / "corpus", tc, source_dir=src), {"wordcount": 3})
+    run = subprocess.run([src / "wc"], input="a b a", capture_output=True, text=True)
+    assert run.stdout == "words: 3 distinct: 2\n"
+
+
 def test_from_compile_commands_names_what_it_could_not_record(tc: Toolchain, tmp_path):
     """CMake's database (configured with the system compiler, never built) plus an entry
     that does not compile and one that is not C or C++; all under one --package."""

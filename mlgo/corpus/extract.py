@@ -213,6 +213,9 @@ def write_wrapper(path: Path, compiler: str, flags: list[str]) -> Path:
 RECORD_FLAGS = ["-g0", "-Xclang", "-fembed-bitcode=all", "-Qunused-arguments"]
 
 
+BINUTILS = ("ar", "ranlib", "nm")
+
+
 def build_env(
     tc: Toolchain, work: Path, flags: list[str], cc: str | None = None, cxx: str | None = None
 ) -> dict[str, str]:
@@ -222,15 +225,23 @@ def build_env(
     cc_wrapper = write_wrapper(work / "cc", cc, flags)
     cxx_wrapper = write_wrapper(work / "c++", cxx, flags)
     # GNU ar/nm would index these objects through an older LLVM's bfd plugin, which
-    # chokes on the embedded bitcode and leaves archives without symbols: use LLVM's.
+    # chokes on the embedded bitcode and leaves archives without symbols: use LLVM's,
+    # also where a Makefile names `ar` itself instead of $(AR).
+    binutils = work / "binutils"
+    binutils.mkdir(exist_ok=True)
+    for name in BINUTILS:
+        link = binutils / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(tc.tool(f"llvm-{name}"))  # LLVM's tools act by the name they run as
     return dict(
         os.environ,
         CC=str(cc_wrapper),
         CXX=str(cxx_wrapper),
         LC_ALL="C",
-        AR=tc.tool("llvm-ar"),
-        RANLIB=tc.tool("llvm-ranlib"),
-        NM=tc.tool("llvm-nm"),
+        AR=str(binutils / "ar"),
+        RANLIB=str(binutils / "ranlib"),
+        NM=str(binutils / "nm"),
+        PATH=f"{binutils}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
     )
 
 
