@@ -343,7 +343,8 @@ def tune(
     policy = out / "policy"
     work = out / "programs"
     if not stages.done("build"):
-        say(f"building {recipe.name} twice (clang {problem.opt_level}, and mlgo-cc), with tests")
+        tests = ", with tests" if recipe.test else " (no --test: tests not run)"
+        say(f"building {recipe.name} twice (clang {problem.opt_level}, and mlgo-cc){tests}")
         built = build_twice(recipe, pristine, policy, work, tc, problem, opts.guard)
         atomic_write_text(work / "builds.json", json.dumps([b.to_json() for b in built]))
         stages.finish("build")
