@@ -157,6 +157,19 @@ def test_objects_without_bitcode_or_from_outside_are_named(tc: Toolchain, tmp_pa
     assert "main.o: no bitcode (not compiled by the recording CC/CXX" in result.skipped[1]
 
 
+def test_a_makefile_that_sets_cc_itself_is_told_how_to_record(tc: Toolchain, tmp_path):
+    src = shutil.copytree(DATA / "minipkg", tmp_path / "wordcount")
+    objs = "main.o hash.o strbuf.o"
+    (src / "Makefile").write_text(f"CC=gcc\nwc: {objs}\n\t$(CC) -o wc {objs}\n")
+    with pytest.raises(BuildError) as e:
+        record(["make"], tmp_path / "corpus", tc, source_dir=src)
+    assert "nothing to record (3 objects skipped, the first: " in str(e.value)
+    assert "no bitcode" in str(e.value) and "`make -e`" in str(e.value)
+    assert record(["make", "-B", "-e"], tmp_path / "corpus", tc, source_dir=src).packages == {
+        "wordcount": 3
+    }
+
+
 def test_a_failed_or_empty_recording_keeps_the_previous_corpus(tc: Toolchain, tmp_path):
     src = shutil.copytree(DATA / "minipkg", tmp_path / "src")
     out = tmp_path / "corpus"

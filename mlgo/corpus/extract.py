@@ -421,6 +421,9 @@ def _bitcode_digest(obj: Path) -> str | None:
         return None
 
 
+NO_BITCODE = "no bitcode (not compiled by the recording CC/CXX, or not C/C++)"
+
+
 def distinct_modules(named: list[tuple[str, Path]], skipped: list[str]) -> dict[str, Path]:
     """Module name -> object, from (wanted name, object) pairs: one module per distinct
     bitcode (a file compiled twice the same way is kept once, under its shortest name), and
@@ -432,10 +435,7 @@ def distinct_modules(named: list[tuple[str, Path]], skipped: list[str]) -> dict[
     for base, obj in sorted(named, key=lambda n: (n[0].count("/"), n[0], str(n[1]))):
         digest = _bitcode_digest(obj)
         if digest is None:
-            skipped.append(
-                f"{obj}: no bitcode (not compiled by the recording CC/CXX, or not C/C++), "
-                "not recorded"
-            )
+            skipped.append(f"{obj}: {NO_BITCODE}, not recorded")
             continue
         if digest in seen:
             continue

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlgo.corpus.extract import (
+    NO_BITCODE,
     RECORD_FLAGS,
     BuildError,
     build_env,
@@ -209,6 +210,17 @@ def _module_names(
     return distinct_modules(named, skipped)
 
 
+def nothing_recorded(skipped: list[str]) -> str:
+    """Why a recording found no module: the first object it skipped, and the usual cause
+    when no object carries bitcode, a build that does not compile with $CC and $CXX."""
+    if not skipped:
+        return "the build compiled no C or C++ file (an up-to-date build compiles nothing)"
+    why = f"{len(skipped)} objects skipped, the first: {skipped[0]}"
+    if all(NO_BITCODE in s for s in skipped):
+        why += '; a Makefile that sets CC itself needs `make -e` or `make CC="$CC"`'
+    return why
+
+
 def _publish(
     compiles: list[tuple[Path, Path]],
     skipped: list[str],
@@ -223,7 +235,7 @@ def _publish(
     log = work / "build.log"
     names = _module_names(compiles, src, package, skipped)
     if not names:
-        raise BuildError(f"{src}: nothing to record ({len(skipped)} objects skipped; log: {log})")
+        raise BuildError(f"{src}: nothing to record ({nothing_recorded(skipped)}; log: {log})")
     with atomic_directory(out) as staged:
         modules = extract_modules(names, staged, tc, work, log, str(src))
     return Recorded(out, dict(Counter(m.split("/", 1)[0] for m in modules)), skipped)
