@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import struct
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,46 @@ def _text_and_type(path: str | Path) -> tuple[int, str]:
 def text_size(path: str | Path) -> int:
     """Sum of SHF_ALLOC|SHF_EXECINSTR sections (.text and .text.* with -ffunction-sections)."""
     return _text_and_type(path)[0]
+
+
+@dataclass(frozen=True)
+class TextParts:
+    """An object's executable bytes: its own, and those in each COMDAT group by the group's
+    signature (a C++ inline or template function's copy, which the linker keeps once for
+    all the objects that define it)."""
+
+    own: int
+    shared: dict[str, int]
+
+
+GRP_COMDAT = 1
+
+
+def text_parts(path: str | Path) -> TextParts:
+    """PATH's .text split into its own bytes and its COMDAT groups' bytes."""
+    want = SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_EXECINSTR
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            order = "<" if elf.little_endian else ">"
+            group_of: dict[int, str] = {}
+            for s in elf.iter_sections():
+                if s["sh_type"] != "SHT_GROUP":
+                    continue
+                words = struct.unpack(f"{order}{s['sh_size'] // 4}I", s.data())
+                if words and words[0] & GRP_COMDAT:
+                    signature = elf.get_section(s["sh_link"]).get_symbol(s["sh_info"]).name
+                    group_of.update(dict.fromkeys(words[1:], signature))
+            own, shared = 0, defaultdict(int)
+            for i, s in enumerate(elf.iter_sections()):
+                if s["sh_flags"] & want == want:
+                    if i in group_of:
+                        shared[group_of[i]] += s["sh_size"]
+                    else:
+                        own += s["sh_size"]
+            return TextParts(own, dict(shared))
+    except ELFError as e:
+        raise ValueError(f"{path}: not an ELF object ({e})") from e
 
 
 def text_metrics(obj: Path, _workdir: Path) -> dict[str, float]:

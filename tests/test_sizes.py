@@ -1,0 +1,57 @@
+"""The .text of objects split into their own bytes and their COMDAT groups', on real C++
+objects that share an inline function, and the tool that sums them three ways."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from mlgo.llvm.sizes import text_parts, text_size
+
+SHARED = (
+    "struct Acc { __attribute__((noinline)) int add(int x) { return s += x * 3 + (x >> 2); }\n"
+    "  int s = 0; };\n"
+)
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "linked_estimate.py"
+
+
+def build(tc, tree: Path) -> list[Path]:
+    """Two C++ objects under TREE that both define Acc::add (a linkonce_odr function)."""
+    tree.mkdir()
+    objs = []
+    for name, body in (("a", "int fa(int v) { Acc a; return a.add(v); }"),
+                       ("b", "int fb(int v) { Acc b; b.add(1); return b.add(v); }")):  # fmt: skip
+        (tree / f"{name}.cpp").write_text(SHARED + body + "\n")
+        obj = tree / f"{name}.o"
+        subprocess.run([tc.clangxx, "-Oz", "-c", tree / f"{name}.cpp", "-o", obj], check=True)
+        objs.append(obj)
+    return objs
+
+
+def test_an_inline_function_is_counted_in_its_group(tc, tmp_path):
+    a, b = (text_parts(o) for o in build(tc, tmp_path / "t"))
+    assert a.shared.keys() == b.shared.keys() == {"_ZN3Acc3addEi"}
+    assert a.shared == b.shared and a.own > 0 and b.own > 0
+    for obj in (tmp_path / "t").glob("*.o"):
+        parts = text_parts(obj)
+        assert parts.own + sum(parts.shared.values()) == text_size(obj)
+
+
+def test_the_tool_counts_a_shared_function_once(tc, tmp_path):
+    objs = build(tc, tmp_path / "base")
+    shutil.copytree(tmp_path / "base", tmp_path / "same")
+    r = subprocess.run(
+        [sys.executable, TOOL, tmp_path / "same", tmp_path / "base"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    rows = {
+        ln.split("│")[1].strip(): ln.split("│")[2:5] for ln in r.stdout.splitlines() if "%" in ln
+    }
+    parts = [text_parts(o) for o in objs]
+    own, shared = sum(p.own for p in parts), parts[0].shared["_ZN3Acc3addEi"]
+    assert int(rows["objects"][0].replace(",", "")) == own + 2 * shared
+    assert int(rows["linked once"][0].replace(",", "")) == own + shared
+    assert int(rows["1/n"][0].replace(",", "")) == own + shared
+    assert all(r[2].strip() == "+0.00%" for r in rows.values())
