@@ -13,14 +13,20 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
+TEXT_FLAGS = SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_EXECINSTR
+
+
+def _is_text(section: Any) -> bool:
+    """An executable section: .text, and .text.* with -ffunction-sections."""
+    return section["sh_flags"] & TEXT_FLAGS == TEXT_FLAGS
+
 
 def _text_and_type(path: str | Path) -> tuple[int, str]:
     """The .text bytes of an ELF file and its type (ET_REL, ET_EXEC, ET_DYN, ...)."""
-    want = SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_EXECINSTR
     try:
         with open(path, "rb") as f:
             elf = ELFFile(f)
-            text = sum(s["sh_size"] for s in elf.iter_sections() if s["sh_flags"] & want == want)
+            text = sum(s["sh_size"] for s in elf.iter_sections() if _is_text(s))
             return text, elf.header["e_type"]
     except ELFError as e:
         raise ValueError(f"{path}: not an ELF object ({e})") from e
@@ -46,7 +52,6 @@ GRP_COMDAT = 1
 
 def text_parts(path: str | Path) -> TextParts:
     """PATH's .text split into its own bytes and its COMDAT groups' bytes."""
-    want = SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_EXECINSTR
     try:
         with open(path, "rb") as f:
             elf = ELFFile(f)
@@ -61,7 +66,7 @@ def text_parts(path: str | Path) -> TextParts:
                     group_of.update(dict.fromkeys(words[1:], signature))
             own, shared = 0, defaultdict(int)
             for i, s in enumerate(elf.iter_sections()):
-                if s["sh_flags"] & want == want:
+                if _is_text(s):
                     if i in group_of:
                         shared[group_of[i]] += s["sh_size"]
                     else:
