@@ -78,7 +78,7 @@ def tuned(cache, tmp_path_factory: pytest.TempPathFactory):
     os.killpg(proc.pid, signal.SIGKILL)  # the run and its compile workers
     _, stderr = proc.communicate()
     killed = {"stages": stages(out), "step": json.loads(state.read_text())["step"]}
-    assert killed["stages"] == ["snapshot", "record", "collect"], stderr
+    assert killed["stages"] == ["snapshot", "record", "rehearse", "collect"], stderr
     failing = run_mlgo(*cmake_args(src, out, "build/summarize 1 3 | grep -q nope"), timeout=600)
     after_failing = stages(out)
     done = run_mlgo(*args, timeout=600)
@@ -129,7 +129,10 @@ def test_a_killed_tune_resumes_training_where_it_stopped(tuned):
     curve = json.loads((out / "report.json").read_text())["training"]["curve"]
     assert len(curve) >= killed["step"] >= 1
     assert [c["step"] for c in curve] == list(range(1, len(curve) + 1))
-    assert stages(out) == ["snapshot", "record", "collect", "train", "build", "bench", "report"]
+    assert stages(out) == [
+        *["snapshot", "record", "rehearse", "collect"],
+        *["train", "build", "bench", "report"],
+    ]
 
 
 def test_a_failing_test_stops_with_one_line_naming_its_log(tuned):
@@ -138,7 +141,7 @@ def test_a_failing_test_stops_with_one_line_naming_its_log(tuned):
     assert "Traceback" not in failing.stderr
     (line,) = [x for x in failing.stderr.splitlines() if x.startswith("error:")]
     assert "its own tests failed" in line and f"log: {out / 'programs' / 'plain.log'}" in line
-    assert after_failing == ["snapshot", "record", "collect", "train"]
+    assert after_failing == ["snapshot", "record", "rehearse", "collect", "train"]
 
 
 def test_a_rerun_redoes_nothing_and_other_arguments_are_refused(tuned):
@@ -152,6 +155,29 @@ def test_a_rerun_redoes_nothing_and_other_arguments_are_refused(tuned):
     r = run_mlgo(*changed, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "tuned before with minutes 0.05, not 0.5" in r.stderr
+
+
+def test_a_wrong_test_or_a_bench_printing_timings_stops_before_training(cache, tmp_path):
+    src = shutil.copytree(DATA / "minipkg", tmp_path / "wordcount")
+    out = tmp_path / "out"
+    build = 'for f in *.c; do "$CC" -c "$f" || exit 1; done && "$CC" -o wordcount *.o'
+    good_test = "echo 'a b a' | ./wordcount | grep -qx 'words: 3 distinct: 2'"
+
+    def tune(test: str, bench: str) -> subprocess.CompletedProcess:
+        return run_mlgo("tune", "--source", str(src), "--build", build, "--test", test,
+                        "--bench", bench, "--out", str(out), timeout=300)  # fmt: skip
+
+    failing = tune("./wordcount < /dev/null | grep -q nope", "./wordcount < main.c")
+    assert failing.returncode == 2 and "Traceback" not in failing.stderr
+    (line,) = failing.stderr.strip().splitlines()
+    assert "its own tests, on the recorded build before training failed" in line
+    assert f"log: {out / 'rehearsal.log'}" in line
+    timings = tune(good_test, "./wordcount < main.c; date +%N")
+    assert timings.returncode == 2 and "Traceback" not in timings.stderr
+    (line,) = timings.stderr.strip().splitlines()
+    assert "--bench: two runs of the same build print different results (line 2:" in line
+    assert stages(out) == ["snapshot", "record"]  # recorded once, rehearsed twice
+    assert not (out / "train").exists() and (out / "record").is_dir()
 
 
 def test_a_source_that_is_not_a_directory_is_refused(tmp_path):

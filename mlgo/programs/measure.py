@@ -147,8 +147,8 @@ def timed_rounds(
     return times
 
 
-def first_difference(base: str, other: str) -> str:
-    """Where two builds' workload output first differs, and what to do when that is only
+def first_difference(base: str, other: str, runs: str = "the two builds") -> str:
+    """Where two RUNS' workload output first differs, and what to do when that is only
     timings: the builds must print the same for their results to count as right."""
     a, b = base.splitlines(), other.splitlines()
     line = next(
@@ -157,10 +157,19 @@ def first_difference(base: str, other: str) -> str:
     a.append("(end of output)")
     b.append("(end of output)")
     return (
-        f"the two builds print different results (line {line + 1}: {a[line][:80]!r} against "
+        f"{runs} print different results (line {line + 1}: {a[line][:80]!r} against "
         f"{b[line][:80]!r}); a benchmark that prints timings should print them to stderr or "
         "/dev/null, or its result as a checksum"
     )
+
+
+def workload_output(workload: Workload, tree: Path) -> str:
+    """What the workload's first command prints in TREE, less what may differ (timings)."""
+    proc = subprocess.run(workload.commands[0], cwd=tree, capture_output=True, text=True)
+    if proc.returncode != 0:
+        argv = shlex.join(workload.commands[0])
+        raise BuildError(f"{argv} failed in {tree}: {proc.stderr.strip()[-200:]}")
+    return re.sub(workload.volatile, "", proc.stdout)
 
 
 def compare_workload(
@@ -179,10 +188,7 @@ def compare_workload(
     for v, tree in trees.items():
         if callgrind:
             out[v]["instructions"] = instructions(workload, tree)
-        stdout = subprocess.run(
-            workload.commands[0], cwd=tree, capture_output=True, text=True
-        ).stdout
-        outputs[v] = re.sub(workload.volatile, "", stdout)
+        outputs[v] = workload_output(workload, tree)
     if outputs[base] != outputs[other]:
         raise BuildError(f"{workload.recipe}: {first_difference(outputs[base], outputs[other])}")
     if callgrind:
@@ -211,6 +217,23 @@ def recipe_workload(recipe: Recipe) -> Workload:
     )
 
 
+def prepare_workload(recipe: Recipe, tree: Path, what: str) -> None:
+    """The recipe's bench_prepare lines run in TREE, logged beside it."""
+    for cmd in recipe.bench_prepare:
+        run_logged(cmd, tree, tree.parent / f"{tree.name}.log", recipe.test_timeout_s, None, what)
+
+
+def check_repeatable(recipe: Recipe, tree: Path) -> None:
+    """The recipe's workload run twice in one build TREE prints the same both times: else
+    the two builds' outputs could never agree, and only timings can differ."""
+    prepare_workload(recipe, tree, f"{recipe.name}: bench")
+    bench = recipe_workload(recipe)
+    first, second = (workload_output(bench, tree) for _ in range(2))
+    if first != second:
+        runs = "two runs of the same build"
+        raise BuildError(f"{recipe.name}: --bench: {first_difference(first, second, runs)}")
+
+
 def recipe_throughput(
     recipe: Recipe, trees: dict[str, Path], rounds: int, seconds: float = 1.0
 ) -> dict:
@@ -219,9 +242,7 @@ def recipe_throughput(
     positive is slower) and, where valgrind is installed, of callgrind's instruction count."""
     bench = recipe_workload(recipe)
     for name, tree in trees.items():
-        log, what = tree.parent / f"{tree.name}.log", f"{recipe.name} ({name}): bench"
-        for cmd in bench.prepare:
-            run_logged(cmd, tree, log, recipe.test_timeout_s, None, what)
+        prepare_workload(recipe, tree, f"{recipe.name} ({name}): bench")
     callgrind = shutil.which("valgrind") is not None
     m = compare_workload(bench, trees, rounds, seconds, callgrind)
     cpu = m["cpu_delta_paired"]

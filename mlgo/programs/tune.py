@@ -7,6 +7,8 @@ resumes from its checkpoint):
     snapshot  the source copied once to OUT/pristine (OUT left out if it lies inside)
     record    configure and build a scratch copy with the recording compiler, at the
               problem's level: OUT/corpus
+    rehearse  the tests and the workload (twice: its output must repeat) in that copy,
+              so that a wrong --test or --bench stops before training, not after it
     collect   the default heuristic's decisions: OUT/traces
     train     from the start policy until the budget is spent (`trainer`), then the
               cheapest on the corpus of the default, the start and the trained policy
@@ -35,14 +37,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlgo.corpus.extract import BuildError, Recipe
+from mlgo.corpus.extract import BuildError, Recipe, run_logged
 from mlgo.corpus.format import load_corpus
 from mlgo.data import shipped_policy
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem, get_problem
 from mlgo.programs.build import ProgramBuild, level_flags, policy_service
 from mlgo.programs.compare import build_pair, variants
-from mlgo.programs.measure import recipe_throughput
+from mlgo.programs.measure import check_repeatable, recipe_throughput
 from mlgo.programs.report import program_report, write_report
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.workers import make_workers
@@ -67,6 +69,7 @@ UNTIL_BUDGET = 1_000_000  # ES steps when only the time budget stops training
 STAGES: dict[str, tuple[str, ...]] = {
     "snapshot": ("source",),
     "record": ("configure", "build", "problem", "clang"),
+    "rehearse": (),  # a check, not a result: a later --test or --bench may differ
     "collect": (),
     "train": ("policy", "minutes", "train_steps"),
     "build": ("test", "guard"),
@@ -271,17 +274,37 @@ def snapshot(source: Path, out: Path) -> Path:
     return out / "pristine"
 
 
+def scratch_tree(recipe: Recipe, out: Path) -> Path:
+    """Where the recorded build is made, and rehearsed."""
+    return (out / "record" / recipe.name).resolve()
+
+
 def record_corpus(recipe: Recipe, pristine: Path, out: Path, tc: Toolchain, level: str) -> None:
     """The configure and build of a scratch copy of PRISTINE recorded at LEVEL into
-    OUT/corpus (modules named by their path in the source)."""
+    OUT/corpus (modules named by their path in the source); the copy is kept for
+    `rehearse`."""
     from mlgo.corpus.record import record
 
-    scratch = (out / "record" / recipe.name).resolve()
+    scratch = scratch_tree(recipe, out)
     shutil.rmtree(scratch.parent, ignore_errors=True)
     shutil.copytree(pristine, scratch, symlinks=True)
     script = " && ".join([*recipe.configure, *recipe.build])
     record(["sh", "-c", script], out / "corpus", tc, scratch, opt_level=level)
-    shutil.rmtree(scratch.parent)
+
+
+def rehearse(recipe: Recipe, out: Path) -> None:
+    """The project's tests, and its workload twice, in the recorded build: a test that
+    fails there, or a workload whose output changes from run to run (timings), would stop
+    the tune after training; this stops it before. Then the scratch copy goes."""
+    scratch = scratch_tree(recipe, out)
+    if scratch.is_dir():  # a tune recorded before this stage existed has none
+        log = out / "rehearsal.log"
+        for cmd in recipe.test:
+            what = f"{recipe.name}: its own tests, on the recorded build before training"
+            run_logged(cmd, scratch, log, recipe.test_timeout_s, None, what)
+        if recipe.bench:
+            check_repeatable(recipe, scratch)
+    shutil.rmtree(scratch.parent, ignore_errors=True)
 
 
 def tune(
@@ -326,6 +349,11 @@ def tune(
         say(f"recording the corpus of {recipe.name}'s build at {problem.opt_level}")
         record_corpus(recipe, pristine, out, tc, problem.opt_level)
         stages.finish("record")
+    if not stages.done("rehearse"):
+        if recipe.test or recipe.bench:
+            say("running the tests and the workload (twice) on the recorded build")
+        rehearse(recipe, out)
+        stages.finish("rehearse")
     if not stages.done("collect"):
         corpus = load_corpus(out / "corpus").require_opt_level(problem.opt_level)
         with closing(make_workers("local")) as pool:
