@@ -31,6 +31,12 @@ class RunState:
     extra: dict = field(default_factory=dict)
 
 
+def progress(trainer: str, metric: str, best_reward: float) -> str:
+    """A progress line in the sign every report uses: a reward is the metric's relative
+    reduction, so the best so far prints as its change (negative: lower than the default)."""
+    return f"{trainer} (best so far: {metric} {-best_reward:+.2%} against the default)"
+
+
 def stops_after(state: RunState, steps: int, seconds: float, max_seconds: float) -> bool:
     """Whether a run stops after its current step: it reached STEPS, or SECONDS of training
     (summed over resumes) reached its budget MAX_SECONDS (0: none). Checked between steps,

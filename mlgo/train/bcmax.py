@@ -43,7 +43,7 @@ from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.workers import Failed, Workers
 from mlgo.traces.dataset import Decisions
-from mlgo.train import RunDir, RunState, bar_total, stops_after
+from mlgo.train import RunDir, RunState, bar_total, progress, stops_after
 from mlgo.train.bc import train_bc
 from mlgo.train.es import Scorer, training_pool
 
@@ -482,7 +482,7 @@ def train_bcmax(
             bar.update(
                 job,
                 completed=state.step,
-                description=f"BC-Max (best {state.extra['best_reward']:+.3%})",
+                description=progress("BC-Max", problem.reward_metric, state.extra["best_reward"]),
             )
     if state.extra.get("evaluated") != state.step:  # the last clone is not compiled yet
         final = init.with_flat(theta)

@@ -22,7 +22,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.workers import Failed, Workers
-from mlgo.train import Adam, RunDir, RunState, bar_total, stops_after
+from mlgo.train import Adam, RunDir, RunState, bar_total, progress, stops_after
 from mlgo.train.evaluate import EvalTask, baseline, eval_one
 
 
@@ -136,6 +136,9 @@ def train_es(
     cfg: ESConfig = ESConfig(),
 ) -> MLPPolicy:
     scorer = Scorer(corpus, tc, workers, init.problem, cfg.regression_penalty)
+    metric = init.problem.reward_metric
+    if cfg.regression_penalty:  # the reward counts a package's loss more than its gain
+        metric += " (a loss counting more)"
     costs = {name: b[scorer.metric] for name, b in scorer.base.items()}
     pool = training_pool(corpus, tc, workers, cfg.max_module_seconds, costs)
     theta = init.flat().astype(np.float64)
@@ -202,7 +205,7 @@ def train_es(
             bar.update(
                 job,
                 completed=state.step,
-                description=(f"evolution strategies (best {state.extra['best_reward']:+.3%})"),
+                description=progress("evolution strategies", metric, state.extra["best_reward"]),
             )
             if last:  # the step count or the time budget is reached
                 break

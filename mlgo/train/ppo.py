@@ -26,7 +26,7 @@ from mlgo.problems.policy import MASKED, MLPPolicy
 from mlgo.runtime.files import atomic_directory
 from mlgo.runtime.tfutil import import_quietly, import_tf
 from mlgo.runtime.workers import Failed, Workers
-from mlgo.train import RunDir, RunState, bar_total, stops_after
+from mlgo.train import RunDir, RunState, bar_total, progress, stops_after
 from mlgo.train.es import Scorer, training_pool
 
 REWARD_SCALE = 100.0  # rewards in percent of the default's cost: the scale PPO's defaults expect
@@ -263,7 +263,7 @@ def train_ppo(
             bar.update(
                 job,
                 completed=state.step,
-                description=f"PPO (best {state.extra['best_reward']:+.3%})",
+                description=progress("PPO", init.problem.reward_metric, state.extra["best_reward"]),
             )
             if last:  # the step count or the time budget is reached
                 break
