@@ -1,6 +1,6 @@
 """Issue 22's figures: `mlgo tune` on real projects that no shipped policy trained on.
 
-  .venv/bin/python tools/bench_tune.py cmark jq geographiclib yajl ninja --minutes 60 \
+  .venv/bin/python tools/bench_tune.py cmark jq geographiclib yajl ninja serd --minutes 60 \
       --work data/bench-tune
 
 Each project is a Debian source package (fetched with apt-get source, patches applied, its
@@ -105,6 +105,18 @@ PROJECTS = {
         "cmake --build build -j2 && python3 misc/write_fake_manifests.py fake > /dev/null",
         "build/ninja_test",
         "build/ninja -C fake -t targets all | md5sum",
+    ),
+    # first tried as a new user (two minutes): C, Meson; the build also writes 40,000 triples
+    # that the bench has the built serdi convert
+    "serd": Project(
+        "serd",
+        "C",
+        ("meson", "ninja-build"),
+        "meson setup build -Ddocs=disabled",
+        "ninja -C build && awk 'BEGIN{for(i=0;i<40000;i++) printf \"<http://e.org/s%d> "
+        '<http://e.org/p%d> \\"object %d\\" .\\n", i, i%17, i}\' > big.ttl',
+        "meson test -C build",
+        "build/serdi -i turtle -o ntriples big.ttl | md5sum",
     ),
 }
 
