@@ -15,6 +15,7 @@ from mlgo.programs.compare import Comparison, comparison_table, variants
 from mlgo.programs.measure import (
     Workload,
     compare_workload,
+    instructions,
     paired_change,
     round_order,
     run_workload,
@@ -130,6 +131,20 @@ def test_two_builds_that_print_different_results_are_refused(tmp_path):
     (tmp_path / "b" / "out.txt").write_text("one 1.5s\nmore")
     with pytest.raises(BuildError, match="line 2: '\\(end of output\\)' against 'more'"):
         compare_workload(Workload("p", (), (("cat", "out.txt"),)), trees, 0, callgrind=False)
+
+
+@pytest.mark.toolchain
+def test_instructions_count_a_program_whose_stderr_is_sent_away(tmp_path):
+    loop = "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"
+    counted = {
+        redirect: instructions(
+            Workload("w", (), (("sh", "-c", f"sh -c '{loop}' {redirect}; echo done"),)), tmp_path
+        )
+        for redirect in ("", "2>/dev/null")
+    }
+    quiet, loud = counted["2>/dev/null"], counted[""]
+    assert loud > 10_000_000  # the inner shell's loop is counted
+    assert abs(quiet - loud) < 0.05 * loud  # and it still is with its stderr sent away
 
 
 def test_both_variants_compile_with_the_same_clang(tc):

@@ -102,13 +102,23 @@ def run_workload(
 
 def instructions(workload: Workload, tree: Path) -> int:
     """Instructions the workload executes, counted by callgrind (deterministic), in every
-    process it starts: a workload that is a script counts the programs it runs."""
-    callgrind = ("valgrind", "--tool=callgrind", "--trace-children=yes")
-    _, _, stderr = run_workload(workload, tree, (*callgrind, "--callgrind-out-file=/dev/null"))
-    counts = re.findall(r"Collected : (\d+)", stderr)
+    process it starts: a workload that is a script counts the programs it runs. Each
+    process's count goes to a log of its own, not to its stderr, which the workload may
+    send away (`prog 2>/dev/null` would otherwise count only the shell)."""
+    with tempfile.TemporaryDirectory(prefix="mlgo-callgrind-") as logs:
+        callgrind = (
+            *("valgrind", "--tool=callgrind", "--trace-children=yes"),
+            *("--callgrind-out-file=/dev/null", f"--log-file={logs}/%p.log"),
+        )
+        run_workload(workload, tree, callgrind)
+        counts = [
+            int(c)
+            for log in Path(logs).glob("*.log")
+            for c in re.findall(r"Collected : (\d+)", log.read_text(errors="replace"))
+        ]
     if len(counts) < len(workload.commands):
         raise BuildError(f"{workload.recipe}: callgrind reported no instruction count")
-    return sum(int(c) for c in counts)
+    return sum(counts)
 
 
 def spread(xs: list[float]) -> dict:
