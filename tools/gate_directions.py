@@ -62,11 +62,9 @@ def main() -> None:
             for t in (float(x) for x in args.thresholds.split(",")):
                 one_way = OneWayPolicy(**{**own, "departure_threshold": t}, depart_from=depart_from)
                 ev = evaluate(one_way, corpus, tc, pool, policy.problem)
-                m = policy.problem.reward_metric
-                packages = ev.per_package().items()
-                larger = [p for p, r in packages if r[m] > r[f"default_{m}"]]
                 change = f"{100 * ev.totals()['delta']:+.3f}%"
-                table.add_row(name, f"{t:g}", change, ", ".join(sorted(larger)) or "none")
+                larger = ", ".join(ev.packages_larger()) or "none"
+                table.add_row(name, f"{t:g}", change, larger)
     Console().print(table)
 
 

@@ -44,17 +44,14 @@ def calibrate(
     """One evaluation of POLICY on CORPUS per threshold of GRID, and the one `choose`s."""
     if not policy.can_gate:
         raise ValueError(f"a {policy.problem.name} policy has no default to gate on")
-    m = policy.problem.reward_metric
     sweep = []
     for t in sorted(grid):
         ev = evaluate(replace(policy, departure_threshold=t), corpus, tc, workers, policy.problem)
-        packages = ev.per_package()
-        larger = sorted(p for p, r in packages.items() if r[m] > r[f"default_{m}"])
         sweep.append(
             {
                 "threshold": t,
                 "change": ev.totals()["delta"],
-                "packages_larger": larger,
+                "packages_larger": ev.packages_larger(),
                 "failed": sorted(ev.failed),
             }
         )

@@ -116,6 +116,11 @@ class Evaluation:
             row["delta"] = row[m] / row[f"default_{m}"] - 1 if row[f"default_{m}"] else 0.0
         return out
 
+    def packages_larger(self) -> list[str]:
+        """The packages whose metric the policy raised above the default's, sorted."""
+        m = self.metric
+        return sorted(p for p, r in self.per_package().items() if r[m] > r[f"default_{m}"])
+
     def save(self, directory: Path) -> None:
         atomic_write_text(
             directory / "eval.json",
