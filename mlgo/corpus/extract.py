@@ -128,6 +128,13 @@ def run_logged(
         raise BuildError(f"{what or cmd} failed ({error_line(output, 200)}; log: {log})")
 
 
+def run_tests(recipe: Recipe, tree: Path, log: Path, env: dict[str, str] | None, what: str) -> None:
+    """Every test line of RECIPE in TREE, logged to LOG; the first that fails raises
+    BuildError naming WHAT."""
+    for cmd in recipe.test:
+        run_logged(cmd, tree, log, recipe.test_timeout_s, env, what)
+
+
 def ensure_build_depends(recipe: Recipe, log: Path) -> None:
     missing = [
         p
@@ -336,8 +343,7 @@ def profile_own_tests(recipe: Recipe, src: Path, tc: Toolchain, work: Path, opt_
     for cmd in recipe.build:
         run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{what}: build")
     env["LLVM_PROFILE_FILE"] = str(raw / "%m-%p.profraw")
-    for cmd in recipe.test:
-        run_logged(cmd, tree, log, recipe.test_timeout_s, env, f"{what}: its own tests")
+    run_tests(recipe, tree, log, env, f"{what}: its own tests")
     profiles = sorted(raw.glob("*.profraw"))
     if not profiles:
         raise BuildError(f"{what}: its tests ran no instrumented code (log: {log})")

@@ -24,6 +24,7 @@ from mlgo.corpus.extract import (
     fetch_source,
     run_logged,
 )
+from mlgo.corpus.extract import run_tests as run_recipe_tests  # `run_tests` is a flag here
 from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.programs.measure import children_cpu
@@ -100,9 +101,8 @@ def build_program(
     if missing:
         raise BuildError(f"{name}: the build made no {', '.join(missing)} (log: {log})")
     text = {p: text_size(tree / p) for p in recipe.programs}
-    if run_tests and recipe.test:
-        for cmd in recipe.test:
-            run_logged(cmd, tree, log, recipe.test_timeout_s, env, f"{name}: its own tests")
+    if run_tests:
+        run_recipe_tests(recipe, tree, log, env, f"{name}: its own tests")
     tests = "passed" if recipe.test and run_tests else "not run"
     return ProgramBuild(recipe.name, variant, seconds, cpu, text, tests)
 

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlgo.corpus.extract import BuildError, Recipe, run_logged
+from mlgo.corpus.extract import BuildError, Recipe, run_tests
 from mlgo.corpus.format import load_corpus
 from mlgo.data import shipped_policy
 from mlgo.llvm.toolchain import Toolchain
@@ -299,9 +299,8 @@ def rehearse(recipe: Recipe, out: Path) -> None:
     scratch = scratch_tree(recipe, out)
     if scratch.is_dir():  # a tune recorded before this stage existed has none
         log = out / "rehearsal.log"
-        for cmd in recipe.test:
-            what = f"{recipe.name}: its own tests, on the recorded build before training"
-            run_logged(cmd, scratch, log, recipe.test_timeout_s, None, what)
+        what = f"{recipe.name}: its own tests, on the recorded build before training"
+        run_tests(recipe, scratch, log, None, what)
         if recipe.bench:
             check_repeatable(recipe, scratch)
     shutil.rmtree(scratch.parent, ignore_errors=True)
