@@ -176,7 +176,11 @@ def test_a_wrong_test_or_a_bench_printing_timings_stops_before_training(cache, t
     assert timings.returncode == 2 and "Traceback" not in timings.stderr
     (line,) = timings.stderr.strip().splitlines()
     assert "--bench: two runs of the same build print different results (line 2:" in line
-    assert stages(out) == ["snapshot", "record"]  # recorded once, rehearsed twice
+    unstarted = tune(good_test, "./wordcount-typo < main.c | md5sum")  # prints a checksum
+    assert unstarted.returncode == 2 and "Traceback" not in unstarted.stderr
+    (line,) = unstarted.stderr.strip().splitlines()
+    assert "--bench: a command of './wordcount-typo < main.c | md5sum' exited 127" in line
+    assert stages(out) == ["snapshot", "record"]  # recorded once, rehearsed three times
     assert not (out / "train").exists() and (out / "record").is_dir()
 
 

@@ -233,11 +233,49 @@ def prepare_workload(recipe: Recipe, tree: Path, what: str) -> None:
         run_logged(cmd, tree, tree.parent / f"{tree.name}.log", recipe.test_timeout_s, None, what)
 
 
+# exit statuses that say a command never did its work: it could not be executed (126), was
+# not found or lacked a shared library (127), or crashed (128 + its signal); SIGPIPE is not
+# among them, as 'yes | head' ends that way
+DID_NOT_RUN = {126, 127, *(128 + s for s in (4, 6, 7, 8, 11))}
+
+
+def check_pipeline_ran(argv: tuple[str, ...], tree: Path) -> None:
+    """Every command of ARGV's last pipeline ran to an exit of its own, in TREE: the shell
+    reports only a pipeline's last status, so 'prog | md5sum' with a PROG that cannot load
+    its shared library would print the checksum of nothing, the same on both builds, and
+    be measured as a workload. ARGV is a command, or a shell line as 'sh -c LINE'."""
+    line = argv[2] if len(argv) == 3 and argv[:2] == ("sh", "-c") else shlex.join(argv)
+    with tempfile.TemporaryFile() as statuses:
+        fd = statuses.fileno()
+        subprocess.run(
+            ["bash", "-c", f'{line}\necho "${{PIPESTATUS[*]}}" >&{fd}'],
+            cwd=tree,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            pass_fds=(fd,),
+        )
+        statuses.seek(0)
+        ended = statuses.read().decode().split()
+    if bad := [int(s) for s in ended if s.isdigit() and int(s) in DID_NOT_RUN]:
+        why = {126: "not executable", 127: "not found, or a shared library it needs is"}
+        reason = why.get(bad[0], f"killed by signal {bad[0] - 128}")
+        raise BuildError(
+            f"a command of '{line}' exited {bad[0]} ({reason}) in {tree}, though the line's "
+            "own status hid it: measured, it would count nothing; run it there by hand"
+        )
+
+
 def check_repeatable(recipe: Recipe, tree: Path) -> None:
-    """The recipe's workload run twice in one build TREE prints the same both times: else
-    the two builds' outputs could never agree, and only timings can differ."""
+    """The recipe's workload, in one build TREE, runs every command of its pipelines and
+    prints the same twice: else the two builds' outputs could never agree, and only timings
+    can differ."""
     prepare_workload(recipe, tree, f"{recipe.name}: bench")
     bench = recipe_workload(recipe)
+    for argv in bench.commands:
+        try:
+            check_pipeline_ran(argv, tree)
+        except BuildError as e:
+            raise BuildError(f"{recipe.name}: --bench: {e}") from None
     first, second = (workload_output(bench, tree) for _ in range(2))
     if first != second:
         runs = "two runs of the same build"
