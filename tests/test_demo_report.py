@@ -58,6 +58,23 @@ def test_a_smaller_but_measurably_slower_build_is_flagged(size_pct, iqr, flagged
     assert ("smaller but slower" in console.export_text()) is flagged
 
 
+def test_linked_files_that_grew_are_named_even_when_the_total_shrank():
+    r = report(-0.5, [-1.5, -0.5])
+    grew = [("prog", 400, 404), ("tool", 100, 102), ("libx.so", 300, 301), ("t", 50, 51)]
+    r["size"]["linked"] = {"baseline": 5850, "policy": 5808, "change_pct": -0.72, "files": 5,
+                           "larger": [{"path": f"b/{p}", "baseline": b, "policy": n}
+                                      for p, b, n in grew]}  # fmt: skip
+    console = Console(width=200, record=True)
+    console.print(report_table(r))
+    text = console.export_text()
+    assert "larger: 4 of them" in text
+    assert "tool +2.00%, t +2.00%, prog +1.00% and 1 more" in text  # ties as listed
+    del r["size"]["linked"]["larger"]  # a report written before files were named
+    console = Console(width=200, record=True)
+    console.print(report_table(r))
+    assert "larger" not in console.export_text()
+
+
 def test_no_workload_no_throughput_row():
     r = report(-2.0, [0.5, 1.5])
     del r["throughput"]

@@ -208,7 +208,8 @@ def row(name: str, result: dict) -> list[str]:
         cpu = f"{pct(speed['change_pct'])} ({pct(low)}..{pct(high)})"
     return [
         f"{name} ({result['language']})",
-        f"{pct(linked.get('change_pct'))} ({linked.get('files', 0)})",
+        f"{pct(linked.get('change_pct'))} ({linked.get('files', 0)} files, "
+        f"{len(linked.get('larger', []))} larger)",
         f"{pct(size['change_pct'])} ({size['files']})",
         headroom if captured is None else f"{headroom} ({captured:.0%})",
         training["chosen"],

@@ -43,6 +43,11 @@ def size_report(pair, trees: dict[str, Path]) -> dict:
             "policy": linked_total["build"],
             "change_pct": linked_total["delta_pct"],
             "files": len(linked),
+            "larger": [  # a regression to explain, whatever the total does
+                {"path": r.path, "baseline": r.baseline, "policy": r.build}
+                for r in linked
+                if r.build > r.baseline
+            ],
         },
         "per_file": [{"path": r.path, "baseline": r.baseline, "policy": r.build} for r in rows],
         "programs": programs,
@@ -114,6 +119,15 @@ def throughput_change(speed: dict) -> str:
     return f"{speed['change_pct']:+.2f}% (IQR {q1:+.2f}..{q3:+.2f}%)"
 
 
+def grown(files: list[dict], shown: int = 3) -> str:
+    """The files that grew most, in percent, and how many more did."""
+    pct = {f["path"]: 100 * (f["policy"] / f["baseline"] - 1) for f in files if f["baseline"]}
+    worst = sorted(pct, key=pct.__getitem__, reverse=True)
+    named = ", ".join(f"{Path(p).name} {pct[p]:+.2f}%" for p in worst[:shown])
+    more = len(files) - min(shown, len(worst))
+    return named + (f" and {more} more" if more else "")
+
+
 Row = tuple[str, str, str, str, str]  # label, baseline, policy, change, style
 
 
@@ -129,6 +143,8 @@ def table_rows(report: dict) -> list[Row]:
         label = f"{linked['files']} programs and shared libraries"
         base, ours, change = linked["baseline"], linked["policy"], linked["change_pct"]
         rows.append((label, f"{base:,}", f"{ours:,}", f"{change:+.2f}%", "bold"))
+        if larger := linked.get("larger"):
+            rows.append((f"larger: {len(larger)} of them", "", "", grown(larger), "red"))
     base, ours, change = size["baseline"], size["policy"], size["change_pct"]
     rows.append((f"{size['files']} ELF files", f"{base:,}", f"{ours:,}", f"{change:+.2f}%", "bold"))
     if speed := report.get("throughput"):
