@@ -208,10 +208,11 @@ def row(name: str, result: dict) -> list[str]:
     if speed:
         low, high = speed["iqr_pct"]
         cpu = f"{pct(speed['change_pct'])} ({pct(low)}..{pct(high)})"
+    # a report written before it named the files that grew does not say how many did
+    grew = f", {len(linked['larger'])} larger" if "larger" in linked else ""
     return [
         f"{name} ({result['language']})",
-        f"{pct(linked.get('change_pct'))} ({linked.get('files', 0)} files, "
-        f"{len(linked.get('larger', []))} larger)",
+        f"{pct(linked.get('change_pct'))} ({linked.get('files', 0)} files{grew})",
         f"{pct(size['change_pct'])} ({size['files']})",
         headroom if captured is None else f"{headroom} ({captured:.0%})",
         training["chosen"],
