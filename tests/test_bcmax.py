@@ -94,6 +94,38 @@ def test_a_group_move_answers_every_call_site_of_one_callee_alike():
 
 
 @pytest.mark.unit
+def test_the_answerers_kept_in_a_checkpoint_answer_as_before(shipped):
+    from mlgo.llvm.log_format import Observation
+    from mlgo.train.bcmax import decode_answerers, encode_answerers
+
+    names = shipped.normalizer.features
+    obs = [
+        Observation("f", i, {f: np.array([i * 5 % 11 + j]) for j, f in enumerate(names)})
+        for i in range(30)
+    ]
+    for o in obs:
+        o.features["inlining_default"] = np.array([o.index % 3 == 0])
+    moved = replace(shipped, weights=[w * 1.5 for w in shipped.weights])
+    kept = [
+        None,
+        Answerer(PROBLEM).flipped({2}),
+        Answerer(PROBLEM, replace(moved, temperature=0.0), flips=frozenset({1, 7})),
+        Answerer(PROBLEM, replace(moved, temperature=1.0), (4, 2, 1)).moved([((5, 2, 0), 1)]),
+        Answerer(PROBLEM, shipped),
+    ]
+    arrays = encode_answerers(kept)
+    assert arrays["kept_policies"].shape[0] == 2  # each policy stored once
+    assert all(a.dtype != object for a in arrays.values())  # loads without pickle
+    again = decode_answerers(arrays, shipped)
+    assert again[0] is None and again[1].policy is None
+    for a, b in zip(again[1:], kept[1:], strict=True):
+        assert (a.seed, a.flips, a.groups) == (b.seed, b.flips, b.groups)
+        assert a.policy is None or np.array_equal(a.policy.flat(), b.policy.flat())
+    assert [[a(o) for o in obs] for a in again[1:]] == [[a(o) for o in obs] for a in kept[1:]]
+    assert decode_answerers({}, shipped) == []  # a checkpoint from before
+
+
+@pytest.mark.unit
 def test_a_time_budget_shrinks_each_search_to_a_share_of_the_time_left():
     from mlgo.train.bcmax import MIN_BUDGET, iteration_budget
 
@@ -170,6 +202,9 @@ def test_the_search_improves_on_a_poor_policy_within_its_budget(
         # without the default to fall back on, the search itself beats the policy
         alone = search_module(replace(task, with_default=False))
         assert "default" not in alone.starts and alone.best.cost < alone.starts["policy"]
+        # a search given the best kept so far goes on from it, not from the policy
+        goes_on = search_module(replace(task, with_default=False, resume=r.best.answerer))
+        assert goes_on.starts["kept"] == r.best.cost and goes_on.best.cost <= r.best.cost
 
 
 def test_bcmax_trains_resumes_and_keeps_the_best(mini_corpus, tc, tmp_path, shipped, default_sizes):

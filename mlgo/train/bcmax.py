@@ -22,10 +22,13 @@ trajectory so far:
   whole set confirms it.
 
 Every cost is measured by a real compile, and every compile counts against the budget.
+A module searched before starts from the best trajectory kept for it too, so that the
+search goes on from there instead of from the clone's approximation of it.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -121,6 +124,7 @@ class SearchTask:
     cfg: SearchConfig
     with_default: bool = True  # also start from the default's trajectory
     seed: int = 0
+    resume: Answerer | None = None  # also start from this one: the best kept so far
 
 
 @dataclass
@@ -271,6 +275,8 @@ def search_module(task: SearchTask) -> SearchResult:
     if task.policy is not None:
         greedy = Answerer(task.problem, replace(task.policy, temperature=0.0))
         starts["policy"] = s.start(greedy).cost
+    if task.resume is not None and (kept := s.measure(task.resume)) is not None:
+        starts["kept"] = kept.cost
     r = 0
     while not s.spent and (task.cfg.rounds == 0 or r < task.cfg.rounds):
         if not s.round(r):  # every single flip of the best so far is measured
@@ -299,19 +305,80 @@ def check_problem(problem: Problem) -> None:
         raise ValueError(f"--algo bcmax searches yes/no decisions; {problem.name}'s are not")
 
 
-class _Best:
-    """The best trajectory found per pool module, as checkpoint arrays and as BC data."""
+def encode_answerers(answerers: list[Answerer | None]) -> dict[str, np.ndarray]:
+    """Checkpoint arrays of ANSWERERS (None: none yet): each policy they use once, and
+    per answerer, as JSON, which of them, its temperature, seed, flips and group moves."""
+    thetas: dict[bytes, int] = {}
+    rows: list[np.ndarray] = []
+    records: list[dict | None] = []
+    for a in answerers:
+        if a is None:
+            records.append(None)
+            continue
+        index = -1
+        if a.policy is not None:
+            theta = a.policy.flat()
+            index = thetas.setdefault(theta.tobytes(), len(thetas))
+            if index == len(rows):
+                rows.append(theta)
+        records.append(
+            {
+                "policy": index,
+                "temperature": a.policy.temperature if a.policy else 0.0,
+                "seed": [int(v) for v in a.seed],
+                "flips": sorted(int(i) for i in a.flips),
+                "groups": [[*g, answer] for g, answer in sorted(a.groups)],
+            }
+        )
+    return {
+        "kept_policies": np.stack(rows) if rows else np.zeros((0, 0), np.float32),
+        "kept_answerers": np.array(json.dumps(records)),
+    }
 
-    def __init__(self, modules: list[str], arrays: dict[str, np.ndarray] | None = None):
+
+def decode_answerers(arrays: dict[str, np.ndarray], init: MLPPolicy) -> list[Answerer | None]:
+    """`encode_answerers` undone, each policy rebuilt on INIT's network; [] from a
+    checkpoint written before answerers were kept."""
+    if "kept_answerers" not in arrays:
+        return []
+    thetas = arrays["kept_policies"]
+    answerers: list[Answerer | None] = []
+    for r in json.loads(str(arrays["kept_answerers"])):
+        policy = None
+        if r is not None and r["policy"] >= 0:
+            policy = replace(init.with_flat(thetas[r["policy"]]), temperature=r["temperature"])
+        answerers.append(
+            None
+            if r is None
+            else Answerer(
+                init.problem,
+                policy,
+                tuple(r["seed"]),
+                frozenset(r["flips"]),
+                frozenset((tuple(g[:-1]), g[-1]) for g in r["groups"]),
+            )
+        )
+    return answerers
+
+
+class _Best:
+    """The best trajectory found per pool module, as checkpoint arrays and as BC data, and
+    how to compile it again (the next search starts from it)."""
+
+    def __init__(
+        self, modules: list[str], init: MLPPolicy, arrays: dict[str, np.ndarray] | None = None
+    ):
         self.modules = modules
         self.cost = np.full(len(modules), np.nan)
         self.actions: list[np.ndarray] = [np.zeros(0, np.int64)] * len(modules)
         self.x: list[np.ndarray] = [np.zeros((0, 0))] * len(modules)
+        self.answerers: list[Answerer | None] = [None] * len(modules)
         if arrays is not None:
             self.cost = arrays["traj_cost"]
             ends = np.cumsum(arrays["traj_len"])
             self.actions = np.split(arrays["traj_actions"], ends[:-1])
             self.x = np.split(arrays["traj_x"], ends[:-1])
+            self.answerers = decode_answerers(arrays, init) or self.answerers
 
     def known(self, i: int) -> bool:
         return not np.isnan(self.cost[i])
@@ -319,6 +386,7 @@ class _Best:
     def offer(self, i: int, t: Trajectory) -> None:
         if not self.known(i) or t.cost < self.cost[i]:
             self.cost[i], self.actions[i], self.x[i] = t.cost, t.actions, t.x
+            self.answerers[i] = t.answerer
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {
@@ -326,6 +394,7 @@ class _Best:
             "traj_len": np.array([len(a) for a in self.actions]),
             "traj_actions": np.concatenate(self.actions),
             "traj_x": np.concatenate(self.x),
+            **encode_answerers(self.answerers),
         }
 
     def decisions(self, features: tuple[str, ...]) -> Decisions:
@@ -383,13 +452,13 @@ def train_bcmax(
         },
     )
     theta, best = init.flat(), init.flat()
-    trajectories = _Best(names)
+    trajectories = _Best(names, init)
     if (saved := run.load_state()) is not None:
         state, arrays = saved
         if state.extra["modules"] != names:
             raise ValueError(f"{run.root}: its training pool differs from this corpus's")
         theta, best = arrays["theta"], arrays["best"]
-        trajectories = _Best(names, arrays)
+        trajectories = _Best(names, init, arrays)
         state.extra["config"] = asdict(cfg)  # the rest of the run follows this invocation's
     else:
         init.save(run.policy_dir)
@@ -430,6 +499,7 @@ def train_bcmax(
                         search,
                         not trajectories.known(i),
                         cfg.seed * 100003 + state.step * 1009 + i,
+                        trajectories.answerers[i],
                     )
                     for i, m in enumerate(pool)
                 ]
