@@ -156,6 +156,25 @@ def test_each_round_flips_decisions_not_tried_yet_least_sure_first(shipped, mini
     assert other.untried_flips(traj) == batches[0] and other.untried_flips(traj) != batches[1]
 
 
+def test_a_flip_moves_the_decisions_the_policy_cannot_tell_apart_together(shipped, mini_corpus):
+    from mlgo.train.bcmax import Trajectory, _Search
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 50, (12, len(shipped.normalizer.features)))
+    x[7], x[10] = x[2], x[2]  # three call sites the policy sees alike
+    traj = Trajectory(0.0, np.zeros(12, np.int64), x, Answerer(PROBLEM, shipped))
+    task = SearchTask(PROBLEM, mini_corpus.modules[0], "clang", shipped, SearchConfig(singles=0))
+    search = _Search(task)
+    flips = search.untried_flips(traj)
+    assert len(flips) == 10 and len({2, 7, 10} & set(flips)) == 1  # one flip for the three
+    twin = ({2, 7, 10} & set(flips)).pop()
+    assert search.moved(traj.answerer, [twin]).flips == {2, 7, 10}
+    assert search.moved(traj.answerer, [0, twin]).flips == {0, 2, 7, 10}
+    alone = _Search(replace(task, cfg=SearchConfig(singles=0, twins=False)))
+    assert sorted(alone.untried_flips(traj)) == list(range(12))  # each flip alone, as before
+    assert alone.moved(traj.answerer, [2]).flips == {2}
+
+
 def test_each_round_moves_groups_not_tried_yet_largest_first(shipped, mini_corpus):
     from mlgo.train.bcmax import Trajectory, _Search
 

@@ -15,7 +15,9 @@ trajectory so far:
 - flips single decisions not yet tried from the best trajectory so far: those the
   policy is least sure of first (the smallest gap between its two logits), then the
   others in a seeded random order, so that later rounds and iterations reach other
-  decisions (with no policy, every decision in order);
+  decisions (with no policy, every decision in order); a flip moves with it every
+  decision the policy cannot tell from it (the same features, normalized), as a policy
+  can only answer them alike: a trajectory it cannot represent is one its clone misses;
 - samples whole trajectories from the policy at a temperature;
 - makes all the helpful moves at once and, when that is not better than the best of
   them, adds them to it one at a time, best first, each kept only if a compile of the
@@ -113,6 +115,7 @@ class SearchConfig:
     temperature: float = 1.0
     max_confirm: int = 8  # helpful moves combined per round
     rounds: int = 0  # 0: until the budget is spent or no single flip is left to try
+    twins: bool = True  # False: a flip moves its decision alone, as before twins moved too
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ class _Search:
         self.rng = np.random.default_rng(task.seed)
         self.queued_for: Trajectory | None = None  # the incumbent whose flips `queue` holds
         self.queue: list[int] = []  # its single flips not measured yet, in order
+        self.twins: dict[int, tuple[int, ...]] = {}  # of the incumbent's decisions
         self.tried_groups: set[GroupMove] = set()  # from any incumbent
 
     @property
@@ -222,14 +226,34 @@ class _Search:
         k = self.task.cfg.singles
         return order[:k] + [int(i) for i in self.rng.permutation(order[k:])] if k else order
 
+    def twins_of(self, traj: Trajectory) -> dict[int, tuple[int, ...]]:
+        """Each decision of TRAJ that the policy cannot tell from others (the same
+        normalized features), with all of them; none without a policy or with twins off."""
+        if self.task.policy is None or not self.task.cfg.twins or not len(traj.actions):
+            return {}
+        rows = self.task.policy.normalizer.transform(traj.x)
+        alike: dict[bytes, list[int]] = {}
+        for i, row in enumerate(rows):
+            alike.setdefault(row.tobytes(), []).append(i)
+        return {i: tuple(same) for same in alike.values() if len(same) > 1 for i in same}
+
     def untried_flips(self, inc: Trajectory) -> list[int]:
         """The next single flips of the incumbent INC not measured yet: `singles` of them
-        (0: all)."""
+        (0: all), one for each set of twins."""
         if self.queued_for is not inc:
-            self.queued_for, self.queue = inc, self.least_sure_first(inc)
+            self.twins = self.twins_of(inc)
+            order = self.least_sure_first(inc)
+            rank = {i: k for k, i in enumerate(order)}
+            first = {i: min(self.twins.get(i, (i,)), key=rank.__getitem__) for i in order}
+            self.queued_for, self.queue = inc, [i for i in order if first[i] == i]
         k = self.task.cfg.singles or len(self.queue)
         picked, self.queue = self.queue[:k], self.queue[k:]
         return picked
+
+    def moved(self, answerer: Answerer, moves: list[Move]) -> Answerer:
+        """ANSWERER with MOVES made, each single flip with its twins in the incumbent."""
+        flips = [j for m in moves if isinstance(m, int) for j in self.twins.get(m, (m,))]
+        return answerer.moved([*flips, *(m for m in moves if not isinstance(m, int))])
 
     def round(self, r: int) -> bool:
         """One round from the best trajectory so far; False if it had nothing left to try."""
@@ -240,7 +264,7 @@ class _Search:
             return False
         better: dict[Move, Trajectory] = {}
         for m in moves:
-            t = self.measure(inc.answerer.moved([m]))
+            t = self.measure(self.moved(inc.answerer, [m]))
             if t is not None and t.cost < inc.cost:
                 better[m] = t
         if self.task.policy is not None:
@@ -256,11 +280,11 @@ class _Search:
         if len(helpful) < 2:
             return True
         current = better[helpful[0]]
-        together = self.measure(inc.answerer.moved(helpful))
+        together = self.measure(self.moved(inc.answerer, helpful))
         if together is not None and together.cost < current.cost:
             return True
         for m in helpful[1:]:
-            t = self.measure(current.answerer.moved([m]))
+            t = self.measure(self.moved(current.answerer, [m]))
             if t is not None and t.cost < current.cost:
                 current = t
         return True
