@@ -184,7 +184,7 @@ PROJECTS = {
         "mdocml",
         "C",
         ("zlib1g-dev", "perl"),
-        "printf 'CC=\"%s\"\\n' \"$CC\" > configure.local && ./configure",
+        'printf \'CC="%s"\\n\' "$CC" > configure.local && ./configure',
         "make -j2",
         "make regress",
         "for i in 1 2 3 4 5 6 7 8 9 10; do ./mandoc -T utf8 *.[1-8]; ./mandoc -T html *.[1-8]; "
@@ -214,7 +214,7 @@ PROJECTS = {
         ("pkg-config", "libltdl-dev"),
         "./configure --disable-network",
         "make -j2 && awk 'BEGIN{for(i=0;i<80000;i++) printf \"- name: item%d\\n  value: %d\\n"
-        "  tags: [a, b, \\\"c%d\\\"]\\n  nested: {x: %d, y: text %d}\\n  block: |\\n    line "
+        '  tags: [a, b, \\"c%d\\"]\\n  nested: {x: %d, y: text %d}\\n  block: |\\n    line '
         "%d\\n\", i, i, i, i*3, i, i}' > big.yaml",
         "make check -j2",
         "src/fy-tool --dump big.yaml | md5sum",
@@ -228,7 +228,7 @@ PROJECTS = {
         ("python3",),
         "./configure",
         "make -j2 && awk 'BEGIN{print \"bits 64\\n%macro twice 1\\n add rax, %1\\n add rax, "
-        "%1\\n%endmacro\"; for(i=0;i<60000;i++) printf \"l%d: mov rax, [rbx+%d]\\n add rcx, "
+        '%1\\n%endmacro"; for(i=0;i<60000;i++) printf "l%d: mov rax, [rbx+%d]\\n add rcx, '
         "rax\\n lea rdx, [rsi+rdi*4+%d]\\n twice %d\\n jnz l%d\\n\", i, i*8, i, i, i}' > big.asm",
         "make travis > travis.log 2>&1; ! grep '=== Test .* FAIL ===' travis.log "
         "| grep -v '/_version FAIL'",
