@@ -32,10 +32,12 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mlgo.cli import USER_ERRORS  # noqa: E402
 from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
 from mlgo.programs.build import pristine_source  # noqa: E402
 from mlgo.programs.tune import TuneOptions, project, tune  # noqa: E402
 from mlgo.runtime.files import atomic_write_text  # noqa: E402
+from mlgo.runtime.messages import error_line  # noqa: E402
 
 console = Console()
 
@@ -277,11 +279,23 @@ def tune_project(name: str, work: Path, minutes: float) -> dict:
     return {"language": p.language, "seconds": time.monotonic() - started, "report": report}
 
 
+def try_project(name: str, work: Path, minutes: float) -> dict:
+    """`tune_project`, or what stopped it (its rehearsal, a failing test...) as one line, so
+    that the projects after it still run."""
+    try:
+        return tune_project(name, work, minutes)
+    except USER_ERRORS as e:
+        console.print(f"[red]{name}: {error_line(e, limit=2000)}", highlight=False)
+        return {"language": PROJECTS[name].language, "error": error_line(e)}
+
+
 def pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:+.2f}%"
 
 
 def row(name: str, result: dict) -> list[str]:
+    if "error" in result:
+        return [f"{name} ({result['language']})", f"[red]stopped: {result['error']}", *[""] * 8]
     r = result["report"]
     size, training, speed = r["size"], r["training"], r.get("throughput")
     linked = size.get("linked", {})
@@ -314,7 +328,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("data/bench-tune"))
     args = parser.parse_args()
     work = args.work.resolve()
-    results = {name: tune_project(name, work, args.minutes) for name in args.projects}
+    results = {name: try_project(name, work, args.minutes) for name in args.projects}
     table = Table(
         "project", "programs + shared libs .text (files)", "all ELF files",
         "search headroom (kept)", "kept", "CPU time (IQR)", "instructions",
