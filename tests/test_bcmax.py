@@ -45,17 +45,25 @@ def default_sizes(mini_corpus, tc) -> dict[str, float]:
     return {name: b["text_size"] for name, b in base.items()}
 
 
-@pytest.mark.unit
-def test_an_answerer_flips_the_indices_it_names_and_samples_reproducibly(shipped):
+def made_up_decisions(policy: MLPPolicy, n: int, clang_inlines) -> list:
+    """N decisions with every feature POLICY reads, and clang's answer CLANG_INLINES(i)."""
     from mlgo.llvm.log_format import Observation
 
-    names = shipped.normalizer.features
-    obs = [
-        Observation("f", i, {f: np.array([i * 7 % 13 + j]) for j, f in enumerate(names)})
-        for i in range(40)
+    names = policy.normalizer.features
+    return [
+        Observation(
+            "f",
+            i,
+            {f: np.array([i * 7 % 13 + j]) for j, f in enumerate(names)}
+            | {"inlining_default": np.array([clang_inlines(i)])},
+        )
+        for i in range(n)
     ]
-    for o in obs:
-        o.features["inlining_default"] = np.array([o.index % 2])
+
+
+@pytest.mark.unit
+def test_an_answerer_flips_the_indices_it_names_and_samples_reproducibly(shipped):
+    obs = made_up_decisions(shipped, 40, lambda i: i % 2)
     default = Answerer(PROBLEM)
     assert [default(o) for o in obs] == [o.index % 2 for o in obs]
     flipped = default.flipped({3, 5}).flipped({5})  # flipping twice undoes a flip
@@ -95,16 +103,9 @@ def test_a_group_move_answers_every_call_site_of_one_callee_alike():
 
 @pytest.mark.unit
 def test_the_answerers_kept_in_a_checkpoint_answer_as_before(shipped):
-    from mlgo.llvm.log_format import Observation
     from mlgo.train.bcmax import decode_answerers, encode_answerers
 
-    names = shipped.normalizer.features
-    obs = [
-        Observation("f", i, {f: np.array([i * 5 % 11 + j]) for j, f in enumerate(names)})
-        for i in range(30)
-    ]
-    for o in obs:
-        o.features["inlining_default"] = np.array([o.index % 3 == 0])
+    obs = made_up_decisions(shipped, 30, lambda i: i % 3 == 0)
     moved = replace(shipped, weights=[w * 1.5 for w in shipped.weights])
     kept = [
         None,
