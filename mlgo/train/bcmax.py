@@ -366,23 +366,16 @@ def decode_answerers(arrays: dict[str, np.ndarray], init: MLPPolicy) -> list[Ans
     if "kept_answerers" not in arrays:
         return []
     thetas = arrays["kept_policies"]
-    answerers: list[Answerer | None] = []
-    for r in json.loads(str(arrays["kept_answerers"])):
+
+    def answerer(r: dict) -> Answerer:
         policy = None
-        if r is not None and r["policy"] >= 0:
+        if r["policy"] >= 0:
             policy = replace(init.with_flat(thetas[r["policy"]]), temperature=r["temperature"])
-        answerers.append(
-            None
-            if r is None
-            else Answerer(
-                init.problem,
-                policy,
-                tuple(r["seed"]),
-                frozenset(r["flips"]),
-                frozenset((tuple(g[:-1]), g[-1]) for g in r["groups"]),
-            )
-        )
-    return answerers
+        groups = frozenset((tuple(g[:-1]), g[-1]) for g in r["groups"])
+        return Answerer(init.problem, policy, tuple(r["seed"]), frozenset(r["flips"]), groups)
+
+    records = json.loads(str(arrays["kept_answerers"]))
+    return [None if r is None else answerer(r) for r in records]
 
 
 class _Best:
