@@ -134,6 +134,7 @@ def test_a_time_budget_shrinks_each_search_to_a_share_of_the_time_left():
     assert iteration_budget(cfg, 3600, 10.0) == 48  # a quarter of an hour: 90 passes
     assert iteration_budget(cfg, 3600, 100.0) == 9
     assert iteration_budget(cfg, 60, 100.0) == MIN_BUDGET  # never too few to search at all
+    assert iteration_budget(cfg, 3600, 10.0, 500.0) == 40  # the slow modules' compiles first
     assert iteration_budget(replace(cfg, max_seconds=0), 0, 100.0) == 48  # no time budget
 
 
@@ -255,6 +256,20 @@ def test_bcmax_trains_resumes_and_keeps_the_best(mini_corpus, tc, tmp_path, ship
     card = model_card(MLPPolicy.load(out.policy_dir), out.root)  # retrains it as it was run
     assert "mlgo train --algo bcmax --init " in card and " --search-budget 6" in card
     assert " --clone-epochs 2 --clone-lr 0.001" in card
+
+
+def test_a_slow_module_is_compiled_with_the_policy_not_searched(
+    mini_corpus, tc, tmp_path, shipped, default_sizes
+):
+    out = RunDir(tmp_path / "bcmax", "bcmax")
+    cfg = BCMaxConfig(steps=1, search_budget=6, clone_epochs=1, max_module_seconds=1e-9)
+    train_bcmax(mini_corpus, shipped, out, tc, LocalPool(2), cfg)
+    state, arrays = out.load_state()
+    names = state.extra["modules"]
+    assert len(names) == state.extra["pool"] > 0  # every module is slow, and still in the pool
+    # the default's trajectory and the policy's, then the final evaluation: no search
+    assert state.compiles == 3 * len(names)
+    assert all(c <= default_sizes[n] for c, n in zip(arrays["traj_cost"], names, strict=True))
 
 
 def test_killed_bcmax_resumes_from_its_search(mini_corpus, tmp_path):

@@ -84,7 +84,8 @@ def train(
     max_module_seconds: Annotated[
         float,
         typer.Option(
-            help="es, ppo, bcmax: modules that compile slower stay out of training",
+            help="es, ppo: modules that compile slower stay out of training; bcmax: they are "
+            "compiled with the policy each iteration, not searched",
             callback=positive,
         ),
     ] = 2.0,

@@ -26,11 +26,17 @@ trajectory so far:
 Every cost is measured by a real compile, and every compile counts against the budget.
 A module searched before starts from the best trajectory kept for it too, so that the
 search goes on from there instead of from the clone's approximation of it.
+
+A module slower to compile than `max_module_seconds` is not searched, only compiled with
+the policy (and the default, the first time), and cloned at the better of the two: a unity
+build or an amalgamation, thousands of call sites, is where an answer the clone learned on
+small modules, repeated everywhere, grows code most, and the clone has to see it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -317,7 +323,7 @@ class BCMaxConfig:
     temperature: float = 1.0  # of the trajectories sampled from the policy
     clone_epochs: int = 10  # of behavioral cloning per iteration
     clone_lr: float = 1e-3  # of behavioral cloning
-    max_module_seconds: float = 2.0  # modules slower than this are not searched
+    max_module_seconds: float = 2.0  # modules slower than this are compiled, not searched
     seed: int = 0
     init: str = ""  # the --init run or policy, as given: its model card's starting point
     max_seconds: float = 0.0  # training time budget over all resumes (0: none), see stops_after
@@ -427,16 +433,21 @@ class _Best:
 
 MIN_BUDGET = 4  # compiles per module: its starting trajectories and a couple of flips
 SHARE_OF_TIME_LEFT = 0.25  # an iteration's search, so that several iterations fit
+# A slow module's search: its starting trajectories alone (they are compiled whatever the
+# budget), so that the clone learns what its answers do there at a compile or two.
+SLOW_SEARCH = SearchConfig(budget=1)
 
 
-def iteration_budget(cfg: BCMaxConfig, seconds_left: float, pass_seconds: float) -> int:
-    """Compiles per module for this iteration's search: the configured budget, or with a time
-    budget what a quarter of the time left affords, given PASS_SECONDS, the wall time of one
-    compile of every pool module as the last search measured it (the machine's load
-    included), but never fewer than MIN_BUDGET."""
-    if not cfg.max_seconds or pass_seconds <= 0:
+def iteration_budget(
+    cfg: BCMaxConfig, seconds_left: float, searched_pass: float, slow_pass: float = 0.0
+) -> int:
+    """Compiles per searched module for this iteration: the configured budget, or with a
+    time budget what a quarter of the time left affords, given the wall time of one compile
+    of every searched module (SEARCHED_PASS) and of every slow one (SLOW_PASS, compiled once
+    each), as the last search measured the machine; never fewer than MIN_BUDGET."""
+    if not cfg.max_seconds or searched_pass <= 0:
         return cfg.search_budget
-    fits = int(SHARE_OF_TIME_LEFT * seconds_left / pass_seconds)
+    fits = int((SHARE_OF_TIME_LEFT * seconds_left - slow_pass) / searched_pass)
     return max(MIN_BUDGET, min(cfg.search_budget, fits))
 
 
@@ -454,8 +465,11 @@ def train_bcmax(
     check_problem(problem)
     scorer = Scorer(corpus, tc, workers, problem)
     costs = {name: b[scorer.metric] for name, b in scorer.base.items()}
-    pool = training_pool(corpus, tc, workers, cfg.max_module_seconds, costs)
+    pool = training_pool(corpus, tc, workers, math.inf, costs)
     names = [m.name for m in pool]
+    stats, _ = corpus_stats(corpus, tc.describe(), tc.clang, workers)
+    seconds = np.array([stats[n].get("seconds", 0.0) for n in names])
+    slow = seconds > cfg.max_module_seconds
     base_total = sum(costs[n] for n in names)
     state = RunState(
         "bcmax",
@@ -491,10 +505,9 @@ def train_bcmax(
             policy.save(run.policy_dir)  # a stopped run keeps its best
 
     start = time.monotonic()
-    if cfg.max_seconds and "pass_seconds" not in state.extra:  # until a search measures it
-        stats, _ = corpus_stats(corpus, tc.describe(), tc.clang, workers)
-        parallel = getattr(workers, "processes", 1)  # Ray's: 1, until a search is measured
-        state.extra["pass_seconds"] = sum(stats[n].get("seconds", 0.0) for n in names) / parallel
+    if "wall_per_second" not in state.extra:  # until a search measures the machine
+        # the wall time a second of compiling (as the corpus stats measured it) takes
+        state.extra["wall_per_second"] = 1 / getattr(workers, "processes", 1)  # Ray's: 1
     with Progress() as bar:
         job = bar.add_task(
             "BC-Max", total=bar_total(cfg.steps, cfg.max_seconds), completed=state.step
@@ -504,16 +517,19 @@ def train_bcmax(
             metrics: dict[str, float] = {}
             if state.extra["searched"] <= state.step:
                 left = cfg.max_seconds - state.seconds - (time.monotonic() - start)
-                budget = iteration_budget(cfg, left, state.extra.get("pass_seconds", 0.0))
+                pace = state.extra["wall_per_second"]
+                budget = iteration_budget(
+                    cfg, left, pace * seconds[~slow].sum(), pace * seconds[slow].sum()
+                )
                 search = SearchConfig(budget=budget, temperature=cfg.temperature)
-                searching, compiles = time.monotonic(), state.compiles
+                searching, compiled = time.monotonic(), 0.0
                 tasks = [
                     SearchTask(
                         problem,
                         m,
                         tc.clang,
                         current,
-                        search,
+                        SLOW_SEARCH if slow[i] else search,
                         not trajectories.known(i),
                         cfg.seed * 100003 + state.step * 1009 + i,
                         trajectories.answerers[i],
@@ -525,13 +541,15 @@ def train_bcmax(
                 for task, r in workers.imap(search_module, tasks):
                     if isinstance(r, Failed):
                         raise CompileError(f"BC-Max search failed: {r.message}")
-                    trajectories.offer(names.index(task.module.name), r.best)
+                    i = names.index(task.module.name)
+                    trajectories.offer(i, r.best)
                     policy_total += r.starts["policy"]
                     state.compiles += r.compiles
+                    compiled += r.compiles * seconds[i]
                     bar.advance(modules)
                 bar.remove_task(modules)
-                per_pass = len(pool) / max(state.compiles - compiles, 1)
-                state.extra["pass_seconds"] = (time.monotonic() - searching) * per_pass
+                if compiled > 0:
+                    state.extra["wall_per_second"] = (time.monotonic() - searching) / compiled
                 metrics["bcmax/search_budget"] = budget
                 reward = (base_total - policy_total) / base_total
                 if state.step == 0:
