@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -350,6 +352,26 @@ def test_totals_and_packages_compare_the_policy_with_the_default(tmp_path):
     assert ev.totals()["delta"] == pytest.approx((130 - 150) / 150)
     ev.save(tmp_path)
     assert Evaluation.load(tmp_path).totals() == ev.totals()
+
+
+def test_the_language_tool_splits_an_evaluation_into_c_and_cxx_and_the_guards_sizes(tmp_path):
+    tool = Path(__file__).resolve().parents[1] / "tools" / "eval_by_language.py"
+    ev = _evaluation("inlining-size", "text_size")  # zlib: C, -10 and +10 bytes
+    ev.modules["snappy/d.o"] = {"text_size": 210.0, "default_text_size": 200.0}  # C++
+    ev.save(tmp_path)
+    r = subprocess.run([sys.executable, tool, tmp_path], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    row = r.stdout.split(str(tmp_path))[1].split("\n")[0].split("│")[1:8]
+    assert [c.strip() for c in row] == [
+        "+2.857%", "+0.000%", "+5.000%",  # 360 / 350; C 150 / 150; C++ 210 / 200
+        "-2.857%", "-6.667%", "+0.000%",  # each module the smaller: 340, 140, 200
+        "snappy +5.00% (+10)",  # zlib's two modules cancel out: it is not larger
+    ]  # fmt: skip
+    bad = subprocess.run([sys.executable, tool, tmp_path, tmp_path / "none"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 1 and bad.stdout == ""  # nothing printed before the error
+    assert bad.stderr.strip().endswith("not an evaluation ([Errno 2] No such file or directory: "
+                                       f"'{tmp_path / 'none'}')")  # fmt: skip
 
 
 def test_regalloc_totals_are_in_its_own_metric_and_a_stale_evaluation_is_refused(tmp_path):
