@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,9 @@ BAD_POLICIES = [
     ("policy.json", "not a policy", lambda p: (p / "policy.json").write_text('{"problem": ')),
     ("policy.json", "not in \\[0.5, 1\\]", lambda p: _rewrite_meta(p, departure_threshold=0.3)),
     ("policy.json", "not in \\[0.5, 1\\]", lambda p: _rewrite_meta(p, departure_threshold="x")),
+    ("policy.json", "are not some of", lambda p: _rewrite_meta(p, languages="c")),
+    ("policy.json", "are not some of", lambda p: _rewrite_meta(p, languages=["c", ["c++"]])),
+    ("policy.json", "languages is empty", lambda p: _rewrite_meta(p, languages=[])),
 ]
 
 
@@ -88,6 +92,14 @@ def test_a_spoilt_policy_is_refused_naming_its_file(tmp_path, file, why, spoil):
     with pytest.raises(ValueError, match=why) as e:
         MLPPolicy.load(policy)
     assert str(e.value).startswith(f"{policy / file}:") and "\n" not in str(e.value)
+
+
+def test_the_languages_a_policy_answers_are_saved_with_it(tmp_path):
+    policy = MLPPolicy.load(POLICIES / "inlining-size")
+    assert policy.languages is None  # a policy saved before them: every language
+    replace(policy, languages=("c",)).save(tmp_path / "c")
+    loaded = MLPPolicy.load(tmp_path / "c")
+    assert loaded.languages == ("c",) and "answers C compiles only" in loaded.describe()
 
 
 def test_a_departure_threshold_is_saved_with_the_policy_and_only_where_a_default_is(tmp_path):

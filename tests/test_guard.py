@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +17,10 @@ import pytest
 from mlgo.llvm.cmdline import SIDE_OUTPUT_PREFIXES, SIDE_OUTPUTS, SIDE_OUTPUTS_WITH_VALUE
 from mlgo.llvm.sizes import text_size
 from mlgo.problems.policy import MLPPolicy
-from mlgo.serve.cc import build_native_wrapper, source_files
+from mlgo.serve.cc import build_native_wrapper, compile_language, source_files
 from mlgo.serve.guard import UNGUARDED, UNGUARDED_PREFIXES, default_args, guarded_object
 from tests import test_service
-from tests.test_service import MLGO_CC, SHIPPED, SOURCES, Service
+from tests.test_service import CXX_SOURCE, MLGO_CC, SHIPPED, SOURCES, Service
 
 cc = test_service.cc  # both wrappers, as the service's own tests run them
 native_cc = test_service.native_cc
@@ -149,6 +150,32 @@ def wrappers(request, native_wrappers) -> dict[str, list[str]]:
     if request.param == "python":
         return {".c": MLGO_CC, ".cpp": MLGO_CXX}
     return {".c": [str(native_wrappers[0])], ".cpp": [str(native_wrappers[1])]}
+
+
+def test_a_policy_for_c_leaves_cxx_compiles_to_the_default(wrappers, inline_all, tc, tmp_path):
+    """A policy calibrated for C answers C compiles; C++ ones are clang's, byte for byte,
+    the first with a note naming why, whichever wrapper asks."""
+    replace(MLPPolicy.load(inline_all), languages=("c",)).save(tmp_path / "c-only")
+    service = Service(tmp_path, "--policy", str(tmp_path / "c-only"), "--backend", "python")
+    try:
+        notes = []
+        for src, clang in ((CXX_SOURCE, tc.clangxx), (CXX_SOURCE, tc.clangxx), (HASH, tc.clang)):
+            args = ["-Oz", "-c", str(src), "-o", str(tmp_path / "got.o")]
+            r = run([*wrappers[".cpp" if clang == tc.clangxx else ".c"], *args], service.env())
+            assert r.returncode == 0, r.stderr
+            notes.append(r.stderr)
+            got = (tmp_path / "got.o").read_bytes()
+            assert run([clang, *args]).returncode == 0
+            assert (got == (tmp_path / "got.o").read_bytes()) == (src == CXX_SOURCE), src
+        assert notes == [
+            "mlgo-cc: note: -Oz C++ compiles are left to clang's default: inlining-size is "
+            f"calibrated for C only (first: {CXX_SOURCE})\n",
+            "",
+            "",
+        ]
+        assert service.status()["levels"] == {"-Oz": {"served": 1, "default": 2}}
+    finally:
+        service.stop()
 
 
 @pytest.mark.parametrize("name", GUARD_CASES)
@@ -307,6 +334,35 @@ def test_the_native_wrapper_reads_command_lines_as_python_does(checker):
         assert got == ([obj, *default_args(args, Path("OUT"))] if obj else []), args
         guarded += bool(obj)
     assert 0 < guarded < len(COMMAND_LINES)
+
+
+# (driver arguments, a C++ driver, the language Python reads): the native wrapper must agree
+LANGUAGE_LINES = [
+    (["-Oz", "-c", "a.c"], False, "c"),
+    (["-Oz", "-c", "a.c"], True, "c++"),
+    (["-c", "dir/a.b.cpp", "-o", "a.o"], False, "c++"),
+    (["-c", "/abs/X.C"], False, "c++"),
+    (["-c", "a.ii"], False, "c++"),
+    (["-c", "a.i"], False, "c"),
+    (["-c", "a.cc", "b.c"], False, None),
+    (["-c", "a.cc", "b.c"], True, "c++"),
+    (["-x", "c++", "-c", "a.c"], False, "c++"),
+    (["-xc", "-c", "a.cpp"], True, "c"),
+    (["-x", "c++", "a.c", "-x", "none", "b.c"], False, None),
+    (["-x", "objective-c", "-c", "a.c"], False, None),
+    (["-c", "lib/a.mm"], True, None),
+    (["-c", "a.c", "-x"], False, "c"),
+    (["-c", ".c"], False, None),
+    (["-c", "x.c", "-Xclang", "-x"], False, "c"),
+]
+
+
+def test_the_native_wrapper_reads_the_language_as_python_does(checker):
+    for args, cxx, want in LANGUAGE_LINES:
+        assert compile_language(args, cxx) == want, (args, cxx)
+        driver = "c++" if cxx else "cc"
+        r = subprocess.run([checker, "language", driver, *args], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout == f"{want or 'none'}\n", (args, cxx, r.stdout)
 
 
 def test_the_native_wrapper_counts_text_as_python_does(checker, tc, tmp_path):

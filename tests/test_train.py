@@ -166,12 +166,19 @@ def test_eval_and_report(bc_run, mini_corpus, tc, tmp_path):
 
 @pytest.mark.unit
 def test_calibration_keeps_the_smallest_safe_threshold_the_higher_of_equals():
+    """The lowest change with no package larger (a row's or one language's alone)."""
+
     def row(t, change, larger=(), failed=()):
         return {"threshold": t, "change": change, "packages_larger": larger, "failed": failed}
 
     sweep = [row(0.5, -0.03, ["a"]), row(0.7, -0.01), row(0.9, -0.01), row(0.99, -0.005)]
-    assert choose(sweep) == 0.9
-    assert choose([row(0.5, -0.02, ["a"]), row(0.9, -0.01, failed=["a/m.c"])]) == NEVER == 1.0
+    assert choose(sweep) == (0.9, None)
+    assert choose([row(0.5, -0.02, ["a"]), row(0.9, -0.01, failed=["a/m.c"])]) == (NEVER, None)
+    # a language alone: chosen where it is safe and shrinks most, every language on a tie
+    alone = {"c": row(0.5, -0.02), "c++": row(0.5, 0.01, ["cxxpkg"])}
+    assert choose([{**row(0.5, -0.03, ["cxxpkg"]), "by_language": alone}]) == (0.5, ("c",))
+    alone = {"c": row(0.9, -0.01), "c++": row(0.9, 0.0)}
+    assert choose([{**row(0.9, -0.01), "by_language": alone}]) == (0.9, None)
 
 
 def test_calibrate_writes_a_gated_policy_no_package_grows_with(mini_corpus, tc, tmp_path):
@@ -187,7 +194,8 @@ def test_calibrate_writes_a_gated_policy_no_package_grows_with(mini_corpus, tc, 
     assert [row["threshold"] for row in record["sweep"]] == list(GRID)
     assert record["sweep"][0]["packages_larger"] == ["minipkg"]
     gated = MLPPolicy.load(tmp_path / "cal")
-    assert gated.departure_threshold == record["threshold"] == choose(record["sweep"])
+    assert (gated.departure_threshold, gated.languages) == choose(record["sweep"])
+    assert gated.departure_threshold == record["threshold"]
     assert ("never departs" in r.stderr) == (not record["safe"])
     with closing(make_workers("local")) as pool:
         ev = evaluate(gated, mini_corpus, tc, pool, gated.problem)
@@ -199,6 +207,22 @@ def test_calibrate_writes_a_gated_policy_no_package_grows_with(mini_corpus, tc, 
     r = run_mlgo(*args, "--out", str(tmp_path / "mine"), timeout=120)
     assert r.returncode != 0 and "not a policy directory" in r.stderr
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_a_policy_for_another_language_leaves_every_module_to_the_default(mini_corpus, tc):
+    """Evaluated as it is served: the C corpus's modules are the default's, none compiled."""
+    eager = MLPPolicy.load(POLICIES / "inlining-size")
+    eager.weights[-1] = eager.weights[-1] + np.array([0.0, 6.0], np.float32)
+    with closing(make_workers("local")) as pool:
+        ev = evaluate(eager, mini_corpus, tc, pool, eager.problem)
+        assert ev.totals()["delta"] != 0  # the premise: it changes the C modules
+        cxx_only = evaluate(
+            replace(eager, languages=("c++",)), mini_corpus, tc, pool, eager.problem
+        )
+    assert cxx_only.totals()["delta"] == 0 and cxx_only.packages_larger() == []
+    assert all(r["decisions"] == 0 for r in cxx_only.modules.values())
+    assert cxx_only.modules.keys() == ev.modules.keys()
+    assert ev.with_default(set(ev.modules)).totals() == cxx_only.totals()
 
 
 @pytest.mark.unit

@@ -256,6 +256,20 @@ def test_a_module_is_not_re_leveled():
     assert Module("pkg/b.o", Path("b.bc"), ("-cc1",)).opt_level == "-O0"
 
 
+@pytest.mark.parametrize(
+    ("args", "language"),
+    [
+        (("-main-file-name", "a.c", "-std=gnu99"), "c"),
+        (("-main-file-name", "dir/a.cc"), "c++"),
+        (("-main-file-name", "a.c", "-std=gnu++17"), "c++"),  # clang++ on a .c file
+        (("-main-file-name", "a.s"), None),
+        ((), None),
+    ],
+)
+def test_a_modules_language_is_its_sources(args, language):
+    assert Module("pkg/a.o", Path("a.bc"), ("-cc1", *args)).language == language
+
+
 # --- recipe parsing ----------------------------------------------------------------------
 
 

@@ -188,7 +188,9 @@ def calibrate(
     clang: ClangOpt = None,
 ) -> None:
     """Sweep the policy's departure threshold on a validation corpus and keep the one that
-    shrinks it most with no package larger than clang's default (1: never depart)."""
+    shrinks it most with no package larger than clang's default (1: never depart); with C and
+    C++ in the corpus, also for the policy answering one language alone."""
+    from mlgo.llvm.languages import label
     from mlgo.problems.policy import MLPPolicy
     from mlgo.train import policy_dir
     from mlgo.train.calibrate import calibrate_policy
@@ -198,14 +200,24 @@ def calibrate(
     chosen = selected(corpus, packages, MLPPolicy.load(pdir).problem)
     with closing(make_workers(workers)) as pool:
         cal = calibrate_policy(pdir, chosen, tc, pool, out)
-    table = Table("threshold", "change", "packages larger", "failed", title=f"{pdir} on {corpus}")
+    table = Table("threshold", "answers", "change", "packages larger", title=f"{pdir} on {corpus}")
     for r in cal.sweep:
-        larger = ", ".join(r["packages_larger"]) or "-"
-        table.add_row(f"{r['threshold']:g}", f"{r['change']:+.3%}", larger, str(len(r["failed"])))
+        failed = f" ({len(r['failed'])} modules failed)" if r["failed"] else ""
+        for who, judged in [("all", r), *r.get("by_language", {}).items()]:
+            larger = ", ".join(judged["packages_larger"]) or "-"
+            answers = label(who) + " alone" if who != "all" else "all"
+            table.add_row(
+                f"{r['threshold']:g}", answers, f"{judged['change']:+.3%}", larger + failed
+            )
     console.print(table)
     if not cal.safe:
         err.print("no threshold kept every package no larger: the policy never departs (1.0)")
-    console.print(f"{out}: departure threshold {cal.threshold:g}")
+    answers = (
+        " and ".join(label(x) for x in cal.languages) + " compiles only"
+        if cal.languages
+        else "every compile"
+    )
+    console.print(f"{out}: departure threshold {cal.threshold:g}, answering {answers}")
 
 
 def report(

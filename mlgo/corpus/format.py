@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from mlgo.llvm.languages import suffix_language
+
 DESCRIPTION = "corpus_description.json"
 
 # Flags that must not survive into a re-compile: re-embedding bitcode is wasted work, and
@@ -61,6 +63,16 @@ class Module:
         """The optimization level the module was recorded at (the last -O flag wins)."""
         levels = [a for a in self.args if _OPT_LEVEL.match(a)]
         return levels[-1] if levels else "-O0"
+
+    @property
+    def language(self) -> str | None:
+        """C or C++ (`mlgo.llvm.languages`): by a C++ -std, else by the suffix of the source
+        it was compiled from (cc1's -main-file-name); None when that is neither."""
+        if any(a.startswith("-std=") and "++" in a for a in self.args):
+            return "c++"
+        args = iter(self.args)
+        names = [next(args, "") for a in args if a == "-main-file-name"]
+        return suffix_language(names[-1]) if names else None
 
     @property
     def profiled(self) -> bool:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import numpy as np
 
+from mlgo.llvm.languages import LANGUAGES, label
 from mlgo.llvm.log_format import Observation
 from mlgo.runtime.files import atomic_path, atomic_write_text
 
@@ -157,6 +158,9 @@ class MLPPolicy:
     # Follow the compiler's own answer unless the policy gives the other one at least
     # this probability (None: no gate, argmax). Set by `mlgo calibrate`, saved with it.
     departure_threshold: float | None = None
+    # The languages (mlgo.llvm.languages) whose compiles it answers; None: all. Set by
+    # `mlgo calibrate` where a language's validation packages grow at every threshold.
+    languages: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
@@ -208,6 +212,9 @@ class MLPPolicy:
                 "It departs from the compiler's own decision only where it gives the other "
                 f"answer a probability of at least {self.departure_threshold:g}. "
             )
+        if self.languages is not None:
+            names = " and ".join(label(x) for x in self.languages)
+            out += f"It answers {names} compiles only; the others keep the compiler's own. "
         return out
 
     @property
@@ -313,6 +320,8 @@ class MLPPolicy:
         }
         if self.departure_threshold is not None:
             meta["departure_threshold"] = self.departure_threshold
+        if self.languages is not None:
+            meta["languages"] = list(self.languages)
         atomic_write_text(directory / "policy.json", json.dumps(meta, indent=1))
 
     @classmethod
@@ -336,7 +345,20 @@ class MLPPolicy:
         kind = problem.policy_class
         if meta.get("kind", "mlp") != kind.kind:
             raise PolicyError(f"{where}: a {meta.get('kind', 'mlp')} policy for {problem.name}")
-        policy = kind(problem, norm, weights, departure_threshold=meta.get("departure_threshold"))
+        languages = meta.get("languages")
+        if languages is not None:
+            if not isinstance(languages, list) or not all(x in LANGUAGES for x in languages):
+                raise PolicyError(f"{where}: languages {languages!r} are not some of {LANGUAGES}")
+            languages = tuple(x for x in LANGUAGES if x in languages) or None
+            if languages is None:
+                raise PolicyError(f"{where}: languages is empty: the policy would answer nothing")
+        policy = kind(
+            problem,
+            norm,
+            weights,
+            departure_threshold=meta.get("departure_threshold"),
+            languages=languages,
+        )
         policy.check(directory)
         return policy
 

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from mlgo.data import shipped_policy
+from mlgo.llvm.languages import source_language
 from mlgo.runtime.files import cache_dir
 from mlgo.runtime.messages import error_line
 from mlgo.serve.client import (
@@ -196,11 +197,14 @@ def flags_by_hand(
 ) -> tuple[list[str], str | None]:
     """The flags that bring the served policies (PROBLEM's only, if named) to the user's own
     clang command with CFLAGS, checked as a lease's are, and the note when the level CFLAGS
-    select leaves some policy to clang's default (no flags when it leaves them all)."""
+    select (or their sources' language) leaves some policy to clang's default (no flags when
+    it leaves them all)."""
     level = opt_level(cflags)
     if level is None:
         raise ValueError(f"clang accepts no such -O level: {' '.join(cflags)}")
-    reply = by_hand(path, may_start, {"op": "flags", "level": level, "problem": problem})
+    language = compile_language(cflags, cxx_driver=False)  # of the sources CFLAGS name, if any
+    request = {"op": "flags", "level": level, "problem": problem, "language": language}
+    reply = by_hand(path, may_start, request)
     flags = reply.get("flags")
     if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
         raise ServiceError(f"the mlgo service sent flags that are not strings: {str(flags)[:80]}")
@@ -247,13 +251,16 @@ def check_policies(served: object) -> str | None:
     return f"the running mlgo service serves {names}, not MLGO_POLICY={wanted} (mlgo stop it)"
 
 
-def _lease(level: str) -> tuple[Connection | None, list[str], str | None, str | None]:
-    """A lease for a compile at LEVEL: its connection (None when no policy serves LEVEL), its
-    flags (checked), what is wrong with its policies, and the service's note."""
+def _lease(
+    level: str, language: str | None
+) -> tuple[Connection | None, list[str], str | None, str | None]:
+    """A lease for a compile at LEVEL in LANGUAGE: its connection (None when no policy serves
+    that compile), its flags (checked), what is wrong with its policies, and the service's
+    note."""
     path = socket_path()
     conn = connect(path, may_start=not os.environ.get("MLGO_SOCKET"))
     try:
-        conn.send({"op": "compile", "level": level})
+        conn.send({"op": "compile", "level": level, "language": language})
         reply = conn.receive()
         flags = reply["flags"]
         if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
@@ -329,7 +336,12 @@ def _guard(compiler: str, args: list[str], sources: list[str], strict: bool) -> 
     return 0
 
 
-def run(compiler: str, args: list[str]) -> int:
+def compile_language(args: list[str], cxx_driver: bool) -> str | None:
+    """The language the sources among ARGS compile as, None if mixed or neither C nor C++."""
+    return source_language(args, cxx_driver, lambda a: bool(source_files([a])))
+
+
+def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
     level = opt_level(args) if optimizes(args) else None
     if os.environ.get("MLGO_DISABLE") or level is None:
         os.execvp(compiler, [compiler, *args])
@@ -347,13 +359,13 @@ def run(compiler: str, args: list[str]) -> int:
             return _error(problem, source)
         _warn(f"{problem}; compiling {source} without a guard")
     try:
-        conn, flags, problem, note = _lease(level)
+        conn, flags, problem, note = _lease(level, compile_language(args, cxx_driver))
     except ServiceError as e:
         problem = str(e)
     else:
         if note:
             print(f"mlgo-cc: note: {note} (first: {source})", file=sys.stderr, flush=True)
-        if conn is None:  # no policy serves this level: the compiler as is
+        if conn is None:  # no policy serves this level or language: the compiler as is
             os.execvp(compiler, [compiler, *args])
         if problem and strict:
             conn.close()
@@ -395,7 +407,7 @@ def main_c() -> None:
 
 
 def main_cxx() -> None:
-    sys.exit(run(os.environ.get("MLGO_CXX", "clang++-22"), sys.argv[1:]))
+    sys.exit(run(os.environ.get("MLGO_CXX", "clang++-22"), sys.argv[1:], cxx_driver=True))
 
 
 def build_native_wrapper(out: Path, *defines: str, python: str = sys.executable) -> None:

@@ -9,18 +9,20 @@ only a socket, and a directory, that this user owns and no one else may write, s
 process of this user (SO_PEERCRED on the connection: the check no file swap can race).
 
 Protocol: one JSON object per line each way.
-- `{"op": "compile", "level": "-Oz"}` (the compile's effective -O level) opens a lease: the
-  reply carries the compiler flags (one channel per problem served at that level) and the
-  resolved paths of the served policies, plus a `note` the first time a level leaves some
-  policy to clang's default. While the compiler runs the service may push
+- `{"op": "compile", "level": "-Oz", "language": "c"}` (the compile's effective -O level,
+  and "c", "c++" or null, see mlgo.llvm.languages) opens a lease: the reply carries the
+  compiler flags (one channel per problem served for that compile) and the resolved paths of
+  the served policies, plus a `note` the first time a level and language leave some policy to
+  clang's default. While the compiler runs the service may push
   `{"event": "error", ...}`; `{"op": "done", "returncode": N}` ends the lease and is answered
   with its tally. A lease also ends when its connection closes, so a killed client leaks
-  nothing. At a level no policy serves the reply has no `lease`: no flags, nothing to end.
+  nothing. For a compile no policy serves the reply has no `lease`: no flags, nothing to end.
 - `{"op": "channel", "problem": P}`: a channel for one compilation run by hand, whatever
   backend serves P (a plugin-served policy gets a channel backend on the first request).
-- `{"op": "flags", "level": L, "problem": P}` (P optional): the flags of a compilation by
-  hand at level L, each policy by its fastest route (the plugin, else a channel that serves
-  one compilation), plus the `note` when L leaves some policy to clang's default.
+- `{"op": "flags", "level": L, "problem": P, "language": G}` (P, G optional): the flags of a
+  compilation by hand at level L in language G, each policy by its fastest route (the
+  plugin, else a channel that serves one compilation), plus the `note` when L and G leave
+  some policy to clang's default.
 - `{"op": "status"}`, `{"op": "stop"}`.
 """
 

@@ -13,8 +13,15 @@ import threading
 import time
 from pathlib import Path
 
+from mlgo.llvm.languages import LANGUAGES
 from mlgo.serve.client import Connection, ServiceError, UntrustedError
 from mlgo.serve.service import Lease, Service
+
+
+def _language(language: object) -> str | None:
+    """A request's language: one `mlgo.llvm.languages` knows, None for anything else (a
+    policy calibrated for some languages leaves such a compile to clang's default)."""
+    return language if language in LANGUAGES else None
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -33,7 +40,7 @@ class _Handler(socketserver.StreamRequestHandler):
             message = json.loads(line or b"{}")
             op = message.get("op")
             if op == "compile":
-                self._compile(service, message.get("level"))
+                self._compile(service, message.get("level"), message.get("language"))
             elif op == "channel":
                 lease = service.open_lease(message.get("problem"), channel=True)
                 (policy, _backend, base), *_ = lease.channels.values()
@@ -64,15 +71,15 @@ class _Handler(socketserver.StreamRequestHandler):
     def _flags(self, service: Service, message: dict) -> None:
         """The flags of a compilation by hand at the request's level, by each served policy's
         fastest route, and the note when the level leaves some policy to clang's default."""
-        problem, level = message.get("problem"), message.get("level")
+        problem, level, language = (message.get(k) for k in ("problem", "level", "language"))
         if not isinstance(level, str):
             raise ValueError(f"a flags request names its -O level, not {level!r}")
-        served, note = service.level_note(level, problem)
+        served, note = service.level_note(level, problem, _language(language))
         reply: dict = {"note": note} if note else {}
         if not served:
             self._send({"flags": [], **reply})
             return
-        lease = service.open_lease(problem, level=level)
+        lease = service.open_lease(problem, level=level, language=_language(language))
         self._send({"flags": lease.flags, "lease": lease.id, **reply})
         self._expire(service, lease, float(message.get("ttl_s", 600)))
 
@@ -82,19 +89,21 @@ class _Handler(socketserver.StreamRequestHandler):
         with contextlib.suppress(OSError):  # a killed client: its lease ends on its own
             self._send(event)
 
-    def _compile(self, service: Service, level: object) -> None:
-        """A lease for a compile at LEVEL; at a level no policy serves, no lease: no flags
-        and, the first time, the note saying why."""
+    def _compile(self, service: Service, level: object, language: object) -> None:
+        """A lease for a compile at LEVEL in LANGUAGE; for one no policy serves, no lease: no
+        flags and, the first time, the note saying why."""
         if not isinstance(level, str):
             raise ValueError(f"a compile request names its -O level, not {level!r}")
-        served, note = service.serving(level)
+        served, note = service.serving(level, _language(language))
         policies = [str(p.path) for p in service.policies]  # what answers, for MLGO_POLICY
         reply: dict = {"policies": policies} | ({"note": note} if note else {})
         if not served:
             self._send({"flags": [], **reply})
             return
         with self.write_lock:  # no event before the flags
-            lease = service.open_lease(notify=self._notify, level=level)
+            lease = service.open_lease(
+                notify=self._notify, level=level, language=_language(language)
+            )
             self._send({"lease": lease.id, "flags": lease.flags, **reply})
         returncode = None
         try:

@@ -9,8 +9,10 @@ A channel that fails raises an error event on its lease at once, so `mlgo-cc` ca
 stuck compiler and fall back to the default heuristic.
 
 A policy answers only compiles at the -O level its problem was trained for: a -Oz inlining
-policy would shrink -O3 code the user wants fast. Other compiles get no flags, and the first
-one at each level carries a note saying so, once in the service's lifetime (about a build).
+policy would shrink -O3 code the user wants fast. A policy calibrated for some languages only
+(policy.json's `languages`) answers only compiles in those. Other compiles get no flags, and
+the first one of each level (and language, where that is why) carries a note saying so,
+once in the service's lifetime (about a build).
 
 A compilation run by hand may ask for a channel whatever backend serves its problem: a policy
 served by the plugin then also gets a channel backend for the same policy (native, else
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlgo.llvm.languages import label
 from mlgo.problems import Problem
 from mlgo.serve.backends import (
     Backend,
@@ -46,6 +49,15 @@ class ServedPolicy:
     backend: Backend
     gated: bool = False  # it follows the compiler's own answer unless confident: send it
     by_hand: ChannelBackend | None = None  # the channel backend of a plugin-served policy
+    languages: tuple[str, ...] | None = None  # those it answers compiles in (None: all)
+
+    def why_not(self, level: str, language: str | None) -> str | None:
+        """Why it leaves a compile at LEVEL in LANGUAGE to clang's default (None: it serves)."""
+        if self.problem.opt_level != level:
+            return f"trained for {self.problem.opt_level}"
+        if self.languages is not None and language not in self.languages:
+            return f"calibrated for {' and '.join(label(x) for x in self.languages)} only"
+        return None
 
 
 @dataclass
@@ -85,6 +97,7 @@ class Service:
         self._by_hand_lock = threading.Lock()  # held while a channel backend starts
         self.compilations = self.decisions = self.failed = 0
         self.levels: dict[str, dict[str, int]] = {}  # -O level -> compiles served / not
+        self._noted: set[str | None] = set()  # the notes said already
         self.last_activity = time.monotonic()
         self.policies = [self._load(Path(d), backend) for d in policy_dirs]
         if len({p.problem.name for p in self.policies}) != len(self.policies):
@@ -96,16 +109,18 @@ class Service:
         # checked whole before any backend builds or serves from it
         policy = MLPPolicy.load(directory)
         problem, gated = policy.problem, policy.departure_threshold is not None
+        languages = policy.languages
         if backend in ("auto", "plugin"):
             if problem.plugin:
-                return ServedPolicy(problem, directory.resolve(), PluginBackend(directory), gated)
+                plugin = PluginBackend(directory)
+                return ServedPolicy(problem, directory.resolve(), plugin, gated, None, languages)
             if backend == "plugin":
                 raise ValueError(f"{directory}: {problem.name} has no plugin; use --backend native")
             backend = "native"
         if backend not in ("native", "python"):
             raise ValueError(f"unknown backend {backend!r}; use auto, plugin, native or python")
         served = self._channel_backend(directory, problem, backend)
-        return ServedPolicy(problem, directory.resolve(), served, gated)
+        return ServedPolicy(problem, directory.resolve(), served, gated, None, languages)
 
     def _channel_backend(self, directory: Path, problem: Problem, backend: str) -> ChannelBackend:
         if backend == "python":
@@ -155,31 +170,37 @@ class Service:
             threading.Thread(target=self.end_lease, args=(lease,), daemon=True).start()
 
     # -- leases ----------------------------------------------------------------------
-    def level_note(self, level: str, problem: str | None = None) -> tuple[bool, str | None]:
-        """Does any policy (for PROBLEM, if named) answer a compile at LEVEL, and the note
-        when that leaves some of them to clang's default (None when none is)."""
+    def level_note(
+        self, level: str, problem: str | None = None, language: str | None = None
+    ) -> tuple[bool, str | None]:
+        """Does any policy (for PROBLEM, if named) answer a compile at LEVEL in LANGUAGE, and
+        the note when that leaves some of them to clang's default (None when none is)."""
         pool = [p for p in self.policies if problem in (None, p.problem.name)]
         if not pool:
             raise ValueError(f"this service serves no policy for {problem!r}")
-        served = [p for p in pool if p.problem.opt_level == level]
-        if len(served) == len(pool):
+        left = [(p, why) for p in pool if (why := p.why_not(level, language))]
+        if not left:
             return True, None
-        if not served:
+        by_level = all(p.problem.opt_level != level for p, _ in left)
+        kind = level if by_level else f"{level} {label(language)}"
+        if len(left) < len(pool):
+            names = ", ".join(f"{p.problem.name} ({why})" for p, why in left)
+            return True, f"{kind} compiles are left to clang's default for {names}"
+        if by_level:
             levels = " and ".join(sorted({p.problem.opt_level for p in pool}))
             why = f"the served policies are for {levels}"
-            return False, f"{level} compiles are left to clang's default: {why}"
-        left = ", ".join(
-            f"{p.problem.name} (trained for {p.problem.opt_level})" for p in pool if p not in served
-        )
-        return True, f"{level} compiles are left to clang's default for {left}"
+        else:
+            why = ", ".join(f"{p.problem.name} is {why}" for p, why in left)
+        return False, f"{kind} compiles are left to clang's default: {why}"
 
-    def serving(self, level: str) -> tuple[bool, str | None]:
-        """level_note for a compile: counted, and the note only for the first at LEVEL."""
-        served, note = self.level_note(level)
+    def serving(self, level: str, language: str | None = None) -> tuple[bool, str | None]:
+        """level_note for a compile: counted by level, and each note said once."""
+        served, note = self.level_note(level, language=language)
         with self._lock:
             counts = self.levels.setdefault(level, {"served": 0, "default": 0})
             counts["served" if served else "default"] += 1
-            first = sum(counts.values()) == 1
+            first = note not in self._noted
+            self._noted.add(note)
         return served, note if first else None
 
     def open_lease(
@@ -188,15 +209,18 @@ class Service:
         notify: Callable[[dict], None] | None = None,
         level: str | None = None,
         channel: bool = False,
+        language: str | None = None,
     ) -> Lease:
-        """A lease for one compilation (at LEVEL: only the policies trained for it), each
-        policy by its backend, or with CHANNEL on a channel whatever its backend. NOTIFY gets
-        its error events as they happen; a lease without one is detached: a compilation by
-        hand, which ends after one session (one without channels is over at once)."""
+        """A lease for one compilation (at LEVEL in LANGUAGE: only the policies that serve
+        such a compile), each policy by its backend, or with CHANNEL on a channel whatever
+        its backend. NOTIFY gets its error events as they happen; a lease without one is
+        detached: a compilation by hand, which ends after one session (one without channels
+        is over at once)."""
         chosen = [
             p
             for p in self.policies
-            if problem in (None, p.problem.name) and level in (None, p.problem.opt_level)
+            if problem in (None, p.problem.name)
+            and (level is None or p.why_not(level, language) is None)
         ]
         if not chosen:
             raise ValueError(f"this service serves no policy for {problem!r}")

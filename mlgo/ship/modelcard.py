@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from mlgo.corpus.format import CorpusError, load_corpus
+from mlgo.llvm.languages import LANGUAGES, label
 from mlgo.problems.policy import MLPPolicy
 from mlgo.train.evaluate import Evaluation
 
@@ -21,6 +22,22 @@ def _evaluations(run: Path) -> list[tuple[str, Evaluation]]:
     return found
 
 
+def _by_language(ev: Evaluation) -> list[tuple[str, int, float]]:
+    """(language, modules, change) of the evaluation's C and of its C++ modules; none when
+    its corpus is gone (the languages are the modules')."""
+    try:
+        language = {m.name: m.language for m in load_corpus(ev.corpus).modules}
+    except (OSError, CorpusError):
+        return []
+    m, out = ev.metric, []
+    for x in LANGUAGES:
+        rows = [r for name, r in ev.modules.items() if language.get(name) == x]
+        default = sum(r[f"default_{m}"] for r in rows)
+        if default:
+            out.append((label(x), len(rows), sum(r[m] for r in rows) / default - 1))
+    return out
+
+
 def _profiled(corpus: str) -> bool:
     """Whether the training corpus carries measured counts; one that is gone counts as not."""
     try:
@@ -30,10 +47,10 @@ def _profiled(corpus: str) -> bool:
 
 
 def _reproduce(
-    policy: MLPPolicy, state: dict, evaluations: list[tuple[str, Evaluation]]
+    policy: MLPPolicy, state: dict, evaluations: list[tuple[str, Evaluation]], calibrated: bool
 ) -> list[str]:
     """The commands that rebuild the corpus and retrain this policy: from BC, or from the
-    run or policy the run was started from, when it recorded one."""
+    run or policy the run was started from, when it recorded one; then its calibration."""
     train = dict(evaluations).get("eval")
     packages = " ".join(sorted(train.per_package())) if train else "PACKAGES"
     algo, steps = state.get("algo", "bc"), state.get("step", 0)
@@ -66,6 +83,11 @@ def _reproduce(
             f"mlgo train --algo {algo} --init {start} --corpus data/corpus{problem_flag} "
             f"--out runs/{algo} --steps {steps}{flags}"
         )
+    if calibrated:
+        lines.append(
+            f"mlgo calibrate --policy runs/{algo} --corpus data/corpus-validation "
+            f"--out runs/{algo}-calibrated"
+        )
     return [*lines, "```"]
 
 
@@ -93,7 +115,8 @@ def model_card(policy: MLPPolicy, run: Path) -> str:
             f"{extra['init_reward']:+.2%}, best {extra['best_reward']:+.2%}"
         )
     evaluations = _evaluations(run)
-    lines += _reproduce(policy, state, evaluations)
+    calibrated = (run / "policy" / "calibration.json").exists()
+    lines += _reproduce(policy, state, evaluations, calibrated)
     lines += [
         "",
         "## Measured",
@@ -104,6 +127,8 @@ def model_card(policy: MLPPolicy, run: Path) -> str:
     for name, ev in evaluations:
         t = ev.totals()
         lines.append(f"| {name} | {Path(ev.corpus).name} | {t['modules']} | {t['delta']:+.2%} |")
+        for language, modules, change in _by_language(ev):
+            lines.append(f"| | all {language} modules | {modules} | {change:+.2%} |")
         for pkg, p in sorted(ev.per_package().items()):
             lines.append(f"| | {pkg} | {int(p['modules'])} | {p['delta']:+.2%} |")
     lines += [

@@ -4,6 +4,10 @@ A policy that departs from clang's decision only where it is confident cannot lo
 where it is wrong: with a threshold of 1 it is exactly the default. The sweep evaluates a
 few thresholds on packages the policy did not train on, one evaluation each, and keeps the
 one that shrinks them most without any package getting larger.
+
+Where the corpus holds both C and C++, each threshold is also judged for the policy answering
+one language alone (the other's modules at the default's size: no compile more). A policy
+whose C++ packages grow at every threshold can still ship for C, and is served for C only.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.workers import Workers
-from mlgo.train.evaluate import evaluate
+from mlgo.train.evaluate import Evaluation, evaluate
 
 GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 NEVER = 1.0  # the policy never departs: the default's own decisions
@@ -26,7 +30,9 @@ NEVER = 1.0  # the policy never departs: the default's own decisions
 @dataclass
 class Calibration:
     threshold: float
-    sweep: list[dict]  # per threshold: its total change, the packages it made larger
+    languages: tuple[str, ...] | None  # those the policy answers (None: all)
+    sweep: list[dict]  # per threshold: its total change, the packages it made larger, and
+    # the same for the policy answering each language alone ("by_language")
 
     @property
     def safe(self) -> bool:
@@ -44,27 +50,44 @@ def calibrate(
     """One evaluation of POLICY on CORPUS per threshold of GRID, and the one `choose`s."""
     if not policy.can_gate:
         raise ValueError(f"a {policy.problem.name} policy has no default to gate on")
+    language = {m.name: m.language for m in corpus.modules}
+    present = sorted({x for x in language.values() if x is not None})
     sweep = []
     for t in sorted(grid):
-        ev = evaluate(replace(policy, departure_threshold=t), corpus, tc, workers, policy.problem)
-        sweep.append(
-            {
-                "threshold": t,
-                "change": ev.totals()["delta"],
-                "packages_larger": ev.packages_larger(),
-                "failed": sorted(ev.failed),
+        everywhere = replace(policy, departure_threshold=t, languages=None)
+        ev = evaluate(everywhere, corpus, tc, workers, policy.problem)
+        row = {"threshold": t, **_judged(ev), "failed": sorted(ev.failed)}
+        if len(present) > 1:
+            row["by_language"] = {
+                x: _judged(ev.with_default({n for n, y in language.items() if y != x}))
+                for x in present
             }
-        )
-    return Calibration(choose(sweep), sweep)
+        sweep.append(row)
+    threshold, languages = choose(sweep)
+    return Calibration(threshold, languages, sweep)
 
 
-def choose(sweep: list[dict]) -> float:
-    """Of the thresholds with no package larger and no module failed, the one with the
-    lowest total change (the higher of equals: it departs less for the same result);
-    NEVER if there is none."""
-    safe = [r for r in sweep if not r["packages_larger"] and not r["failed"]]
-    best = min(safe, key=lambda r: (r["change"], -r["threshold"]), default=None)
-    return best["threshold"] if best else NEVER
+def _judged(ev: Evaluation) -> dict:
+    return {"change": ev.totals()["delta"], "packages_larger": ev.packages_larger()}
+
+
+def choose(sweep: list[dict]) -> tuple[float, tuple[str, ...] | None]:
+    """Of the thresholds with no package larger and no module failed, for the policy
+    answering every language or one alone, the one with the lowest total change (the higher
+    of equals: it departs less for the same result; then every language); (NEVER, None) if
+    there is none."""
+    options = [
+        (judged, r["threshold"], languages)
+        for r in sweep
+        if not r["failed"]
+        for judged, languages in [
+            (r, None),
+            *((j, (x,)) for x, j in r.get("by_language", {}).items()),
+        ]
+    ]
+    safe = [o for o in options if not o[0]["packages_larger"]]
+    best = min(safe, key=lambda o: (o[0]["change"], -o[1], o[2] is not None), default=None)
+    return (best[1], best[2]) if best else (NEVER, None)
 
 
 def calibrate_policy(
@@ -85,11 +108,15 @@ def calibrate_policy(
     policy = MLPPolicy.load(source)
     calibration = calibrate(policy, corpus, tc, workers)
     with atomic_directory(out) as staging:
-        replace(policy, departure_threshold=calibration.threshold).save(staging)
+        calibrated = replace(
+            policy, departure_threshold=calibration.threshold, languages=calibration.languages
+        )
+        calibrated.save(staging)
         record = {
             "source": str(source),
             "corpus": str(corpus.root),
             "threshold": calibration.threshold,
+            "languages": calibration.languages,
             "safe": calibration.safe,
             "sweep": calibration.sweep,
         }

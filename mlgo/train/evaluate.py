@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mlgo.corpus.compile import CompileError, compile_module, compile_plain
@@ -116,6 +116,16 @@ class Evaluation:
             row["delta"] = row[m] / row[f"default_{m}"] - 1 if row[f"default_{m}"] else 0.0
         return out
 
+    def with_default(self, names: set[str]) -> Evaluation:
+        """This evaluation as if the policy left the modules NAMES to the default (as one
+        that answers only some languages does): their metric is the default's."""
+        m = self.metric
+        modules = {
+            name: {**r, m: r[f"default_{m}"], "changed": 0} if name in names else r
+            for name, r in self.modules.items()
+        }
+        return replace(self, modules=modules)
+
     def packages_larger(self) -> list[str]:
         """The packages whose metric the policy raised above the default's, sorted."""
         m = self.metric
@@ -157,10 +167,20 @@ class Evaluation:
 def evaluate(
     policy: Policy, corpus: Corpus, tc: Toolchain, workers: Workers, problem: Problem
 ) -> Evaluation:
+    """POLICY against the default on every module of CORPUS. A policy that answers only
+    some languages leaves the other modules to the default, as the service does: they are
+    not compiled again."""
     base, unmeasured = baseline(corpus, tc, workers, problem)
     result = Evaluation(problem, tc.describe(), str(corpus.root))
     result.failed.update({name: f"default: {msg}" for name, msg in unmeasured.items()})
-    tasks = [EvalTask(problem, m, tc.clang, policy) for m in corpus.modules if m.name in base]
+    languages = getattr(policy, "languages", None)  # a policy may answer only some
+    measured = [m for m in corpus.modules if m.name in base]
+    for m in measured:
+        if languages is not None and m.language not in languages:  # compiled as the default
+            default = {f"default_{k}": v for k, v in base[m.name].items()}
+            result.modules[m.name] = {"decisions": 0, "changed": 0, **base[m.name], **default}
+    answered = [m for m in measured if m.name not in result.modules]
+    tasks = [EvalTask(problem, m, tc.clang, policy) for m in answered]
     for task, r in workers.imap(eval_one, tasks):
         if isinstance(r, Failed):
             result.failed[task.module.name] = r.message

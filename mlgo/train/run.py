@@ -63,8 +63,9 @@ def start_policy(algo: str, init: Path | None, problem: Problem) -> MLPPolicy | 
         from mlgo.train.bcmax import check_problem
 
         check_problem(problem)
-    # A calibrated gate holds for the weights it was calibrated with, not for new ones.
-    return replace(start, departure_threshold=None)
+    # A calibrated gate (and the languages it holds for) fits the weights it was calibrated
+    # with, not new ones.
+    return replace(start, departure_threshold=None, languages=None)
 
 
 def run(

@@ -73,6 +73,37 @@ static int is_source(const char *arg) {
   return 0;
 }
 
+/* Same rule as mlgo.llvm.languages.suffix_language: "c", "c++" or NULL. */
+static const char *suffix_language(const char *name, int cxx) {
+  static const char *c[] = {".c", ".i", NULL};
+  static const char *cxx_suffixes[] = {".ii", ".C", ".cc", ".cp", ".cpp", ".cxx", ".c++", ".CPP",
+                                       NULL};
+  const char *dot = strrchr(name, '.');
+  if (!dot || dot == name) return NULL;
+  if (one_of(dot, c)) return cxx ? "c++" : "c";
+  return one_of(dot, cxx_suffixes) ? "c++" : NULL;
+}
+
+/* Same rule as mlgo.llvm.languages.source_language: the sources' language by the last -x
+ * before each, else by suffix; NULL when mixed or neither C nor C++. */
+static const char *source_language(int argc, char **argv, int cxx) {
+  const char *x = "none", *found = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "-x") == 0) {
+      x = i + 1 < argc ? argv[++i] : "none";
+    } else if (strncmp(a, "-x", 2) == 0 && a[2]) {
+      x = a + 2;
+    } else if (is_source(a)) {
+      const char *language = strcmp(x, "none") != 0 ? NULL : suffix_language(a, cxx);
+      if (strcmp(x, "c") == 0 || strcmp(x, "c++") == 0) language = x;
+      if (!language || (found && strcmp(found, language) != 0)) return NULL;
+      found = language;
+    }
+  }
+  return found;
+}
+
 /* Same rule as mlgo.serve.cc.optimizes: a source file is compiled, no flag says otherwise. */
 static int optimizes(int argc, char **argv) {
   int source = 0;
@@ -538,9 +569,14 @@ static int guard_keep_smaller(void) {
 /* Built by tests/test_guard.py to hold the rules above against Python's: `guard ARGS...`
  * prints the object the guard compares (nothing if none) and the default compile's arguments
  * after the compiler (to OUT), each ended by a NUL; `text FILE...` prints each file's
- * text_size on a line. */
+ * text_size on a line; `language cc|c++ ARGS...` the sources' language (or none). */
 static int check(int argc, char **argv) {
   char obj[PATH_MAX];
+  if (argc > 2 && strcmp(argv[1], "language") == 0) {
+    const char *language = source_language(argc - 2, argv + 2, strcmp(argv[2], "c++") == 0);
+    printf("%s\n", language ? language : "none");
+    return 0;
+  }
   if (argc > 1 && strcmp(argv[1], "text") == 0) {
     for (int i = 2; i < argc; i++) printf("%lld\n", text_size(argv[i]));
     return 0;
@@ -588,7 +624,10 @@ int main(int argc, char **argv) {
   char *line = malloc(LINE_MAX_BYTES);
   char *flags[MAX_FLAGS];
   int n_flags;
-  snprintf(line, LINE_MAX_BYTES, "{\"op\": \"compile\", \"level\": \"%s\"}\n", level);
+  const char *language = source_language(argc, argv, cxx);
+  const char *quote = language ? "\"" : "";
+  snprintf(line, LINE_MAX_BYTES, "{\"op\": \"compile\", \"level\": \"%s\", \"language\": %s%s%s}\n",
+           level, quote, language ? language : "null", quote);
   if (send_all(sock, line) || read_line(sock, line, LINE_MAX_BYTES, 10000) < 0 ||
       (n_flags = json_strings(line, "flags", flags, MAX_FLAGS)) < 0) {
     close(sock);
@@ -596,7 +635,7 @@ int main(int argc, char **argv) {
   }
   char *note = json_field(line, "note");
   if (note) fprintf(stderr, "mlgo-cc: note: %s (first: %s)\n", note, first_source(argc, argv));
-  if (!strstr(line, "\"lease\": ")) { /* no policy serves this level */
+  if (!strstr(line, "\"lease\": ")) { /* no policy serves this level or language */
     close(sock);
     exec_compiler(argc, argv, NULL, 0);
   }
