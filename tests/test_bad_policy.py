@@ -96,7 +96,8 @@ def test_a_spoilt_policy_is_refused_naming_its_file(tmp_path, file, why, spoil):
 
 def test_the_languages_a_policy_answers_are_saved_with_it(tmp_path):
     policy = MLPPolicy.load(POLICIES / "inlining-size")
-    assert policy.languages is None  # a policy saved before them: every language
+    replace(policy, languages=None).save(tmp_path / "all")
+    assert MLPPolicy.load(tmp_path / "all").languages is None  # none saved: every language
     replace(policy, languages=("c",)).save(tmp_path / "c")
     loaded = MLPPolicy.load(tmp_path / "c")
     assert loaded.languages == ("c",) and "answers C compiles only" in loaded.describe()

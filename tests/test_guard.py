@@ -73,7 +73,7 @@ GUARD_CASES = {
 @pytest.fixture(scope="module")
 def inline_all(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A policy that always says "inline": its objects differ visibly from clang's."""
-    policy = MLPPolicy.load(SHIPPED)
+    policy = replace(MLPPolicy.load(SHIPPED), departure_threshold=None, languages=None)
     policy.weights[-1] = np.array([0.0, 1e30], np.float32)
     out = tmp_path_factory.mktemp("inline-all") / "policy"
     policy.save(out)
@@ -136,11 +136,13 @@ def test_a_policy_serves_only_its_own_level(cc, inline_all, tc, tmp_path):
         service.stop()
 
 
-def test_a_compile_request_must_name_its_level(eager):
+def test_a_compile_request_must_name_its_level_and_language(eager):
     from mlgo.serve.client import ServiceError, request
 
     with pytest.raises(ServiceError, match="names its -O level"):
         request({"op": "compile"}, path=eager.socket)
+    with pytest.raises(ServiceError, match="names its language; run mlgo install-wrappers"):
+        request({"op": "compile", "level": "-Oz"}, path=eager.socket)
 
 
 @pytest.fixture(params=["python", "native"])

@@ -288,7 +288,7 @@ def test_a_bad_timeout_loses_no_compile(value, cc, python_service, tmp_path):
 
 
 def test_the_lease_names_its_policies(python_service):
-    reply = request({"op": "compile", "level": "-Oz"}, path=python_service.socket)
+    reply = request({"op": "compile", "level": "-Oz", "language": "c"}, path=python_service.socket)
     assert reply["policies"] == [str(SHIPPED.resolve())]
 
 

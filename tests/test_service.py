@@ -144,7 +144,7 @@ def test_the_plugin_decides_as_the_policy_does(cc, plugin, mini_corpus, tc, tmp_
     for call site; and a policy that departs from the default visibly does so."""
     status = plugin.status()
     assert status["policies"][0]["backend"] == "plugin"
-    inline_all = MLPPolicy.load(SHIPPED)
+    inline_all = replace(MLPPolicy.load(SHIPPED), departure_threshold=None, languages=None)
     inline_all.weights[-1] = np.array([0.0, 1e30], np.float32)  # always "inline"
     inline_all.save(tmp_path / "inline-all")
     eager = Service(tmp_path, "--policy", str(tmp_path / "inline-all"), "--backend", "plugin")
@@ -176,7 +176,7 @@ def test_every_backend_applies_a_departure_gate_alike(native_cc, tc, tmp_path):
     from mlgo.llvm.channel import compile_interactive
     from mlgo.ship.export import export_saved_model
 
-    eager = MLPPolicy.load(SHIPPED)
+    eager = replace(MLPPolicy.load(SHIPPED), departure_threshold=None, languages=None)
     eager.weights[-1] = eager.weights[-1] + np.array([0.0, 6.0], np.float32)
     gated = replace(eager, departure_threshold=0.87)  # a logit margin of 1.9
     gated.save(tmp_path / "gated")
@@ -238,6 +238,7 @@ def by_hand(line: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 README_BY_HAND = (
     "clang-22 -Oz -c {src} -o {out} -mllvm -enable-ml-inliner=release "
+    "-mllvm -inliner-interactive-include-default "
     '-mllvm -inliner-interactive-channel-base="$(mlgo channel)"'
 )
 
@@ -249,7 +250,10 @@ def test_readme_channel_by_hand_works_on_the_default_service(plugin, tmp_path):
         want, got = tmp_path / "cc.o", tmp_path / "hand.o"
         assert mlgo_cc(MLGO_CC, src, want, plugin.env()).returncode == 0
         r = by_hand(README_BY_HAND.format(src=src, out=got), plugin.env())
-        assert r.returncode == 0 and not r.stderr, r.stderr
+        assert r.returncode == 0, r.stderr  # a gated policy's note names the flag the line has
+        note = "mlgo: note: this policy's channel needs: "
+        assert not r.stderr or (r.stderr.startswith(note) and r.stderr.count("\n") == 1)
+        assert "include-default" in r.stderr or not r.stderr, r.stderr
         assert got.read_bytes() == want.read_bytes(), src.name
     (policy,) = plugin.status()["policies"]
     assert (policy["backend"], policy["by_hand"]) == ("plugin", "native")
@@ -265,7 +269,7 @@ def test_readme_channel_by_hand_works_on_the_default_service(plugin, tmp_path):
 def test_a_plugin_policy_without_a_saved_model_answers_channels_from_python(tmp_path, tc):
     """No native server without a SavedModel: the numpy policy answers the channel, with
     the plugin's decisions (here, departing from clang's default)."""
-    inline_all = MLPPolicy.load(SHIPPED)
+    inline_all = replace(MLPPolicy.load(SHIPPED), departure_threshold=None, languages=None)
     inline_all.weights[-1] = np.array([0.0, 1e30], np.float32)  # always "inline"
     inline_all.save(tmp_path / "inline-all")
     service = Service(tmp_path, "--policy", str(tmp_path / "inline-all"))
@@ -325,6 +329,33 @@ def test_mlgo_flags_at_another_level_print_nothing_and_say_why(plugin):
     assert r.stderr == (
         "mlgo: note: -O2 compiles are left to clang's default: the served policies are for -Oz\n"
     )
+
+
+def test_mlgo_flags_for_a_language_the_policy_does_not_answer_print_nothing_and_say_why(
+    tmp_path,
+):
+    """A policy for C: CFLAGS get its flags, CXXFLAGS nothing and a note; a language it does
+    not know is one line."""
+    replace(MLPPolicy.load(SHIPPED), languages=("c",)).save(tmp_path / "c-only")
+    service = Service(tmp_path, "--policy", str(tmp_path / "c-only"))
+    flags = [*MLGO, "flags", "--socket", str(service.socket)]
+    try:
+        r = subprocess.run([*flags, "--", "-Oz"], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.startswith("-fpass-plugin="), r.stderr
+        r = subprocess.run(
+            [*flags, "--language", "c++", "--", "-Oz"], capture_output=True, text=True
+        )
+        assert r.returncode == 0 and r.stdout == "", r.stdout
+        assert r.stderr == (
+            "mlgo: note: -Oz C++ compiles are left to clang's default: inlining-size is "
+            "calibrated for C only\n"
+        )
+        r = subprocess.run(
+            [*flags, "--language", "rust", "--", "-Oz"], capture_output=True, text=True
+        )
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--language 'rust'" in r.stderr
+    finally:
+        service.stop()
 
 
 @pytest.mark.parametrize("command", [["channel"], ["flags", "--", "-O2"]])

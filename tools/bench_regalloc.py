@@ -276,7 +276,8 @@ def bench_overhead(
                         direct(cmd)
                     else:
                         with Connection(socket, 10.0) as conn:
-                            conn.send({"op": "compile", "level": problem.opt_level})
+                            level, language = problem.opt_level, m.language
+                            conn.send({"op": "compile", "level": level, "language": language})
                             flags = list(conn.receive()["flags"])
                             subprocess.run([*cmd, *flags], check=True, capture_output=True)
                             conn.send({"op": "done", "returncode": 0})

@@ -95,16 +95,23 @@ def flags(
     problem: Annotated[
         str | None, typer.Option(help="only this decision (default: every served policy)")
     ] = None,
+    language: Annotated[
+        str, typer.Option(help="the language of the compiles: c (CFLAGS) or c++ (CXXFLAGS)")
+    ] = "c",
     socket: SocketOpt = None,
 ) -> None:
     """Print the flags that bring the served policies to your own clang command, each by its
     fastest route (the plugin; a channel, for one compilation, where a problem has none);
-    nothing when CFLAGS select a level no policy was trained for. Starts the service (as
-    mlgo-cc would) when none is running."""
+    nothing when CFLAGS select a level (or --language one) no policy serves. Starts the
+    service (as mlgo-cc would) when none is running."""
+    from mlgo.llvm.languages import LANGUAGES
     from mlgo.serve.cc import flags_by_hand
     from mlgo.serve.client import socket_path
 
-    found, note = flags_by_hand(socket or socket_path(), socket is None, problem, cflags or [])
+    if language not in LANGUAGES:
+        raise ValueError(f"--language {language!r} is not one of {', '.join(LANGUAGES)}")
+    path = socket or socket_path()
+    found, note = flags_by_hand(path, socket is None, problem, cflags or [], language)
     if note:
         err.print(f"mlgo: note: {note}", highlight=False)
     if found:

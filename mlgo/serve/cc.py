@@ -193,16 +193,15 @@ def by_hand(path: Path, may_start: bool, message: dict) -> dict:
 
 
 def flags_by_hand(
-    path: Path, may_start: bool, problem: str | None, cflags: list[str]
+    path: Path, may_start: bool, problem: str | None, cflags: list[str], language: str
 ) -> tuple[list[str], str | None]:
     """The flags that bring the served policies (PROBLEM's only, if named) to the user's own
-    clang command with CFLAGS, checked as a lease's are, and the note when the level CFLAGS
-    select (or their sources' language) leaves some policy to clang's default (no flags when
-    it leaves them all)."""
+    clang command with CFLAGS for compiles in LANGUAGE, checked as a lease's are, and the
+    note when that level or language leaves some policy to clang's default (no flags when it
+    leaves them all)."""
     level = opt_level(cflags)
     if level is None:
         raise ValueError(f"clang accepts no such -O level: {' '.join(cflags)}")
-    language = compile_language(cflags, cxx_driver=False)  # of the sources CFLAGS name, if any
     request = {"op": "flags", "level": level, "problem": problem, "language": language}
     reply = by_hand(path, may_start, request)
     flags = reply.get("flags")

@@ -40,7 +40,7 @@ class _Handler(socketserver.StreamRequestHandler):
             message = json.loads(line or b"{}")
             op = message.get("op")
             if op == "compile":
-                self._compile(service, message.get("level"), message.get("language"))
+                self._compile(service, message)
             elif op == "channel":
                 lease = service.open_lease(message.get("problem"), channel=True)
                 (policy, _backend, base), *_ = lease.channels.values()
@@ -89,11 +89,16 @@ class _Handler(socketserver.StreamRequestHandler):
         with contextlib.suppress(OSError):  # a killed client: its lease ends on its own
             self._send(event)
 
-    def _compile(self, service: Service, level: object, language: object) -> None:
-        """A lease for a compile at LEVEL in LANGUAGE; for one no policy serves, no lease: no
-        flags and, the first time, the note saying why."""
+    def _compile(self, service: Service, message: dict) -> None:
+        """A lease for a compile at its level in its language; for one no policy serves, no
+        lease: no flags and, the first time, the note saying why. A request without a
+        language is from a native mlgo-cc built before languages were sent: refused, so that
+        it hands the compile to the Python one, which sends it."""
+        level, language = message.get("level"), message.get("language")
         if not isinstance(level, str):
             raise ValueError(f"a compile request names its -O level, not {level!r}")
+        if "language" not in message:
+            raise ValueError("a compile request names its language; run mlgo install-wrappers")
         served, note = service.serving(level, _language(language))
         policies = [str(p.path) for p in service.policies]  # what answers, for MLGO_POLICY
         reply: dict = {"policies": policies} | ({"note": note} if note else {})

@@ -63,6 +63,8 @@ def _reproduce(
     flags = "".join(
         f" --{k.replace('_', '-')} {config[k]}" for k in options.get(algo, ()) if config.get(k)
     )
+    if config.get("max_seconds"):  # a time budget: it sized the searches too
+        flags += f" --minutes {config['max_seconds'] / 60:g}"
     problem_flag = f" --problem {policy.problem.name}"
     profile_flag = " --profile" if train and _profiled(train.corpus) else ""
     lines = [
