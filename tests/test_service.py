@@ -35,12 +35,15 @@ CXX_SOURCE = DATA / "cxx" / "inventory.cc"
 class Service:
     """`mlgo serve` in the background on a private socket."""
 
-    def __init__(self, tmp: Path, *args: str):
+    def __init__(self, tmp: Path, *args: str, cwd: Path | None = None):
         self.socket = tmp / "mlgo.sock"
         self.log = tmp / "serve.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [*MLGO, "serve", "--socket", str(self.socket), *args], stdout=log, stderr=log
+                [*MLGO, "serve", "--socket", str(self.socket), *args],
+                stdout=log,
+                stderr=log,
+                cwd=cwd,
             )
         deadline = time.monotonic() + 600  # the first start may AOT-compile the policy
         while not self.socket.exists():
@@ -302,6 +305,15 @@ def test_mlgo_flags_in_a_users_own_command_build_what_mlgo_cc_builds(served, req
     route = "-fpass-plugin=" if served == "plugin" else "-inliner-interactive-channel-base="
     assert r.stdout.count("\n") == 1 and route in r.stdout, r.stdout
     assert got.read_bytes() == want.read_bytes()
+
+
+def test_serve_with_no_policy_serves_the_shipped_one_wherever_it_is_run(tmp_path):
+    service = Service(tmp_path, cwd=tmp_path)
+    try:
+        (policy,) = service.status()["policies"]
+        assert Path(policy["path"]) == SHIPPED.resolve()
+    finally:
+        service.stop()
 
 
 def test_mlgo_flags_starts_the_service_as_mlgo_cc_does(tmp_path):
