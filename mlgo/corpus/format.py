@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from pathlib import Path
 
 from mlgo.llvm.languages import suffix_language
@@ -70,8 +71,7 @@ class Module:
         it was compiled from (cc1's -main-file-name); None when that is neither."""
         if any(a.startswith("-std=") and "++" in a for a in self.args):
             return "c++"
-        args = iter(self.args)
-        names = [next(args, "") for a in args if a == "-main-file-name"]
+        names = [b for a, b in pairwise(self.args) if a == "-main-file-name"]
         return suffix_language(names[-1]) if names else None
 
     @property

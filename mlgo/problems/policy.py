@@ -349,9 +349,9 @@ class MLPPolicy:
         if languages is not None:
             if not isinstance(languages, list) or not all(x in LANGUAGES for x in languages):
                 raise PolicyError(f"{where}: languages {languages!r} are not some of {LANGUAGES}")
-            languages = tuple(x for x in LANGUAGES if x in languages) or None
-            if languages is None:
+            if not languages:
                 raise PolicyError(f"{where}: languages is empty: the policy would answer nothing")
+            languages = tuple(x for x in LANGUAGES if x in languages)
         policy = kind(
             problem,
             norm,

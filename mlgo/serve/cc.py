@@ -85,9 +85,14 @@ def optimizes(args: list[str]) -> bool:
     return bool(source_files(args))
 
 
+def is_source(arg: str) -> bool:
+    """Is ARG a source file the driver compiles (by its suffix)?"""
+    return arg.endswith(SOURCE_SUFFIXES) and not arg.startswith("-")
+
+
 def source_files(args: list[str]) -> list[str]:
     """The source files among ARGS (the guard compares only a compile of one)."""
-    return [a for a in args if a.endswith(SOURCE_SUFFIXES) and not a.startswith("-")]
+    return [a for a in args if is_source(a)]
 
 
 def opt_level(args: list[str]) -> str | None:
@@ -337,7 +342,7 @@ def _guard(compiler: str, args: list[str], sources: list[str], strict: bool) -> 
 
 def compile_language(args: list[str], cxx_driver: bool) -> str | None:
     """The language the sources among ARGS compile as, None if mixed or neither C nor C++."""
-    return source_language(args, cxx_driver, lambda a: bool(source_files([a])))
+    return source_language(args, cxx_driver, is_source)
 
 
 def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:

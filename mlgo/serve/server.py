@@ -71,15 +71,16 @@ class _Handler(socketserver.StreamRequestHandler):
     def _flags(self, service: Service, message: dict) -> None:
         """The flags of a compilation by hand at the request's level, by each served policy's
         fastest route, and the note when the level leaves some policy to clang's default."""
-        problem, level, language = (message.get(k) for k in ("problem", "level", "language"))
+        problem, level = message.get("problem"), message.get("level")
+        language = _language(message.get("language"))
         if not isinstance(level, str):
             raise ValueError(f"a flags request names its -O level, not {level!r}")
-        served, note = service.level_note(level, problem, _language(language))
+        served, note = service.level_note(level, problem, language)
         reply: dict = {"note": note} if note else {}
         if not served:
             self._send({"flags": [], **reply})
             return
-        lease = service.open_lease(problem, level=level, language=_language(language))
+        lease = service.open_lease(problem, level=level, language=language)
         self._send({"flags": lease.flags, "lease": lease.id, **reply})
         self._expire(service, lease, float(message.get("ttl_s", 600)))
 
@@ -94,21 +95,19 @@ class _Handler(socketserver.StreamRequestHandler):
         lease: no flags and, the first time, the note saying why. A request without a
         language is from a native mlgo-cc built before languages were sent: refused, so that
         it hands the compile to the Python one, which sends it."""
-        level, language = message.get("level"), message.get("language")
+        level, language = message.get("level"), _language(message.get("language"))
         if not isinstance(level, str):
             raise ValueError(f"a compile request names its -O level, not {level!r}")
         if "language" not in message:
             raise ValueError("a compile request names its language; run mlgo install-wrappers")
-        served, note = service.serving(level, _language(language))
+        served, note = service.serving(level, language)
         policies = [str(p.path) for p in service.policies]  # what answers, for MLGO_POLICY
         reply: dict = {"policies": policies} | ({"note": note} if note else {})
         if not served:
             self._send({"flags": [], **reply})
             return
         with self.write_lock:  # no event before the flags
-            lease = service.open_lease(
-                notify=self._notify, level=level, language=_language(language)
-            )
+            lease = service.open_lease(notify=self._notify, level=level, language=language)
             self._send({"lease": lease.id, "flags": lease.flags, **reply})
         returncode = None
         try:

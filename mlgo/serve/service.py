@@ -113,14 +113,16 @@ class Service:
         if backend in ("auto", "plugin"):
             if problem.plugin:
                 plugin = PluginBackend(directory)
-                return ServedPolicy(problem, directory.resolve(), plugin, gated, None, languages)
+                return ServedPolicy(
+                    problem, directory.resolve(), plugin, gated, languages=languages
+                )
             if backend == "plugin":
                 raise ValueError(f"{directory}: {problem.name} has no plugin; use --backend native")
             backend = "native"
         if backend not in ("native", "python"):
             raise ValueError(f"unknown backend {backend!r}; use auto, plugin, native or python")
         served = self._channel_backend(directory, problem, backend)
-        return ServedPolicy(problem, directory.resolve(), served, gated, None, languages)
+        return ServedPolicy(problem, directory.resolve(), served, gated, languages=languages)
 
     def _channel_backend(self, directory: Path, problem: Problem, backend: str) -> ChannelBackend:
         if backend == "python":

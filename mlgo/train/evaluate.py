@@ -174,17 +174,23 @@ def evaluate(
     result = Evaluation(problem, tc.describe(), str(corpus.root))
     result.failed.update({name: f"default: {msg}" for name, msg in unmeasured.items()})
     languages = getattr(policy, "languages", None)  # a policy may answer only some
-    measured = [m for m in corpus.modules if m.name in base]
-    for m in measured:
-        if languages is not None and m.language not in languages:  # compiled as the default
-            default = {f"default_{k}": v for k, v in base[m.name].items()}
-            result.modules[m.name] = {"decisions": 0, "changed": 0, **base[m.name], **default}
-    answered = [m for m in measured if m.name not in result.modules]
-    tasks = [EvalTask(problem, m, tc.clang, policy) for m in answered]
+    tasks = []
+    for m in corpus.modules:
+        if m.name not in base:
+            continue
+        if languages is None or m.language in languages:
+            tasks.append(EvalTask(problem, m, tc.clang, policy))
+        else:  # compiled as the default: its own measures on both sides
+            row = {"decisions": 0, "changed": 0, **base[m.name]}
+            result.modules[m.name] = {**row, **_as_default(base[m.name])}
     for task, r in workers.imap(eval_one, tasks):
         if isinstance(r, Failed):
             result.failed[task.module.name] = r.message
         else:
-            default = {f"default_{k}": v for k, v in base[task.module.name].items()}
-            result.modules[task.module.name] = {**r, **default}
+            result.modules[task.module.name] = {**r, **_as_default(base[task.module.name])}
     return result
+
+
+def _as_default(measured: dict[str, float]) -> dict[str, float]:
+    """The default's measures of a module, under the names an evaluation row gives them."""
+    return {f"default_{k}": v for k, v in measured.items()}

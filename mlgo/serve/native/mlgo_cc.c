@@ -95,8 +95,11 @@ static const char *source_language(int argc, char **argv, int cxx) {
     } else if (strncmp(a, "-x", 2) == 0 && a[2]) {
       x = a + 2;
     } else if (is_source(a)) {
-      const char *language = strcmp(x, "none") != 0 ? NULL : suffix_language(a, cxx);
-      if (strcmp(x, "c") == 0 || strcmp(x, "c++") == 0) language = x;
+      const char *language = NULL; /* -x other than C and C++: neither */
+      if (strcmp(x, "none") == 0)
+        language = suffix_language(a, cxx);
+      else if (strcmp(x, "c") == 0 || strcmp(x, "c++") == 0)
+        language = x;
       if (!language || (found && strcmp(found, language) != 0)) return NULL;
       found = language;
     }
