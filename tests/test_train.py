@@ -14,6 +14,7 @@ import pytest
 
 from mlgo.problems import get_problem
 from mlgo.problems.policy import MLPPolicy, Normalizer
+from mlgo.programs.tune import gated_candidates
 from mlgo.runtime.workers import LocalPool, make_workers
 from mlgo.ship.modelcard import model_card
 from mlgo.traces.collect import collect
@@ -179,6 +180,25 @@ def test_calibration_keeps_the_smallest_safe_threshold_the_higher_of_equals():
     assert choose([{**row(0.5, -0.03, ["cxxpkg"]), "by_language": alone}]) == (0.5, ("c",))
     alone = {"c": row(0.9, -0.01), "c++": row(0.9, 0.0)}
     assert choose([{**row(0.9, -0.01), "by_language": alone}]) == (0.9, None)
+
+
+@pytest.mark.unit
+def test_tune_weighs_each_threshold_for_every_language_and_each_alone():
+    """`mlgo tune`'s candidates: a failed threshold is none; C alone is a policy for C."""
+    policy = MLPPolicy.load(POLICIES / "inlining-size")
+    alone = {"c": {"change": -0.02}, "c++": {"change": 0.01}}
+    sweep = [
+        {"threshold": 0.6, "change": -0.01, "failed": [], "by_language": alone},
+        {"threshold": 0.8, "change": -0.03, "failed": ["p/m.c"]},
+    ]
+    candidates = gated_candidates(policy, sweep)
+    assert {k: c for k, (_, c) in candidates.items()} == {
+        "trained, gated at 0.6": -0.01,
+        "trained, gated at 0.6, C only": -0.02,
+        "trained, gated at 0.6, C++ only": 0.01,
+    }
+    gates = {(p.departure_threshold, p.languages) for p, _ in candidates.values()}
+    assert gates == {(0.6, None), (0.6, ("c",)), (0.6, ("c++",))}
 
 
 def test_calibrate_writes_a_gated_policy_no_package_grows_with(mini_corpus, tc, tmp_path):

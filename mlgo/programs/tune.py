@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from mlgo.corpus.extract import BuildError, Recipe, run_tests
 from mlgo.corpus.format import load_corpus
 from mlgo.data import shipped_policy
+from mlgo.llvm.languages import label
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem, get_problem
 from mlgo.programs.build import ProgramBuild, level_flags, policy_service
@@ -50,6 +51,7 @@ from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.workers import make_workers
 
 if TYPE_CHECKING:
+    from mlgo.problems.policy import MLPPolicy
     from mlgo.train.evaluate import Evaluation
 
 ON_TRAINING_CODE = "measured on the modules it trained on, not on held-out code"
@@ -148,9 +150,9 @@ def choose_policy(
     training, whichever ends first (STEPS 0: no training), and keeps the candidate that is
     cheapest on the corpus, saved in OUT/chosen: the compiler's default (START gated never
     to depart), START, the trained policy, and the trained policy at each departure
-    threshold of GATES. The earliest of equals wins, so a policy that does
-    not beat the default on the code it will build is not served. Returns it and what
-    training did."""
+    threshold of GATES (each language alone too: `gated_candidates`). The earliest of equals
+    wins, so a policy that does not beat the default on the code it will build is not
+    served. Returns it and what training did."""
     from mlgo.problems.policy import MLPPolicy
     from mlgo.train import policy_dir
     from mlgo.train.calibrate import NEVER, calibrate
@@ -175,11 +177,8 @@ def choose_policy(
             state = json.loads((out / "train" / "state.json").read_text())
             headroom = search_headroom(state, trained.evaluation)
             if trained.policy.can_gate:
-                for row in calibrate(trained.policy, corpus, tc, pool, GATES).sweep:
-                    if not row["failed"]:
-                        t = row["threshold"]
-                        gated = replace(trained.policy, departure_threshold=t)
-                        candidates[f"trained, gated at {t:g}"] = (gated, row["change"])
+                sweep = calibrate(trained.policy, corpus, tc, pool, GATES).sweep
+                candidates.update(gated_candidates(trained.policy, sweep))
     chosen = min(candidates, key=lambda name: candidates[name][1])
     candidates[chosen][0].save(out / "chosen")
     change = {name: 100 * c for name, (_, c) in candidates.items()}
@@ -203,6 +202,26 @@ def choose_policy(
         if headroom < 0:  # the chosen policy's share of what the search found
             training["headroom_captured"] = min(candidates[chosen][1], 0.0) / headroom
     return out / "chosen", training
+
+
+def gated_candidates(policy: MLPPolicy, sweep: list[dict]) -> dict[str, tuple[MLPPolicy, float]]:
+    """POLICY at each threshold of a calibration SWEEP on the user's corpus, answering every
+    compile and, in a code base of C and C++, each language alone (the other left to the
+    default): a project whose C++ grows under the policy can still have its C served."""
+    candidates = {}
+    for row in sweep:
+        if row["failed"]:
+            continue
+        t = row["threshold"]
+        gated = replace(policy, departure_threshold=t, languages=None)
+        candidates[f"trained, gated at {t:g}"] = (gated, row["change"])
+        for language, judged in row.get("by_language", {}).items():
+            alone = replace(gated, languages=(language,))
+            candidates[f"trained, gated at {t:g}, {label(language)} only"] = (
+                alone,
+                judged["change"],
+            )
+    return candidates
 
 
 def export(chosen: Path, out: Path) -> Path:
