@@ -205,22 +205,17 @@ def choose_policy(
 
 
 def gated_candidates(policy: MLPPolicy, sweep: list[dict]) -> dict[str, tuple[MLPPolicy, float]]:
-    """POLICY at each threshold of a calibration SWEEP on the user's corpus, answering every
+    """POLICY at each of a calibration SWEEP's `options` on the user's corpus: every
     compile and, in a code base of C and C++, each language alone (the other left to the
-    default): a project whose C++ grows under the policy can still have its C served."""
+    default), so that a project whose C++ grows under the policy can still have its C
+    served."""
+    from mlgo.train.calibrate import options
+
     candidates = {}
-    for row in sweep:
-        if row["failed"]:
-            continue
-        t = row["threshold"]
-        gated = replace(policy, departure_threshold=t, languages=None)
-        candidates[f"trained, gated at {t:g}"] = (gated, row["change"])
-        for language, judged in row.get("by_language", {}).items():
-            alone = replace(gated, languages=(language,))
-            candidates[f"trained, gated at {t:g}, {label(language)} only"] = (
-                alone,
-                judged["change"],
-            )
+    for t, languages, judged in options(sweep):
+        name = f"trained, gated at {t:g}" + (f", {label(languages[0])} only" if languages else "")
+        gated = replace(policy, departure_threshold=t, languages=languages)
+        candidates[name] = (gated, judged["change"])
     return candidates
 
 

@@ -71,13 +71,11 @@ def _judged(ev: Evaluation) -> dict:
     return {"change": ev.totals()["delta"], "packages_larger": ev.packages_larger()}
 
 
-def choose(sweep: list[dict]) -> tuple[float, tuple[str, ...] | None]:
-    """Of the thresholds with no package larger and no module failed, for the policy
-    answering every language or one alone, the one with the lowest total change (the higher
-    of equals: it departs less for the same result; then every language); (NEVER, None) if
-    there is none."""
-    options = [
-        (judged, r["threshold"], languages)
+def options(sweep: list[dict]) -> list[tuple[float, tuple[str, ...] | None, dict]]:
+    """Each threshold of SWEEP at which no module failed, for the policy answering every
+    language (None) and each language alone: (threshold, languages, its judgement)."""
+    return [
+        (r["threshold"], languages, judged)
         for r in sweep
         if not r["failed"]
         for judged, languages in [
@@ -85,9 +83,15 @@ def choose(sweep: list[dict]) -> tuple[float, tuple[str, ...] | None]:
             *((j, (x,)) for x, j in r.get("by_language", {}).items()),
         ]
     ]
-    safe = [o for o in options if not o[0]["packages_larger"]]
-    best = min(safe, key=lambda o: (o[0]["change"], -o[1], o[2] is not None), default=None)
-    return (best[1], best[2]) if best else (NEVER, None)
+
+
+def choose(sweep: list[dict]) -> tuple[float, tuple[str, ...] | None]:
+    """Of the `options` with no package larger, the one with the lowest total change (the
+    higher of equals: it departs less for the same result; then every language); (NEVER,
+    None) if there is none."""
+    safe = [o for o in options(sweep) if not o[2]["packages_larger"]]
+    best = min(safe, key=lambda o: (o[2]["change"], -o[0], o[1] is not None), default=None)
+    return (best[0], best[1]) if best else (NEVER, None)
 
 
 def calibrate_policy(
