@@ -27,8 +27,8 @@ from elftools.elf.elffile import ELFFile
 from mlgo import data as shipped
 from mlgo.corpus.format import DESCRIPTION, CorpusError, write_description
 from mlgo.llvm.toolchain import Toolchain
-from mlgo.runtime.files import atomic_directory
-from mlgo.runtime.messages import error_line
+from mlgo.runtime.files import atomic_directory, atomic_write_text
+from mlgo.runtime.messages import copy_error, error_line, writing
 
 RECIPES = shipped.recipes_dir()
 MLGO_UTILS_DIR = Path(sys.prefix) / "mlgo-utils"  # installed by tools/setup.sh
@@ -105,11 +105,13 @@ def run_logged(
     what: str = "",
 ) -> None:
     """Runs CMD (a shell line if a string) with its output appended to LOG; a failure or
-    timeout is a BuildError naming WHAT and the line of this command's output that says why."""
-    with open(log, "a") as f:
+    timeout is a BuildError naming WHAT and the line of this command's output that says why
+    (not the `$ CMD` line logged before it: a command is not its error)."""
+    with open(log, "a", errors="surrogateescape") as f:  # a file name need not be UTF-8
+        with writing(log):
+            f.write(f"\n$ {cmd if isinstance(cmd, str) else shlex.join(cmd)}\n")
+            f.flush()
         start = f.tell()
-        f.write(f"\n$ {cmd if isinstance(cmd, str) else shlex.join(cmd)}\n")
-        f.flush()
         try:
             proc = subprocess.run(
                 cmd,
@@ -207,10 +209,22 @@ def fetch_source(recipe: Recipe, work: Path, log: Path) -> Path:
     return src
 
 
-def write_wrapper(path: Path, compiler: str, flags: list[str]) -> Path:
-    """A CC wrapper: the package's own flags, then ours (the last -O and -g win)."""
+def write_wrapper(path: Path, compiler: str, flags: list[str], log_dir: Path | None = None) -> Path:
+    """A CC wrapper: the package's own flags, then ours (the last -O and -g win). With
+    LOG_DIR, each call first leaves its directory and arguments in a file there (NUL after
+    each: they are bytes, not necessarily UTF-8; read by `logged_compiles`) while LOG_DIR
+    exists, and fails if it cannot: a compile left out would be a corpus silently short.
+    Once LOG_DIR is gone, a build configured under `record` still compiles with it."""
+    log = ""
+    if log_dir is not None:
+        where, template = shlex.quote(str(log_dir)), shlex.quote(str(log_dir / "XXXXXXXX"))
+        log = (
+            f"if [ -d {where} ]; then\n"
+            f'  log=$(mktemp {template}) && printf \'%s\\0\' "$(pwd -P)" "$@" >"$log" || exit 1\n'
+            "fi\n"
+        )
     path.write_text(
-        "#!/bin/sh\nexec " + shlex.join([compiler]) + ' "$@" ' + shlex.join(flags) + "\n"
+        f"#!/bin/sh\n{log}exec " + shlex.join([compiler]) + ' "$@" ' + shlex.join(flags) + "\n"
     )
     path.chmod(0o755)
     return path
@@ -224,13 +238,19 @@ BINUTILS = ("ar", "ranlib", "nm")
 
 
 def build_env(
-    tc: Toolchain, work: Path, flags: list[str], cc: str | None = None, cxx: str | None = None
+    tc: Toolchain,
+    work: Path,
+    flags: list[str],
+    cc: str | None = None,
+    cxx: str | None = None,
+    log_dir: Path | None = None,
 ) -> dict[str, str]:
     """The environment of a package build: CC/CXX wrappers adding FLAGS to the compilers
-    (default: the toolchain's clang), and LLVM's binutils."""
+    (default: the toolchain's clang), logging their compiles to LOG_DIR if given
+    (`write_wrapper`), and LLVM's binutils."""
     cc, cxx = cc or tc.clang, cxx or tc.clangxx
-    cc_wrapper = write_wrapper(work / "cc", cc, flags)
-    cxx_wrapper = write_wrapper(work / "c++", cxx, flags)
+    cc_wrapper = write_wrapper(work / "cc", cc, flags, log_dir)
+    cxx_wrapper = write_wrapper(work / "c++", cxx, flags, log_dir)
     # GNU ar/nm would index these objects through an older LLVM's bfd plugin, which
     # chokes on the embedded bitcode and leaves archives without symbols: use LLVM's,
     # also where a Makefile names `ar` itself instead of $(AR).
@@ -303,7 +323,7 @@ def extract_package(
             profdata,
             skipped,
         )
-        stamp.write_text(key)
+        atomic_write_text(stamp, key)
     with atomic_directory(out.resolve() / recipe.name) as staged:
         shutil.copytree(finished / recipe.name, staged, dirs_exist_ok=True)
     modules = json.loads((finished / recipe.name / DESCRIPTION).read_text())["modules"]
@@ -330,7 +350,10 @@ def profile_own_tests(recipe: Recipe, src: Path, tc: Toolchain, work: Path, opt_
     tree, raw, bin_dir = work / "instrumented", work / "profraw", work / "instrumented-bin"
     for d in (tree, raw):
         shutil.rmtree(d, ignore_errors=True)
-    shutil.copytree(src, tree, symlinks=True)
+    try:
+        shutil.copytree(src, tree, symlinks=True)
+    except shutil.Error as e:  # its message is the list of every file that failed
+        raise copy_error(e) from e
     raw.mkdir(parents=True)
     bin_dir.mkdir(parents=True, exist_ok=True)
     log = work / "profile.log"
@@ -474,7 +497,7 @@ def extract_modules(
         (linked / name).symlink_to(obj.resolve())
         entries.append({"directory": str(linked), "file": name, "arguments": ["-o", name]})
     cc_json = work / "compile_commands.modules.json"
-    cc_json.write_text(json.dumps(entries, indent=1))
+    atomic_write_text(cc_json, json.dumps(entries, indent=1))
     # mlgo-utils' top-level package is also called `mlgo`: run it without site-packages.
     run_logged(
         [
@@ -505,6 +528,7 @@ def extract_modules(
         raise BuildError(f"{what}: extract_ir wrote no corpus ({e}; log: {log})") from e
     if not names:
         raise BuildError(f"{what}: the build produced no bitcode (log: {log})")
+    write_description(staged, names)  # a failure to write it is not extract_ir's
     return names
 
 
@@ -525,34 +549,19 @@ class Compile:
 
 
 def kept_compiles(recorded: Path) -> list[Compile]:
-    """The compile commands whose output is a relocatable object that survived the build,
-    one per object.
+    """The compile commands of bear's RECORDED compile_commands.json whose output is a
+    relocatable object that survived the build, one per object (`surviving`).
 
     bear also records the `clang -cc1` jobs of a compile-and-link step (their objects are
     deleted temporaries) and splits such a step into one `-c` entry per source, all naming
-    the linked program as output; none of those is a module. A `cc -c dir/x.c` without `-o`
-    writes x.o in its working directory. An object its source was compiled to twice (with
-    other flags the second time) holds the last compile's bitcode, and is one module.
+    the linked program as output; none of those is a module.
     """
-    compiles: dict[Path, Compile] = {}
-    sources: dict[Path, set[Path]] = {}
+    steps = []
     for entry in json.loads(recorded.read_text()):
         args = entry.get("arguments") or shlex.split(entry.get("command", ""))
-        if "-cc1" in args:
-            continue
-        directory = Path(entry["directory"])
-        source = directory / entry["file"]
-        if "-o" in args[:-1]:
-            obj = directory / args[args.index("-o") + 1]
-        elif "-c" in args:
-            obj = directory / source.with_suffix(".o").name
-        else:
-            continue
-        compiles[obj] = Compile(source, obj)
-        sources.setdefault(obj, set()).add(source)
-    keep = [
-        c for c in compiles.values() if len(sources[c.obj]) == 1 and _is_relocatable_object(c.obj)
-    ]
+        if "-cc1" not in args:
+            steps.append((Path(entry["directory"]), args, entry["file"]))
+    keep = surviving(steps)
     if not keep:
         raise BuildError(
             f"{recorded}: the build compiled no object file that survived it "
@@ -561,14 +570,87 @@ def kept_compiles(recorded: Path) -> list[Compile]:
     return keep
 
 
+# What a compiler driver compiles, by suffix: C, C++, Objective-C, preprocessed, assembly.
+COMPILED_SUFFIXES = (
+    *(".c", ".cc", ".cpp", ".cxx", ".c++", ".cp", ".C", ".CPP"),
+    *(".m", ".mm", ".i", ".ii", ".s", ".S", ".sx"),
+)
+# Options whose value is the next argument and may look like a source.
+_NAMES_A_FILE = {"-o", "-MF", "-MT", "-MQ", "-MJ", "-include", "-imacros", "-Xclang", "-x"}
+
+
+def logged_compiles(log_dir: Path) -> list[Compile]:
+    """The compiles the recording wrappers logged in LOG_DIR (`write_wrapper`) whose object
+    survived the build, one per object (`surviving`). Each source of a `-c` call is one
+    compile; a log cut short (a killed wrapper) is none. Paths keep their bytes
+    (`os.fsdecode`), whatever their encoding."""
+    steps = []
+    for log in sorted(log_dir.iterdir()):
+        fields = log.read_bytes().split(b"\0")
+        if len(fields) < 3 or fields[-1] != b"":
+            continue
+        directory, args = Path(os.fsdecode(fields[0])), [os.fsdecode(a) for a in fields[1:-1]]
+        if "-c" not in args:
+            continue  # a link, or a preprocessing run
+        steps += [
+            (directory, args, a)
+            for i, a in enumerate(args)
+            if a.endswith(COMPILED_SUFFIXES)
+            and not a.startswith("-")
+            and (i == 0 or args[i - 1] not in _NAMES_A_FILE)
+        ]
+    return surviving(steps)
+
+
+def objects_without_bitcode(tree: Path, since: float, known: set[Path]) -> list[Path]:
+    """The relocatable objects without bitcode under TREE modified SINCE, but those in KNOWN
+    (resolved): what a build wrote with a compiler other than the recording wrappers (a
+    Makefile that sets CC itself, a compiler named by its path), in order."""
+    found = []
+    for directory, _, files in os.walk(tree):
+        for name in files:
+            obj = Path(directory, name)
+            if not name.endswith((".o", ".obj")) or obj.resolve() in known:
+                continue
+            try:
+                if obj.stat().st_mtime < since:
+                    continue
+            except OSError:  # gone meanwhile
+                continue
+            if _is_relocatable_object(obj) and _bitcode_digest(obj) is None:
+                found.append(obj)
+    return sorted(found)
+
+
+def surviving(steps: list[tuple[Path, list[str], str]]) -> list[Compile]:
+    """The (directory, arguments, source) compile STEPS whose object is a relocatable object
+    file that survived the build, one per object. A `cc -c dir/x.c` without `-o` writes x.o
+    in its working directory. An object its source was compiled to twice (with other flags
+    the second time) holds the last compile's bitcode, and is one module; one that several
+    sources claim (a compile-and-link step's program) is none."""
+    compiles: dict[Path, Compile] = {}
+    sources: dict[Path, set[Path]] = {}
+    for directory, args, file in steps:
+        source = directory / file
+        if "-o" in args[:-1]:
+            obj = directory / args[args.index("-o") + 1]
+        elif "-c" in args:
+            obj = directory / source.with_suffix(".o").name
+        else:
+            continue
+        compiles[obj] = Compile(source, obj)
+        sources.setdefault(obj, set()).add(source)
+    return [
+        c for c in compiles.values() if len(sources[c.obj]) == 1 and _is_relocatable_object(c.obj)
+    ]
+
+
 def _extracted_modules(corpus_dir: Path) -> list[str]:
     """The modules whose bitcode was really extracted (extract_ir lists failures too)."""
     desc = corpus_dir / DESCRIPTION
-    names = [
+    return [
         n for n in json.loads(desc.read_text())["modules"] if (corpus_dir / f"{n}.bc").is_file()
     ]
-    write_description(corpus_dir, names)
-    return names
 
 
 def combine(out: Path) -> list[str]:

@@ -1,9 +1,14 @@
 """`mlgo corpus record`: a corpus from the user's own build, or from their compilation database.
 
-`record` runs their build command as it is, in their tree, under Debian's `bear`, with
-CC/CXX set to the recording wrappers (`extract.build_env`), so nothing in their build files
-changes; a build system that fixes its compiler at configure time must be configured inside
-the recorded command too. `record_from` recompiles the entries of an existing
+`record` runs their build command as it is, in their tree, with CC/CXX set to the
+recording wrappers (`extract.build_env`), so nothing in their build files changes; a build
+system that fixes its compiler at configure time must be configured inside the recorded
+command too. The wrappers log each compile themselves (`extract.logged_compiles`) rather
+than running under Debian's `bear`: bear sends every intercepted command line through
+protobuf, which takes UTF-8 only, so one source whose file name is not UTF-8 failed the
+whole recorded build (and bear's wrapper mode puts its own `ld` first on PATH, which breaks
+links). Objects another compiler wrote in the tree are found by looking for new objects
+without bitcode. `record_from` recompiles the entries of an existing
 compile_commands.json with the recording flags into a private directory, leaving their
 build tree alone. Both name each module by its source's path under SOURCE_DIR, so a
 module's package is the top-level directory its source is in (or the one `--package`), and
@@ -14,10 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shlex
 import shutil
 import subprocess
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,13 +37,14 @@ from mlgo.corpus.extract import (
     build_env,
     distinct_modules,
     extract_modules,
-    kept_compiles,
-    run_under_bear,
+    logged_compiles,
+    objects_without_bitcode,
+    run_logged,
 )
 from mlgo.corpus.format import DESCRIPTION
 from mlgo.llvm.cmdline import without_outputs
 from mlgo.llvm.toolchain import Toolchain
-from mlgo.runtime.files import atomic_directory, cache_dir
+from mlgo.runtime.files import atomic_directory, cache_subdir
 from mlgo.runtime.messages import error_line
 
 C_SUFFIXES = {".c"}
@@ -62,7 +70,7 @@ def work_dir(out: Path) -> Path:
     """Where a recording into OUT keeps its wrappers, log and objects: the user cache, by
     OUT's path. Kept after the run: a build configured under `record` names the wrappers."""
     key = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16]
-    return cache_dir() / "record" / key
+    return cache_subdir("record") / key
 
 
 def record(
@@ -75,15 +83,34 @@ def record(
     timeout_s: float | None = None,
 ) -> Recorded:
     """Runs BUILD_ARGV in SOURCE_DIR (default: here) with CC/CXX recording bitcode at
-    OPT_LEVEL, under bear, and writes the corpus of what it compiled to OUT."""
+    OPT_LEVEL and logging their compiles, and writes the corpus of what they compiled to OUT
+    (the module doc says why not under bear). A source whose name is not UTF-8, and an object
+    another compiler wrote in the tree, are each one line of the result's `skipped`."""
     if not build_argv:
         raise BuildError("no build command to record (give it after `--`)")
     src, work = _prepare(out, source_dir, package)
-    log = work / "build.log"
-    env = build_env(tc, work, [opt_level, *RECORD_FLAGS])
+    log, compiles_log = work / "build.log", work / "compiles"
+    shutil.rmtree(compiles_log, ignore_errors=True)
+    compiles_log.mkdir()
+    env = build_env(tc, work, [opt_level, *RECORD_FLAGS], log_dir=compiles_log)
     what = f"{shlex.join(build_argv)} (in {src})"
-    recorded = run_under_bear(build_argv, src, work, log, timeout_s, env, what)
-    return _publish([(c.source, c.obj) for c in kept_compiles(recorded)], [], out, tc, src, package)
+    started = math.floor(time.time())  # a file system's times may be whole seconds
+    try:
+        run_logged(build_argv, src, log, timeout_s, env, what)
+        compiles = logged_compiles(compiles_log)
+    finally:
+        shutil.rmtree(compiles_log, ignore_errors=True)
+    others = [
+        f"{_shown(obj)}: {NO_BITCODE}, not recorded"
+        for obj in objects_without_bitcode(src, started, {c.obj.resolve() for c in compiles})
+    ]
+    if not compiles and not others:
+        raise BuildError(
+            f"{src}: the build compiled no object file that survived it "
+            "(an up-to-date build compiles nothing: record a clean one)"
+        )
+    pairs = [(c.source, c.obj) for c in compiles]
+    return _publish(pairs, [], out, tc, src, package, others)
 
 
 def record_from(
@@ -187,7 +214,7 @@ def _prepare(out: Path, source_dir: Path | None, package: str | None) -> tuple[P
     if not new_or_empty and not (out / DESCRIPTION).is_file():
         raise BuildError(f"{out}: exists and is not a corpus; choose another --out")
     work = work_dir(out)
-    work.mkdir(parents=True, exist_ok=True)
+    work.mkdir(mode=0o700, exist_ok=True)
     (work / "build.log").write_text("")
     return src, work
 
@@ -200,6 +227,10 @@ def _module_names(
     package named after SRC. A skipped object is named in SKIPPED."""
     named = []
     for source, obj in compiles:
+        not_utf8 = [p for p in (source, obj) if _shown(p) != str(p)]
+        if not_utf8:  # extract_ir and the corpus's JSON files take names as UTF-8 text only
+            skipped.append(f"{_shown(not_utf8[0])}: its file name is not UTF-8, not recorded")
+            continue
         try:
             rel = source.resolve().relative_to(src)
         except ValueError:
@@ -208,6 +239,11 @@ def _module_names(
         prefix = package or (src.name if len(rel.parts) == 1 else "")
         named.append((f"{prefix}/{rel}" if prefix else str(rel), obj))
     return distinct_modules(named, skipped)
+
+
+def _shown(path: Path) -> str:
+    """PATH as a line can print it: a byte that is not UTF-8 as \\xNN."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def nothing_recorded(skipped: list[str]) -> str:
@@ -228,12 +264,15 @@ def _publish(
     tc: Toolchain,
     src: Path,
     package: str | None,
+    unrecorded: list[str] | None = None,
 ) -> Recorded:
     """Extracts the modules of COMPILES' objects with LLVM's extract_ir into OUT, replacing
-    it only once that succeeded."""
+    it only once that succeeded. SKIPPED, the lines of those left out, gets UNRECORDED's
+    after those of COMPILES."""
     work = work_dir(out)
     log = work / "build.log"
     names = _module_names(compiles, src, package, skipped)
+    skipped += unrecorded or []
     if not names:
         raise BuildError(f"{src}: nothing to record ({nothing_recorded(skipped)}; log: {log})")
     with atomic_directory(out) as staged:

@@ -31,8 +31,8 @@ import json
 import shlex
 import shutil
 import time
-from collections.abc import Callable
-from contextlib import closing
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,6 +48,7 @@ from mlgo.programs.compare import build_pair, variants
 from mlgo.programs.measure import check_repeatable, recipe_throughput
 from mlgo.programs.report import program_report, write_report
 from mlgo.runtime.files import atomic_directory, atomic_write_text
+from mlgo.runtime.messages import copy_error, names_no_file, reworded
 from mlgo.runtime.workers import make_workers
 
 if TYPE_CHECKING:
@@ -301,7 +302,10 @@ def record_corpus(recipe: Recipe, pristine: Path, out: Path, tc: Toolchain, leve
 
     scratch = scratch_tree(recipe, out)
     shutil.rmtree(scratch.parent, ignore_errors=True)
-    shutil.copytree(pristine, scratch, symlinks=True)
+    try:
+        shutil.copytree(pristine, scratch, symlinks=True)
+    except shutil.Error as e:  # its message is the list of every file that failed
+        raise copy_error(e) from e
     script = " && ".join([*recipe.configure, *recipe.build])
     record(["sh", "-c", script], out / "corpus", tc, scratch, opt_level=level)
 
@@ -318,6 +322,19 @@ def rehearse(recipe: Recipe, out: Path) -> None:
         if recipe.bench:
             check_repeatable(recipe, scratch)
     shutil.rmtree(scratch.parent, ignore_errors=True)
+
+
+@contextmanager
+def _stage(name: str, where: Path) -> Iterator[None]:
+    """An OSError of stage NAME that names no file, as a write to a full disk raises it
+    (`[Errno 28] No space left on device`) from whichever library wrote, names the stage
+    and WHERE it writes; the atomic writes name their own file."""
+    try:
+        yield
+    except OSError as e:
+        if names_no_file(e):
+            raise reworded(e, f"tune's {name} stage, in {where}: {e.strerror}") from e
+        raise
 
 
 def tune(
@@ -355,39 +372,44 @@ def tune(
     stages = Stages(out, args)
     if not stages.done("snapshot"):
         say(f"copying {source} to {out / 'pristine'}")
-        snapshot(source, out)
+        with _stage("snapshot", out / "pristine"):
+            snapshot(source, out)
         stages.finish("snapshot")
     pristine = out / "pristine"
     if not stages.done("record"):
         say(f"recording the corpus of {recipe.name}'s build at {problem.opt_level}")
-        record_corpus(recipe, pristine, out, tc, problem.opt_level)
+        with _stage("record", out / "corpus"):
+            record_corpus(recipe, pristine, out, tc, problem.opt_level)
         stages.finish("record")
     if not stages.done("rehearse"):
         if recipe.test or recipe.bench:
             say("running the tests and the workload (twice) on the recorded build")
-        rehearse(recipe, out)
+        with _stage("rehearse", scratch_tree(recipe, out)):
+            rehearse(recipe, out)
         stages.finish("rehearse")
     if not stages.done("collect"):
         corpus = load_corpus(out / "corpus").require_opt_level(problem.opt_level)
-        with closing(make_workers("local")) as pool:
+        with _stage("collect", out / "traces"), closing(make_workers("local")) as pool:
             collect(problem, corpus, out / "traces", tc, pool)
         stages.finish("collect")
     if not stages.done("train"):
         say(f"training {problem.name} from {start} for {opts.minutes:g} minutes")
         steps = opts.train_steps or UNTIL_BUDGET
-        chosen, training = choose_policy(
-            out / "corpus", problem, start, out, tc, steps, 60 * opts.minutes
-        )
-        export(chosen, out)
-        atomic_write_text(out / "training.json", json.dumps(training, indent=1))
+        with _stage("train", out):
+            chosen, training = choose_policy(
+                out / "corpus", problem, start, out, tc, steps, 60 * opts.minutes
+            )
+            export(chosen, out)
+            atomic_write_text(out / "training.json", json.dumps(training, indent=1))
         stages.finish("train")
     policy = out / "policy"
     work = out / "programs"
     if not stages.done("build"):
         tests = ", with tests" if recipe.test else " (no --test: tests not run)"
         say(f"building {recipe.name} twice (clang {problem.opt_level}, and mlgo-cc){tests}")
-        built = build_twice(recipe, pristine, policy, work, tc, problem, opts.guard)
-        atomic_write_text(work / "builds.json", json.dumps([b.to_json() for b in built]))
+        with _stage("build", work):
+            built = build_twice(recipe, pristine, policy, work, tc, problem, opts.guard)
+            atomic_write_text(work / "builds.json", json.dumps([b.to_json() for b in built]))
         stages.finish("build")
     if stages.done("report"):
         return json.loads((out / "report.json").read_text())
@@ -396,13 +418,15 @@ def tune(
     if not stages.done("bench"):  # finished without a workload too: --bench is its argument
         if recipe.bench:
             say(f"measuring the workload on both builds ({opts.bench_rounds} rounds)")
-            speed = recipe_throughput(recipe, trees, opts.bench_rounds, opts.bench_seconds)
-            atomic_write_text(out / "throughput.json", json.dumps(speed, indent=1))
+            with _stage("bench", work):
+                speed = recipe_throughput(recipe, trees, opts.bench_rounds, opts.bench_seconds)
+                atomic_write_text(out / "throughput.json", json.dumps(speed, indent=1))
         stages.finish("bench")
     speed = json.loads((out / "throughput.json").read_text()) if recipe.bench else None
     training = json.loads((out / "training.json").read_text())
-    report = program_report((plain, ml), trees, [policy.resolve()], speed)
-    report.update(problem=problem.name, level=problem.opt_level, training=training)
-    write_report(report, out)
+    with _stage("report", out):
+        report = program_report((plain, ml), trees, [policy.resolve()], speed)
+        report.update(problem=problem.name, level=problem.opt_level, training=training)
+        write_report(report, out)
     stages.finish("report")
     return report

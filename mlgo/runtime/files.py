@@ -3,19 +3,40 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from mlgo.runtime.messages import copy_error, names_no_file, reworded
+from mlgo.runtime.trust import trusted_dir
+
+CACHE_WAY_OUT = "set MLGO_CACHE to a directory of yours"
+
 
 def cache_dir() -> Path:
-    """The user's mlgo cache: $MLGO_CACHE, else $XDG_CACHE_HOME/mlgo, else ~/.cache/mlgo."""
+    """The user's mlgo cache: $MLGO_CACHE, else $XDG_CACHE_HOME/mlgo, else ~/.cache/mlgo;
+    created if missing, and refused (UntrustedPathError) unless no other user could have
+    put or changed anything in it: what is built there runs as this user."""
     root = os.environ.get("MLGO_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlgo"
     )
-    return Path(root)
+    return trusted_dir(Path(root), "the mlgo cache", CACHE_WAY_OUT)
+
+
+def cache_subdir(*parts: str) -> Path:
+    """CACHE/PARTS..., created writable by this user only and checked like the cache."""
+    return trusted_dir(cache_dir().joinpath(*parts), "the mlgo cache", CACHE_WAY_OUT)
+
+
+def close_to_others(tree: Path) -> None:
+    """Takes write permission for group and others off TREE and everything in it: what
+    mlgo builds in its cache must pass `mlgo.runtime.trust` whatever the umask was."""
+    for path in [tree, *tree.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode & ~0o022)
 
 
 def _chmod_as_created(path: str | Path, mode: int) -> None:
@@ -28,18 +49,20 @@ def _chmod_as_created(path: str | Path, mode: int) -> None:
 
 @contextmanager
 def atomic_path(target: str | Path) -> Iterator[Path]:
-    """Yields a temp path next to `target`; renames it onto `target` only on success."""
+    """Yields a temp path next to `target`; renames it onto `target` only on success. An
+    OSError that names no file or the temp one (a full disk) names `target` instead."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    _chmod_as_created(tmp, 0o666)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with _naming(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        try:
+            _chmod_as_created(tmp, 0o666)
+            yield Path(tmp)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def atomic_write_bytes(target: str | Path, data: bytes) -> None:
@@ -56,24 +79,53 @@ def atomic_directory(target: str | Path, replace: bool = True) -> Iterator[Path]
     """Yields an empty staging directory next to `target` and puts it in `target`'s place
     only on success, so a killed writer never leaves half a directory under that name;
     on failure the staging directory is removed. An existing `target` is replaced, or, if
-    not `replace`, kept (a concurrent builder of the same thing won: both are complete)."""
+    not `replace`, kept (a concurrent builder of the same thing won: both are complete).
+    An OSError that names no file, or one in the staging directory, names `target` (or the
+    file under it) instead; so does a copy into it that failed (`copy_error`)."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(
-        tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
-    )
-    _chmod_as_created(staging, 0o777)
-    try:
-        yield staging
-        if replace:
-            shutil.rmtree(target, ignore_errors=True)
+    with _naming(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(
+            tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+        )
         try:
-            staging.rename(target)
-        except OSError:
-            if replace or not target.exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            _chmod_as_created(staging, 0o777)
+            yield staging
+            if replace:
+                shutil.rmtree(target, ignore_errors=True)
+            try:
+                staging.rename(target)
+            except OSError:
+                if replace or not target.exists():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def _naming(target: Path) -> Iterator[None]:
+    """An OSError raised while writing TARGET through a temp file or staging directory
+    beside it says `cannot write TARGET: <reason>` (or TARGET/sub/file), keeping its errno:
+    a write to a full disk names no file, and a temp name is not one the user knows."""
+    temp = re.compile(re.escape(str(target.parent / f".{target.name}.")) + r"[^/\s:'\"]*")
+
+    def shown(text: str) -> str:
+        return temp.sub(lambda _: str(target), text)
+
+    try:
+        yield
+    except shutil.Error as e:
+        raise copy_error(e, shown) from e
+    except OSError as e:
+        if names_no_file(e):
+            raise reworded(e, f"cannot write {target}: {e.strerror}") from e
+        if isinstance(e.filename, str | bytes | os.PathLike) and e.strerror is not None:
+            named = os.fsdecode(e.filename)
+            if shown(named) != named:
+                raise reworded(e, f"cannot write {shown(named)}: {e.strerror}") from e
+        if shown(str(e)) != str(e):  # an inner atomic write's message, under the staging
+            raise reworded(e, shown(str(e))) from e
+        raise
 
 
 @contextmanager

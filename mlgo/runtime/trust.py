@@ -1,0 +1,85 @@
+"""What this user may load, run or keep its state in: nothing another user could have placed.
+
+A built clang plugin, a policy server, a recording wrapper or a socket directory is code or
+control that runs as this user, so it is trusted only if no other user could have written
+it or swapped it: the file itself and every directory up to `/` must be owned by this user
+or root and writable by no one else. A world-writable directory is allowed on the way only
+when it is sticky (like /tmp): there others may add names but not replace ours, and the
+next component's own check decides. mlgo/serve/native/mlgo_cc.c checks plugins by the
+same rule (`trusted_path`).
+
+Standard library only: `mlgo-cc` imports this on every compile.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+
+class UntrustedPathError(PermissionError):
+    """A file or directory another user could have placed or changed; the message is one
+    line naming it, its owner and mode, and the way out."""
+
+
+def path_problem(path: str | Path, own: bool = True) -> str | None:
+    """What makes PATH untrustworthy, or None. OWN: the path itself must be this user's
+    (root's is not enough), as everything mlgo builds or keeps is."""
+    uid = os.getuid()
+    real = Path(os.path.realpath(path))
+    parts = [real, *real.parents]
+    for i, part in enumerate(parts):
+        try:
+            st = part.lstat()
+        except OSError as e:
+            return f"{part} cannot be checked ({e.strerror})"
+        owners = (uid,) if i == 0 and own else (uid, 0)
+        if st.st_uid not in owners:
+            return f"{part} belongs to uid {st.st_uid}, not to this user (uid {uid})"
+        sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and i > 0
+        if st.st_mode & 0o022 and not sticky_dir:
+            return f"{part} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def check_trusted(path: str | Path, what: str, way_out: str) -> Path:
+    """PATH, if trusted (see `path_problem`); else UntrustedPathError naming WHAT it is,
+    why, and WAY_OUT."""
+    problem = path_problem(path)
+    if problem:
+        raise UntrustedPathError(f"refusing {what} {path}: {problem}; {way_out}")
+    return Path(path)
+
+
+def trusted_dir(path: Path, what: str, way_out: str) -> Path:
+    """PATH as a directory of this user's that no one else may write, created (with its
+    missing parents) writable by this user only; refused as `check_trusted` refuses."""
+    missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # another process made it meanwhile: checked below like any other
+        except OSError as e:
+            raise UntrustedPathError(f"cannot create {what} {p}: {e.strerror}") from e
+    return check_trusted(path, what, way_out)
+
+
+def private_dir(path: Path, what: str, way_out: str) -> Path:
+    """PATH as a directory only this user may enter (0700, made so if missing): the place
+    for sockets, FIFOs and locks. Taken by another user, or open to others, it is refused
+    with a line that names its owner and WAY_OUT; it is never used or removed."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = path.lstat()
+    except OSError as e:
+        raise UntrustedPathError(f"cannot create {what} {path}: {e.strerror}; {way_out}") from e
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        kind = "directory" if stat.S_ISDIR(st.st_mode) else "non-directory"
+        raise UntrustedPathError(
+            f"{what} {path} is taken: a {kind} of uid {st.st_uid} with mode "
+            f"{stat.S_IMODE(st.st_mode):o}, not a private directory of this user "
+            f"(uid {os.getuid()}); {way_out}"
+        )
+    return path
