@@ -3,22 +3,30 @@ fails at parse time (exit 2, one line) rather than running nothing or failing ev
 
 from __future__ import annotations
 
+import math
+
 import typer
 
 from mlgo.runtime.workers import parse_workers
 
+# No duration, scale or step here means more than this; past it, arithmetic on it (minutes
+# to seconds, a deadline) overflows or stops meaning anything.
+LARGEST = 1e9
+
+
+def _bounded(value: float, ok: bool, rule: str) -> float:
+    if not (ok and math.isfinite(value) and value <= LARGEST):  # also refuses NaN and inf
+        raise typer.BadParameter(f"{value:g} is not a number {rule} and at most {LARGEST:g}")
+    return value
+
 
 def positive(value: float) -> float:
     """A duration or step size: zero or less would fail or do nothing."""
-    if not value > 0:  # also refuses NaN
-        raise typer.BadParameter(f"{value:g} is not > 0")
-    return value
+    return _bounded(value, value > 0, "> 0")
 
 
 def non_negative(value: float) -> float:
-    if not value >= 0:
-        raise typer.BadParameter(f"{value:g} is not >= 0")
-    return value
+    return _bounded(value, value >= 0, ">= 0")
 
 
 def workers_spec(value: str) -> str:

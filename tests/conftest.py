@@ -22,10 +22,17 @@ MLGO = [sys.executable, "-m", "mlgo.cli"]
 # Fixtures that run the real toolchain: a test using any of them (directly or through
 # another fixture) is marked `toolchain`, so new tests get the mark without asking.
 TOOLCHAIN_FIXTURES = {"tc", "mini_corpus", "mini_corpus_o2"}
-# Whole files that belong to a tier: a Ray cluster, the policy service and its AOT server,
-# Debian sources fetched and built.
+# Whole files that belong to a tier: a Ray cluster, trust and bad input (what another user
+# could plant, what a user could get wrong), the policy service and its AOT server, Debian
+# sources fetched and built.
 FILE_MARKS = {
     "test_ray.py": ("ray",),
+    "test_security.py": ("security",),
+    "test_trust.py": ("security",),
+    "test_bad_input.py": ("security",),
+    "test_bad_policy.py": ("security",),
+    "test_bad_corpus.py": ("security",),
+    "test_killed_runs.py": ("security",),
     "test_service.py": ("toolchain",),
     "test_guard.py": ("toolchain",),
     "test_aot.py": ("toolchain",),

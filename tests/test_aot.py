@@ -83,7 +83,7 @@ def test_native_server_decides_like_saved_model_and_policy(recorded, exported, t
         writer.observation({name: v[i] for name, v in features.items()})
     log.write_bytes(buf.getvalue())
 
-    native = np.frombuffer(replay(native_server(saved), log), np.int64)
+    native = np.frombuffer(replay(native_server(policy), log), np.int64)
     argmax = np.argmax(policy.logits(x), 1)
     inputs = {f: x[:, j] for j, f in enumerate(policy.normalizer.features)}
     default = features[PROBLEM.default_feature].reshape(-1)
@@ -115,9 +115,9 @@ def test_not_a_saved_model_is_a_clear_error(tmp_path):
 
 
 def test_replay_of_a_corrupt_log_fails_cleanly(exported, tmp_path):
-    _, saved, _ = exported
+    policy, saved, _ = exported
     log = tmp_path / "bad.log"
     log.write_bytes(b'{"features": [}\n')
     with pytest.raises(AotError, match="bad JSON"):
-        replay(native_server(saved), log)
+        replay(native_server(policy), log)
     assert Path(saved).is_dir()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from mlgo.problems import get_problem, problems
-from mlgo.runtime.files import cache_dir
+from mlgo.runtime.files import cache_subdir
 from mlgo.serve.cc import check_lease_flags
 from mlgo.serve.client import ServiceError, request
 from tests import test_service
@@ -152,7 +152,9 @@ def test_every_problems_serving_flags_pass_the_lease_check(tmp_path, monkeypatch
         base = str(tmp_path / "channels" / f"1-1-{problem.name}")
         for default in (False, True):
             check_lease_flags(problem.flags_for_serving(base, default), tmp_path)
-    check_lease_flags([f"-fpass-plugin={cache_dir() / 'plugin' / 'k' / 'lib.so'}"], tmp_path)
+    plugin = cache_subdir("plugin", "k") / "lib.so"
+    plugin.write_bytes(b"")
+    check_lease_flags([f"-fpass-plugin={plugin}"], tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -225,7 +225,7 @@ def test_the_plugin_falls_back_on_an_unknown_feature_layout(cc, mismatched_polic
     finally:
         service.stop()
     assert r.returncode == 0 and r.stderr.count("\n") == 1, r.stderr
-    assert "feature_from_another_clang" in r.stderr and "default heuristic" in r.stderr
+    assert "inlining_default" in r.stderr and "default heuristic" in r.stderr
     plain = tmp_path / "plain.o"
     subprocess.run([tc.clang, "-Oz", "-c", str(SOURCES[0]), "-o", str(plain)], check=True)
     assert (tmp_path / "a.o").read_bytes() == plain.read_bytes()
@@ -269,9 +269,10 @@ def test_readme_channel_by_hand_works_on_the_default_service(plugin, tmp_path):
         time.sleep(0.05)
 
 
-def test_a_plugin_policy_without_a_saved_model_answers_channels_from_python(tmp_path, tc):
-    """No native server without a SavedModel: the numpy policy answers the channel, with
-    the plugin's decisions (here, departing from clang's default)."""
+def test_a_plugin_policy_without_a_saved_model_answers_channels_natively(tmp_path, tc):
+    """A policy directory's SavedModel is never what gets AOT-compiled: the native server is
+    built from the policy's weights, so a policy without one answers channels by hand
+    natively, with the plugin's decisions (here, departing from clang's default)."""
     inline_all = replace(MLPPolicy.load(SHIPPED), departure_threshold=None, languages=None)
     inline_all.weights[-1] = np.array([0.0, 1e30], np.float32)  # always "inline"
     inline_all.save(tmp_path / "inline-all")
@@ -287,7 +288,8 @@ def test_a_plugin_policy_without_a_saved_model_answers_channels_from_python(tmp_
             subprocess.run([tc.clang, "-Oz", "-c", str(src), "-o", str(plain)], check=True)
             departed += got.read_bytes() != plain.read_bytes()
         assert departed > 0
-        assert service.status()["policies"][0]["by_hand"] == "python"
+        assert service.status()["policies"][0]["by_hand"] == "native"
+        assert not (tmp_path / "inline-all" / "saved_model").exists()
     finally:
         service.stop()
 
@@ -409,13 +411,14 @@ def test_user_compile_errors_are_passed_through(cc, native, tmp_path):
 
 @pytest.fixture(scope="module")
 def mismatched_policy(tmp_path_factory) -> Path:
-    """A policy that wants a feature this clang does not send."""
+    """A policy that wants a feature clang does not send it: the compiler's own decision,
+    which a channel sends only when asked (for a gated policy; this one is not)."""
     from mlgo.ship.export import export_saved_model
 
     out = tmp_path_factory.mktemp("mismatch") / "policy"
     policy = MLPPolicy.load(SHIPPED)
     renamed = list(policy.normalizer.features)
-    renamed[0] = "feature_from_another_clang"
+    renamed[0] = "inlining_default"
     policy.normalizer = type(policy.normalizer)(
         tuple(renamed), policy.normalizer.quantiles, policy.normalizer.derived
     )

@@ -461,18 +461,18 @@ def test_the_default_compile_writes_nothing_but_its_object():
 
 
 @pytest.mark.unit
-def test_a_policy_server_is_cached_per_tensorflow_library_directory(tmp_path, monkeypatch):
+def test_a_policy_server_is_cached_per_policy_and_tensorflow_library_directory(monkeypatch):
     """The server's rpath names TF's library directory: a server built for another (or a
-    deleted) virtualenv must not be reused, or it exits 127 at its first start."""
+    deleted) virtualenv must not be reused, or it exits 127 at its first start. And a
+    policy with other weights is another server."""
     from mlgo.ship import aot
 
-    model = tmp_path / "saved_model"
-    model.mkdir()
-    (model / "saved_model.pb").write_bytes(b"model")
-    files = [model / "saved_model.pb"]
+    policy = MLPPolicy.load(POLICIES / "inlining-size")
     monkeypatch.setattr(aot, "tf_version", lambda: "2.21.0")
     keys = []
     for lib in ("/venv-a/tensorflow", "/venv-b/tensorflow", "/venv-a/tensorflow"):
         monkeypatch.setattr(aot, "tf_dir", lambda lib=lib: Path(lib))
-        keys.append(aot.server_key(files, model))
+        keys.append(aot.server_key(policy))
     assert keys[0] != keys[1] and keys[0] == keys[2]
+    other = policy.with_flat(policy.flat() * 2)
+    assert aot.server_key(other) != keys[2]

@@ -200,6 +200,7 @@ def direct_server(policy: Path):
     process: a fresh channel per compile, as a lease gets, but no daemon in between.
     Yields a function that compiles CMD with a channel, and the server's process id."""
     from mlgo.problems import get_problem
+    from mlgo.problems.policy import MLPPolicy
     from mlgo.serve.backends import NativeBackend
     from mlgo.ship.aot import native_server
 
@@ -207,7 +208,7 @@ def direct_server(policy: Path):
     tally = _Tally()
     ids = itertools.count()
     with tempfile.TemporaryDirectory() as d:
-        backend = NativeBackend(native_server(policy / "saved_model"), Path(d) / "log", tally)
+        backend = NativeBackend(native_server(MLPPolicy.load(policy)), Path(d) / "log", tally)
 
         def compile_with_channel(cmd: list[str]) -> None:
             cid = f"direct-{next(ids)}"

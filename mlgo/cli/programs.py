@@ -10,6 +10,7 @@ import typer
 
 from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console
 from mlgo.llvm.toolchain import find_toolchain
+from mlgo.options import non_negative, positive
 from mlgo.programs.demo import DemoOptions
 
 BENCH_ROUNDS = 5  # mlgo build: a modest default, a few seconds per package
@@ -60,7 +61,10 @@ def demo(
     package: Annotated[str, typer.Option(help="recipe to build")] = "zlib",
     minutes: Annotated[
         float,
-        typer.Option(help="minutes of training from the shipped policy; 0: use it as is", min=0),
+        typer.Option(
+            help="minutes of training from the shipped policy; 0: use it as is",
+            callback=non_negative,
+        ),
     ] = DemoOptions.minutes,
     train_steps: Annotated[
         int, typer.Option(help="stop training after this many iterations; 0: the minutes", min=0)
@@ -105,7 +109,9 @@ def tune(
         str | None, typer.Option(help="workload shell line; its output must match on both")
     ] = None,
     bench_rounds: Annotated[int, typer.Option(help="paired rounds of --bench", min=1)] = 10,
-    minutes: Annotated[float, typer.Option(help="minutes of training (only)", min=0.01)] = 10.0,
+    minutes: Annotated[
+        float, typer.Option(help="minutes of training (only)", min=0.01, callback=positive)
+    ] = 10.0,
     problem: Annotated[str, typer.Option(help="inlining-size or regalloc-eviction")] = (
         "inlining-size"
     ),

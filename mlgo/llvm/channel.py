@@ -16,7 +16,6 @@ import os
 import re
 import select
 import shutil
-import stat
 import subprocess
 import tempfile
 import threading
@@ -37,6 +36,7 @@ from mlgo.llvm.log_format import (
     TimedReader,
 )
 from mlgo.runtime.lifetime import die_with_parent
+from mlgo.runtime.trust import private_dir
 
 # A policy sees one observation and answers the advice (an int, or an array for
 # multi-element advice).
@@ -74,11 +74,11 @@ def run_dir() -> Path:
     removes each run directory whose lock nobody holds, i.e. whose process is gone."""
     pid = os.getpid()
     if pid not in _run_dirs:
-        root = Path(tempfile.gettempdir()) / f"mlgo-{os.getuid()}"
-        root.mkdir(mode=0o700, exist_ok=True)
-        st = root.lstat()
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise ChannelError(f"{root}: not a private directory of this user; remove it")
+        root = private_dir(
+            Path(tempfile.gettempdir()) / f"mlgo-{os.getuid()}",
+            "the directory for compiler channels",
+            "set TMPDIR to a directory of yours",
+        )
         for lock in root.glob("run-*/lock"):
             try:
                 with open(lock) as f:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from mlgo.llvm.log_format import Observation
-from mlgo.problems.policy import Derived, MLPPolicy
+from mlgo.problems.policy import SELF, Derived, MLPPolicy
 
 # The modules that declare a problem as their PROBLEM, one line each.
 MODULES = (
@@ -78,6 +78,13 @@ class Problem:
     def group_of(self, obs: Observation) -> tuple[int, ...]:
         """The decision's group: its values of `group_features` (() where none are set)."""
         return tuple(int(obs.features[f].reshape(-1)[0]) for f in self.group_features)
+
+    @property
+    def input_names(self) -> frozenset[str]:
+        """What a policy's inputs may name: LLVM's features, the compiler's own decision,
+        and a candidate's own value of a feature (`SELF` columns)."""
+        names = {*self.feature_names, *(f"{SELF}{f}" for f in self.feature_names)}
+        return frozenset(names | ({self.default_feature} if self.default_feature else set()))
 
     @property
     def slots(self) -> int:

@@ -11,6 +11,7 @@ the compile workers); trainers and the exported SavedModel use the same weights 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zipfile
 from collections.abc import Callable, Sequence
@@ -306,6 +307,14 @@ class MLPPolicy:
             i += w.size
         return replace(self, weights=weights)
 
+    def fingerprint(self) -> str:
+        """A digest of everything that decides the policy's answers (a built server's key)."""
+        h = hashlib.sha256(f"{self.kind}\0{self.problem.name}\0".encode())
+        h.update(json.dumps([self.normalizer.to_json(), self.departure_threshold]).encode())
+        for w in self.weights:
+            h.update(f"{w.dtype}{w.shape}".encode() + np.ascontiguousarray(w).tobytes())
+        return h.hexdigest()
+
     # -- storage -----------------------------------------------------------------------
     def save(self, directory: Path) -> None:
         """policy.npz + normalization.json + policy.json, each written atomically."""
@@ -363,7 +372,8 @@ class MLPPolicy:
         return policy
 
     def check(self, directory: Path) -> None:
-        """Raises a PolicyError naming the file in DIRECTORY that does not hold up: layers
+        """Raises a PolicyError naming the file in DIRECTORY that does not hold up: a
+        feature that is not one of the problem's (names reach generated code), layers
         that do not chain from the normalizer's width, weights that are not all finite,
         boundaries the normalizer cannot search (NaN may only trail: an old policy keeps
         its NaN boundaries and both numpy and the exported graph count them exactly), a
@@ -379,7 +389,13 @@ class MLPPolicy:
         n = self.normalizer
         if len(set(n.features)) != len(n.features):
             raise PolicyError(f"{norm}: a feature is listed twice")
+        known = self.problem.input_names
+        for name in n.features:
+            if name not in known:
+                raise PolicyError(f"{norm}: {name!r} is not a {self.problem.name} feature")
         for d in n.derived:
+            if not (isinstance(d.name, str) and d.name.isidentifier() and d.name.isascii()):
+                raise PolicyError(f"{norm}: derived feature name {d.name!r} is not a plain name")
             if not {d.left, d.right} <= set(n.features):
                 raise PolicyError(f"{norm}: derived {d.name} uses an unknown feature")
         if len(n.quantiles) != n.columns:

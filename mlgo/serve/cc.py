@@ -5,7 +5,10 @@ from the policy service (started on demand) and the `-mllvm` flags of its channe
 anything else (preprocessing, `--version`, pure links) runs the compiler as is. A policy
 serves only compiles at the -O level it was trained for (the last -O flag, as clang reads
 it): the others run the compiler as is, and the first of each level in the service's
-lifetime prints one note saying so.
+lifetime prints one note saying so. What the wrapper reads to decide this is what clang's
+driver reads: `@file` response files expanded (the compiler still gets them as they are), and
+an input without a C or C++ suffix that `-x c` or `-x c++` makes a source (an existing file,
+not an option's value); the native wrapper hands both cases to this module.
 
 A build must never fail or hang because of the policy. If the service is down or cannot
 start, if a channel fails (policy crash, garbage answer, unknown feature layout), if the
@@ -13,8 +16,11 @@ service dies mid-compilation or the compile outlives MLGO_TIMEOUT, the compiler 
 and the file is compiled again with the default heuristic, with a one-line warning.
 The same happens when the socket is not this user's (mlgo.serve.client) or the lease carries a
 flag no lease may carry: only the channel options of the served problems, on a FIFO in
-this user's runtime directory, and a plugin from this user's cache of built plugins.
-MLGO_STRICT=1 turns that warning into an error instead.
+this user's runtime directory, and a plugin from this user's cache of built plugins that no
+other user could have written (mlgo.runtime.trust). MLGO_STRICT=1 turns that warning into
+an error instead. A compile that fails with the policy's flags is done again plainly: if
+that passes, the flags broke it (a plugin that does not load, a compiler that is not
+clang), which is one warning; under MLGO_STRICT the failure stands, as clang reported it.
 
 Environment: MLGO_CC / MLGO_CXX (default clang-22 / clang++-22), MLGO_POLICY (policy
 directories, ':'-separated, for a service started on demand; default: the shipped
@@ -41,9 +47,10 @@ import time
 from pathlib import Path
 
 from mlgo.data import shipped_policy
-from mlgo.llvm.languages import source_language
+from mlgo.llvm.languages import LANGUAGES, source_language
 from mlgo.runtime.files import cache_dir
 from mlgo.runtime.messages import error_line
+from mlgo.runtime.trust import UntrustedPathError, path_problem
 from mlgo.serve.client import (
     Connection,
     ServiceError,
@@ -76,6 +83,82 @@ LEASE_CHANNEL_OPTIONS = (
 PLUGIN_FLAG = "-fpass-plugin="
 SHIPPED_POLICY = shipped_policy("inlining-size")
 LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz", "-Og", "-Ofast")
+# Nested response files deeper than this stay unexpanded (clang stops only at a cycle).
+RESPONSE_FILE_DEPTH = 8
+# Driver options whose value is the next argument (clang's Separate and JoinedOrSeparate ones,
+# and GCC's long spellings): that value is never an input, whatever -x says. Every -X option
+# (-Xclang, -Xlinker, ...) takes one too. The native wrapper skips -o, -MF, -MT, -MQ, -MJ,
+# --serialize-diagnostics and -X* alike (a subset: what it does not skip, it hands over).
+SEPARATE_VALUE_OPTIONS = frozenset({
+    "-o", "--output", "-MF", "-MT", "-MQ", "-MJ", "--serialize-diagnostics",
+    "-serialize-diagnostics", "-dependency-file", "-dependency-dot", "-include", "--include",
+    "-include-pch", "-imacros", "--imacros", "-idirafter", "-iprefix", "-iquote", "-isysroot",
+    "-isystem", "-isystem-after", "-iwithprefix", "-iwithprefixbefore", "-iwithsysroot",
+    "-iframework", "-iframeworkwithsysroot", "-ivfsoverlay", "-vfsoverlay", "-cxx-isystem",
+    "-stdlib++-isystem", "-iapinotes-modules", "-I", "--include-directory", "-L",
+    "--library-directory", "-F", "-B", "-D", "--define-macro", "-U", "--undefine-macro", "-A",
+    "--assert", "-T", "-G", "-b", "-z", "-l", "-u", "-e", "-mllvm", "-mmlir", "-arch", "-target",
+    "--sysroot", "--config", "--language", "-resource-dir", "-working-directory", "-dumpdir",
+    "-dsym-dir", "-ccc-gcc-name", "-ccc-install-dir", "-module-dependency-dir",
+    "-gen-cdb-fragment-path", "-meabi", "-mthread-model", "-darwin-target-variant",
+    "-darwin-target-variant-triple", "-hlsl-entry", "-fmodules-user-build-path",
+    "--analyzer-output", "-filelist", "-framework", "-rpath", "--param",
+})  # fmt: skip
+
+
+def split_response_file(text: str) -> list[str]:
+    """The arguments in a response file, split as clang splits them on Unix (LLVM's
+    TokenizeGNUCommandLine, which differs from a shell's): whitespace separates, '...' and
+    "..." quote, a backslash escapes the next character even inside quotes, an unclosed quote
+    ends at the end, and a quoted empty string is no argument."""
+    words: list[str] = []
+    token: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\" and i + 1 < n:
+            token.append(text[i + 1])
+            i += 1
+        elif c in "'\"":
+            i += 1
+            while i < n and text[i] != c:
+                if text[i] == "\\" and i + 1 < n:
+                    i += 1
+                token.append(text[i])
+                i += 1
+        elif c in " \t\r\n":
+            if token:
+                words.append("".join(token))
+                token = []
+        else:
+            token.append(c)
+        i += 1
+    if token:
+        words.append("".join(token))
+    return words
+
+
+def expand_response_files(args: list[str], depth: int = 0) -> list[str]:
+    """ARGS as clang's driver reads them: each `@FILE` replaced by the arguments in FILE,
+    nested ones too (named relative to the working directory, as clang does), up to
+    RESPONSE_FILE_DEPTH. A FILE that cannot be read stays as the literal argument, as in
+    clang, and so does one that is not a regular file: reading a pipe (`@<(...)`) would take
+    its arguments from the compiler. For what the wrapper decides only: the compiler is given
+    ARGS as they are."""
+    expanded: list[str] = []
+    for a in args:
+        if not a.startswith("@") or depth >= RESPONSE_FILE_DEPTH or not os.path.isfile(a[1:]):
+            expanded.append(a)
+            continue
+        try:
+            with open(a[1:], "rb") as f:
+                data = f.read()
+        except OSError:
+            expanded.append(a)
+            continue
+        text = data.removeprefix(b"\xef\xbb\xbf").decode(errors="surrogateescape")
+        expanded += expand_response_files(split_response_file(text), depth + 1)
+    return expanded
 
 
 def optimizes(args: list[str]) -> bool:
@@ -90,9 +173,30 @@ def is_source(arg: str) -> bool:
     return arg.endswith(SOURCE_SUFFIXES) and not arg.startswith("-")
 
 
+def typed_sources(args: list[str]) -> set[int]:
+    """The positions in ARGS of inputs without a source suffix that clang compiles as C or
+    C++ because `-x c` or `-x c++` comes before them (until `-x none`): existing regular
+    files that are not an option's value. Those clang cannot read are its errors to report."""
+    found: set[int] = set()
+    x = "none"
+    rest = iter(enumerate(args))
+    for i, a in rest:
+        if a == "-x":
+            x = next(rest, (i, "none"))[1]
+        elif a.startswith("-x") and len(a) > 2:
+            x = a[2:]
+        elif a in SEPARATE_VALUE_OPTIONS or (a.startswith("-X") and len(a) > 2):
+            next(rest, None)
+        elif x in LANGUAGES and not a.startswith("-") and not is_source(a) and os.path.isfile(a):
+            found.add(i)
+    return found
+
+
 def source_files(args: list[str]) -> list[str]:
-    """The source files among ARGS (the guard compares only a compile of one)."""
-    return [a for a in args if is_source(a)]
+    """The source files among ARGS, by suffix or by -x (the guard compares only a compile of
+    one)."""
+    typed = typed_sources(args)
+    return [a for i, a in enumerate(args) if is_source(a) or i in typed]
 
 
 def opt_level(args: list[str]) -> str | None:
@@ -219,9 +323,13 @@ def flags_by_hand(
 
 def check_lease_flags(flags: list[str], runtime: Path) -> None:
     """Refuses any flag a lease may not carry (see LEASE_SWITCHES): whatever answers on the
-    socket must not get to choose what the compiler runs."""
+    socket must not get to choose what the compiler runs; nor a plugin that another user
+    could have written (mlgo.runtime.trust)."""
     channels = (runtime / "channels").resolve()
-    plugins = (cache_dir() / "plugin").resolve()
+    try:
+        plugins = (cache_dir() / "plugin").resolve()
+    except UntrustedPathError as e:  # nothing from that cache is loaded
+        raise UntrustedError(str(e)) from e
     rest = iter(flags)
     for flag in rest:
         if flag == "-mllvm":
@@ -236,10 +344,11 @@ def check_lease_flags(flags: list[str], runtime: Path) -> None:
             ):
                 continue
             flag = f"-mllvm {option}"
-        elif (
-            flag.startswith(PLUGIN_FLAG)
-            and plugins in Path(flag.removeprefix(PLUGIN_FLAG)).resolve().parents
+        elif flag.startswith(PLUGIN_FLAG) and (
+            plugins in (plugin := Path(flag.removeprefix(PLUGIN_FLAG)).resolve()).parents
         ):
+            if problem := path_problem(plugin):  # checked as it is loaded, not only as built
+                raise UntrustedError(f"refusing the plugin {plugin}: {problem}")
             continue
         raise ServiceError(f"the lease carries a flag no lease may carry: {flag[:160]!r}")
 
@@ -340,17 +449,41 @@ def _guard(compiler: str, args: list[str], sources: list[str], strict: bool) -> 
     return 0
 
 
+def _compile_plain_after(
+    returncode: int, failure: bytes, compiler: str, args: list[str], source: str
+) -> int:
+    """The compile with the policy failed: compile SOURCE as plain clang does. If that fails
+    too, the error is the user's and shows as clang says it; if it passes, the policy's
+    flags broke the compile (a plugin that does not load, an MLGO_CC that is not clang):
+    one warning, and the object is plain clang's. A failing compile so costs two."""
+    plain = subprocess.run([compiler, *args]).returncode
+    if plain == 0:
+        why = error_line(failure.decode(errors="replace"))
+        _warn(
+            f"the compile with the policy failed (exit {returncode}: {why}); "
+            f"compiled {source} with the default heuristic"
+        )
+    return plain
+
+
 def compile_language(args: list[str], cxx_driver: bool) -> str | None:
     """The language the sources among ARGS compile as, None if mixed or neither C nor C++."""
-    return source_language(args, cxx_driver, is_source)
+    typed = {args[i] for i in typed_sources(args)}
+    return source_language(args, cxx_driver, lambda a: is_source(a) or a in typed)
 
 
 def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
-    level = opt_level(args) if optimizes(args) else None
-    if os.environ.get("MLGO_DISABLE") or level is None:
+    if os.environ.get("MLGO_DISABLE"):
+        os.execvp(compiler, [compiler, *args])
+    # What clang reads decides (response files expanded); the compiler gets ARGS as they are.
+    # The guard's default compile is a command of its own: it takes the expanded arguments,
+    # since it must leave out the outputs that a response file may name.
+    seen = expand_response_files(args)
+    level = opt_level(seen) if optimizes(seen) else None
+    if level is None:
         os.execvp(compiler, [compiler, *args])
     strict = bool(os.environ.get("MLGO_STRICT"))
-    sources = source_files(args)
+    sources = source_files(seen)
     source = sources[0]
     timeout_s, problem = timeout_from_env()
     if problem:
@@ -363,7 +496,7 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
             return _error(problem, source)
         _warn(f"{problem}; compiling {source} without a guard")
     try:
-        conn, flags, problem, note = _lease(level, compile_language(args, cxx_driver))
+        conn, flags, problem, note = _lease(level, compile_language(seen, cxx_driver))
     except ServiceError as e:
         problem = str(e)
     else:
@@ -392,13 +525,16 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
                 problem = problem or str(e)
             if problem is None and proc.returncode < 0:
                 problem = f"the compiler died of signal {-proc.returncode}"
-            if problem is None:
-                err.seek(0)
-                sys.stderr.buffer.write(err.read())
+            err.seek(0)
+            failure = err.read()
+            if problem is None and (proc.returncode == 0 or strict):
+                sys.stderr.buffer.write(failure)
                 sys.stderr.flush()
+        if problem is None and proc.returncode != 0 and not strict:
+            return _compile_plain_after(proc.returncode, failure, compiler, args, source)
         if problem is None:  # the lease is over: a guard's second compile holds nothing
             if guard and proc.returncode == 0:
-                return _guard(compiler, args, sources, strict)
+                return _guard(compiler, seen, sources, strict)
             return proc.returncode
     if strict:
         return _error(problem, source)
@@ -414,10 +550,15 @@ def main_cxx() -> None:
     sys.exit(run(os.environ.get("MLGO_CXX", "clang++-22"), sys.argv[1:], cxx_driver=True))
 
 
-def build_native_wrapper(out: Path, *defines: str, python: str = sys.executable) -> None:
-    """Compiles mlgo/serve/native/mlgo_cc.c to OUT, handing uncommon cases to PYTHON, with
-    DEFINES (-D options: tests build its checking entry point so)."""
-    source = Path(__file__).parent / "native" / "mlgo_cc.c"
+NATIVE_SOURCE = Path(__file__).parent / "native" / "mlgo_cc.c"
+
+
+def build_native_wrapper(
+    out: Path, *defines: str, python: str = sys.executable, source: Path = NATIVE_SOURCE
+) -> None:
+    """Compiles SOURCE (the native wrapper; another revision's, for a benchmark) to OUT,
+    handing uncommon cases to PYTHON, with DEFINES (-D options: tests build its checking
+    entry point so)."""
     cmd = ["cc", "-O2", "-Wall", "-Werror", f'-DMLGO_PYTHON="{python}"', *defines]
     proc = subprocess.run([*cmd, str(source), "-o", str(out)], capture_output=True, text=True)
     if proc.returncode != 0:

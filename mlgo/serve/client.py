@@ -40,6 +40,9 @@ import time
 from pathlib import Path
 
 from mlgo.runtime.messages import error_line
+from mlgo.runtime.trust import UntrustedPathError, private_dir
+
+RUNTIME_WAY_OUT = "set XDG_RUNTIME_DIR to a directory of yours (or MLGO_SOCKET)"
 
 
 class ServiceError(RuntimeError):
@@ -55,16 +58,9 @@ def runtime_dir() -> Path:
     base = os.environ.get("XDG_RUNTIME_DIR")
     path = Path(base) / "mlgo" if base else Path(f"/tmp/mlgo-{os.getuid()}")
     try:
-        path.mkdir(mode=0o700, exist_ok=True)
-        st = path.lstat()
-    except OSError as e:
-        raise ServiceError(f"cannot create the runtime directory {path}: {e.strerror}") from e
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise ServiceError(
-            f"{path} is not a private directory of this user (owner {st.st_uid}, "
-            f"mode {stat.S_IMODE(st.st_mode):o}); remove it or set MLGO_SOCKET"
-        )
-    return path
+        return private_dir(path, "the mlgo runtime directory", RUNTIME_WAY_OUT)
+    except UntrustedPathError as e:
+        raise ServiceError(str(e)) from e
 
 
 def socket_path() -> Path:

@@ -127,9 +127,10 @@ class Service:
     def _channel_backend(self, directory: Path, problem: Problem, backend: str) -> ChannelBackend:
         if backend == "python":
             return PythonBackend(directory, self)
+        from mlgo.problems.policy import MLPPolicy
         from mlgo.ship.aot import native_server
 
-        binary = native_server(directory / "saved_model")
+        binary = native_server(MLPPolicy.load(directory))
         return NativeBackend(binary, self.runtime / f"policy-server-{problem.name}.log", self)
 
     def _by_hand(self, p: ServedPolicy) -> ChannelBackend:

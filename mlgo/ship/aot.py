@@ -21,9 +21,14 @@ import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlgo.runtime.files import atomic_directory, cache_dir
+from mlgo.runtime.files import atomic_directory, cache_subdir, close_to_others
 from mlgo.runtime.messages import error_line
+from mlgo.runtime.trust import check_trusted
+
+if TYPE_CHECKING:
+    from mlgo.problems.policy import MLPPolicy
 
 SERVER_SOURCE = Path(__file__).parent / "native" / "policy_server.cc"
 CLASS_NAME = "Model"
@@ -65,14 +70,6 @@ def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
         raise AotError(f"{what} failed (exit {proc.returncode}): {error_line(output)}")
 
 
-def _tree_digest(paths: list[Path], root: Path | None = None) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(str(p.relative_to(root) if root else p.name).encode() + b"\0")
-        h.update(p.read_bytes())
-    return h.hexdigest()
-
-
 def aot_compile(saved_model: Path, out: Path) -> Path:
     """Writes OUT/model.h and its objects from SAVED_MODEL's `action` signature."""
     if not (saved_model / "saved_model.pb").is_file():
@@ -93,8 +90,7 @@ def aot_compile(saved_model: Path, out: Path) -> Path:
 def _runtime_objects(sources: tuple[str, ...]) -> list[Path]:
     """Compiled runtime sources, cached per TF version (compiled once per file)."""
     src_root = tf_dir() / "xla_aot_runtime_src"
-    target = cache_dir() / f"aot-runtime-tf{tf_version()}"
-    target.mkdir(parents=True, exist_ok=True)
+    target = cache_subdir(f"aot-runtime-tf{tf_version()}")
     objects = []
     for rel in sources:
         obj = target / (rel.replace("/", "__") + ".o")
@@ -133,40 +129,43 @@ def _link(staging: Path, aot: Path, runtime: list[Path]) -> subprocess.Completed
 
 
 def cached_build(kind: str, key_material: bytes, name: str, build: Callable[[Path], None]) -> Path:
-    """CACHE/KIND/<hash>/NAME, made by BUILD(staging dir) on first use. The staging dir is
-    renamed into place only when complete, so a killed build leaves nothing half-written."""
+    """CACHE/KIND/<hash>/NAME, made by BUILD(staging dir) on first use, and checked on
+    every use (it will run as this user: `mlgo.runtime.trust`). The staging dir is renamed
+    into place only when complete, so a killed build leaves nothing half-written."""
     key = hashlib.sha256(key_material).hexdigest()[:20]
-    target = cache_dir() / kind / key
-    if (target / name).exists():
-        return target / name
-    with atomic_directory(target, replace=False) as staging:
-        build(staging)
-    return target / name
+    target = cache_subdir(kind) / key
+    if not (target / name).exists():
+        with atomic_directory(target, replace=False) as staging:
+            build(staging)
+            close_to_others(staging)
+    return check_trusted(target / name, f"the cached {kind} build", f"remove {target}")
 
 
-def native_server(saved_model: Path) -> Path:
-    """The policy server binary for SAVED_MODEL, built on first use and cached."""
-    files = sorted(p for p in saved_model.rglob("*") if p.is_file())
-    if not files:
-        raise AotError(f"{saved_model}: no SavedModel here")
+def native_server(policy: MLPPolicy) -> Path:
+    """The policy server for POLICY, built on first use and cached. Its SavedModel is
+    exported here from the policy's weights, never taken from the policy's directory: AOT
+    compilation turns whatever graph a SavedModel holds into code, and a policy is data
+    that other people send."""
 
     def build(staging: Path) -> None:
-        aot = aot_compile(saved_model, staging / "aot")
+        from mlgo.ship.export import export_saved_model
+
+        aot = aot_compile(export_saved_model(policy, staging), staging / "aot")
         proc = _link(staging, aot, _runtime_objects(CORE_RUNTIME))
         if proc.returncode != 0 and re.search(r"undefined reference", proc.stderr):
             proc = _link(staging, aot, _runtime_objects(_all_runtime_sources()))
         if proc.returncode != 0:
             raise AotError(f"linking the policy server failed: {error_line(proc.stderr)}")
 
-    return cached_build("native", server_key(files, saved_model), "policy_server", build)
+    return cached_build("native", server_key(policy), "policy_server", build)
 
 
-def server_key(files: list[Path], saved_model: Path) -> bytes:
-    """What a built policy server depends on: the model, the server's source, the TF version
-    and the directory of TF's library, which the binary's rpath names (a server built for a
-    virtualenv that was since deleted or recreated elsewhere would not start)."""
-    model = _tree_digest(files, saved_model)
-    return f"{tf_version()}\0{tf_dir()}\0{model}\0".encode() + SERVER_SOURCE.read_bytes()
+def server_key(policy: MLPPolicy) -> bytes:
+    """What a built policy server depends on: the policy, the server's source, the TF
+    version and the directory of TF's library, which the binary's rpath names (a server
+    built for a virtualenv that was since deleted or recreated elsewhere would not start)."""
+    head = f"{tf_version()}\0{tf_dir()}\0{policy.fingerprint()}\0"
+    return head.encode() + SERVER_SOURCE.read_bytes()
 
 
 def replay(server: Path, log: Path) -> bytes:

@@ -14,7 +14,9 @@ libtensorflow_framework.so, which costs about 30 ms of CPU to load in every clan
 
 from __future__ import annotations
 
+import string
 import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,15 @@ from mlgo.ship.aot import AotError, cached_build
 PLUGIN_SOURCE = Path(__file__).parent / "native" / "inline_plugin.cc"
 FLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared", "-fno-rtti", "-fno-exceptions"]
 FLAGS += ["-fvisibility=hidden", "-D_GLIBCXX_USE_CXX11_ABI=1", "-Wl,--no-undefined"]
+_C_SAFE = frozenset(string.ascii_letters + string.digits + "_:.")
+
+
+def c_string(text: str) -> str:
+    """TEXT as a C string literal: letters, digits, `_`, `:` and `.` as they are, every
+    other byte (UTF-8) as a three-digit octal escape, so that no string from a policy file
+    can end the literal. Names are also checked against the problem's (MLPPolicy.check)."""
+    body = "".join(chr(b) if chr(b) in _C_SAFE else f"\\{b:03o}" for b in text.encode("utf-8"))
+    return f'"{body}"'
 
 
 def _array(ctype: str, name: str, values: list[str]) -> str:
@@ -49,7 +60,7 @@ def policy_header(policy: MLPPolicy) -> str:
     out += f"constexpr int kDerived = {len(norm.derived)};\n"
     out += f"constexpr int kLayers = {len(layer_in)};\n"
     out += f"constexpr int kMaxWidth = {max([norm.width, *layer_out])};\n"
-    out += _array("char* const", "kFeatureNames", [f'"{f}"' for f in norm.features])
+    out += _array("char* const", "kFeatureNames", [c_string(f) for f in norm.features])
     out += _array("int", "kDerivedLeft", [str(index[d.left]) for d in norm.derived])
     out += _array("int", "kDerivedRight", [str(index[d.right]) for d in norm.derived])
     out += _array("char", "kDerivedOp", [f"'{d.op}'" for d in norm.derived])
@@ -109,4 +120,24 @@ def inliner_plugin(policy_dir: Path, tc: Toolchain) -> Path:
             raise AotError(f"building the inlining plugin failed: {error_line(proc.stderr)}")
 
     key = f"{llvm_version}\0{header}\0".encode()  # the header is the whole policy
-    return cached_build("plugin", key + PLUGIN_SOURCE.read_bytes(), "libmlgo_inliner.so", build)
+    plugin = cached_build("plugin", key + PLUGIN_SOURCE.read_bytes(), "libmlgo_inliner.so", build)
+    check_loads(plugin, tc)
+    return plugin
+
+
+def check_loads(plugin: Path, tc: Toolchain) -> None:
+    """Compiles a two-function file with PLUGIN in clang: a plugin that does not load (a
+    truncated file, another LLVM) or crashes is refused before it is served, not found
+    by every compile of a build."""
+    with tempfile.TemporaryDirectory(prefix="mlgo-plugin-check-") as d:
+        source = Path(d) / "check.c"
+        source.write_text(
+            "static int twice(int x) { return 2 * x; }\nint f(int x) { return twice(x); }\n"
+        )
+        cmd = [tc.clang, "-Oz", f"-fpass-plugin={plugin}", "-c", str(source), "-o", f"{d}/check.o"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise AotError(
+            f"clang cannot load the inlining plugin {plugin} (exit {proc.returncode}: "
+            f"{error_line(proc.stderr)}); remove {plugin.parent} to rebuild it"
+        )

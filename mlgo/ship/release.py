@@ -42,7 +42,7 @@ def release(policy: Path, out: Path, aot: bool = True) -> Release:
         from mlgo.ship.plugin import inliner_plugin
 
         result.aot = aot_compile(saved, out / "aot")
-        result.native_server = native_server(saved)
+        result.native_server = native_server(loaded)
         if loaded.problem.plugin:
             result.plugin = inliner_plugin(out, find_toolchain())
     return result

@@ -12,7 +12,9 @@ Layout, under `$XDG_CACHE_HOME/mlgo` or `~/.cache/mlgo` unless another root is g
     xla-tuning/MACHINE/lowered/STABLEHLO.json   {"hlo": OPTIMIZED}
     xla-tuning/MACHINE/OPTIMIZED-TUNER.json     {"config": ..., "ranking": [...], ...}
 Every file is written atomically; an unreadable one is ignored with one warning line (and
-replaced when the program is tuned again).
+replaced when the program is tuned again). A key that is not a fingerprint as `digest()` makes
+them (16 lowercase hex digits) is refused the same way, so a crafted entry such as
+`{"hlo": "../../x"}` can never name a file outside the cache.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import logging
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +46,14 @@ def cpu_model() -> str:
 
 def digest(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_FINGERPRINT = re.compile(f"[0-9a-f]{{{len(digest(None))}}}")
+
+
+def is_fingerprint(key: object) -> bool:
+    """Whether a key may become part of a cache file's name: only what digest() produces."""
+    return isinstance(key, str) and _FINGERPRINT.fullmatch(key) is not None
 
 
 class TuningCache:
@@ -75,14 +86,30 @@ class TuningCache:
         except OSError as e:  # a read-only or full cache costs a re-tune, not the call
             log.warning("tuned_jit: cannot write the tuning cache file %s (%s)", path, e)
 
+    def _keys_ok(self, what: str, **keys: str) -> bool:
+        """Whether every key is a fingerprint; if not, one warning line says which."""
+        bad = [f"{name} {key!r}" for name, key in keys.items() if not is_fingerprint(key)]
+        if bad:
+            log.warning("tuned_jit: %s (%s is not a fingerprint)", what, ", ".join(bad))
+        return not bad
+
     def optimized(self, lowered: str) -> str | None:
         """The optimized HLO fingerprint a lowered program was found to have, if known."""
-        data = self._read(self.dir / "lowered" / f"{lowered}.json")
+        if not self._keys_ok("ignoring a tuning cache lookup", lowered=lowered):
+            return None
+        path = self.dir / "lowered" / f"{lowered}.json"
+        data = self._read(path)
         hlo = data.get("hlo") if data else None
-        return hlo if isinstance(hlo, str) else None
+        if hlo is None:
+            return None
+        if not self._keys_ok(f"ignoring unreadable tuning cache file {path}", hlo=hlo):
+            return None
+        return hlo
 
     def choice(self, hlo: str, tuner: str) -> dict | None:
         """The choice made for this optimized HLO by this tuner, if any (and well-formed)."""
+        if not self._keys_ok("ignoring a tuning cache lookup", hlo=hlo, tuner=tuner):
+            return None
         path = self.dir / f"{hlo}-{tuner}.json"
         data = self._read(path)
         if data is None:
@@ -97,5 +124,8 @@ class TuningCache:
         return data
 
     def store(self, lowered: str, hlo: str, tuner: str, choice: dict) -> None:
+        keys = {"lowered": lowered, "hlo": hlo, "tuner": tuner}
+        if not self._keys_ok("cannot write the tuning cache", **keys):
+            return
         self._write(self.dir / f"{hlo}-{tuner}.json", {**choice, **self.machine, "hlo": hlo})
         self._write(self.dir / "lowered" / f"{lowered}.json", {"hlo": hlo})

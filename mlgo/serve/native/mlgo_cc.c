@@ -15,6 +15,8 @@
  * A compile at an -O level no served policy was trained for gets a reply without a lease: it
  * runs the compiler as is, after the service's note if the reply has one (the first compile
  * at that level).
+ * Response files (@FILE) go to Python, which reads them as clang does, and so do inputs that
+ * -x c or -x c++ may make sources without a source suffix (see `for_python`).
  * Built by `mlgo install-wrappers` with -DMLGO_PYTHON="<the venv's python>". */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -150,6 +152,26 @@ static const char *first_source(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
     if (is_source(argv[i])) return argv[i];
   return "?";
+}
+
+/* Invocations clang reads otherwise than the rules here, for mlgo.serve.cc: any response file
+ * (@FILE), and after a -x c or -x c++, an existing regular file without a source suffix
+ * (clang compiles it as C or C++ unless it is an option's value, which Python tells apart).
+ * A superset of what mlgo.serve.cc.typed_sources finds: no option's value is skipped here. */
+static int for_python(int argc, char **argv) {
+  struct stat st;
+  int typed = 0;
+  for (int i = 1; i < argc; i++)
+    if (argv[i][0] == '@') return 1;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : "";
+    if (!strcmp(a, "-xc") || !strcmp(a, "-xc++") ||
+        (!strcmp(a, "-x") && (!strcmp(next, "c") || !strcmp(next, "c++"))))
+      typed = 1;
+    else if (typed && a[0] != '-' && !is_source(a) && stat(a, &st) == 0 && S_ISREG(st.st_mode))
+      return 1;
+  }
+  return 0;
 }
 
 static const char *lang;     /* "cc" or "c++" */
@@ -293,6 +315,22 @@ static double timeout_s(void) {
   return value;
 }
 
+/* Same rule as mlgo.runtime.trust.path_problem: REAL (a resolved path) is this user's, and it and
+ * every directory above it are this user's or root's and writable by no one else, unless a
+ * directory is sticky (like /tmp). */
+static int trusted_path(const char *real) {
+  char path[PATH_MAX];
+  struct stat st;
+  if (snprintf(path, sizeof path, "%s", real) >= (int)sizeof path || path[0] != '/') return 0;
+  for (int own = 1;; own = 0) {
+    if (lstat(path[0] ? path : "/", &st) != 0) return 0;
+    if (st.st_uid != getuid() && (own || st.st_uid != 0)) return 0;
+    if ((st.st_mode & 022) && !(!own && S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX))) return 0;
+    if (!path[0]) return 1; /* the root checked */
+    *strrchr(path, '/') = 0;
+  }
+}
+
 /* Where the lease's plugins must come from: mlgo.runtime.files.cache_dir()/plugin, resolved. */
 static int plugin_cache(char *out) {
   const char *root = getenv("MLGO_CACHE"), *xdg = getenv("XDG_CACHE_HOME");
@@ -311,7 +349,7 @@ static int plugin_cache(char *out) {
 }
 
 /* Same rule as mlgo.serve.cc.check_lease_flags: the known switches, a channel option on a FIFO
- * base directly in RUNTIME/channels, or a plugin inside the cache of built plugins. */
+ * base directly in RUNTIME/channels, or a trusted plugin inside the cache of built plugins. */
 static int lease_flags_ok(char **flags, int n, const char *runtime) {
   static const char *switches[] = {"-enable-ml-inliner=release",
                                    "-inliner-interactive-include-default",
@@ -326,7 +364,7 @@ static int lease_flags_ok(char **flags, int n, const char *runtime) {
       size_t len;
       if (!plugin_cache(plugins) || !realpath(flags[i] + 14, got)) return 0;
       len = strlen(plugins);
-      if (strncmp(got, plugins, len) != 0 || got[len] != '/') return 0;
+      if (strncmp(got, plugins, len) != 0 || got[len] != '/' || !trusted_path(got)) return 0;
       continue;
     }
     if (strcmp(flags[i], "-mllvm") != 0 || ++i == n) return 0;
@@ -568,13 +606,64 @@ static int guard_keep_smaller(void) {
   return fallback <= policy && rename(guard.out, guard.obj) != 0 ? -1 : 0;
 }
 
+/* The compile's stderr, kept in FD, on ours. */
+static void copy_to_stderr(int fd) {
+  char buf[65536];
+  ssize_t n;
+  lseek(fd, 0, SEEK_SET);
+  while ((n = read(fd, buf, sizeof buf)) > 0)
+    if (write(2, buf, (size_t)n) != n) break;
+}
+
+/* mlgo.serve.cc.error_line, nearly: the first line of the output in FD that names an error
+ * ("error:", "Error 2"), else its last line. */
+static void error_line(int fd, char *out, size_t cap) {
+  static char buf[65536];
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  buf[n > 0 ? n : 0] = 0;
+  char *last = NULL, *save = NULL;
+  snprintf(out, cap, "(no output)");
+  for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    while (*line == ' ' || *line == '\t') line++;
+    if (!*line) continue;
+    last = line;
+    if (strcasestr(line, "error:") || strcasestr(line, "error ")) break;
+  }
+  if (last) snprintf(out, cap, "%.300s", last);
+}
+
+/* mlgo.serve.cc._compile_plain_after: the compile with the policy failed; compile as plain
+ * clang does. If that fails too the error is the user's, shown as clang says it; if it passes,
+ * the policy's flags broke the compile: one warning, and the object is plain clang's. */
+static int compile_plain_after(int rc, int err_fd, int argc, char **argv, const char *source) {
+  pid_t pid = fork();
+  if (pid == 0) exec_compiler(argc, argv, NULL, 0);
+  int status;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid) return rc;
+  int plain = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (plain == 0) {
+    char why[320];
+    error_line(err_fd, why, sizeof why);
+    fprintf(stderr,
+            "mlgo-cc: warning: the compile with the policy failed (exit %d: %s); compiled %s "
+            "with the default heuristic\n",
+            rc, why, source);
+  }
+  return plain;
+}
+
 #ifdef MLGO_GUARD_CHECK
 /* Built by tests/test_guard.py to hold the rules above against Python's: `guard ARGS...`
  * prints the object the guard compares (nothing if none) and the default compile's arguments
  * after the compiler (to OUT), each ended by a NUL; `text FILE...` prints each file's
- * text_size on a line; `language cc|c++ ARGS...` the sources' language (or none). */
+ * text_size on a line; `language cc|c++ ARGS...` the sources' language (or none);
+ * `python ARGS...` whether the wrapper hands ARGS to Python before reading them (1 or 0). */
 static int check(int argc, char **argv) {
   char obj[PATH_MAX];
+  if (argc > 1 && strcmp(argv[1], "python") == 0) {
+    printf("%d\n", for_python(argc - 1, argv + 1));
+    return 0;
+  }
   if (argc > 2 && strcmp(argv[1], "language") == 0) {
     const char *language = source_language(argc - 2, argv + 2, strcmp(argv[2], "c++") == 0);
     printf("%s\n", language ? language : "none");
@@ -599,10 +688,12 @@ int main(int argc, char **argv) {
   lang = cxx ? "c++" : "cc";
   compiler = getenv(cxx ? "MLGO_CXX" : "MLGO_CC");
   if (!compiler) compiler = cxx ? "clang++-22" : "clang-22";
+  if (getenv("MLGO_DISABLE")) exec_compiler(argc, argv, NULL, 0);
+  if (for_python(argc, argv)) exec_python(argc, argv); /* @FILE, -x c FILE: read there */
   char level_buf[64];
   const char *level = optimizes(argc, argv) ? opt_level(argc, argv, level_buf, sizeof level_buf)
                                             : NULL;
-  if (getenv("MLGO_DISABLE") || !level) exec_compiler(argc, argv, NULL, 0);
+  if (!level) exec_compiler(argc, argv, NULL, 0);
   const char *guard_name = getenv("MLGO_GUARD");
   int guarding = guard_name && *guard_name;
   if (guarding && strcmp(guard_name, "size") != 0) exec_python(argc, argv); /* it warns */
@@ -707,16 +798,14 @@ int main(int argc, char **argv) {
     exec_python(argc, argv); /* does it all again and says what is wrong with the guard */
   }
   guard_stop();
+  const char *source = first_source(argc, argv);
+  int strict = getenv("MLGO_STRICT") != NULL;
+  if (!problem && rc != 0 && !strict) return compile_plain_after(rc, err_fd, argc, argv, source);
   if (!problem) {
-    char buf[65536];
-    ssize_t n;
-    lseek(err_fd, 0, SEEK_SET);
-    while ((n = read(err_fd, buf, sizeof buf)) > 0)
-      if (write(2, buf, (size_t)n) != n) break;
+    copy_to_stderr(err_fd);
     return rc;
   }
-  const char *source = first_source(argc, argv);
-  if (getenv("MLGO_STRICT")) {
+  if (strict) {
     fprintf(stderr, "mlgo-cc: error: %s (%s)\n", problem, source);
     return 1;
   }
