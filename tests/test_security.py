@@ -21,7 +21,7 @@ from mlgo.problems import get_problem, problems
 from mlgo.runtime.files import cache_subdir
 from mlgo.serve.cc import check_lease_flags
 from mlgo.serve.client import ServiceError, request
-from tests import test_service
+from tests import fake_problem, test_service
 from tests.conftest import MLGO
 from tests.test_service import SHIPPED, SOURCES, Service, mlgo_cc
 
@@ -155,6 +155,36 @@ def test_every_problems_serving_flags_pass_the_lease_check(tmp_path, monkeypatch
     plugin = cache_subdir("plugin", "k") / "lib.so"
     plugin.write_bytes(b"")
     check_lease_flags([f"-fpass-plugin={plugin}"], tmp_path)
+
+
+def test_a_new_problem_is_allowed_its_flags_by_one_line(tmp_path, monkeypatch):
+    """The lease allow-list comes from the registered problems alone: a third problem's
+    channel passes both wrappers' checks once its module is in MODULES, and not before."""
+    import mlgo.problems
+    from mlgo.serve import cc as wrapper
+
+    (tmp_path / "channels").mkdir()
+    flags = fake_problem.channel_flags(str(tmp_path / "channels" / "1-1-fake-choice"))
+
+    def accepted() -> tuple[bool, bool]:
+        wrapper.lease_allow_list.cache_clear()
+        try:
+            check_lease_flags(flags, tmp_path)
+            python = True
+        except ServiceError:
+            python = False
+        checker = tmp_path / "checker"
+        wrapper.build_native_wrapper(checker, "-DMLGO_GUARD_CHECK")
+        native = subprocess.run([checker, "lease", str(tmp_path), *flags], capture_output=True)
+        return python, native.stdout == b"1\n"
+
+    try:
+        assert accepted() == (False, False)
+        registered = (*mlgo.problems.MODULES, fake_problem.__name__)
+        monkeypatch.setattr(mlgo.problems, "MODULES", registered)
+        assert accepted() == (True, True)
+    finally:
+        wrapper.lease_allow_list.cache_clear()
 
 
 @pytest.mark.parametrize(

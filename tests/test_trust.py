@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from mlgo.problems.policy import MLPPolicy, PolicyError
+from mlgo.runtime.csource import c_string
 from mlgo.runtime.trust import UntrustedPathError, path_problem, private_dir, trusted_dir
-from mlgo.ship.plugin import c_string
 from tests import test_security, test_service
 from tests.cli_helpers import mlgo, one_line_error
 from tests.test_security import CANARY, NOBODY, one_line, start_fake

@@ -44,10 +44,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import cache
 from pathlib import Path
 
 from mlgo.data import shipped_policy
 from mlgo.llvm.languages import LANGUAGES, source_language
+from mlgo.runtime.csource import c_string
 from mlgo.runtime.files import cache_dir
 from mlgo.runtime.messages import error_line
 from mlgo.runtime.trust import UntrustedPathError, path_problem
@@ -68,18 +70,9 @@ TIMED_OUT = "no result within MLGO_TIMEOUT"
 START_TIMEOUT_S = 180.0  # the first start may AOT-compile the policy (about 20 s)
 START_RETRY_S = 60.0  # after a failed start, fall back at once for this long (same policies)
 DEFAULT_TIMEOUT_S = 900.0
-# What a lease may carry: these -mllvm switches, the channel options (on a FIFO base in the
-# runtime directory's channels/), and -fpass-plugin= (a plugin in the cache of built ones).
-# tests/test_security.py checks them against every problem's flags_for_serving.
-LEASE_SWITCHES = (
-    "-enable-ml-inliner=release",
-    "-inliner-interactive-include-default",  # a gated policy's channel sends the default
-    "-regalloc-enable-advisor=release",
-)
-LEASE_CHANNEL_OPTIONS = (
-    "-inliner-interactive-channel-base",
-    "-regalloc-evict-interactive-channel-base",
-)
+# What a lease may carry: the -mllvm switches and channel options of the registered problems'
+# serving flags (`lease_allow_list`; a channel's FIFO base must lie in the runtime directory's
+# channels/), and -fpass-plugin= (a plugin in the cache of built ones, trusted).
 PLUGIN_FLAG = "-fpass-plugin="
 SHIPPED_POLICY = shipped_policy("inlining-size")
 LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz", "-Og", "-Ofast")
@@ -321,8 +314,33 @@ def flags_by_hand(
     return flags, note if isinstance(note, str) else None
 
 
+@cache
+def lease_allow_list() -> tuple[frozenset[str], frozenset[str]]:
+    """The -mllvm switches and channel options (names, without `=BASE`) that a lease may
+    carry: exactly what the registered problems serve with, with and without the compiler's
+    own decision. The one source of them: the native wrapper is built with the same lists
+    (`build_native_wrapper`). Read only for a lease with -mllvm flags: the problems' modules
+    cost this process about 0.1 s to import."""
+    from mlgo.problems import problems
+
+    mark = "/\0base"  # no real option ends so
+    switches: set[str] = set()
+    channels: set[str] = set()
+    for problem in problems():
+        for default in (False, True):
+            flags = problem.flags_for_serving(mark, default)
+            if flags[0::2] != ["-mllvm"] * (len(flags) // 2) or len(flags) % 2:
+                raise ValueError(f"{problem.name}: serving flags must be -mllvm pairs: {flags}")
+            for option in flags[1::2]:
+                if option.endswith("=" + mark):
+                    channels.add(option.removesuffix("=" + mark))
+                else:
+                    switches.add(option)
+    return frozenset(switches), frozenset(channels)
+
+
 def check_lease_flags(flags: list[str], runtime: Path) -> None:
-    """Refuses any flag a lease may not carry (see LEASE_SWITCHES): whatever answers on the
+    """Refuses any flag a lease may not carry (see lease_allow_list): whatever answers on the
     socket must not get to choose what the compiler runs; nor a plugin that another user
     could have written (mlgo.runtime.trust)."""
     channels = (runtime / "channels").resolve()
@@ -336,9 +354,10 @@ def check_lease_flags(flags: list[str], runtime: Path) -> None:
             option = next(rest, "")
             name, eq, base = option.partition("=")
             fifo = Path(base)
-            if option in LEASE_SWITCHES or (
+            switches, channel_options = lease_allow_list()
+            if option in switches or (
                 eq
-                and name in LEASE_CHANNEL_OPTIONS
+                and name in channel_options
                 and fifo.name not in ("", ".", "..")
                 and fifo.parent.resolve() == channels
             ):
@@ -558,8 +577,14 @@ def build_native_wrapper(
 ) -> None:
     """Compiles SOURCE (the native wrapper; another revision's, for a benchmark) to OUT,
     handing uncommon cases to PYTHON, with DEFINES (-D options: tests build its checking
-    entry point so)."""
-    cmd = ["cc", "-O2", "-Wall", "-Werror", f'-DMLGO_PYTHON="{python}"', *defines]
+    entry point so) and the lease allow-list of the registered problems."""
+    switches, channels = lease_allow_list()
+    lists = {
+        "MLGO_LEASE_SWITCHES": sorted(switches),
+        "MLGO_LEASE_CHANNELS": sorted(f"{c}=" for c in channels),
+    }
+    cmd = ["cc", "-O2", "-Wall", "-Werror", f"-DMLGO_PYTHON={c_string(python)}", *defines]
+    cmd += [f"-D{name}={', '.join(map(c_string, values))}" for name, values in lists.items()]
     proc = subprocess.run([*cmd, str(source), "-o", str(out)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise OSError(f"cannot build {source.name}: {error_line(proc.stderr)}")

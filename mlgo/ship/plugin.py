@@ -14,7 +14,6 @@ libtensorflow_framework.so, which costs about 30 ms of CPU to load in every clan
 
 from __future__ import annotations
 
-import string
 import subprocess
 import tempfile
 from pathlib import Path
@@ -23,23 +22,13 @@ import numpy as np
 
 from mlgo.llvm.toolchain import Toolchain, ToolchainError
 from mlgo.problems.policy import MLPPolicy
+from mlgo.runtime.csource import c_string
 from mlgo.runtime.messages import error_line
 from mlgo.ship.aot import AotError, cached_build
 
 PLUGIN_SOURCE = Path(__file__).parent / "native" / "inline_plugin.cc"
 FLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared", "-fno-rtti", "-fno-exceptions"]
 FLAGS += ["-fvisibility=hidden", "-D_GLIBCXX_USE_CXX11_ABI=1", "-Wl,--no-undefined"]
-_C_SAFE = frozenset(string.ascii_letters + string.digits + "_:.")
-
-
-def c_string(text: str) -> str:
-    """TEXT as a C string literal: letters, digits, `_`, `:` and `.` as they are, every
-    other byte (UTF-8) as a three-digit octal escape, so that no string from a policy file
-    can end the literal. Names are also checked against the problem's (MLPPolicy.check)."""
-    body = "".join(chr(b) if chr(b) in _C_SAFE else f"\\{b:03o}" for b in text.encode("utf-8"))
-    return f'"{body}"'
-
-
 def _array(ctype: str, name: str, values: list[str]) -> str:
     rows = [", ".join(values[i : i + 8]) for i in range(0, len(values), 8)] or ["0"]
     return f"const {ctype} {name}[] = {{\n  " + ",\n  ".join(rows) + "\n};\n"

@@ -17,7 +17,8 @@
  * at that level).
  * Response files (@FILE) go to Python, which reads them as clang does, and so do inputs that
  * -x c or -x c++ may make sources without a source suffix (see `for_python`).
- * Built by `mlgo install-wrappers` with -DMLGO_PYTHON="<the venv's python>". */
+ * Built by `mlgo install-wrappers` (mlgo.serve.cc.build_native_wrapper), which defines the venv's
+ * python and the lease allow-list. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <elf.h>
@@ -38,8 +39,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#ifndef MLGO_PYTHON
-#error "build with -DMLGO_PYTHON=\"/path/to/python\""
+#if !defined(MLGO_PYTHON) || !defined(MLGO_LEASE_SWITCHES) || !defined(MLGO_LEASE_CHANNELS)
+#error "build with mlgo.serve.cc.build_native_wrapper: it defines MLGO_PYTHON and the allow-list"
 #endif
 
 #define MAX_FLAGS 64
@@ -348,14 +349,13 @@ static int plugin_cache(char *out) {
   return n < (int)sizeof dir && realpath(dir, out) != NULL;
 }
 
-/* Same rule as mlgo.serve.cc.check_lease_flags: the known switches, a channel option on a FIFO
- * base directly in RUNTIME/channels, or a trusted plugin inside the cache of built plugins. */
+/* Same rule as mlgo.serve.cc.check_lease_flags: the switches of the problems' serving flags, a
+ * channel option on a FIFO base directly in RUNTIME/channels (both lists are
+ * mlgo.serve.cc.lease_allow_list, defined when this is built), or a trusted plugin inside the
+ * cache of built plugins. */
 static int lease_flags_ok(char **flags, int n, const char *runtime) {
-  static const char *switches[] = {"-enable-ml-inliner=release",
-                                   "-inliner-interactive-include-default",
-                                   "-regalloc-enable-advisor=release", NULL};
-  static const char *channels[] = {"-inliner-interactive-channel-base=",
-                                   "-regalloc-evict-interactive-channel-base=", NULL};
+  static const char *switches[] = {MLGO_LEASE_SWITCHES, NULL};
+  static const char *channels[] = {MLGO_LEASE_CHANNELS, NULL};
   char want[PATH_MAX], dir[PATH_MAX], got[PATH_MAX], plugins[PATH_MAX];
   if (snprintf(dir, sizeof dir, "%s/channels", runtime) >= (int)sizeof dir || !realpath(dir, want))
     return 0;
@@ -653,13 +653,18 @@ static int compile_plain_after(int rc, int err_fd, int argc, char **argv, const 
 }
 
 #ifdef MLGO_GUARD_CHECK
-/* Built by tests/test_guard.py to hold the rules above against Python's: `guard ARGS...`
+/* Built by tests/test_guard.py to hold the rules above against Python's: `lease RUNTIME
+ * FLAGS...` prints whether a lease may carry FLAGS (1 or 0); `guard ARGS...`
  * prints the object the guard compares (nothing if none) and the default compile's arguments
  * after the compiler (to OUT), each ended by a NUL; `text FILE...` prints each file's
  * text_size on a line; `language cc|c++ ARGS...` the sources' language (or none);
  * `python ARGS...` whether the wrapper hands ARGS to Python before reading them (1 or 0). */
 static int check(int argc, char **argv) {
   char obj[PATH_MAX];
+  if (argc > 2 && strcmp(argv[1], "lease") == 0) {
+    printf("%d\n", lease_flags_ok(argv + 3, argc - 3, argv[2]));
+    return 0;
+  }
   if (argc > 1 && strcmp(argv[1], "python") == 0) {
     printf("%d\n", for_python(argc - 1, argv + 1));
     return 0;
