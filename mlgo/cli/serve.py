@@ -31,15 +31,12 @@ def serve(
 ) -> None:
     """Run the policy service: one channel per compilation, many at once, until stopped."""
     from mlgo.serve.client import socket_path
-    from mlgo.serve.server import claim_socket, serve_forever
-    from mlgo.serve.service import Service
+    from mlgo.serve.server import run_service
 
-    path = socket or socket_path()
-    claim_socket(path)  # before loading anything: a live service there is left alone
-    service = Service(policy, backend, runtime=path.parent)  # channels beside the socket
-    names = ", ".join(f"{p.problem.name} ({p.backend.name})" for p in service.policies)
-    err.print(f"mlgo: serving {names} on {path}", highlight=False)
-    serve_forever(service, path, idle_exit)
+    def say(line: str) -> None:
+        err.print(line, highlight=False)
+
+    run_service(policy, backend, socket or socket_path(), idle_exit, say)
 
 
 def status(socket: SocketOpt = None) -> None:

@@ -160,10 +160,11 @@ def request(message: dict, timeout_s: float = 10.0, path: Path | None = None) ->
 def launch_service(
     path: Path, policies: list[str], backend: str, log: Path, idle_exit_s: float, timeout_s: float
 ) -> subprocess.Popen:
-    """Starts `mlgo serve` on PATH (in a session of its own, its output appended to LOG) and
-    returns once it answers there. If it exits first or stays silent for TIMEOUT_S it is
-    killed, and the ServiceError names the line of its output that says why."""
-    cmd = [sys.executable, "-m", "mlgo.cli", "serve", "--socket", str(path)]
+    """Starts the service (`python -m mlgo.serve`, its entry point of its own) on PATH, in a
+    session of its own, its output appended to LOG, and returns once it answers there. If it
+    exits first or stays silent for TIMEOUT_S it is killed, and the ServiceError names the
+    line of its output that says why."""
+    cmd = [sys.executable, "-m", "mlgo.serve", "--socket", str(path)]
     cmd += ["--backend", backend, "--idle-exit", f"{idle_exit_s:g}"]
     cmd += [f"--policy={p}" for p in policies]
     with open(log, "ab") as out:

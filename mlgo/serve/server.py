@@ -11,6 +11,7 @@ import socketserver
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mlgo.llvm.languages import LANGUAGES
@@ -210,3 +211,19 @@ def serve_forever(service: Service, socket_file: Path, idle_exit_s: float = 0.0)
         server.server_close()
         socket_file.unlink(missing_ok=True)
         service.close()
+
+
+def run_service(
+    policies: list[Path],
+    backend: str,
+    socket_file: Path,
+    idle_exit_s: float,
+    say: Callable[[str], None] = print,
+) -> None:
+    """The service, from its policy directories to its socket, until stopped: what `mlgo
+    serve` and the service's own entry point (`python -m mlgo.serve`) both run."""
+    claim_socket(socket_file)  # before loading anything: a live service there is left alone
+    service = Service(policies, backend, runtime=socket_file.parent)  # channels beside it
+    names = ", ".join(f"{p.problem.name} ({p.backend.name})" for p in service.policies)
+    say(f"mlgo: serving {names} on {socket_file}")
+    serve_forever(service, socket_file, idle_exit_s)
