@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlgo.corpus.extract import build_corpus, combine
+from mlgo.corpus.extract import combine
 from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
+from mlgo.packages.build import build_corpus
 from mlgo.problems.policy import MLPPolicy
 from mlgo.train import RunDir
 

@@ -21,11 +21,11 @@ from mlgo.ship.modelcard import model_card
 from mlgo.train import RunDir
 from mlgo.train.bcmax import (
     Answerer,
+    BCMax,
     BCMaxConfig,
     SearchConfig,
     SearchTask,
     search_module,
-    train_bcmax,
 )
 from mlgo.train.evaluate import baseline
 from mlgo.train.run import TrainOptions, run
@@ -231,7 +231,7 @@ def test_the_search_improves_on_a_poor_policy_within_its_budget(
 def test_bcmax_trains_resumes_and_keeps_the_best(mini_corpus, tc, tmp_path, shipped, default_sizes):
     out = RunDir(tmp_path / "bcmax", "bcmax")
     cfg = BCMaxConfig(steps=1, search_budget=6, clone_epochs=2, max_module_seconds=60)
-    train_bcmax(mini_corpus, shipped, out, tc, LocalPool(2), cfg)
+    BCMax(cfg).train(mini_corpus, PROBLEM, shipped, out, tc, LocalPool(2))
     state, arrays = out.load_state()
     assert state.step == 1 and state.extra["searched"] == 1 and state.extra["evaluated"] == 1
     names = state.extra["modules"]
@@ -243,7 +243,7 @@ def test_bcmax_trains_resumes_and_keeps_the_best(mini_corpus, tc, tmp_path, ship
     first_compiles = state.compiles
     assert len(names) <= first_compiles <= len(names) * (6 + 1)  # search + final pool eval
     # a rerun with more iterations resumes: one more search and clone, nothing redone
-    train_bcmax(mini_corpus, shipped, out, tc, LocalPool(2), replace(cfg, steps=2))
+    BCMax(replace(cfg, steps=2)).train(mini_corpus, PROBLEM, shipped, out, tc, LocalPool(2))
     state, again = out.load_state()
     assert state.step == 2 and [h["step"] for h in state.history] == [1, 2]
     assert (again["traj_cost"] <= arrays["traj_cost"]).all()  # the best only ever improves
@@ -263,7 +263,7 @@ def test_a_slow_module_is_compiled_with_the_policy_not_searched(
 ):
     out = RunDir(tmp_path / "bcmax", "bcmax")
     cfg = BCMaxConfig(steps=1, search_budget=6, clone_epochs=1, max_module_seconds=1e-9)
-    train_bcmax(mini_corpus, shipped, out, tc, LocalPool(2), cfg)
+    BCMax(cfg).train(mini_corpus, PROBLEM, shipped, out, tc, LocalPool(2))
     state, arrays = out.load_state()
     names = state.extra["modules"]
     assert len(names) == state.extra["pool"] > 0  # every module is slow, and still in the pool

@@ -7,9 +7,12 @@ import subprocess
 import pytest
 
 from mlgo.corpus.compile import compile_plain
-from mlgo.corpus.extract import BuildError, Recipe, build_corpus, combine, profile_own_tests
+from mlgo.corpus.extract import combine
 from mlgo.corpus.format import CorpusError, load_corpus
+from mlgo.packages.build import build_corpus, profile_own_tests
+from mlgo.packages.recipes import Recipe
 from mlgo.problems import get_problem
+from mlgo.runtime.commands import BuildError
 from tests.conftest import DATA, copy_corpus, run_mlgo
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from mlgo.corpus.compile import replay_matches_default
-from mlgo.corpus.extract import RECIPES
 from mlgo.corpus.format import load_corpus
 from mlgo.llvm.sizes import text_size
+from mlgo.packages.recipes import RECIPES
 from mlgo.problems import get_problem
 from tests.cli_helpers import mlgo
 from tests.conftest import run_mlgo

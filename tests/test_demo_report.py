@@ -11,8 +11,8 @@ import subprocess
 import pytest
 from rich.console import Console
 
-from mlgo.corpus.extract import Recipe
 from mlgo.llvm.sizes import SizeRow, compare_trees, text_size
+from mlgo.packages.recipes import Recipe
 from mlgo.programs.build import ProgramBuild
 from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.report import (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlgo.corpus.extract import BuildError, run_logged
+from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.messages import error_line
 from tests.conftest import run_mlgo
 

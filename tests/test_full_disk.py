@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mlgo.corpus.extract import Recipe
+from mlgo.packages.recipes import Recipe
 from mlgo.programs.tune import _stage, record_corpus, snapshot
 from mlgo.runtime.files import atomic_directory, atomic_path, atomic_write_bytes, atomic_write_text
 from mlgo.runtime.messages import error_line, writing

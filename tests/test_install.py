@@ -58,7 +58,7 @@ def _python(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_an_installed_package_ships_its_recipes_and_policies(installed, tmp_path):
     probe = (
-        "import json, mlgo, mlgo.data as d, mlgo.corpus.extract as x, mlgo.corpus.splits as s;"
+        "import json, mlgo, mlgo.data as d, mlgo.packages.recipes as x, mlgo.corpus.splits as s;"
         "print(json.dumps([mlgo.__file__, str(d.shipped_policy('inlining-size')),"
         " x.available_recipes(), s.split_packages('test')]))"
     )
@@ -92,7 +92,7 @@ def test_mlgo_data_points_every_lookup_at_another_directory(tmp_path):
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes" / "mine.toml").write_text("")
     probe = (
-        "import mlgo.data as d, mlgo.corpus.extract as x, mlgo.serve.cc as cc;"
+        "import mlgo.data as d, mlgo.packages.recipes as x, mlgo.serve.cc as cc;"
         "print(x.available_recipes(), cc.SHIPPED_POLICY)"
     )
     env = dict(os.environ, MLGO_DATA=str(tmp_path))

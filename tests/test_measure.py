@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from mlgo.corpus.extract import BuildError
 from mlgo.programs.build import ProgramBuild
 from mlgo.programs.compare import Comparison, comparison_table, variants
 from mlgo.programs.measure import (
@@ -22,6 +21,7 @@ from mlgo.programs.measure import (
     spread,
     timed_rounds,
 )
+from mlgo.runtime.commands import BuildError
 
 
 # -- mlgo build's comparison and build.json ----------------------------------------------

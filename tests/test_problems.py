@@ -13,11 +13,12 @@ import pytest
 
 import mlgo.problems
 from mlgo.corpus.format import Module
+from mlgo.errors import UsageError
 from mlgo.llvm.sizes import text_size
 from mlgo.problems import Problem, get_problem, problems
-from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy import MLPPolicy, policy_class
+from mlgo.records import Decisions
 from mlgo.ship.modelcard import model_card
-from mlgo.traces.dataset import Decisions
 from mlgo.traces.format import Manifest, TraceError
 from mlgo.train.evaluate import EvalTask, Evaluation
 from mlgo.train.report import render_html, summary
@@ -62,7 +63,7 @@ def test_every_problem_pickles_to_itself():
 
 
 def test_unknown_problem_names_are_rejected_where_they_are_read(tmp_path):
-    with pytest.raises(KeyError, match="unknown problem 'nope'; known: inlining-size"):
+    with pytest.raises(UsageError, match="unknown problem 'nope'; known: inlining-size"):
         get_problem("nope")
     policy = tmp_path / "policy"
     inlining = get_problem("inlining-size")
@@ -93,7 +94,7 @@ def test_a_third_problem_goes_through_the_generic_stages(third, tmp_path):
 
     # policy construction, storage and loading
     data = _decisions(third)
-    policy, rows, weight, offset = third.policy_class.for_cloning(third, data, derived=True)
+    policy, rows, weight, offset = policy_class(third).for_cloning(third, data, derived=True)
     assert policy.problem is third and rows.shape == (len(data.x), policy.normalizer.width)
     assert offset.shape == (len(data.x), 2) and weight.shape == (len(data.x),)
     assert [d.name for d in policy.normalizer.derived] == ["cost_margin", "default_rule"]

@@ -26,7 +26,7 @@ from mlgo.runtime.workers import Failed, LocalPool, make_workers
 from mlgo.traces.collect import CollectTask, collect, collect_one
 from mlgo.traces.format import Manifest
 from mlgo.train import RunDir
-from mlgo.train.es import ESConfig, train_es
+from mlgo.train.es import ES, ESConfig
 from tests.conftest import copy_corpus, run_mlgo
 
 POLICY = Path(__file__).parents[1] / "policies" / "inlining-size"
@@ -259,9 +259,9 @@ def test_es_step_on_ray_moves_the_weights_as_the_local_pool_does(
     cfg = ESConfig(steps=1, directions=2, batch=2, eval_every=1, max_module_seconds=60)
     runs = {"local": RunDir(tmp_path / "local", "es"), "ray": RunDir(tmp_path / "ray", "es")}
     with LocalPool(2) as pool:
-        train_es(mini_corpus, policy, runs["local"], tc, pool, cfg)
+        ES(cfg).train(mini_corpus, policy.problem, policy, runs["local"], tc, pool)
     with make_workers(cluster.address) as workers:
-        train_es(mini_corpus, policy, runs["ray"], tc, workers, cfg)
+        ES(cfg).train(mini_corpus, policy.problem, policy, runs["ray"], tc, workers)
     (local, local_arrays), (on_ray, ray_arrays) = (r.load_state() for r in runs.values())
     assert on_ray.step == 1 and on_ray.compiles == local.compiles
     assert on_ray.history == local.history

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from mlgo.corpus.extract import MLGO_UTILS_DIR, BuildError
+from mlgo.corpus.extract import MLGO_UTILS_DIR
 from mlgo.corpus.format import DESCRIPTION, Corpus, load_corpus
 from mlgo.corpus.record import Recorded, record, record_from
 from mlgo.corpus.stats import corpus_stats
@@ -22,6 +22,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.options import opt_level
 from mlgo.problems import get_problem
 from mlgo.problems.policy import MLPPolicy
+from mlgo.runtime.commands import BuildError
 from mlgo.runtime.workers import LocalPool
 from mlgo.traces.collect import collect
 from mlgo.train.evaluate import evaluate

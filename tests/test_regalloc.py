@@ -19,7 +19,7 @@ from mlgo.traces.collect import collect
 from mlgo.traces.dataset import load_decisions
 from mlgo.train import RunDir
 from mlgo.train.bc import train_bc
-from mlgo.train.es import ESConfig, train_es
+from mlgo.train.es import ES, ESConfig
 from mlgo.train.evaluate import evaluate
 from tests.conftest import assert_saved_best_is_best_evaluated, run_mlgo
 
@@ -161,27 +161,25 @@ def test_es_on_regalloc_trains_checkpoints_and_resumes(ra_bc, mini_corpus_o2, tc
     cfg = ESConfig(
         steps=2, directions=2, batch=2, eval_every=1, max_module_seconds=60, regression_penalty=1.0
     )
-    train_es(mini_corpus_o2, policy, run, tc, LocalPool(2), cfg)
+    ES(cfg).train(mini_corpus_o2, PROBLEM, policy, run, tc, LocalPool(2))
     state, _ = run.load_state()
     assert state.step == 2
     arrays = assert_saved_best_is_best_evaluated(run, policy)
     assert arrays["theta"].size == policy.flat().size
     assert not np.allclose(arrays["theta"], policy.flat())
-    train_es(
-        mini_corpus_o2, policy, run, tc, LocalPool(2), ESConfig(**{**cfg.__dict__, "steps": 3})
-    )
+    ES(replace(cfg, steps=3)).train(mini_corpus_o2, PROBLEM, policy, run, tc, LocalPool(2))
     state, _ = run.load_state()
     assert [h["step"] for h in state.history] == [1, 2, 3]
     assert isinstance(MLPPolicy.load(run.policy_dir), CandidatePolicy)
 
 
 def test_ppo_on_regalloc_scores_slots_and_resumes(ra_bc, mini_corpus_o2, tc, tmp_path):
-    from mlgo.train.ppo import Agent, PPOConfig, train_ppo
+    from mlgo.train.ppo import PPO, Agent, PPOConfig
 
     _, data, policy, _ = ra_bc
     run = RunDir(tmp_path / "ppo", "ppo")
     cfg = PPOConfig(steps=2, batch=2, epochs=2, eval_every=1, max_module_seconds=60)
-    trained = train_ppo(mini_corpus_o2, policy, run, tc, LocalPool(2), cfg)
+    trained = PPO(cfg).train(mini_corpus_o2, PROBLEM, policy, run, tc, LocalPool(2)).policy
     state, _ = run.load_state()
     assert state.step == 2 and all(np.isfinite(h["ppo/loss"]) for h in state.history)
     assert_saved_best_is_best_evaluated(run, policy)
@@ -196,9 +194,7 @@ def test_ppo_on_regalloc_scores_slots_and_resumes(ra_bc, mini_corpus_o2, tc, tmp
     legal = data.x[:, :, PROBLEM.feature_names.index("mask")] > 0
     for answered in (trained, moved):
         assert legal[np.arange(len(data.x)), answered.predict(data.x)].all()
-    train_ppo(
-        mini_corpus_o2, policy, run, tc, LocalPool(2), PPOConfig(**{**cfg.__dict__, "steps": 3})
-    )
+    PPO(replace(cfg, steps=3)).train(mini_corpus_o2, PROBLEM, policy, run, tc, LocalPool(2))
     state, _ = run.load_state()
     assert [h["step"] for h in state.history] == [1, 2, 3]
 
@@ -215,7 +211,7 @@ def test_saved_model_evicts_like_the_candidate_policy(ra_bc, tmp_path):
 
 @pytest.mark.unit
 def test_regression_penalty_weighs_each_package_and_its_losses():
-    from mlgo.train.es import penalized_reduction
+    from mlgo.train.rollouts import penalized_reduction
 
     base = np.array([100.0, 10.0])
     costs = np.array([[80.0, 11.0], [100.0, 10.0], [90.0, 9.0]])

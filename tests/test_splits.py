@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from mlgo.corpus.extract import BuildError, available_recipes
 from mlgo.corpus.splits import load_splits, packages_to_build, split_packages
+from mlgo.packages.recipes import available_recipes
+from mlgo.runtime.commands import BuildError
 
 pytestmark = pytest.mark.unit
 

@@ -1,27 +1,354 @@
-"""Every script in tools/ still imports and answers --help, and its C peers compile."""
+"""The scripts in tools/: each one's figures computed from small made-up results, every one
+answering --help as `python -m tools.NAME`, and their C peers compiling."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-TOOLS = Path(__file__).parents[1] / "tools"
-SCRIPTS = sorted(TOOLS.glob("*.py"))
-C_SOURCES = sorted(TOOLS.glob("*.c"))
+from mlgo.corpus.format import Module, write_description
+from mlgo.data import shipped_policy
+from mlgo.llvm.log_format import TensorSpec
+from mlgo.llvm.sizes import TextParts
+from mlgo.problems import get_problem
+from mlgo.problems.policy import MLPPolicy
+from mlgo.records import ModuleRun
+from mlgo.train.evaluate import Evaluation
+from tools import (
+    bench_collect,
+    bench_guard,
+    bench_inlining,
+    bench_regalloc,
+    bench_scale,
+    bench_service,
+    bench_tune,
+    bench_wrapper,
+    bench_xla,
+    bench_xla_baselines,
+    eval_by_language,
+    gate_directions,
+    headroom_inlining,
+    linked_estimate,
+    size_by_linkage,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(p.stem for p in (ROOT / "tools").glob("*.py") if p.stem != "__init__")
+C_SOURCES = sorted((ROOT / "tools").glob("*.c"))
+
+
+def module(name: str) -> Module:
+    return Module(name, Path(f"{name}.bc"), ("-cc1",))
+
+
+def evaluation(
+    problem: str, rows: dict[str, dict[str, float]], corpus: str = "corpus"
+) -> Evaluation:
+    ev = Evaluation(get_problem(problem), "clang 22", corpus)
+    ev.modules = rows
+    return ev
+
+
+# --- inlining ---------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_collect_bench_compares_each_mode_with_plain_round_by_round():
+    walls = {"plain": [10.0, 20.0], "native": [11.0, 21.0], "channel": [12.0, 30.0]}
+    work = {"plain": [4.0, 4.0], "native": [5.0, 4.0], "channel": [6.0, 6.0]}
+    o = bench_collect.overheads(walls, work)
+    assert o["pass channel"]["min"] == pytest.approx(0.2)
+    assert o["pass channel"]["max"] == pytest.approx(0.5)
+    assert o["work native"]["runs"] == pytest.approx([0.25, 0.0])
+    assert set(o) == {"pass native", "pass channel", "work native", "work channel"}
+
+    modules = [module("zlib/a.o"), module("zlib/b.o"), module("lua/c.o")]
+    channel = {
+        "zlib/a.o": {"decisions": 3},
+        "zlib/b.o": {"decisions": 4},
+        "lua/c.o": {"decisions": 0},
+    }
+    plain = {
+        "zlib/a.o": {"text_size": 10.0},
+        "zlib/b.o": {"text_size": 5.0},
+        "lua/c.o": {"text_size": 7.0},
+    }
+    assert bench_collect.package_totals(modules, channel, plain) == {
+        "zlib": {"modules": 2, "decisions": 7, "text_size": 15},
+        "lua": {"modules": 1, "decisions": 0, "text_size": 7},
+    }
+
+
+@pytest.mark.unit
+def test_inlining_bench_figures_from_an_evaluation_builds_and_runs(tmp_path):
+    ev = evaluation("inlining-size", {
+        "zlib/a.o": {"text_size": 90.0, "default_text_size": 100.0},
+        "lua/b.o": {"text_size": 110.0, "default_text_size": 100.0},
+    })  # fmt: skip
+    figures = bench_inlining.evaluation_figures(ev)
+    assert figures["total_delta_pct"] == pytest.approx(0.0)
+    assert figures["packages_delta_pct"] == pytest.approx({"zlib": -10.0, "lua": 10.0})
+
+    builds = [
+        {"package": "lua", "variant": "plain", "text": {"lua": 200, "luac": 100}, "tests": "ok"},
+        {"package": "lua", "variant": "mlgo", "text": {"lua": 190, "luac": 100}, "tests": "ok"},
+    ]
+    programs = bench_inlining.program_figures(builds)
+    assert programs["programs"]["lua:lua"]["delta_pct"] == pytest.approx(-5.0)
+    assert programs["total_delta_pct"] == pytest.approx(100 * (290 / 300 - 1))
+
+    for name, seconds in (("bc", 1800), ("es", 5400)):
+        (tmp_path / name).mkdir()
+        state = {"algo": name, "seconds": seconds, "compiles": 10, "step": 2}
+        (tmp_path / name / "state.json").write_text(json.dumps(state))
+    cost = bench_inlining.training_cost([tmp_path / "bc", tmp_path / "es"])
+    assert cost["total_hours"] == pytest.approx(2.0)
+
+    rows = bench_inlining.summary_rows(
+        {"train": figures, "heldout": figures, "linked_programs": programs, "training_cost": cost}
+    )
+    assert rows[0] == (
+        "train: object .text vs -Oz (2 modules)",
+        "+0.00% (worst package lua +10.00%)",
+    )
+    assert ("linked lua:lua", "-5.00% (tests ok/ok)") in rows and rows[-1][1] == "2.00 h"
+
+
+@pytest.mark.unit
+def test_guard_bench_sums_packages_and_names_objects_alike_in_every_build():
+    hashed = Path("lib/conf_0123456789abcdef0123456789abcdef/zstd.o")
+    assert bench_guard.object_key(hashed) == "/lib/conf/zstd.o"
+    one = {"objects": 2, "plain_text": 100, "policy_text": 98, "guard_text": 97,
+           "policy_larger": 1, "guard_larger": 0,
+           "cpu_s": {"plain": 1.0, "policy": 1.5, "guard": 2.0}}  # fmt: skip
+    total = bench_guard.summed({"zstd": one, "lua": one})
+    assert total["plain_text"] == 200 and total["policy_larger"] == 2
+    assert total["cpu_s"] == {"plain": 2.0, "policy": 3.0, "guard": 4.0}
+    row = bench_guard.table_row("total", total)
+    assert row[3:6] == ["-2.00%", "-3.00%", "2 / 0"]
+    assert row[-1] == "+100.00% / +33.33%"
+    assert bench_guard.pct(1.0, 0.0) == "n/a"
+
+
+@pytest.mark.unit
+def test_tune_bench_row_shows_a_report_and_a_stopped_project():
+    report = {
+        "size": {"change_pct": -1.0, "files": 9,
+                 "linked": {"change_pct": -2.0, "files": 3, "larger": ["a"]}},
+        "training": {"headroom_pct": -2.5, "headroom_captured": 0.8, "chosen": "trained",
+                     "seconds": 3600},
+        "throughput": {"change_pct": 1.0, "iqr_pct": [0.5, 1.5],
+                       "instructions_change_pct": -0.25},
+        "tests": {"baseline": "passed", "policy": "passed"},
+    }  # fmt: skip
+    row = bench_tune.row("cmark", {"language": "C", "seconds": 4200, "report": report})
+    assert row[:5] == ["cmark (C)", "-2.00% (3 files, 1 larger)", "-1.00% (9)",
+                       "-2.50% (80%)", "trained"]  # fmt: skip
+    assert row[5:] == ["+1.00% (+0.50%..+1.50%)", "-0.25%", "passed / passed", "60 min", "70 min"]
+    stopped = bench_tune.row("jq", {"language": "C", "error": "its tests failed"})
+    assert stopped[1] == "[red]stopped: its tests failed" and len(stopped) == len(row)
+
+
+@pytest.mark.unit
+def test_language_tool_reads_each_modules_language_from_its_corpus(tmp_path):
+    corpus = tmp_path / "corpus"
+    for name, source in (("mixed/a.o", "a.c"), ("mixed/b.o", "b.cpp")):
+        (corpus / name).parent.mkdir(parents=True, exist_ok=True)
+        (corpus / f"{name}.bc").write_bytes(b"")
+        (corpus / f"{name}.cmd").write_bytes(f"-cc1\0-main-file-name\0{source}".encode())
+    write_description(corpus, ["mixed/a.o", "mixed/b.o"])
+    ev = evaluation("inlining-size", {
+        "mixed/a.o": {"text_size": 90.0, "default_text_size": 100.0},
+        "mixed/b.o": {"text_size": 120.0, "default_text_size": 100.0},
+    }, str(corpus))  # fmt: skip
+    language = eval_by_language.module_languages(ev)
+    assert language == {"mixed/a.o": "C", "mixed/b.o": "C++"}
+    f = eval_by_language.figures(ev, language)
+    assert (f["total"], f["C"], f["C++"]) == ("+5.000%", "-10.000%", "+20.000%")
+    assert (f["total (guard)"], f["C++ (guard)"]) == ("-5.000%", "+0.000%")
+    assert f["larger"] == "mixed +5.00% (+10)"
+
+
+@pytest.mark.unit
+def test_language_tool_falls_back_to_the_splits_without_the_corpus(tmp_path, capsys):
+    ev = evaluation("inlining-size", {"zlib/a.o": {"text_size": 1.0, "default_text_size": 1.0}},
+                    str(tmp_path / "gone"))  # fmt: skip
+    assert eval_by_language.module_languages(ev) == {"zlib/a.o": "C"}
+    assert "languages by package" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_one_way_gate_departs_only_from_one_of_clangs_answers():
+    policy = MLPPolicy.load(shipped_policy("inlining-size"))
+    logits = np.array([[0.0, 5.0], [5.0, 0.0]], np.float32)  # confident: inline; do not
+    default = np.array([0, 1])  # clang: does not inline; inlines
+    both_ways = gate_directions.one_way(policy, 0.5, depart_from=1)
+    assert both_ways.departure_threshold == 0.5 and both_ways.weights is policy.weights
+    assert both_ways.gate(logits, default).tolist() == [0, 0]  # refuses only
+    inline_only = gate_directions.one_way(policy, 0.5, depart_from=0)
+    assert inline_only.gate(logits, default).tolist() == [1, 1]
+
+
+@pytest.mark.unit
+def test_headroom_tool_sums_search_and_policy_per_package():
+    modules = [module("zlib/a.o"), module("zlib/b.o"), module("lua/c.o"), module("lua/crash.o")]
+    default = {"zlib/a.o": 100.0, "zlib/b.o": 50.0, "lua/c.o": 10.0}
+    found = {"zlib/a.o": (90.0, 3)}  # b: the search failed on it
+    packages = headroom_inlining.package_sizes(modules, default, found, {"lua/c.o": 12.0})
+    assert packages == {
+        "zlib": {"default": 150.0, "search": 140.0, "policy": 150.0, "moves": 3},
+        "lua": {"default": 10.0, "search": 10.0, "policy": 12.0, "moves": 0},
+    }
+
+
+@pytest.mark.unit
+def test_linked_estimate_counts_a_shared_group_three_ways():
+    parts = {"a.o": TextParts(10, {"f": 6}), "b.o": TextParts(20, {"f": 6, "g": 4})}
+    defined_in = Counter({"f": 2, "g": 1})
+    assert linked_estimate.totals(parts, defined_in) == {
+        "objects": 46,
+        "linked once": 40,
+        "1/n": pytest.approx(40.0),
+    }
+
+
+@pytest.mark.unit
+def test_size_by_linkage_sums_the_change_per_binding():
+    before = {"f": ("weak", 10), "g": ("global", 20), "gone": ("local", 5)}
+    after = {"f": ("weak", 14), "g": ("global", 20), "new": ("local", 3)}
+    row = size_by_linkage.linkage_change(before, after)
+    assert (row["weak"], row["global"], row["local"]) == (4, 0, -2)
+    assert row["weak_functions_changed"] == 1 and row["global_functions_changed"] == 0
+    assert row["local_functions_changed"] == 2 and row["default_functions"] == 35
+
+
+# --- serving, scale-out, the wrapper ----------------------------------------------------
+
+
+@pytest.mark.unit
+def test_service_bench_summaries():
+    reps = [[100, 5000, 9000, 20000], [100, 7000, 11000, 30000], [100, 6000, 10000, 25000]]
+    assert bench_service.rtt_summary(reps) == {
+        "decisions_per_rep": 100,
+        "p50_us": 6.0,
+        "p90_us": 10.0,
+        "p99_us": 25.0,
+        "p50_us_range": [5.0, 7.0],
+    }
+    times = {"plain": [10.0, 10.0], "mlgo-cc": [11.0, 12.0]}
+    cpu = {"plain": [20.0, 10.0], "mlgo-cc": [22.0, 12.0]}
+    build = bench_service.build_summary(times, cpu)["mlgo-cc"]
+    assert build["overhead_pct"] == pytest.approx(15.0)
+    assert build["cpu_overhead_pct"] == pytest.approx(13.333, abs=1e-3)
+    assert build["paired_cpu_overhead_pct"]["median"] == pytest.approx(15.0)
+    status = "Name:\tmlgo\nVmRSS:\t  1234 kB\nThreads:\t7\n"
+    assert bench_service.memory_and_threads(status) == {"rss_kb": 1234, "threads": 7}
+
+
+@pytest.mark.unit
+def test_service_bench_writes_what_the_channel_driver_reads():
+    spec = TensorSpec("callee_users", "int64_t", (1,))
+    run = ModuleRun("m", (spec,), features={"callee_users": np.array([[3], [4]])},
+                    advice=np.zeros(2, np.int64))  # fmt: skip
+    data = bench_service.chunk_file([run], "inlining_decision")
+    first, rest = data.split(b"\n", 1)
+    assert first == b"8 3"  # 8-byte advice; the header and two observations
+    chunks = []
+    while rest:
+        size = int.from_bytes(rest[:4], "little")
+        chunks.append(rest[4 : 4 + size])
+        rest = rest[4 + size :]
+    assert json.loads(chunks[0])["advice"]["name"] == "inlining_decision"
+    assert chunks[2] == b'{"observation": 1}\n' + np.int64(4).tobytes() + b"\n"
+
+
+@pytest.mark.unit
+def test_scale_bench_busy_fraction_counts_only_the_window():
+    spans = [(0.0, 10.0), (5.0, 20.0)]  # the second runs past the window's end
+    assert bench_scale.busy_fraction(spans, 0.0, 10.0, 2) == pytest.approx(0.75)
+    assert bench_scale.busy_fraction(spans, 10.0, 10.0, 2) == 0.0
+
+
+@pytest.mark.unit
+def test_wrapper_bench_changes_are_per_round_against_the_baseline():
+    rounds = [{"baseline": 1.0, "new": 1.01}, {"baseline": 2.0, "new": 2.0},
+              {"baseline": 1.0, "new": 0.98}]  # fmt: skip
+    median, q1, q3 = bench_wrapper.changes(rounds, "new")
+    assert median == pytest.approx(0.0) and q1 < 0 < q3
+
+
+@pytest.mark.unit
+def test_regalloc_bench_heldout_and_overhead_figures():
+    costs = ("spill_reload_cost", "copies_cost", "regalloc_cost", "text_size")
+    row = {**{k: 90.0 for k in costs}, **{f"default_{k}": 100.0 for k in costs}}
+    ev = evaluation(
+        "regalloc-eviction", {"zlib/a.o": row, "lua/b.o": {**row, "spill_reload_cost": 110.0}}
+    )
+    figures = bench_regalloc.heldout_figures(ev)
+    assert figures["spill_reload_cost"] == {"policy": 200.0, "default": 200.0, "delta": 0.0}
+    assert figures["spill_reload_by_package"] == pytest.approx({"zlib": -0.1, "lua": 0.1})
+
+    cpu = {"plain": [10.0, 10.0], "direct": [10.5, 10.4], "service": [11.0, 10.8]}
+    clang = {"plain": [10.0, 10.0], "direct": [10.2, 10.2], "service": [10.2, 10.2]}
+    o = bench_regalloc.overhead_summary(cpu, clang, cpu, control=[0.2, 0.2])
+    assert set(o["cpu_overhead"]) == {"direct", "service"}
+    assert o["cpu_overhead"]["service"]["median"] == pytest.approx(0.09)
+    assert o["parts"] == pytest.approx(
+        {"clang ML mode": 0.02, "policy server": 0.05, "service (lease, control plane)": 0.02}
+    )
+
+
+# --- XLA --------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_xla_bench_ratios_and_summary():
+    assert bench_xla.ratio([2.0, 2.0, 2.0], [1.0, 2.0, 4.0]) == {"median": 1.0, "iqr": 0.75}
+    medians = {bench_xla.AA: 1.0, "tuned": 1.1, "tuned verify": 0.9, "tuned top3": 1.0}
+    row = {
+        "vs_jit": {name: {"median": m} for name, m in medians.items()},
+        "tuning_overhead_s": {"tuned": 1.0, "tuned verify": 2.0, "tuned top3": 3.0},
+        "exhaustive_s": 10.0,
+        "ceiling": 1.21,
+    }  # fmt: skip
+    summary = bench_xla.summary([row, {**row, "ceiling": 1.0}])
+    assert summary["tuned geomean"] == pytest.approx(1.1)
+    assert summary["tuned verify worst"] == pytest.approx(0.9)
+    assert summary["tuned top3 tuning vs exhaustive"] == pytest.approx(0.3)
+    assert summary["ceiling geomean"] == pytest.approx(1.1)
+    assert f"{bench_xla.AA} tuning vs exhaustive" not in summary
+
+
+@pytest.mark.unit
+def test_xla_baselines_give_each_tile_three_ways_and_name_a_bad_one():
+    runs, invalid = bench_xla_baselines.runs_for(["8:8:2", "8:8:99"])
+    assert runs["mlgo:8:8:2"] == ("", "8:8:2") and runs["default"] == ("", "")
+    assert runs["xla_flags:8:8:2"][0].endswith("xla_llvm_ir_gemm_tile_size=8:8:2")
+    assert set(invalid) == {"mlgo:8:8:99"} and "N = 99" in invalid["mlgo:8:8:99"]
+
+
+# --- every script -------------------------------------------------------------------------
 
 
 def test_the_tools_are_found():
-    assert len(SCRIPTS) >= 8 and len(C_SOURCES) >= 2
+    assert len(SCRIPTS) >= 15 and len(C_SOURCES) >= 2
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_each_script_answers_help(script):
     r = subprocess.run(
-        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", f"tools.{script}", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert r.returncode == 0, r.stderr
     assert "usage" in r.stdout.lower()

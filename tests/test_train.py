@@ -22,7 +22,7 @@ from mlgo.traces.dataset import load_decisions
 from mlgo.train import RunDir
 from mlgo.train.bc import train_bc
 from mlgo.train.calibrate import GRID, NEVER, choose
-from mlgo.train.es import ESConfig, train_es
+from mlgo.train.es import ES, ESConfig
 from mlgo.train.evaluate import Evaluation, evaluate
 from mlgo.train.report import render_html, summary
 from mlgo.train.run import start_policy
@@ -81,7 +81,7 @@ def test_es_moves_the_weights_and_keeps_the_best_evaluated_policy(
         lr=0.005,
         init="policies/start",
     )
-    best = train_es(mini_corpus, policy, run, tc, LocalPool(2), cfg)
+    best = ES(cfg).train(mini_corpus, PROBLEM, policy, run, tc, LocalPool(2)).policy
     state, _ = run.load_state()
     assert state.step == 2 and state.compiles >= 2 * 2 * 3 * 2
     arrays = assert_saved_best_is_best_evaluated(run, policy)
@@ -271,12 +271,12 @@ def test_saved_model_decides_like_the_policy_on_real_features(bc_run, tmp_path):
 
 
 def test_ppo_with_tf_agents_trains_and_resumes(bc_run, mini_corpus, tc, tmp_path):
-    from mlgo.train.ppo import Agent, PPOConfig, train_ppo
+    from mlgo.train.ppo import PPO, Agent, PPOConfig
 
     _, _, policy, _ = bc_run
     run = RunDir(tmp_path / "ppo", "ppo")
     cfg = PPOConfig(steps=2, batch=3, epochs=2, eval_every=1, max_module_seconds=60)
-    train_ppo(mini_corpus, policy, run, tc, LocalPool(2), cfg)
+    PPO(cfg).train(mini_corpus, PROBLEM, policy, run, tc, LocalPool(2))
     state, _ = run.load_state()
     assert state.step == 2 and (run.root / "agent").is_dir()
     assert all(np.isfinite(h["ppo/loss"]) for h in state.history)
@@ -285,7 +285,7 @@ def test_ppo_with_tf_agents_trains_and_resumes(bc_run, mini_corpus, tc, tmp_path
     agent.restore(run.root / "agent")
     assert not np.allclose(replace(policy, weights=agent.weights()).flat(), policy.flat())
     # A rerun with a larger budget continues from step 2.
-    train_ppo(mini_corpus, policy, run, tc, LocalPool(2), PPOConfig(**{**cfg.__dict__, "steps": 3}))
+    PPO(replace(cfg, steps=3)).train(mini_corpus, PROBLEM, policy, run, tc, LocalPool(2))
     state, _ = run.load_state()
     assert [h["step"] for h in state.history] == [1, 2, 3]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlgo.corpus.extract import BuildError, available_recipes, load_recipe
 from mlgo.corpus.format import CorpusError, Module
+from mlgo.errors import UsageError
 from mlgo.llvm.log_format import (
     Header,
     LogFormatError,
@@ -26,14 +26,17 @@ from mlgo.llvm.log_format import (
     TensorSpec,
     stack_features,
 )
-from mlgo.problems import get_problem, problems
-from mlgo.problems.policy import Derived, MLPPolicy, Normalizer
+from mlgo.packages.recipes import available_recipes, load_recipe
+from mlgo.problems import Derived, get_problem, problems
+from mlgo.problems.policy import MLPPolicy, Normalizer
 from mlgo.problems.regalloc_eviction import VIRT_REG, spill_costs
+from mlgo.runtime.commands import BuildError
 from mlgo.serve.cc import opt_level
 from mlgo.serve.guard import default_args, guarded_object
 from mlgo.train import Adam
-from mlgo.train.es import _ranks, penalized_reduction
+from mlgo.train.es import _ranks
 from mlgo.train.evaluate import Evaluation
+from mlgo.train.rollouts import penalized_reduction
 from tests.cli_helpers import POLICIES
 
 pytestmark = pytest.mark.unit
@@ -123,7 +126,7 @@ def test_a_constant_feature_normalizes_to_a_step():
 
 def test_the_registry_knows_both_problems_and_names_them_when_asked_for_another():
     assert [p.name for p in problems()] == ["inlining-size", "regalloc-eviction"]
-    with pytest.raises(KeyError, match="known: inlining-size, regalloc-eviction"):
+    with pytest.raises(UsageError, match="known: inlining-size, regalloc-eviction"):
         get_problem("loop-unroll")
 
 

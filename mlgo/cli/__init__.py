@@ -13,15 +13,8 @@ from rich.markup import escape
 
 from mlgo.cli import corpus, programs, serve, ship, train
 from mlgo.cli.options import err
-from mlgo.corpus.compile import CompileError
-from mlgo.corpus.extract import BuildError
-from mlgo.corpus.format import CorpusError
-from mlgo.llvm.channel import ChannelError
-from mlgo.llvm.toolchain import ToolchainError
+from mlgo.errors import MlgoError
 from mlgo.runtime.messages import error_line
-from mlgo.serve.client import ServiceError
-from mlgo.ship.aot import AotError
-from mlgo.traces.format import TraceError
 from mlgo.xla.cli import xla_app
 
 app = typer.Typer(
@@ -49,20 +42,10 @@ app.command()(serve.stop)
 app.command()(programs.demo)
 app.command()(programs.tune)
 
-# The errors a user can cause or fix; anything else is a bug and keeps its traceback.
-USER_ERRORS = (
-    ToolchainError,
-    CorpusError,
-    BuildError,
-    TraceError,
-    ChannelError,
-    CompileError,
-    AotError,
-    ServiceError,
-    KeyError,
-    ValueError,
-    OSError,
-)
+# The errors a user can cause or fix: mlgo's own (each one line), and the operating system's
+# about the user's files and machine (a missing path, a full disk: each names its file).
+# Anything else is a bug and keeps its traceback.
+USER_ERRORS = (MlgoError, OSError)
 
 
 def _fail(message: str, code: int) -> NoReturn:

@@ -10,9 +10,9 @@ import typer
 from rich.table import Table
 
 from mlgo.cli.options import ClangOpt, WorkersOpt, console, err, kib
-from mlgo.corpus.extract import BuildError
-from mlgo.llvm.toolchain import find_toolchain
+from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.options import opt_level as level_check
+from mlgo.runtime.commands import BuildError
 
 app = typer.Typer(
     help="Record corpora from your own builds or Debian packages, and inspect them.",
@@ -73,9 +73,11 @@ def corpus_build(
 ) -> None:
     """Build Debian source packages (named, or a whole split) and extract their bitcode into
     a corpus; a package that fails is named and the others go on."""
-    from mlgo.corpus.extract import combine, extract_package, load_recipe
+    from mlgo.corpus.extract import combine
     from mlgo.corpus.format import DESCRIPTION
     from mlgo.corpus.splits import packages_to_build
+    from mlgo.packages.build import extract_package
+    from mlgo.packages.recipes import load_recipe
     from mlgo.runtime.files import output_dir
 
     names = packages_to_build(packages or [], split)
@@ -110,12 +112,16 @@ def corpus_stats(
 ) -> None:
     """Modules, call sites and .text bytes per package, at the level the corpus was recorded
     at (compiles once, then cached)."""
+    print_stats(corpus, find_toolchain(clang), workers)
+
+
+def print_stats(corpus: Path, tc: Toolchain, workers: str) -> None:
+    """The stats table of CORPUS, and a line for each module that failed to compile."""
     from mlgo.corpus.format import load_corpus
     from mlgo.corpus.stats import corpus_stats as compute
     from mlgo.corpus.stats import per_package, totals
     from mlgo.runtime.workers import make_workers
 
-    tc = find_toolchain(clang)
     loaded = load_corpus(corpus)
     with closing(make_workers(workers)) as pool:
         stats, failures = compute(loaded, tc.describe(), tc.clang, pool)

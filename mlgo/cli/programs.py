@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console
+from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console, err
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.options import non_negative, positive
 from mlgo.programs.demo import DemoOptions
@@ -39,8 +39,9 @@ def build(
     with mlgo-cc serving the policies (same -Oz flags), run the package's own tests and
     its workload (if its recipe has one) on both, and compare the linked programs' .text
     and the workload's CPU time. Each package's report.json and report.html go in OUT/<package>."""
-    from mlgo.corpus.extract import BuildError, load_recipe
+    from mlgo.packages.recipes import load_recipe
     from mlgo.programs.compare import compare_programs, comparison_table
+    from mlgo.runtime.commands import BuildError
 
     tc = find_toolchain(clang)
     recipes = [load_recipe(name) for name in packages]  # a misspelt name fails before any build
@@ -77,19 +78,18 @@ def demo(
     """The whole loop on one real package: record its corpus and inlining decisions, train
     briefly from the shipped policy, build the package twice (plain clang and mlgo-cc with
     the better policy), run its tests and workload on both, and report size and throughput."""
-    from mlgo.cli.corpus import corpus_build, corpus_stats
-    from mlgo.cli.train import collect
-    from mlgo.corpus.extract import load_recipe
-    from mlgo.programs.demo import run_demo
+    from mlgo.cli.corpus import print_stats
+    from mlgo.packages.recipes import load_recipe
+    from mlgo.programs.demo import record_demo_corpus, run_demo
     from mlgo.programs.report import report_table, training_line
 
     recipe = load_recipe(package)
     tc = find_toolchain(clang)
-    corpus_build([package], out=out / "corpus", work=out / "build", opt_level="-Oz", clang=clang)
-    collect("inlining-size", out / "corpus", out=out / "traces", clang=clang)
-    corpus_stats(out / "corpus", clang=clang)
+    with err.status(f"building {package} and collecting its inlining decisions"):
+        corpus = record_demo_corpus(recipe, out, tc, console.print)
+    print_stats(corpus, tc, "local")
     opts = DemoOptions(minutes=minutes, train_steps=train_steps, bench_rounds=bench_rounds)
-    report = run_demo(recipe, out / "corpus", DEFAULT_POLICIES[0], out, tc, opts, console.print)
+    report = run_demo(recipe, corpus, DEFAULT_POLICIES[0], out, tc, opts, console.print)
     console.print(report_table(report))
     console.print(training_line(report["training"]))
     console.print(f"wrote {out / 'report.json'} and {out / 'report.html'} (with plots)")

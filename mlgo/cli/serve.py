@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from mlgo.cli.options import DEFAULT_POLICIES, PoliciesOpt, SocketOpt, console, err
+from mlgo.errors import UsageError
 from mlgo.options import non_negative, positive
 
 
@@ -106,7 +107,7 @@ def flags(
     from mlgo.serve.client import socket_path
 
     if language not in LANGUAGES:
-        raise ValueError(f"--language {language!r} is not one of {', '.join(LANGUAGES)}")
+        raise UsageError(f"--language {language!r} is not one of {', '.join(LANGUAGES)}")
     path = socket or socket_path()
     found, note = flags_by_hand(path, socket is None, problem, cflags or [], language)
     if note:

@@ -20,6 +20,7 @@ from mlgo.cli.options import (
     err,
     selected,
 )
+from mlgo.errors import UsageError
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.options import non_negative, positive
 from mlgo.problems import get_problem
@@ -243,7 +244,7 @@ def report(
     if build_dir or baseline_dir:
         return _tree_report(build_dir, baseline_dir, json_out)
     if evaluation is None:
-        raise ValueError("give a report or an evaluation, or --build-dir and --baseline-dir")
+        raise UsageError("give a report or an evaluation, or --build-dir and --baseline-dir")
     page, summary = _render(evaluation, terse=bool(html or json_out))
     if html:
         atomic_write_text(html, page())
@@ -269,7 +270,7 @@ def _render(path: Path, terse: bool) -> tuple[Callable[[], str], str]:
     if path.is_dir() and not (path / "eval.json").is_file():
         inside = ", ".join(sorted(str(p.parent) for p in path.glob("*/report.json")))
         hint = f" (mlgo build's are one per package: {inside})" if inside else ""
-        raise ValueError(f"{path}: holds neither a report.json nor an eval.json{hint}")
+        raise UsageError(f"{path}: holds neither a report.json nor an eval.json{hint}")
     ev = Evaluation.load(path)
     if not terse:
         console.print(summary_json(ev))
@@ -284,7 +285,7 @@ def _tree_report(build: Path | None, baseline: Path | None, json_out: Path | Non
     from mlgo.runtime.files import atomic_write_text
 
     if build is None or baseline is None:
-        raise ValueError("--build-dir and --baseline-dir go together")
+        raise UsageError("--build-dir and --baseline-dir go together")
     rows = compare_trees(build, baseline)
     table = Table("file", "baseline .text", "build .text", "delta", title=f"{build} vs {baseline}")
     for r in rows:

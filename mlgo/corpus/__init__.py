@@ -1,1 +1,2 @@
-"""The corpus: its format, recipes and Debian sources, extraction from builds, statistics."""
+"""The corpus: its format, the recording wrappers and extraction from builds (the user's own
+too), its splits, compiling one module, statistics."""

@@ -6,39 +6,22 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from mlgo.corpus.format import Module
+from mlgo.errors import MlgoError
 from mlgo.llvm.channel import ChannelError, Policy, compile_interactive, last_line
-from mlgo.llvm.log_format import TensorSpec, stack_features
+from mlgo.llvm.log_format import stack_features
 from mlgo.problems import Problem
+from mlgo.records import ModuleRun
 
 DEFAULT_TIMEOUT_S = 600.0
 
 
-class CompileError(RuntimeError):
+class CompileError(MlgoError):
     """A module failed to compile; the message starts with the module's name."""
-
-
-@dataclass
-class ModuleRun:
-    """Everything one compilation of a module revealed: decisions, answers and cost."""
-
-    module: str
-    specs: tuple[TensorSpec, ...] = ()
-    contexts: list[str] = field(default_factory=list)
-    features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [decisions, ...]
-    advice: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    default: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    metrics: dict[str, float] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    @property
-    def num_decisions(self) -> int:
-        return len(self.advice)
 
 
 def measure_object(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 
+from mlgo.errors import MlgoError
 from mlgo.llvm.languages import suffix_language
 
 DESCRIPTION = "corpus_description.json"
@@ -36,7 +37,7 @@ _DROP_WITH_VALUE = (
 _OPT_LEVEL = re.compile(r"^-O([0-3sz]|fast)?$")
 
 
-class CorpusError(ValueError):
+class CorpusError(MlgoError, ValueError):
     """The corpus on disk is malformed; the message names the file."""
 
 

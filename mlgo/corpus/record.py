@@ -1,7 +1,7 @@
 """`mlgo corpus record`: a corpus from the user's own build, or from their compilation database.
 
 `record` runs their build command as it is, in their tree, with CC/CXX set to the
-recording wrappers (`extract.build_env`), so nothing in their build files changes; a build
+recording wrappers (`wrappers.build_env`), so nothing in their build files changes; a build
 system that fixes its compiler at configure time must be configured inside the recorded
 command too. The wrappers log each compile themselves (`extract.logged_compiles`) rather
 than running under Debian's `bear`: bear sends every intercepted command line through
@@ -32,18 +32,16 @@ from pathlib import Path
 
 from mlgo.corpus.extract import (
     NO_BITCODE,
-    RECORD_FLAGS,
-    BuildError,
-    build_env,
     distinct_modules,
     extract_modules,
     logged_compiles,
     objects_without_bitcode,
-    run_logged,
 )
 from mlgo.corpus.format import DESCRIPTION
+from mlgo.corpus.wrappers import RECORD_FLAGS, build_env
 from mlgo.llvm.cmdline import without_outputs
 from mlgo.llvm.toolchain import Toolchain
+from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_directory, cache_subdir
 from mlgo.runtime.messages import error_line
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlgo import data as shipped
-from mlgo.corpus.extract import BuildError
+from mlgo.errors import UsageError
+from mlgo.runtime.commands import BuildError
 
 SPLITS = ("train", "validation", "test")
 LANGUAGES = ("C", "C++")
@@ -45,7 +46,7 @@ def load_splits(path: Path | None = None) -> dict[str, list[Package]]:
 
 def _package(name: str, split: str, v: dict) -> Package:
     if v["language"] not in LANGUAGES:
-        raise ValueError(f"{name}: language {v['language']!r} is not one of {LANGUAGES}")
+        raise UsageError(f"{name}: language {v['language']!r} is not one of {LANGUAGES}")
     return Package(name, split, v["language"], str(v["domain"]))
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlgo.errors import MlgoError
 from mlgo.llvm.log_format import (
     ChannelTimeout,
     Header,
@@ -43,7 +44,7 @@ from mlgo.runtime.trust import private_dir
 Policy = Callable[[Observation], "int | np.ndarray"]
 
 
-class ChannelError(RuntimeError):
+class ChannelError(MlgoError):
     """A compilation through the channel failed; the message is one line."""
 
 

@@ -21,6 +21,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from mlgo.errors import MlgoError
+
 # LLVM's type names (TensorSpec.cpp) to numpy dtypes.
 _DTYPES: dict[str, np.dtype] = {
     "int64_t": np.dtype(np.int64),
@@ -32,7 +34,7 @@ _DTYPES: dict[str, np.dtype] = {
 }
 
 
-class LogFormatError(ValueError):
+class LogFormatError(MlgoError, ValueError):
     """The stream does not follow the training-log format."""
 
 

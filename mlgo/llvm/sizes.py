@@ -13,6 +13,8 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
+from mlgo.errors import UsageError
+
 TEXT_FLAGS = SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_EXECINSTR
 
 
@@ -29,7 +31,7 @@ def _text_and_type(path: str | Path) -> tuple[int, str]:
             text = sum(s["sh_size"] for s in elf.iter_sections() if _is_text(s))
             return text, elf.header["e_type"]
     except ELFError as e:
-        raise ValueError(f"{path}: not an ELF object ({e})") from e
+        raise UsageError(f"{path}: not an ELF object ({e})") from e
 
 
 def text_size(path: str | Path) -> int:
@@ -73,7 +75,7 @@ def text_parts(path: str | Path) -> TextParts:
                         own += s["sh_size"]
             return TextParts(own, dict(shared))
     except ELFError as e:
-        raise ValueError(f"{path}: not an ELF object ({e})") from e
+        raise UsageError(f"{path}: not an ELF object ({e})") from e
 
 
 def text_metrics(obj: Path, _workdir: Path) -> dict[str, float]:
@@ -135,12 +137,12 @@ def compare_trees(build: Path, baseline: Path) -> list[SizeRow]:
     directory named by a configuration hash matches its counterpart in the other tree."""
     for tree in (build, baseline):
         if not tree.is_dir():
-            raise ValueError(f"{tree}: not a directory")
+            raise UsageError(f"{tree}: not a directory")
     ours, theirs = _elf_texts(build), _elf_texts(baseline)
     _pair_hashed(ours, theirs)
     common = sorted(set(ours) & set(theirs))
     if not common:
-        raise ValueError(f"no ELF file is in both {build} and {baseline}")
+        raise UsageError(f"no ELF file is in both {build} and {baseline}")
     return [SizeRow(p, theirs[p][0], ours[p][0], theirs[p][1]) for p in common]
 
 

@@ -12,6 +12,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlgo.errors import MlgoError
+
 if TYPE_CHECKING:
     from mlgo.problems import Problem
 
@@ -19,7 +21,7 @@ MIN_LLVM_MAJOR = 22
 SETUP_HINT = "run tools/setup.sh (installs Debian's clang-22 llvm-22 lld-22)"
 
 
-class ToolchainError(RuntimeError):
+class ToolchainError(MlgoError):
     """The compiler or one of its tools is missing, too old or lacks the MLGO hooks."""
 
 

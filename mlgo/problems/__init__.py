@@ -17,14 +17,36 @@ from pathlib import Path
 
 import numpy as np
 
+from mlgo.errors import UsageError
 from mlgo.llvm.log_format import Observation
-from mlgo.problems.policy import SELF, Derived, MLPPolicy
 
 # The modules that declare a problem as their PROBLEM, one line each.
 MODULES = (
     "mlgo.problems.inlining_size",
     "mlgo.problems.regalloc_eviction",
 )
+# A per-candidate column holding the live range's own value of a feature (the last slot's),
+# so that a derived input can compare each candidate with it: "self:use_def_density".
+SELF = "self:"
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A feature computed from two of LLVM's: `left - right`, or `left < right` as 0/1.
+
+    Quantiles are taken per feature, so a comparison between two features (the default
+    inliner's `cost_estimate < threshold`) is hard for the network to recover; giving it
+    explicitly keeps the model exportable, since the graph computes it from LLVM's inputs.
+    """
+
+    name: str
+    left: str
+    op: str  # "-" or "<"
+    right: str
+
+    def __post_init__(self) -> None:
+        if self.op not in ("-", "<"):
+            raise UsageError(f"derived feature {self.name}: unknown op {self.op!r}")
 
 
 @dataclass(frozen=True)
@@ -46,9 +68,10 @@ class Problem:
     measure: Callable[[Path, Path], dict[str, float]]  # (object, work dir) -> metrics
     reward_metric: str  # the metric a policy should lower, relative to the default
     derived: tuple[Derived, ...] = ()  # extra inputs computed from LLVM's features
-    # The network that decides: MLPPolicy, one network over all features (a yes/no
-    # decision), or a subclass of it with another shape (regalloc's per-candidate scorer).
-    policy_class: type[MLPPolicy] = MLPPolicy
+    # The network that decides, by its `kind` (`policy.policy_class` finds the class):
+    # "mlp", one network over all features (a yes/no decision), or a subclass of MLPPolicy
+    # with another shape that the problem's module defines (regalloc's per-candidate scorer).
+    policy_kind: str = "mlp"
     # LLVM's input tensors as (name, dtype, shape), for an exported model to take them as
     # the compiler sends them; empty: every feature is an int64 scalar (inlining).
     input_specs: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
@@ -104,7 +127,7 @@ def _registry() -> dict[str, Problem]:
 def get_problem(name: str) -> Problem:
     problems = _registry()
     if name not in problems:
-        raise KeyError(f"unknown problem {name!r}; known: {', '.join(sorted(problems))}")
+        raise UsageError(f"unknown problem {name!r}; known: {', '.join(sorted(problems))}")
     return problems[name]
 
 

@@ -6,8 +6,7 @@ import numpy as np
 
 from mlgo.llvm.log_format import Observation
 from mlgo.llvm.sizes import text_metrics
-from mlgo.problems import Problem
-from mlgo.problems.policy import Derived
+from mlgo.problems import Derived, Problem
 
 # The features clang-22's MLInlineAdvisor sends (InlineModelFeatureMaps.h), less the
 # `inlining_default` that -inliner-interactive-include-default adds.

@@ -17,23 +17,19 @@ import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
 
+from mlgo.errors import MlgoError, UsageError
 from mlgo.llvm.languages import LANGUAGES, label
 from mlgo.llvm.log_format import Observation
+from mlgo.problems import SELF, Derived, Problem, get_problem
+from mlgo.records import Decisions
 from mlgo.runtime.files import atomic_path, atomic_write_text
-
-if TYPE_CHECKING:
-    from mlgo.problems import Problem
-    from mlgo.traces.dataset import Decisions
 
 T = TypeVar("T")
 QUANTILES = 256
-# A per-candidate column holding the live range's own value of a feature (the last slot's),
-# so that a derived input can compare each candidate with it: "self:use_def_density".
-SELF = "self:"
 # The logit of an answer a mask rules out: no sample reaches it, and no NaN either.
 MASKED = -1e9
 
@@ -48,25 +44,6 @@ def with_own_columns(x: np.ndarray, names: Sequence[str], wanted: Sequence[str])
         for w in wanted
     ]
     return np.stack(columns, 2)
-
-
-@dataclass(frozen=True)
-class Derived:
-    """A feature computed from two of LLVM's: `left - right`, or `left < right` as 0/1.
-
-    Quantiles are taken per feature, so a comparison between two features (the default
-    inliner's `cost_estimate < threshold`) is hard for the network to recover; giving it
-    explicitly keeps the model exportable, since the graph computes it from LLVM's inputs.
-    """
-
-    name: str
-    left: str
-    op: str  # "-" or "<"
-    right: str
-
-    def __post_init__(self) -> None:
-        if self.op not in ("-", "<"):
-            raise ValueError(f"derived feature {self.name}: unknown op {self.op!r}")
 
 
 @dataclass
@@ -338,8 +315,6 @@ class MLPPolicy:
         """The policy of the problem policy.json names, in that problem's policy class,
         checked whole (see `check`): a truncated, corrupt or diverged policy is one line
         naming its file, never a traceback or a served NaN."""
-        from mlgo.problems import get_problem
-
         meta = _read(directory / "policy.json", lambda p: json.loads(p.read_text()))
         norm = _read(
             directory / "normalization.json",
@@ -349,9 +324,9 @@ class MLPPolicy:
         where = directory / "policy.json"
         try:
             problem = get_problem(meta["problem"])
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, UsageError) as e:
             raise PolicyError(f"{where}: not a policy ({e})") from e
-        kind = problem.policy_class
+        kind = policy_class(problem)
         if meta.get("kind", "mlp") != kind.kind:
             raise PolicyError(f"{where}: a {meta.get('kind', 'mlp')} policy for {problem.name}")
         languages = meta.get("languages")
@@ -419,7 +394,14 @@ class MLPPolicy:
             width = w.shape[1]
 
 
-class PolicyError(ValueError):
+def policy_class(problem: Problem) -> type[MLPPolicy]:
+    """The network that decides PROBLEM, by the kind it names: MLPPolicy, or the subclass
+    that defines that kind in the problem's own module (imported with the problem)."""
+    shapes = {c.kind: c for c in MLPPolicy.__subclasses__() if "kind" in vars(c)}
+    return {**shapes, MLPPolicy.kind: MLPPolicy}[problem.policy_kind]
+
+
+class PolicyError(MlgoError, ValueError):
     """A policy on disk does not hold up; the message is one line naming the file."""
 
 

@@ -13,17 +13,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mlgo.llvm.log_format import Observation
 from mlgo.llvm.sizes import text_size
-from mlgo.problems import Problem
-from mlgo.problems.policy import MASKED, SELF, Derived, MLPPolicy, Normalizer, with_own_columns
-
-if TYPE_CHECKING:
-    from mlgo.traces.dataset import Decisions
+from mlgo.problems import SELF, Derived, Problem
+from mlgo.problems.policy import MASKED, MLPPolicy, Normalizer, with_own_columns
+from mlgo.records import Decisions
 
 # MLRegallocEvictAdvisor.cpp's per-candidate features, each [1, 33], then `progress` [1].
 FEATURES = (
@@ -288,7 +285,7 @@ PROBLEM = Problem(
     ],
     measure=measure,
     reward_metric="spill_reload_cost",
-    policy_class=CandidatePolicy,
+    policy_kind=CandidatePolicy.kind,
     input_specs=INPUT_SPECS,
     # The default evicts only interference lighter than the live range itself.
     derived=(

@@ -16,18 +16,14 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mlgo.corpus.extract import (
-    BuildError,
-    Recipe,
-    build_env,
-    ensure_build_depends,
-    fetch_source,
-    run_logged,
-)
-from mlgo.corpus.extract import run_tests as run_recipe_tests  # `run_tests` is a flag here
+from mlgo.corpus.wrappers import build_env
 from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
+from mlgo.packages.build import run_tests as run_recipe_tests  # `run_tests` is a flag here
+from mlgo.packages.debian import ensure_build_depends, fetch_source
+from mlgo.packages.recipes import Recipe
 from mlgo.programs.measure import children_cpu
+from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_directory
 from mlgo.serve.client import ServiceError, launch_service
 

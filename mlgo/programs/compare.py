@@ -12,8 +12,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from mlgo.corpus.extract import BuildError, Recipe
 from mlgo.llvm.toolchain import Toolchain
+from mlgo.packages.recipes import Recipe
 from mlgo.programs.build import (
     SIZE_FLAGS,
     ProgramBuild,
@@ -30,6 +30,7 @@ from mlgo.programs.report import (
     throughput_change,
     write_report,
 )
+from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
 
 

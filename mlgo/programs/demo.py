@@ -1,23 +1,31 @@
-"""`mlgo demo`'s loop on one recipe, after its corpus and traces are recorded: train briefly
-from the shipped policy, keep what is smallest on the corpus (`tune.choose_policy`), build the
-program twice (plain clang, and `mlgo-cc` with that policy), run its tests and its workload
-on both, and report size and throughput side by side (report.json, report.html with plots
-and a table). The stages are `mlgo tune`'s (mlgo.programs.tune), but the demo records its
-corpus with `mlgo corpus build` (the recipe's Debian build, modules named as in every other
-recipe corpus) and fetches its source with apt."""
+"""`mlgo demo`'s loop on one recipe: record its corpus and traces (`record_demo_corpus`),
+train briefly from the shipped policy, keep what is smallest on the corpus
+(`tune.choose_policy`), build the program twice (plain clang, and `mlgo-cc` with that
+policy), run its tests and its workload on both, and report size and throughput side by
+side (report.json, report.html with plots and a table). The stages are `mlgo tune`'s
+(mlgo.programs.tune), but the demo records its corpus as `mlgo corpus build` does (the
+recipe's Debian build, modules named as in every other recipe corpus)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlgo.corpus.extract import BuildError, Recipe
+from mlgo.corpus.extract import combine
+from mlgo.corpus.format import load_corpus
 from mlgo.llvm.toolchain import Toolchain
+from mlgo.packages.build import extract_package
+from mlgo.packages.recipes import Recipe
 from mlgo.problems import get_problem
 from mlgo.programs.compare import compare_programs
 from mlgo.programs.report import write_report
 from mlgo.programs.tune import UNTIL_BUDGET, choose_policy, export
+from mlgo.runtime.commands import BuildError
+from mlgo.runtime.files import output_dir
+from mlgo.runtime.workers import make_workers
+from mlgo.traces.collect import collect
 
 PROBLEM = "inlining-size"
 
@@ -28,6 +36,27 @@ class DemoOptions:
     train_steps: int = 0  # stop after this many iterations as well (0: only the minutes)
     bench_rounds: int = 10  # paired ABBA rounds of the workload
     bench_seconds: float = 1.0  # CPU seconds per timed sample (the workload loops to it)
+
+
+def record_demo_corpus(
+    recipe: Recipe, out: Path, tc: Toolchain, say: Callable[[str], None] = print
+) -> Path:
+    """RECIPE's corpus in OUT/corpus, built from its Debian source in OUT/build as `mlgo
+    corpus build` builds it (a finished build is reused), and its default inlining decisions
+    in OUT/traces, as `mlgo collect` collects them. Returns the corpus directory."""
+    corpus_dir = out / "corpus"
+    with output_dir(corpus_dir):
+        built = extract_package(recipe, tc, corpus_dir, out / "build" / recipe.name, "-Oz")
+        combine(corpus_dir)
+    say(f"{'reused' if built.reused else 'built'} {recipe.name}: {built.modules} modules")
+    with closing(make_workers("local")) as pool:
+        manifest = collect(get_problem(PROBLEM), load_corpus(corpus_dir), out / "traces", tc, pool)
+    if manifest.failed:
+        name, why = next(iter(manifest.failed.items()))
+        raise BuildError(f"{len(manifest.failed)} modules failed to compile; first {name}: {why}")
+    decisions = sum(m["decisions"] for m in manifest.modules.values())
+    say(f"{out / 'traces'}: {len(manifest.modules)} modules, {decisions:,} decisions")
+    return corpus_dir
 
 
 def run_demo(

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlgo.corpus.extract import BuildError, Recipe, run_logged
+from mlgo.packages.recipes import Recipe
+from mlgo.runtime.commands import BuildError, run_logged
 
 CLOCKS = ("wall", "cpu")
 
@@ -130,6 +131,11 @@ def spread(xs: list[float]) -> dict:
 def paired_change(ours: list[float], base: list[float]) -> dict:
     """The spread of OURS / BASE - 1, round by round."""
     return spread([a / b - 1 for a, b in zip(ours, base, strict=True)])
+
+
+def median_and_range(change: dict) -> str:
+    """A `paired_change` as a benchmark prints it: `+1.2% (+0.8%..+2.0%)`, median (min..max)."""
+    return f"{change['median']:+.1%} ({change['min']:+.1%}..{change['max']:+.1%})"
 
 
 def round_order(r: int, variants: Sequence[str]) -> Sequence[str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from mlgo.errors import UsageError
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.plots import STYLE, img, png, pyplot
 from mlgo.runtime.files import atomic_write_text
@@ -91,13 +92,13 @@ def load_report(path: Path) -> dict | None:
         return None
     except (OSError, ValueError) as e:
         if named:
-            raise ValueError(f"{path}: not a program report ({e})") from e
+            raise UsageError(f"{path}: not a program report ({e})") from e
         return None
     if isinstance(report, dict) and report.keys() >= REPORT_KEYS:
         return report
     if named:
         needs = ", ".join(sorted(REPORT_KEYS))
-        raise ValueError(f"{path}: not a program report (it needs {needs})")
+        raise UsageError(f"{path}: not a program report (it needs {needs})")
     return None
 
 

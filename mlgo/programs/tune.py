@@ -37,22 +37,25 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlgo.corpus.extract import BuildError, Recipe, run_tests
 from mlgo.corpus.format import load_corpus
 from mlgo.data import shipped_policy
 from mlgo.llvm.languages import label
 from mlgo.llvm.toolchain import Toolchain
+from mlgo.packages.build import run_tests
+from mlgo.packages.recipes import Recipe
 from mlgo.problems import Problem, get_problem
 from mlgo.programs.build import ProgramBuild, level_flags, policy_service
 from mlgo.programs.compare import build_pair, variants
 from mlgo.programs.measure import check_repeatable, recipe_throughput
 from mlgo.programs.report import program_report, write_report
+from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.messages import copy_error, names_no_file, reworded
 from mlgo.runtime.workers import make_workers
 
 if TYPE_CHECKING:
     from mlgo.problems.policy import MLPPolicy
+    from mlgo.train import RunState
     from mlgo.train.evaluate import Evaluation
 
 ON_TRAINING_CODE = "measured on the modules it trained on, not on held-out code"
@@ -113,27 +116,21 @@ def trainer(problem: Problem) -> str:
     """BC-Max where the answers are yes/no: on a user's own code it searches these very
     modules for smaller decision trajectories and clones them, so the policy learns the
     code it will build. ES otherwise."""
-    from mlgo.train.bcmax import check_problem
+    from mlgo.train.registry import get_trainer
 
-    try:
-        check_problem(problem)
-    except ValueError:
-        return "es"
-    return "bcmax"
+    return "bcmax" if get_trainer("bcmax").refuses(problem) is None else "es"
 
 
-def search_headroom(state: dict, evaluation: Evaluation) -> float | None:
+def search_headroom(state: RunState, evaluation: Evaluation) -> float | None:
     """The change of the whole corpus had every module the BC-Max search tried taken the
     smallest trajectory it found (a ceiling found on the way, not a policy); None for a
     trainer that does not search."""
-    found = [
-        r["bcmax/trajectory_reward"] for r in state["history"] if "bcmax/trajectory_reward" in r
-    ]
+    found = [r["bcmax/trajectory_reward"] for r in state.history if "bcmax/trajectory_reward" in r]
     if not found:
         return None
     default = f"default_{evaluation.metric}"
     searched = sum(
-        evaluation.modules[m][default] for m in state["extra"]["modules"] if m in evaluation.modules
+        evaluation.modules[m][default] for m in state.extra["modules"] if m in evaluation.modules
     )
     return -found[-1] * searched / evaluation.totals()[default]
 
@@ -155,7 +152,7 @@ def choose_policy(
     wins, so a policy that does not beat the default on the code it will build is not
     served. Returns it and what training did."""
     from mlgo.problems.policy import MLPPolicy
-    from mlgo.train import policy_dir
+    from mlgo.train import RunState, policy_dir
     from mlgo.train.calibrate import NEVER, calibrate
     from mlgo.train.evaluate import evaluate
     from mlgo.train.run import TrainOptions, run
@@ -166,7 +163,7 @@ def choose_policy(
     if first.can_gate:  # the default's own decisions: no change, by definition
         candidates["default"] = (replace(first, departure_threshold=NEVER), 0.0)
     algo = trainer(problem) if steps else "none"
-    state: dict = {"history": [], "seconds": 0.0}
+    state = RunState(algo)  # what training did: nothing until it runs
     headroom = None
     with closing(make_workers("local")) as pool:
         shipped = evaluate(first, corpus, tc, pool, problem)
@@ -175,7 +172,7 @@ def choose_policy(
             opts = TrainOptions(steps=steps, init=start, max_seconds=max_seconds, **OWN_CODE)
             trained = run(algo, corpus, problem, out / "train", tc, pool, opts)
             candidates["trained"] = (trained.policy, trained.evaluation.totals()["delta"])
-            state = json.loads((out / "train" / "state.json").read_text())
+            state = trained.state or state  # a search reports its run
             headroom = search_headroom(state, trained.evaluation)
             if trained.policy.can_gate:
                 sweep = calibrate(trained.policy, corpus, tc, pool, GATES).sweep
@@ -185,8 +182,8 @@ def choose_policy(
     change = {name: 100 * c for name, (_, c) in candidates.items()}
     training = {
         "algorithm": algo,
-        "steps": len(state["history"]),
-        "seconds": state["seconds"],
+        "steps": len(state.history),
+        "seconds": state.seconds,
         "metric": f"{problem.reward_metric} against {problem.opt_level}",
         "chosen": chosen,
         "corpus_change_pct": {
@@ -196,7 +193,7 @@ def choose_policy(
         },
         "candidates_change_pct": change,
         "note": ON_TRAINING_CODE,
-        "curve": state["history"],  # the trainer's history: step, compiles and its rewards
+        "curve": state.history,  # the trainer's history: step, compiles and its rewards
     }
     if headroom is not None:
         training["headroom_pct"] = 100 * headroom

@@ -1,1 +1,2 @@
-"""Workers (local and Ray), atomic files, process lifetime, quiet TensorFlow imports."""
+"""Workers (local and Ray), atomic files, process lifetime, logged build commands, quiet
+TensorFlow imports."""

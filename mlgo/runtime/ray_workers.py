@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from mlgo.errors import UsageError
 from mlgo.runtime.files import atomic_write_bytes
 from mlgo.runtime.messages import error_line
 from mlgo.runtime.tasks import Failed, ShippedFile, guarded, shipped_field
@@ -38,7 +39,7 @@ try:
     import ray
     from ray.exceptions import NodeDiedError, ObjectLostError, OutOfMemoryError, WorkerCrashedError
 except ImportError as e:  # a user error: the optional extra is not installed
-    raise ValueError("--workers ray needs Ray: pip install 'mlgo[ray]'") from e
+    raise UsageError("--workers ray needs Ray: pip install 'mlgo[ray]'") from e
 
 RETRIES = 3
 # A task that still has no worker after its retries comes back Failed; other Ray errors
@@ -89,7 +90,7 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=10).close()
     except OSError as e:
-        raise ValueError(f"cannot reach a Ray cluster at {address}: {e}") from e
+        raise UsageError(f"cannot reach a Ray cluster at {address}: {e}") from e
 
 
 def _init(address: str | None) -> None:
@@ -143,7 +144,7 @@ class RayWorkers:
                 _init(address)
         except (ConnectionError, RuntimeError) as e:
             where = address or "the local Ray cluster"
-            raise ValueError(f"cannot reach {where}: {error_line(e)}") from e
+            raise UsageError(f"cannot reach {where}: {error_line(e)}") from e
         self._bitcode: dict[tuple[str, int, int], _Bitcode] = {}
 
     def _ship(self, shipped: ShippedFile) -> _Bitcode:

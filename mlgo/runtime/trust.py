@@ -17,8 +17,10 @@ import os
 import stat
 from pathlib import Path
 
+from mlgo.errors import MlgoError
 
-class UntrustedPathError(PermissionError):
+
+class UntrustedPathError(MlgoError, PermissionError):
     """A file or directory another user could have placed or changed; the message is one
     line naming it, its owner and mode, and the way out."""
 

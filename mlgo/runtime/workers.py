@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
+from mlgo.errors import UsageError
 from mlgo.runtime.lifetime import die_with_parent
 from mlgo.runtime.tasks import Failed, Workers, guarded
 
@@ -79,11 +80,11 @@ def parse_workers(spec: str | int | None) -> tuple[str, int | str | None]:
         return "local", None
     if isinstance(spec, int) or str(spec).isdigit():
         if int(spec) < 1:
-            raise ValueError(f"--workers {spec}: need at least one process")
+            raise UsageError(f"--workers {spec}: need at least one process")
         return "local", int(spec)
     if spec == "ray" or _ADDRESS.match(str(spec)):
         return "ray", None if spec == "ray" else str(spec)
-    raise ValueError(f"--workers {spec!r}: {WORKERS_HELP}")
+    raise UsageError(f"--workers {spec!r}: {WORKERS_HELP}")
 
 
 def make_workers(spec: str | int | None) -> Workers:

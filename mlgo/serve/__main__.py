@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from mlgo.errors import MlgoError
 from mlgo.runtime.messages import error_line
 from mlgo.serve.server import run_service
 
@@ -21,7 +22,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         run_service(args.policy, args.backend, args.socket, args.idle_exit)
-    except (ValueError, KeyError, OSError, RuntimeError) as e:
+    except (MlgoError, OSError) as e:  # as `mlgo` catches them: anything else is a bug
         print(f"error: {error_line(e, limit=2000)}", file=sys.stderr, flush=True)
         sys.exit(2)
 

@@ -27,6 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from mlgo.problems import Problem
+from mlgo.problems.policy import MLPPolicy
 from mlgo.serve.client import ServiceError
 
 RELEASE_INTERVAL_S = 0.005
@@ -172,11 +173,11 @@ class PluginBackend:
 
     name = "plugin"
 
-    def __init__(self, policy_dir: Path):
+    def __init__(self, policy: MLPPolicy):
         from mlgo.llvm.toolchain import find_toolchain
         from mlgo.ship.plugin import inliner_plugin
 
-        self.flags = [f"-fpass-plugin={inliner_plugin(policy_dir, find_toolchain())}"]
+        self.flags = [f"-fpass-plugin={inliner_plugin(policy, find_toolchain())}"]
 
     def latency(self) -> dict[str, float]:
         return {}
@@ -190,10 +191,8 @@ class PythonBackend:
 
     name = "python"
 
-    def __init__(self, policy_dir: Path, events: Events):
-        from mlgo.problems.policy import MLPPolicy
-
-        self.policy = MLPPolicy.load(policy_dir)
+    def __init__(self, policy: MLPPolicy, events: Events):
+        self.policy = policy
         self.events = events
         self._threads: dict[str, tuple[threading.Thread, threading.Event]] = {}
         self._latencies_ns: deque[int] = deque(maxlen=200_000)

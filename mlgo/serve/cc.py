@@ -48,6 +48,7 @@ from functools import cache
 from pathlib import Path
 
 from mlgo.data import shipped_policy
+from mlgo.errors import UsageError
 from mlgo.llvm.languages import LANGUAGES, source_language
 from mlgo.runtime.csource import c_string
 from mlgo.runtime.files import cache_dir
@@ -303,7 +304,7 @@ def flags_by_hand(
     leaves them all)."""
     level = opt_level(cflags)
     if level is None:
-        raise ValueError(f"clang accepts no such -O level: {' '.join(cflags)}")
+        raise UsageError(f"clang accepts no such -O level: {' '.join(cflags)}")
     request = {"op": "flags", "level": level, "problem": problem, "language": language}
     reply = by_hand(path, may_start, request)
     flags = reply.get("flags")

@@ -39,13 +39,14 @@ import sys
 import time
 from pathlib import Path
 
+from mlgo.errors import MlgoError
 from mlgo.runtime.messages import error_line
 from mlgo.runtime.trust import UntrustedPathError, private_dir
 
 RUNTIME_WAY_OUT = "set XDG_RUNTIME_DIR to a directory of yours (or MLGO_SOCKET)"
 
 
-class ServiceError(RuntimeError):
+class ServiceError(MlgoError):
     """The service is unreachable or answered an error; the message is one line."""
 
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mlgo.errors import UsageError
 from mlgo.llvm.languages import LANGUAGES
 from mlgo.serve.client import Connection, ServiceError, UntrustedError
 from mlgo.serve.service import Lease, Service
@@ -75,7 +76,7 @@ class _Handler(socketserver.StreamRequestHandler):
         problem, level = message.get("problem"), message.get("level")
         language = _language(message.get("language"))
         if not isinstance(level, str):
-            raise ValueError(f"a flags request names its -O level, not {level!r}")
+            raise UsageError(f"a flags request names its -O level, not {level!r}")
         served, note = service.level_note(level, problem, language)
         reply: dict = {"note": note} if note else {}
         if not served:
@@ -98,9 +99,9 @@ class _Handler(socketserver.StreamRequestHandler):
         it hands the compile to the Python one, which sends it."""
         level, language = message.get("level"), _language(message.get("language"))
         if not isinstance(level, str):
-            raise ValueError(f"a compile request names its -O level, not {level!r}")
+            raise UsageError(f"a compile request names its -O level, not {level!r}")
         if "language" not in message:
-            raise ValueError("a compile request names its language; run mlgo install-wrappers")
+            raise UsageError("a compile request names its language; run mlgo install-wrappers")
         served, note = service.serving(level, language)
         policies = [str(p.path) for p in service.policies]  # what answers, for MLGO_POLICY
         reply: dict = {"policies": policies} | ({"note": note} if note else {})

@@ -30,8 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlgo.errors import UsageError
 from mlgo.llvm.languages import label
 from mlgo.problems import Problem
+from mlgo.problems.policy import MLPPolicy
 from mlgo.serve.backends import (
     Backend,
     ChannelBackend,
@@ -44,12 +46,24 @@ from mlgo.serve.client import runtime_dir
 
 @dataclass
 class ServedPolicy:
-    problem: Problem
+    policy: MLPPolicy  # loaded and checked once, here, for every backend that serves it
     path: Path
     backend: Backend
-    gated: bool = False  # it follows the compiler's own answer unless confident: send it
     by_hand: ChannelBackend | None = None  # the channel backend of a plugin-served policy
-    languages: tuple[str, ...] | None = None  # those it answers compiles in (None: all)
+
+    @property
+    def problem(self) -> Problem:
+        return self.policy.problem
+
+    @property
+    def gated(self) -> bool:
+        """It follows the compiler's own answer unless confident: the channel must send it."""
+        return self.policy.departure_threshold is not None
+
+    @property
+    def languages(self) -> tuple[str, ...] | None:
+        """Those it answers compiles in (None: all)."""
+        return self.policy.languages
 
     def why_not(self, level: str, language: str | None) -> str | None:
         """Why it leaves a compile at LEVEL in LANGUAGE to clang's default (None: it serves)."""
@@ -101,37 +115,29 @@ class Service:
         self.last_activity = time.monotonic()
         self.policies = [self._load(Path(d), backend) for d in policy_dirs]
         if len({p.problem.name for p in self.policies}) != len(self.policies):
-            raise ValueError("two policies for the same problem; serve one per problem")
+            raise UsageError("two policies for the same problem; serve one per problem")
 
     def _load(self, directory: Path, backend: str) -> ServedPolicy:
-        from mlgo.problems.policy import MLPPolicy
-
-        # checked whole before any backend builds or serves from it
-        policy = MLPPolicy.load(directory)
-        problem, gated = policy.problem, policy.departure_threshold is not None
-        languages = policy.languages
+        policy = MLPPolicy.load(directory)  # checked whole before any backend builds from it
+        problem = policy.problem
         if backend in ("auto", "plugin"):
             if problem.plugin:
-                plugin = PluginBackend(directory)
-                return ServedPolicy(
-                    problem, directory.resolve(), plugin, gated, languages=languages
-                )
+                return ServedPolicy(policy, directory.resolve(), PluginBackend(policy))
             if backend == "plugin":
-                raise ValueError(f"{directory}: {problem.name} has no plugin; use --backend native")
+                raise UsageError(f"{directory}: {problem.name} has no plugin; use --backend native")
             backend = "native"
         if backend not in ("native", "python"):
-            raise ValueError(f"unknown backend {backend!r}; use auto, plugin, native or python")
-        served = self._channel_backend(directory, problem, backend)
-        return ServedPolicy(problem, directory.resolve(), served, gated, languages=languages)
+            raise UsageError(f"unknown backend {backend!r}; use auto, plugin, native or python")
+        served = self._channel_backend(policy, backend)
+        return ServedPolicy(policy, directory.resolve(), served)
 
-    def _channel_backend(self, directory: Path, problem: Problem, backend: str) -> ChannelBackend:
+    def _channel_backend(self, policy: MLPPolicy, backend: str) -> ChannelBackend:
         if backend == "python":
-            return PythonBackend(directory, self)
-        from mlgo.problems.policy import MLPPolicy
+            return PythonBackend(policy, self)
         from mlgo.ship.aot import native_server
 
-        binary = native_server(MLPPolicy.load(directory))
-        return NativeBackend(binary, self.runtime / f"policy-server-{problem.name}.log", self)
+        log = self.runtime / f"policy-server-{policy.problem.name}.log"
+        return NativeBackend(native_server(policy), log, self)
 
     def _by_hand(self, p: ServedPolicy) -> ChannelBackend:
         """The backend that answers P's channels by hand: its own, or for a plugin the native
@@ -143,10 +149,10 @@ class Service:
         with self._by_hand_lock:
             if p.by_hand is None:
                 try:
-                    p.by_hand = self._channel_backend(p.path, p.problem, "native")
+                    p.by_hand = self._channel_backend(p.policy, "native")
                 except (AotError, OSError) as e:
                     print(f"mlgo: channels by hand from the python policy: {e}", file=sys.stderr)
-                    p.by_hand = self._channel_backend(p.path, p.problem, "python")
+                    p.by_hand = self._channel_backend(p.policy, "python")
             return p.by_hand
 
     # -- events from backends -------------------------------------------------------
@@ -180,7 +186,7 @@ class Service:
         the note when that leaves some of them to clang's default (None when none is)."""
         pool = [p for p in self.policies if problem in (None, p.problem.name)]
         if not pool:
-            raise ValueError(f"this service serves no policy for {problem!r}")
+            raise UsageError(f"this service serves no policy for {problem!r}")
         left = [(p, why) for p in pool if (why := p.why_not(level, language))]
         if not left:
             return True, None
@@ -226,7 +232,7 @@ class Service:
             and (level is None or p.why_not(level, language) is None)
         ]
         if not chosen:
-            raise ValueError(f"this service serves no policy for {problem!r}")
+            raise UsageError(f"this service serves no policy for {problem!r}")
         backends = [(p, self._by_hand(p) if channel else p.backend) for p in chosen]
         lease = Lease(f"{os.getpid()}-{next(self._ids)}", {}, notify=notify, detached=not notify)
         plugins = [b for _, b in backends if isinstance(b, PluginBackend)]

@@ -23,6 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlgo.errors import MlgoError
 from mlgo.runtime.files import atomic_directory, cache_subdir, close_to_others
 from mlgo.runtime.messages import error_line
 from mlgo.runtime.trust import check_trusted
@@ -43,7 +44,7 @@ CORE_RUNTIME = (
 CXXFLAGS = ["-O2", "-w", "-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=1", "-fPIC"]
 
 
-class AotError(RuntimeError):
+class AotError(MlgoError):
     """AOT compilation or the native server's build failed; the message is one line."""
 
 

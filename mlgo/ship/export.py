@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mlgo.problems.policy import SELF, MLPPolicy
+from mlgo.problems import SELF
+from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.tfutil import import_tf
 

@@ -29,6 +29,8 @@ from mlgo.ship.aot import AotError, cached_build
 PLUGIN_SOURCE = Path(__file__).parent / "native" / "inline_plugin.cc"
 FLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared", "-fno-rtti", "-fno-exceptions"]
 FLAGS += ["-fvisibility=hidden", "-D_GLIBCXX_USE_CXX11_ABI=1", "-Wl,--no-undefined"]
+
+
 def _array(ctype: str, name: str, values: list[str]) -> str:
     rows = [", ".join(values[i : i + 8]) for i in range(0, len(values), 8)] or ["0"]
     return f"const {ctype} {name}[] = {{\n  " + ",\n  ".join(rows) + "\n};\n"
@@ -87,13 +89,12 @@ def _llvm_config(tc: Toolchain) -> tuple[list[str], str, str]:
     return cxxflags.split(), libdir, version
 
 
-def inliner_plugin(policy_dir: Path, tc: Toolchain) -> Path:
-    """clang's `-fpass-plugin` for the policy in POLICY_DIR, built on first use and cached."""
-    policy = MLPPolicy.load(policy_dir)
+def inliner_plugin(policy: MLPPolicy, tc: Toolchain) -> Path:
+    """clang's `-fpass-plugin` for POLICY, built on first use and cached."""
     if not policy.problem.plugin:
-        raise AotError(f"{policy_dir}: a {policy.problem.name} policy cannot be a clang plugin")
+        raise AotError(f"a {policy.problem.name} policy cannot be a clang plugin")
     if policy.weights[-1].shape != (2,):  # argmax over (no, yes) is LLVM's 0/1 advice
-        raise AotError(f"{policy_dir}: the network must end in 2 outputs (no, yes)")
+        raise AotError("an inlining plugin's network must end in 2 outputs (no, yes)")
     header = policy_header(policy)
     cxxflags, libdir, llvm_version = _llvm_config(tc)
 

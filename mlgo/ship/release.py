@@ -44,5 +44,5 @@ def release(policy: Path, out: Path, aot: bool = True) -> Release:
         result.aot = aot_compile(saved, out / "aot")
         result.native_server = native_server(loaded)
         if loaded.problem.plugin:
-            result.plugin = inliner_plugin(out, find_toolchain())
+            result.plugin = inliner_plugin(loaded, find_toolchain())
     return result

@@ -11,10 +11,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-from mlgo.corpus.compile import DEFAULT_TIMEOUT_S, ModuleRun, compile_module
+from mlgo.corpus.compile import DEFAULT_TIMEOUT_S, compile_module
 from mlgo.corpus.format import Corpus, Module
 from mlgo.llvm.toolchain import Toolchain, probe
 from mlgo.problems import Problem
+from mlgo.records import ModuleRun
 from mlgo.runtime.workers import Failed, Workers
 from mlgo.traces.format import Manifest, TraceError, trace_file, write_module_trace
 

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from mlgo.llvm.log_format import TensorSpec
 from mlgo.problems import Problem
+from mlgo.records import Decisions
 from mlgo.traces.format import DEFAULT_DECISION, Manifest, TraceError, read_module_trace
-
-
-@dataclass
-class Decisions:
-    features: tuple[str, ...]
-    # [decisions, features] raw values; for per-candidate features (regalloc)
-    # [decisions, slots, features], scalar features repeated for each slot.
-    x: np.ndarray
-    default: np.ndarray  # [decisions] the default answer
-    module: np.ndarray  # [decisions] index into `modules`
-    modules: list[str]
 
 
 def load_decisions(traces: Path, problem: Problem, packages: set[str] | None = None) -> Decisions:

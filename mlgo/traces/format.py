@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mlgo.corpus.compile import ModuleRun
+from mlgo.errors import MlgoError, UsageError
 from mlgo.llvm.log_format import TensorSpec
 from mlgo.problems import Problem, get_problem
+from mlgo.records import ModuleRun
 from mlgo.runtime.files import atomic_path, atomic_write_text
 from mlgo.runtime.tfutil import import_tf
 
@@ -34,7 +35,7 @@ VERSION = 1
 DEFAULT_DECISION = "default_decision"
 
 
-class TraceError(ValueError):
+class TraceError(MlgoError, ValueError):
     """A trace directory or file is malformed or from another format version."""
 
 
@@ -79,7 +80,7 @@ class Manifest:
             raise TraceError(f"{path}: not an {FORMAT} v{VERSION} manifest")
         try:
             problem = get_problem(d["problem"])
-        except KeyError as e:
+        except (KeyError, UsageError) as e:  # no problem named, or one not registered
             raise TraceError(f"{path}: {e.args[0]}") from e
         return cls(
             problem,

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mlgo.errors import UsageError
+from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.files import atomic_path, atomic_write_text
 from mlgo.runtime.tfutil import import_tf
 
@@ -31,23 +33,15 @@ class RunState:
     extra: dict = field(default_factory=dict)
 
 
-def progress(trainer: str, metric: str, best_reward: float) -> str:
-    """A progress line in the sign every report uses: a reward is the metric's relative
-    reduction, so the best so far prints as its change (negative: lower than the default)."""
-    return f"{trainer} (best so far: {metric} {-best_reward:+.2%} against the default)"
+@dataclass
+class Outcome:
+    """What a trainer hands back: its policy, and what it reports about the run."""
 
-
-def stops_after(state: RunState, steps: int, seconds: float, max_seconds: float) -> bool:
-    """Whether a run stops after its current step: it reached STEPS, or SECONDS of training
-    (summed over resumes) reached its budget MAX_SECONDS (0: none). Checked between steps,
-    so a budget ends the run with a whole step and its best policy so far."""
-    return state.step >= steps or 0 < max_seconds <= seconds
-
-
-def bar_total(steps: int, max_seconds: float) -> int | None:
-    """A trainer's progress bar length: its steps, or none (no made-up time left) when a
-    time budget ends the run."""
-    return None if max_seconds else steps
+    policy: MLPPolicy
+    state: RunState | None = None  # ES, PPO, BC-Max: the run's steps, seconds and history
+    accuracy: dict[str, float] = field(default_factory=dict)  # BC, on the default's decisions
+    decisions: int = 0  # BC: default decisions it learned from
+    left_out: int = 0  # BC: modules whose default traces failed to compile
 
 
 def policy_dir(path: Path) -> Path:
@@ -77,7 +71,7 @@ class RunDir:
             return None
         d = json.loads(state_path.read_text())
         if d.get("algo") != self.algo:
-            raise ValueError(f"{self.root} holds a {d.get('algo')} run, not {self.algo}")
+            raise UsageError(f"{self.root} holds a {d.get('algo')} run, not {self.algo}")
         with np.load(ckpt) as z:
             arrays = {k: z[k] for k in z.files}
         return RunState(**d), arrays

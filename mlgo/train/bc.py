@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
+from typing import ClassVar
 
 import numpy as np
 from rich.progress import Progress
 
+from mlgo.corpus.format import Corpus
+from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
-from mlgo.problems.policy import MLPPolicy
-from mlgo.traces.dataset import Decisions
-from mlgo.train import Adam, RunDir, RunState
+from mlgo.problems.policy import MLPPolicy, policy_class
+from mlgo.records import Decisions
+from mlgo.runtime.workers import Workers
+from mlgo.train import Adam, Outcome, RunDir, RunState
 
 
 @cache
@@ -80,7 +85,7 @@ def train_bc(
     """
     rng = np.random.default_rng(seed)
     if init is None:
-        policy, x, weight, offset = problem.policy_class.for_cloning(problem, data, seed, derived)
+        policy, x, weight, offset = policy_class(problem).for_cloning(problem, data, seed, derived)
     else:
         policy, (x, weight, offset) = init, init.cloning_inputs(data)
     adam = Adam(policy.flat().size, lr)
@@ -117,3 +122,51 @@ def train_bc(
             )
     policy.save(run.policy_dir)
     return policy, accuracy(policy, data.x, data.default)
+
+
+@dataclass(frozen=True)
+class BCConfig:
+    OPTIONS: ClassVar[tuple[str, ...]] = ("steps", "derived")  # the TrainOptions it takes
+
+    steps: int = 30  # epochs
+    derived: bool = False  # also feed the default's cost rule (see `train_bc`)
+
+
+class BC:
+    """`mlgo train --algo bc`: the default traces of the corpus, collected into the run
+    once, then imitated. No search, so no start policy and no loop (mlgo.train.loop)."""
+
+    name = "bc"
+    Config = BCConfig
+    uses_start = False
+
+    def __init__(self, config: BCConfig):
+        self.config = config
+
+    @classmethod
+    def refuses(cls, problem: Problem) -> str | None:
+        return None  # every problem's default answers can be imitated
+
+    def train(
+        self,
+        corpus: Corpus,
+        problem: Problem,
+        start: MLPPolicy | None,
+        run_dir: RunDir,
+        tc: Toolchain,
+        workers: Workers,
+    ) -> Outcome:
+        from mlgo.traces.collect import collect
+        from mlgo.traces.dataset import load_decisions
+
+        manifest = collect(problem, corpus, run_dir.traces_dir, tc, workers)
+        data = load_decisions(run_dir.traces_dir, problem)
+        policy, accuracy = train_bc(
+            data, problem, run_dir, epochs=self.config.steps, derived=self.config.derived
+        )
+        return Outcome(
+            policy, accuracy=accuracy, decisions=len(data.default), left_out=len(manifest.failed)
+        )
+
+
+TRAINER = BC

@@ -39,24 +39,24 @@ import json
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
-from typing import TypeAlias
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, TypeAlias
 
 import numpy as np
-from rich.progress import Progress
 
-from mlgo.corpus.compile import CompileError, ModuleRun, compile_module
-from mlgo.corpus.format import Corpus, Module
+from mlgo.corpus.compile import CompileError, compile_module
+from mlgo.corpus.format import Module
 from mlgo.corpus.stats import corpus_stats
+from mlgo.errors import UsageError
 from mlgo.llvm.log_format import Observation
-from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
-from mlgo.problems.policy import MLPPolicy
-from mlgo.runtime.workers import Failed, Workers
-from mlgo.traces.dataset import Decisions
-from mlgo.train import RunDir, RunState, bar_total, progress, stops_after
+from mlgo.problems.policy import MLPPolicy, policy_class
+from mlgo.records import Decisions, ModuleRun
+from mlgo.runtime.workers import Failed
+from mlgo.train import RunDir
 from mlgo.train.bc import train_bc
-from mlgo.train.es import Scorer, training_pool
+from mlgo.train.loop import Candidate, Session, Step, Trainer
+from mlgo.train.rollouts import scored_pool
 
 Group = tuple[int, ...]  # a decision's values of its problem's group_features
 GroupMove = tuple[Group, int]  # every decision of the group given this answer
@@ -318,6 +318,16 @@ def search_module(task: SearchTask) -> SearchResult:
 
 @dataclass(frozen=True)
 class BCMaxConfig:
+    OPTIONS: ClassVar[tuple[str, ...]] = (  # the TrainOptions it takes, by name
+        "steps",
+        "search_budget",
+        "clone_epochs",
+        "clone_lr",
+        "max_module_seconds",
+        "init",
+        "max_seconds",
+    )
+
     steps: int = 3  # iterations: search every pool module, then clone
     search_budget: int = 24  # compiles per module per iteration
     temperature: float = 1.0  # of the trajectories sampled from the policy
@@ -326,13 +336,7 @@ class BCMaxConfig:
     max_module_seconds: float = 2.0  # modules slower than this are compiled, not searched
     seed: int = 0
     init: str = ""  # the --init run or policy, as given: its model card's starting point
-    max_seconds: float = 0.0  # training time budget over all resumes (0: none), see stops_after
-
-
-def check_problem(problem: Problem) -> None:
-    """BC-Max flips yes/no answers: a problem whose answer is a candidate slot is refused."""
-    if problem.policy_class is not MLPPolicy or MLPPolicy.outputs != 2:
-        raise ValueError(f"--algo bcmax searches yes/no decisions; {problem.name}'s are not")
+    max_seconds: float = 0.0  # training time budget over all resumes (0: none)
 
 
 def encode_answerers(answerers: list[Answerer | None]) -> dict[str, np.ndarray]:
@@ -451,152 +455,130 @@ def iteration_budget(
     return max(MIN_BUDGET, min(cfg.search_budget, fits))
 
 
-def train_bcmax(
-    corpus: Corpus,
-    init: MLPPolicy,
-    run: RunDir,
-    tc: Toolchain,
-    workers: Workers,
-    cfg: BCMaxConfig = BCMaxConfig(),
-) -> MLPPolicy:
-    """Trains (or resumes) BC-Max from INIT; the best policy on the pool so far is in
-    run.policy_dir at every moment, each iteration's clone in OUT/clone-N/policy."""
-    problem = init.problem
-    check_problem(problem)
-    scorer = Scorer(corpus, tc, workers, problem)
-    costs = {name: b[scorer.metric] for name, b in scorer.base.items()}
-    pool = training_pool(corpus, tc, workers, math.inf, costs)
-    names = [m.name for m in pool]
-    stats, _ = corpus_stats(corpus, tc.describe(), tc.clang, workers)
-    seconds = np.array([stats[n].get("seconds", 0.0) for n in names])
-    slow = seconds > cfg.max_module_seconds
-    base_total = sum(costs[n] for n in names)
-    state = RunState(
-        "bcmax",
-        extra={
-            "config": asdict(cfg),
-            "pool": len(pool),
-            "modules": names,
-            "unmeasured": scorer.unmeasured,
-            "best_reward": -np.inf,
-            "searched": 0,  # iterations whose search is done
-        },
-    )
-    theta, best = init.flat(), init.flat()
-    trajectories = _Best(names, init)
-    if (saved := run.load_state()) is not None:
-        state, arrays = saved
-        if state.extra["modules"] != names:
-            raise ValueError(f"{run.root}: its training pool differs from this corpus's")
-        theta, best = arrays["theta"], arrays["best"]
-        trajectories = _Best(names, init, arrays)
-        state.extra["config"] = asdict(cfg)  # the rest of the run follows this invocation's
-    else:
-        init.save(run.policy_dir)
+class BCMax(Trainer[BCMaxConfig]):
+    """BC-Max as the module doc says: each step searches every pool module from the current
+    policy (once: a kill while cloning does not search again) and clones the best
+    trajectories into it; the best policy on the pool so far is the run's, each step's clone
+    is in OUT/clone-N/policy. Its checkpoint: the current weights and the best trajectories."""
 
-    def save() -> None:
-        run.save_state(state, {"theta": theta, "best": best, **trajectories.arrays()})
+    name = "bcmax"
+    title = "BC-Max"
+    Config = BCMaxConfig
 
-    def offer_policy(policy: MLPPolicy, reward: float) -> None:
-        nonlocal best
-        if reward > state.extra["best_reward"]:
-            state.extra["best_reward"] = reward
-            best = policy.flat()
-            policy.save(run.policy_dir)  # a stopped run keeps its best
+    @classmethod
+    def refuses(cls, problem: Problem) -> str | None:
+        """BC-Max flips yes/no answers: a problem whose answer is a candidate slot is not one."""
+        if policy_class(problem) is not MLPPolicy or MLPPolicy.outputs != 2:
+            return f"--algo bcmax searches yes/no decisions; {problem.name}'s are not"
+        return None
 
-    start = time.monotonic()
-    if "wall_per_second" not in state.extra:  # until a search measures the machine
-        # the wall time a second of compiling (as the corpus stats measured it) takes
-        state.extra["wall_per_second"] = 1 / getattr(workers, "processes", 1)  # Ray's: 1
-    with Progress() as bar:
-        job = bar.add_task(
-            "BC-Max", total=bar_total(cfg.steps, cfg.max_seconds), completed=state.step
+    def start(
+        self, run: Session, init: MLPPolicy, arrays: dict[str, np.ndarray] | None
+    ) -> float | None:
+        extra = run.state.extra
+        self.init = init
+        self.scorer, self.pool = scored_pool(run, init.problem, math.inf)
+        names = [m.name for m in self.pool]
+        if arrays is not None and extra["modules"] != names:
+            raise UsageError(f"{run.run_dir.root}: its training pool differs from this corpus's")
+        extra["modules"] = names
+        extra.setdefault("searched", 0)  # steps whose search is done
+        if "wall_per_second" not in extra:  # until a search measures the machine
+            # the wall time a second of compiling (as the corpus stats measured it) takes
+            extra["wall_per_second"] = 1 / getattr(run.workers, "processes", 1)  # Ray's: 1
+        stats, _ = corpus_stats(run.corpus, run.tc.describe(), run.tc.clang, run.workers)
+        self.seconds = np.array([stats[n].get("seconds", 0.0) for n in names])
+        self.slow = self.seconds > self.config.max_module_seconds
+        costs = self.scorer.default_costs()
+        self.base_total = sum(costs[n] for n in names)
+        self.theta = init.flat()
+        self.trajectories = _Best(names, init)
+        if arrays is not None:
+            self.theta = arrays["theta"]
+            self.trajectories = _Best(names, init, arrays)
+        return None  # the first search scores the start
+
+    def step(self, run: Session) -> Step:
+        extra = run.state.extra
+        current = self.init.with_flat(self.theta)
+        if extra["searched"] <= run.state.step:
+            extra["search_metrics"] = self._search(run, current)
+            extra["searched"] = run.state.step + 1
+            run.checkpoint()
+        searched = extra.pop("search_metrics")
+        data = self.trajectories.decisions(tuple(self.init.normalizer.features))
+        clone, acc = train_bc(
+            data,
+            self.init.problem,
+            RunDir(run.run_dir.root / f"clone-{run.state.step + 1}", "bc"),
+            self.config.clone_epochs,
+            self.config.clone_lr,
+            seed=self.config.seed,
+            init=current,
         )
-        while not stops_after(state, cfg.steps, state.seconds, cfg.max_seconds):
-            current = init.with_flat(theta)
-            metrics: dict[str, float] = {}
-            if state.extra["searched"] <= state.step:
-                left = cfg.max_seconds - state.seconds - (time.monotonic() - start)
-                pace = state.extra["wall_per_second"]
-                budget = iteration_budget(
-                    cfg, left, pace * seconds[~slow].sum(), pace * seconds[slow].sum()
-                )
-                search = SearchConfig(budget=budget, temperature=cfg.temperature)
-                searching, compiled = time.monotonic(), 0.0
-                tasks = [
-                    SearchTask(
-                        problem,
-                        m,
-                        tc.clang,
-                        current,
-                        SLOW_SEARCH if slow[i] else search,
-                        not trajectories.known(i),
-                        cfg.seed * 100003 + state.step * 1009 + i,
-                        trajectories.answerers[i],
-                    )
-                    for i, m in enumerate(pool)
-                ]
-                policy_total = 0.0
-                modules = bar.add_task(f"searching {len(pool)} modules", total=len(tasks))
-                for task, r in workers.imap(search_module, tasks):
-                    if isinstance(r, Failed):
-                        raise CompileError(f"BC-Max search failed: {r.message}")
-                    i = names.index(task.module.name)
-                    trajectories.offer(i, r.best)
-                    policy_total += r.starts["policy"]
-                    state.compiles += r.compiles
-                    compiled += r.compiles * seconds[i]
-                    bar.advance(modules)
-                bar.remove_task(modules)
-                if compiled > 0:
-                    state.extra["wall_per_second"] = (time.monotonic() - searching) / compiled
-                metrics["bcmax/search_budget"] = budget
-                reward = (base_total - policy_total) / base_total
-                if state.step == 0:
-                    state.extra["init_reward"] = reward
-                offer_policy(current, reward)
-                metrics["bcmax/pool_reward"] = reward
-                metrics["bcmax/trajectory_reward"] = (
-                    base_total - float(trajectories.cost.sum())
-                ) / base_total
-                state.extra["searched"] = state.step + 1
-                state.extra["search_metrics"] = metrics
-                save()
-            data = trajectories.decisions(tuple(init.normalizer.features))
-            clone_run = RunDir(run.root / f"clone-{state.step + 1}", "bc")
-            clone, acc = train_bc(
-                data,
-                problem,
-                clone_run,
-                cfg.clone_epochs,
-                cfg.clone_lr,
-                seed=cfg.seed,
-                init=current,
+        self.theta = clone.flat()
+        metrics = {**searched, "bcmax/clone_accuracy": acc["accuracy"]}
+        return Step(metrics, Candidate(current, searched["bcmax/pool_reward"]))
+
+    def _search(self, run: Session, current: MLPPolicy) -> dict[str, float]:
+        """Every pool module searched from CURRENT, within a budget the time left affords;
+        the best trajectories kept, and what the search found."""
+        cfg, extra = self.config, run.state.extra
+        pace = extra["wall_per_second"]
+        budget = iteration_budget(
+            cfg,
+            cfg.max_seconds - run.elapsed(),
+            pace * self.seconds[~self.slow].sum(),
+            pace * self.seconds[self.slow].sum(),
+        )
+        search = SearchConfig(budget=budget, temperature=cfg.temperature)
+        tasks = [
+            SearchTask(
+                self.init.problem,
+                m,
+                run.tc.clang,
+                current,
+                SLOW_SEARCH if self.slow[i] else search,
+                not self.trajectories.known(i),
+                cfg.seed * 100003 + run.state.step * 1009 + i,
+                self.trajectories.answerers[i],
             )
-            theta = clone.flat()
-            metrics = {
-                **state.extra.pop("search_metrics", {}),
-                "bcmax/clone_accuracy": acc["accuracy"],
-            }
-            state.step += 1
-            state.seconds += time.monotonic() - start
-            start = time.monotonic()
-            state.history.append({"step": state.step, "compiles": state.compiles, **metrics})
-            save()
-            run.scalars(state.step, metrics)
-            bar.update(
-                job,
-                completed=state.step,
-                description=progress("BC-Max", problem.reward_metric, state.extra["best_reward"]),
-            )
-    if state.extra.get("evaluated") != state.step:  # the last clone is not compiled yet
-        final = init.with_flat(theta)
-        reward = float(scorer.rewards([final], pool)[0])
-        state.compiles += scorer.compiles
-        offer_policy(final, reward)
-        state.extra.update(evaluated=state.step, final_reward=reward)
-        state.seconds += time.monotonic() - start
-        save()
-    policy = init.with_flat(best)
-    policy.save(run.policy_dir)
-    return policy
+            for i, m in enumerate(self.pool)
+        ]
+        searching, compiled, policy_total = time.monotonic(), 0.0, 0.0
+        modules = run.bar.add_task(f"searching {len(self.pool)} modules", total=len(tasks))
+        names = extra["modules"]
+        for task, r in run.workers.imap(search_module, tasks):
+            if isinstance(r, Failed):
+                raise CompileError(f"BC-Max search failed: {r.message}")
+            i = names.index(task.module.name)
+            self.trajectories.offer(i, r.best)
+            policy_total += r.starts["policy"]
+            run.state.compiles += r.compiles
+            compiled += r.compiles * self.seconds[i]
+            run.bar.advance(modules)
+        run.bar.remove_task(modules)
+        if compiled > 0:
+            extra["wall_per_second"] = (time.monotonic() - searching) / compiled
+        found = float(self.trajectories.cost.sum())
+        return {
+            "bcmax/search_budget": budget,
+            "bcmax/pool_reward": (self.base_total - policy_total) / self.base_total,
+            "bcmax/trajectory_reward": (self.base_total - found) / self.base_total,
+        }
+
+    def finish(self, run: Session) -> Candidate | None:
+        """The last clone scored on the pool (the searches scored each one before it)."""
+        if run.state.extra.get("evaluated") == run.state.step:
+            return None
+        final = self.init.with_flat(self.theta)
+        reward = self.scorer.reward(final, self.pool)
+        run.state.compiles += self.scorer.take_compiles()
+        run.state.extra.update(evaluated=run.state.step, final_reward=reward)
+        return Candidate(final, reward)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"theta": self.theta, **self.trajectories.arrays()}
+
+
+TRAINER = BCMax

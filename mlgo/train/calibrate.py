@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mlgo.corpus.format import Corpus
+from mlgo.errors import UsageError
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.files import atomic_directory, atomic_write_text
@@ -49,7 +50,7 @@ def calibrate(
 ) -> Calibration:
     """One evaluation of POLICY on CORPUS per threshold of GRID, and the one `choose`s."""
     if not policy.can_gate:
-        raise ValueError(f"a {policy.problem.name} policy has no default to gate on")
+        raise UsageError(f"a {policy.problem.name} policy has no default to gate on")
     language = {m.name: m.language for m in corpus.modules}
     present = sorted({x for x in language.values() if x is not None})
     sweep = []
@@ -102,13 +103,13 @@ def calibrate_policy(
     may be a policy directory (replaced, with any export of it: that one has no gate), never
     SOURCE or a directory of other files; both are refused before anything is compiled."""
     if out.resolve() == source.resolve():
-        raise ValueError(f"--out {out} is the policy itself; write the calibrated one beside it")
+        raise UsageError(f"--out {out} is the policy itself; write the calibrated one beside it")
     if (
         out.exists()
         and (not out.is_dir() or any(out.iterdir()))
         and not (out / "policy.json").exists()
     ):
-        raise ValueError(f"--out {out} exists and is not a policy directory")
+        raise UsageError(f"--out {out} exists and is not a policy directory")
     policy = MLPPolicy.load(source)
     calibration = calibrate(policy, corpus, tc, workers)
     with atomic_directory(out) as staging:

@@ -16,6 +16,7 @@ from pathlib import Path
 from mlgo.corpus.compile import CompileError, compile_module, compile_plain
 from mlgo.corpus.format import Corpus, Module
 from mlgo.corpus.stats import corpus_stats
+from mlgo.errors import UsageError
 from mlgo.llvm.channel import Policy
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem, get_problem
@@ -158,10 +159,10 @@ class Evaluation:
             keys = {ev.metric, f"default_{ev.metric}"}
             stale = [name for name, row in ev.modules.items() if not keys <= set(row)]
             if stale:  # written before the problem's metric changed
-                raise ValueError(f"module {stale[0]} has no {ev.metric}")
+                raise UsageError(f"module {stale[0]} has no {ev.metric}")
             return ev
         except (OSError, ValueError, KeyError) as e:
-            raise ValueError(f"{path}: not an evaluation ({e})") from e
+            raise UsageError(f"{path}: not an evaluation ({e})") from e
 
 
 def evaluate(

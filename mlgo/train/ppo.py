@@ -12,22 +12,20 @@ the mask a last observation column that rules slots out.
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
-from rich.progress import Progress
 
 from mlgo.corpus.compile import CompileError, compile_module
-from mlgo.corpus.format import Corpus, Module
-from mlgo.llvm.toolchain import Toolchain
+from mlgo.corpus.format import Module
 from mlgo.problems.policy import MASKED, MLPPolicy
 from mlgo.runtime.files import atomic_directory
 from mlgo.runtime.tfutil import import_quietly, import_tf
-from mlgo.runtime.workers import Failed, Workers
-from mlgo.train import RunDir, RunState, bar_total, progress, stops_after
-from mlgo.train.es import Scorer, training_pool
+from mlgo.runtime.workers import Failed
+from mlgo.train.loop import Candidate, Session, Step, Trainer
+from mlgo.train.rollouts import scored_pool
 
 REWARD_SCALE = 100.0  # rewards in percent of the default's cost: the scale PPO's defaults expect
 REWARD_FLOOR = -1.0
@@ -35,6 +33,14 @@ REWARD_FLOOR = -1.0
 
 @dataclass(frozen=True)
 class PPOConfig:
+    OPTIONS: ClassVar[tuple[str, ...]] = (  # the TrainOptions it takes, by name
+        "steps",
+        "batch",
+        "max_module_seconds",
+        "init",
+        "max_seconds",
+    )
+
     steps: int = 40
     batch: int = 24
     epochs: int = 4
@@ -45,7 +51,7 @@ class PPOConfig:
     max_module_seconds: float = 2.0
     seed: int = 0
     init: str = ""  # the --init run or policy, as given: its model card's starting point
-    max_seconds: float = 0.0  # training time budget over all resumes (0: none), see stops_after
+    max_seconds: float = 0.0  # training time budget over all resumes (0: none)
 
 
 @dataclass(frozen=True)
@@ -180,93 +186,67 @@ class Agent:
         self.checkpoint.read(str(directory / "agent")).assert_existing_objects_matched()
 
 
-def train_ppo(
-    corpus: Corpus,
-    init: MLPPolicy,
-    run: RunDir,
-    tc: Toolchain,
-    workers: Workers,
-    cfg: PPOConfig = PPOConfig(),
-) -> MLPPolicy:
-    scorer = Scorer(corpus, tc, workers, init.problem)
-    costs = {name: b[scorer.metric] for name, b in scorer.base.items()}
-    pool = training_pool(corpus, tc, workers, cfg.max_module_seconds, costs)
-    agent = Agent(init, cfg)
-    state = RunState(
-        "ppo", extra={"config": asdict(cfg), "pool": len(pool), "unmeasured": scorer.unmeasured}
-    )
-    best = init.flat()
-    ckpt = run.root / "agent"
-    if (saved := run.load_state()) is not None and ckpt.exists():
-        state, arrays = saved
-        agent.restore(ckpt)
-        best = arrays["best"]
-    else:
-        state.extra["best_reward"] = state.extra["init_reward"] = float(
-            scorer.rewards([init], pool)[0]
-        )
-        init.save(run.policy_dir)
-    start = time.monotonic()
-    with Progress() as bar:
-        job = bar.add_task("PPO", total=bar_total(cfg.steps, cfg.max_seconds), completed=state.step)
-        while not stops_after(state, cfg.steps, state.seconds, cfg.max_seconds):
-            rng = np.random.default_rng(cfg.seed + state.step)
-            batch = list(rng.choice(pool, min(cfg.batch, len(pool)), replace=False))
-            current = replace(init, weights=agent.weights())
-            tasks = [
-                RolloutTask(
-                    m,
-                    tc.clang,
-                    replace(
-                        current, temperature=1.0, seed=cfg.seed * 100003 + state.step * 1009 + i
-                    ),
-                )
-                for i, m in enumerate(batch)
-            ]
-            xs, acts, rews, sizes = [], [], [], []
-            for task, r in workers.imap(rollout_one, tasks):
-                if isinstance(r, Failed):
-                    raise CompileError(f"PPO rollout failed: {r.message}")
-                base = scorer.base[task.module.name][scorer.metric]
-                # A sampled compile can cost several times the default (regalloc: one batch
-                # averaged -305%); floored at -100%, such modules cannot swamp the batch.
-                reward = max((base - r["cost"]) / base, REWARD_FLOOR)
-                sizes.append(reward)
-                if len(r["actions"]):
-                    xs.append(r["x"])
-                    acts.append(r["actions"])
-                    rews.append(np.full(len(r["actions"]), reward * REWARD_SCALE))
-            state.step += 1
-            metrics = {"ppo/batch_reward_mean": float(np.mean(sizes))}
-            if xs:  # a batch whose modules asked nothing has nothing to learn from
-                obs, logits = current.observations(np.concatenate(xs))
-                acts_all, rews_all = np.concatenate(acts), np.concatenate(rews)
-                metrics["ppo/loss"] = agent.train(obs, acts_all, rews_all, logits)
-            elapsed = state.seconds + time.monotonic() - start
-            last = stops_after(state, cfg.steps, elapsed, cfg.max_seconds)
-            if state.step % cfg.eval_every == 0 or last:
-                theta = replace(init, weights=agent.weights())
-                pool_reward = float(scorer.rewards([theta], pool)[0])
-                metrics["ppo/pool_reward"] = pool_reward
-                if pool_reward > state.extra["best_reward"]:
-                    state.extra["best_reward"] = pool_reward
-                    best = theta.flat()
-                    theta.save(run.policy_dir)  # a stopped run keeps its best
-            state.compiles += len(tasks) + scorer.compiles
-            scorer.compiles = 0
-            state.seconds += time.monotonic() - start
-            start = time.monotonic()
-            state.history.append({"step": state.step, "compiles": state.compiles, **metrics})
-            agent.save(ckpt)
-            run.save_state(state, {"best": best})
-            run.scalars(state.step, metrics)
-            bar.update(
-                job,
-                completed=state.step,
-                description=progress("PPO", init.problem.reward_metric, state.extra["best_reward"]),
-            )
-            if last:  # the step count or the time budget is reached
-                break
-    policy = init.with_flat(best)
-    policy.save(run.policy_dir)
-    return policy
+class PPO(Trainer[PPOConfig]):
+    """PPO as the module doc says; its checkpoint: the tf-agents agent, in OUT/agent."""
+
+    name = "ppo"
+    title = "PPO"
+    Config = PPOConfig
+
+    def resumable(self, root: Path) -> bool:
+        return (root / "agent").exists()
+
+    def start(
+        self, run: Session, init: MLPPolicy, arrays: dict[str, np.ndarray] | None
+    ) -> float | None:
+        self.init, self.clang, self.workers = init, run.tc.clang, run.workers
+        self.scorer, self.pool = scored_pool(run, init.problem, self.config.max_module_seconds)
+        self.agent = Agent(init, self.config)
+        self.agent_dir = run.run_dir.root / "agent"
+        if arrays is not None:
+            self.agent.restore(self.agent_dir)
+            return None
+        return self.scorer.reward(init, self.pool)
+
+    def step(self, run: Session) -> Step:
+        cfg = self.config
+        rng = np.random.default_rng(cfg.seed + run.state.step)
+        batch = list(rng.choice(self.pool, min(cfg.batch, len(self.pool)), replace=False))
+        current = replace(self.init, weights=self.agent.weights())
+        seed = cfg.seed * 100003 + run.state.step * 1009
+        tasks = [
+            RolloutTask(m, self.clang, replace(current, temperature=1.0, seed=seed + i))
+            for i, m in enumerate(batch)
+        ]
+        xs, acts, rews, sizes = [], [], [], []
+        for task, r in self.workers.imap(rollout_one, tasks):
+            if isinstance(r, Failed):
+                raise CompileError(f"PPO rollout failed: {r.message}")
+            base = self.scorer.base[task.module.name][self.scorer.metric]
+            # A sampled compile can cost several times the default (regalloc: one batch
+            # averaged -305%); floored at -100%, such modules cannot swamp the batch.
+            reward = max((base - r["cost"]) / base, REWARD_FLOOR)
+            sizes.append(reward)
+            if len(r["actions"]):
+                xs.append(r["x"])
+                acts.append(r["actions"])
+                rews.append(np.full(len(r["actions"]), reward * REWARD_SCALE))
+        metrics = {"ppo/batch_reward_mean": float(np.mean(sizes))}
+        if xs:  # a batch whose modules asked nothing has nothing to learn from
+            obs, logits = current.observations(np.concatenate(xs))
+            acts_all, rews_all = np.concatenate(acts), np.concatenate(rews)
+            metrics["ppo/loss"] = self.agent.train(obs, acts_all, rews_all, logits)
+        scored = None
+        if run.due(cfg.eval_every):
+            trained = replace(self.init, weights=self.agent.weights())
+            scored = Candidate(trained, self.scorer.reward(trained, self.pool))
+            metrics["ppo/pool_reward"] = scored.reward
+        run.state.compiles += len(tasks) + self.scorer.take_compiles()
+        self.agent.save(self.agent_dir)
+        return Step(metrics, scored)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {}  # the agent is its own checkpoint, saved with each step
+
+
+TRAINER = PPO

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from mlgo.errors import UsageError
 from mlgo.options import positive
 
 xla_app = typer.Typer(
@@ -42,13 +43,13 @@ def collect_cmd(
     for c in chosen:
         parse_config(c)
     if "default" not in chosen:
-        raise ValueError("--configs must include 'default' (the baseline)")
+        raise UsageError("--configs must include 'default' (the baseline)")
     selected = load_corpus(programs)
     if only:
         names = set(only.split(","))
         unknown = names - {p.name for p in selected}
         if unknown:
-            raise ValueError(f"--only: no program {sorted(unknown)[0]!r} in {programs}")
+            raise UsageError(f"--only: no program {sorted(unknown)[0]!r} in {programs}")
         selected = [p for p in selected if p.name in names]
     failed = 0
     for name, error in collect(programs, selected, chosen, out, MeasureSpec(rounds=rounds),
@@ -93,7 +94,7 @@ def train_cmd(
     ds = load_dataset(data)
     train_set = ds.split(held_out=False)
     if not train_set:
-        raise ValueError(f"{data}: every program is held out; nothing to train on")
+        raise UsageError(f"{data}: every program is held out; nothing to train on")
     hyper = Hyper(hidden=hidden, steps=steps, lr=lr, seed=seed, ensemble=ensemble, loss=loss)
     graphs, times = [r.graph for r in train_set], [r.times() for r in train_set]
     fixed = best_fixed_config(train_set, ds.configs)
@@ -166,9 +167,9 @@ def report_cmd(
     ds = load_dataset(data)
     splits = {"held-out": ds.split(True), "train": ds.split(False), "all": ds.records}
     if split not in splits:
-        raise ValueError(f"--split {split!r}: use held-out, train or all")
+        raise UsageError(f"--split {split!r}: use held-out, train or all")
     if not splits[split]:
-        raise ValueError(f"{data}: no {split} programs")
+        raise UsageError(f"{data}: no {split} programs")
     cm = CostModel.load(model)
     fixed = cm.info.get("best_fixed_config") or best_fixed_config(ds.split(False), ds.configs)
     rows = evaluate(splits[split], cm, fixed)

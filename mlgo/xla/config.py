@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from mlgo.errors import UsageError
+
 DEFAULT = "default"
 EIGEN = "eigen"
 HOOK_KEY = "mlgo_backend_extra_options"
@@ -70,18 +72,18 @@ def parse_config(config: str) -> Tile | None:
         return None
     match = _TILE.match(config)
     if not match:
-        raise ValueError(f"config {config!r}: expected 'default', 'eigen' or a tile M:K:N")
+        raise UsageError(f"config {config!r}: expected 'default', 'eigen' or a tile M:K:N")
     tile = Tile(*(int(g) for g in match.groups()))
     if min(tile.m, tile.k, tile.n) < 1:
-        raise ValueError(f"config {config!r}: tile sizes must be >= 1")
+        raise UsageError(f"config {config!r}: tile sizes must be >= 1")
     if tile.n > MAX_TILE_N:
-        raise ValueError(
+        raise UsageError(
             f"config {config!r}: N = {tile.n} vector widths miscompiles; use N <= {MAX_TILE_N}"
         )
     if config in CRASHED:
-        raise ValueError(f"config {config!r}: exhausted LLVM's memory on {CRASHED[config]}")
+        raise UsageError(f"config {config!r}: exhausted LLVM's memory on {CRASHED[config]}")
     if tile.m * tile.k * tile.n > MAX_TILE_PRODUCT:
-        raise ValueError(
+        raise UsageError(
             f"config {config!r}: M*K*N = {tile.m * tile.k * tile.n} exceeds "
             f"{MAX_TILE_PRODUCT} (larger tiles exhaust memory in LLVM)"
         )

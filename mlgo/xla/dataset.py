@@ -21,6 +21,7 @@ from pathlib import Path
 import jax
 from rich.progress import Progress
 
+from mlgo.errors import MlgoError
 from mlgo.runtime.files import atomic_write_text
 from mlgo.xla.config import parse_config
 from mlgo.xla.extract import HloGraph
@@ -31,7 +32,7 @@ FORMAT = "mlgo-xla-runs"
 VERSION = 1
 
 
-class DatasetError(ValueError):
+class DatasetError(MlgoError, ValueError):
     pass
 
 

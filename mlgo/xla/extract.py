@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import jax
 
+from mlgo.errors import UsageError
 from mlgo.xla.config import EIGEN, compiler_options
 from mlgo.xla.programs import Program
 
@@ -109,7 +110,7 @@ def parse_hlo(text: str) -> HloGraph:
         index[(comp, node.name)] = len(nodes)
         nodes.append(node)
     if not nodes:
-        raise ValueError("no HLO instructions found in the module text")
+        raise UsageError("no HLO instructions found in the module text")
     return HloGraph(module, nodes)
 
 

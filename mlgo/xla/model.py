@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mlgo.errors import UsageError
 from mlgo.runtime.files import atomic_path, atomic_write_text
 from mlgo.xla.config import DEFAULT
 from mlgo.xla.extract import HloGraph
@@ -247,7 +248,7 @@ class CostModel:
             raise FileNotFoundError(f"{root}: not a cost model (no model.json)")
         meta = json.loads(meta_path.read_text())
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-            raise ValueError(f"{meta_path}: not a {FORMAT} v{VERSION} model")
+            raise UsageError(f"{meta_path}: not a {FORMAT} v{VERSION} model")
         hyper = Hyper(**meta["hyper"])
         _, tree = jax.tree_util.tree_flatten(
             [init_params(hyper, hyper.seed + i) for i in range(hyper.ensemble)]
@@ -273,9 +274,9 @@ def train(
 ) -> tuple[CostModel, list[float]]:
     """Fits the ensemble on measured programs; returns it and the mean loss curve."""
     if not graphs:
-        raise ValueError("no training programs")
+        raise UsageError("no training programs")
     if hyper.loss not in LOSSES:
-        raise ValueError(f"loss {hyper.loss!r}: expected one of {', '.join(LOSSES)}")
+        raise UsageError(f"loss {hyper.loss!r}: expected one of {', '.join(LOSSES)}")
     loss_fn = LOSSES[hyper.loss]
     batch = make_batch(graphs, configs)
     log_t = np.array([[math.log(t.get(c, 1.0)) for c in configs] for t in times], np.float32)
@@ -314,7 +315,7 @@ def out_of_fold_scores(
     (k-fold over programs): the honest ground for choosing hyper-parameters and the
     default margin without touching the held-out programs."""
     if not 2 <= folds <= len(graphs):
-        raise ValueError(f"folds must be between 2 and {len(graphs)}, got {folds}")
+        raise UsageError(f"folds must be between 2 and {len(graphs)}, got {folds}")
     fold_of = np.random.default_rng(hyper.seed).permutation(len(graphs)) % folds
     scores = np.zeros((len(graphs), len(configs)), np.float32)
     for f in range(folds):

@@ -18,6 +18,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from mlgo.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Program:
@@ -47,13 +49,13 @@ def _import(path: Path) -> ModuleType:
     name = f"mlgo_xla_programs_{path.stem}_{abs(hash(path.resolve()))}"
     module_spec = importlib.util.spec_from_file_location(name, path)
     if module_spec is None or module_spec.loader is None:
-        raise ValueError(f"{path}: not a Python file")
+        raise UsageError(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
     try:
         module_spec.loader.exec_module(module)
     except Exception as e:
-        raise ValueError(f"{path}: cannot import: {type(e).__name__}: {e}") from e
+        raise UsageError(f"{path}: cannot import: {type(e).__name__}: {e}") from e
     return module
 
 
@@ -65,13 +67,13 @@ def load_corpus(root: Path) -> list[Program]:
     for path in sorted(root.glob("*.py")):
         found = getattr(_import(path), "PROGRAMS", None)
         if not isinstance(found, list) or not all(isinstance(p, Program) for p in found):
-            raise ValueError(f"{path}: PROGRAMS must be a list of mlgo.xla.programs.Program")
+            raise UsageError(f"{path}: PROGRAMS must be a list of mlgo.xla.programs.Program")
         for p in found:
             if p.name in programs:
-                raise ValueError(f"{path}: duplicate program name {p.name!r}")
+                raise UsageError(f"{path}: duplicate program name {p.name!r}")
             programs[p.name] = p
     if not programs:
-        raise ValueError(f"{root}: no programs (corpus files define PROGRAMS)")
+        raise UsageError(f"{root}: no programs (corpus files define PROGRAMS)")
     return [programs[n] for n in sorted(programs)]
 
 
@@ -80,11 +82,11 @@ def load_target(target: str) -> Program:
     `DIR:name`: the program `name` of the corpus in DIR."""
     path, sep, attr = target.rpartition(":")
     if not sep or not path or not attr:
-        raise ValueError(f"{target!r}: expected FILE.py:FUNCTION")
+        raise UsageError(f"{target!r}: expected FILE.py:FUNCTION")
     if Path(path).is_dir():
         found = {p.name: p for p in load_corpus(Path(path))}
         if attr not in found:
-            raise ValueError(f"{target}: no program {attr!r} in the corpus {path}")
+            raise UsageError(f"{target}: no program {attr!r} in the corpus {path}")
         return found[attr]
     module = _import(Path(path))
     for p in getattr(module, "PROGRAMS", []):
@@ -92,9 +94,9 @@ def load_target(target: str) -> Program:
             return p
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"{target}: {path} defines no function {attr!r}")
+        raise UsageError(f"{target}: {path} defines no function {attr!r}")
     args = getattr(module, "EXAMPLE_ARGS", {}).get(attr)
     if args is None:
-        raise ValueError(f"{target}: {path} needs EXAMPLE_ARGS = {{{attr!r}: (inputs...)}}")
+        raise UsageError(f"{target}: {path} needs EXAMPLE_ARGS = {{{attr!r}: (inputs...)}}")
     shapes = tuple(jax.ShapeDtypeStruct(np.shape(a), np.dtype(a.dtype)) for a in args)
     return Program(attr, Path(path).stem, fn, shapes)

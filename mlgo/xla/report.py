@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
+from mlgo.errors import UsageError
 from mlgo.xla.dataset import Record
 from mlgo.xla.extract import HloGraph
 from mlgo.xla.features import dot_roofline_ns
@@ -31,7 +32,7 @@ def best_fixed_config(records: list[Record], configs: list[str]) -> str:
     """The config with the best geometric-mean speedup over default across `records`."""
     usable = [c for c in configs if all(c in r.times() for r in records)]
     if not usable:
-        raise ValueError("no config ran on every program")
+        raise UsageError("no config ran on every program")
     return min(usable, key=lambda c: geomean([r.times()[c] / r.times()["default"]
                                               for r in records]))  # fmt: skip
 

@@ -40,6 +40,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from mlgo.errors import UsageError
 from mlgo.runtime.files import cache_dir as user_cache_dir
 from mlgo.xla.cache import TuningCache, digest
 from mlgo.xla.config import DEFAULT, compiler_options, parse_config
@@ -159,7 +160,7 @@ def _model_meta(model: CostModel | Path) -> dict:
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a cost model ({e})") from e
+        raise UsageError(f"{path}: not a cost model ({e})") from e
     return {k: meta.get(k) for k in ("configs", "hyper", "info")}
 
 
@@ -229,7 +230,7 @@ class _Tuner:
         start = time.perf_counter()
         try:
             if self.model is None:
-                raise ValueError("no cost model given")
+                raise UsageError("no cost model given")
             if self.idle:
                 return Choice(DEFAULT, (), time.perf_counter() - start)
             hlo = self.cache.optimized(key)
@@ -296,7 +297,7 @@ def tuned_jit(
     `cache_dir` (default: the user's mlgo cache, `mlgo.runtime.files.cache_dir`); the returned
     function's `choices` maps each signature's StableHLO fingerprint to its Choice."""
     if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
+        raise UsageError(f"top_k must be >= 1, got {top_k}")
     model = Path(cost_model) if isinstance(cost_model, str) else cost_model
     cache = TuningCache(Path(cache_dir) if cache_dir is not None else user_cache_dir())
     return _fast_path(fun, _Tuner(fun, model, top_k, verify, cache, jit_kwargs))

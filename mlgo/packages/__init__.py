@@ -1,0 +1,1 @@
+"""Debian source packages built into corpora: their recipes, their sources, their builds."""

@@ -1,0 +1,75 @@
+"""Recipes: how to fetch, build, test and time one Debian source package (`corpus/recipes`).
+
+A recipe is data, shipped with mlgo (`mlgo.data`): the corpus builds (`build.py`) and the
+programs built and measured by `mlgo build`, `tune` and `demo` all read it.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlgo import data as shipped
+from mlgo.runtime.commands import BuildError
+
+RECIPES = shipped.recipes_dir()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    source: str
+    build: tuple[str, ...]
+    build_depends: tuple[str, ...] = ()
+    configure: tuple[str, ...] = ()
+    programs: tuple[str, ...] = ()
+    test: tuple[str, ...] = ()
+    test_timeout_s: float = 600.0
+    build_timeout_s: float = 1800.0
+    # a workload for throughput: shell lines that make its input in the built tree, the
+    # commands timed (argv, no shell), and a shell line that checks their result
+    bench_prepare: tuple[str, ...] = ()
+    bench: tuple[str, ...] = ()
+    bench_check: str = "true"
+
+
+def available_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES.glob("*.toml"))
+
+
+def _recipe_path(name: str, recipes_dir: Path) -> Path:
+    """A recipe by its own name (`lua`) or by its Debian source package (`lua5.4`)."""
+    path = recipes_dir / f"{name}.toml"
+    if path.is_file():
+        return path
+    for candidate in sorted(recipes_dir.glob("*.toml")):
+        if re.search(rf'^source\s*=\s*"{re.escape(name)}"', candidate.read_text(), re.M):
+            return candidate
+    raise BuildError(
+        f"no recipe {path.name} in {recipes_dir} (have: {', '.join(available_recipes())})"
+    )
+
+
+def load_recipe(name: str, recipes_dir: Path = RECIPES) -> Recipe:
+    path = _recipe_path(name, recipes_dir)
+    name = path.stem
+    try:
+        d = tomllib.loads(path.read_text())
+        return Recipe(
+            name=name,
+            source=d["source"],
+            build=tuple(d["build"]),
+            build_depends=tuple(d.get("build_depends", ())),
+            configure=tuple(d.get("configure", ())),
+            programs=tuple(d.get("programs", ())),
+            test=tuple(d.get("test", ())),
+            test_timeout_s=float(d.get("test_timeout_s", 600)),
+            build_timeout_s=float(d.get("build_timeout_s", 1800)),
+            bench_prepare=tuple(d.get("bench_prepare", ())),
+            bench=tuple(d.get("bench", ())),
+            bench_check=str(d.get("bench_check", "true")),
+        )
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+        raise BuildError(f"{path}: bad recipe ({e})") from e

@@ -1,0 +1,237 @@
+"""The one training loop of the searches over whole compiles (ES, PPO, BC-Max).
+
+A trainer says how to set up and how to take one step; the loop does what every run does
+around the steps: it resumes from the run directory's checkpoint, counts the steps and the
+training time against the budget (summed over resumes, checked between steps), keeps the
+best policy the steps scored on the training pool (saved as soon as it is found, so that a
+stopped run keeps its best), records the history and TensorBoard scalars, and draws the
+progress bar. A new trainer is a `Trainer` subclass in a module of its own, registered in
+mlgo.train.registry.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import ClassVar, Generic, Protocol, TypeVar
+
+import numpy as np
+from rich.progress import Progress
+
+from mlgo.corpus.format import Corpus
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.problems import Problem
+from mlgo.problems.policy import MLPPolicy
+from mlgo.runtime.workers import Workers
+from mlgo.train import Outcome, RunDir, RunState
+
+
+class Budget(Protocol):
+    """What the loop reads of a trainer's config (a frozen dataclass)."""
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def max_seconds(self) -> float: ...  # training time over all resumes (0: no limit)
+
+
+ConfigT = TypeVar("ConfigT", bound=Budget)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A policy a trainer compiled on its whole training pool, and its reward there."""
+
+    policy: MLPPolicy
+    reward: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one step did: its metrics (history and TensorBoard, keys "<trainer>/..."), and
+    the policy it scored on the pool, if it scored one."""
+
+    metrics: dict[str, float]
+    candidate: Candidate | None = None
+
+
+class Trainer(ABC, Generic[ConfigT]):
+    """A search the loop steps, made from its config. Its checkpoint is its `arrays`, saved
+    with the loop's own after every step."""
+
+    name: ClassVar[str]  # --algo, the run's algo, its metrics' prefix
+    title: ClassVar[str]  # its progress bar's
+    Config: ClassVar[type]  # its config dataclass; its OPTIONS name the TrainOptions it takes
+    uses_start: ClassVar[bool] = True  # trains from a start policy (--init)
+
+    def __init__(self, config: ConfigT):
+        self.config = config
+
+    @classmethod
+    def refuses(cls, problem: Problem) -> str | None:
+        """Why it cannot train PROBLEM, as said to a user; None: it can."""
+        return None
+
+    def resumable(self, root: Path) -> bool:
+        """Whether the run directory ROOT holds what the trainer resumes from besides its
+        checkpoint arrays; a run that does not starts over."""
+        return True
+
+    def reward_label(self, problem: Problem) -> str:
+        """What the progress line calls the reward."""
+        return problem.reward_metric
+
+    @abstractmethod
+    def start(
+        self, run: Session, init: MLPPolicy, arrays: dict[str, np.ndarray] | None
+    ) -> float | None:
+        """Sets up from INIT for a new run (ARRAYS None), or restores from the checkpoint
+        ARRAYS. Returns INIT's pool reward if it scored INIT (the run's first candidate);
+        None otherwise."""
+
+    @abstractmethod
+    def step(self, run: Session) -> Step:
+        """One step; it counts its compiles in run.state.compiles."""
+
+    @abstractmethod
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What it resumes from, as the checkpoint's arrays."""
+
+    def finish(self, run: Session) -> Candidate | None:
+        """Once the steps are over: a last policy scored on the pool, if any."""
+        return None
+
+    def train(
+        self,
+        corpus: Corpus,
+        problem: Problem,
+        start: MLPPolicy | None,
+        run_dir: RunDir,
+        tc: Toolchain,
+        workers: Workers,
+    ) -> Outcome:
+        """Trains (or resumes) from START in RUN_DIR until the steps or the time budget are
+        spent; the best policy so far is in run_dir.policy_dir at every moment."""
+        assert start is not None and start.problem is problem  # as run.start_policy checks
+        with Progress() as bar:
+            return Session(self, start, run_dir, corpus, tc, workers, bar).train()
+
+
+class Session:
+    """One run of a trainer: its inputs, its record (`state`: the trainer counts its
+    compiles there and keeps its own facts in state.extra), and what a step may ask of the
+    loop: the time spent, whether the run ends after this step, a checkpoint mid-step."""
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        init: MLPPolicy,
+        run_dir: RunDir,
+        corpus: Corpus,
+        tc: Toolchain,
+        workers: Workers,
+        bar: Progress,
+    ):
+        self.trainer, self.init, self.run_dir = trainer, init, run_dir
+        self.corpus, self.tc, self.workers, self.bar = corpus, tc, workers, bar
+        self.state = RunState(trainer.name, extra={"best_reward": -math.inf})
+        self.best = init.flat()  # the best policy's weights
+        self._since = time.monotonic()  # training time not in state.seconds yet
+
+    def elapsed(self) -> float:
+        """Seconds of training so far, over all resumes and this step's too."""
+        return self.state.seconds + time.monotonic() - self._since
+
+    def ends_here(self) -> bool:
+        """Whether the run ends after the current step: its last, or the budget is spent."""
+        return _stops_after(self.trainer.config, self.state.step + 1, self.elapsed())
+
+    def due(self, every: int) -> bool:
+        """Whether the current step is one to score on the pool: every EVERY-th step, and
+        the last (a run ends with its policy scored)."""
+        return (self.state.step + 1) % every == 0 or self.ends_here()
+
+    def checkpoint(self) -> None:
+        """Saves the run as it stands; mid-step too (BC-Max, once it has searched), so
+        that a kill replays the step from there."""
+        self.run_dir.save_state(self.state, {"best": self.best, **self.trainer.arrays()})
+
+    def train(self) -> Outcome:
+        """Starts or resumes, steps until the run ends, and returns its best policy."""
+        trainer, config = self.trainer, self.trainer.config
+        job = self.bar.add_task(trainer.title, total=None if config.max_seconds else config.steps)
+        self._start()
+        self.bar.update(job, completed=self.state.step)
+        self._since = time.monotonic()  # setting up is not training
+        while not _stops_after(config, self.state.step, self.state.seconds):
+            step = trainer.step(self)
+            last = self.ends_here()
+            self.state.step += 1
+            if step.candidate is not None:
+                self._keep(step.candidate)
+            self._book_time()
+            self.state.history.append(
+                {"step": self.state.step, "compiles": self.state.compiles, **step.metrics}
+            )
+            self.checkpoint()
+            self.run_dir.scalars(self.state.step, step.metrics)
+            self.bar.update(job, completed=self.state.step, description=self._progress())
+            if last:
+                break
+        if (final := trainer.finish(self)) is not None:
+            self._keep(final)
+            self._book_time()
+            self.checkpoint()
+        policy = self.init.with_flat(self.best)
+        policy.save(self.run_dir.policy_dir)
+        return Outcome(policy, state=self.state)
+
+    def _start(self) -> None:
+        """The trainer set up, from the checkpoint if the run directory holds one. The
+        config is this invocation's: the rest of the run follows it."""
+        trainer, init = self.trainer, self.init
+        saved = self.run_dir.load_state() if trainer.resumable(self.run_dir.root) else None
+        arrays = None
+        if saved is not None:
+            self.state, arrays = saved
+            self.best = arrays["best"]
+        self.state.extra["config"] = asdict(trainer.config)
+        init_reward = trainer.start(self, init, arrays)
+        if saved is None:  # the start is the best policy until one beats it
+            init.save(self.run_dir.policy_dir)
+        if init_reward is not None:
+            self._keep(Candidate(init, init_reward))
+
+    def _keep(self, candidate: Candidate) -> None:
+        """CANDIDATE as the best policy if it is better, saved at once. The first a run
+        scores is its start: its reward is the run's init_reward."""
+        extra = self.state.extra
+        extra.setdefault("init_reward", candidate.reward)
+        if candidate.reward > extra["best_reward"]:
+            extra["best_reward"] = candidate.reward
+            self.best = candidate.policy.flat()
+            candidate.policy.save(self.run_dir.policy_dir)
+
+    def _book_time(self) -> None:
+        now = time.monotonic()
+        self.state.seconds += now - self._since
+        self._since = now
+
+    def _progress(self) -> str:
+        """The progress line, in the sign every report uses: a reward is the metric's
+        relative reduction, so the best so far prints as its change (negative: lower than
+        the default)."""
+        label = self.trainer.reward_label(self.init.problem)
+        best = self.state.extra["best_reward"]
+        return f"{self.trainer.title} (best so far: {label} {-best:+.2%} against the default)"
+
+
+def _stops_after(config: Budget, steps_done: int, seconds: float) -> bool:
+    """Whether a run stops once STEPS_DONE steps and SECONDS of training (summed over
+    resumes) are behind it: it reached its steps, or its time budget (0: none). Checked
+    between steps, so a budget ends the run with a whole step and its best policy so far."""
+    return steps_done >= config.steps or 0 < config.max_seconds <= seconds

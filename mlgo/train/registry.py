@@ -1,0 +1,64 @@
+"""The training algorithms `mlgo train --algo` knows, each declared by its module as TRAINER.
+
+ES, PPO and BC-Max are searches stepped by the one loop (mlgo.train.loop.Trainer); BC fits
+the default's own traces and has no search loop. A new algorithm is one module and one line
+in `MODULES`.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any, ClassVar, Protocol
+
+from mlgo.corpus.format import Corpus
+from mlgo.errors import UsageError
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.problems import Problem
+from mlgo.problems.policy import MLPPolicy
+from mlgo.runtime.workers import Workers
+from mlgo.train import Outcome, RunDir
+
+# The modules that declare a trainer as their TRAINER, one line each.
+MODULES = (
+    "mlgo.train.bc",
+    "mlgo.train.es",
+    "mlgo.train.ppo",
+    "mlgo.train.bcmax",
+)
+
+
+class Algorithm(Protocol):
+    """What `run` asks of a registered trainer (a class, made from its Config)."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type]  # a frozen dataclass; its OPTIONS name the TrainOptions it takes
+    uses_start: ClassVar[bool]  # trains from a start policy (--init)
+
+    def __init__(self, config: Any) -> None: ...
+
+    @classmethod
+    def refuses(cls, problem: Problem) -> str | None: ...
+
+    def train(
+        self,
+        corpus: Corpus,
+        problem: Problem,
+        start: MLPPolicy | None,
+        run_dir: RunDir,
+        tc: Toolchain,
+        workers: Workers,
+    ) -> Outcome: ...
+
+
+def trainers() -> dict[str, type[Algorithm]]:
+    """Every registered trainer by name, in the order of `MODULES`."""
+    registered = (import_module(m).TRAINER for m in MODULES)
+    return {t.name: t for t in registered}
+
+
+def get_trainer(name: str) -> type[Algorithm]:
+    known = trainers()
+    if name not in known:
+        *others, last = known
+        raise UsageError(f"unknown --algo {name!r}: use {', '.join(others)} or {last}")
+    return known[name]
