@@ -1,7 +1,7 @@
 """Benchmark of the foundation: corpus size, collection throughput, channel overhead against
 plain clang on the same modules in the same run, per-decision round trip, and replay fidelity.
 
-    .venv/bin/python tools/bench_collect.py --corpus data/corpus [--repeats 3] [--json F]
+    .venv/bin/python -m tools.bench_collect --corpus data/corpus [--repeats 3] [--json F]
 
 Plain and channel passes alternate (plain, channel, plain, channel, ...) over the whole
 corpus on a 2-process pool, so machine noise hits both; medians and min..max are reported.
@@ -12,11 +12,11 @@ from __future__ import annotations
 import io
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -32,6 +32,8 @@ from mlgo.llvm.channel import fifo_pair, serve
 from mlgo.llvm.log_format import Header, LogWriter, TensorSpec
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems import get_problem
+from mlgo.programs.measure import median_and_range, paired_change
+from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Failed, LocalPool
 from mlgo.traces.collect import collect
 
@@ -44,6 +46,7 @@ class Task:
     module: Module
     clang: str
     mode: str  # plain | channel | native | replay
+    responder: Path  # tools/default_responder.c built, for the native mode
 
 
 def run_task(task: Task) -> dict:
@@ -54,19 +57,19 @@ def run_task(task: Task) -> dict:
         run = compile_module(PROBLEM, task.module, task.clang)
         return {"decisions": run.num_decisions, "seconds": run.seconds, **run.metrics}
     if task.mode == "native":
-        return compile_with_native_responder(PROBLEM, task.module, task.clang)
+        return compile_with_native_responder(PROBLEM, task.module, task.clang, task.responder)
     return {"match": replay_matches_default(PROBLEM, task.module, task.clang)}
 
 
-RESPONDER = Path(tempfile.gettempdir()) / "mlgo-default-responder"
-
-
-def build_responder() -> None:
+def build_responder(directory: Path) -> Path:
+    """tools/default_responder.c built with the system's cc into DIRECTORY."""
+    binary = directory / "default_responder"
     src = Path(__file__).with_name("default_responder.c")
-    subprocess.run(["cc", "-O2", "-o", str(RESPONDER), str(src)], check=True)
+    subprocess.run(["cc", "-O2", "-o", str(binary), str(src)], check=True)
+    return binary
 
 
-def compile_with_native_responder(problem, module: Module, clang: str) -> dict:
+def compile_with_native_responder(problem, module: Module, clang: str, responder: Path) -> dict:
     """The channel answered by a C process: what the compiler's ML mode costs by itself."""
     with tempfile.TemporaryDirectory() as d, fifo_pair() as base:
         cmd = module.compile_command(
@@ -74,20 +77,48 @@ def compile_with_native_responder(problem, module: Module, clang: str) -> dict:
         )
         start = time.monotonic()
         compiler = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
-        responder = subprocess.Popen([str(RESPONDER), base])
-        if compiler.wait(timeout=600) or responder.wait(timeout=60):
+        peer = subprocess.Popen([str(responder), base])
+        if compiler.wait(timeout=600) or peer.wait(timeout=60):
             raise RuntimeError(f"{module.name}: native responder run failed")
         return {"seconds": time.monotonic() - start}
 
 
-def run_pass(pool: LocalPool, modules, clang: str, mode: str) -> tuple[float, dict]:
+def run_pass(
+    pool: LocalPool, modules, clang: str, mode: str, responder: Path
+) -> tuple[float, dict]:
     start = time.monotonic()
     results = {}
-    for task, result in pool.imap(run_task, [Task(m, clang, mode) for m in modules]):
+    tasks = [Task(m, clang, mode, responder) for m in modules]
+    for task, result in pool.imap(run_task, tasks):
         if isinstance(result, Failed):
             raise SystemExit(f"{mode} pass failed: {result.message}")
         results[task.module.name] = result
     return time.monotonic() - start, results
+
+
+def overheads(walls: dict[str, list[float]], work: dict[str, list[float]]) -> dict[str, dict]:
+    """The native and channel modes' change against plain clang, round by round
+    (`paired_change`): in a pass's wall time (WALLS: "pass native", "pass channel") and in
+    the summed per-module compile time (WORK: "work native", "work channel")."""
+    return {
+        f"{clock} {mode}": paired_change(series[mode], series["plain"])
+        for clock, series in (("pass", walls), ("work", work))
+        for mode in ("native", "channel")
+    }
+
+
+def package_totals(
+    modules: Sequence[Module], channel: dict[str, dict], plain: dict[str, dict]
+) -> dict[str, dict[str, int]]:
+    """Per package of MODULES: how many, their inlining decisions (CHANNEL: each module's
+    channel compile) and their .text at -Oz (PLAIN: each module's plain compile)."""
+    packages: dict[str, dict[str, int]] = {}
+    for m in modules:
+        row = packages.setdefault(m.package, {"modules": 0, "decisions": 0, "text_size": 0})
+        row["modules"] += 1
+        row["decisions"] += channel[m.name]["decisions"]
+        row["text_size"] += int(plain[m.name]["text_size"])
+    return packages
 
 
 def _echo_compiler(base: str, n: int, result_path: str) -> None:
@@ -143,43 +174,29 @@ def main(
     pool = LocalPool(2)
     console.print(f"{tc.describe()}, {len(modules)} modules, {os.cpu_count()} cores")
 
-    build_responder()
     walls: dict[str, list[float]] = {"plain": [], "native": [], "channel": []}
     # Summed per-module compile times: what each mode costs in compile work, steadier than
     # a pass's wall time, which the one long module (sqlite3) dominates.
     work: dict[str, list[float]] = {mode: [] for mode in walls}
     results: dict[str, dict] = {}
-    for i in range(repeats):
-        for mode in walls:  # interleaved, so drifting machine load hits all three
-            wall, results[mode] = run_pass(pool, modules, tc.clang, mode)
-            walls[mode].append(wall)
-            work[mode].append(sum(r["seconds"] for r in results[mode].values()))
-        console.print(
-            f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in walls.items())
-        )
-    plain_s, channel_s = walls["plain"], walls["channel"]
-    plain_res, channel_res = results["plain"], results["channel"]
-    overheads = [c / p - 1 for p, c in zip(plain_s, channel_s, strict=True)]
-    native_overheads = [c / p - 1 for p, c in zip(plain_s, walls["native"], strict=True)]
-    work_overheads = {
-        mode: [c / p - 1 for p, c in zip(work["plain"], work[mode], strict=True)]
-        for mode in ("native", "channel")
-    }
-
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory(prefix="mlgo-bench-") as d:
+        responder = build_responder(Path(d))
+        for i in range(repeats):
+            for mode in walls:  # interleaved, so drifting machine load hits all three
+                wall, results[mode] = run_pass(pool, modules, tc.clang, mode, responder)
+                walls[mode].append(wall)
+                work[mode].append(sum(r["seconds"] for r in results[mode].values()))
+            console.print(
+                f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in walls.items())
+            )
         start = time.monotonic()
-        manifest = collect(PROBLEM, load_corpus(corpus), Path(d), tc, pool)
+        manifest = collect(PROBLEM, load_corpus(corpus), Path(d) / "traces", tc, pool)
         collect_s = time.monotonic() - start
+        rt_median, rt_p99 = round_trip_us()
+        _, replayed = run_pass(pool, modules, tc.clang, "replay", responder)
+    o = overheads(walls, work)
 
-    rt_median, rt_p99 = round_trip_us()
-    _, replayed = run_pass(pool, modules, tc.clang, "replay")
-
-    packages: dict[str, dict] = {}
-    for m in modules:
-        row = packages.setdefault(m.package, {"modules": 0, "decisions": 0, "text_size": 0})
-        row["modules"] += 1
-        row["decisions"] += channel_res[m.name]["decisions"]
-        row["text_size"] += int(plain_res[m.name]["text_size"])
+    packages = package_totals(modules, results["channel"], results["plain"])
     decisions = sum(r["decisions"] for r in packages.values())
     figures = {
         "toolchain": tc.describe(),
@@ -187,16 +204,16 @@ def main(
         "modules": len(modules),
         "decisions": decisions,
         "text_size_oz": sum(r["text_size"] for r in packages.values()),
-        "plain_pass_s": plain_s,
-        "channel_pass_s": channel_s,
+        "plain_pass_s": walls["plain"],
+        "channel_pass_s": walls["channel"],
         "native_pass_s": walls["native"],
-        "native_overhead_median": statistics.median(native_overheads),
+        "native_overhead_median": o["pass native"]["median"],
         "work_s": work,
-        "work_overhead_channel_median": statistics.median(work_overheads["channel"]),
-        "work_overhead_native_median": statistics.median(work_overheads["native"]),
-        "channel_overhead_median": statistics.median(overheads),
-        "channel_overhead_min": min(overheads),
-        "channel_overhead_max": max(overheads),
+        "work_overhead_channel_median": o["work channel"]["median"],
+        "work_overhead_native_median": o["work native"]["median"],
+        "channel_overhead_median": o["pass channel"]["median"],
+        "channel_overhead_min": o["pass channel"]["min"],
+        "channel_overhead_max": o["pass channel"]["max"],
         "collect_s": collect_s,
         "collect_modules_per_s": len(manifest.modules) / collect_s,
         "collect_decisions_per_s": decisions / collect_s,
@@ -213,22 +230,18 @@ def main(
     f = figures
     console.print(
         f"pass wall time vs plain clang -Oz, median (min..max) of {repeats} rounds: "
-        f"Python channel {f['channel_overhead_median']:+.1%} ({min(overheads):+.1%}.."
-        f"{max(overheads):+.1%}), C responder {f['native_overhead_median']:+.1%} "
-        f"({min(native_overheads):+.1%}..{max(native_overheads):+.1%})\n"
-        f"summed per-module compile time vs plain: Python channel "
-        f"{f['work_overhead_channel_median']:+.1%} ("
-        f"{min(work_overheads['channel']):+.1%}..{max(work_overheads['channel']):+.1%}), "
-        f"C responder {f['work_overhead_native_median']:+.1%} ("
-        f"{min(work_overheads['native']):+.1%}..{max(work_overheads['native']):+.1%})\n"
+        f"Python channel {median_and_range(o['pass channel'])}, "
+        f"C responder {median_and_range(o['pass native'])}\n"
+        f"summed per-module compile time vs plain: "
+        f"Python channel {median_and_range(o['work channel'])}, "
+        f"C responder {median_and_range(o['work native'])}\n"
         f"collect (with TFRecord writing): {f['collect_modules_per_s']:.2f} modules/s, "
         f"{f['collect_decisions_per_s']:.0f} decisions/s\n"
         f"channel round trip: median {rt_median:.1f} us, p99 {rt_p99:.1f} us\n"
         f"default replay byte-identical to plain: {f['replay_match']:.1%}"
     )
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(figures, indent=1))
+        atomic_write_text(json_out, json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What MLGO_GUARD=size buys and costs, on real Debian packages (issue 21, item 5).
 
-  .venv/bin/python tools/bench_guard.py zstd lua --work data/bench-guard
+  .venv/bin/python -m tools.bench_guard zstd lua --work data/bench-guard
 
 Each package is built three times in one run from the same pristine source at -Oz: with
 plain clang-22, with mlgo-cc (the policy alone) and with mlgo-cc under MLGO_GUARD=size,
@@ -17,22 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from mlgo.corpus.extract import load_recipe  # noqa: E402
-from mlgo.data import shipped_policy  # noqa: E402
-from mlgo.llvm.sizes import text_size  # noqa: E402
-from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
-from mlgo.programs.build import build_program, policy_service, pristine_source  # noqa: E402
-from mlgo.programs.compare import variants  # noqa: E402
-from mlgo.runtime.files import atomic_write_text  # noqa: E402
+from mlgo.data import shipped_policy
+from mlgo.llvm.sizes import text_size
+from mlgo.llvm.toolchain import find_toolchain
+from mlgo.packages.recipes import load_recipe
+from mlgo.programs.build import build_program, policy_service, pristine_source
+from mlgo.programs.compare import variants
+from mlgo.runtime.files import atomic_write_text
 
 VARIANTS = ("plain", "policy", "guard")
 # zstd names its object directories after a hash of $CC and the flags: alike in all builds.
@@ -64,16 +60,47 @@ def bench_package(name: str, work: Path, policy: Path) -> dict:
 
 
 def object_texts(tree: Path) -> dict[str, int]:
-    """The .text of every object file in TREE, by its path there."""
+    """The .text of every object file in TREE, by its path there (`object_key`)."""
     return {
-        HASHED_DIR.sub("/conf/", "/" + str(path.relative_to(tree))): text_size(path)
+        object_key(path.relative_to(tree)): text_size(path)
         for path in sorted(tree.rglob("*.o"))
         if path.is_file()
     }
 
 
+def object_key(path: Path) -> str:
+    """An object's path in its build tree, the same in all three builds."""
+    return HASHED_DIR.sub("/conf/", f"/{path}")
+
+
 def pct(new: float, old: float) -> str:
     return f"{100 * (new / old - 1):+.2f}%" if old else "n/a"
+
+
+def summed(results: dict[str, dict]) -> dict:
+    """The packages' RESULTS (`bench_package`'s) added up, CPU seconds per variant too."""
+    total: dict = dict.fromkeys(("objects", "plain_text", "policy_text", "guard_text"), 0)
+    total |= {"policy_larger": 0, "guard_larger": 0}
+    for r in results.values():
+        for key in total:
+            total[key] += r[key]
+    total["cpu_s"] = {v: sum(r["cpu_s"][v] for r in results.values()) for v in VARIANTS}
+    return total
+
+
+def table_row(name: str, r: dict) -> list[str]:
+    """One package's (or the total's) figures R as the table shows them."""
+    c = r["cpu_s"]
+    return [
+        name,
+        str(r["objects"]),
+        f"{r['plain_text']:,}",
+        pct(r["policy_text"], r["plain_text"]),
+        pct(r["guard_text"], r["plain_text"]),
+        f"{r['policy_larger']} / {r['guard_larger']}",
+        f"{c['plain']:.1f} / {c['policy']:.1f} / {c['guard']:.1f}",
+        f"{pct(c['guard'], c['plain'])} / {pct(c['guard'], c['policy'])}",
+    ]
 
 
 def main() -> None:
@@ -89,29 +116,8 @@ def main() -> None:
         "CPU s plain/policy/guard", "guard CPU vs plain / vs policy",
         title="MLGO_GUARD=size: object .text against clang-22 -Oz, and the build's CPU time",
     )  # fmt: skip
-    total = dict.fromkeys(("objects", "plain_text", "policy_text", "guard_text"), 0)
-    total |= {"policy_larger": 0, "guard_larger": 0}
-    cpu_total = dict.fromkeys(VARIANTS, 0.0)
-    rows = [*results.items(), ("total", total)]
-    for r in results.values():
-        for key in total:
-            total[key] += r[key]
-        for v in VARIANTS:
-            cpu_total[v] += r["cpu_s"][v]
-    total["cpu_s"] = cpu_total
-    for name, r in rows:
-        c = r["cpu_s"]
-        table.add_row(
-            name,
-            str(r["objects"]),
-            f"{r['plain_text']:,}",
-            pct(r["policy_text"], r["plain_text"]),
-            pct(r["guard_text"], r["plain_text"]),
-            f"{r['policy_larger']} / {r['guard_larger']}",
-            f"{c['plain']:.1f} / {c['policy']:.1f} / {c['guard']:.1f}",
-            f"{pct(c['guard'], c['plain'])} / {pct(c['guard'], c['policy'])}",
-            style="bold" if name == "total" else None,
-        )
+    for name, r in [*results.items(), ("total", summed(results))]:
+        table.add_row(*table_row(name, r), style="bold" if name == "total" else None)
     console.print(table)
     atomic_write_text(args.work / "bench_guard.json", json.dumps(results, indent=1))
     console.print(f"wrote {args.work / 'bench_guard.json'}")

@@ -1,6 +1,6 @@
 """The inlining issue's figures for a policy, in one table and one JSON file.
 
-  .venv/bin/python tools/bench_inlining.py --policy policies/inlining-size \
+  .venv/bin/python -m tools.bench_inlining --policy policies/inlining-size \
       --train-corpus data/corpus --heldout data/heldout --programs data/programs/build.json \
       --runs runs/bc,runs/es
 
@@ -15,27 +15,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from mlgo.corpus.format import load_corpus  # noqa: E402
-from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
-from mlgo.problems.policy import MLPPolicy  # noqa: E402
-from mlgo.runtime.files import atomic_write_text  # noqa: E402
-from mlgo.runtime.workers import LocalPool  # noqa: E402
-from mlgo.train.evaluate import evaluate  # noqa: E402
+from mlgo.corpus.format import load_corpus
+from mlgo.data import shipped_policy
+from mlgo.llvm.toolchain import find_toolchain
+from mlgo.problems.policy import MLPPolicy
+from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.workers import LocalPool
+from mlgo.train.evaluate import Evaluation, evaluate
 
 console = Console()
 
 
 def corpus_figures(policy: MLPPolicy, corpus: Path) -> dict:
     ev = evaluate(policy, load_corpus(corpus), find_toolchain(), LocalPool(2), policy.problem)
+    return evaluation_figures(ev)
+
+
+def evaluation_figures(ev: Evaluation) -> dict:
+    """An evaluation's change against -Oz, in total and per package, in percent."""
     packages = {name: row["delta"] * 100 for name, row in ev.per_package().items()}
     return {
         "total_delta_pct": ev.totals()["delta"] * 100,
@@ -46,8 +48,9 @@ def corpus_figures(policy: MLPPolicy, corpus: Path) -> dict:
     }
 
 
-def program_figures(build_json: Path) -> dict:
-    builds = json.loads(build_json.read_text())["builds"]
+def program_figures(builds: list[dict]) -> dict:
+    """Each linked program's .text with mlgo-cc against plain clang, from `mlgo build`'s
+    build.json BUILDS, and the change over all of them."""
     plain = {b["package"]: b for b in builds if b["variant"] == "plain"}
     rows = {}
     for b in builds:
@@ -80,14 +83,33 @@ def training_cost(runs: list[Path]) -> dict:
     return cost
 
 
+def summary_rows(result: dict) -> list[tuple[str, str]]:
+    """The table's rows, (figure, measured), of the figures in RESULT."""
+    rows = []
+    for split in ("train", "heldout"):
+        r = result[split]
+        worst = max(r["packages_delta_pct"].items(), key=lambda kv: kv[1])
+        rows.append(
+            (
+                f"{split}: object .text vs -Oz ({r['modules']} modules)",
+                f"{r['total_delta_pct']:+.2f}% (worst package {worst[0]} {worst[1]:+.2f}%)",
+            )
+        )
+    for name, row in result.get("linked_programs", {}).get("programs", {}).items():
+        rows.append((f"linked {name}", f"{row['delta_pct']:+.2f}% (tests {row['tests']})"))
+    if "training_cost" in result:
+        rows.append(("training cost", f"{result['training_cost']['total_hours']:.2f} h"))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--policy", type=Path, default=ROOT / "policies" / "inlining-size")
-    ap.add_argument("--train-corpus", type=Path, default=ROOT / "data" / "corpus")
-    ap.add_argument("--heldout", type=Path, default=ROOT / "data" / "heldout")
-    ap.add_argument("--programs", type=Path, default=ROOT / "data" / "programs" / "build.json")
+    ap.add_argument("--policy", type=Path, default=shipped_policy("inlining-size"))
+    ap.add_argument("--train-corpus", type=Path, default=Path("data/corpus"))
+    ap.add_argument("--heldout", type=Path, default=Path("data/heldout"))
+    ap.add_argument("--programs", type=Path, default=Path("data/programs/build.json"))
     ap.add_argument("--runs", default="", help="comma-separated run dirs that made the policy")
-    ap.add_argument("--out", type=Path, default=ROOT / "data" / "bench" / "inlining.json")
+    ap.add_argument("--out", type=Path, default=Path("data/bench/inlining.json"))
     args = ap.parse_args()
 
     policy = MLPPolicy.load(args.policy)
@@ -97,24 +119,14 @@ def main() -> None:
         "heldout": corpus_figures(policy, args.heldout),
     }
     if args.programs.exists():
-        result["linked_programs"] = program_figures(args.programs)
+        result["linked_programs"] = program_figures(json.loads(args.programs.read_text())["builds"])
     if args.runs:
         result["training_cost"] = training_cost([Path(r) for r in args.runs.split(",")])
 
     table = Table("figure", "measured", title=f"inlining-size: {args.policy}")
-    for split in ("train", "heldout"):
-        r = result[split]
-        worst = max(r["packages_delta_pct"].items(), key=lambda kv: kv[1])
-        table.add_row(
-            f"{split}: object .text vs -Oz ({r['modules']} modules)",
-            f"{r['total_delta_pct']:+.2f}% (worst package {worst[0]} {worst[1]:+.2f}%)",
-        )
-    for name, row in result.get("linked_programs", {}).get("programs", {}).items():
-        table.add_row(f"linked {name}", f"{row['delta_pct']:+.2f}% (tests {row['tests']})")
-    if "training_cost" in result:
-        table.add_row("training cost", f"{result['training_cost']['total_hours']:.2f} h")
+    for row in summary_rows(result):
+        table.add_row(*row)
     console.print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(result, indent=1))
     console.print(f"wrote {args.out}")
 

@@ -1,7 +1,7 @@
 """Benchmark of a regalloc eviction policy: held-out spill/reload cost, compile-time
 overhead, and the throughput of real programs built with it.
 
-    .venv/bin/python tools/bench_regalloc.py --policy policies/regalloc-eviction \\
+    .venv/bin/python -m tools.bench_regalloc --policy policies/regalloc-eviction \\
         [--heldout data/heldout] [--overhead data/heldout --overhead-packages cjson,giflib] \\
         [--overhead-build lua5.4,zstd] [--programs sqlite3,zstd,lua5.4] [--repeats 9] \\
         [--min-seconds 1] [--backend native] [--json F]
@@ -29,9 +29,7 @@ interquartile range of the paired ratios, policy over default in the same round.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -45,8 +43,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.corpus.extract import BuildError, build_env, load_recipe, run_logged
+from mlgo.corpus.format import load_corpus
+from mlgo.corpus.wrappers import build_env
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
+from mlgo.packages.recipes import load_recipe
+from mlgo.problems import get_problem
+from mlgo.problems.policy import MLPPolicy
 from mlgo.programs.build import build_program, policy_service, pristine_source
 from mlgo.programs.compare import Variant, build_pair, variants
 from mlgo.programs.measure import (
@@ -54,13 +56,19 @@ from mlgo.programs.measure import (
     Workload,
     children_cpu,
     compare_workload,
+    median_and_range,
     paired_change,
     round_order,
     spread,
     timed_rounds,
     tree_cpu_seconds,
 )
+from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.workers import LocalPool
+from mlgo.serve.client import Connection, request
+from mlgo.serve.service import Service
+from mlgo.train.evaluate import Evaluation, evaluate
 
 console = Console(width=160)
 TOOLS = Path(__file__).resolve().parent
@@ -157,14 +165,15 @@ def bench_program(
 
 
 def bench_heldout(corpus: Path, policy: Path, tc: Toolchain, out: Path) -> dict:
-    from mlgo.corpus.format import load_corpus
-    from mlgo.problems.policy import MLPPolicy
-    from mlgo.runtime.workers import LocalPool
-    from mlgo.train.evaluate import evaluate
-
     loaded = MLPPolicy.load(policy)
     ev = evaluate(loaded, load_corpus(corpus), tc, LocalPool(), loaded.problem)
     ev.save(out)
+    return heldout_figures(ev)
+
+
+def heldout_figures(ev: Evaluation) -> dict:
+    """An evaluation's costs with the policy and the default, summed, and the spill+reload
+    change per package."""
     rows = ev.modules.values()
     result: dict = {"modules": len(ev.modules), "failed": len(ev.failed)}
     for k in ("spill_reload_cost", "copies_cost", "regalloc_cost", "text_size"):
@@ -181,52 +190,28 @@ def bench_heldout(corpus: Path, policy: Path, tc: Toolchain, out: Path) -> dict:
     return result
 
 
-class _Tally:
-    """What the policy server reports about its channels, summed."""
-
-    def __init__(self) -> None:
-        self.decisions, self.errors = 0, []
-
-    def on_session(self, cid: str, decisions: int) -> None:
-        self.decisions += decisions
-
-    def on_error(self, cid: str, message: str) -> None:
-        self.errors.append(message)
-
-
 @contextmanager
 def direct_server(policy: Path):
-    """The policy's native server driven by the service's own backend class, in this
-    process: a fresh channel per compile, as a lease gets, but no daemon in between.
-    Yields a function that compiles CMD with a channel, and the server's process id."""
-    from mlgo.problems import get_problem
-    from mlgo.problems.policy import MLPPolicy
-    from mlgo.serve.backends import NativeBackend
-    from mlgo.ship.aot import native_server
-
-    problem = get_problem("regalloc-eviction")
-    tally = _Tally()
-    ids = itertools.count()
+    """The service's own leases (`mlgo.serve.service.Service`) taken in this process, from
+    the policy's native server: a fresh channel per compile, as mlgo-cc's lease gets, but no
+    daemon, socket or control plane in between. Yields a function that compiles CMD under a
+    lease, and the policy server's process id."""
     with tempfile.TemporaryDirectory() as d:
-        backend = NativeBackend(native_server(MLPPolicy.load(policy)), Path(d) / "log", tally)
+        service = Service([policy], "native", runtime=Path(d))
 
-        def compile_with_channel(cmd: list[str]) -> None:
-            cid = f"direct-{next(ids)}"
-            base = str(Path(d) / cid)
-            for suffix in (".in", ".out"):
-                os.mkfifo(base + suffix, 0o600)
-            backend.start(cid, base, problem)
-            subprocess.run([*cmd, *problem.channel_flags(base)], check=True, capture_output=True)
-            backend.stop(cid, base)
-            for suffix in (".in", ".out"):
-                os.unlink(base + suffix)
-            if tally.errors:
-                raise BuildError(f"policy server: {tally.errors[0]}")
+        def compile_under_lease(cmd: list[str]) -> None:
+            lease = service.open_lease(notify=lambda event: None)  # held until end_lease
+            try:
+                subprocess.run([*cmd, *lease.flags], check=True, capture_output=True)
+            finally:
+                tally = service.end_lease(lease)
+            if tally["errors"]:
+                raise BuildError(f"policy server: {tally['errors'][0]}")
 
         try:
-            yield compile_with_channel, backend.pid
+            yield compile_under_lease, service.policies[0].backend.pid
         finally:
-            backend.close()
+            service.close()
 
 
 def bench_overhead(
@@ -239,15 +224,11 @@ def bench_overhead(
 ) -> dict:
     """Where the advisor's compile time goes, on the cc1 commands of some corpus modules,
     one compile at a time, the variants' order alternating by round: plain clang; clang
-    with the channel answered by a policy server of its own (clang's ML mode plus the
-    policy); and with a lease from the policy service as mlgo-cc takes it (plus the
-    service's control plane). CPU counts the compiler and the policy side (server,
-    service), not this script; the service and server only work while their variant runs,
-    so their CPU is taken per round."""
-    from mlgo.corpus.format import load_corpus
-    from mlgo.problems import get_problem
-    from mlgo.serve.client import Connection, request
-
+    with the channel answered by a policy server of its own, leased in this process
+    (`direct_server`: clang's ML mode plus the policy); and with a lease from the policy
+    service as mlgo-cc takes it, over its socket (plus the service's control plane). CPU
+    counts the compiler and the policy side (server, service), not this script; the service
+    and server only work while their variant runs, so their CPU is taken per round."""
     problem = get_problem("regalloc-eviction")
     modules = load_corpus(corpus).select([p for p in packages.split(",") if p]).modules
     socket = Path(service_env["MLGO_SOCKET"])
@@ -304,6 +285,25 @@ def bench_overhead(
                 )
             )
         latency = request({"op": "status"}, path=socket)["policies"][0]["latency"]
+    return {
+        "modules": len(modules),
+        "decisions": decisions,
+        "rounds": rounds,
+        **overhead_summary(cpu, clang_cpu, wall, control),
+        "latency": latency,
+    }
+
+
+def overhead_summary(
+    cpu: dict[str, list[float]],
+    clang_cpu: dict[str, list[float]],
+    wall: dict[str, list[float]],
+    control: list[float],
+) -> dict:
+    """From each variant's seconds per round (CPU: its compiler's, CLANG_CPU, plus its
+    policy side's; WALL) and the service's own CPU (CONTROL): their spread, the variants'
+    change against plain, and the service variant's CPU overhead in parts."""
+    others = [v for v in cpu if v != "plain"]
 
     def change(series: dict[str, list[float]], v: str) -> dict:
         return paired_change(series[v], series["plain"])
@@ -316,14 +316,11 @@ def bench_overhead(
         t - c - s for t, c, s in zip(cpu["service"], clang_cpu["service"], control, strict=True)
     ]
     return {
-        "modules": len(modules),
-        "decisions": decisions,
-        "rounds": rounds,
-        "cpu_seconds": {v: spread(cpu[v]) for v in variants},
-        "clang_cpu_seconds": {v: spread(clang_cpu[v]) for v in variants},
-        "wall_seconds": {v: spread(wall[v]) for v in variants},
-        "cpu_overhead": {v: change(cpu, v) for v in variants[1:]},
-        "wall_overhead": {v: change(wall, v) for v in variants[1:]},
+        "cpu_seconds": {v: spread(cpu[v]) for v in cpu},
+        "clang_cpu_seconds": {v: spread(clang_cpu[v]) for v in cpu},
+        "wall_seconds": {v: spread(wall[v]) for v in cpu},
+        "cpu_overhead": {v: change(cpu, v) for v in others},
+        "wall_overhead": {v: change(wall, v) for v in others},
         # the service variant's CPU overhead in parts, each a share of plain's CPU: the
         # compiler's extra work, and the policy side's own CPU measured per process (not
         # as a difference of two variants, which would carry the compiler's noise)
@@ -332,7 +329,6 @@ def bench_overhead(
             "policy server": share(server),
             "service (lease, control plane)": share(control),
         },
-        "latency": latency,
     }
 
 
@@ -368,8 +364,6 @@ def bench_build_overhead(
     """The build step of whole packages at FLAGS with plain clang and with `mlgo-cc` (the
     native wrapper) and the policy service, alternating (ABBA) over REPS; CPU counts
     everything the build ran plus what the service and its policy server spent."""
-    from mlgo.serve.client import request
-
     socket = Path(service_env["MLGO_SOCKET"])
     service_pid = request({"op": "status"}, path=socket)["pid"]
     pair = dict(zip(VARIANTS, variants(tc, service_env, VARIANTS), strict=True))
@@ -390,10 +384,6 @@ def bench_build_overhead(
     return out
 
 
-def _pct(x: dict) -> str:
-    return f"{x['median']:+.1%} ({x['min']:+.1%}..{x['max']:+.1%})"
-
-
 def _print_overhead(o: dict) -> None:
     table = Table(
         "variant",
@@ -408,9 +398,9 @@ def _print_overhead(o: dict) -> None:
         table.add_row(
             v,
             f"{c['median']:.2f}",
-            _pct(o["cpu_overhead"][v]) if v in o["cpu_overhead"] else "",
+            median_and_range(o["cpu_overhead"][v]) if v in o["cpu_overhead"] else "",
             f"{o['wall_seconds'][v]['median']:.2f}",
-            _pct(o["wall_overhead"][v]) if v in o["wall_overhead"] else "",
+            median_and_range(o["wall_overhead"][v]) if v in o["wall_overhead"] else "",
         )
     console.print(table)
     console.print(
@@ -436,9 +426,9 @@ def _print_build_overhead(o: dict) -> None:
             str(r["reps"]),
             f"{r['compilations']}, {r['decisions']:,}",
             f"{c['default']['median']:.2f} / {c['policy']['median']:.2f}",
-            _pct(r["cpu_overhead"]),
+            median_and_range(r["cpu_overhead"]),
             f"{w['default']['median']:.2f} / {w['policy']['median']:.2f}",
-            _pct(r["wall_overhead"]),
+            median_and_range(r["wall_overhead"]),
         )
     console.print(table)
 

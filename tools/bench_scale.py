@@ -1,7 +1,7 @@
 """Benchmark of the Ray backend: (a) its overhead against the local pool on this machine,
 (b) a simulated scale-out over Ray worker nodes on loopback.
 
-    .venv/bin/python tools/bench_scale.py --corpus data/corpus [--repeats 3] [--json F]
+    .venv/bin/python -m tools.bench_scale --corpus data/corpus [--repeats 3] [--json F]
 
 (a) Real collection (`mlgo.traces.collect.collect`, TFRecords included) of the same corpus with a
 2-process local pool and with a 2-core Ray node (a head started like `ray start --head`),
@@ -37,11 +37,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.corpus.compile import ModuleRun
 from mlgo.corpus.format import Module, load_corpus
 from mlgo.llvm.log_format import TensorSpec
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.problems import get_problem
+from mlgo.programs.measure import median_and_range, paired_change
+from mlgo.records import ModuleRun
+from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.ray_workers import RayWorkers
 from mlgo.runtime.workers import Failed, LocalPool, Workers
 from mlgo.traces.collect import CollectTask, collect
@@ -107,16 +109,15 @@ def overhead(corpus, tc: Toolchain, repeats: int, scratch: Path) -> dict:
     finally:
         cluster.shutdown()
     last = repeats - 1
-    ratios = [r / lo - 1 for lo, r in zip(rates["local"], rates["ray"], strict=True)]
+    ray_vs_local = paired_change(rates["ray"], rates["local"])
     return {
         "modules": len(corpus.modules),
         "local_modules_per_s": rates["local"],
         "ray_modules_per_s": rates["ray"],
         "local_compile_s": work["local"],
         "ray_compile_s": work["ray"],
-        "ray_vs_local_median": statistics.median(ratios),
-        "ray_vs_local_min": min(ratios),
-        "ray_vs_local_max": max(ratios),
+        "ray_vs_local": ray_vs_local,
+        "ray_vs_local_median": ray_vs_local["median"],
         "traces_identical": _same_traces(
             scratch / f"local-{last}", scratch / f"ray-{last}", manifest
         ),
@@ -169,10 +170,19 @@ def _simulated_pass(
         if i + 1 == last_submit:
             until = time.time()
     rate = len(runs) / (time.time() - start)
-    busy = sum(
-        max(0.0, min(r.metrics["end"], until) - max(r.metrics["start"], start)) for r in runs
-    )
-    return rate, busy / (n_workers * (until - start)) if until > start else 0.0
+    spans = [(r.metrics["start"], r.metrics["end"]) for r in runs]
+    return rate, busy_fraction(spans, start, until, n_workers)
+
+
+def busy_fraction(
+    spans: list[tuple[float, float]], start: float, until: float, n_workers: int
+) -> float:
+    """The share of N_WORKERS' time from START to UNTIL that the tasks' SPANS (each its
+    start and end) filled; 0 for no time at all."""
+    if until <= start:
+        return 0.0
+    busy = sum(max(0.0, min(end, until) - max(begin, start)) for begin, end in spans)
+    return busy / (n_workers * (until - start))
 
 
 def scale_out(
@@ -269,8 +279,7 @@ def main(
         f"(a) collection, {a['modules']} modules: local "
         f"{statistics.median(a['local_modules_per_s']):.2f} modules/s, Ray "
         f"{statistics.median(a['ray_modules_per_s']):.2f} modules/s; Ray vs local "
-        f"{a['ray_vs_local_median']:+.1%} ({a['ray_vs_local_min']:+.1%}.."
-        f"{a['ray_vs_local_max']:+.1%}); traces identical: {a['traces_identical']}"
+        f"{median_and_range(a['ray_vs_local'])}; traces identical: {a['traces_identical']}"
     )
     table = Table(
         "workers", "task time", "modules/s", "linear", "workers busy", title="(b) simulated"
@@ -290,8 +299,7 @@ def main(
         f"from about {b['driver_bound_from_workers']:.0f} workers at x1"
     )
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(figures, indent=1))
+        atomic_write_text(json_out, json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

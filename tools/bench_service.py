@@ -1,6 +1,6 @@
 """Benchmarks of the policy service (issue figures: round trip, build overhead, soak).
 
-  .venv/bin/python tools/bench_service.py --parts rtt,build,soak
+  .venv/bin/python -m tools.bench_service --parts rtt,build,soak
 
 - rtt: per-decision round trip on recorded real features, measured by a C peer playing the
   compiler (tools/channel_driver.c): the native AOT backend, the Python backend and, as a
@@ -22,7 +22,6 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -31,34 +30,35 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from mlgo.corpus.compile import compile_module  # noqa: E402
-from mlgo.corpus.extract import load_recipe  # noqa: E402
-from mlgo.corpus.format import load_corpus  # noqa: E402
-from mlgo.llvm.channel import fifo_pair  # noqa: E402
-from mlgo.llvm.log_format import Header, TensorSpec  # noqa: E402
-from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
-from mlgo.problems import get_problem  # noqa: E402
-from mlgo.programs.build import (  # noqa: E402
+from mlgo.corpus.compile import compile_module
+from mlgo.corpus.format import load_corpus
+from mlgo.data import shipped_policy
+from mlgo.llvm.channel import fifo_pair
+from mlgo.llvm.log_format import Header, TensorSpec
+from mlgo.llvm.toolchain import find_toolchain
+from mlgo.packages.recipes import load_recipe
+from mlgo.problems import get_problem
+from mlgo.programs.build import (
     build_program,
     mlgo_compilers,
     plain_compilers,
     policy_service,
     pristine_source,
 )
-from mlgo.programs.measure import live_children, tree_cpu_seconds  # noqa: E402
-from mlgo.runtime.files import atomic_write_text  # noqa: E402
-from mlgo.serve.client import request  # noqa: E402
+from mlgo.programs.measure import live_children, paired_change, tree_cpu_seconds
+from mlgo.records import ModuleRun
+from mlgo.runtime.files import atomic_write_text
+from mlgo.serve.client import request
 
 console = Console(width=160)
-POLICY = ROOT / "policies" / "inlining-size"
+POLICY = shipped_policy("inlining-size")
 
 
 def _compile_c(name: str, out: Path) -> Path:
+    """tools/NAME.c built with the system's cc into OUT."""
     binary = out / name
-    subprocess.run(["cc", "-O2", "-o", str(binary), str(ROOT / "tools" / f"{name}.c")], check=True)
+    subprocess.run(["cc", "-O2", "-o", str(binary), str(Path(__file__).with_name(f"{name}.c"))],
+                   check=True)  # fmt: skip
     return binary
 
 
@@ -68,20 +68,25 @@ def record_chunks(corpus: Path, package: str, modules: int, out: Path) -> tuple[
     tc = find_toolchain()
     chosen = load_corpus(corpus).select([package]).modules[:modules]
     runs = [r for m in chosen if (r := compile_module(problem, m, tc.clang)).num_decisions]
+    path = out / "chunks.bin"
+    path.write_bytes(chunk_file(runs, problem.advice_name))
+    return path, sum(r.num_decisions for r in runs)
+
+
+def chunk_file(runs: list[ModuleRun], advice_name: str) -> bytes:
+    """What tools/channel_driver.c reads: the compiler's side of the channel for every
+    decision of RUNS, as chunks (the header, then an observation per decision), each behind
+    its 4-byte length, after a line with the advice's size (8 bytes) and the chunk count."""
     specs = runs[0].specs
-    header = Header(specs, advice=TensorSpec(problem.advice_name, "int64_t", (1,)))
+    header = Header(specs, advice=TensorSpec(advice_name, "int64_t", (1,)))
     chunks = [json.dumps(header.to_json()).encode() + b"\n"]
     for run in runs:
         for i in range(run.num_decisions):
             block = b"".join(run.features[s.name][i].astype(s.dtype).tobytes() for s in specs)
             event = json.dumps({"observation": len(chunks) - 1}).encode()
             chunks.append(event + b"\n" + block + b"\n")
-    path = out / "chunks.bin"
-    with open(path, "wb") as f:
-        f.write(f"8 {len(chunks)}\n".encode())
-        for c in chunks:
-            f.write(len(c).to_bytes(4, "little") + c)
-    return path, len(chunks) - 1
+    framed = b"".join(len(c).to_bytes(4, "little") + c for c in chunks)
+    return f"8 {len(chunks)}\n".encode() + framed
 
 
 def _drive(driver: Path, base: str, chunks: Path, passes: int) -> list[int]:
@@ -112,15 +117,7 @@ def bench_rtt(args, work: Path) -> dict:
                 peer = subprocess.Popen([str(responder), base])
                 results["c-floor"].append(_drive(driver, base, chunks, args.passes))
                 peer.wait(60)
-    summary = {}
-    for name, reps in results.items():
-        summary[name] = {
-            "decisions_per_rep": reps[0][0],
-            "p50_us": statistics.median(r[1] for r in reps) / 1e3,
-            "p90_us": statistics.median(r[2] for r in reps) / 1e3,
-            "p99_us": statistics.median(r[3] for r in reps) / 1e3,
-            "p50_us_range": [min(r[1] for r in reps) / 1e3, max(r[1] for r in reps) / 1e3],
-        }
+    summary = {name: rtt_summary(reps) for name, reps in results.items()}
     table = Table("backend", "p50 µs", "p90 µs", "p99 µs", "p50 range over repeats")
     for name, s in summary.items():
         lo, hi = s["p50_us_range"]
@@ -133,6 +130,19 @@ def bench_rtt(args, work: Path) -> dict:
         )
     console.print(table)
     return {"recorded_decisions": decisions, "reps": args.reps, "backends": summary}
+
+
+def rtt_summary(reps: list[list[int]]) -> dict:
+    """One backend's round trips over repeats, each as channel_driver prints it (decisions,
+    then the p50, p90 and p99 in ns): the median of each percentile in µs, and the p50's range."""
+    p50s = [r[1] / 1e3 for r in reps]
+    return {
+        "decisions_per_rep": reps[0][0],
+        "p50_us": statistics.median(p50s),
+        "p90_us": statistics.median(r[2] for r in reps) / 1e3,
+        "p99_us": statistics.median(r[3] for r in reps) / 1e3,
+        "p50_us_range": [min(p50s), max(p50s)],
+    }
 
 
 def bench_build(args, work: Path) -> dict:
@@ -177,7 +187,7 @@ def bench_build(args, work: Path) -> dict:
                 )
         socket = Path(envs["native"]["MLGO_SOCKET"])
         decisions = request({"op": "status"}, path=socket)["decisions"]
-    plain, plain_cpu = statistics.median(times["plain"]), statistics.median(cpu["plain"])
+    summary = build_summary(times, cpu)
     table = Table(
         "build",
         "wall s, median (range)",
@@ -186,13 +196,30 @@ def bench_build(args, work: Path) -> dict:
         "CPU overhead",
         "paired CPU overhead, median (IQR)",
     )
+    for name, b in summary.items():
+        ts, cs, paired = b["seconds"], b["cpu_seconds"], b["paired_cpu_overhead_pct"]
+        table.add_row(
+            name,
+            f"{b['median_s']:.2f} ({min(ts):.2f}–{max(ts):.2f})",
+            f"{b['overhead_pct']:+.1f}%",
+            f"{b['cpu_median_s']:.2f} ({min(cs):.2f}–{max(cs):.2f})",
+            f"{b['cpu_overhead_pct']:+.1f}%",
+            f"{paired['median']:+.1f}% ({paired['q1']:+.1f}..{paired['q3']:+.1f})",
+        )
+    console.print(table)
+    return {"package": recipe.name, "reps": args.reps, "decisions": decisions, "builds": summary}
+
+
+def build_summary(times: dict[str, list[float]], cpu: dict[str, list[float]]) -> dict:
+    """Per build variant, from its wall TIMES and CPU seconds over the repeats: the medians
+    and their change against plain's, and the CPU change paired within each repeat, in %."""
+    plain, plain_cpu = statistics.median(times["plain"]), statistics.median(cpu["plain"])
     summary = {}
     for name, ts in times.items():
         med, cpu_med = statistics.median(ts), statistics.median(cpu[name])
         # Each repeat builds every variant back to back: the ratio within a repeat cancels
         # what drifts between repeats (other load, frequency), so it is the steadier figure.
-        paired = [100 * (c / p - 1) for c, p in zip(cpu[name], cpu["plain"], strict=True)]
-        q1, q2, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+        paired = paired_change(cpu[name], cpu["plain"])
         summary[name] = {
             "seconds": ts,
             "cpu_seconds": cpu[name],
@@ -200,28 +227,21 @@ def bench_build(args, work: Path) -> dict:
             "overhead_pct": 100 * (med / plain - 1),
             "cpu_median_s": cpu_med,
             "cpu_overhead_pct": 100 * (cpu_med / plain_cpu - 1),
-            "paired_cpu_overhead_pct": {"median": q2, "q1": q1, "q3": q3},
+            "paired_cpu_overhead_pct": {k: 100 * paired[k] for k in ("median", "q1", "q3")},
         }
-        table.add_row(
-            name,
-            f"{med:.2f} ({min(ts):.2f}–{max(ts):.2f})",
-            f"{summary[name]['overhead_pct']:+.1f}%",
-            f"{cpu_med:.2f} ({min(cpu[name]):.2f}–{max(cpu[name]):.2f})",
-            f"{summary[name]['cpu_overhead_pct']:+.1f}%",
-            f"{q2:+.1f}% ({q1:+.1f}..{q3:+.1f})",
-        )
-    console.print(table)
-    return {"package": recipe.name, "reps": args.reps, "decisions": decisions, "builds": summary}
+    return summary
 
 
 def _proc_stats(pid: int) -> dict[str, int]:
-    status = Path(f"/proc/{pid}/status").read_text()
+    """Process PID's resident memory, threads and open file descriptors."""
+    stats = memory_and_threads(Path(f"/proc/{pid}/status").read_text())
+    return {**stats, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+def memory_and_threads(status: str) -> dict[str, int]:
+    """The resident memory (kB) and thread count in a /proc/PID/status text."""
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    return {
-        "rss_kb": int(fields["VmRSS"].split()[0]),
-        "threads": int(fields["Threads"]),
-        "fds": len(os.listdir(f"/proc/{pid}/fd")),
-    }
+    return {"rss_kb": int(fields["VmRSS"].split()[0]), "threads": int(fields["Threads"])}
 
 
 def bench_soak(args, work: Path) -> dict:
@@ -314,7 +334,7 @@ def bench_soak(args, work: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--parts", default="rtt,build,soak")
-    ap.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus")
+    ap.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     ap.add_argument("--package", default="zlib", help="rtt: corpus package to record from")
     ap.add_argument("--modules", type=int, default=8, help="rtt: modules to record")
     ap.add_argument("--passes", type=int, default=20, help="rtt: passes over the records")
@@ -324,8 +344,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--soak-minutes", type=float, default=10.0)
     ap.add_argument("--sample-s", type=float, default=10.0)
-    ap.add_argument("--work", type=Path, default=ROOT / "data" / "bench" / "service")
-    ap.add_argument("--out", type=Path, default=ROOT / "data" / "bench" / "service.json")
+    ap.add_argument("--work", type=Path, default=Path("data/bench/service"))
+    ap.add_argument("--out", type=Path, default=Path("data/bench/service.json"))
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     results = json.loads(args.out.read_text()) if args.out.exists() else {}

@@ -1,6 +1,6 @@
 """Issue 22's figures: `mlgo tune` on real projects that no shipped policy trained on.
 
-  .venv/bin/python tools/bench_tune.py cmark jq geographiclib yajl ninja serd tidy-html5 \
+  .venv/bin/python -m tools.bench_tune cmark jq geographiclib yajl ninja serd tidy-html5 \
       flatbuffers units --minutes 60 --work data/bench-tune
 
 (sord, discount, mandoc, tcc, libfyaml, nasm and byacc were screened with --minutes 2 only.)
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,15 +28,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from mlgo.cli import USER_ERRORS  # noqa: E402
-from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
-from mlgo.programs.build import pristine_source  # noqa: E402
-from mlgo.programs.tune import TuneOptions, project, tune  # noqa: E402
-from mlgo.runtime.files import atomic_write_text  # noqa: E402
-from mlgo.runtime.messages import error_line  # noqa: E402
+from mlgo.cli import USER_ERRORS
+from mlgo.llvm.toolchain import find_toolchain
+from mlgo.programs.build import pristine_source
+from mlgo.programs.tune import TuneOptions, project, tune
+from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.messages import error_line
 
 console = Console()
 
@@ -294,6 +290,7 @@ def pct(value: float | None) -> str:
 
 
 def row(name: str, result: dict) -> list[str]:
+    """One project's table row from its RESULT (`try_project`'s)."""
     if "error" in result:
         return [f"{name} ({result['language']})", f"[red]stopped: {result['error']}", *[""] * 8]
     r = result["report"]

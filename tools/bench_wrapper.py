@@ -18,15 +18,15 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from mlgo.data import shipped_policy
+from mlgo.programs.build import policy_service
+from mlgo.programs.measure import paired_change
 from mlgo.serve.cc import build_native_wrapper
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
@@ -47,22 +47,8 @@ def compile_cpu_s(wrapper: Path, source: Path, out: Path, env: dict[str, str]) -
 
 def changes(rounds: list[dict[str, float]], name: str) -> tuple[float, float, float]:
     """Median, first and third quartile of NAME's per-round change against the baseline, %."""
-    ratios = sorted(100 * (r[name] / r["baseline"] - 1) for r in rounds)
-    q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-    return median, q1, q3
-
-
-def start_service(work: Path) -> tuple[subprocess.Popen, Path]:
-    socket = work / "mlgo.sock"
-    cmd = [sys.executable, "-m", "mlgo.cli", "serve", "--socket", str(socket)]
-    cmd += ["--policy", str(shipped_policy("inlining-size"))]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 600
-    while not socket.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the service did not start (try `mlgo serve` by hand)")
-        time.sleep(0.1)
-    return proc, socket
+    change = paired_change([r[name] for r in rounds], [r["baseline"] for r in rounds])
+    return 100 * change["median"], 100 * change["q1"], 100 * change["q3"]
 
 
 def main() -> None:
@@ -87,11 +73,10 @@ def main() -> None:
             (work / str(i)).mkdir()
             wrappers[name] = work / str(i) / "mlgo-cc"  # the name it acts by
             build_native_wrapper(wrappers[name], **({"source": source} if source else {}))
-        service, socket = start_service(work)
-        env = dict(os.environ, MLGO_SOCKET=str(socket))
         rng = random.Random(args.seed)
         rounds: list[dict[str, float]] = []
-        try:
+        with policy_service([shipped_policy("inlining-size")], work / "service") as service:
+            env = dict(os.environ, MLGO_SOCKET=service["MLGO_SOCKET"])
             for _ in range(args.rounds):
                 order = list(wrappers)
                 rng.shuffle(order)
@@ -100,9 +85,6 @@ def main() -> None:
                     for name in order:
                         cpu[name] += compile_cpu_s(wrappers[name], source, work / "x.o", env)
                 rounds.append(cpu)
-        finally:
-            service.terminate()
-            service.wait(30)
     table = Table(title=f"mlgo-cc CPU per compile vs {args.baseline}, {args.rounds} rounds")
     for column in ("wrapper", "ms per compile (median)", "change (median)", "IQR"):
         table.add_column(column)

@@ -27,9 +27,9 @@ By default the process runs as users run jax (every core, default flags); `--pin
 on one core (pinned before jax starts its threads). With `--data` the cost model's
 ranking quality is also reported from a measured dataset (`mlgo xla collect`).
 
-    .venv/bin/python tools/bench_xla.py --model policies/xla-gemm-tile \
+    .venv/bin/python -m tools.bench_xla --model policies/xla-gemm-tile \
         --json data/bench/xla-jit.json
-    .venv/bin/python tools/bench_xla.py --model policies/xla-gemm-tile --pin \
+    .venv/bin/python -m tools.bench_xla --model policies/xla-gemm-tile --pin \
         --json data/bench/xla-jit-1core.json
 """
 
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -51,6 +50,7 @@ import numpy as np
 from mlgo.runtime.files import atomic_write_text
 from mlgo.xla.measure import pin
 from mlgo.xla.programs import Program, spec
+from mlgo.xla.report import geomean
 
 JIT, AA = "jax.jit", "jax.jit A/A"
 TUNERS = {"tuned": {}, "tuned verify": {"verify": True}, "tuned top3": {"top_k": 3}}
@@ -102,10 +102,6 @@ def ratio(base: list[float], times: list[float]) -> dict[str, float]:
     r = np.asarray(base) / np.asarray(times)
     q25, median, q75 = np.percentile(r, [25, 50, 75])
     return {"median": float(median), "iqr": float(q75 - q25)}
-
-
-def geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def first_call(fn: Callable, args: tuple) -> float:
@@ -186,6 +182,21 @@ def dispatch(model: Any, rounds: int, cache: Path) -> dict:
             "aa_minus_jit_us": med[AA] - med[JIT]}  # fmt: skip
 
 
+def summary(rows: list[dict]) -> dict[str, float]:
+    """Over the programs' ROWS (`bench_program`'s): the A/A's and each tuner's geomean and
+    worst ratio to jax.jit, each tuner's tuning time against exhaustive search's, and the
+    exhaustive ceiling's geomean."""
+    out = {}
+    for name in (AA, *TUNERS):
+        xs = [r["vs_jit"][name]["median"] for r in rows]
+        out[f"{name} geomean"], out[f"{name} worst"] = geomean(xs), min(xs)
+        if name in TUNERS:
+            spent = sum(r["tuning_overhead_s"][name] for r in rows)
+            out[f"{name} tuning vs exhaustive"] = spent / sum(r["exhaustive_s"] for r in rows)
+    out["ceiling geomean"] = geomean([r["ceiling"] for r in rows])
+    return out
+
+
 def dataset_figures(data: Path, model_dir: Path) -> dict:
     """The model's ranking quality on the dataset's held-out programs (mlgo xla report's)."""
     from mlgo.xla.dataset import load_dataset
@@ -226,13 +237,7 @@ def main() -> None:
             print(f"measured {p.name}", file=sys.stderr, flush=True)
         calls = dispatch(model, args.rounds, Path(tmp) / "dispatch")
     totals: dict[str, Any] = {"cores": len(os.sched_getaffinity(0)), "model_load_s": load_s}
-    for name in (AA, *TUNERS):
-        xs = [r["vs_jit"][name]["median"] for r in rows]
-        totals[f"{name} geomean"], totals[f"{name} worst"] = geomean(xs), min(xs)
-        spent = sum(r["tuning_overhead_s"].get(name, 0.0) for r in rows)
-        if name in TUNERS:
-            totals[f"{name} tuning vs exhaustive"] = spent / sum(r["exhaustive_s"] for r in rows)
-    totals["ceiling geomean"] = geomean([r["ceiling"] for r in rows])
+    totals |= summary(rows)
     totals["dispatch"] = calls
     if args.data:
         totals["dataset"] = dataset_figures(args.data, args.model)

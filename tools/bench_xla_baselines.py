@@ -8,7 +8,7 @@ XNNPACK off, with YNNPACK off (multi-threaded Eigen), single-threaded Eigen (`ei
 tiles given the old way (XLA_FLAGS with YNNPACK left on) and the way mlgo selects them
 (config.compiler_options, per compilation).
 
-    flock LOCK nice -n -10 .venv/bin/python tools/bench_xla_baselines.py \
+    flock LOCK nice -n -10 .venv/bin/python -m tools.bench_xla_baselines \
         --json data/bench/xla-baselines.json
 """
 
@@ -87,13 +87,28 @@ def _time(fn, a, b) -> float:
 def spawn(flags: str, config: str, cores: int, rounds: int) -> dict:
     env = dict(os.environ, XLA_FLAGS=flags)
     req = json.dumps({"flags": flags, "config": config, "cores": cores, "rounds": rounds})
-    proc = subprocess.run(
-        [sys.executable, __file__, "--worker", req], env=env, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
+    worker = [sys.executable, "-m", "tools.bench_xla_baselines", "--worker", req]
+    proc = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def runs_for(tiles: list[str]) -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
+    """Every run, by name: the baselines, and each of TILES given three ways (XLA_FLAGS with
+    YNNPACK on, the emitter alone, mlgo's config); and the runs whose tile is not a config
+    mlgo takes, with why."""
+    runs = dict(BASELINES)
+    invalid: dict[str, str] = {}
+    for t in tiles:
+        runs[f"xla_flags:{t}"] = (LEGACY + t, "")
+        runs[f"emitter:{t}"] = (f"{NO_YNN} --xla_cpu_multi_thread_eigen=false {LEGACY}{t}", "")
+        runs[f"mlgo:{t}"] = ("", t)
+        try:
+            parse_config(t)
+        except ValueError as e:
+            invalid[f"mlgo:{t}"] = str(e)
+    return runs, invalid
 
 
 def main() -> None:
@@ -111,16 +126,7 @@ def main() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
         print(json.dumps(run_one(req["flags"], req["config"], req["rounds"])))
         return
-    runs = dict(BASELINES)
-    invalid: dict[str, str] = {}  # run name -> why its tile is not a config
-    for t in args.tiles.split(","):
-        runs[f"xla_flags:{t}"] = (LEGACY + t, "")
-        runs[f"emitter:{t}"] = (f"{NO_YNN} --xla_cpu_multi_thread_eigen=false {LEGACY}{t}", "")
-        runs[f"mlgo:{t}"] = ("", t)
-        try:
-            parse_config(t)
-        except ValueError as e:
-            invalid[f"mlgo:{t}"] = str(e)
+    runs, invalid = runs_for(args.tiles.split(","))
     results = []
     for rep in range(args.repeats):
         for cores in (1, 2):

@@ -1,12 +1,14 @@
 """An evaluation's figures by language, and what `MLGO_GUARD=size` would make of it.
 
-  .venv/bin/python tools/eval_by_language.py runs/eval-val runs/eval-val-gated
+  .venv/bin/python -m tools.eval_by_language runs/eval-val runs/eval-val-gated
 
 Each argument is what `mlgo eval --out DIR` wrote. Per evaluation: the change against the
-default in total, for the C and for the C++ packages (their language from
-corpus/splits.toml), the packages made larger, and the same totals with each module at the
-smaller of the policy's and the default's size, which is what the size guard keeps, read
-from the same per-module sizes (no compile).
+default in total, for the C and for the C++ modules, the packages made larger, and the same
+totals with each module at the smaller of the policy's and the default's size, which is what
+the size guard keeps, read from the same per-module sizes (no compile). A module's language
+is the one its compile command in the evaluated corpus says (`Module.language`, as
+`mlgo calibrate` reads it); where that corpus is no longer there, its package's in
+corpus/splits.toml, and a note says so.
 """
 
 from __future__ import annotations
@@ -18,11 +20,23 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from mlgo.corpus.format import CorpusError, load_corpus
+from mlgo.corpus.splits import load_splits
+from mlgo.llvm.languages import LABELS
+from mlgo.train.evaluate import Evaluation
 
-from mlgo.corpus.splits import load_splits  # noqa: E402
-from mlgo.train.evaluate import Evaluation  # noqa: E402
+
+def module_languages(ev: Evaluation) -> dict[str, str]:
+    """Each module of EV by its language's label (C, C++; ? for neither): what its compile
+    command in the evaluated corpus says, else, with that corpus gone, its package's in
+    corpus/splits.toml (a package may hold modules of both)."""
+    try:
+        modules = load_corpus(ev.corpus).modules
+    except CorpusError as e:
+        print(f"note: {e}: languages by package, from corpus/splits.toml", file=sys.stderr)
+        package = {p.name: p.language for split in load_splits().values() for p in split}
+        return {name: package.get(name.split("/", 1)[0], "?") for name in ev.modules}
+    return {m.name: LABELS.get(m.language or "", "?") for m in modules}
 
 
 def change(pairs: list[tuple[float, float]]) -> str:
@@ -32,9 +46,11 @@ def change(pairs: list[tuple[float, float]]) -> str:
 
 
 def figures(ev: Evaluation, language: dict[str, str]) -> dict[str, str]:
+    """EV's changes in total, for C and for C++ (LANGUAGE: each module's), each also as the
+    size guard would leave them, and the packages made larger."""
     m = ev.metric
     rows = {name: (r[m], r[f"default_{m}"]) for name, r in ev.modules.items()}
-    lang = {name: language.get(name.split("/", 1)[0], "?") for name in rows}
+    lang = {name: language.get(name, "?") for name in rows}
     out: dict[str, str] = {}
     for guard in (False, True):
         pick = {n: (min(p, d) if guard else p, d) for n, (p, d) in rows.items()}
@@ -54,14 +70,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("evals", nargs="+", type=Path, help="directories `mlgo eval --out` wrote")
     args = ap.parse_args()
-    language = {p.name: p.language for split in load_splits().values() for p in split}
     table = Table("evaluation", "total", "C", "C++", "guard: total", "C", "C++", "larger")
     try:  # every evaluation read before any row is printed
         evals = [(path, Evaluation.load(path)) for path in args.evals]
     except ValueError as e:
         sys.exit(f"error: {e}")
     for path, ev in evals:
-        f = figures(ev, language)
+        f = figures(ev, module_languages(ev))
         table.add_row(
             str(path), f["total"], f["C"], f["C++"],
             f["total (guard)"], f["C (guard)"], f["C++ (guard)"], f["larger"] or "none",

@@ -2,7 +2,7 @@
 gate, opened one way at a time: departing only where clang inlines (the policy refuses), or
 only where clang does not (the policy inlines), at each threshold.
 
-  .venv/bin/python tools/gate_directions.py --policy runs/bcmax-groups \
+  .venv/bin/python -m tools.gate_directions --policy runs/bcmax-groups \
       --corpus data/corpus-validation --thresholds 0.5,0.8,0.9
 
 Each row is one evaluation of the whole corpus: its total .text change against -Oz and the
@@ -13,7 +13,6 @@ would be a gate worth building into the policy.
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import closing
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -22,15 +21,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from mlgo.corpus.format import load_corpus  # noqa: E402
-from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
-from mlgo.problems.policy import MLPPolicy  # noqa: E402
-from mlgo.runtime.workers import make_workers  # noqa: E402
-from mlgo.train import policy_dir  # noqa: E402
-from mlgo.train.evaluate import evaluate  # noqa: E402
+from mlgo.corpus.format import load_corpus
+from mlgo.llvm.toolchain import find_toolchain
+from mlgo.problems.policy import MLPPolicy
+from mlgo.runtime.workers import make_workers
+from mlgo.train import policy_dir
+from mlgo.train.evaluate import evaluate
 
 DIRECTIONS = {1: "refuse only (clang inlines)", 0: "inline only (clang does not)"}
 
@@ -46,6 +42,12 @@ class OneWayPolicy(MLPPolicy):
         return np.where(default == self.depart_from, gated, default)
 
 
+def one_way(policy: MLPPolicy, threshold: float, depart_from: int) -> OneWayPolicy:
+    """POLICY gated at THRESHOLD, departing only where clang's own answer is DEPART_FROM."""
+    own = {f.name: getattr(policy, f.name) for f in fields(MLPPolicy)}
+    return OneWayPolicy(**{**own, "departure_threshold": threshold}, depart_from=depart_from)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policy", type=Path, required=True)
@@ -55,13 +57,11 @@ def main() -> None:
     policy = MLPPolicy.load(policy_dir(args.policy))
     corpus = load_corpus(args.corpus).require_opt_level(policy.problem.opt_level)
     tc = find_toolchain()
-    own = {f.name: getattr(policy, f.name) for f in fields(MLPPolicy)}
     table = Table("departs", "threshold", "change", "packages larger")
     with closing(make_workers("local")) as pool:
         for depart_from, name in DIRECTIONS.items():
             for t in (float(x) for x in args.thresholds.split(",")):
-                one_way = OneWayPolicy(**{**own, "departure_threshold": t}, depart_from=depart_from)
-                ev = evaluate(one_way, corpus, tc, pool, policy.problem)
+                ev = evaluate(one_way(policy, t, depart_from), corpus, tc, pool, policy.problem)
                 change = f"{100 * ev.totals()['delta']:+.3f}%"
                 larger = ", ".join(ev.packages_larger()) or "none"
                 table.add_row(name, f"{t:g}", change, larger)

@@ -1,7 +1,7 @@
 """How much smaller could inlining make each module at -Oz, if its decisions were chosen by
 looking at that module's own size? A reference for what any inlining policy can reach.
 
-  .venv/bin/python tools/headroom_inlining.py --corpus data/corpus \
+  .venv/bin/python -m tools.headroom_inlining --corpus data/corpus \
       --packages bzip2,libyaml,lua,lz4,zlib --policy policies/inlining-size \
       --json data/bench/headroom.json
 
@@ -19,24 +19,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from mlgo.corpus.format import load_corpus  # noqa: E402
-from mlgo.llvm.toolchain import find_toolchain  # noqa: E402
-from mlgo.problems import get_problem  # noqa: E402
-from mlgo.problems.policy import MLPPolicy  # noqa: E402
-from mlgo.runtime.files import atomic_write_text  # noqa: E402
-from mlgo.runtime.workers import Failed, LocalPool  # noqa: E402
-from mlgo.train.bcmax import SearchConfig, SearchResult, SearchTask, search_module  # noqa: E402
-from mlgo.train.evaluate import baseline, evaluate  # noqa: E402
+from mlgo.corpus.format import Module, load_corpus
+from mlgo.llvm.toolchain import find_toolchain
+from mlgo.problems import get_problem
+from mlgo.problems.policy import MLPPolicy
+from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.workers import Failed, LocalPool
+from mlgo.train.bcmax import SearchConfig, SearchResult, SearchTask, search_module
+from mlgo.train.evaluate import baseline, evaluate
 
 PROBLEM = get_problem("inlining-size")
 console = Console()
@@ -85,14 +82,9 @@ def main() -> None:
         policy_size = {name: r["text_size"] for name, r in ev.modules.items()}
     workers.close()
 
-    packages: dict[str, dict[str, float]] = {}
-    for m in corpus.modules:
-        row = packages.setdefault(m.package, {"default": 0, "search": 0, "policy": 0, "moves": 0})
-        default = base[m.name]["text_size"]
-        row["default"] += default
-        row["search"] += searched[m.name].best.cost if m.name in searched else default
-        row["moves"] += moves_kept(searched[m.name]) if m.name in searched else 0
-        row["policy"] += policy_size.get(m.name, default)
+    default = {name: r["text_size"] for name, r in base.items()}
+    found = {name: (r.best.cost, moves_kept(r)) for name, r in searched.items()}
+    packages = package_sizes(corpus.modules, default, found, policy_size)
     total = {
         k: sum(r[k] for r in packages.values()) for k in ("default", "search", "policy", "moves")
     }
@@ -130,6 +122,29 @@ def main() -> None:
             },
         }
         atomic_write_text(args.json, json.dumps(report, indent=1))
+
+
+def package_sizes(
+    modules: Sequence[Module],
+    default: dict[str, float],
+    found: dict[str, tuple[float, int]],
+    policy: dict[str, float],
+) -> dict[str, dict[str, float]]:
+    """Per package of MODULES, summed: the DEFAULT's bytes, the search's (FOUND: a module's
+    smallest size and the moves kept for it) and the POLICY's. A module the search or the
+    policy has no size for counts at the default's, with no move; one with no default size
+    (clang failed on it) is left out."""
+    packages: dict[str, dict[str, float]] = {}
+    for m in modules:
+        if m.name not in default:
+            continue
+        row = packages.setdefault(m.package, {"default": 0, "search": 0, "policy": 0, "moves": 0})
+        size, moves = found.get(m.name, (default[m.name], 0))
+        row["default"] += default[m.name]
+        row["search"] += size
+        row["moves"] += moves
+        row["policy"] += policy.get(m.name, default[m.name])
+    return packages
 
 
 def moves_kept(r: SearchResult) -> int:

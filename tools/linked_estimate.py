@@ -1,7 +1,7 @@
 """How much of an objects-level .text change survives the linker: two build trees'
 relocatable objects, summed three ways, each against the baseline.
 
-  .venv/bin/python tools/linked_estimate.py BUILD BASELINE [--under DIR]
+  .venv/bin/python -m tools.linked_estimate BUILD BASELINE [--under DIR]
 
 - objects: every object's .text, as the inlining reward counts it today;
 - linked once: each COMDAT group (a C++ inline or template function's copy) counted once
@@ -23,10 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from mlgo.llvm.sizes import TextParts, text_parts  # noqa: E402
+from mlgo.llvm.sizes import TextParts, text_parts
 
 
 def objects(tree: Path, under: str) -> dict[str, TextParts]:

@@ -6,7 +6,7 @@ binding: weak (C++ linkonce_odr: templates and inline functions, in a COMDAT gro
 copy kept at link time), global (strong) and local (static, anonymous namespace). Also
 counts the policy's departures from the default, towards inlining and away from it.
 
-    .venv/bin/python tools/size_by_linkage.py --corpus data/heldout --packages jsoncpp
+    .venv/bin/python -m tools.size_by_linkage --corpus data/heldout --packages jsoncpp
 """
 
 from __future__ import annotations
@@ -38,6 +38,22 @@ def function_sizes(obj: Path) -> dict[str, tuple[str, int]]:
         }
 
 
+def linkage_change(
+    before: dict[str, tuple[str, int]], after: dict[str, tuple[str, int]]
+) -> Counter[str]:
+    """From one object's functions (BEFORE, `function_sizes`) to another's (AFTER): the
+    bytes gained per binding, how many functions of each binding changed, and the bytes of
+    BEFORE's functions (`default_functions`). A function's binding is AFTER's, if it is there."""
+    row: Counter[str] = Counter()
+    for name in before.keys() | after.keys():
+        bind = (after.get(name) or before[name])[0]
+        delta = after.get(name, ("", 0))[1] - before.get(name, ("", 0))[1]
+        row[bind] += delta
+        row[f"{bind}_functions_changed"] += delta != 0
+    row["default_functions"] = sum(s for _, s in before.values())
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=Path, required=True)
@@ -55,17 +71,10 @@ def main() -> None:
             plain, served = Path(d) / "default.o", Path(d) / "policy.o"
             compile_module(policy.problem, module, clang, keep_object=plain)
             run = compile_module(policy.problem, module, clang, policy, keep_object=served)
-            before, after = function_sizes(plain), function_sizes(served)
-        row: Counter[str] = Counter()
-        for name in before.keys() | after.keys():
-            bind = (after.get(name) or before[name])[0]
-            delta = after.get(name, ("", 0))[1] - before.get(name, ("", 0))[1]
-            row[bind] += delta
-            row[f"{bind}_functions_changed"] += delta != 0
+            row = linkage_change(function_sizes(plain), function_sizes(served))
         row["to_inline"] = int(((run.advice == 1) & (run.default == 0)).sum())
         row["to_not_inline"] = int(((run.advice == 0) & (run.default == 1)).sum())
         row["decisions"] = run.num_decisions
-        row["default_functions"] = sum(s for _, s in before.values())
         totals.update(row)
         rows.append({"module": module.name, **row})
         print(module.name, dict(row), flush=True)

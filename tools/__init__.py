@@ -1,0 +1,1 @@
+"""Benchmark and analysis scripts, each run as `.venv/bin/python -m tools.NAME`."""
