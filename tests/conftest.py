@@ -15,6 +15,7 @@ from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.build import build_corpus
 from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from mlgo.train import RunDir
 
 DATA = Path(__file__).parent / "data"
@@ -109,7 +110,7 @@ def assert_saved_best_is_best_evaluated(run: RunDir, init: MLPPolicy) -> dict[st
     evaluated = [h[key] for h in state.history if key in h]
     assert evaluated, f"the run logged no {key}"
     assert state.extra["best_reward"] == max([state.extra["init_reward"], *evaluated])
-    saved = MLPPolicy.load(run.policy_dir).flat()
+    saved = load_policy(run.policy_dir).flat()
     assert np.array_equal(saved, arrays["best"].astype(saved.dtype))
     kept_start = state.extra["best_reward"] == state.extra["init_reward"]
     assert np.array_equal(saved, init.flat()) == kept_start

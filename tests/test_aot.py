@@ -13,7 +13,8 @@ import pytest
 from mlgo.corpus.compile import compile_module
 from mlgo.llvm.log_format import Header, LogWriter, TensorSpec
 from mlgo.problems import get_problem
-from mlgo.problems.policy import MLPPolicy, Normalizer
+from mlgo.problems.normalizer import Normalizer
+from mlgo.problems.policy import MLPPolicy
 from mlgo.ship.aot import AotError, aot_compile, native_server, replay
 
 PROBLEM = get_problem("inlining-size")

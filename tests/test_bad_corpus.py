@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlgo.corpus.format import CorpusError, load_corpus
-from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from tests.cli_helpers import POLICIES, mlgo, one_line_error, user_cache
 from tests.conftest import copy_corpus
 
@@ -72,7 +72,7 @@ def test_a_read_only_corpus_can_be_evaluated_and_trained_on(read_only_corpus, tm
     r = mlgo("train", "--corpus", ro, "--out", str(tmp_path / "run"), "--steps", "2",
              "--workers", "2", env=cache_env, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert MLPPolicy.load(tmp_path / "run" / "policy").problem.name == "inlining-size"
+    assert load_policy(tmp_path / "run" / "policy").problem.name == "inlining-size"
 
 
 # -- item 14: module names stay inside the corpus and the outputs ---------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy, save_policy
 from tests.cli_helpers import POLICIES, mlgo, one_line_error
 
 
@@ -90,35 +90,35 @@ def test_a_spoilt_policy_is_refused_naming_its_file(tmp_path, file, why, spoil):
     policy = _policy_copy(tmp_path)
     spoil(policy)
     with pytest.raises(ValueError, match=why) as e:
-        MLPPolicy.load(policy)
+        load_policy(policy)
     assert str(e.value).startswith(f"{policy / file}:") and "\n" not in str(e.value)
 
 
 def test_the_languages_a_policy_answers_are_saved_with_it(tmp_path):
-    policy = MLPPolicy.load(POLICIES / "inlining-size")
-    replace(policy, languages=None).save(tmp_path / "all")
-    assert MLPPolicy.load(tmp_path / "all").languages is None  # none saved: every language
-    replace(policy, languages=("c",)).save(tmp_path / "c")
-    loaded = MLPPolicy.load(tmp_path / "c")
+    policy = load_policy(POLICIES / "inlining-size")
+    save_policy(replace(policy, languages=None), tmp_path / "all")
+    assert load_policy(tmp_path / "all").languages is None  # none saved: every language
+    save_policy(replace(policy, languages=("c",)), tmp_path / "c")
+    loaded = load_policy(tmp_path / "c")
     assert loaded.languages == ("c",) and "answers C compiles only" in loaded.describe()
 
 
 def test_a_departure_threshold_is_saved_with_the_policy_and_only_where_a_default_is(tmp_path):
-    policy = MLPPolicy.load(POLICIES / "inlining-size")
+    policy = load_policy(POLICIES / "inlining-size")
     policy.departure_threshold = 0.8
-    policy.save(tmp_path / "gated")
-    assert MLPPolicy.load(tmp_path / "gated").departure_threshold == 0.8
+    save_policy(policy, tmp_path / "gated")
+    assert load_policy(tmp_path / "gated").departure_threshold == 0.8
     regalloc = _policy_copy(tmp_path, "regalloc-eviction")
     _rewrite_meta(regalloc, departure_threshold=0.8)
     with pytest.raises(ValueError, match="no default to gate on") as e:
-        MLPPolicy.load(regalloc)
+        load_policy(regalloc)
     assert str(e.value).startswith(f"{regalloc / 'policy.json'}:")
 
 
 def test_the_shipped_policies_load_nan_boundaries_included():
-    ra = MLPPolicy.load(POLICIES / "regalloc-eviction")
+    ra = load_policy(POLICIES / "regalloc-eviction")
     assert any(np.isnan(q).any() for q in ra.normalizer.quantiles)
-    assert MLPPolicy.load(POLICIES / "inlining-size").problem.name == "inlining-size"
+    assert load_policy(POLICIES / "inlining-size").problem.name == "inlining-size"
 
 
 @pytest.mark.parametrize("spoil", [BAD_POLICIES[0], BAD_POLICIES[6]], ids=["nan", "truncated"])

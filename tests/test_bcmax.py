@@ -16,6 +16,7 @@ from mlgo.corpus.compile import compile_module
 from mlgo.data import shipped_policy
 from mlgo.problems import get_problem
 from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.workers import LocalPool
 from mlgo.ship.modelcard import model_card
 from mlgo.train import RunDir
@@ -36,7 +37,7 @@ PROBLEM = get_problem("inlining-size")
 
 @pytest.fixture(scope="module")
 def shipped() -> MLPPolicy:
-    return MLPPolicy.load(shipped_policy("inlining-size"))
+    return load_policy(shipped_policy("inlining-size"))
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +238,7 @@ def test_bcmax_trains_resumes_and_keeps_the_best(mini_corpus, tc, tmp_path, ship
     names = state.extra["modules"]
     # never worse than the default on any module
     assert all(c <= default_sizes[n] for c, n in zip(arrays["traj_cost"], names, strict=True))
-    clone = MLPPolicy.load(out.root / "clone-1" / "policy")
+    clone = load_policy(out.root / "clone-1" / "policy")
     assert np.array_equal(clone.flat(), arrays["theta"])
     assert not np.array_equal(clone.flat(), shipped.flat())  # cloning moved it
     first_compiles = state.compiles
@@ -248,12 +249,12 @@ def test_bcmax_trains_resumes_and_keeps_the_best(mini_corpus, tc, tmp_path, ship
     assert state.step == 2 and [h["step"] for h in state.history] == [1, 2]
     assert (again["traj_cost"] <= arrays["traj_cost"]).all()  # the best only ever improves
     assert state.compiles > first_compiles and (out.root / "clone-2" / "policy").exists()
-    saved = MLPPolicy.load(out.policy_dir).flat()
+    saved = load_policy(out.policy_dir).flat()
     assert np.array_equal(saved, again["best"])
     rewards = [state.extra["init_reward"], state.extra["final_reward"]]
     rewards += [h["bcmax/pool_reward"] for h in state.history]
     assert state.extra["best_reward"] == max(rewards)
-    card = model_card(MLPPolicy.load(out.policy_dir), out.root)  # retrains it as it was run
+    card = model_card(load_policy(out.policy_dir), out.root)  # retrains it as it was run
     assert "mlgo train --algo bcmax --init " in card and " --search-budget 6" in card
     assert " --clone-epochs 2 --clone-lr 0.001" in card
 
@@ -289,7 +290,7 @@ def test_killed_bcmax_resumes_from_its_search(mini_corpus, tmp_path):
     proc.wait()
     killed = json.loads(state.read_text())
     assert killed["step"] == 0 and killed["extra"]["searched"] == 1  # killed while cloning
-    MLPPolicy.load(out / "policy")  # the run holds its best policy so far, whole
+    load_policy(out / "policy")  # the run holds its best policy so far, whole
     r = run_mlgo(*args, timeout=300)
     assert r.returncode == 0, r.stderr
     done = json.loads(state.read_text())

@@ -16,7 +16,7 @@ import pytest
 
 from mlgo.llvm.cmdline import SIDE_OUTPUT_PREFIXES, SIDE_OUTPUTS, SIDE_OUTPUTS_WITH_VALUE
 from mlgo.llvm.sizes import text_size
-from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.serve.cc import build_native_wrapper, compile_language, source_files
 from mlgo.serve.guard import UNGUARDED, UNGUARDED_PREFIXES, default_args, guarded_object
 from tests import test_service
@@ -73,10 +73,10 @@ GUARD_CASES = {
 @pytest.fixture(scope="module")
 def inline_all(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A policy that always says "inline": its objects differ visibly from clang's."""
-    policy = replace(MLPPolicy.load(SHIPPED), departure_threshold=None, languages=None)
+    policy = replace(load_policy(SHIPPED), departure_threshold=None, languages=None)
     policy.weights[-1] = np.array([0.0, 1e30], np.float32)
     out = tmp_path_factory.mktemp("inline-all") / "policy"
-    policy.save(out)
+    save_policy(policy, out)
     return out
 
 
@@ -157,7 +157,7 @@ def wrappers(request, native_wrappers) -> dict[str, list[str]]:
 def test_a_policy_for_c_leaves_cxx_compiles_to_the_default(wrappers, inline_all, tc, tmp_path):
     """A policy calibrated for C answers C compiles; C++ ones are clang's, byte for byte,
     the first with a note naming why, whichever wrapper asks."""
-    replace(MLPPolicy.load(inline_all), languages=("c",)).save(tmp_path / "c-only")
+    save_policy(replace(load_policy(inline_all), languages=("c",)), tmp_path / "c-only")
     service = Service(tmp_path, "--policy", str(tmp_path / "c-only"), "--backend", "python")
     try:
         notes = []

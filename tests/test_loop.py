@@ -15,6 +15,7 @@ import pytest
 from mlgo.corpus.format import Corpus
 from mlgo.problems import get_problem
 from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from mlgo.train import RunDir, registry
 from mlgo.train.bc import BCConfig
 from mlgo.train.es import ESConfig
@@ -84,7 +85,7 @@ TRAINER = Walk  # what `registry.MODULES` finds in this module
 
 @pytest.fixture
 def start() -> MLPPolicy:
-    return MLPPolicy.load(POLICIES / "inlining-size")
+    return load_policy(POLICIES / "inlining-size")
 
 
 @pytest.fixture
@@ -114,7 +115,7 @@ def test_a_killed_run_resumes_without_losing_or_repeating_a_step_and_keeps_its_b
     assert state.step == 2 and state.compiles == 4
     assert moved(arrays["theta"], start, 2)
     # the best so far (step 2's, reward 0.3) is already the run's policy, whole
-    assert moved(MLPPolicy.load(tmp_path / "policy").flat(), start, 2)
+    assert moved(load_policy(tmp_path / "policy").flat(), start, 2)
     outcome = walk(WalkConfig(), start, tmp_path)
     state, arrays = RunDir(tmp_path, "walk").load_state()
     assert [h["step"] for h in state.history] == [1, 2, 3, 4] and state.compiles == 8
@@ -125,7 +126,7 @@ def test_a_killed_run_resumes_without_losing_or_repeating_a_step_and_keeps_its_b
     assert (state.extra["init_reward"], state.extra["best_reward"]) == (0.0, 0.3)
     assert moved(outcome.policy.flat(), start, 2)
     assert moved(arrays["best"], start, 2)
-    assert moved(MLPPolicy.load(tmp_path / "policy").flat(), start, 2)
+    assert moved(load_policy(tmp_path / "policy").flat(), start, 2)
     assert (outcome.state.history, outcome.state.compiles) == (state.history, state.compiles)
 
 
@@ -133,7 +134,7 @@ def test_a_start_nothing_beats_stays_the_runs_policy(start, scalars, tmp_path):
     outcome = walk(WalkConfig(steps=2, rewards=(0.0, -0.1, -0.2)), start, tmp_path)
     assert outcome.state.extra["best_reward"] == 0.0
     assert moved(outcome.policy.flat(), start, 0)
-    assert moved(MLPPolicy.load(tmp_path / "policy").flat(), start, 0)
+    assert moved(load_policy(tmp_path / "policy").flat(), start, 0)
 
 
 def test_the_time_budget_counts_over_resumes_and_its_last_step_is_scored(start, scalars, tmp_path):

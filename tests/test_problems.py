@@ -17,6 +17,7 @@ from mlgo.errors import UsageError
 from mlgo.llvm.sizes import text_size
 from mlgo.problems import Problem, get_problem, problems
 from mlgo.problems.policy import MLPPolicy, policy_class
+from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.records import Decisions
 from mlgo.ship.modelcard import model_card
 from mlgo.traces.format import Manifest, TraceError
@@ -67,11 +68,11 @@ def test_unknown_problem_names_are_rejected_where_they_are_read(tmp_path):
         get_problem("nope")
     policy = tmp_path / "policy"
     inlining = get_problem("inlining-size")
-    MLPPolicy.for_cloning(inlining, _decisions(inlining))[0].save(policy)
+    save_policy(MLPPolicy.for_cloning(inlining, _decisions(inlining))[0], policy)
     meta = json.loads((policy / "policy.json").read_text())
     (policy / "policy.json").write_text(json.dumps({**meta, "problem": "nope"}))
     with pytest.raises(ValueError, match="not a policy .*unknown problem 'nope'"):
-        MLPPolicy.load(policy)
+        load_policy(policy)
     Manifest(get_problem("inlining-size"), "clang", "corpus").save(tmp_path)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "problem": "nope"}))
@@ -98,9 +99,9 @@ def test_a_third_problem_goes_through_the_generic_stages(third, tmp_path):
     assert policy.problem is third and rows.shape == (len(data.x), policy.normalizer.width)
     assert offset.shape == (len(data.x), 2) and weight.shape == (len(data.x),)
     assert [d.name for d in policy.normalizer.derived] == ["cost_margin", "default_rule"]
-    policy.save(tmp_path / "policy")
+    save_policy(policy, tmp_path / "policy")
     assert json.loads((tmp_path / "policy" / "policy.json").read_text())["problem"] == third.name
-    loaded = MLPPolicy.load(tmp_path / "policy")
+    loaded = load_policy(tmp_path / "policy")
     assert loaded.problem is third
 
     # the exported model: LLVM's feature names in, the problem's advice name out

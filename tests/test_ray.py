@@ -20,7 +20,7 @@ import pytest
 from mlgo.corpus.format import load_corpus
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems import get_problem
-from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from mlgo.runtime import ray_workers
 from mlgo.runtime.workers import Failed, LocalPool, make_workers
 from mlgo.traces.collect import CollectTask, collect, collect_one
@@ -255,7 +255,7 @@ def test_failing_module_is_reported_once_and_skipped(cluster, mini_corpus, tmp_p
 def test_es_step_on_ray_moves_the_weights_as_the_local_pool_does(
     cluster, mini_corpus, tc, tmp_path
 ):
-    policy = MLPPolicy.load(POLICY)
+    policy = load_policy(POLICY)
     cfg = ESConfig(steps=1, directions=2, batch=2, eval_every=1, max_module_seconds=60)
     runs = {"local": RunDir(tmp_path / "local", "es"), "ray": RunDir(tmp_path / "ray", "es")}
     with LocalPool(2) as pool:
@@ -274,7 +274,7 @@ def test_ppo_rollouts_on_ray_are_the_local_rollouts(cluster, mini_corpus, tc):
 
     from mlgo.train.ppo import RolloutTask, rollout_one
 
-    policy = MLPPolicy.load(POLICY)
+    policy = load_policy(POLICY)
     tasks = [
         RolloutTask(m, tc.clang, replace(policy, temperature=1.0, seed=i))
         for i, m in enumerate(mini_corpus.modules)

@@ -21,7 +21,7 @@ from mlgo.corpus.stats import corpus_stats
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.options import opt_level
 from mlgo.problems import get_problem
-from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.workers import LocalPool
 from mlgo.traces.collect import collect
@@ -236,7 +236,7 @@ def test_an_extract_ir_corpus_from_compile_commands_loads_in_stats_and_eval(
     assert (tmp_path / "c" / DESCRIPTION).is_file()
     corpus = load_corpus(tmp_path / "c")
     assert [m.name for m in corpus.modules] == ["hash.o", "main.o", "strbuf.o"]
-    policy = MLPPolicy.load(POLICIES / "inlining-size")
+    policy = load_policy(POLICIES / "inlining-size")
     with closing(LocalPool(2)) as pool:
         stats, failures = corpus_stats(corpus, tc.describe(), tc.clang, pool)
         ev = evaluate(policy, corpus, tc, pool, policy.problem)

@@ -12,7 +12,8 @@ from mlgo.corpus.format import Corpus
 from mlgo.llvm.log_format import Observation
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems import get_problem
-from mlgo.problems.policy import MLPPolicy, Normalizer
+from mlgo.problems.normalizer import Normalizer
+from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.problems.regalloc_eviction import CandidatePolicy
 from mlgo.runtime.workers import LocalPool
 from mlgo.traces.collect import collect
@@ -81,8 +82,8 @@ def test_candidate_policy_scores_every_slot_and_answers_only_legal_ones(tmp_path
         assert np.all(np.isneginf(scores[mask == 0])) and np.all(np.isfinite(scores[mask == 1]))
         assert mask[policy(obs)] == 1
         PROBLEM.validate(obs, np.array([policy(obs)]))
-    policy.save(tmp_path)
-    loaded = MLPPolicy.load(tmp_path)
+    save_policy(policy, tmp_path)
+    loaded = load_policy(tmp_path)
     assert isinstance(loaded, CandidatePolicy) and loaded(obs) == policy(obs)
 
 
@@ -99,7 +100,7 @@ def test_bc_learns_the_default_rule_per_candidate(ra_bc, mini_corpus_o2, tc):
     run, data, policy, acc = ra_bc
     assert data.x.shape[1:] == (SLOTS, len(PROBLEM.feature_names))
     assert acc["accuracy"] >= 0.8
-    loaded = MLPPolicy.load(run.policy_dir)
+    loaded = load_policy(run.policy_dir)
     assert isinstance(loaded, CandidatePolicy)
     assert np.array_equal(loaded.predict(data.x), policy.predict(data.x))
     ev = evaluate(loaded, mini_corpus_o2, tc, LocalPool(2), PROBLEM)
@@ -142,7 +143,7 @@ def test_a_module_the_default_cannot_compile_is_left_out_and_named(
         f'#!/bin/sh\ncase "$*" in *hash.o.bc*) kill -SEGV $$;; esac\nexec {tc.clang} "$@"\n'
     )
     crashing.chmod(0o755)
-    policy, crashing_tc = MLPPolicy.load(ra_bc[0].policy_dir), find_toolchain(str(crashing))
+    policy, crashing_tc = load_policy(ra_bc[0].policy_dir), find_toolchain(str(crashing))
     ev = evaluate(policy, mini_corpus_o2, crashing_tc, LocalPool(2), PROBLEM)
     assert set(ev.modules) == {"minipkg/main.o", "minipkg/strbuf.o"}
     assert list(ev.failed) == ["minipkg/hash.o"]
@@ -170,7 +171,7 @@ def test_es_on_regalloc_trains_checkpoints_and_resumes(ra_bc, mini_corpus_o2, tc
     ES(replace(cfg, steps=3)).train(mini_corpus_o2, PROBLEM, policy, run, tc, LocalPool(2))
     state, _ = run.load_state()
     assert [h["step"] for h in state.history] == [1, 2, 3]
-    assert isinstance(MLPPolicy.load(run.policy_dir), CandidatePolicy)
+    assert isinstance(load_policy(run.policy_dir), CandidatePolicy)
 
 
 def test_ppo_on_regalloc_scores_slots_and_resumes(ra_bc, mini_corpus_o2, tc, tmp_path):
@@ -183,7 +184,7 @@ def test_ppo_on_regalloc_scores_slots_and_resumes(ra_bc, mini_corpus_o2, tc, tmp
     state, _ = run.load_state()
     assert state.step == 2 and all(np.isfinite(h["ppo/loss"]) for h in state.history)
     assert_saved_best_is_best_evaluated(run, policy)
-    assert isinstance(MLPPolicy.load(run.policy_dir), CandidatePolicy)
+    assert isinstance(load_policy(run.policy_dir), CandidatePolicy)
     # the agent's actor is the policy's network: PPO moved its weights, and a policy made
     # of them answers only legal slots
     agent = Agent(policy, cfg)

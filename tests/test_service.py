@@ -20,7 +20,7 @@ import pytest
 
 from mlgo.corpus.compile import compile_module
 from mlgo.problems import get_problem
-from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.programs.measure import live_children
 from mlgo.serve.cc import install_native_wrappers
 from mlgo.serve.client import ServiceError, request, runtime_dir
@@ -108,7 +108,7 @@ def channel_files(service: Service) -> list[Path]:
 
 def test_mlgo_cc_builds_what_the_policy_decides(cc, native, mini_corpus, tc, tmp_path):
     """The object from the native service is the object the numpy policy produces."""
-    policy = MLPPolicy.load(SHIPPED)
+    policy = load_policy(SHIPPED)
     before = native.status()["decisions"]
     for module in mini_corpus.modules:
         src = DATA / "minipkg" / (Path(module.name).stem + ".c")
@@ -147,13 +147,13 @@ def test_the_plugin_decides_as_the_policy_does(cc, plugin, mini_corpus, tc, tmp_
     for call site; and a policy that departs from the default visibly does so."""
     status = plugin.status()
     assert status["policies"][0]["backend"] == "plugin"
-    inline_all = replace(MLPPolicy.load(SHIPPED), departure_threshold=None, languages=None)
+    inline_all = replace(load_policy(SHIPPED), departure_threshold=None, languages=None)
     inline_all.weights[-1] = np.array([0.0, 1e30], np.float32)  # always "inline"
-    inline_all.save(tmp_path / "inline-all")
+    save_policy(inline_all, tmp_path / "inline-all")
     eager = Service(tmp_path, "--policy", str(tmp_path / "inline-all"), "--backend", "plugin")
     try:
         departed = 0
-        for policy, service in ((MLPPolicy.load(SHIPPED), plugin), (inline_all, eager)):
+        for policy, service in ((load_policy(SHIPPED), plugin), (inline_all, eager)):
             for module in mini_corpus.modules:
                 src = DATA / "minipkg" / (Path(module.name).stem + ".c")
                 got, want = tmp_path / "plugin.o", tmp_path / "reference.o"
@@ -179,10 +179,10 @@ def test_every_backend_applies_a_departure_gate_alike(native_cc, tc, tmp_path):
     from mlgo.llvm.channel import compile_interactive
     from mlgo.ship.export import export_saved_model
 
-    eager = replace(MLPPolicy.load(SHIPPED), departure_threshold=None, languages=None)
+    eager = replace(load_policy(SHIPPED), departure_threshold=None, languages=None)
     eager.weights[-1] = eager.weights[-1] + np.array([0.0, 6.0], np.float32)
     gated = replace(eager, departure_threshold=0.87)  # a logit margin of 1.9
-    gated.save(tmp_path / "gated")
+    save_policy(gated, tmp_path / "gated")
     export_saved_model(gated, tmp_path / "gated")
     problem = get_problem("inlining-size")
     mlgo_cxx = str(Path(native_cc[0]).with_name("mlgo-c++"))
@@ -273,9 +273,9 @@ def test_a_plugin_policy_without_a_saved_model_answers_channels_natively(tmp_pat
     """A policy directory's SavedModel is never what gets AOT-compiled: the native server is
     built from the policy's weights, so a policy without one answers channels by hand
     natively, with the plugin's decisions (here, departing from clang's default)."""
-    inline_all = replace(MLPPolicy.load(SHIPPED), departure_threshold=None, languages=None)
+    inline_all = replace(load_policy(SHIPPED), departure_threshold=None, languages=None)
     inline_all.weights[-1] = np.array([0.0, 1e30], np.float32)  # always "inline"
-    inline_all.save(tmp_path / "inline-all")
+    save_policy(inline_all, tmp_path / "inline-all")
     service = Service(tmp_path, "--policy", str(tmp_path / "inline-all"))
     try:
         departed = 0
@@ -350,7 +350,7 @@ def test_mlgo_flags_for_a_language_the_policy_does_not_answer_print_nothing_and_
 ):
     """A policy for C: CFLAGS get its flags, CXXFLAGS nothing and a note; a language it does
     not know is one line."""
-    replace(MLPPolicy.load(SHIPPED), languages=("c",)).save(tmp_path / "c-only")
+    save_policy(replace(load_policy(SHIPPED), languages=("c",)), tmp_path / "c-only")
     service = Service(tmp_path, "--policy", str(tmp_path / "c-only"))
     flags = [*MLGO, "flags", "--socket", str(service.socket)]
     try:
@@ -416,13 +416,13 @@ def mismatched_policy(tmp_path_factory) -> Path:
     from mlgo.ship.export import export_saved_model
 
     out = tmp_path_factory.mktemp("mismatch") / "policy"
-    policy = MLPPolicy.load(SHIPPED)
+    policy = load_policy(SHIPPED)
     renamed = list(policy.normalizer.features)
     renamed[0] = "inlining_default"
     policy.normalizer = type(policy.normalizer)(
         tuple(renamed), policy.normalizer.quantiles, policy.normalizer.derived
     )
-    policy.save(out)
+    save_policy(policy, out)
     export_saved_model(policy, out)
     return out
 

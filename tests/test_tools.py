@@ -18,7 +18,7 @@ from mlgo.data import shipped_policy
 from mlgo.llvm.log_format import TensorSpec
 from mlgo.llvm.sizes import TextParts
 from mlgo.problems import get_problem
-from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from mlgo.records import ModuleRun
 from mlgo.train.evaluate import Evaluation
 from tools import (
@@ -186,7 +186,7 @@ def test_language_tool_falls_back_to_the_splits_without_the_corpus(tmp_path, cap
 
 @pytest.mark.unit
 def test_one_way_gate_departs_only_from_one_of_clangs_answers():
-    policy = MLPPolicy.load(shipped_policy("inlining-size"))
+    policy = load_policy(shipped_policy("inlining-size"))
     logits = np.array([[0.0, 5.0], [5.0, 0.0]], np.float32)  # confident: inline; do not
     default = np.array([0, 1])  # clang: does not inline; inlines
     both_ways = gate_directions.one_way(policy, 0.5, depart_from=1)

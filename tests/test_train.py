@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from mlgo.problems import get_problem
-from mlgo.problems.policy import MLPPolicy, Normalizer
+from mlgo.problems.normalizer import Normalizer
+from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.programs.tune import gated_candidates
 from mlgo.runtime.workers import LocalPool, make_workers
 from mlgo.ship.modelcard import model_card
@@ -52,7 +53,7 @@ def test_normalizer_is_monotone_and_bounded():
 def test_bc_reproduces_the_default_and_saves_a_policy(bc_run, mini_corpus, tc):
     run, data, policy, acc = bc_run
     assert acc["accuracy"] >= 0.95
-    loaded = MLPPolicy.load(run.policy_dir)
+    loaded = load_policy(run.policy_dir)
     assert np.array_equal(loaded.logits(data.x), policy.logits(data.x))
     ev = evaluate(loaded, mini_corpus, tc, LocalPool(2), PROBLEM)
     assert not ev.failed and abs(ev.totals()["delta"]) < 0.02
@@ -86,7 +87,7 @@ def test_es_moves_the_weights_and_keeps_the_best_evaluated_policy(
     assert state.step == 2 and state.compiles >= 2 * 2 * 3 * 2
     arrays = assert_saved_best_is_best_evaluated(run, policy)
     assert not np.allclose(arrays["theta"], policy.flat())  # two Adam steps moved it
-    assert np.array_equal(MLPPolicy.load(run.policy_dir).flat(), best.flat())
+    assert np.array_equal(load_policy(run.policy_dir).flat(), best.flat())
     # its model card retrains it from where it started, with the step size it used
     card = model_card(best, run.root)
     assert "mlgo train --algo es --init policies/start " in card and " --lr 0.005" in card
@@ -126,7 +127,7 @@ def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tm
     killed_at = json.loads((out / "state.json").read_text())["step"]
     assert 1 <= killed_at < 6
     # the killed run already holds its best policy so far, whole
-    assert MLPPolicy.load(out / "policy").flat().size == bc_policy.flat().size
+    assert load_policy(out / "policy").flat().size == bc_policy.flat().size
     r = run_mlgo(*args, timeout=600)
     assert r.returncode == 0, r.stderr
     state = json.loads((out / "state.json").read_text())
@@ -185,7 +186,7 @@ def test_calibration_keeps_the_smallest_safe_threshold_the_higher_of_equals():
 @pytest.mark.unit
 def test_tune_weighs_each_threshold_for_every_language_and_each_alone():
     """`mlgo tune`'s candidates: a failed threshold is none; C alone is a policy for C."""
-    policy = MLPPolicy.load(POLICIES / "inlining-size")
+    policy = load_policy(POLICIES / "inlining-size")
     alone = {"c": {"change": -0.02}, "c++": {"change": 0.01}}
     sweep = [
         {"threshold": 0.6, "change": -0.01, "failed": [], "by_language": alone},
@@ -204,16 +205,16 @@ def test_tune_weighs_each_threshold_for_every_language_and_each_alone():
 def test_calibrate_writes_a_gated_policy_no_package_grows_with(mini_corpus, tc, tmp_path):
     """An eager policy (shipped, pushed towards "inline") grows the package ungated; the
     calibrated one is written with its sweep, and re-evaluated grows no package."""
-    eager = MLPPolicy.load(POLICIES / "inlining-size")
+    eager = load_policy(POLICIES / "inlining-size")
     eager.weights[-1] = eager.weights[-1] + np.array([0.0, 6.0], np.float32)
-    eager.save(tmp_path / "eager")
+    save_policy(eager, tmp_path / "eager")
     args = ("calibrate", "--policy", str(tmp_path / "eager"), "--corpus", str(mini_corpus.root))
     r = run_mlgo(*args, "--out", str(tmp_path / "cal"), timeout=600)
     assert r.returncode == 0, r.stderr
     record = json.loads((tmp_path / "cal" / "calibration.json").read_text())
     assert [row["threshold"] for row in record["sweep"]] == list(GRID)
     assert record["sweep"][0]["packages_larger"] == ["minipkg"]
-    gated = MLPPolicy.load(tmp_path / "cal")
+    gated = load_policy(tmp_path / "cal")
     assert (gated.departure_threshold, gated.languages) == choose(record["sweep"])
     assert gated.departure_threshold == record["threshold"]
     assert ("never departs" in r.stderr) == (not record["safe"])
@@ -231,7 +232,7 @@ def test_calibrate_writes_a_gated_policy_no_package_grows_with(mini_corpus, tc, 
 
 def test_a_policy_for_another_language_leaves_every_module_to_the_default(mini_corpus, tc):
     """Evaluated as it is served: the C corpus's modules are the default's, none compiled."""
-    eager = MLPPolicy.load(POLICIES / "inlining-size")
+    eager = load_policy(POLICIES / "inlining-size")
     eager.weights[-1] = eager.weights[-1] + np.array([0.0, 6.0], np.float32)
     with closing(make_workers("local")) as pool:
         ev = evaluate(eager, mini_corpus, tc, pool, eager.problem)
@@ -247,8 +248,8 @@ def test_a_policy_for_another_language_leaves_every_module_to_the_default(mini_c
 
 @pytest.mark.unit
 def test_training_from_a_calibrated_policy_starts_without_its_gate(tmp_path):
-    gated = replace(MLPPolicy.load(POLICIES / "inlining-size"), departure_threshold=0.9)
-    gated.save(tmp_path / "gated")
+    gated = replace(load_policy(POLICIES / "inlining-size"), departure_threshold=0.9)
+    save_policy(gated, tmp_path / "gated")
     start = start_policy("es", tmp_path / "gated", PROBLEM)
     assert start is not None and start.departure_threshold is None
 
@@ -256,7 +257,7 @@ def test_training_from_a_calibrated_policy_starts_without_its_gate(tmp_path):
 @pytest.mark.unit
 def test_a_policy_that_is_not_one_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="not a policy"):
-        MLPPolicy.load(tmp_path)
+        load_policy(tmp_path)
 
 
 def test_saved_model_decides_like_the_policy_on_real_features(bc_run, tmp_path):

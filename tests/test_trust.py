@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mlgo.problems.policy import MLPPolicy, PolicyError
+from mlgo.problems.policy_files import PolicyError, load_policy
 from mlgo.runtime.csource import c_string
 from mlgo.runtime.trust import UntrustedPathError, path_problem, private_dir, trusted_dir
 from tests import test_security, test_service
@@ -162,7 +162,7 @@ def injected_policy(tmp_path: Path) -> Path:
 @pytest.mark.unit
 def test_a_feature_name_that_is_not_llvms_is_refused(injected_policy):
     with pytest.raises(PolicyError) as e:
-        MLPPolicy.load(injected_policy)
+        load_policy(injected_policy)
     message = str(e.value)
     assert "normalization.json" in message and "is not a inlining-size feature" in message
     assert "\n" not in message.replace("\\n", "")

@@ -28,7 +28,8 @@ from mlgo.llvm.log_format import (
 )
 from mlgo.packages.recipes import available_recipes, load_recipe
 from mlgo.problems import Derived, get_problem, problems
-from mlgo.problems.policy import MLPPolicy, Normalizer
+from mlgo.problems.normalizer import Normalizer
+from mlgo.problems.policy_files import load_policy
 from mlgo.problems.regalloc_eviction import VIRT_REG, spill_costs
 from mlgo.runtime.commands import BuildError
 from mlgo.serve.cc import opt_level
@@ -145,7 +146,7 @@ def test_inlining_trains_with_the_default_and_serves_without_it():
 
 def test_a_departure_gate_follows_the_default_unless_confident():
     """p(other) >= t, as one float32 logit margin: 0.5 is argmax, 1 is the default."""
-    policy = replace(MLPPolicy.load(POLICIES / "inlining-size"), departure_threshold=None)
+    policy = replace(load_policy(POLICIES / "inlining-size"), departure_threshold=None)
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 3, (2000, 2)).astype(np.float32)
     default = rng.integers(0, 2, 2000)
@@ -470,7 +471,7 @@ def test_a_policy_server_is_cached_per_policy_and_tensorflow_library_directory(m
     policy with other weights is another server."""
     from mlgo.ship import aot
 
-    policy = MLPPolicy.load(POLICIES / "inlining-size")
+    policy = load_policy(POLICIES / "inlining-size")
     monkeypatch.setattr(aot, "tf_version", lambda: "2.21.0")
     keys = []
     for lib in ("/venv-a/tensorflow", "/venv-b/tensorflow", "/venv-a/tensorflow"):

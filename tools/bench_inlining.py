@@ -24,6 +24,7 @@ from mlgo.corpus.format import load_corpus
 from mlgo.data import shipped_policy
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import LocalPool
 from mlgo.train.evaluate import Evaluation, evaluate
@@ -112,7 +113,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("data/bench/inlining.json"))
     args = ap.parse_args()
 
-    policy = MLPPolicy.load(args.policy)
+    policy = load_policy(args.policy)
     result = {
         "policy": str(args.policy),
         "train": corpus_figures(policy, args.train_corpus),

@@ -48,7 +48,7 @@ from mlgo.corpus.wrappers import build_env
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import load_recipe
 from mlgo.problems import get_problem
-from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from mlgo.programs.build import build_program, policy_service, pristine_source
 from mlgo.programs.compare import Variant, build_pair, variants
 from mlgo.programs.measure import (
@@ -165,7 +165,7 @@ def bench_program(
 
 
 def bench_heldout(corpus: Path, policy: Path, tc: Toolchain, out: Path) -> dict:
-    loaded = MLPPolicy.load(policy)
+    loaded = load_policy(policy)
     ev = evaluate(loaded, load_corpus(corpus), tc, LocalPool(), loaded.problem)
     ev.save(out)
     return heldout_figures(ev)

@@ -24,6 +24,7 @@ from rich.table import Table
 from mlgo.corpus.format import load_corpus
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.workers import make_workers
 from mlgo.train import policy_dir
 from mlgo.train.evaluate import evaluate
@@ -54,7 +55,7 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, required=True)
     ap.add_argument("--thresholds", default="0.5,0.8,0.9")
     args = ap.parse_args()
-    policy = MLPPolicy.load(policy_dir(args.policy))
+    policy = load_policy(policy_dir(args.policy))
     corpus = load_corpus(args.corpus).require_opt_level(policy.problem.opt_level)
     tc = find_toolchain()
     table = Table("departs", "threshold", "change", "packages larger")

@@ -29,7 +29,7 @@ from rich.table import Table
 from mlgo.corpus.format import Module, load_corpus
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems import get_problem
-from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Failed, LocalPool
 from mlgo.train.bcmax import SearchConfig, SearchResult, SearchTask, search_module
@@ -78,7 +78,7 @@ def main() -> None:
 
     policy_size: dict[str, float] = {}
     if args.policy:
-        ev = evaluate(MLPPolicy.load(args.policy), corpus, tc, workers, PROBLEM)
+        ev = evaluate(load_policy(args.policy), corpus, tc, workers, PROBLEM)
         policy_size = {name: r["text_size"] for name, r in ev.modules.items()}
     workers.close()
 

@@ -22,7 +22,7 @@ from elftools.elf.elffile import ELFFile
 from mlgo.corpus.compile import compile_module
 from mlgo.corpus.format import load_corpus
 from mlgo.llvm.toolchain import find_toolchain
-from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 
 BINDINGS = {"STB_WEAK": "weak", "STB_GLOBAL": "global", "STB_LOCAL": "local"}
 
@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--packages", default="", help="comma-separated (default: all)")
     ap.add_argument("--json", type=Path, help="write the per-module figures here")
     args = ap.parse_args()
-    policy = MLPPolicy.load(args.policy)
+    policy = load_policy(args.policy)
     corpus = load_corpus(args.corpus).select([p for p in args.packages.split(",") if p])
     clang = find_toolchain().clang
     totals: Counter[str] = Counter()

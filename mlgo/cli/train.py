@@ -24,6 +24,7 @@ from mlgo.errors import UsageError
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.options import non_negative, positive
 from mlgo.problems import get_problem
+from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.workers import make_workers
 
 
@@ -152,13 +153,12 @@ def eval_cmd(
 ) -> None:
     """Compile a corpus with a policy and with the default; per-module and total deltas.
     Exits 1 when any module failed (its total leaves it out), unless --allow-failures."""
-    from mlgo.problems.policy import MLPPolicy
     from mlgo.train import policy_dir
     from mlgo.train.evaluate import evaluate
 
     tc = find_toolchain(clang)
     pdir = policy_dir(policy)
-    loaded = MLPPolicy.load(pdir)
+    loaded = load_policy(pdir)
     chosen = selected(corpus, packages, loaded.problem)
     with closing(make_workers(workers)) as pool:
         ev = evaluate(loaded, chosen, tc, pool, loaded.problem)
@@ -192,13 +192,12 @@ def calibrate(
     shrinks it most with no package larger than clang's default (1: never depart); with C and
     C++ in the corpus, also for the policy answering one language alone."""
     from mlgo.llvm.languages import label
-    from mlgo.problems.policy import MLPPolicy
     from mlgo.train import policy_dir
     from mlgo.train.calibrate import calibrate_policy
 
     tc = find_toolchain(clang)
     pdir = policy_dir(policy)
-    chosen = selected(corpus, packages, MLPPolicy.load(pdir).problem)
+    chosen = selected(corpus, packages, load_policy(pdir).problem)
     with closing(make_workers(workers)) as pool:
         cal = calibrate_policy(pdir, chosen, tc, pool, out)
     table = Table("threshold", "answers", "change", "packages larger", title=f"{pdir} on {corpus}")

@@ -1,9 +1,7 @@
-"""A learned policy: per-feature quantile normalization and a small MLP over LLVM's features.
-
-Normalization follows MLGO's idea and is learned from the training traces: each raw
-feature value becomes its quantile q in [0, 1] among the values seen in training, given
-to the network as (q, sqrt q, q^2) so that both small and large values are resolved.
-The quantiles are stored with the policy, so a policy takes raw compiler features.
+"""A learned policy: a small MLP over LLVM's features, read through its normalizer
+(mlgo.problems.normalizer), that answers a problem's decisions; with a departure gate it
+follows the compiler's own answer unless confident, and it may answer some languages only.
+Its files are mlgo.problems.policy_files.
 
 Rollouts evaluate the policy in numpy (tens of microseconds a decision, no TensorFlow in
 the compile workers); trainers and the exported SavedModel use the same weights in TF.
@@ -13,111 +11,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import ClassVar
 
 import numpy as np
 
-from mlgo.errors import MlgoError, UsageError
-from mlgo.llvm.languages import LANGUAGES, label
+from mlgo.llvm.languages import label
 from mlgo.llvm.log_format import Observation
-from mlgo.problems import SELF, Derived, Problem, get_problem
+from mlgo.problems import Problem
+from mlgo.problems.normalizer import Normalizer
 from mlgo.records import Decisions
-from mlgo.runtime.files import atomic_path, atomic_write_text
 
-T = TypeVar("T")
-QUANTILES = 256
 # The logit of an answer a mask rules out: no sample reaches it, and no NaN either.
 MASKED = -1e9
-
-
-def with_own_columns(x: np.ndarray, names: Sequence[str], wanted: Sequence[str]) -> np.ndarray:
-    """[n, slots, len(names)] -> [n, slots, len(wanted)]; `wanted` may name SELF columns."""
-    index = {f: j for j, f in enumerate(names)}
-    columns = [
-        np.broadcast_to(x[:, -1:, index[w.removeprefix(SELF)]], x.shape[:2])
-        if w.startswith(SELF)
-        else x[:, :, index[w]]
-        for w in wanted
-    ]
-    return np.stack(columns, 2)
-
-
-@dataclass
-class Normalizer:
-    features: tuple[str, ...]  # LLVM's, in input order
-    quantiles: list[np.ndarray]  # per column (features, then derived): sorted boundaries
-    derived: tuple[Derived, ...] = ()
-
-    @classmethod
-    def fit(
-        cls,
-        features: Sequence[str],
-        values: np.ndarray,
-        derived: Sequence[Derived] = (),
-        n: int = QUANTILES,
-    ) -> Normalizer:
-        """values: [samples, features] raw feature values from the training traces.
-
-        Boundaries come from the finite values only: one +inf (LLVM gives an unspillable
-        live range infinite weight) would otherwise turn every boundary of its column into
-        NaN and the column into a constant. +inf and NaN still map to 1, -inf to 0."""
-        norm = cls(tuple(features), [], tuple(derived))
-        columns = norm.expand(values)
-        norm.quantiles = []
-        for j in range(columns.shape[1]):
-            finite = columns[np.isfinite(columns[:, j]), j]
-            q = np.quantile(finite, np.linspace(0, 1, n + 1)) if finite.size else np.zeros(1)
-            norm.quantiles.append(np.unique(q))
-        return norm
-
-    @property
-    def columns(self) -> int:
-        return len(self.features) + len(self.derived)
-
-    @property
-    def width(self) -> int:
-        return 3 * self.columns
-
-    def expand(self, values: np.ndarray) -> np.ndarray:
-        """[n, features] -> [n, features + derived]."""
-        values = np.atleast_2d(values).astype(np.float64)
-        index = {f: j for j, f in enumerate(self.features)}
-        extra = []
-        for d in self.derived:
-            left, right = values[:, index[d.left]], values[:, index[d.right]]
-            extra.append(left - right if d.op == "-" else (left < right).astype(np.float64))
-        return np.concatenate([values, np.stack(extra, 1)], 1) if extra else values
-
-    def transform(self, values: np.ndarray) -> np.ndarray:
-        """[n, features] raw -> [n, 3 * columns] float32: (q, sqrt q, q^2) per column."""
-        columns = self.expand(values)
-        out = np.empty((columns.shape[0], self.width), np.float32)
-        c = self.columns
-        for j, q in enumerate(self.quantiles):
-            frac = np.searchsorted(q, columns[:, j], side="right") / max(len(q), 1)
-            out[:, j] = frac
-            out[:, c + j] = np.sqrt(frac)
-            out[:, 2 * c + j] = frac * frac
-        return out
-
-    def to_json(self) -> dict:
-        return {
-            "features": list(self.features),
-            "derived": [[d.name, d.left, d.op, d.right] for d in self.derived],
-            "quantiles": [q.tolist() for q in self.quantiles],
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> Normalizer:
-        return cls(
-            tuple(d["features"]),
-            [np.asarray(q, np.float64) for q in d["quantiles"]],
-            tuple(Derived(*x) for x in d.get("derived", [])),
-        )
 
 
 @dataclass
@@ -292,131 +199,9 @@ class MLPPolicy:
             h.update(f"{w.dtype}{w.shape}".encode() + np.ascontiguousarray(w).tobytes())
         return h.hexdigest()
 
-    # -- storage -----------------------------------------------------------------------
-    def save(self, directory: Path) -> None:
-        """policy.npz + normalization.json + policy.json, each written atomically."""
-        directory.mkdir(parents=True, exist_ok=True)
-        with atomic_path(directory / "policy.npz") as tmp, open(tmp, "wb") as f:
-            np.savez(f, *self.weights)
-        atomic_write_text(directory / "normalization.json", json.dumps(self.normalizer.to_json()))
-        meta = {
-            "problem": self.problem.name,
-            "kind": self.kind,
-            "layers": [list(w.shape) for w in self.weights[::2]],
-        }
-        if self.departure_threshold is not None:
-            meta["departure_threshold"] = self.departure_threshold
-        if self.languages is not None:
-            meta["languages"] = list(self.languages)
-        atomic_write_text(directory / "policy.json", json.dumps(meta, indent=1))
-
-    @classmethod
-    def load(cls, directory: Path) -> MLPPolicy:
-        """The policy of the problem policy.json names, in that problem's policy class,
-        checked whole (see `check`): a truncated, corrupt or diverged policy is one line
-        naming its file, never a traceback or a served NaN."""
-        meta = _read(directory / "policy.json", lambda p: json.loads(p.read_text()))
-        norm = _read(
-            directory / "normalization.json",
-            lambda p: Normalizer.from_json(json.loads(p.read_text())),
-        )
-        weights = _read(directory / "policy.npz", _read_weights)
-        where = directory / "policy.json"
-        try:
-            problem = get_problem(meta["problem"])
-        except (KeyError, TypeError, UsageError) as e:
-            raise PolicyError(f"{where}: not a policy ({e})") from e
-        kind = policy_class(problem)
-        if meta.get("kind", "mlp") != kind.kind:
-            raise PolicyError(f"{where}: a {meta.get('kind', 'mlp')} policy for {problem.name}")
-        languages = meta.get("languages")
-        if languages is not None:
-            if not isinstance(languages, list) or not all(x in LANGUAGES for x in languages):
-                raise PolicyError(f"{where}: languages {languages!r} are not some of {LANGUAGES}")
-            if not languages:
-                raise PolicyError(f"{where}: languages is empty: the policy would answer nothing")
-            languages = tuple(x for x in LANGUAGES if x in languages)
-        policy = kind(
-            problem,
-            norm,
-            weights,
-            departure_threshold=meta.get("departure_threshold"),
-            languages=languages,
-        )
-        policy.check(directory)
-        return policy
-
-    def check(self, directory: Path) -> None:
-        """Raises a PolicyError naming the file in DIRECTORY that does not hold up: a
-        feature that is not one of the problem's (names reach generated code), layers
-        that do not chain from the normalizer's width, weights that are not all finite,
-        boundaries the normalizer cannot search (NaN may only trail: an old policy keeps
-        its NaN boundaries and both numpy and the exported graph count them exactly), a
-        departure threshold outside [0.5, 1] or where there is no default to gate on."""
-        npz, norm = directory / "policy.npz", directory / "normalization.json"
-        t = self.departure_threshold
-        if t is not None:
-            meta = directory / "policy.json"
-            if isinstance(t, bool) or not isinstance(t, int | float) or not 0.5 <= t <= 1:
-                raise PolicyError(f"{meta}: departure_threshold {t!r} is not in [0.5, 1]")
-            if not self.can_gate:
-                raise PolicyError(f"{meta}: {self.problem.name} has no default to gate on")
-        n = self.normalizer
-        if len(set(n.features)) != len(n.features):
-            raise PolicyError(f"{norm}: a feature is listed twice")
-        known = self.problem.input_names
-        for name in n.features:
-            if name not in known:
-                raise PolicyError(f"{norm}: {name!r} is not a {self.problem.name} feature")
-        for d in n.derived:
-            if not (isinstance(d.name, str) and d.name.isidentifier() and d.name.isascii()):
-                raise PolicyError(f"{norm}: derived feature name {d.name!r} is not a plain name")
-            if not {d.left, d.right} <= set(n.features):
-                raise PolicyError(f"{norm}: derived {d.name} uses an unknown feature")
-        if len(n.quantiles) != n.columns:
-            raise PolicyError(f"{norm}: {len(n.quantiles)} boundary lists for {n.columns} columns")
-        for j, q in enumerate(n.quantiles):
-            finite = q[~np.isnan(q)]
-            if q.ndim != 1 or not q.size or np.isnan(q[: finite.size]).any():
-                raise PolicyError(f"{norm}: column {j} boundaries are empty or not a list")
-            if (np.diff(finite) < 0).any():
-                raise PolicyError(f"{norm}: column {j} boundaries are not sorted")
-        if not self.weights or len(self.weights) % 2:
-            raise PolicyError(f"{npz}: {len(self.weights)} arrays, not weight and bias pairs")
-        width = n.width
-        for i, (w, b) in enumerate(zip(self.weights[::2], self.weights[1::2], strict=True)):
-            if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
-                raise PolicyError(
-                    f"{npz}: layer {i} is {w.shape} + {b.shape}, expected ({width}, k) + (k,)"
-                )
-            if not (np.isfinite(w).all() and np.isfinite(b).all()):
-                raise PolicyError(f"{npz}: layer {i} holds NaN or infinite weights")
-            width = w.shape[1]
-
 
 def policy_class(problem: Problem) -> type[MLPPolicy]:
     """The network that decides PROBLEM, by the kind it names: MLPPolicy, or the subclass
     that defines that kind in the problem's own module (imported with the problem)."""
     shapes = {c.kind: c for c in MLPPolicy.__subclasses__() if "kind" in vars(c)}
     return {**shapes, MLPPolicy.kind: MLPPolicy}[problem.policy_kind]
-
-
-class PolicyError(MlgoError, ValueError):
-    """A policy on disk does not hold up; the message is one line naming the file."""
-
-
-def _read(path: Path, parse: Callable[[Path], T]) -> T:
-    try:
-        return parse(path)
-    except FileNotFoundError as e:
-        raise PolicyError(f"{path}: missing (not a policy directory)") from e
-    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
-        raise PolicyError(f"{path}: not a policy ({type(e).__name__}: {e})") from e
-
-
-def _read_weights(path: Path) -> list[np.ndarray]:
-    with np.load(path) as z:
-        weights = [z[f"arr_{i}"] for i in range(len(z.files))]
-    if not all(np.issubdtype(w.dtype, np.floating) for w in weights):
-        raise ValueError("weights are not floating point")
-    return weights

@@ -19,7 +19,8 @@ import numpy as np
 from mlgo.llvm.log_format import Observation
 from mlgo.llvm.sizes import text_size
 from mlgo.problems import SELF, Derived, Problem
-from mlgo.problems.policy import MASKED, MLPPolicy, Normalizer, with_own_columns
+from mlgo.problems.normalizer import Normalizer, with_own_columns
+from mlgo.problems.policy import MASKED, MLPPolicy
 from mlgo.records import Decisions
 
 # MLRegallocEvictAdvisor.cpp's per-candidate features, each [1, 33], then `progress` [1].

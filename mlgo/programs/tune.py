@@ -44,6 +44,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.build import run_tests
 from mlgo.packages.recipes import Recipe
 from mlgo.problems import Problem, get_problem
+from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.programs.build import ProgramBuild, level_flags, policy_service
 from mlgo.programs.compare import build_pair, variants
 from mlgo.programs.measure import check_repeatable, recipe_throughput
@@ -151,14 +152,13 @@ def choose_policy(
     threshold of GATES (each language alone too: `gated_candidates`). The earliest of equals
     wins, so a policy that does not beat the default on the code it will build is not
     served. Returns it and what training did."""
-    from mlgo.problems.policy import MLPPolicy
     from mlgo.train import RunState, policy_dir
     from mlgo.train.calibrate import NEVER, calibrate
     from mlgo.train.evaluate import evaluate
     from mlgo.train.run import TrainOptions, run
 
     corpus = load_corpus(corpus_dir).require_opt_level(problem.opt_level)
-    first = MLPPolicy.load(policy_dir(start))
+    first = load_policy(policy_dir(start))
     candidates: dict[str, tuple[MLPPolicy, float]] = {}
     if first.can_gate:  # the default's own decisions: no change, by definition
         candidates["default"] = (replace(first, departure_threshold=NEVER), 0.0)
@@ -178,7 +178,7 @@ def choose_policy(
                 sweep = calibrate(trained.policy, corpus, tc, pool, GATES).sweep
                 candidates.update(gated_candidates(trained.policy, sweep))
     chosen = min(candidates, key=lambda name: candidates[name][1])
-    candidates[chosen][0].save(out / "chosen")
+    save_policy(candidates[chosen][0], out / "chosen")
     change = {name: 100 * c for name, (_, c) in candidates.items()}
     training = {
         "algorithm": algo,
@@ -344,7 +344,6 @@ def tune(
 ) -> dict:
     """The loop of the module doc on the project RECIPE describes, whose source is SOURCE;
     writes and returns OUT/report.json."""
-    from mlgo.problems.policy import MLPPolicy
     from mlgo.traces.collect import collect
     from mlgo.train import policy_dir
 
@@ -354,7 +353,7 @@ def tune(
         raise BuildError(f"--out {out}: is the source directory; choose another")
     problem = get_problem(opts.problem)
     start = (opts.policy or shipped_policy(problem.name)).resolve()
-    if MLPPolicy.load(policy_dir(start)).problem is not problem:
+    if load_policy(policy_dir(start)).problem is not problem:
         raise BuildError(f"--policy {start}: not a {problem.name} policy")
     args = {
         **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()},

@@ -34,6 +34,7 @@ from mlgo.errors import UsageError
 from mlgo.llvm.languages import label
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from mlgo.serve.backends import (
     Backend,
     ChannelBackend,
@@ -118,7 +119,7 @@ class Service:
             raise UsageError("two policies for the same problem; serve one per problem")
 
     def _load(self, directory: Path, backend: str) -> ServedPolicy:
-        policy = MLPPolicy.load(directory)  # checked whole before any backend builds from it
+        policy = load_policy(directory)  # checked whole before any backend builds from it
         problem = policy.problem
         if backend in ("auto", "plugin"):
             if problem.plugin:

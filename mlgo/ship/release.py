@@ -6,7 +6,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.files import atomic_write_text, output_dir
 from mlgo.train import policy_dir
 
@@ -29,7 +29,7 @@ def release(policy: Path, out: Path, aot: bool = True) -> Release:
     from mlgo.ship.modelcard import model_card
 
     pdir = policy_dir(policy)
-    loaded = MLPPolicy.load(pdir)
+    loaded = load_policy(pdir)
     with output_dir(out):
         saved = export_saved_model(loaded, out)
         for name in ("policy.npz", "normalization.json", "policy.json"):

@@ -21,6 +21,7 @@ from mlgo.corpus.format import Corpus
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy, policy_class
+from mlgo.problems.policy_files import save_policy
 from mlgo.records import Decisions
 from mlgo.runtime.workers import Workers
 from mlgo.train import Adam, Outcome, RunDir, RunState
@@ -120,7 +121,7 @@ def train_bc(
                 completed=state.step,
                 description=f"behavioral cloning (acc {metrics['accuracy']:.4f})",
             )
-    policy.save(run.policy_dir)
+    save_policy(policy, run.policy_dir)
     return policy, accuracy(policy, data.x, data.default)
 
 

@@ -20,6 +20,7 @@ from mlgo.corpus.format import Corpus
 from mlgo.errors import UsageError
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.workers import Workers
 from mlgo.train.evaluate import Evaluation, evaluate
@@ -110,13 +111,13 @@ def calibrate_policy(
         and not (out / "policy.json").exists()
     ):
         raise UsageError(f"--out {out} exists and is not a policy directory")
-    policy = MLPPolicy.load(source)
+    policy = load_policy(source)
     calibration = calibrate(policy, corpus, tc, workers)
     with atomic_directory(out) as staging:
         calibrated = replace(
             policy, departure_threshold=calibration.threshold, languages=calibration.languages
         )
-        calibrated.save(staging)
+        save_policy(calibrated, staging)
         record = {
             "source": str(source),
             "corpus": str(corpus.root),

@@ -25,6 +25,7 @@ from mlgo.corpus.format import Corpus
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import save_policy
 from mlgo.runtime.workers import Workers
 from mlgo.train import Outcome, RunDir, RunState
 
@@ -187,7 +188,7 @@ class Session:
             self._book_time()
             self.checkpoint()
         policy = self.init.with_flat(self.best)
-        policy.save(self.run_dir.policy_dir)
+        save_policy(policy, self.run_dir.policy_dir)
         return Outcome(policy, state=self.state)
 
     def _start(self) -> None:
@@ -202,7 +203,7 @@ class Session:
         self.state.extra["config"] = asdict(trainer.config)
         init_reward = trainer.start(self, init, arrays)
         if saved is None:  # the start is the best policy until one beats it
-            init.save(self.run_dir.policy_dir)
+            save_policy(init, self.run_dir.policy_dir)
         if init_reward is not None:
             self._keep(Candidate(init, init_reward))
 
@@ -214,7 +215,7 @@ class Session:
         if candidate.reward > extra["best_reward"]:
             extra["best_reward"] = candidate.reward
             self.best = candidate.policy.flat()
-            candidate.policy.save(self.run_dir.policy_dir)
+            save_policy(candidate.policy, self.run_dir.policy_dir)
 
     def _book_time(self) -> None:
         now = time.monotonic()

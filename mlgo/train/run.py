@@ -13,6 +13,7 @@ from mlgo.errors import UsageError
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.files import output_dir
 from mlgo.runtime.workers import Workers
 from mlgo.train import Outcome, RunDir, policy_dir
@@ -63,7 +64,7 @@ def start_policy(algo: str, init: Path | None, problem: Problem) -> MLPPolicy | 
     if trainer.uses_start:
         if init is None:
             raise UsageError(f"--algo {algo} needs --init (a BC run) as its starting point")
-        start = MLPPolicy.load(policy_dir(init))
+        start = load_policy(policy_dir(init))
         if start.problem is not problem:
             raise UsageError(f"--init {init} is a {start.problem.name} policy, not {problem.name}")
         # A calibrated gate (and the languages it holds for) fits the weights it was
