@@ -35,6 +35,7 @@ from tools import (
     eval_by_language,
     gate_directions,
     headroom_inlining,
+    headroom_lto,
     linked_estimate,
     size_by_linkage,
 )
@@ -206,6 +207,29 @@ def test_headroom_tool_sums_search_and_policy_per_package():
         "zlib": {"default": 150.0, "search": 140.0, "policy": 150.0, "moves": 3},
         "lua": {"default": 10.0, "search": 10.0, "policy": 12.0, "moves": 0},
     }
+
+
+@pytest.mark.unit
+def test_lto_headroom_row_sets_each_search_beside_its_own_baseline():
+    search = {"default": 1000.0, "search": 980.0, "policy": 1000.0, "moves": 3, "compiles": 50}
+    row = {
+        "recipe": "lua",
+        "per_file_text": 2000,
+        "lto_text": 1980,
+        "lto_objects_text": 1001,
+        "link_search": search,
+        "file_search": dict(search, search=990.0, compiles=48),
+        "tests": {"per-file": "passed", "lto": "passed"},
+    }
+    cells = [c._cells for c in headroom_lto.table([row]).columns]
+    assert [c[0] for c in cells] == [
+        "lua",
+        "2,000",
+        "1,980 (-1.00%)",
+        "1,000 (lto.o 1,001)",
+        "-2.00% (50 compiles)",
+        "-1.00% (48 compiles)",
+    ]
 
 
 @pytest.mark.unit
