@@ -58,6 +58,13 @@ def plain_object(src: Path, out: Path, compiler: str = "clang-22") -> bytes:
     return out.read_bytes()
 
 
+def canary_and_plain(tmp_path: Path) -> tuple[Path, bytes]:
+    """The canary source in TMP_PATH, and the object plain clang makes of it."""
+    src = tmp_path / "canary.c"
+    src.write_text(CANARY)
+    return src, plain_object(src, tmp_path / "plain.o")
+
+
 def assert_plain_compile(r: subprocess.CompletedProcess, out: Path, plain: bytes, why: str):
     """One warning naming WHY, and the object plain clang writes, byte for byte."""
     assert r.returncode == 0, r.stderr
@@ -92,9 +99,7 @@ def test_a_plugin_another_user_could_have_planted_never_runs(
         cache.chmod(0o777)
     elif setup == "their plugin":
         os.chown(plugin_dir / PLUGIN, NOBODY, NOBODY)
-    src = tmp_path / "canary.c"
-    src.write_text(CANARY)
-    plain = plain_object(src, tmp_path / "plain.o")
+    src, plain = canary_and_plain(tmp_path)
     env, fake = lease_env(tmp_path, [f"-fpass-plugin={plugin_dir / PLUGIN}"], cache)
     try:
         out = tmp_path / "canary.o"
@@ -114,9 +119,7 @@ def test_a_shared_cache_is_refused_before_anything_is_built_in_it(tmp_path):
     cache = tmp_path / "shared"
     cache.mkdir()
     cache.chmod(0o777)
-    src = tmp_path / "canary.c"
-    src.write_text(CANARY)
-    plain = plain_object(src, tmp_path / "plain.o")
+    src, plain = canary_and_plain(tmp_path)
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
     env = dict(os.environ, MLGO_CACHE=str(cache), XDG_RUNTIME_DIR=str(runtime))
@@ -176,9 +179,7 @@ def test_a_string_written_into_generated_source_cannot_end_its_literal():
 
 def test_an_injected_policy_is_one_line_and_loses_no_compile(cc, injected_policy, tmp_path):
     one_line_error(mlgo("serve", "--policy", str(injected_policy)), "normalization.json")
-    src = tmp_path / "canary.c"
-    src.write_text(CANARY)
-    plain = plain_object(src, tmp_path / "plain.o")
+    src, plain = canary_and_plain(tmp_path)
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
     env = dict(os.environ, MLGO_POLICY=str(injected_policy), XDG_RUNTIME_DIR=str(runtime))
@@ -198,9 +199,7 @@ def test_a_plugin_that_does_not_load_loses_no_compile(broken, cc, tmp_path):
     real = planted_plugin(tmp_path / "whole.so", tmp_path / "mark")
     data = real.read_bytes()
     (plugin_dir / PLUGIN).write_bytes(data[: len(data) // 3] if broken == "truncated" else b"x")
-    src = tmp_path / "canary.c"
-    src.write_text(CANARY)
-    plain = plain_object(src, tmp_path / "plain.o")
+    src, plain = canary_and_plain(tmp_path)
     env, fake = lease_env(tmp_path, [f"-fpass-plugin={plugin_dir / PLUGIN}"], cache)
     try:
         out = tmp_path / "canary.o"

@@ -80,8 +80,11 @@ def change(after: float, before: float) -> str:
     return f"{100 * (after / before - 1):+.2f}%"
 
 
-def measure(recipe: Recipe, tc: Toolchain, work: Path, budget: int) -> dict[str, object]:
-    """Every figure of RECIPE's row (see the module doc)."""
+def measure(
+    recipe: Recipe, tc: Toolchain, work: Path, budget: int, link_budget: int = 0
+) -> dict[str, object]:
+    """Every figure of RECIPE's row (see the module doc); LINK_BUDGET compiles per merged
+    module, if given, instead of as many in all as the per-file search took."""
     pristine = pristine_source(recipe, work / "source")
     compilers = plain_compilers(tc)
     per_file = build_program(recipe, pristine, work / "per-file", tc, "per-file", compilers)
@@ -96,7 +99,7 @@ def measure(recipe: Recipe, tc: Toolchain, work: Path, budget: int) -> dict[str,
     in_files = search(files, budget, work / "headroom-files.json")
     # The same number of compiles at the link as per file: a merged module has the
     # decisions of every file in it, so a per-module budget alone would starve it.
-    link_budget = max(budget, in_files["compiles"] // len(recipe.programs))
+    link_budget = link_budget or max(budget, in_files["compiles"] // len(recipe.programs))
     at_link = search(merged, link_budget, work / "headroom-link.json")
     return {
         "recipe": recipe.name,
@@ -138,10 +141,19 @@ def main() -> None:
     ap.add_argument("recipes", nargs="+")
     ap.add_argument("--work", type=Path, default=Path("data/lto"))
     ap.add_argument("--budget", type=int, default=24, help="compiles per module per search")
+    ap.add_argument(
+        "--link-budget",
+        type=int,
+        default=0,
+        help="compiles per merged module (default: as many in all as the per-file search took)",
+    )
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
     tc = find_toolchain()
-    rows = [measure(load_recipe(r), tc, args.work / r, args.budget) for r in args.recipes]
+    rows = [
+        measure(load_recipe(r), tc, args.work / r, args.budget, args.link_budget)
+        for r in args.recipes
+    ]
     Console().print(table(rows))
     if args.json:
         atomic_write_text(args.json, json.dumps(rows, indent=1))

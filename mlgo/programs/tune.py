@@ -31,8 +31,8 @@ import json
 import shlex
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, closing
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,7 +51,7 @@ from mlgo.programs.measure import check_repeatable, recipe_throughput
 from mlgo.programs.report import program_report, write_report
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_directory, atomic_write_text
-from mlgo.runtime.messages import copy_error, names_no_file, reworded
+from mlgo.runtime.messages import copy_error, naming
 from mlgo.runtime.workers import make_workers
 
 if TYPE_CHECKING:
@@ -321,17 +321,11 @@ def rehearse(recipe: Recipe, out: Path) -> None:
     shutil.rmtree(scratch.parent, ignore_errors=True)
 
 
-@contextmanager
-def _stage(name: str, where: Path) -> Iterator[None]:
+def _stage(name: str, where: Path) -> AbstractContextManager[None]:
     """An OSError of stage NAME that names no file, as a write to a full disk raises it
     (`[Errno 28] No space left on device`) from whichever library wrote, names the stage
     and WHERE it writes; the atomic writes name their own file."""
-    try:
-        yield
-    except OSError as e:
-        if names_no_file(e):
-            raise reworded(e, f"tune's {name} stage, in {where}: {e.strerror}") from e
-        raise
+    return naming(f"tune's {name} stage, in {where}")
 
 
 def tune(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 # A line naming an error as such: a compiler's "a.c:3:5: error: ...", "clang: error: ...",
@@ -68,14 +68,20 @@ def names_no_file(e: OSError) -> bool:
 
 
 @contextmanager
-def writing(target: str | Path) -> Iterator[None]:
-    """Inside, an OSError that names no file becomes `cannot write TARGET: <reason>`."""
+def naming(what: str) -> Iterator[None]:
+    """Inside, an OSError that names no file (as a write to a full disk raises it from
+    whichever library wrote) becomes `WHAT: <reason>`, its errno kept."""
     try:
         yield
     except OSError as e:
         if names_no_file(e):
-            raise reworded(e, f"cannot write {target}: {e.strerror}") from e
+            raise reworded(e, f"{what}: {e.strerror}") from e
         raise
+
+
+def writing(target: str | Path) -> AbstractContextManager[None]:
+    """Inside, an OSError that names no file becomes `cannot write TARGET: <reason>`."""
+    return naming(f"cannot write {target}")
 
 
 def copy_error(e: shutil.Error, where: Callable[[str], str] = str) -> OSError:
