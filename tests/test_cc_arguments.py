@@ -20,6 +20,7 @@ from mlgo.serve.cc import (
     build_native_wrapper,
     compile_language,
     expand_response_files,
+    lto_link,
     opt_level,
     optimizes,
     run,
@@ -132,7 +133,7 @@ def test_the_compiler_gets_the_users_arguments(cwd: Path, monkeypatch: pytest.Mo
 
     leases: list[tuple[str, str | None]] = []
 
-    def lease(level: str, language: str | None) -> tuple[None, list[str], None, None]:
+    def lease(level: str, language: str | None, stage: str) -> tuple[None, list[str], None, None]:
         leases.append((level, language))
         return None, [], None, None  # no policy serves it: the compiler as is
 
@@ -174,6 +175,9 @@ COMMAND_LINES = [
     (["-Oz", "-x", "c", "f.txt", "-x", "none", "g.txt"], True),
     (["-Oz", "-x", "none", "-c", "f.txt"], False),
     (["-Oz", "-c", "f.txt"], False),
+    (["-Oz", "-flto", "a.o", "b.o", "-o", "prog"], True),  # a link-time policy may answer
+    (["-Oz", "-flto=thin", "a.o", "-fno-lto", "-o", "prog"], False),
+    (["-Oz", "-flto", "-c", "x.c"], False),
 ]
 
 
@@ -184,7 +188,7 @@ def test_the_native_wrapper_hands_python_what_it_reads_otherwise(cwd: Path) -> N
     (cwd / "args.rsp").write_text("-c x.c")
     for args, hands_over in COMMAND_LINES:
         seen = expand_response_files(args)
-        python_reads_otherwise = seen != args or bool(typed_sources(seen))
+        python_reads_otherwise = seen != args or bool(typed_sources(seen)) or lto_link(seen)
         assert hands_over or not python_reads_otherwise, args
         r = subprocess.run([checker, "python", *args], capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout == f"{int(hands_over)}\n", (args, r.stdout)

@@ -47,8 +47,10 @@ def test_a_module_is_compiled_only_at_the_level_it_was_recorded_at(
     with pytest.raises(CorpusError, match=r"minipkg/\S+: recorded at -Oz, needed at -O2; build"):
         oz.compile_command("clang-22", tmp_path / "x.o", "-O2")
     with pytest.raises(CorpusError, match="recorded at -O2, needed at -Oz; build it with"):
-        mini_corpus_o2.require_opt_level("-Oz")
-    assert mini_corpus.require_opt_level("-Oz") is mini_corpus
+        mini_corpus_o2.require(get_problem("inlining-size"))
+    assert mini_corpus.require(get_problem("inlining-size")) is mini_corpus
+    with pytest.raises(CorpusError, match="a corpus of the compile step, and inlining-size-link"):
+        mini_corpus.require(get_problem("inlining-size-link"))
 
 
 def _disassembled(tc, bitcode) -> bytes:

@@ -125,10 +125,14 @@ def test_a_constant_feature_normalizes_to_a_step():
 # --- problem declarations ----------------------------------------------------------------
 
 
-def test_the_registry_knows_both_problems_and_names_them_when_asked_for_another():
-    assert [p.name for p in problems()] == ["inlining-size", "regalloc-eviction"]
-    with pytest.raises(UsageError, match="known: inlining-size, regalloc-eviction"):
+def test_the_registry_knows_every_problem_and_names_them_when_asked_for_another():
+    names = ["inlining-size", "inlining-size-link", "regalloc-eviction"]
+    assert [p.name for p in problems()] == names
+    with pytest.raises(UsageError, match=f"known: {', '.join(names)}"):
         get_problem("loop-unroll")
+    assert [p.stage for p in problems()] == ["compile", "link", "compile"]
+    link = get_problem("inlining-size-link")
+    assert link.flags_for_serving("/b") == INLINING.flags_for_serving("/b")
 
 
 def test_inlining_trains_with_the_default_and_serves_without_it():

@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--thresholds", default="0.5,0.8,0.9")
     args = ap.parse_args()
     policy = load_policy(policy_dir(args.policy))
-    corpus = load_corpus(args.corpus).require_opt_level(policy.problem.opt_level)
+    corpus = load_corpus(args.corpus).require(policy.problem)
     tc = find_toolchain()
     table = Table("departs", "threshold", "change", "packages larger")
     with closing(make_workers("local")) as pool:

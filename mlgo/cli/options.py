@@ -37,7 +37,7 @@ def selected(corpus: Path, packages: str, problem: Problem) -> Corpus:
     """The corpus at CORPUS, restricted to the comma-separated PACKAGES if any are named,
     recorded at the level PROBLEM compiles at."""
     chosen = load_corpus(corpus).select([p for p in packages.split(",") if p])
-    return chosen.require_opt_level(problem.opt_level)
+    return chosen.require(problem)
 
 
 def kib(n: float) -> str:

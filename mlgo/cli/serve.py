@@ -48,9 +48,10 @@ def status(socket: SocketOpt = None) -> None:
     table = Table("", "", title=f"mlgo service (pid {s['pid']}, up {s['uptime_s']:.0f} s)")
     for key in ("active_leases", "compilations", "decisions", "failed_compilations"):
         table.add_row(key.replace("_", " "), f"{s[key]:,}")
-    for level, n in sorted(s.get("levels", {}).items()):
-        served = f"{n['served']:,} served, {n['default']:,} left to clang's default"
-        table.add_row(f"{level} compiles", served)
+    for what, key in (("compiles", "levels"), ("links (full LTO)", "links")):
+        for level, n in sorted(s.get(key, {}).items()):
+            served = f"{n['served']:,} served, {n['default']:,} left to clang's default"
+            table.add_row(f"{level} {what}", served)
     for p in s["policies"]:
         lat = p["latency"]
         pct = ", ".join(f"{k[:-3]} {v:.1f} µs" for k, v in lat.items()) if lat else "no decisions"
@@ -96,12 +97,16 @@ def flags(
     language: Annotated[
         str, typer.Option(help="the language of the compiles: c (CFLAGS) or c++ (CXXFLAGS)")
     ] = "c",
+    link: Annotated[
+        bool, typer.Option(help="for a full-LTO link by lld (-flto -fuse-ld=lld): LDFLAGS")
+    ] = False,
     socket: SocketOpt = None,
 ) -> None:
     """Print the flags that bring the served policies to your own clang command, each by its
     fastest route (the plugin; a channel, for one compilation, where a problem has none);
-    nothing when CFLAGS select a level (or --language one) no policy serves. Starts the
-    service (as mlgo-cc would) when none is running."""
+    with --link, those for the link of a full-LTO build, which only link-time policies
+    answer. Nothing when CFLAGS select a level (or --language one) no policy serves. Starts
+    the service (as mlgo-cc would) when none is running."""
     from mlgo.llvm.languages import LANGUAGES
     from mlgo.serve.cc import flags_by_hand
     from mlgo.serve.client import socket_path
@@ -109,7 +114,8 @@ def flags(
     if language not in LANGUAGES:
         raise UsageError(f"--language {language!r} is not one of {', '.join(LANGUAGES)}")
     path = socket or socket_path()
-    found, note = flags_by_hand(path, socket is None, problem, cflags or [], language)
+    stage = "link" if link else "compile"
+    found, note = flags_by_hand(path, socket is None, problem, cflags or [], language, stage)
     if note:
         err.print(f"mlgo: note: {note}", highlight=False)
     if found:

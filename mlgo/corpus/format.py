@@ -2,7 +2,8 @@
 
 The on-disk layout is ml-compiler-opt's, so corpora move freely between the two tools:
 `corpus_description.json` = {"has_thinlto": false, "modules": [NAME, ...]} (optionally
-"global_command_override"), and per module `NAME.bc` plus `NAME.cmd`, the cc1 arguments
+"global_command_override", and mlgo's "stage": "link" for the merged modules of full-LTO
+links, `mlgo.problems.STAGES`), and per module `NAME.bc` plus `NAME.cmd`, the cc1 arguments
 separated by NUL bytes, as LLVM's extract_ir writes them. A module's package is the first
 component of its name (`zstd/lib/compress/zstd_compress`), which is how results are grouped
 and how training and held-out sets are split.
@@ -15,9 +16,14 @@ import re
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlgo.errors import MlgoError
 from mlgo.llvm.languages import suffix_language
+from mlgo.problems import STAGES
+
+if TYPE_CHECKING:
+    from mlgo.problems import Problem
 
 DESCRIPTION = "corpus_description.json"
 
@@ -115,6 +121,7 @@ class Module:
 class Corpus:
     root: Path
     modules: tuple[Module, ...]
+    stage: str = "compile"  # the step of the build its modules are from (problems.STAGES)
 
     def packages(self) -> dict[str, list[Module]]:
         out: dict[str, list[Module]] = {}
@@ -128,16 +135,23 @@ class Corpus:
         unknown = set(packages) - set(self.packages())
         if unknown:
             raise CorpusError(f"{self.root}: no package(s) {', '.join(sorted(unknown))} in corpus")
-        return Corpus(self.root, tuple(m for m in self.modules if m.package in packages))
+        chosen = tuple(m for m in self.modules if m.package in packages)
+        return replace(self, modules=chosen)
 
-    def require_opt_level(self, opt_level: str) -> Corpus:
-        """This corpus, if every module was recorded at OPT_LEVEL; else one CorpusError up
-        front, instead of one failed compile per module."""
-        other = sorted({m.opt_level for m in self.modules} - {opt_level})
+    def require(self, problem: Problem) -> Corpus:
+        """This corpus, if it is from PROBLEM's stage and every module was recorded at its
+        level; else one CorpusError up front, instead of one failed compile per module."""
+        if self.stage != problem.stage:
+            how = "mlgo corpus record --lto full" if problem.stage == "link" else "a build"
+            raise CorpusError(
+                f"{self.root}: a corpus of the {self.stage} step, and {problem.name} decides "
+                f"at the {problem.stage} step; record one with `{how}`"
+            )
+        other = sorted({m.opt_level for m in self.modules} - {problem.opt_level})
         if other:
             raise CorpusError(
-                f"{self.root}: recorded at {', '.join(other)}, needed at {opt_level}; "
-                f"build it with `mlgo corpus build --opt-level {opt_level}`"
+                f"{self.root}: recorded at {', '.join(other)}, needed at {problem.opt_level}; "
+                f"build it with `mlgo corpus build --opt-level {problem.opt_level}`"
             )
         return self
 
@@ -185,6 +199,9 @@ def load_corpus(root: str | Path) -> Corpus:
         seen.add(name)
     if desc.get("has_thinlto"):
         raise CorpusError(f"{desc_path}: ThinLTO corpora are not supported yet")
+    stage = desc.get("stage", "compile")
+    if stage not in STAGES:
+        raise CorpusError(f"{desc_path}: 'stage' must be one of {', '.join(STAGES)}, not {stage!r}")
     override = desc.get("global_command_override")
     if override is not None and not (
         isinstance(override, list) and all(isinstance(a, str) for a in override)
@@ -197,12 +214,24 @@ def load_corpus(root: str | Path) -> Corpus:
             raise CorpusError(f"{bc}: listed in {DESCRIPTION} but missing")
         args = tuple(override) if override is not None else _read_cmd(root / f"{name}.cmd")
         modules.append(Module(name, bc, args))
-    return Corpus(root, tuple(modules))
+    return Corpus(root, tuple(modules), stage)
 
 
-def write_description(root: Path, names: list[str]) -> None:
+def read_stage(root: Path) -> str:
+    """The stage a corpus description at ROOT names (compile when it names none)."""
+    try:
+        stage = json.loads((root / DESCRIPTION).read_text()).get("stage", "compile")
+    except (OSError, ValueError, AttributeError) as e:
+        raise CorpusError(f"{root / DESCRIPTION}: malformed ({e})") from e
+    if stage not in STAGES:
+        raise CorpusError(f"{root / DESCRIPTION}: 'stage' must be one of {', '.join(STAGES)}")
+    return stage
+
+
+def write_description(root: Path, names: list[str], stage: str = "compile") -> None:
     from mlgo.runtime.files import atomic_write_text
 
-    atomic_write_text(
-        root / DESCRIPTION, json.dumps({"has_thinlto": False, "modules": sorted(names)}, indent=2)
-    )
+    desc: dict = {"has_thinlto": False, "modules": sorted(names)}
+    if stage != "compile":  # ml-compiler-opt reads the rest as it always has
+        desc["stage"] = stage
+    atomic_write_text(root / DESCRIPTION, json.dumps(desc, indent=2))

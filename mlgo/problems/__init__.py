@@ -23,11 +23,15 @@ from mlgo.llvm.log_format import Observation
 # The modules that declare a problem as their PROBLEM, one line each.
 MODULES = (
     "mlgo.problems.inlining_size",
+    "mlgo.problems.inlining_size_link",
     "mlgo.problems.regalloc_eviction",
 )
 # A per-candidate column holding the live range's own value of a feature (the last slot's),
 # so that a derived input can compare each candidate with it: "self:use_def_density".
 SELF = "self:"
+# Where a decision is made: in each file's compile, or in the link of a full-LTO build,
+# where the program's merged module is optimized once more (lld's LTO backend).
+STAGES = ("compile", "link")
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,13 @@ class Problem:
     # The features that tell which decisions a search should also move together (inlining:
     # the callee's, as LLVM sends no names): decisions equal in all of them form a group.
     group_features: tuple[str, ...] = ()
+    # The step of a build it decides in (STAGES): a corpus is recorded at one, and a policy
+    # serves only there, as it serves only its -O level.
+    stage: str = "compile"
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise UsageError(f"problem {self.name}: stage {self.stage!r} is not one of {STAGES}")
 
     @property
     def default_is_observed(self) -> bool:

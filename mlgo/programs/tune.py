@@ -157,7 +157,7 @@ def choose_policy(
     from mlgo.train.evaluate import evaluate
     from mlgo.train.run import TrainOptions, run
 
-    corpus = load_corpus(corpus_dir).require_opt_level(problem.opt_level)
+    corpus = load_corpus(corpus_dir).require(problem)
     first = load_policy(policy_dir(start))
     candidates: dict[str, tuple[MLPPolicy, float]] = {}
     if first.can_gate:  # the default's own decisions: no change, by definition
@@ -378,7 +378,7 @@ def tune(
             rehearse(recipe, out)
         stages.finish("rehearse")
     if not stages.done("collect"):
-        corpus = load_corpus(out / "corpus").require_opt_level(problem.opt_level)
+        corpus = load_corpus(out / "corpus").require(problem)
         with _stage("collect", out / "traces"), closing(make_workers("local")) as pool:
             collect(problem, corpus, out / "traces", tc, pool)
         stages.finish("collect")

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from mlgo.data import shipped_policy
 from mlgo.errors import UsageError
+from mlgo.llvm.cmdline import joined_output
 from mlgo.llvm.languages import LANGUAGES, source_language
 from mlgo.runtime.csource import c_string
 from mlgo.runtime.files import cache_dir
@@ -160,6 +161,48 @@ def optimizes(args: list[str]) -> bool:
     if NO_CODEGEN.intersection(args) or any(a.startswith("-mllvm") for a in args):
         return False
     return bool(source_files(args))
+
+
+def lto_link(args: list[str]) -> bool:
+    """Is this invocation a full-LTO link (no source compiled, the last -flto switch full)?
+    Its link optimizes the whole program's bitcode once more, where a link-time policy
+    answers. A ThinLTO link is not one: each of its backends sees one module after import,
+    which a policy trained on merged modules was not."""
+    if NO_CODEGEN.intersection(args) or {"-c", "-S"}.intersection(args) or source_files(args):
+        return False
+    switches = [a for a in args if a in ("-flto", "-fno-lto") or a.startswith("-flto=")]
+    return bool(switches) and switches[-1] in ("-flto", "-flto=full")
+
+
+def links_with_lld(args: list[str]) -> bool:
+    """Does clang's driver run lld (the last -fuse-ld or --ld-path names it)? Only lld loads
+    a pass plugin into its LTO backend; GNU ld's LLVM gold plugin cannot."""
+    linker = ""
+    for a in args:
+        if a.startswith(("-fuse-ld=", "--ld-path=")):
+            linker = a.partition("=")[2]
+    return linker == "lld" or Path(linker).name.startswith(("ld.lld", "lld"))
+
+
+def link_output(args: list[str]) -> str:
+    """What a link writes, as messages name it: its -o, or a.out."""
+    output = "a.out"
+    rest = iter(args)
+    for a in rest:
+        if a in ("-o", "--output"):
+            output = next(rest, output)
+        elif joined_output(a):
+            output = a[2:]
+    return output
+
+
+def at_link(flags: list[str]) -> list[str]:
+    """A link lease's flags (checked) as clang hands them to lld: the plugin as
+    --load-pass-plugin, through -Xlinker, which splits no commas (unlike -Wl). A link is
+    served by a plugin only (`ServedPolicy.why_not`): lld's LTO inliner opens no channel."""
+    if not all(f.startswith(PLUGIN_FLAG) for f in flags):
+        raise ServiceError(f"a link's lease carries a flag lld cannot take: {flags}")
+    return [a for f in flags for a in ("-Xlinker", f"--load-pass-plugin={f[len(PLUGIN_FLAG) :]}")]
 
 
 def is_source(arg: str) -> bool:
@@ -296,23 +339,33 @@ def by_hand(path: Path, may_start: bool, message: dict) -> dict:
 
 
 def flags_by_hand(
-    path: Path, may_start: bool, problem: str | None, cflags: list[str], language: str
+    path: Path,
+    may_start: bool,
+    problem: str | None,
+    cflags: list[str],
+    language: str,
+    stage: str = "compile",
 ) -> tuple[list[str], str | None]:
     """The flags that bring the served policies (PROBLEM's only, if named) to the user's own
-    clang command with CFLAGS for compiles in LANGUAGE, checked as a lease's are, and the
-    note when that level or language leaves some policy to clang's default (no flags when it
-    leaves them all)."""
+    clang command with CFLAGS for compiles in LANGUAGE, or for a full-LTO link by lld (STAGE
+    link: in the linker's spelling), checked as a lease's are, and the note when that level
+    or language leaves some policy to clang's default (no flags when it leaves them all)."""
     level = opt_level(cflags)
     if level is None:
         raise UsageError(f"clang accepts no such -O level: {' '.join(cflags)}")
-    request = {"op": "flags", "level": level, "problem": problem, "language": language}
-    reply = by_hand(path, may_start, request)
+    if stage == "link" and not lto_link(cflags):
+        raise UsageError(
+            f"a link-time policy serves full-LTO links (-flto), not: {' '.join(cflags)}"
+        )
+    language_sent = language if stage == "compile" else None
+    request = {"op": "flags", "level": level, "problem": problem, "language": language_sent}
+    reply = by_hand(path, may_start, request | {"stage": stage})
     flags = reply.get("flags")
     if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
         raise ServiceError(f"the mlgo service sent flags that are not strings: {str(flags)[:80]}")
     check_lease_flags(flags, path.parent)
     note = reply.get("note")
-    return flags, note if isinstance(note, str) else None
+    return at_link(flags) if stage == "link" else flags, note if isinstance(note, str) else None
 
 
 @cache
@@ -385,15 +438,15 @@ def check_policies(served: object) -> str | None:
 
 
 def _lease(
-    level: str, language: str | None
+    level: str, language: str | None, stage: str = "compile"
 ) -> tuple[Connection | None, list[str], str | None, str | None]:
-    """A lease for a compile at LEVEL in LANGUAGE: its connection (None when no policy serves
-    that compile), its flags (checked), what is wrong with its policies, and the service's
-    note."""
+    """A lease for a compile (or a link: STAGE) at LEVEL in LANGUAGE: its connection (None
+    when no policy serves it), its flags (checked), what is wrong with its policies, and the
+    service's note."""
     path = socket_path()
     conn = connect(path, may_start=not os.environ.get("MLGO_SOCKET"))
     try:
-        conn.send({"op": "compile", "level": level, "language": language})
+        conn.send({"op": "compile", "level": level, "language": language, "stage": stage})
         reply = conn.receive()
         flags = reply["flags"]
         if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
@@ -470,7 +523,7 @@ def _guard(compiler: str, args: list[str], sources: list[str], strict: bool) -> 
 
 
 def _compile_plain_after(
-    returncode: int, failure: bytes, compiler: str, args: list[str], source: str
+    returncode: int, failure: bytes, compiler: str, args: list[str], source: str, stage: str
 ) -> int:
     """The compile with the policy failed: compile SOURCE as plain clang does. If that fails
     too, the error is the user's and shows as clang says it; if it passes, the policy's
@@ -479,9 +532,10 @@ def _compile_plain_after(
     plain = subprocess.run([compiler, *args]).returncode
     if plain == 0:
         why = error_line(failure.decode(errors="replace"))
+        what, done = ("link", "linked") if stage == "link" else ("compile", "compiled")
         _warn(
-            f"the compile with the policy failed (exit {returncode}: {why}); "
-            f"compiled {source} with the default heuristic"
+            f"the {what} with the policy failed (exit {returncode}: {why}); "
+            f"{done} {source} with the default heuristic"
         )
     return plain
 
@@ -499,24 +553,27 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
     # The guard's default compile is a command of its own: it takes the expanded arguments,
     # since it must leave out the outputs that a response file may name.
     seen = expand_response_files(args)
-    level = opt_level(seen) if optimizes(seen) else None
+    stage = "link" if lto_link(seen) else "compile"
+    level = opt_level(seen) if stage == "link" or optimizes(seen) else None
     if level is None:
         os.execvp(compiler, [compiler, *args])
     strict = bool(os.environ.get("MLGO_STRICT"))
     sources = source_files(seen)
-    source = sources[0]
+    source = sources[0] if sources else link_output(seen)  # what the messages name
+    doing = "linking" if stage == "link" else "compiling"
     timeout_s, problem = timeout_from_env()
     if problem:
         if strict:
             return _error(problem, source)
         _warn(f"{problem}; using {DEFAULT_TIMEOUT_S:g} s")
-    guard, problem = guard_from_env()
+    guard, problem = guard_from_env() if stage == "compile" else (None, None)
     if problem:
         if strict:
             return _error(problem, source)
         _warn(f"{problem}; compiling {source} without a guard")
     try:
-        conn, flags, problem, note = _lease(level, compile_language(seen, cxx_driver))
+        language = compile_language(seen, cxx_driver) if stage == "compile" else None
+        conn, flags, problem, note = _lease(level, language, stage)
     except ServiceError as e:
         problem = str(e)
     else:
@@ -524,6 +581,17 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
             print(f"mlgo-cc: note: {note} (first: {source})", file=sys.stderr, flush=True)
         if conn is None:  # no policy serves this level or language: the compiler as is
             os.execvp(compiler, [compiler, *args])
+        if stage == "link" and not links_with_lld(seen):
+            conn.close()
+            print(
+                f"mlgo-cc: note: a link-time policy needs lld (-fuse-ld=lld); "
+                f"linking {source} with clang's default",
+                file=sys.stderr,
+                flush=True,
+            )
+            os.execvp(compiler, [compiler, *args])
+        if stage == "link":
+            flags = at_link(flags)
         if problem and strict:
             conn.close()
             return _error(problem, source)
@@ -551,14 +619,14 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
                 sys.stderr.buffer.write(failure)
                 sys.stderr.flush()
         if problem is None and proc.returncode != 0 and not strict:
-            return _compile_plain_after(proc.returncode, failure, compiler, args, source)
+            return _compile_plain_after(proc.returncode, failure, compiler, args, source, stage)
         if problem is None:  # the lease is over: a guard's second compile holds nothing
             if guard and proc.returncode == 0:
                 return _guard(compiler, seen, sources, strict)
             return proc.returncode
     if strict:
         return _error(problem, source)
-    _warn(f"{problem}; compiling {source} with the default heuristic")
+    _warn(f"{problem}; {doing} {source} with the default heuristic")
     os.execvp(compiler, [compiler, *args])
 
 

@@ -16,8 +16,18 @@ from pathlib import Path
 
 from mlgo.errors import UsageError
 from mlgo.llvm.languages import LANGUAGES
+from mlgo.problems import STAGES
 from mlgo.serve.client import Connection, ServiceError, UntrustedError
 from mlgo.serve.service import Lease, Service
+
+
+def _stage(message: dict) -> str:
+    """A request's stage: a link (`mlgo-cc` driving a full-LTO link) or, by default, a
+    compile (what wrappers built before links were served send)."""
+    stage = message.get("stage", "compile")
+    if stage not in STAGES:
+        raise UsageError(f"a request's stage is one of {', '.join(STAGES)}, not {stage!r}")
+    return stage
 
 
 def _language(language: object) -> str | None:
@@ -74,15 +84,15 @@ class _Handler(socketserver.StreamRequestHandler):
         """The flags of a compilation by hand at the request's level, by each served policy's
         fastest route, and the note when the level leaves some policy to clang's default."""
         problem, level = message.get("problem"), message.get("level")
-        language = _language(message.get("language"))
+        language, stage = _language(message.get("language")), _stage(message)
         if not isinstance(level, str):
             raise UsageError(f"a flags request names its -O level, not {level!r}")
-        served, note = service.level_note(level, problem, language)
+        served, note = service.level_note(level, problem, language, stage)
         reply: dict = {"note": note} if note else {}
         if not served:
             self._send({"flags": [], **reply})
             return
-        lease = service.open_lease(problem, level=level, language=language)
+        lease = service.open_lease(problem, level=level, language=language, stage=stage)
         self._send({"flags": lease.flags, "lease": lease.id, **reply})
         self._expire(service, lease, float(message.get("ttl_s", 600)))
 
@@ -98,18 +108,21 @@ class _Handler(socketserver.StreamRequestHandler):
         language is from a native mlgo-cc built before languages were sent: refused, so that
         it hands the compile to the Python one, which sends it."""
         level, language = message.get("level"), _language(message.get("language"))
+        stage = _stage(message)
         if not isinstance(level, str):
             raise UsageError(f"a compile request names its -O level, not {level!r}")
         if "language" not in message:
             raise UsageError("a compile request names its language; run mlgo install-wrappers")
-        served, note = service.serving(level, language)
+        served, note = service.serving(level, language, stage)
         policies = [str(p.path) for p in service.policies]  # what answers, for MLGO_POLICY
         reply: dict = {"policies": policies} | ({"note": note} if note else {})
         if not served:
             self._send({"flags": [], **reply})
             return
         with self.write_lock:  # no event before the flags
-            lease = service.open_lease(notify=self._notify, level=level, language=language)
+            lease = service.open_lease(
+                notify=self._notify, level=level, language=language, stage=stage
+            )
             self._send({"lease": lease.id, "flags": lease.flags, **reply})
         returncode = None
         try:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from mlgo.errors import UsageError
 from mlgo.llvm.languages import label
-from mlgo.problems import Problem
+from mlgo.problems import STAGES, Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import load_policy
 from mlgo.serve.backends import (
@@ -66,8 +66,15 @@ class ServedPolicy:
         """Those it answers compiles in (None: all)."""
         return self.policy.languages
 
-    def why_not(self, level: str, language: str | None) -> str | None:
-        """Why it leaves a compile at LEVEL in LANGUAGE to clang's default (None: it serves)."""
+    def why_not(self, level: str, language: str | None, stage: str = "compile") -> str | None:
+        """Why it leaves a compile (or a link: STAGE) at LEVEL in LANGUAGE to clang's default
+        (None: it serves)."""
+        if self.problem.stage != stage:
+            return f"trained for the {self.problem.stage} step"
+        if stage == "link" and not isinstance(self.backend, PluginBackend):
+            # lld's full-LTO inliner takes its advisor from a plugin only: it ignores
+            # -enable-ml-inliner, so a channel is never opened there.
+            return "served on a channel, which lld's LTO does not open (serve its plugin)"
         if self.problem.opt_level != level:
             return f"trained for {self.problem.opt_level}"
         if self.languages is not None and language not in self.languages:
@@ -111,7 +118,8 @@ class Service:
         self._lock = threading.Lock()
         self._by_hand_lock = threading.Lock()  # held while a channel backend starts
         self.compilations = self.decisions = self.failed = 0
-        self.levels: dict[str, dict[str, int]] = {}  # -O level -> compiles served / not
+        # stage -> -O level -> compiles (or links) served / left to clang's default
+        self.counts: dict[str, dict[str, dict[str, int]]] = {s: {} for s in STAGES}
         self._noted: set[str | None] = set()  # the notes said already
         self.last_activity = time.monotonic()
         self.policies = [self._load(Path(d), backend) for d in policy_dirs]
@@ -181,33 +189,47 @@ class Service:
 
     # -- leases ----------------------------------------------------------------------
     def level_note(
-        self, level: str, problem: str | None = None, language: str | None = None
+        self,
+        level: str,
+        problem: str | None = None,
+        language: str | None = None,
+        stage: str = "compile",
     ) -> tuple[bool, str | None]:
-        """Does any policy (for PROBLEM, if named) answer a compile at LEVEL in LANGUAGE, and
-        the note when that leaves some of them to clang's default (None when none is)."""
+        """Does any policy (for PROBLEM, if named) answer a compile (or a link: STAGE) at LEVEL
+        in LANGUAGE, and the note when that leaves some of them to clang's default (None when
+        none is). Policies of the other stage are not named: they never answer here."""
         pool = [p for p in self.policies if problem in (None, p.problem.name)]
         if not pool:
             raise UsageError(f"this service serves no policy for {problem!r}")
-        left = [(p, why) for p in pool if (why := p.why_not(level, language))]
+        what = "links" if stage == "link" else "compiles"
+        if all(p.problem.stage != stage for p in pool):
+            why = f"no served policy is trained for the {stage} step"
+            return False, f"{level} {what} are left to clang's default: {why}"
+        pool = [p for p in pool if p.problem.stage == stage]
+        left = [(p, why) for p in pool if (why := p.why_not(level, language, stage))]
         if not left:
             return True, None
         by_level = all(p.problem.opt_level != level for p, _ in left)
-        kind = level if by_level else f"{level} {label(language)}"
+        by_language = not by_level and stage == "compile"  # a link has no one language
+        kind = f"{level} {label(language)} {what}" if by_language else f"{level} {what}"
         if len(left) < len(pool):
             names = ", ".join(f"{p.problem.name} ({why})" for p, why in left)
-            return True, f"{kind} compiles are left to clang's default for {names}"
+            return True, f"{kind} are left to clang's default for {names}"
         if by_level:
             levels = " and ".join(sorted({p.problem.opt_level for p in pool}))
             why = f"the served policies are for {levels}"
         else:
             why = ", ".join(f"{p.problem.name} is {why}" for p, why in left)
-        return False, f"{kind} compiles are left to clang's default: {why}"
+        return False, f"{kind} are left to clang's default: {why}"
 
-    def serving(self, level: str, language: str | None = None) -> tuple[bool, str | None]:
-        """level_note for a compile: counted by level, and each note said once."""
-        served, note = self.level_note(level, language=language)
+    def serving(
+        self, level: str, language: str | None = None, stage: str = "compile"
+    ) -> tuple[bool, str | None]:
+        """level_note for a compile or a link: counted by stage and level, and each note
+        said once."""
+        served, note = self.level_note(level, language=language, stage=stage)
         with self._lock:
-            counts = self.levels.setdefault(level, {"served": 0, "default": 0})
+            counts = self.counts[stage].setdefault(level, {"served": 0, "default": 0})
             counts["served" if served else "default"] += 1
             first = note not in self._noted
             self._noted.add(note)
@@ -220,17 +242,18 @@ class Service:
         level: str | None = None,
         channel: bool = False,
         language: str | None = None,
+        stage: str = "compile",
     ) -> Lease:
-        """A lease for one compilation (at LEVEL in LANGUAGE: only the policies that serve
-        such a compile), each policy by its backend, or with CHANNEL on a channel whatever
-        its backend. NOTIFY gets its error events as they happen; a lease without one is
-        detached: a compilation by hand, which ends after one session (one without channels
-        is over at once)."""
+        """A lease for one compilation (at LEVEL in LANGUAGE, at STAGE: only the policies
+        that serve such a compile or link), each policy by its backend, or with CHANNEL on a
+        channel whatever its backend. NOTIFY gets its error events as they happen; a lease
+        without one is detached: a compilation by hand, which ends after one session (one
+        without channels is over at once)."""
         chosen = [
             p
             for p in self.policies
             if problem in (None, p.problem.name)
-            and (level is None or p.why_not(level, language) is None)
+            and (level is None or p.why_not(level, language, stage) is None)
         ]
         if not chosen:
             raise UsageError(f"this service serves no policy for {problem!r}")
@@ -288,7 +311,8 @@ class Service:
                 "compilations": self.compilations,
                 "decisions": self.decisions,
                 "failed_compilations": self.failed,
-                "levels": {level: dict(counts) for level, counts in self.levels.items()},
+                "levels": {lv: dict(n) for lv, n in self.counts["compile"].items()},
+                "links": {lv: dict(n) for lv, n in self.counts["link"].items()},
             }
         counters["policies"] = [
             {

@@ -16,7 +16,8 @@
  * runs the compiler as is, after the service's note if the reply has one (the first compile
  * at that level).
  * Response files (@FILE) go to Python, which reads them as clang does, and so do inputs that
- * -x c or -x c++ may make sources without a source suffix (see `for_python`).
+ * -x c or -x c++ may make sources without a source suffix and links with LTO, where a
+ * link-time policy may answer (see `for_python`).
  * Built by `mlgo install-wrappers` (mlgo.serve.cc.build_native_wrapper), which defines the venv's
  * python and the lease allow-list. */
 #define _GNU_SOURCE
@@ -155,13 +156,28 @@ static const char *first_source(int argc, char **argv) {
   return "?";
 }
 
+/* A superset of mlgo.serve.cc.lto_link: no -c or -S, no source, the last -flto switch not
+ * -fno-lto. One link a program: Python serves it (or finds it is not one). */
+static int lto_link(int argc, char **argv) {
+  int lto = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-c") || !strcmp(a, "-S") || is_source(a)) return 0;
+    if (!strcmp(a, "-flto") || !strncmp(a, "-flto=", 6)) lto = 1;
+    else if (!strcmp(a, "-fno-lto")) lto = 0;
+  }
+  return lto;
+}
+
 /* Invocations clang reads otherwise than the rules here, for mlgo.serve.cc: any response file
- * (@FILE), and after a -x c or -x c++, an existing regular file without a source suffix
- * (clang compiles it as C or C++ unless it is an option's value, which Python tells apart).
- * A superset of what mlgo.serve.cc.typed_sources finds: no option's value is skipped here. */
+ * (@FILE), after a -x c or -x c++ an existing regular file without a source suffix (clang
+ * compiles it as C or C++ unless it is an option's value, which Python tells apart), and a
+ * link with LTO. A superset of what mlgo.serve.cc.typed_sources finds: no option's value is
+ * skipped here. */
 static int for_python(int argc, char **argv) {
   struct stat st;
   int typed = 0;
+  if (lto_link(argc, argv)) return 1;
   for (int i = 1; i < argc; i++)
     if (argv[i][0] == '@') return 1;
   for (int i = 1; i < argc; i++) {

@@ -1,0 +1,174 @@
+"""Learned inlining in the link of a full-LTO build (issue 38, item 1): mlgo-cc driving a link
+with -flto and lld brings the link-time policy into lld's LTO backend; per-file compiles get
+only per-file policies and links only link-time ones. Real clang, real lld, a real service,
+both wrappers."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlgo.llvm.sizes import text_size
+from mlgo.problems import get_problem
+from mlgo.problems.policy_files import load_policy, save_policy
+from mlgo.serve.cc import at_link, link_output, links_with_lld, lto_link
+from mlgo.serve.client import ServiceError
+from tests import test_service
+from tests.conftest import MLGO
+from tests.test_service import SHIPPED, Service
+
+cc = test_service.cc  # both wrappers
+native_cc = test_service.native_cc
+native_wrappers = test_service.native_wrappers
+
+# Two files: what the link may inline across them, per file it cannot.
+CALLEE = """\
+int mix(int a, int b, int c, int d) {
+  int x = a * 31 + b;
+  for (int i = 0; i < d; i++) { x ^= x >> 7; x += c * i; x ^= x << 3; }
+  return x * 17 + (a > b);
+}
+"""
+CALLERS = """\
+int mix(int a, int b, int c, int d);
+int f(int a, int b) { return mix(a, b, 3, 4) + mix(b, a, 5, 6); }
+int g(int a, int b) { return mix(b, b, a, 7) - mix(a, 1, 2, b); }
+int main(int argc, char **argv) { return f(argc, 2) + g(3, argc) + mix(argc, 1, 1, 1); }
+"""
+LTO = ["-Oz", "-flto"]
+LLD = [*LTO, "-fuse-ld=lld"]
+
+
+@pytest.mark.unit
+def test_a_full_lto_link_is_told_from_compiles_and_thin_links():
+    assert lto_link(["-Oz", "-flto", "a.o", "b.o", "-o", "p"])
+    assert lto_link(["-flto=full", "a.o"])
+    assert not lto_link(["-flto=thin", "a.o"])  # a ThinLTO backend sees one module
+    assert not lto_link(["-flto", "-fno-lto", "a.o"])
+    assert not lto_link(["-flto", "-c", "a.c"])
+    assert not lto_link(["-flto", "a.c", "-o", "p"])  # compiles first: a compile's lease
+    assert not lto_link(["-flto", "-E", "a.o"])
+    assert links_with_lld(["-fuse-ld=lld"]) and links_with_lld(["--ld-path=/opt/ld.lld"])
+    assert not links_with_lld(["-fuse-ld=lld", "-fuse-ld=bfd"]) and not links_with_lld([])
+    assert link_output(["a.o", "-o", "prog"]) == "prog" and link_output(["-oprog2"]) == "prog2"
+    assert link_output(["a.o"]) == "a.out"
+    # -Xlinker splits no commas, unlike -Wl: a plugin path with one stays whole.
+    assert at_link(["-fpass-plugin=/c,d/p.so"]) == ["-Xlinker", "--load-pass-plugin=/c,d/p.so"]
+    with pytest.raises(ServiceError, match="lld cannot take"):
+        at_link(["-mllvm", "-enable-ml-inliner=release"])
+
+
+@pytest.fixture(scope="module")
+def link_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A link-time policy that always says "inline": its links differ visibly from lld's."""
+    policy = replace(load_policy(SHIPPED), departure_threshold=None, languages=None)
+    policy = replace(policy, problem=get_problem("inlining-size-link"))
+    policy.weights[-1] = np.array([0.0, 1e30], np.float32)
+    out = tmp_path_factory.mktemp("link-inline-all") / "policy"
+    save_policy(policy, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def both(link_policy: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The shipped per-file policy and the link-time one, served together (by their plugins,
+    mlgo's default)."""
+    service = Service(
+        tmp_path_factory.mktemp("link"),
+        *("--policy", str(SHIPPED), "--policy", str(link_policy)),
+    )
+    yield service
+    service.stop()
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None):
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def objects(compiler: list[str], tmp: Path, env: dict[str, str] | None = None) -> None:
+    (tmp / "callee.c").write_text(CALLEE)
+    (tmp / "callers.c").write_text(CALLERS)
+    for name in ("callee", "callers"):
+        run([*compiler, *LTO, "-c", f"{name}.c", "-o", f"{name}.o"], tmp, env)
+
+
+def test_the_link_time_policy_decides_in_lld_and_only_there(cc, both, tc, tmp_path):
+    """Compiles with -flto are the per-file policy's (bitcode equal to the same compile
+    served alone); the link is the link-time policy's (here: inline everything, a larger
+    program than lld's own), counted as a served link."""
+    plain, served = tmp_path / "plain", tmp_path / "served"
+    plain.mkdir(), served.mkdir()
+    objects([tc.clang], plain)
+    run([tc.clang, *LLD, "callee.o", "callers.o", "-o", "prog"], plain)
+    objects(cc, served, both.env())
+    before = both.status()["links"].get("-Oz", {"served": 0})["served"]
+    r = run([*cc, *LLD, "callee.o", "callers.o", "-o", "prog"], served, both.env())
+    assert not r.stderr, r.stderr
+    assert text_size(served / "prog") > text_size(plain / "prog")
+    assert both.status()["links"]["-Oz"]["served"] == before + 1
+    assert (
+        subprocess.run([served / "prog"]).returncode == subprocess.run([plain / "prog"]).returncode
+    )
+
+
+def test_without_lld_the_link_is_plain_with_a_note(cc, both, tc, tmp_path):
+    """GNU ld's LLVM gold plugin loads no pass plugin: one note, and the default linker's
+    own program, byte for byte."""
+    objects([tc.clang], tmp_path)
+    run([tc.clang, *LTO, "callee.o", "callers.o", "-o", "plain"], tmp_path)
+    r = run([*cc, *LTO, "callee.o", "callers.o", "-o", "prog"], tmp_path, both.env())
+    assert r.stderr == (
+        "mlgo-cc: note: a link-time policy needs lld (-fuse-ld=lld); "
+        "linking prog with clang's default\n"
+    )
+    assert (tmp_path / "prog").read_bytes() == (tmp_path / "plain").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("policy", "why"),
+    [
+        ("per-file", "no served policy is trained for the link step"),
+        ("channel", "inlining-size-link is served on a channel, which lld's LTO does not "
+         "open (serve its plugin)"),
+    ],
+)  # fmt: skip
+def test_a_link_no_plugin_answers_is_lld_s_own(cc, link_policy, policy, why, tc, tmp_path):
+    """The shipped policy was trained per file, and lld's LTO inliner opens no channel: in
+    both cases the link is lld's own, byte for byte, with a note saying why."""
+    args = ["--policy", str(SHIPPED)] if policy == "per-file" else ["--policy", str(link_policy)]
+    args += ["--backend", "python"] if policy == "channel" else []
+    service = Service(tmp_path, *args)
+    try:
+        objects([tc.clang], tmp_path)
+        run([tc.clang, *LLD, "callee.o", "callers.o", "-o", "plain"], tmp_path)
+        r = run([*cc, *LLD, "callee.o", "callers.o", "-o", "prog"], tmp_path, service.env())
+        assert r.stderr.startswith("mlgo-cc: note: -Oz links are"), r.stderr
+        assert why in r.stderr and r.stderr.endswith(" (first: prog)\n"), r.stderr
+        assert (tmp_path / "prog").read_bytes() == (tmp_path / "plain").read_bytes()
+        assert service.status()["links"] == {"-Oz": {"served": 0, "default": 1}}
+    finally:
+        service.stop()
+
+
+def test_mlgo_flags_link_prints_what_to_add_to_a_link_line(both, link_policy, tc, tmp_path):
+    """By hand: `mlgo flags --link -- -Oz -flto` gives the linker's spelling, and a link with
+    it is the served one."""
+    cmd = [*MLGO, "flags", "--link", "--socket", str(both.socket), "--", *LTO]
+    flags = run(cmd, tmp_path).stdout.split()
+    assert flags and all(f == "-Xlinker" for f in flags[0::2]), flags
+    objects([tc.clang], tmp_path)
+    for name, extra in (("plain", []), ("served", flags)):
+        run([tc.clang, *LLD, "callee.o", "callers.o", "-o", name, *extra], tmp_path)
+    assert text_size(tmp_path / "served") > text_size(tmp_path / "plain")
+    thin = subprocess.run(
+        [*MLGO, "flags", "--link", "--socket", str(both.socket), "--", "-Oz", "-flto=thin"],
+        capture_output=True,
+        text=True,
+    )
+    assert thin.returncode != 0 and "serves full-LTO links" in thin.stderr, thin.stderr
