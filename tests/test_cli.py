@@ -88,6 +88,8 @@ def test_start_policy_checks_algo_and_init_before_training(tmp_path):
     with pytest.raises(ValueError, match="is a regalloc-eviction policy, not inlining-size"):
         start_policy("es", POLICIES / "regalloc-eviction", inlining)
     assert start_policy("es", POLICIES / "inlining-size", inlining).problem is inlining
+    link = get_problem("inlining-size-link")  # the same decision, at the link: a warm start
+    assert start_policy("bcmax", POLICIES / "inlining-size", link).problem is link
 
 
 @pytest.mark.unit

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -145,10 +146,19 @@ def test_from_compile_commands_names_what_it_could_not_record(tc: Toolchain, tmp
     assert not list((src / "build").rglob("*.o"))
 
 
+def gcc_by_path() -> str:
+    """gcc named by its path, the one way past the wrappers' masquerade."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("no gcc")
+    return shlex.quote(gcc)
+
+
 def test_objects_without_bitcode_or_from_outside_are_named(tc: Toolchain, tmp_path):
     src = shutil.copytree(DATA / "minipkg", tmp_path / "wordcount")
     (tmp_path / "outside.c").write_text("int outside(void) { return 1; }\n")
-    build = '"$CC" -c hash.c -o hash.o && gcc -c main.c -o main.o && "$CC" -c ../outside.c'
+    gcc = gcc_by_path()
+    build = f'"$CC" -c hash.c -o hash.o && {gcc} -c main.c -o main.o && "$CC" -c ../outside.c'
     result = record(sh(build), tmp_path / "corpus", tc, source_dir=src)
     # A file at the top of the source directory is in the package named after it.
     assert result.packages == {"wordcount": 1}
@@ -158,12 +168,24 @@ def test_objects_without_bitcode_or_from_outside_are_named(tc: Toolchain, tmp_pa
     assert "main.o: no bitcode (not compiled by the recording CC/CXX" in result.skipped[1]
 
 
-def test_a_makefile_that_sets_cc_itself_is_told_how_to_record(tc: Toolchain, tmp_path):
+def test_a_makefile_that_sets_cc_itself_is_recorded_or_told_how(tc: Toolchain, tmp_path):
+    """`CC = gcc` in a hand-written Makefile runs the wrappers, first on PATH under gcc's
+    name (clang behind them, never the wrapper again); gcc named by its path is told how to
+    record. The build writes into its tree what a plain build does."""
+    gcc = gcc_by_path()
     src = shutil.copytree(DATA / "minipkg", tmp_path / "wordcount")
+    plain = shutil.copytree(src, tmp_path / "plain")
     objs = "main.o hash.o strbuf.o"
-    (src / "Makefile").write_text(f"CC=gcc\nwc: {objs}\n\t$(CC) -o wc {objs}\n")
+    for tree in (src, plain):
+        (tree / "Makefile").write_text(f"CC=gcc\nwc: {objs}\n\t$(CC) -o wc {objs}\n")
+    check_corpus(record(["make"], tmp_path / "corpus", tc, source_dir=src), {"wordcount": 3})
+    subprocess.run(["make"], cwd=plain, check=True, capture_output=True)
+    assert sorted(p.name for p in src.iterdir()) == sorted(p.name for p in plain.iterdir())
+    run = subprocess.run([src / "wc"], input="a b a", capture_output=True, text=True)
+    assert run.stdout == "words: 3 distinct: 2\n"
+    (src / "Makefile").write_text(f"CC={gcc}\nwc: {objs}\n\t$(CC) -o wc {objs}\n")
     with pytest.raises(BuildError) as e:
-        record(["make"], tmp_path / "corpus", tc, source_dir=src)
+        record(["make", "-B"], tmp_path / "corpus", tc, source_dir=src)
     assert "nothing to record (3 objects skipped, the first: " in str(e.value)
     assert "no bitcode" in str(e.value) and "`make -e`" in str(e.value)
     assert record(["make", "-B", "-e"], tmp_path / "corpus", tc, source_dir=src).packages == {

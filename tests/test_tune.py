@@ -197,7 +197,7 @@ def test_a_start_policy_of_another_problem_is_refused(tmp_path):
                  "--problem", "regalloc-eviction", "--policy", "policies/inlining-size",
                  "--out", str(tmp_path / "out"), timeout=60)  # fmt: skip
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert "policies/inlining-size: not a regalloc-eviction policy" in r.stderr
+    assert "policies/inlining-size is a inlining-size policy, not regalloc-eviction" in r.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -226,3 +226,37 @@ def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
     # finished without a workload, it cannot gain one on a rerun
     again = run_mlgo(*args, "--bench", "./wordcount < main.c", timeout=120)
     assert again.returncode == 2 and "tuned before with bench [], not" in again.stderr
+
+
+def test_lto_full_tunes_the_link_against_plain_full_lto(cache, tmp_path):
+    """`--lto full`: a corpus of the link's merged module, a policy started from the
+    per-file one, both builds linked by lld with full LTO, the policy's in lld's LTO."""
+    src = shutil.copytree(DATA / "minipkg", tmp_path / "wc")
+    out = tmp_path / "out"
+    args = [
+        "tune",
+        "--source", str(src),
+        "--build", 'for f in *.c; do "$CC" -c "$f" || exit 1; done && "$CC" -o wordcount *.o',
+        "--test", "echo 'a b a' | ./wordcount | grep -qx 'words: 3 distinct: 2'",
+        "--lto", "full",
+        "--minutes", "0.05",
+        "--out", str(out),
+    ]  # fmt: skip
+    r = run_mlgo(*args, timeout=600)
+    assert r.returncode == 0, r.stderr + r.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert (report["problem"], report["stage"]) == ("inlining-size-link", "link")
+    assert report["tests"] == {"baseline": "passed", "policy": "passed"}
+    assert "clang -Oz -flto=full -fuse-ld=lld" in r.stdout
+    corpus = load_corpus(out / "corpus")
+    assert corpus.stage == "link" and [m.name for m in corpus.modules] == ["wc/wordcount"]
+    for variant in ("plain", "mlgo"):  # both linked by lld
+        comment = subprocess.run(
+            ["readelf", "-p", ".comment", str(out / "programs" / variant / "wordcount")],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert "LLD" in comment, (variant, comment)
+    log = (out / "programs" / "mlgo.log").read_text()
+    assert "no served policy is trained for the compile step" in log  # only the link's
+    again = run_mlgo(*args[:-6], "--lto", "thin", *args[-4:], timeout=60)
+    assert again.returncode == 2 and "--lto thin is not supported yet" in again.stderr

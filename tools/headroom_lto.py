@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from rich.table import Table
 
 from mlgo.corpus.extract import combine
 from mlgo.corpus.format import write_description
+from mlgo.corpus.lto import MERGED_SUFFIX, cc1_args
 from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.build import extract_package
@@ -35,22 +35,7 @@ from mlgo.packages.recipes import Recipe, load_recipe
 from mlgo.programs.build import SIZE_FLAGS, build_program, plain_compilers, pristine_source
 from mlgo.runtime.files import atomic_write_text
 
-# lld keeps the merged module after LTO's internalization beside the program under this name.
-MERGED_SUFFIX = ".0.2.internalize.bc"
 LTO_FLAGS = [*SIZE_FLAGS, "-flto=full", "-fuse-ld=lld", "-Wl,--save-temps"]
-
-
-def cc1_args(tc: Toolchain, bitcode: Path) -> list[str]:
-    """The cc1 arguments `clang -Oz -c BITCODE` runs, less its input and output: a corpus
-    module's command line (mlgo.corpus.format), which adds both back."""
-    proc = subprocess.run(
-        [tc.clang, "-###", "-Oz", "-c", str(bitcode), "-o", "/dev/null"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    args = shlex.split(proc.stderr.strip().splitlines()[-1])[1:]
-    return args[: args.index("-x")] if "-x" in args else args
 
 
 def merged_corpus(recipe: Recipe, tree: Path, tc: Toolchain, out: Path) -> list[str]:
@@ -62,7 +47,8 @@ def merged_corpus(recipe: Recipe, tree: Path, tc: Toolchain, out: Path) -> list[
         merged = tree / f"{program}{MERGED_SUFFIX}"
         name = program.replace("/", "_")
         (package / f"{name}.bc").write_bytes(merged.read_bytes())
-        (package / f"{name}.cmd").write_bytes(b"\0".join(a.encode() for a in cc1_args(tc, merged)))
+        args = cc1_args(tc, merged, "-Oz")
+        (package / f"{name}.cmd").write_bytes(b"\0".join(a.encode() for a in args))
         names.append(name)
     write_description(package, names)
     return combine(out)

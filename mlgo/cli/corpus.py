@@ -127,7 +127,8 @@ def print_stats(corpus: Path, tc: Toolchain, workers: str) -> None:
         stats, failures = compute(loaded, tc.describe(), tc.clang, pool)
     levels = "/".join(sorted({m.opt_level for m in loaded.modules}))
     columns = ("package", "modules", "call sites", f".text at {levels}", "bitcode")
-    table = Table(*columns, title=f"{corpus} ({tc.describe()})")
+    stage = "" if loaded.stage == "compile" else f", {loaded.stage} stage"
+    table = Table(*columns, title=f"{corpus} ({tc.describe()}{stage})")
     rows = per_package(stats)
     for pkg, r in [*sorted(rows.items()), ("[bold]total", totals(rows))]:
         table.add_row(
@@ -140,6 +141,13 @@ def print_stats(corpus: Path, tc: Toolchain, workers: str) -> None:
     console.print(table)
     for name, msg in failures.items():
         err.print(f"[red]failed[/red] {name}: {msg}", highlight=False)
+
+
+def _lto_mode(mode: str | None) -> str | None:
+    if mode not in (None, "full"):
+        why = "ThinLTO is not supported yet" if mode == "thin" else "the one mode is full"
+        raise typer.BadParameter(f"{mode!r}: {why}; use --lto full")
+    return mode
 
 
 @app.command("record", context_settings={"allow_interspersed_args": False}, no_args_is_help=True)
@@ -168,6 +176,14 @@ def corpus_record(
         typer.Option("--from", help="recompile this compile_commands.json instead of building"),
     ] = None,
     source_dir: Annotated[Path, typer.Option(help="your source tree")] = Path("."),
+    lto: Annotated[
+        str | None,
+        typer.Option(
+            help="full: build with full LTO and record the module each program's or shared "
+            "library's link optimizes, for inlining-size-link",
+            callback=_lto_mode,
+        ),
+    ] = None,
     clang: ClangOpt = None,
 ) -> None:
     """Record a corpus from your own build (make, CMake, Ninja, Meson, autotools...) or from
@@ -176,12 +192,14 @@ def corpus_record(
 
     if bool(from_) == bool(build):
         raise typer.BadParameter("give either a build command after `--` or --from")
+    if from_ and lto:
+        raise typer.BadParameter("--lto records a build's links, and --from runs none")
     tc = find_toolchain(clang)
     with err.status("recording"):
         if from_:
             result = record_from(from_, out, tc, source_dir, package, opt_level)
         else:
-            result = record(build or [], out, tc, source_dir, package, opt_level)
+            result = record(build or [], out, tc, source_dir, package, opt_level, lto=bool(lto))
     for line in result.skipped:
         err.print(f"[yellow]not recorded[/yellow] {line}", highlight=False)
     packages = ", ".join(f"{p} ({n})" for p, n in sorted(result.packages.items()))

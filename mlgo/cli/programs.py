@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console, err
+from mlgo.errors import UsageError
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.options import non_negative, positive
 from mlgo.programs.demo import DemoOptions
@@ -95,6 +96,17 @@ def demo(
     console.print(f"wrote {out / 'report.json'} and {out / 'report.html'} (with plots)")
 
 
+def lto_problem(lto: str, problem: str) -> str:
+    """The problem `--lto LTO` tunes: the link-time inliner, for a full-LTO build."""
+    if lto == "thin":
+        raise UsageError("--lto thin is not supported yet: a ThinLTO backend sees one module")
+    if lto != "full":
+        raise UsageError(f"--lto {lto!r}: use full")
+    if problem not in ("inlining-size", "inlining-size-link"):
+        raise UsageError(f"--lto full tunes the link's inliner, not {problem}")
+    return "inlining-size-link"
+
+
 def tune(
     source: Annotated[Path, typer.Option(help="your project's source directory")],
     build: Annotated[list[str], typer.Option(help="build shell line, e.g. 'make -j2'; repeatable")],
@@ -112,9 +124,13 @@ def tune(
     minutes: Annotated[
         float, typer.Option(help="minutes of training (only)", min=0.01, callback=positive)
     ] = 10.0,
-    problem: Annotated[str, typer.Option(help="inlining-size or regalloc-eviction")] = (
-        "inlining-size"
-    ),
+    problem: Annotated[
+        str, typer.Option(help="inlining-size, inlining-size-link or regalloc-eviction")
+    ] = "inlining-size",
+    lto: Annotated[
+        str | None,
+        typer.Option(help="full: tune the inliner of a full-LTO link by lld (-Oz -flto)"),
+    ] = None,
     guard: Annotated[bool, typer.Option(help="MLGO_GUARD=size on the policy build")] = False,
     policy: Annotated[Path | None, typer.Option(help="start policy (default: shipped)")] = None,
     clang: ClangOpt = None,
@@ -127,6 +143,8 @@ def tune(
     from mlgo.programs.tune import TuneOptions, project
     from mlgo.programs.tune import tune as run_tune
 
+    if lto is not None:
+        problem = lto_problem(lto, problem)
     recipe = project(source.resolve().name, configure or [], build, test or [], bench)
     opts = TuneOptions(
         problem=problem, policy=policy, minutes=minutes, guard=guard, bench_rounds=bench_rounds

@@ -20,7 +20,7 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from mlgo.corpus.format import DESCRIPTION, CorpusError, write_description
+from mlgo.corpus.format import DESCRIPTION, CorpusError, read_stage, write_description
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_write_text
@@ -163,37 +163,63 @@ COMPILED_SUFFIXES = (
     *(".c", ".cc", ".cpp", ".cxx", ".c++", ".cp", ".C", ".CPP"),
     *(".m", ".mm", ".i", ".ii", ".s", ".S", ".sx"),
 )
-# Options whose value is the next argument and may look like a source.
-_NAMES_A_FILE = {"-o", "-MF", "-MT", "-MQ", "-MJ", "-include", "-imacros", "-Xclang", "-x"}
+# Options whose value is the next argument and may look like an input.
+_NAMES_A_FILE = {
+    *("-o", "-MF", "-MT", "-MQ", "-MJ", "-include", "-imacros", "-Xclang", "-x"),
+    *("-Xlinker", "-T", "-L", "-l"),
+}
 
 
-def logged_compiles(log_dir: Path) -> list[Compile]:
-    """The compiles the recording wrappers logged in LOG_DIR (`wrappers.write_wrapper`)
-    whose object survived the build, one per object (`surviving`). Each source of a `-c`
-    call is one compile; a log cut short (a killed wrapper) is none. Paths keep their bytes
-    (`os.fsdecode`), whatever their encoding."""
-    steps = []
-    for log in sorted(log_dir.iterdir()):
+@dataclass(frozen=True)
+class Invocation:
+    """One call of a recording wrapper: its working directory and the command it ran, the
+    compiler (as the wrapper names it) and then the build's own arguments."""
+
+    cwd: Path
+    argv: list[str]
+
+    def inputs(self) -> list[str]:
+        """The arguments that are no option nor an option's value: sources and objects."""
+        args = self.argv[1:]
+        return [
+            a
+            for i, a in enumerate(args)
+            if not a.startswith("-") and (i == 0 or args[i - 1] not in _NAMES_A_FILE)
+        ]
+
+
+def logged_invocations(log_dir: Path) -> list[Invocation]:
+    """What the recording wrappers logged in LOG_DIR (`wrappers.write_wrapper`), in the
+    order they started (a log's time; its random name breaks a tie). A log cut short (a
+    killed wrapper) is none. Paths keep their bytes (`os.fsdecode`), whatever their encoding."""
+    found = []
+    for log in log_dir.iterdir():
         fields = log.read_bytes().split(b"\0")
         if len(fields) < 3 or fields[-1] != b"":
             continue
-        directory, args = Path(os.fsdecode(fields[0])), [os.fsdecode(a) for a in fields[1:-1]]
-        if "-c" not in args:
-            continue  # a link, or a preprocessing run
-        steps += [
-            (directory, args, a)
-            for i, a in enumerate(args)
-            if a.endswith(COMPILED_SUFFIXES)
-            and not a.startswith("-")
-            and (i == 0 or args[i - 1] not in _NAMES_A_FILE)
-        ]
+        started = (log.stat().st_mtime_ns, log.name)
+        argv = [os.fsdecode(a) for a in fields[1:-1]]
+        found.append((started, Invocation(Path(os.fsdecode(fields[0])), argv)))
+    return [i for _, i in sorted(found, key=lambda f: f[0])]
+
+
+def logged_compiles(invocations: list[Invocation]) -> list[Compile]:
+    """The compiles among a build's logged INVOCATIONS whose object survived the build, one
+    per object (`surviving`). Each source of a `-c` call is one compile."""
+    steps = [
+        (i.cwd, i.argv[1:], a)
+        for i in invocations
+        if "-c" in i.argv  # not a link, nor a preprocessing run
+        for a in i.inputs()
+        if a.endswith(COMPILED_SUFFIXES)
+    ]
     return surviving(steps)
 
 
 def objects_without_bitcode(tree: Path, since: float, known: set[Path]) -> list[Path]:
     """The relocatable objects without bitcode under TREE modified SINCE, but those in KNOWN
-    (resolved): what a build wrote with a compiler other than the recording wrappers (a
-    Makefile that sets CC itself, a compiler named by its path), in order."""
+    (resolved): what a build wrote with a compiler other than the recording wrappers (one
+    named by its path, which their masquerade does not catch), in order."""
     found = []
     for directory, _, files in os.walk(tree):
         for name in files:
@@ -242,8 +268,10 @@ def _extracted_modules(corpus_dir: Path) -> list[str]:
 
 
 def combine(out: Path) -> list[str]:
-    """Writes OUT's corpus_description.json over every package sub-corpus in OUT."""
+    """Writes OUT's corpus_description.json over every package sub-corpus in OUT (all from
+    one stage of the build: per file or at the link)."""
     names: list[str] = []
+    stages: dict[str, str] = {}
     for desc in sorted(out.glob(f"*/{DESCRIPTION}")):
         pkg = desc.parent.name
         if pkg.startswith("."):
@@ -252,5 +280,8 @@ def combine(out: Path) -> list[str]:
             names += [f"{pkg}/{m}" for m in json.loads(desc.read_text())["modules"]]
         except (ValueError, KeyError) as e:
             raise CorpusError(f"{desc}: malformed ({e})") from e
-    write_description(out, names)
+        stages[pkg] = read_stage(desc.parent)
+    if len(set(stages.values())) > 1:
+        raise CorpusError(f"{out}: its packages come from different stages: {stages}")
+    write_description(out, names, next(iter(stages.values()), "compile"))
     return names

@@ -3,16 +3,21 @@
 `record` runs their build command as it is, in their tree, with CC/CXX set to the
 recording wrappers (`wrappers.build_env`), so nothing in their build files changes; a build
 system that fixes its compiler at configure time must be configured inside the recorded
-command too. The wrappers log each compile themselves (`extract.logged_compiles`) rather
-than running under Debian's `bear`: bear sends every intercepted command line through
-protobuf, which takes UTF-8 only, so one source whose file name is not UTF-8 failed the
-whole recorded build (and bear's wrapper mode puts its own `ld` first on PATH, which breaks
-links). Objects another compiler wrote in the tree are found by looking for new objects
-without bitcode. `record_from` recompiles the entries of an existing
-compile_commands.json with the recording flags into a private directory, leaving their
-build tree alone. Both name each module by its source's path under SOURCE_DIR, so a
-module's package is the top-level directory its source is in (or the one `--package`), and
-both publish the corpus at OUT in one rename, after LLVM's `extract_ir` succeeded.
+command too, and one that runs `gcc` or `cc` by name finds the wrappers first on PATH. The
+wrappers log each call themselves (`extract.logged_invocations`) rather than running under
+Debian's `bear`: bear sends every intercepted command line through protobuf, which takes
+UTF-8 only, so one source whose file name is not UTF-8 failed the whole recorded build (and
+bear's wrapper mode puts its own `ld` first on PATH, which breaks links). Objects another
+compiler wrote in the tree are found by looking for new objects without bitcode.
+`record_from` recompiles the entries of an existing compile_commands.json with the
+recording flags into a private directory, leaving their build tree alone. Both name each
+module by its source's path under SOURCE_DIR, so a module's package is the top-level
+directory its source is in (or the one `--package`), and both publish the corpus at OUT in
+one rename, after LLVM's `extract_ir` succeeded.
+
+`record(lto=True)` records the build's full-LTO links instead (`lto.py`): one module per
+program or shared library, the merged module lld's LTO optimizes, named by the output's path
+under SOURCE_DIR, in a corpus of the link stage.
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ from mlgo.corpus.extract import (
     distinct_modules,
     extract_modules,
     logged_compiles,
+    logged_invocations,
     objects_without_bitcode,
 )
-from mlgo.corpus.format import DESCRIPTION
+from mlgo.corpus.format import DESCRIPTION, write_description
+from mlgo.corpus.lto import LTO_FLAGS, Link, logged_links, write_link_modules
 from mlgo.corpus.wrappers import RECORD_FLAGS, build_env
 from mlgo.llvm.cmdline import without_outputs
 from mlgo.llvm.toolchain import Toolchain
@@ -79,29 +86,35 @@ def record(
     package: str | None = None,
     opt_level: str = "-Oz",
     timeout_s: float | None = None,
+    lto: bool = False,
 ) -> Recorded:
     """Runs BUILD_ARGV in SOURCE_DIR (default: here) with CC/CXX recording bitcode at
-    OPT_LEVEL and logging their compiles, and writes the corpus of what they compiled to OUT
-    (the module doc says why not under bear). A source whose name is not UTF-8, and an object
-    another compiler wrote in the tree, are each one line of the result's `skipped`."""
+    OPT_LEVEL and logging their calls, and writes the corpus of what they compiled to OUT
+    (the module doc says why not under bear), or with LTO, of what they linked with full LTO.
+    A source whose name is not UTF-8, an object another compiler wrote in the tree and a link
+    that could not be replayed are each one line of the result's `skipped`."""
     if not build_argv:
         raise BuildError("no build command to record (give it after `--`)")
     src, work = _prepare(out, source_dir, package)
-    log, compiles_log = work / "build.log", work / "compiles"
-    shutil.rmtree(compiles_log, ignore_errors=True)
-    compiles_log.mkdir()
-    env = build_env(tc, work, [opt_level, *RECORD_FLAGS], log_dir=compiles_log)
+    log, calls_log = work / "build.log", work / "calls"
+    shutil.rmtree(calls_log, ignore_errors=True)
+    calls_log.mkdir()
+    env = build_env(tc, work, [opt_level, *(LTO_FLAGS if lto else RECORD_FLAGS)], log_dir=calls_log)
     what = f"{shlex.join(build_argv)} (in {src})"
     started = math.floor(time.time())  # a file system's times may be whole seconds
     try:
         run_logged(build_argv, src, log, timeout_s, env, what)
-        compiles = logged_compiles(compiles_log)
+        calls = logged_invocations(calls_log)
     finally:
-        shutil.rmtree(compiles_log, ignore_errors=True)
+        shutil.rmtree(calls_log, ignore_errors=True)
+    compiles = [] if lto else logged_compiles(calls)  # LTO's objects are bitcode, not ELF
     others = [
         f"{_shown(obj)}: {NO_BITCODE}, not recorded"
         for obj in objects_without_bitcode(src, started, {c.obj.resolve() for c in compiles})
     ]
+    if lto:
+        links = logged_links(calls)
+        return _publish_links(links, out, tc, src, package, opt_level, others, timeout_s)
     if not compiles and not others:
         raise BuildError(
             f"{src}: the build compiled no object file that survived it "
@@ -225,18 +238,30 @@ def _module_names(
     package named after SRC. A skipped object is named in SKIPPED."""
     named = []
     for source, obj in compiles:
-        not_utf8 = [p for p in (source, obj) if _shown(p) != str(p)]
-        if not_utf8:  # extract_ir and the corpus's JSON files take names as UTF-8 text only
-            skipped.append(f"{_shown(not_utf8[0])}: its file name is not UTF-8, not recorded")
-            continue
-        try:
-            rel = source.resolve().relative_to(src)
-        except ValueError:
-            skipped.append(f"{source}: outside the source directory {src}, not recorded")
-            continue
-        prefix = package or (src.name if len(rel.parts) == 1 else "")
-        named.append((f"{prefix}/{rel}" if prefix else str(rel), obj))
+        name = _module_name(source, src, package, skipped, obj)
+        if name:
+            named.append((name, obj))
     return distinct_modules(named, skipped)
+
+
+def _module_name(
+    path: Path, src: Path, package: str | None, skipped: list[str], *also: Path
+) -> str | None:
+    """The name of the module of PATH (a source, or a linked output): its path under SRC,
+    whose first directory is its package, under PACKAGE if given; a file at SRC's top is in
+    the package named after SRC. None, with a line in SKIPPED, when PATH is outside SRC or
+    PATH or one of ALSO is not UTF-8 (extract_ir and the corpus's JSON take only that)."""
+    not_utf8 = [p for p in (path, *also) if _shown(p) != str(p)]
+    if not_utf8:
+        skipped.append(f"{_shown(not_utf8[0])}: its file name is not UTF-8, not recorded")
+        return None
+    try:
+        rel = path.resolve().relative_to(src)
+    except ValueError:
+        skipped.append(f"{path}: outside the source directory {src}, not recorded")
+        return None
+    prefix = package or (src.name if len(rel.parts) == 1 else "")
+    return f"{prefix}/{rel}" if prefix else str(rel)
 
 
 def _shown(path: Path) -> str:
@@ -251,7 +276,7 @@ def nothing_recorded(skipped: list[str]) -> str:
         return "the build compiled no C or C++ file (an up-to-date build compiles nothing)"
     why = f"{len(skipped)} objects skipped, the first: {skipped[0]}"
     if all(NO_BITCODE in s for s in skipped):
-        why += '; a Makefile that sets CC itself needs `make -e` or `make CC="$CC"`'
+        why += '; a build that runs its compiler by path needs `make -e` or `make CC="$CC"`'
     return why
 
 
@@ -276,3 +301,41 @@ def _publish(
     with atomic_directory(out) as staged:
         modules = extract_modules(names, staged, tc, work, log, str(src))
     return Recorded(out, dict(Counter(m.split("/", 1)[0] for m in modules)), skipped)
+
+
+def _publish_links(
+    links: list[Link],
+    out: Path,
+    tc: Toolchain,
+    src: Path,
+    package: str | None,
+    opt_level: str,
+    unrecorded: list[str],
+    timeout_s: float | None,
+) -> Recorded:
+    """Writes the merged module of each of LINKS (`lto.write_link_modules`, each replayed
+    within TIMEOUT_S), named by its output, into OUT as a corpus of the link stage, replacing
+    OUT only once that succeeded. The result's `skipped` lists the links left out, then
+    UNRECORDED."""
+    work = work_dir(out)
+    log = work / "build.log"
+    skipped: list[str] = []
+    named = {}
+    for link in links:
+        name = _module_name(link.output, src, package, skipped)
+        if name:
+            named[name] = link
+    if not named:
+        why = (
+            f"{len(skipped)} links skipped, the first: {skipped[0]}"
+            if skipped
+            else "the build linked no program or shared library from bitcode objects "
+            "(an up-to-date build links nothing: record a clean one)"
+        )
+        raise BuildError(f"{src}: nothing to record ({why}; log: {log})")
+    with atomic_directory(out) as staged:
+        names = write_link_modules(named, staged, tc, opt_level, work, skipped, timeout_s)
+        if not names:
+            raise BuildError(f"{src}: no link could be replayed, the first: {skipped[0]}")
+        write_description(staged, names, stage="link")
+    return Recorded(out, dict(Counter(m.split("/", 1)[0] for m in names)), skipped + unrecorded)

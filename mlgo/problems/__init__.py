@@ -32,6 +32,10 @@ SELF = "self:"
 # Where a decision is made: in each file's compile, or in the link of a full-LTO build,
 # where the program's merged module is optimized once more (lld's LTO backend).
 STAGES = ("compile", "link")
+# What a build adds to every compiler call for a stage (after its own flags): a link-time
+# decision needs the whole program's bitcode at the link, and lld, whose LTO backend loads
+# a pass plugin (GNU ld's LLVM gold plugin cannot).
+STAGE_FLAGS = {"compile": (), "link": ("-flto=full", "-fuse-ld=lld")}
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,10 @@ class Problem:
     # The step of a build it decides in (STAGES): a corpus is recorded at one, and a policy
     # serves only there, as it serves only its -O level.
     stage: str = "compile"
+    # A problem whose policies this one's training may start from, and whose shipped
+    # policy is its start where it has none of its own: the same features, advice and
+    # network, another stage (the link's inliner starts from the per-file one).
+    starts_from: str | None = None
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:

@@ -19,4 +19,5 @@ PROBLEM = replace(
     name="inlining-size-link",
     summary="inline or not at each call site of a full-LTO link, for the smallest program",
     stage="link",
+    starts_from=PER_FILE.name,
 )

@@ -22,6 +22,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.build import run_tests as run_recipe_tests  # `run_tests` is a flag here
 from mlgo.packages.debian import ensure_build_depends, fetch_source
 from mlgo.packages.recipes import Recipe
+from mlgo.problems import STAGE_FLAGS, Problem
 from mlgo.programs.measure import children_cpu
 from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_directory
@@ -35,6 +36,12 @@ def level_flags(level: str) -> list[str]:
 
 
 SIZE_FLAGS = level_flags("-Oz")
+
+
+def problem_flags(problem: Problem) -> list[str]:
+    """What both builds of a comparison for PROBLEM add: its level and its stage's flags
+    (full LTO linked by lld, for a link-time problem), so the plain side is `-Oz -flto`."""
+    return [*level_flags(problem.opt_level), *STAGE_FLAGS[problem.stage]]
 
 
 @dataclass

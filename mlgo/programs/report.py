@@ -159,10 +159,16 @@ def table_rows(report: dict) -> list[Row]:
     return rows
 
 
+def baseline_flags(report: dict) -> str:
+    """The flags the baseline was built with, as the report names them: its level, and
+    full LTO for a link-time problem."""
+    return report.get("flags") or report.get("level", "-Oz")
+
+
 def report_table(report: dict) -> Table:
     """Size and throughput, baseline against policy, as the terminal shows them."""
     title = f"{report['package']}: .text bytes, workload CPU time, tests"
-    table = Table("", f"clang {report.get('level', '-Oz')}", "mlgo-cc", "change", title=title)
+    table = Table("", f"clang {baseline_flags(report)}", "mlgo-cc", "change", title=title)
     for *cells, style in table_rows(report):
         table.add_row(*cells, style=style or None)
     return table
@@ -250,7 +256,7 @@ def render_html(report: dict) -> str:
 {STYLE}<style>tr.bold td{{font-weight:bold}} tr.red td{{color:#cc3311}}</style>
 </head><body><h1>{esc(title)}</h1>
 <p>policy: <code>{esc(report["policy"])}</code>; size counts {esc(counts)}</p>
-<table><tr><th></th><th>clang {esc(report.get("level", "-Oz"))}</th><th>mlgo-cc</th>
+<table><tr><th></th><th>clang {esc(baseline_flags(report))}</th><th>mlgo-cc</th>
 <th>change</th></tr>{cells}</table>
 {"".join(sections)}
 </body></html>"""

@@ -43,9 +43,9 @@ from mlgo.llvm.languages import label
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.build import run_tests
 from mlgo.packages.recipes import Recipe
-from mlgo.problems import Problem, get_problem
-from mlgo.problems.policy_files import load_policy, save_policy
-from mlgo.programs.build import ProgramBuild, level_flags, policy_service
+from mlgo.problems import STAGE_FLAGS, Problem, get_problem
+from mlgo.problems.policy_files import save_policy
+from mlgo.programs.build import ProgramBuild, policy_service, problem_flags
 from mlgo.programs.compare import build_pair, variants
 from mlgo.programs.measure import check_repeatable, recipe_throughput
 from mlgo.programs.report import program_report, write_report
@@ -113,6 +113,13 @@ def project(
     )
 
 
+def shipped_start(problem: Problem) -> Path:
+    """The shipped policy tuning PROBLEM starts from: its own, or where none is shipped, that
+    of the problem it `starts_from` (the link-time inliner from the per-file one)."""
+    own = shipped_policy(problem.name)
+    return own if own.is_dir() or not problem.starts_from else shipped_policy(problem.starts_from)
+
+
 def trainer(problem: Problem) -> str:
     """BC-Max where the answers are yes/no: on a user's own code it searches these very
     modules for smaller decision trajectories and clones them, so the policy learns the
@@ -152,13 +159,13 @@ def choose_policy(
     threshold of GATES (each language alone too: `gated_candidates`). The earliest of equals
     wins, so a policy that does not beat the default on the code it will build is not
     served. Returns it and what training did."""
-    from mlgo.train import RunState, policy_dir
+    from mlgo.train import RunState
     from mlgo.train.calibrate import NEVER, calibrate
     from mlgo.train.evaluate import evaluate
-    from mlgo.train.run import TrainOptions, run
+    from mlgo.train.run import TrainOptions, load_start, run
 
     corpus = load_corpus(corpus_dir).require(problem)
-    first = load_policy(policy_dir(start))
+    first = load_start(start, problem)
     candidates: dict[str, tuple[MLPPolicy, float]] = {}
     if first.can_gate:  # the default's own decisions: no change, by definition
         candidates["default"] = (replace(first, departure_threshold=NEVER), 0.0)
@@ -238,7 +245,7 @@ def build_twice(
     A failing build or test raises BuildError naming its log."""
     with policy_service([policy], work / "service") as env:
         pair = variants(tc, env, guard=guard)
-        return build_pair(recipe, work, tc, pair, True, level_flags(problem.opt_level), pristine)
+        return build_pair(recipe, work, tc, pair, True, problem_flags(problem), pristine)
 
 
 class Stages:
@@ -291,9 +298,12 @@ def scratch_tree(recipe: Recipe, out: Path) -> Path:
     return (out / "record" / recipe.name).resolve()
 
 
-def record_corpus(recipe: Recipe, pristine: Path, out: Path, tc: Toolchain, level: str) -> None:
-    """The configure and build of a scratch copy of PRISTINE recorded at LEVEL into
-    OUT/corpus (modules named by their path in the source); the copy is kept for
+def record_corpus(
+    recipe: Recipe, pristine: Path, out: Path, tc: Toolchain, problem: Problem
+) -> None:
+    """The configure and build of a scratch copy of PRISTINE recorded for PROBLEM into
+    OUT/corpus (at its level; for a link-time problem, each link's merged module, named by
+    its output's path, else each compile's, by its source's); the copy is kept for
     `rehearse`."""
     from mlgo.corpus.record import record
 
@@ -304,7 +314,8 @@ def record_corpus(recipe: Recipe, pristine: Path, out: Path, tc: Toolchain, leve
     except shutil.Error as e:  # its message is the list of every file that failed
         raise copy_error(e) from e
     script = " && ".join([*recipe.configure, *recipe.build])
-    record(["sh", "-c", script], out / "corpus", tc, scratch, opt_level=level)
+    lto = problem.stage == "link"
+    record(["sh", "-c", script], out / "corpus", tc, scratch, opt_level=problem.opt_level, lto=lto)
 
 
 def rehearse(recipe: Recipe, out: Path) -> None:
@@ -339,16 +350,16 @@ def tune(
     """The loop of the module doc on the project RECIPE describes, whose source is SOURCE;
     writes and returns OUT/report.json."""
     from mlgo.traces.collect import collect
-    from mlgo.train import policy_dir
+    from mlgo.train.run import load_start
 
     if not source.is_dir():
         raise BuildError(f"--source {source}: not a directory")
     if out.resolve() == source.resolve():
         raise BuildError(f"--out {out}: is the source directory; choose another")
     problem = get_problem(opts.problem)
-    start = (opts.policy or shipped_policy(problem.name)).resolve()
-    if load_policy(policy_dir(start)).problem is not problem:
-        raise BuildError(f"--policy {start}: not a {problem.name} policy")
+    at = " ".join([problem.opt_level, *STAGE_FLAGS[problem.stage]])  # clang's flags here
+    start = (opts.policy or shipped_start(problem)).resolve()
+    load_start(start, problem, "--policy")  # one training may start from
     args = {
         **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()},
         "policy": str(start),
@@ -367,9 +378,9 @@ def tune(
         stages.finish("snapshot")
     pristine = out / "pristine"
     if not stages.done("record"):
-        say(f"recording the corpus of {recipe.name}'s build at {problem.opt_level}")
+        say(f"recording the corpus of {recipe.name}'s build at {at}")
         with _stage("record", out / "corpus"):
-            record_corpus(recipe, pristine, out, tc, problem.opt_level)
+            record_corpus(recipe, pristine, out, tc, problem)
         stages.finish("record")
     if not stages.done("rehearse"):
         if recipe.test or recipe.bench:
@@ -396,7 +407,7 @@ def tune(
     work = out / "programs"
     if not stages.done("build"):
         tests = ", with tests" if recipe.test else " (no --test: tests not run)"
-        say(f"building {recipe.name} twice (clang {problem.opt_level}, and mlgo-cc){tests}")
+        say(f"building {recipe.name} twice (clang {at}, and mlgo-cc){tests}")
         with _stage("build", work):
             built = build_twice(recipe, pristine, policy, work, tc, problem, opts.guard)
             atomic_write_text(work / "builds.json", json.dumps([b.to_json() for b in built]))
@@ -417,6 +428,7 @@ def tune(
     with _stage("report", out):
         report = program_report((plain, ml), trees, [policy.resolve()], speed)
         report.update(problem=problem.name, level=problem.opt_level, training=training)
+        report.update(stage=problem.stage, flags=at)
         write_report(report, out)
     stages.finish("report")
     return report

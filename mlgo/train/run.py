@@ -56,6 +56,16 @@ def configure(config_type: type, opts: TrainOptions) -> Any:
     return config_type(**{k: str(v) if isinstance(v, Path) else v for k, v in values.items()})
 
 
+def load_start(init: Path, problem: Problem, option: str = "--init") -> MLPPolicy:
+    """The policy at INIT (a policy or its run, given as OPTION) as a start for PROBLEM: one
+    of PROBLEM, or of the problem it `starts_from` (taken over as PROBLEM's: the same
+    decision at another stage)."""
+    start = load_policy(policy_dir(init))
+    if start.problem is not problem and start.problem.name != problem.starts_from:
+        raise UsageError(f"{option} {init} is a {start.problem.name} policy, not {problem.name}")
+    return replace(start, problem=problem)
+
+
 def start_policy(algo: str, init: Path | None, problem: Problem) -> MLPPolicy | None:
     """The policy ALGO starts from (None for one that needs none, BC), checked with the
     problem before anything is written."""
@@ -64,12 +74,9 @@ def start_policy(algo: str, init: Path | None, problem: Problem) -> MLPPolicy | 
     if trainer.uses_start:
         if init is None:
             raise UsageError(f"--algo {algo} needs --init (a BC run) as its starting point")
-        start = load_policy(policy_dir(init))
-        if start.problem is not problem:
-            raise UsageError(f"--init {init} is a {start.problem.name} policy, not {problem.name}")
         # A calibrated gate (and the languages it holds for) fits the weights it was
         # calibrated with, not new ones.
-        start = replace(start, departure_threshold=None, languages=None)
+        start = replace(load_start(init, problem), departure_threshold=None, languages=None)
     if (refusal := trainer.refuses(problem)) is not None:
         raise UsageError(refusal)
     return start
