@@ -56,7 +56,8 @@ def third(monkeypatch) -> Problem:
 
 
 def test_every_problem_pickles_to_itself():
-    assert [p.name for p in problems()] == ["inlining-size", "regalloc-eviction"]
+    names = ["inlining-size", "inlining-size-link", "regalloc-eviction"]
+    assert [p.name for p in problems()] == names
     for problem in problems():
         assert pickle.loads(pickle.dumps(problem)) is problem
         task = pickle.loads(pickle.dumps(EvalTask(problem, MODULE, "clang", None)))

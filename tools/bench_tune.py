@@ -5,6 +5,13 @@
 
 (sord, discount, mandoc, tcc, libfyaml, nasm and byacc were screened with --minutes 2 only.)
 
+  .venv/bin/python -m tools.bench_tune yajl serd tidy-html5 ninja --lto full --minutes 10
+
+With `--lto full`, issue 38's figures: `mlgo tune --lto full` (the inliner of the full-LTO
+link, against plain `-Oz -flto` linked by lld) into WORK/NAME/tune-lto-full, and beside it
+what plain full LTO gives over per-file `-Oz` (a third build, WORK/NAME/per-file, without
+tests), over the same programs and shared libraries.
+
 Each project is a Debian source package (fetched with apt-get source, patches applied, its
 build dependencies installed), tuned on its own code with the commands below, exactly what
 a user types in its source tree. The projects run one after another, so each training has
@@ -29,8 +36,10 @@ from rich.console import Console
 from rich.table import Table
 
 from mlgo.cli import USER_ERRORS
-from mlgo.llvm.toolchain import find_toolchain
-from mlgo.programs.build import pristine_source
+from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
+from mlgo.llvm.toolchain import Toolchain, find_toolchain
+from mlgo.packages.recipes import Recipe
+from mlgo.programs.build import build_program, plain_compilers, pristine_source
 from mlgo.programs.tune import TuneOptions, project, tune
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.messages import error_line
@@ -262,24 +271,44 @@ PROJECTS = {
 }
 
 
-def tune_project(name: str, work: Path, minutes: float) -> dict:
-    """Fetches NAME's source once and tunes it into WORK/NAME/tune; its report and wall time."""
+def tune_project(name: str, work: Path, minutes: float, lto: bool = False) -> dict:
+    """Fetches NAME's source once and tunes it into WORK/NAME/tune (LTO: the full-LTO link's
+    inliner, into WORK/NAME/tune-lto-full, and plain full LTO against per-file -Oz); its
+    report and wall time."""
     p = PROJECTS[name]
     recipe = project(name, [p.configure], [p.build], [p.test], p.bench)
     recipe = replace(recipe, source=p.source, build_depends=p.build_depends)
     source = pristine_source(recipe, work / name)
     started = time.monotonic()
-    report = tune(
-        source, recipe, work / name / "tune", find_toolchain(), TuneOptions(minutes=minutes)
-    )
-    return {"language": p.language, "seconds": time.monotonic() - started, "report": report}
+    tc = find_toolchain()
+    problem = "inlining-size-link" if lto else "inlining-size"
+    out = work / name / ("tune-lto-full" if lto else "tune")
+    report = tune(source, recipe, out, tc, TuneOptions(minutes=minutes, problem=problem))
+    result = {"language": p.language, "seconds": time.monotonic() - started, "report": report}
+    if lto:
+        result["lto_over_per_file_pct"] = lto_over_per_file(recipe, source, work / name, out, tc)
+    return result
 
 
-def try_project(name: str, work: Path, minutes: float) -> dict:
+def lto_over_per_file(
+    recipe: Recipe, source: Path, work: Path, tuned: Path, tc: Toolchain
+) -> float:
+    """What plain full LTO (the tune's baseline build) gives over per-file -Oz, in % of the
+    programs' and shared libraries' .text: the same source built per file into WORK/per-file
+    (once; no tests), against the tune's plain build."""
+    per_file = work / "per-file"
+    if not (per_file / ".complete").exists():
+        build_program(recipe, source, per_file, tc, "per-file", plain_compilers(tc), None, False)
+        (per_file / ".complete").touch()
+    linked = tree_totals(linked_rows(compare_trees(tuned / "programs" / "plain", per_file)))
+    return linked["delta_pct"]
+
+
+def try_project(name: str, work: Path, minutes: float, lto: bool = False) -> dict:
     """`tune_project`, or what stopped it (its rehearsal, a failing test...) as one line, so
     that the projects after it still run."""
     try:
-        return tune_project(name, work, minutes)
+        return tune_project(name, work, minutes, lto)
     except USER_ERRORS as e:
         console.print(f"[red]{name}: {error_line(e, limit=2000)}", highlight=False)
         return {"language": PROJECTS[name].language, "error": error_line(e)}
@@ -323,17 +352,23 @@ def main() -> None:
     parser.add_argument("projects", nargs="+", choices=sorted(PROJECTS))
     parser.add_argument("--minutes", type=float, default=60.0, help="training budget each")
     parser.add_argument("--work", type=Path, default=Path("data/bench-tune"))
+    parser.add_argument("--lto", choices=["full"], help="tune the full-LTO link's inliner")
     args = parser.parse_args()
     work = args.work.resolve()
-    results = {name: try_project(name, work, args.minutes) for name in args.projects}
+    lto = args.lto == "full"
+    results = {name: try_project(name, work, args.minutes, lto) for name in args.projects}
+    baseline = "clang -Oz -flto (lld)" if lto else "clang -Oz"
     table = Table(
         "project", "programs + shared libs .text (files)", "all ELF files",
         "search headroom (kept)", "kept", "CPU time (IQR)", "instructions",
-        "tests (-Oz / policy)", "training", "wall, this run",
-        title=f"mlgo tune --minutes {args.minutes:g}, each project against clang -Oz",
+        f"tests ({baseline} / policy)", "training", "wall, this run",
+        *(["plain full LTO vs per-file -Oz"] if lto else []),
+        title=f"mlgo tune{' --lto full' if lto else ''} --minutes {args.minutes:g}, "
+        f"each project against {baseline}",
     )  # fmt: skip
     for name, result in results.items():
-        table.add_row(*row(name, result))
+        extra = [pct(result.get("lto_over_per_file_pct"))] if lto else []
+        table.add_row(*row(name, result), *extra)
     console.print(table)
     out = work / "bench_tune.json"
     atomic_write_text(out, json.dumps(results, indent=1))

@@ -93,13 +93,19 @@ def _writes_a_file(arg: str) -> bool:
     )
 
 
+def replay_command(link: Link, flags: list[str], out: Path) -> list[str]:
+    """LINK's command with FLAGS after its own, writing OUT and no other file of its own
+    (no map, no driver temporaries): run again in LINK's directory, it links the same."""
+    args = [a for a in without_outputs(link.argv[1:]) if not _writes_a_file(a)]
+    return [link.argv[0], *args, *flags, "-o", str(out)]
+
+
 def merged_module(link: Link, flags: list[str], private: Path, timeout_s: float | None) -> Path:
     """Replays LINK in its directory with FLAGS and lld's --save-temps, its output and every
     other file it writes in PRIVATE; returns the merged module lld kept there. A link that
     fails or merges no bitcode is a BuildError of one line."""
     out = private / link.output.name
-    args = [a for a in without_outputs(link.argv[1:]) if not _writes_a_file(a)]
-    cmd = [link.argv[0], *args, *flags, "-Wl,--save-temps", "-o", str(out)]
+    cmd = replay_command(link, [*flags, "-Wl,--save-temps"], out)
     try:
         r = subprocess.run(
             cmd,
