@@ -14,7 +14,7 @@ from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import get_problem
 from mlgo.runtime.commands import BuildError
-from tests.conftest import run_mlgo
+from tests.conftest import DATA, run_mlgo
 
 # Sixty distinct functions, so that what a link adds of its own (crt, PLT: a few hundred
 # bytes) is small beside the program's code.
@@ -149,3 +149,15 @@ def test_only_full_lto_is_recorded(tmp_path, mode, why):
         "corpus", "record", "--lto", mode, "--out", str(tmp_path), "--", "make", timeout=60
     )
     assert r.returncode == 2 and why in r.stderr and "--lto" in r.stderr
+
+
+def test_a_cmake_build_archives_bitcode_with_this_llvm(tc: Toolchain, tmp_path):
+    """CMake runs `llvm-ar` by that name for clang; Debian's unversioned one is an older
+    LLVM that cannot read this clang's bitcode: the wrappers' own comes first on PATH."""
+    src = tmp_path / "cmake"
+    subprocess.run(["cp", "-r", str(DATA / "record" / "cmake"), str(src)], check=True)
+    out = tmp_path / "corpus"
+    build = "cmake -B build > /dev/null && cmake --build build"
+    result = record(["sh", "-c", build], out, tc, source_dir=src, package="p", lto=True)
+    assert result.packages == {"p": 1}
+    assert [m.name for m in load_corpus(out).modules] == ["p/build/summarize"]

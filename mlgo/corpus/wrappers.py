@@ -72,10 +72,16 @@ def build_env(
     }
     # GNU ar/nm would index these objects through an older LLVM's bfd plugin, which
     # chokes on the embedded bitcode and leaves archives without symbols: use LLVM's,
-    # also where a Makefile names `ar` itself instead of $(AR).
+    # also where a Makefile names `ar` itself instead of $(AR), and where CMake looks for
+    # `llvm-ar` beside clang (Debian's unversioned one is an older LLVM, which cannot read
+    # this clang's bitcode objects in a full-LTO build).
     bin_dir = work / "bin"
     bin_dir.mkdir(exist_ok=True)
-    targets = {name: tc.tool(f"llvm-{name}") for name in BINUTILS}  # they act by their name
+    targets = {
+        alias: tc.tool(f"llvm-{name}")  # they act by their name
+        for name in BINUTILS
+        for alias in (name, f"llvm-{name}")
+    }
     targets.update({name: str(wrappers[kind]) for name, kind in MASQUERADE.items()})
     for name, target in targets.items():
         link = bin_dir / name
