@@ -17,7 +17,7 @@ import typer.main
 from mlgo.cli import app
 from mlgo.llvm.sizes import SizeRow, linked_rows, tree_report, tree_totals
 from mlgo.problems import get_problem
-from mlgo.train.run import start_policy
+from mlgo.train.run import load_start, start_policy
 from tests.conftest import MLGO, run_mlgo
 
 MAX_BODY_LINES = 30
@@ -90,6 +90,9 @@ def test_start_policy_checks_algo_and_init_before_training(tmp_path):
     assert start_policy("es", POLICIES / "inlining-size", inlining).problem is inlining
     link = get_problem("inlining-size-link")  # the same decision, at the link: a warm start
     assert start_policy("bcmax", POLICIES / "inlining-size", link).problem is link
+    taken_over = load_start(POLICIES / "inlining-size", link)  # for every link, not C only
+    assert taken_over.problem is link and taken_over.languages is None
+    assert load_start(POLICIES / "inlining-size", inlining).languages == ("c",)
 
 
 @pytest.mark.unit

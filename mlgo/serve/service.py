@@ -77,7 +77,7 @@ class ServedPolicy:
             return "served on a channel, which lld's LTO does not open (serve its plugin)"
         if self.problem.opt_level != level:
             return f"trained for {self.problem.opt_level}"
-        if self.languages is not None and language not in self.languages:
+        if stage == "compile" and self.languages is not None and language not in self.languages:
             return f"calibrated for {' and '.join(label(x) for x in self.languages)} only"
         return None
 

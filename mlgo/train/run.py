@@ -59,11 +59,14 @@ def configure(config_type: type, opts: TrainOptions) -> Any:
 def load_start(init: Path, problem: Problem, option: str = "--init") -> MLPPolicy:
     """The policy at INIT (a policy or its run, given as OPTION) as a start for PROBLEM: one
     of PROBLEM, or of the problem it `starts_from` (taken over as PROBLEM's: the same
-    decision at another stage)."""
+    decision at another stage, for every language)."""
     start = load_policy(policy_dir(init))
-    if start.problem is not problem and start.problem.name != problem.starts_from:
+    if start.problem is problem:
+        return start
+    if start.problem.name != problem.starts_from:
         raise UsageError(f"{option} {init} is a {start.problem.name} policy, not {problem.name}")
-    return replace(start, problem=problem)
+    # The languages it was calibrated for are its compiles' (a link's module has none).
+    return replace(start, problem=problem, languages=None)
 
 
 def start_policy(algo: str, init: Path | None, problem: Problem) -> MLPPolicy | None:
