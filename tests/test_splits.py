@@ -7,6 +7,7 @@ import pytest
 
 from mlgo.corpus.splits import load_splits, packages_to_build, split_packages
 from mlgo.packages.recipes import available_recipes
+from mlgo.programs.demo import DEMO_PACKAGE
 from mlgo.runtime.commands import BuildError
 
 pytestmark = pytest.mark.unit
@@ -45,6 +46,8 @@ def test_the_splits_are_disjoint_and_every_name_has_a_recipe():
     names = [p.name for ps in splits.values() for p in ps]
     assert len(names) == len(set(names))
     assert set(names) <= set(available_recipes())
+    # the demo tunes a project no shipped policy trained on, as a user's own would be
+    assert DEMO_PACKAGE in available_recipes() and DEMO_PACKAGE not in names
 
 
 @pytest.mark.parametrize("split", MINIMUMS)

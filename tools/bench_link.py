@@ -5,15 +5,17 @@ through mlgo-cc with the policy in lld's LTO, in paired rounds, with an A/A cont
 
 Each recipe's Debian source is built once with `-Oz -flto=full -fuse-ld=lld` under the
 recording wrappers, which log its links (`mlgo.corpus.lto.logged_links`). Each round then
-runs every link three ways, in a shuffled order: plain clang (the baseline), plain clang
-again (the A/A control: the noise), and `mlgo-cc` (the installed native wrapper, which hands
-a link to Python) with a service serving the link-time policy, which lld loads as a plugin.
-A link's CPU time is the driver's and all its children's (wait4's rusage): clang, lld and
-its LTO backend, and for mlgo-cc the wrapper and its lease; the service's own CPU (it hands
-out one flag) is not counted. Reported: per recipe, the median and interquartile range over
-rounds of each way's change in summed CPU time against the baseline. The policy is
---policy, or the shipped per-file policy taken over for the link (what `mlgo tune --lto
-full` starts from): its size does not matter here, its cost does.
+runs every link each way, in a shuffled order: plain clang (the baseline), plain clang again
+(the A/A control: the noise), and `mlgo-cc` (the installed native wrapper, which hands a
+link to Python) with a service serving the link-time policy, which lld loads as a plugin. A
+fourth way is plain clang with the plugin's flags added by hand (`mlgo flags --link`): the
+policy's own cost in lld, without the wrapper's. A link's CPU time is the driver's and all
+its children's (wait4's rusage): clang, lld and its LTO backend, and for mlgo-cc the wrapper
+and its lease; the service's own CPU (it hands out one flag) is not counted. Reported: per
+recipe, the median and interquartile range over rounds of each way's change in summed CPU
+time against the baseline. The policy is --policy, or the shipped per-file policy taken over
+for the link (what `mlgo tune --lto full` starts from): its size does not matter here, its
+cost does.
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ from mlgo.programs.build import mlgo_compilers, policy_service, pristine_source,
 from mlgo.programs.measure import paired_change
 from mlgo.programs.tune import shipped_start
 from mlgo.runtime.commands import run_logged
+from mlgo.serve.cc import flags_by_hand
 from mlgo.train.run import load_start
 
 LINK = get_problem("inlining-size-link")
-WAYS = ("plain", "plain again", "mlgo-cc")
+WAYS = ("plain", "plain again", "plugin by hand", "mlgo-cc")
 
 
 def logged_build(recipe: Recipe, work: Path, tc: Toolchain) -> list[Link]:
@@ -77,6 +80,8 @@ def rounds_of(links: list[Link], env: dict[str, str], rounds: int, seed: int) ->
     """ROUNDS rounds of every link each way (shuffled per round): summed CPU seconds."""
     flags = problem_flags(LINK)
     cc, cxx = mlgo_compilers()
+    socket = Path(env["MLGO_SOCKET"])
+    by_hand, _ = flags_by_hand(socket, False, None, [*flags, "-Oz"], "c", "link")
     rng = random.Random(seed)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-link-") as out:
@@ -86,7 +91,8 @@ def rounds_of(links: list[Link], env: dict[str, str], rounds: int, seed: int) ->
             cpu = dict.fromkeys(WAYS, 0.0)
             for way in ways:
                 for i, link in enumerate(links):
-                    cmd = replay_command(link, flags, Path(out) / f"{i}.out")
+                    extra = by_hand if way == "plugin by hand" else []
+                    cmd = replay_command(link, [*flags, *extra], Path(out) / f"{i}.out")
                     if way == "mlgo-cc":
                         cmd[0] = cxx if link.argv[0].endswith("++") else cc
                     cpu[way] += link_cpu_s(cmd, link.cwd, env if way == "mlgo-cc" else {})

@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console, err
+from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console
 from mlgo.errors import UsageError
 from mlgo.llvm.toolchain import find_toolchain
-from mlgo.options import non_negative, positive
-from mlgo.programs.demo import DemoOptions
+from mlgo.options import positive
+from mlgo.programs.demo import DEMO_PACKAGE, DemoOptions
 
 BENCH_ROUNDS = 5  # mlgo build: a modest default, a few seconds per package
 
@@ -57,16 +57,15 @@ def build(
 
 
 def demo(
-    out: Annotated[Path, typer.Option(help="where the corpus, policy, builds and report go")] = (
+    out: Annotated[Path, typer.Option(help="where the source, corpus, policy, builds go")] = (
         Path("data/demo")
     ),
-    package: Annotated[str, typer.Option(help="recipe to build")] = "zlib",
+    package: Annotated[str, typer.Option(help="recipe to build")] = DEMO_PACKAGE,
+    lto: Annotated[
+        bool, typer.Option(help="tune the full-LTO link's inliner (-flto, lld)")
+    ] = DemoOptions.lto,
     minutes: Annotated[
-        float,
-        typer.Option(
-            help="minutes of training from the shipped policy; 0: use it as is",
-            callback=non_negative,
-        ),
+        float, typer.Option(help="minutes of training from the shipped policy", callback=positive)
     ] = DemoOptions.minutes,
     train_steps: Annotated[
         int, typer.Option(help="stop training after this many iterations; 0: the minutes", min=0)
@@ -76,24 +75,21 @@ def demo(
     ] = DemoOptions.bench_rounds,
     clang: ClangOpt = None,
 ) -> None:
-    """The whole loop on one real package: record its corpus and inlining decisions, train
-    briefly from the shipped policy, build the package twice (plain clang and mlgo-cc with
-    the better policy), run its tests and workload on both, and report size and throughput."""
-    from mlgo.cli.corpus import print_stats
+    """`mlgo tune`'s whole loop on one real Debian package, as on your own project: record
+    its build, train briefly from the shipped policy, build it twice (plain clang and
+    mlgo-cc with what was smallest on its code), run its tests and workload on both, and
+    report size and throughput."""
     from mlgo.packages.recipes import load_recipe
-    from mlgo.programs.demo import record_demo_corpus, run_demo
+    from mlgo.programs.demo import run_demo
     from mlgo.programs.report import report_table, training_line
 
     recipe = load_recipe(package)
-    tc = find_toolchain(clang)
-    with err.status(f"building {package} and collecting its inlining decisions"):
-        corpus = record_demo_corpus(recipe, out, tc, console.print)
-    print_stats(corpus, tc, "local")
-    opts = DemoOptions(minutes=minutes, train_steps=train_steps, bench_rounds=bench_rounds)
-    report = run_demo(recipe, corpus, DEFAULT_POLICIES[0], out, tc, opts, console.print)
+    opts = DemoOptions(lto=lto, minutes=minutes, train_steps=train_steps, bench_rounds=bench_rounds)
+    report = run_demo(recipe, out, find_toolchain(clang), opts, console.print)
     console.print(report_table(report))
     console.print(training_line(report["training"]))
-    console.print(f"wrote {out / 'report.json'} and {out / 'report.html'} (with plots)")
+    tuned = out / "tune"
+    console.print(f"wrote {tuned / 'report.json'} and {tuned / 'report.html'} (with plots)")
 
 
 def lto_problem(lto: str, problem: str) -> str:
