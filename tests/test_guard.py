@@ -70,14 +70,19 @@ GUARD_CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def inline_all(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A policy that always says "inline": its objects differ visibly from clang's."""
-    policy = replace(load_policy(SHIPPED), departure_threshold=None, languages=None)
+def save_inline_all(out: Path, **changes: object) -> Path:
+    """The shipped policy, ungated, made to always say "inline" (its objects differ visibly
+    from clang's), with CHANGES, saved to OUT."""
+    policy = replace(load_policy(SHIPPED), departure_threshold=None, **changes)
     policy.weights[-1] = np.array([0.0, 1e30], np.float32)
-    out = tmp_path_factory.mktemp("inline-all") / "policy"
     save_policy(policy, out)
     return out
+
+
+@pytest.fixture(scope="module")
+def inline_all(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A policy that always says "inline", in every language."""
+    return save_inline_all(tmp_path_factory.mktemp("inline-all") / "policy", languages=None)
 
 
 @pytest.fixture(scope="module")

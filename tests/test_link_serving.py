@@ -6,19 +6,19 @@ both wrappers."""
 from __future__ import annotations
 
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from mlgo.llvm.cmdline import link_output
 from mlgo.llvm.sizes import text_size
 from mlgo.problems import get_problem
-from mlgo.problems.policy_files import load_policy, save_policy
-from mlgo.serve.cc import at_link, link_output, links_with_lld, lto_link
+from mlgo.problems.policy_files import load_policy
+from mlgo.serve.cc import at_link, links_with_lld, lto_link
 from mlgo.serve.client import ServiceError
 from tests import test_service
 from tests.conftest import MLGO
+from tests.test_guard import save_inline_all
 from tests.test_service import SHIPPED, Service
 
 cc = test_service.cc  # both wrappers
@@ -67,12 +67,9 @@ def link_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A link-time policy that always says "inline": its links differ visibly from lld's.
     Calibrated for C compiles as the shipped one is: a link has no one language, and is
     served all the same."""
-    policy = replace(load_policy(SHIPPED), departure_threshold=None)
-    assert policy.languages == ("c",)
-    policy = replace(policy, problem=get_problem("inlining-size-link"))
-    policy.weights[-1] = np.array([0.0, 1e30], np.float32)
     out = tmp_path_factory.mktemp("link-inline-all") / "policy"
-    save_policy(policy, out)
+    save_inline_all(out, problem=get_problem("inlining-size-link"))
+    assert load_policy(out).languages == ("c",)
     return out
 
 

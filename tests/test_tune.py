@@ -201,7 +201,9 @@ def test_a_start_policy_of_another_problem_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
+def wordcount_args(tmp_path: Path, *options: str) -> tuple[Path, list[str]]:
+    """`mlgo tune` with OPTIONS on a copy of the minipkg program (built by a shell line, with
+    a test of its answer), into TMP_PATH/out."""
     src = shutil.copytree(DATA / "minipkg", tmp_path / "wordcount")
     out = tmp_path / "out"
     args = [
@@ -209,10 +211,14 @@ def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
         "--source", str(src),
         "--build", 'for f in *.c; do "$CC" -c "$f" || exit 1; done && "$CC" -o wordcount *.o',
         "--test", "echo 'a b a' | ./wordcount | grep -qx 'words: 3 distinct: 2'",
-        "--problem", "regalloc-eviction",
-        "--minutes", "0.02",
+        *options,
         "--out", str(out),
     ]  # fmt: skip
+    return out, args
+
+
+def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
+    out, args = wordcount_args(tmp_path, "--problem", "regalloc-eviction", "--minutes", "0.02")
     r = run_mlgo(*args, timeout=600)
     assert r.returncode == 0, r.stderr + r.stdout
     report = json.loads((out / "report.json").read_text())
@@ -231,17 +237,7 @@ def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
 def test_lto_full_tunes_the_link_against_plain_full_lto(cache, tmp_path):
     """`--lto full`: a corpus of the link's merged module, a policy started from the
     per-file one, both builds linked by lld with full LTO, the policy's in lld's LTO."""
-    src = shutil.copytree(DATA / "minipkg", tmp_path / "wc")
-    out = tmp_path / "out"
-    args = [
-        "tune",
-        "--source", str(src),
-        "--build", 'for f in *.c; do "$CC" -c "$f" || exit 1; done && "$CC" -o wordcount *.o',
-        "--test", "echo 'a b a' | ./wordcount | grep -qx 'words: 3 distinct: 2'",
-        "--lto", "full",
-        "--minutes", "0.05",
-        "--out", str(out),
-    ]  # fmt: skip
+    out, args = wordcount_args(tmp_path, "--lto", "full", "--minutes", "0.05")
     r = run_mlgo(*args, timeout=600)
     assert r.returncode == 0, r.stderr + r.stdout
     report = json.loads((out / "report.json").read_text())
@@ -249,7 +245,7 @@ def test_lto_full_tunes_the_link_against_plain_full_lto(cache, tmp_path):
     assert report["tests"] == {"baseline": "passed", "policy": "passed"}
     assert "clang -Oz -flto=full -fuse-ld=lld" in r.stdout
     corpus = load_corpus(out / "corpus")
-    assert corpus.stage == "link" and [m.name for m in corpus.modules] == ["wc/wordcount"]
+    assert corpus.stage == "link" and [m.name for m in corpus.modules] == ["wordcount/wordcount"]
     for variant in ("plain", "mlgo"):  # both linked by lld
         comment = subprocess.run(
             ["readelf", "-p", ".comment", str(out / "programs" / variant / "wordcount")],
@@ -258,5 +254,5 @@ def test_lto_full_tunes_the_link_against_plain_full_lto(cache, tmp_path):
         assert "LLD" in comment, (variant, comment)
     log = (out / "programs" / "mlgo.log").read_text()
     assert "no served policy is trained for the compile step" in log  # only the link's
-    again = run_mlgo(*args[:-6], "--lto", "thin", *args[-4:], timeout=60)
+    again = run_mlgo(*[a if a != "full" else "thin" for a in args], timeout=60)
     assert again.returncode == 2 and "--lto thin is not supported yet" in again.stderr

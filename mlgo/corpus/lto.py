@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlgo.corpus.extract import Invocation
-from mlgo.llvm.cmdline import joined_output, without_outputs
+from mlgo.llvm.cmdline import link_output, without_outputs
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import STAGE_FLAGS
 from mlgo.runtime.commands import BuildError
@@ -62,21 +62,10 @@ def logged_links(invocations: list[Invocation]) -> list[Link]:
         args = call.argv[1:]
         if _NOT_LINKS & set(args) or not any(_is_bitcode(call.cwd / a) for a in call.inputs()):
             continue
-        output = Path(os.path.normpath(call.cwd / _output(args)))
+        output = Path(os.path.normpath(call.cwd / link_output(args)))
         links.pop(output, None)  # keep the links in the order of their last run
         links[output] = Link(call.cwd, call.argv, output)
     return list(links.values())
-
-
-def _output(args: list[str]) -> str:
-    """What a link with ARGS writes: its last -o, or a.out."""
-    output = "a.out"
-    for i, a in enumerate(args):
-        if a == "-o" and i + 1 < len(args):
-            output = args[i + 1]
-        elif joined_output(a):
-            output = a[2:]
-    return output
 
 
 def _is_bitcode(path: Path) -> bool:

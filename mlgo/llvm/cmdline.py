@@ -26,6 +26,18 @@ def joined_output(arg: str) -> bool:
     return arg.startswith("-o") and len(arg) > 2 and not arg.startswith("-obj")
 
 
+def link_output(args: list[str]) -> str:
+    """What a link with ARGS writes: its last -o (or --output, -oFILE), or a.out."""
+    output = "a.out"
+    rest = iter(args)
+    for a in rest:
+        if a in ("-o", "--output"):
+            output = next(rest, output)
+        elif joined_output(a):
+            output = a[2:]
+    return output
+
+
 def without_outputs(args: list[str]) -> list[str]:
     """ARGS without `-o` and every option that writes another file."""
     kept: list[str] = []

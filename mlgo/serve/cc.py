@@ -49,7 +49,7 @@ from pathlib import Path
 
 from mlgo.data import shipped_policy
 from mlgo.errors import UsageError
-from mlgo.llvm.cmdline import joined_output
+from mlgo.llvm.cmdline import link_output
 from mlgo.llvm.languages import LANGUAGES, source_language
 from mlgo.runtime.csource import c_string
 from mlgo.runtime.files import cache_dir
@@ -182,18 +182,6 @@ def links_with_lld(args: list[str]) -> bool:
         if a.startswith(("-fuse-ld=", "--ld-path=")):
             linker = a.partition("=")[2]
     return linker == "lld" or Path(linker).name.startswith(("ld.lld", "lld"))
-
-
-def link_output(args: list[str]) -> str:
-    """What a link writes, as messages name it: its -o, or a.out."""
-    output = "a.out"
-    rest = iter(args)
-    for a in rest:
-        if a in ("-o", "--output"):
-            output = next(rest, output)
-        elif joined_output(a):
-            output = a[2:]
-    return output
 
 
 def at_link(flags: list[str]) -> list[str]:
