@@ -5,6 +5,7 @@ both wrappers."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from mlgo.problems.policy_files import load_policy
 from mlgo.serve.cc import at_link, links_with_lld, lto_link
 from mlgo.serve.client import ServiceError
 from tests import test_service
-from tests.conftest import MLGO
+from tests.conftest import MLGO, run_mlgo
 from tests.test_guard import save_inline_all
 from tests.test_service import SHIPPED, Service
 
@@ -172,3 +173,18 @@ def test_mlgo_flags_link_prints_what_to_add_to_a_link_line(both, link_policy, tc
         text=True,
     )
     assert thin.returncode != 0 and "serves full-LTO links" in thin.stderr, thin.stderr
+
+
+def test_mlgo_build_lto_full_links_a_debian_program_with_the_link_policy(link_policy, tmp_path):
+    """`mlgo build --lto full`: a real package built twice with -Oz -flto by lld, its own
+    tests passing on both, the link-time policy answering in the mlgo build's links."""
+    out = tmp_path / "programs"
+    args = ["build", "lua", "--lto", "full", "--policy", str(link_policy), "--bench-rounds", "0"]
+    r = run_mlgo(*args, "--out", str(out), timeout=900)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "-flto=full" in r.stdout  # the table names the baseline's flags
+    report = json.loads((out / "lua" / "report.json").read_text())
+    assert report["flags"] == "-Oz -flto=full -fuse-ld=lld"
+    assert report["tests"] == {"baseline": "passed", "policy": "passed"}
+    for program, sizes in report["size"]["programs"].items():  # inlining everything grows it
+        assert sizes["policy"] > sizes["baseline"], program

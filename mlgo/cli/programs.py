@@ -34,6 +34,9 @@ def build(
     bench_rounds: Annotated[
         int, typer.Option(help="paired rounds of each recipe's workload; 0: not measured", min=0)
     ] = BENCH_ROUNDS,
+    lto: Annotated[
+        str | None, typer.Option(help="full: both builds -flto by lld, for link-time policies")
+    ] = None,
     clang: ClangOpt = None,
 ) -> None:
     """Build real programs from their Debian source packages twice, with plain clang and
@@ -41,12 +44,16 @@ def build(
     its workload (if its recipe has one) on both, and compare the linked programs' .text
     and the workload's CPU time. Each package's report.json and report.html go in OUT/<package>."""
     from mlgo.packages.recipes import load_recipe
+    from mlgo.problems import get_problem
     from mlgo.programs.compare import compare_programs, comparison_table
     from mlgo.runtime.commands import BuildError
 
     tc = find_toolchain(clang)
     recipes = [load_recipe(name) for name in packages]  # a misspelt name fails before any build
-    result = compare_programs(recipes, policy, out, tc, tests, backend, guard, bench_rounds)
+    problem = get_problem(lto_problem(lto, "inlining-size") if lto else "inlining-size")
+    result = compare_programs(
+        recipes, policy, out, tc, tests, backend, guard, bench_rounds, problem=problem
+    )
     console.print(comparison_table(result))
     console.print(f"wrote {out / 'build.json'}")
     for error in result.failed.values():

@@ -44,6 +44,11 @@ def problem_flags(problem: Problem) -> list[str]:
     return [*level_flags(problem.opt_level), *STAGE_FLAGS[problem.stage]]
 
 
+def baseline_label(problem: Problem) -> str:
+    """The plain build of a comparison for PROBLEM as reports name it: `clang` with this."""
+    return " ".join([problem.opt_level, *STAGE_FLAGS[problem.stage]])
+
+
 @dataclass
 class ProgramBuild:
     package: str

@@ -14,14 +14,16 @@ from rich.table import Table
 
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import Recipe
+from mlgo.problems import Problem, get_problem
 from mlgo.programs.build import (
-    SIZE_FLAGS,
     ProgramBuild,
+    baseline_label,
     build_program,
     mlgo_compilers,
     plain_compilers,
     policy_service,
     pristine_source,
+    problem_flags,
 )
 from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.report import (
@@ -32,6 +34,8 @@ from mlgo.programs.report import (
 )
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
+
+INLINING = get_problem("inlining-size")
 
 
 @dataclass(frozen=True)
@@ -117,23 +121,27 @@ def compare_programs(
     guard: bool = False,
     bench_rounds: int = 0,
     bench_seconds: float = 1.0,
+    problem: Problem = INLINING,
 ) -> Comparison:
-    """Builds every recipe plain and with the POLICIES served (SIZE_FLAGS on both) under
-    OUT, saving OUT/build.json after each and OUT/<package>/report.json and .html; a failed
-    package is recorded and skipped. GUARD: mlgo-cc keeps the smaller of the policy's and
-    the default's object per file. BENCH_ROUNDS: paired rounds of the workload of each
-    recipe that has one, about BENCH_SECONDS of CPU each (0: not measured)."""
+    """Builds every recipe plain and with the POLICIES served (PROBLEM's flags on both:
+    -Oz, or for a link-time problem -Oz with full LTO by lld) under OUT, saving
+    OUT/build.json after each and OUT/<package>/report.json and .html; a failed package is
+    recorded and skipped. GUARD: mlgo-cc keeps the smaller of the policy's and the
+    default's object per file. BENCH_ROUNDS: paired rounds of the workload of each recipe
+    that has one, about BENCH_SECONDS of CPU each (0: not measured)."""
     result = Comparison(policies)
     with policy_service(policies, out / "service", backend) as service_env:
         pair = variants(tc, service_env, guard=guard)
         for recipe in recipes:
             trees = {v.name: out / recipe.name / v.name for v in pair}
             try:
-                built = build_pair(recipe, out / recipe.name, tc, pair, tests, SIZE_FLAGS)
+                flags = problem_flags(problem)
+                built = build_pair(recipe, out / recipe.name, tc, pair, tests, flags)
                 speed = None
                 if bench_rounds and recipe.bench:
                     speed = recipe_throughput(recipe, trees, bench_rounds, bench_seconds)
                 report = program_report(built, trees, policies, speed)
+                report["flags"] = baseline_label(problem)
                 write_report(report, out / recipe.name)
                 result.pairs.append(built)
                 result.reports[recipe.name] = report
@@ -146,7 +154,8 @@ def compare_programs(
 def comparison_table(result: Comparison) -> Table:
     """`mlgo build`'s table: each linked program's .text, and each package's workload CPU
     time (flagged when the package got smaller but measurably slower), build time, tests."""
-    columns = ("program", "clang -Oz .text", "mlgo .text", "delta", "CPU time", "build s")
+    flags = next((r["flags"] for r in result.reports.values()), "-Oz")
+    columns = ("program", f"clang {flags} .text", "mlgo .text", "delta", "CPU time", "build s")
     table = Table(*columns, "tests")
     for plain, ml in result.pairs:
         report = result.reports[plain.package]

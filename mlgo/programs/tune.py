@@ -43,9 +43,9 @@ from mlgo.llvm.languages import label
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.build import run_tests
 from mlgo.packages.recipes import Recipe
-from mlgo.problems import STAGE_FLAGS, Problem, get_problem
+from mlgo.problems import Problem, get_problem
 from mlgo.problems.policy_files import save_policy
-from mlgo.programs.build import ProgramBuild, policy_service, problem_flags
+from mlgo.programs.build import ProgramBuild, baseline_label, policy_service, problem_flags
 from mlgo.programs.compare import build_pair, variants
 from mlgo.programs.measure import check_repeatable, recipe_throughput
 from mlgo.programs.report import program_report, write_report
@@ -357,7 +357,7 @@ def tune(
     if out.resolve() == source.resolve():
         raise BuildError(f"--out {out}: is the source directory; choose another")
     problem = get_problem(opts.problem)
-    at = " ".join([problem.opt_level, *STAGE_FLAGS[problem.stage]])  # clang's flags here
+    at = baseline_label(problem)
     start = (opts.policy or shipped_start(problem)).resolve()
     load_start(start, problem, "--policy")  # one training may start from
     args = {
