@@ -182,7 +182,6 @@ def test_mlgo_build_lto_full_links_a_debian_program_with_the_link_policy(link_po
     args = ["build", "lua", "--lto", "full", "--policy", str(link_policy), "--bench-rounds", "0"]
     r = run_mlgo(*args, "--out", str(out), timeout=900)
     assert r.returncode == 0, r.stderr + r.stdout
-    assert "-flto=full" in r.stdout  # the table names the baseline's flags
     report = json.loads((out / "lua" / "report.json").read_text())
     assert report["flags"] == "-Oz -flto=full -fuse-ld=lld"
     assert report["tests"] == {"baseline": "passed", "policy": "passed"}
