@@ -161,3 +161,18 @@ def test_a_cmake_build_archives_bitcode_with_this_llvm(tc: Toolchain, tmp_path):
     result = record(["sh", "-c", build], out, tc, source_dir=src, package="p", lto=True)
     assert result.packages == {"p": 1}
     assert [m.name for m in load_corpus(out).modules] == ["p/build/summarize"]
+
+
+def test_corpus_build_lto_full_records_a_debian_package_s_links(tmp_path):
+    """`mlgo corpus build --lto full`: a recipe's Debian build, its links' merged modules a
+    package of a corpus of the link stage, as for a split to train a link-time policy on."""
+    out, work = tmp_path / "corpus", tmp_path / "build"
+    args = ["corpus", "build", "zlib", "--lto", "full", "--out", str(out), "--work", str(work)]
+    r = run_mlgo(*args, timeout=900)
+    assert r.returncode == 0, r.stderr
+    corpus = load_corpus(out)
+    assert corpus.stage == "link"
+    names = {m.name for m in corpus.modules}
+    assert {"zlib/minigzip", "zlib/example"} <= names and all(n.startswith("zlib/") for n in names)
+    again = run_mlgo(*args, timeout=300)  # a finished package is reused, as per file
+    assert again.returncode == 0 and "reused zlib" in again.stderr, again.stderr

@@ -255,4 +255,4 @@ def test_lto_full_tunes_the_link_against_plain_full_lto(cache, tmp_path):
     log = (out / "programs" / "mlgo.log").read_text()
     assert "no served policy is trained for the compile step" in log  # only the link's
     again = run_mlgo(*[a if a != "full" else "thin" for a in args], timeout=60)
-    assert again.returncode == 2 and "--lto thin is not supported yet" in again.stderr
+    assert again.returncode == 2 and "ThinLTO is not supported yet" in again.stderr

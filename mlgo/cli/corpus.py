@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from mlgo.cli.options import ClangOpt, WorkersOpt, console, err, kib
+from mlgo.cli.options import ClangOpt, WorkersOpt, console, err, kib, lto_mode
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.options import opt_level as level_check
 from mlgo.runtime.commands import BuildError
@@ -69,10 +69,15 @@ def corpus_build(
             "them first) instead of static estimates, in every recorded module"
         ),
     ] = False,
+    lto: Annotated[
+        str | None,
+        typer.Option(help="full: each full-LTO link's merged module instead", callback=lto_mode),
+    ] = None,
     clang: ClangOpt = None,
 ) -> None:
     """Build Debian source packages (named, or a whole split) and extract their bitcode into
-    a corpus; a package that fails is named and the others go on."""
+    a corpus (with --lto full, of their links, for inlining-size-link); a package that fails
+    is named and the others go on."""
     from mlgo.corpus.extract import combine
     from mlgo.corpus.format import DESCRIPTION
     from mlgo.corpus.splits import packages_to_build
@@ -80,13 +85,14 @@ def corpus_build(
     from mlgo.packages.recipes import load_recipe
     from mlgo.runtime.files import output_dir
 
-    names = packages_to_build(packages or [], split)
+    names, links = packages_to_build(packages or [], split), lto == "full"
     tc, failed = find_toolchain(clang), []
     with output_dir(out):  # nothing built into a new OUT: no OUT (the failures said why)
         for pkg in names:
             try:
                 with err.status(f"building {pkg}"):
-                    b = extract_package(load_recipe(pkg), tc, out, work / pkg, opt_level, profile)
+                    recipe = load_recipe(pkg)
+                    b = extract_package(recipe, tc, out, work / pkg, opt_level, profile, links)
                 done = "reused" if b.reused else "built"
                 err.print(f"[green]{done}[/green] {pkg}: {b.modules} modules")
                 for line in b.skipped:
@@ -143,13 +149,6 @@ def print_stats(corpus: Path, tc: Toolchain, workers: str) -> None:
         err.print(f"[red]failed[/red] {name}: {msg}", highlight=False)
 
 
-def _lto_mode(mode: str | None) -> str | None:
-    if mode not in (None, "full"):
-        why = "ThinLTO is not supported yet" if mode == "thin" else "the one mode is full"
-        raise typer.BadParameter(f"{mode!r}: {why}; use --lto full")
-    return mode
-
-
 @app.command("record", context_settings={"allow_interspersed_args": False}, no_args_is_help=True)
 def corpus_record(
     out: Annotated[Path, typer.Option(help="corpus directory (a corpus there is replaced)")],
@@ -181,7 +180,7 @@ def corpus_record(
         typer.Option(
             help="full: build with full LTO and record the module each program's or shared "
             "library's link optimizes, for inlining-size-link",
-            callback=_lto_mode,
+            callback=lto_mode,
         ),
     ] = None,
     clang: ClangOpt = None,

@@ -40,5 +40,13 @@ def selected(corpus: Path, packages: str, problem: Problem) -> Corpus:
     return chosen.require(problem)
 
 
+def lto_mode(mode: str | None) -> str | None:
+    """--lto's check: full, the one mode (ThinLTO is not supported yet)."""
+    if mode not in (None, "full"):
+        why = "ThinLTO is not supported yet" if mode == "thin" else "the one mode is full"
+        raise typer.BadParameter(f"{mode!r}: {why}; use --lto full")
+    return mode
+
+
 def kib(n: float) -> str:
     return f"{n / 1024:,.1f} KiB"

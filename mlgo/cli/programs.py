@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console
+from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console, lto_mode
 from mlgo.errors import UsageError
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.options import positive
@@ -35,7 +35,8 @@ def build(
         int, typer.Option(help="paired rounds of each recipe's workload; 0: not measured", min=0)
     ] = BENCH_ROUNDS,
     lto: Annotated[
-        str | None, typer.Option(help="full: both builds -flto by lld, for link-time policies")
+        str | None,
+        typer.Option(help="full: both builds -flto by lld (link-time policies)", callback=lto_mode),
     ] = None,
     clang: ClangOpt = None,
 ) -> None:
@@ -50,7 +51,7 @@ def build(
 
     tc = find_toolchain(clang)
     recipes = [load_recipe(name) for name in packages]  # a misspelt name fails before any build
-    problem = get_problem(lto_problem(lto, "inlining-size") if lto else "inlining-size")
+    problem = get_problem(lto_problem("inlining-size") if lto else "inlining-size")
     result = compare_programs(
         recipes, policy, out, tc, tests, backend, guard, bench_rounds, problem=problem
     )
@@ -99,12 +100,8 @@ def demo(
     console.print(f"wrote {tuned / 'report.json'} and {tuned / 'report.html'} (with plots)")
 
 
-def lto_problem(lto: str, problem: str) -> str:
-    """The problem `--lto LTO` tunes: the link-time inliner, for a full-LTO build."""
-    if lto == "thin":
-        raise UsageError("--lto thin is not supported yet: a ThinLTO backend sees one module")
-    if lto != "full":
-        raise UsageError(f"--lto {lto!r}: use full")
+def lto_problem(problem: str) -> str:
+    """The problem `--lto full` tunes: the inliner of the full-LTO link."""
     if problem not in ("inlining-size", "inlining-size-link"):
         raise UsageError(f"--lto full tunes the link's inliner, not {problem}")
     return "inlining-size-link"
@@ -132,7 +129,7 @@ def tune(
     ] = "inlining-size",
     lto: Annotated[
         str | None,
-        typer.Option(help="full: tune the inliner of a full-LTO link by lld (-Oz -flto)"),
+        typer.Option(help="full: tune the inliner of a full-LTO link by lld", callback=lto_mode),
     ] = None,
     guard: Annotated[bool, typer.Option(help="MLGO_GUARD=size on the policy build")] = False,
     policy: Annotated[Path | None, typer.Option(help="start policy (default: shipped)")] = None,
@@ -146,8 +143,8 @@ def tune(
     from mlgo.programs.tune import TuneOptions, project
     from mlgo.programs.tune import tune as run_tune
 
-    if lto is not None:
-        problem = lto_problem(lto, problem)
+    if lto:
+        problem = lto_problem(problem)
     recipe = project(source.resolve().name, configure or [], build, test or [], bench)
     opts = TuneOptions(
         problem=problem, policy=policy, minutes=minutes, guard=guard, bench_rounds=bench_rounds

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlgo.corpus.extract import distinct_modules, extract_modules, kept_compiles
-from mlgo.corpus.format import DESCRIPTION
+from mlgo.corpus.format import DESCRIPTION, load_corpus, write_description
+from mlgo.corpus.record import record
 from mlgo.corpus.wrappers import RECORD_FLAGS, build_env
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.debian import ensure_build_depends, fetch_source
@@ -52,9 +53,11 @@ def extract_package(
     work: Path,
     opt_level: str = "-Oz",
     profile: bool = False,
+    lto: bool = False,
 ) -> Built:
     """Fetches and builds one Debian package at OPT_LEVEL; writes its corpus to OUT/NAME.
-    With PROFILE, the recorded modules carry the counts of the package's own tests.
+    With PROFILE, the recorded modules carry the counts of the package's own tests; with
+    LTO, the corpus is of its full-LTO links' merged modules (`record_links`).
 
     The finished corpus is kept in WORK with a stamp of everything that made it, so that
     rebuilding a split only builds the packages that failed, changed or are new.
@@ -62,7 +65,10 @@ def extract_package(
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     finished, stamp = work / "finished", work / "finished.stamp"
-    key = hashlib.sha256(repr((recipe, opt_level, profile, tc.describe())).encode()).hexdigest()
+    if lto and profile:
+        raise BuildError(f"{recipe.name}: a link corpus is recorded without a profile")
+    made_of = (recipe, opt_level, profile, lto, tc.describe())
+    key = hashlib.sha256(repr(made_of).encode()).hexdigest()
     reused = stamp.is_file() and stamp.read_text() == key and (finished / recipe.name).is_dir()
     skipped: list[str] = []
     if not reused:
@@ -72,24 +78,45 @@ def extract_package(
         ensure_build_depends(recipe, log)
         src = fetch_source(recipe, work, log)
         profdata = profile_own_tests(recipe, src, tc, work, opt_level) if profile else None
-        build_corpus(
-            recipe.name,
-            src,
-            recipe.configure,
-            recipe.build,
-            tc,
-            finished,
-            work,
-            recipe.build_timeout_s,
-            opt_level,
-            profdata,
-            skipped,
-        )
+        if lto:
+            skipped += record_links(recipe, src, tc, finished, opt_level)
+        else:
+            build_corpus(
+                recipe.name,
+                src,
+                recipe.configure,
+                recipe.build,
+                tc,
+                finished,
+                work,
+                recipe.build_timeout_s,
+                opt_level,
+                profdata,
+                skipped,
+            )
         atomic_write_text(stamp, key)
     with atomic_directory(out.resolve() / recipe.name) as staged:
         shutil.copytree(finished / recipe.name, staged, dirs_exist_ok=True)
     modules = json.loads((finished / recipe.name / DESCRIPTION).read_text())["modules"]
     return Built(len(modules), reused, tuple(skipped))
+
+
+def record_links(recipe: Recipe, src: Path, tc: Toolchain, out: Path, opt_level: str) -> list[str]:
+    """RECIPE's configure and build run in SRC under `mlgo corpus record --lto full`'s
+    recording (`corpus.record.record`), its corpus of merged link modules written to
+    OUT/NAME as a package's part of a corpus (named by their output's path in SRC, of the link
+    stage). Returns the lines of the links it left out."""
+    script = " && ".join([*recipe.configure, *recipe.build])
+    recorded_in = out / f".{recipe.name}-links"
+    shutil.rmtree(recorded_in, ignore_errors=True)
+    timeout = recipe.build_timeout_s
+    got = record(["sh", "-c", script], recorded_in, tc, src, recipe.name, opt_level, timeout, True)
+    names = [m.name.split("/", 1)[1] for m in load_corpus(recorded_in).modules]
+    with atomic_directory(out / recipe.name) as staged:
+        shutil.copytree(recorded_in / recipe.name, staged, dirs_exist_ok=True)
+        write_description(staged, names, stage="link")
+    shutil.rmtree(recorded_in)
+    return got.skipped
 
 
 # clang's warnings that some functions have no counts (the tests never ran them) are expected.
