@@ -252,6 +252,10 @@ def test_lto_full_tunes_the_link_against_plain_full_lto(cache, tmp_path):
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
         assert "LLD" in comment, (variant, comment)
+    linked = report["training"]["linked_change_pct"]  # judged by lld's own LTO
+    assert linked["default"] == 0.0 and report["training"]["chosen"] in linked
+    chosen = linked[report["training"]["chosen"]]
+    assert chosen is not None and chosen <= 0.0
     log = (out / "programs" / "mlgo.log").read_text()
     assert "no served policy is trained for the compile step" in log  # only the link's
     again = run_mlgo(*[a if a != "full" else "thin" for a in args], timeout=60)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from mlgo.corpus.extract import Invocation
 from mlgo.llvm.cmdline import link_output, without_outputs
+from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import STAGE_FLAGS
 from mlgo.runtime.commands import BuildError
@@ -159,3 +160,18 @@ def write_link_modules(
         failures = list(pool.map(write, links, links.values()))
     skipped += [f for f in failures if f]
     return [name for name, failure in zip(links, failures, strict=True) if not failure]
+
+
+def lto_text(tc: Toolchain, module: Path, plugin: Path | None = None) -> int:
+    """The `.text` lld's own LTO makes of the merged MODULE (a relocatable link, `-r`: no
+    library to resolve), with PLUGIN's inlining policy in it if given. This is the link's
+    pipeline, which a `clang -Oz` compile of the module is not: a policy's change here is its
+    change in the real link, byte for byte as measured, where the compile can differ in sign."""
+    with tempfile.TemporaryDirectory(prefix="mlgo-lto-") as d:
+        out = Path(d) / "lto.o"
+        cmd = [tc.tool("ld.lld"), "-r", str(module), "-o", str(out)]
+        cmd += [f"--load-pass-plugin={plugin}"] if plugin else []
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+        if r.returncode != 0:
+            raise BuildError(f"{module}: lld's LTO failed ({error_line(r.stderr, 200)})")
+        return text_size(out)

@@ -28,6 +28,7 @@ used stops and says which, rather than mixing results.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import shutil
 import time
@@ -37,7 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlgo.corpus.format import load_corpus
+from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.data import shipped_policy
 from mlgo.llvm.languages import label
 from mlgo.llvm.toolchain import Toolchain
@@ -184,7 +185,10 @@ def choose_policy(
             if trained.policy.can_gate:
                 sweep = calibrate(trained.policy, corpus, tc, pool, GATES).sweep
                 candidates.update(gated_candidates(trained.policy, sweep))
-    chosen = min(candidates, key=lambda name: candidates[name][1])
+    judged = {name: c for name, (_, c) in candidates.items()}
+    if problem.stage == "link":  # the link's own pipeline judges, not the corpus's compile
+        judged = linked_changes({n: p for n, (p, _) in candidates.items()}, corpus, tc)
+    chosen = min(judged, key=lambda name: judged[name])
     save_policy(candidates[chosen][0], out / "chosen")
     change = {name: 100 * c for name, (_, c) in candidates.items()}
     training = {
@@ -202,11 +206,36 @@ def choose_policy(
         "note": ON_TRAINING_CODE,
         "curve": state.history,  # the trainer's history: step, compiles and its rewards
     }
+    if problem.stage == "link":
+        # null: it made some program larger in the link, and was never a choice
+        training["linked_change_pct"] = {
+            n: 100 * c if math.isfinite(c) else None for n, c in judged.items()
+        }
     if headroom is not None:
         training["headroom_pct"] = 100 * headroom
         if headroom < 0:  # the chosen policy's share of what the search found
             training["headroom_captured"] = min(candidates[chosen][1], 0.0) / headroom
     return out / "chosen", training
+
+
+def linked_changes(policies: dict[str, MLPPolicy], corpus: Corpus, tc: Toolchain) -> dict:
+    """Each of the link-time POLICIES judged as the link judges it: the change of the
+    corpus's `.text` when lld's own LTO optimizes each merged module with the policy's plugin
+    (`lto.lto_text`), against lld's LTO without one. A compile of a merged module with `clang
+    -Oz` runs another pipeline, where a policy's change can even have the other sign (GNU
+    units: -0.12% there, +0.41% in the real link). A policy that makes any module larger is
+    never kept (infinite); clang's own decisions are the baseline (0)."""
+    from mlgo.corpus.lto import lto_text
+    from mlgo.ship.plugin import inliner_plugin
+
+    plain = {m.name: lto_text(tc, m.bitcode) for m in corpus.modules}
+    judged = {}
+    for name, policy in policies.items():
+        plugin = inliner_plugin(policy, tc)
+        sizes = {m.name: lto_text(tc, m.bitcode, plugin) for m in corpus.modules}
+        larger = any(sizes[m] > plain[m] for m in plain)
+        judged[name] = math.inf if larger else sum(sizes.values()) / sum(plain.values()) - 1
+    return judged
 
 
 def gated_candidates(policy: MLPPolicy, sweep: list[dict]) -> dict[str, tuple[MLPPolicy, float]]:
