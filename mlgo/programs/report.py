@@ -112,7 +112,14 @@ def training_line(training: dict) -> str:
     """What training did, in one line, with the caveat that it is the training code."""
     changes = ", ".join(f"{k} {v:+.2f}%" for k, v in training["corpus_change_pct"].items())
     metric = training.get("metric", ".text against -Oz")
-    return f"corpus {metric}: {changes}; kept {training['chosen']} ({training['note']})"
+    line = f"corpus {metric}: {changes}; kept {training['chosen']} ({training['note']})"
+    if "linked_change_pct" in training:  # a link-time policy: chosen by lld's own LTO
+        linked = training["linked_change_pct"]
+        judged = ", ".join(
+            f"{k} {v:+.2f}%" if v is not None else f"{k} larger" for k, v in linked.items()
+        )
+        line += f"; chosen by lld's LTO of each module: {judged}"
+    return line
 
 
 def throughput_change(speed: dict) -> str:
