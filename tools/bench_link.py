@@ -117,6 +117,9 @@ def main() -> None:
         env = dict(os.environ, **service, MLGO_CC=tc.clang, MLGO_CXX=tc.clangxx)
         for name in args.recipes:
             links = logged_build(load_recipe(name), work / name, tc)
+            if not links:  # compiled and linked in one command (sqlite3): no link of objects
+                table.add_row(name, "0", *["no link of bitcode objects"] * (len(WAYS) - 1))
+                continue
             rounds = rounds_of(links, env, args.rounds, args.seed)
             base = [r["plain"] for r in rounds]
             cells = []
