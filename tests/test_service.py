@@ -527,3 +527,19 @@ def test_service_starts_on_demand_and_stops(native_cc, tmp_path):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     shutil.rmtree(tmp_path / "mlgo", ignore_errors=True)
+
+
+def test_a_stopped_service_leaves_a_socket_another_service_took(tmp_path):
+    """A build tool that unlinked a dead-looking socket and started its own service: the
+    first service, stopped later, must not remove the second's socket on its way out."""
+    first = Service(tmp_path, "--policy", str(SHIPPED), "--backend", "python")
+    second = None
+    try:
+        first.socket.unlink()
+        second = Service(tmp_path, "--policy", str(SHIPPED), "--backend", "python")
+        first.stop()
+        assert second.socket.exists() and second.status()["pid"] == second.proc.pid
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()

@@ -203,6 +203,7 @@ def serve_forever(service: Service, socket_file: Path, idle_exit_s: float = 0.0)
     finally:
         os.umask(old_umask)
     server.service = service
+    bound = os.stat(socket_file)
 
     def idle_watch() -> None:
         while idle_exit_s > 0:
@@ -223,8 +224,17 @@ def serve_forever(service: Service, socket_file: Path, idle_exit_s: float = 0.0)
         server.serve_forever(poll_interval=0.2)
     finally:
         server.server_close()
-        socket_file.unlink(missing_ok=True)
+        _unlink_if_ours(socket_file, bound)
         service.close()
+
+
+def _unlink_if_ours(socket_file: Path, bound: os.stat_result) -> None:
+    """Removes SOCKET_FILE if it is still the socket this service bound: another service
+    may have taken the path since (after unlinking it), and its socket is not ours."""
+    with contextlib.suppress(OSError):
+        now = os.stat(socket_file)
+        if (now.st_dev, now.st_ino) == (bound.st_dev, bound.st_ino):
+            socket_file.unlink()
 
 
 def run_service(
