@@ -27,6 +27,7 @@ from mlgo.programs.build import (
 )
 from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.report import (
+    baseline_flags,
     program_report,
     slower_but_smaller,
     throughput_change,
@@ -154,7 +155,7 @@ def compare_programs(
 def comparison_table(result: Comparison) -> Table:
     """`mlgo build`'s table: each linked program's .text, and each package's workload CPU
     time (flagged when the package got smaller but measurably slower), build time, tests."""
-    flags = next((r["flags"] for r in result.reports.values()), "-Oz")
+    flags = next((baseline_flags(r) for r in result.reports.values()), "-Oz")
     columns = ("program", f"clang {flags} .text", "mlgo .text", "delta", "CPU time", "build s")
     table = Table(*columns, "tests")
     for plain, ml in result.pairs:
