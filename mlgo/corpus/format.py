@@ -199,9 +199,7 @@ def load_corpus(root: str | Path) -> Corpus:
         seen.add(name)
     if desc.get("has_thinlto"):
         raise CorpusError(f"{desc_path}: ThinLTO corpora are not supported yet")
-    stage = desc.get("stage", "compile")
-    if stage not in STAGES:
-        raise CorpusError(f"{desc_path}: 'stage' must be one of {', '.join(STAGES)}, not {stage!r}")
+    stage = _stage(desc, desc_path)
     override = desc.get("global_command_override")
     if override is not None and not (
         isinstance(override, list) and all(isinstance(a, str) for a in override)
@@ -217,15 +215,24 @@ def load_corpus(root: str | Path) -> Corpus:
     return Corpus(root, tuple(modules), stage)
 
 
+def _stage(desc: dict, desc_path: Path) -> str:
+    """The stage the description DESC (read from DESC_PATH) names, compile when none."""
+    stage = desc.get("stage", "compile")
+    if stage not in STAGES:
+        raise CorpusError(f"{desc_path}: 'stage' must be one of {', '.join(STAGES)}, not {stage!r}")
+    return stage
+
+
 def read_stage(root: Path) -> str:
     """The stage a corpus description at ROOT names (compile when it names none)."""
+    desc_path = root / DESCRIPTION
     try:
-        stage = json.loads((root / DESCRIPTION).read_text()).get("stage", "compile")
-    except (OSError, ValueError, AttributeError) as e:
-        raise CorpusError(f"{root / DESCRIPTION}: malformed ({e})") from e
-    if stage not in STAGES:
-        raise CorpusError(f"{root / DESCRIPTION}: 'stage' must be one of {', '.join(STAGES)}")
-    return stage
+        desc = json.loads(desc_path.read_text())
+    except (OSError, ValueError) as e:
+        raise CorpusError(f"{desc_path}: malformed ({e})") from e
+    if not isinstance(desc, dict):
+        raise CorpusError(f"{desc_path}: malformed (not a JSON object)")
+    return _stage(desc, desc_path)
 
 
 def write_description(root: Path, names: list[str], stage: str = "compile") -> None:

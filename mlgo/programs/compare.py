@@ -131,18 +131,18 @@ def compare_programs(
     default's object per file. BENCH_ROUNDS: paired rounds of the workload of each recipe
     that has one, about BENCH_SECONDS of CPU each (0: not measured)."""
     result = Comparison(policies)
+    flags, label = problem_flags(problem), baseline_label(problem)
     with policy_service(policies, out / "service", backend) as service_env:
         pair = variants(tc, service_env, guard=guard)
         for recipe in recipes:
             trees = {v.name: out / recipe.name / v.name for v in pair}
             try:
-                flags = problem_flags(problem)
                 built = build_pair(recipe, out / recipe.name, tc, pair, tests, flags)
                 speed = None
                 if bench_rounds and recipe.bench:
                     speed = recipe_throughput(recipe, trees, bench_rounds, bench_seconds)
                 report = program_report(built, trees, policies, speed)
-                report["flags"] = baseline_label(problem)
+                report["flags"] = label
                 write_report(report, out / recipe.name)
                 result.pairs.append(built)
                 result.reports[recipe.name] = report

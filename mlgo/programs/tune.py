@@ -187,7 +187,9 @@ def choose_policy(
                 candidates.update(gated_candidates(trained.policy, sweep))
     judged = {name: c for name, (_, c) in candidates.items()}
     if problem.stage == "link":  # the link's own pipeline judges, not the corpus's compile
-        judged = linked_changes({n: p for n, (p, _) in candidates.items()}, corpus, tc)
+        policies = {n: p for n, (p, _) in candidates.items() if n != "default"}
+        judged = {n: c for n, c in judged.items() if n == "default"}  # 0, by definition
+        judged |= linked_changes(policies, corpus, tc)
     chosen = min(judged, key=lambda name: judged[name])
     save_policy(candidates[chosen][0], out / "chosen")
     change = {name: 100 * c for name, (_, c) in candidates.items()}
