@@ -39,8 +39,10 @@ using namespace llvm;
 namespace {
 
 // The advisor factory gets no ModuleAnalysisManager, which MLInlineAdvisor needs; clang
-// builds one per compilation and registers the plugin's analysis with it first.
-ModuleAnalysisManager *CompilationMAM = nullptr;
+// builds one per compilation and registers the plugin's analysis with it first. One per
+// thread: lld's ThinLTO backends optimize modules side by side, each on its own thread with
+// its own manager, and an advisor built on another module's manager crashes the link.
+thread_local ModuleAnalysisManager *CompilationMAM = nullptr;
 
 class PolicyRunner final : public MLModelRunner {
  public:
