@@ -20,7 +20,7 @@ from mlgo.serve.cc import (
     build_native_wrapper,
     compile_language,
     expand_response_files,
-    lto_link,
+    link_stage,
     opt_level,
     optimizes,
     run,
@@ -188,7 +188,7 @@ def test_the_native_wrapper_hands_python_what_it_reads_otherwise(cwd: Path) -> N
     (cwd / "args.rsp").write_text("-c x.c")
     for args, hands_over in COMMAND_LINES:
         seen = expand_response_files(args)
-        python_reads_otherwise = seen != args or bool(typed_sources(seen)) or lto_link(seen)
+        python_reads_otherwise = seen != args or bool(typed_sources(seen)) or bool(link_stage(seen))
         assert hands_over or not python_reads_otherwise, args
         r = subprocess.run([checker, "python", *args], capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout == f"{int(hands_over)}\n", (args, r.stdout)

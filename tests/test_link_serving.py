@@ -1,7 +1,7 @@
-"""Learned inlining in the link of a full-LTO build (issue 38, item 1): mlgo-cc driving a link
-with -flto and lld brings the link-time policy into lld's LTO backend; per-file compiles get
-only per-file policies and links only link-time ones. Real clang, real lld, a real service,
-both wrappers."""
+"""Learned inlining in the link of an LTO build: mlgo-cc driving a link with -flto (or
+-flto=thin) and lld brings the link-time policy of that kind into lld's LTO backends;
+per-file compiles get only per-file policies and links only link-time ones. Real clang, real
+lld, a real service, both wrappers."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from mlgo.llvm.cmdline import link_output
 from mlgo.llvm.sizes import text_size
 from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
-from mlgo.serve.cc import at_link, links_with_lld, lto_link
+from mlgo.serve.cc import at_link, link_stage, links_with_lld
 from mlgo.serve.client import ServiceError
 from tests import test_service
 from tests.conftest import MLGO, run_mlgo
@@ -46,13 +46,13 @@ LLD = [*LTO, "-fuse-ld=lld"]
 
 @pytest.mark.unit
 def test_a_full_lto_link_is_told_from_compiles_and_thin_links():
-    assert lto_link(["-Oz", "-flto", "a.o", "b.o", "-o", "p"])
-    assert lto_link(["-flto=full", "a.o"])
-    assert not lto_link(["-flto=thin", "a.o"])  # a ThinLTO backend sees one module
-    assert not lto_link(["-flto", "-fno-lto", "a.o"])
-    assert not lto_link(["-flto", "-c", "a.c"])
-    assert not lto_link(["-flto", "a.c", "-o", "p"])  # compiles first: a compile's lease
-    assert not lto_link(["-flto", "-E", "a.o"])
+    assert link_stage(["-Oz", "-flto", "a.o", "b.o", "-o", "p"]) == "link"
+    assert link_stage(["-flto=full", "a.o"]) == "link"
+    assert link_stage(["-flto", "-flto=thin", "a.o"]) == "thin-link"  # the last one counts
+    assert link_stage(["-flto", "-fno-lto", "a.o"]) is None
+    assert link_stage(["-flto", "-c", "a.c"]) is None
+    assert link_stage(["-flto", "a.c", "-o", "p"]) is None  # compiles first: a compile's lease
+    assert link_stage(["-flto=thin", "-E", "a.o"]) is None
     assert links_with_lld(["-fuse-ld=lld"]) and links_with_lld(["--ld-path=/opt/ld.lld"])
     assert not links_with_lld(["-fuse-ld=lld", "-fuse-ld=bfd"]) and not links_with_lld([])
     assert link_output(["a.o", "-o", "prog"]) == "prog" and link_output(["-oprog2"]) == "prog2"
@@ -167,12 +167,76 @@ def test_mlgo_flags_link_prints_what_to_add_to_a_link_line(both, link_policy, tc
     for name, extra in (("plain", []), ("served", flags)):
         run([tc.clang, *LLD, "callee.o", "callers.o", "-o", name, *extra], tmp_path)
     assert text_size(tmp_path / "served") > text_size(tmp_path / "plain")
-    thin = subprocess.run(
+    thin = run(
         [*MLGO, "flags", "--link", "--socket", str(both.socket), "--", "-Oz", "-flto=thin"],
+        tmp_path,
+    )
+    assert thin.stdout == "" and "trained for the thin-link step" in thin.stderr, thin.stderr
+    plain = subprocess.run(
+        [*MLGO, "flags", "--link", "--socket", str(both.socket), "--", "-Oz"],
         capture_output=True,
         text=True,
     )
-    assert thin.returncode != 0 and "serves full-LTO links" in thin.stderr, thin.stderr
+    assert plain.returncode != 0 and "a link with -flto, not: -Oz" in plain.stderr, plain.stderr
+
+
+# Eight files that call across each other: a ThinLTO link runs a backend for each, side by
+# side on lld's threads.
+THIN_FILES = {
+    f"part{i}.c": f"int mix(int, int, int, int);\nint part{(i + 1) % 8}(int);\n"
+    f"int part{i}(int a) {{\n"
+    f"  return mix(a, {i}, a + {i}, 3) + (a > {i} ? part{(i + 1) % 8}(a - 1) : 0);\n}}\n"
+    for i in range(8)
+} | {
+    "callee.c": CALLEE,
+    "main.c": "int part0(int);\nint main(int argc, char **argv) { return part0(argc) & 1; }\n",
+}
+THIN = ["-Oz", "-flto=thin"]
+
+
+def thin_objects(compiler: list[str], tmp: Path, env: dict[str, str] | None = None) -> list[str]:
+    for name, text in THIN_FILES.items():
+        (tmp / name).write_text(text)
+        run([*compiler, *THIN, "-c", name, "-o", name[:-2] + ".o"], tmp, env)
+    return sorted(name[:-2] + ".o" for name in THIN_FILES)
+
+
+@pytest.fixture(scope="module")
+def thin_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("thin-inline-all") / "policy"
+    return save_inline_all(out, problem=get_problem("inlining-size-thin"))
+
+
+def test_a_thin_link_is_answered_by_a_thin_link_policy_in_every_backend(
+    cc, both, thin_policy, tc, tmp_path
+):
+    """A ThinLTO link is neither a compile nor a full-LTO link: the per-file and full-LTO
+    policies leave it to lld (byte for byte, with a note); a ThinLTO one answers in each of
+    its backends, which run side by side (each on its own thread's pass manager: sharing
+    one crashed the link), counted as a served ThinLTO link."""
+    objs = thin_objects([tc.clang], tmp_path)
+    run([tc.clang, *THIN, "-fuse-ld=lld", *objs, "-o", "plain"], tmp_path)
+    left = both.status()["thin_links"].get("-Oz", {"default": 0})["default"]
+    r = run([*cc, *THIN, "-fuse-ld=lld", *objs, "-o", "prog"], tmp_path, both.env())
+    note = "no served policy is trained for the thin-link step"  # said once per service
+    assert r.stderr == "" or note in r.stderr, r.stderr
+    assert both.status()["thin_links"]["-Oz"] == {"served": 0, "default": left + 1}
+    assert (tmp_path / "prog").read_bytes() == (tmp_path / "plain").read_bytes()
+    (tmp_path / "svc").mkdir()
+    service = Service(tmp_path / "svc", "--policy", str(SHIPPED), "--policy", str(thin_policy))
+    try:
+        for _ in range(3):  # the crash was a race between backends
+            r = run([*cc, *THIN, "-fuse-ld=lld", *objs, "-o", "prog"], tmp_path, service.env())
+            assert not r.stderr, r.stderr
+            assert text_size(tmp_path / "prog") > text_size(tmp_path / "plain")
+        assert service.status()["thin_links"] == {"-Oz": {"served": 3, "default": 0}}
+        assert service.status()["links"] == {}
+    finally:
+        service.stop()
+    assert (
+        subprocess.run([tmp_path / "prog"]).returncode
+        == subprocess.run([tmp_path / "plain"]).returncode
+    )
 
 
 def test_mlgo_build_lto_full_links_a_debian_program_with_the_link_policy(link_policy, tmp_path):

@@ -1,5 +1,5 @@
-"""`mlgo corpus record --lto full`: a corpus of the merged modules of a real make build's
-full-LTO links, one per program or shared library."""
+"""`mlgo corpus record --lto full|thin`: a corpus of a real make build's LTO links: the merged
+module of each program or shared library, or each ThinLTO backend's module after import."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlgo.corpus.format import load_corpus
+from mlgo.corpus.lto import linked_texts
 from mlgo.corpus.record import record
 from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
@@ -133,22 +134,47 @@ def test_the_last_link_of_an_output_is_recorded_and_a_build_of_no_link_is_refuse
         '"$CC" -o prog main.o ops.o && "$CC" -shared -o libops.so ops.o'
     )
     out = tmp_path / "corpus"
-    result = record(["sh", "-c", build], out, tc, source_dir=src, package="p", lto=True)
+    result = record(["sh", "-c", build], out, tc, source_dir=src, package="p", stage="link")
     assert result.packages == {"p": 2} and result.skipped == []
     # prog was linked twice, a library first: the one recorded is the program, with main.
     assert "main" in (out / "p" / "prog.bc").read_bytes().decode("latin-1")
     with pytest.raises(BuildError, match="linked no program or shared library"):
-        record(["sh", "-c", '"$CC" -c ops.c'], out, tc, source_dir=src, lto=True)
+        record(["sh", "-c", '"$CC" -c ops.c'], out, tc, source_dir=src, stage="link")
     assert len(load_corpus(out).modules) == 2
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("mode, why", [("thin", "ThinLTO is not supported yet"), ("x", "full")])
-def test_only_full_lto_is_recorded(tmp_path, mode, why):
-    r = run_mlgo(
-        "corpus", "record", "--lto", mode, "--out", str(tmp_path), "--", "make", timeout=60
-    )
-    assert r.returncode == 2 and why in r.stderr and "--lto" in r.stderr
+def test_lto_is_full_or_thin(tmp_path):
+    r = run_mlgo("corpus", "record", "--lto", "x", "--out", str(tmp_path), "--", "make", timeout=60)
+    assert r.returncode == 2 and "use --lto full or --lto thin" in r.stderr
+
+
+def test_thin_lto_records_each_backend_module_under_its_link(tc: Toolchain, tmp_path):
+    """`--lto thin`: lld writes a backend's temporaries beside its input, and the user's tree
+    still gets only what a plain build writes. Each backend module after import is named
+    under its link; a link's modules, optimized and compiled as lld's backends do and
+    linked once (`linked_texts`), land near the real link's `.text`."""
+    src, plain = project(tmp_path / "calc"), project(tmp_path / "plain")
+    subprocess.run(["make", f"CC={tc.clang}"], cwd=plain, check=True, capture_output=True)
+    out = tmp_path / "corpus"
+    args = ["corpus", "record", "--lto", "thin", "--out", str(out), "--source-dir", str(src)]
+    r = run_mlgo(*args, "--package", "calc", "--", "make", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "3 modules: calc (3)" in r.stdout and f"{src / 'tool'}: its link failed" in r.stderr
+    assert files(src) == files(plain)
+    corpus = load_corpus(out)
+    assert corpus.stage == "thin-link"
+    assert corpus.require(get_problem("inlining-size-thin")) is corpus
+    assert [m.name for m in corpus.modules] == [
+        "calc/bin/mix/001-main.o",
+        "calc/bin/mix/002-ops.o",
+        "calc/lib/libops.so/001-ops.pic.o",
+    ]
+    linked = linked_texts(tc, corpus)
+    assert set(linked) == {"calc/bin/mix", "calc/lib/libops.so"}
+    for name, size in linked.items():
+        real = text_size(src / name.split("/", 1)[1])
+        assert abs(size / real - 1) < 0.03, (name, size, real)
 
 
 def test_a_cmake_build_archives_bitcode_with_this_llvm(tc: Toolchain, tmp_path):
@@ -158,7 +184,7 @@ def test_a_cmake_build_archives_bitcode_with_this_llvm(tc: Toolchain, tmp_path):
     subprocess.run(["cp", "-r", str(DATA / "record" / "cmake"), str(src)], check=True)
     out = tmp_path / "corpus"
     build = "cmake -B build > /dev/null && cmake --build build"
-    result = record(["sh", "-c", build], out, tc, source_dir=src, package="p", lto=True)
+    result = record(["sh", "-c", build], out, tc, source_dir=src, package="p", stage="link")
     assert result.packages == {"p": 1}
     assert [m.name for m in load_corpus(out).modules] == ["p/build/summarize"]
 

@@ -258,5 +258,24 @@ def test_lto_full_tunes_the_link_against_plain_full_lto(cache, tmp_path):
     assert chosen is not None and chosen <= 0.0
     log = (out / "programs" / "mlgo.log").read_text()
     assert "no served policy is trained for the compile step" in log  # only the link's
-    again = run_mlgo(*[a if a != "full" else "thin" for a in args], timeout=60)
-    assert again.returncode == 2 and "ThinLTO is not supported yet" in again.stderr
+
+
+def test_lto_thin_tunes_the_backends_against_plain_thinlto(cache, tmp_path):
+    """`--lto thin`: a corpus of the link's backend modules, candidates judged on the
+    programs as lld's ThinLTO backends make them, both builds linked by lld with ThinLTO,
+    the policy's in each backend; never larger than plain ThinLTO."""
+    out, args = wordcount_args(tmp_path, "--lto", "thin", "--minutes", "0.05")
+    r = run_mlgo(*args, timeout=600)
+    assert r.returncode == 0, r.stderr + r.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert (report["problem"], report["stage"]) == ("inlining-size-thin", "thin-link")
+    assert report["tests"] == {"baseline": "passed", "policy": "passed"}
+    assert "clang -Oz -flto=thin -fuse-ld=lld" in r.stdout
+    corpus = load_corpus(out / "corpus")
+    assert corpus.stage == "thin-link" and corpus.modules
+    assert all(m.name.startswith("wordcount/wordcount/") for m in corpus.modules)
+    training = report["training"]
+    assert training["linked_change_pct"]["default"] == 0.0
+    assert training["linked_change_pct"][training["chosen"]] <= 0.0
+    assert training["rank_correlation"]["candidates"] >= 2
+    assert report["size"]["policy"] <= report["size"]["baseline"]

@@ -27,7 +27,7 @@ from mlgo.llvm.log_format import (
     stack_features,
 )
 from mlgo.packages.recipes import available_recipes, load_recipe
-from mlgo.problems import Derived, get_problem, problems
+from mlgo.problems import Derived, at_link, get_problem, problems
 from mlgo.problems.normalizer import Normalizer
 from mlgo.problems.policy_files import load_policy
 from mlgo.problems.regalloc_eviction import VIRT_REG, spill_costs
@@ -126,11 +126,15 @@ def test_a_constant_feature_normalizes_to_a_step():
 
 
 def test_the_registry_knows_every_problem_and_names_them_when_asked_for_another():
-    names = ["inlining-size", "inlining-size-link", "regalloc-eviction"]
+    names = ["inlining-size", "inlining-size-link", "inlining-size-thin", "regalloc-eviction"]
     assert [p.name for p in problems()] == names
     with pytest.raises(UsageError, match=f"known: {', '.join(names)}"):
         get_problem("loop-unroll")
-    assert [p.stage for p in problems()] == ["compile", "link", "compile"]
+    assert [p.stage for p in problems()] == ["compile", "link", "thin-link", "compile"]
+    assert at_link("inlining-size", "thin").name == "inlining-size-thin"
+    assert at_link("inlining-size-link", "full").name == "inlining-size-link"
+    with pytest.raises(UsageError, match="--lto thin tunes the inliner of the link"):
+        at_link("regalloc-eviction", "thin")
     link = get_problem("inlining-size-link")
     assert link.flags_for_serving("/b") == INLINING.flags_for_serving("/b")
 

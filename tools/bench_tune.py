@@ -7,10 +7,11 @@
 
   .venv/bin/python -m tools.bench_tune yajl serd tidy-html5 ninja --lto full --minutes 10
 
-With `--lto full`, issue 38's figures: `mlgo tune --lto full` (the inliner of the full-LTO
-link, against plain `-Oz -flto` linked by lld) into WORK/NAME/tune-lto-full, and beside it
-what plain full LTO gives over per-file `-Oz` (a third build, WORK/NAME/per-file, without
-tests), over the same programs and shared libraries.
+With `--lto full` (or `thin`), issue 38's figures: `mlgo tune --lto full` (the inliner of
+the LTO link, against plain `-Oz -flto` (`-flto=thin`) linked by lld) into
+WORK/NAME/tune-lto-full (-thin), and beside it what plain LTO gives over per-file `-Oz` (a
+third build, WORK/NAME/per-file, without tests), over the same programs and shared
+libraries, and how well the corpus's reward ranked the candidates as the link did.
 
 Each project is a Debian source package (fetched with apt-get source, patches applied, its
 build dependencies installed), tuned on its own code with the commands below, exactly what
@@ -39,6 +40,7 @@ from mlgo.cli import USER_ERRORS
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe
+from mlgo.problems import LTO_STAGES, at_link
 from mlgo.programs.build import build_program, plain_compilers, pristine_source
 from mlgo.programs.tune import TuneOptions, project, tune
 from mlgo.runtime.files import atomic_write_text
@@ -271,18 +273,18 @@ PROJECTS = {
 }
 
 
-def tune_project(name: str, work: Path, minutes: float, lto: bool = False) -> dict:
-    """Fetches NAME's source once and tunes it into WORK/NAME/tune (LTO: the full-LTO link's
-    inliner, into WORK/NAME/tune-lto-full, and plain full LTO against per-file -Oz); its
-    report and wall time."""
+def tune_project(name: str, work: Path, minutes: float, lto: str | None = None) -> dict:
+    """Fetches NAME's source once and tunes it into WORK/NAME/tune (LTO: that link's
+    inliner, into WORK/NAME/tune-lto-LTO, and plain LTO against per-file -Oz); its report
+    and wall time."""
     p = PROJECTS[name]
     recipe = project(name, [p.configure], [p.build], [p.test], p.bench)
     recipe = replace(recipe, source=p.source, build_depends=p.build_depends)
     source = pristine_source(recipe, work / name)
     started = time.monotonic()
     tc = find_toolchain()
-    problem = "inlining-size-link" if lto else "inlining-size"
-    out = work / name / ("tune-lto-full" if lto else "tune")
+    problem = at_link("inlining-size", lto).name if lto else "inlining-size"
+    out = work / name / (f"tune-lto-{lto}" if lto else "tune")
     report = tune(source, recipe, out, tc, TuneOptions(minutes=minutes, problem=problem))
     result = {"language": p.language, "seconds": time.monotonic() - started, "report": report}
     if lto:
@@ -293,7 +295,7 @@ def tune_project(name: str, work: Path, minutes: float, lto: bool = False) -> di
 def lto_over_per_file(
     recipe: Recipe, source: Path, work: Path, tuned: Path, tc: Toolchain
 ) -> float:
-    """What plain full LTO (the tune's baseline build) gives over per-file -Oz, in % of the
+    """What plain LTO (the tune's baseline build) gives over per-file -Oz, in % of the
     programs' and shared libraries' .text: the same source built per file into WORK/per-file
     (once; no tests), against the tune's plain build."""
     per_file = work / "per-file"
@@ -304,7 +306,7 @@ def lto_over_per_file(
     return linked["delta_pct"]
 
 
-def try_project(name: str, work: Path, minutes: float, lto: bool = False) -> dict:
+def try_project(name: str, work: Path, minutes: float, lto: str | None = None) -> dict:
     """`tune_project`, or what stopped it (its rehearsal, a failing test...) as one line, so
     that the projects after it still run."""
     try:
@@ -316,6 +318,15 @@ def try_project(name: str, work: Path, minutes: float, lto: bool = False) -> dic
 
 def pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:+.2f}%"
+
+
+def rank(result: dict) -> str:
+    """Spearman's rho of the corpus's reward against the link's judgement, over the
+    candidates the link gave a size (a tune of an LTO link)."""
+    training = result.get("report", {}).get("training", {})
+    corr = training.get("rank_correlation") or {}
+    rho = corr.get("spearman")
+    return "n/a" if rho is None else f"{rho:+.2f} ({corr['candidates']})"
 
 
 def row(name: str, result: dict) -> list[str]:
@@ -352,25 +363,25 @@ def main() -> None:
     parser.add_argument("projects", nargs="+", choices=sorted(PROJECTS))
     parser.add_argument("--minutes", type=float, default=60.0, help="training budget each")
     parser.add_argument("--work", type=Path, default=Path("data/bench-tune"))
-    parser.add_argument("--lto", choices=["full"], help="tune the full-LTO link's inliner")
+    parser.add_argument("--lto", choices=sorted(LTO_STAGES), help="tune that LTO link's inliner")
     args = parser.parse_args()
-    work = args.work.resolve()
-    lto = args.lto == "full"
+    work, lto = args.work.resolve(), args.lto
     results = {name: try_project(name, work, args.minutes, lto) for name in args.projects}
-    baseline = "clang -Oz -flto (lld)" if lto else "clang -Oz"
+    flag = {"full": "-flto", "thin": "-flto=thin"}.get(lto or "")
+    baseline = f"clang -Oz {flag} (lld)" if lto else "clang -Oz"
     table = Table(
         "project", "programs + shared libs .text (files)", "all ELF files",
         "search headroom (kept)", "kept", "CPU time (IQR)", "instructions",
         f"tests ({baseline} / policy)", "training", "wall, this run",
-        *(["plain full LTO vs per-file -Oz"] if lto else []),
-        title=f"mlgo tune{' --lto full' if lto else ''} --minutes {args.minutes:g}, "
+        *([f"plain {flag} vs per-file -Oz", "corpus vs link rank (rho)"] if lto else []),
+        title=f"mlgo tune{f' --lto {lto}' if lto else ''} --minutes {args.minutes:g}, "
         f"each project against {baseline}",
     )  # fmt: skip
     for name, result in results.items():
-        extra = [pct(result.get("lto_over_per_file_pct"))] if lto else []
+        extra = [pct(result.get("lto_over_per_file_pct")), rank(result)] if lto else []
         table.add_row(*row(name, result), *extra)
     console.print(table)
-    out = work / "bench_tune.json"
+    out = work / (f"bench_tune-lto-{lto}.json" if lto else "bench_tune.json")
     atomic_write_text(out, json.dumps(results, indent=1))
     console.print(f"wrote {out}")
 

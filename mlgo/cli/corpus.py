@@ -12,6 +12,7 @@ from rich.table import Table
 from mlgo.cli.options import ClangOpt, WorkersOpt, console, err, kib, lto_mode
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.options import opt_level as level_check
+from mlgo.problems import LTO_STAGES
 from mlgo.runtime.commands import BuildError
 
 app = typer.Typer(
@@ -71,12 +72,15 @@ def corpus_build(
     ] = False,
     lto: Annotated[
         str | None,
-        typer.Option(help="full: each full-LTO link's merged module instead", callback=lto_mode),
+        typer.Option(
+            help="full or thin: each LTO link's modules instead (merged, or each backend's)",
+            callback=lto_mode,
+        ),
     ] = None,
     clang: ClangOpt = None,
 ) -> None:
     """Build Debian source packages (named, or a whole split) and extract their bitcode into
-    a corpus (with --lto full, of their links, for inlining-size-link); a package that fails
+    a corpus (with --lto, of their links, for inlining-size-link or -thin); a package that fails
     is named and the others go on."""
     from mlgo.corpus.extract import combine
     from mlgo.corpus.format import DESCRIPTION
@@ -85,14 +89,14 @@ def corpus_build(
     from mlgo.packages.recipes import load_recipe
     from mlgo.runtime.files import output_dir
 
-    names, links = packages_to_build(packages or [], split), lto == "full"
+    names, stage = packages_to_build(packages or [], split), LTO_STAGES[lto] if lto else "compile"
     tc, failed = find_toolchain(clang), []
     with output_dir(out):  # nothing built into a new OUT: no OUT (the failures said why)
         for pkg in names:
             try:
                 with err.status(f"building {pkg}"):
                     recipe = load_recipe(pkg)
-                    b = extract_package(recipe, tc, out, work / pkg, opt_level, profile, links)
+                    b = extract_package(recipe, tc, out, work / pkg, opt_level, profile, stage)
                 done = "reused" if b.reused else "built"
                 err.print(f"[green]{done}[/green] {pkg}: {b.modules} modules")
                 for line in b.skipped:
@@ -178,8 +182,8 @@ def corpus_record(
     lto: Annotated[
         str | None,
         typer.Option(
-            help="full: build with full LTO and record the module each program's or shared "
-            "library's link optimizes, for inlining-size-link",
+            help="full or thin: build with that LTO and record the modules each program's or "
+            "shared library's link optimizes, for inlining-size-link or inlining-size-thin",
             callback=lto_mode,
         ),
     ] = None,
@@ -198,7 +202,8 @@ def corpus_record(
         if from_:
             result = record_from(from_, out, tc, source_dir, package, opt_level)
         else:
-            result = record(build or [], out, tc, source_dir, package, opt_level, lto=bool(lto))
+            stage = LTO_STAGES[lto] if lto else "compile"
+            result = record(build or [], out, tc, source_dir, package, opt_level, stage=stage)
     for line in result.skipped:
         err.print(f"[yellow]not recorded[/yellow] {line}", highlight=False)
     packages = ", ".join(f"{p} ({n})" for p, n in sorted(result.packages.items()))

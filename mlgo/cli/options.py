@@ -12,7 +12,7 @@ from rich.console import Console
 from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.data import shipped_policy
 from mlgo.options import workers_spec
-from mlgo.problems import Problem
+from mlgo.problems import LTO_STAGES, Problem
 from mlgo.runtime.workers import WORKERS_HELP
 
 console = Console(soft_wrap=True)  # a path or a count never breaks a line
@@ -41,10 +41,9 @@ def selected(corpus: Path, packages: str, problem: Problem) -> Corpus:
 
 
 def lto_mode(mode: str | None) -> str | None:
-    """--lto's check: full, the one mode (ThinLTO is not supported yet)."""
-    if mode not in (None, "full"):
-        why = "ThinLTO is not supported yet" if mode == "thin" else "the one mode is full"
-        raise typer.BadParameter(f"{mode!r}: {why}; use --lto full")
+    """--lto's check: full or thin (LTO_STAGES)."""
+    if mode not in (None, *LTO_STAGES):
+        raise typer.BadParameter(f"{mode!r}: use --lto full or --lto thin")
     return mode
 
 

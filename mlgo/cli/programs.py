@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console, lto_mode
-from mlgo.errors import UsageError
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.options import positive
 from mlgo.programs.demo import DEMO_PACKAGE, DemoOptions
@@ -36,7 +35,10 @@ def build(
     ] = BENCH_ROUNDS,
     lto: Annotated[
         str | None,
-        typer.Option(help="full: both builds -flto by lld (link-time policies)", callback=lto_mode),
+        typer.Option(
+            help="full or thin: both builds -flto(=thin) by lld (link-time policies)",
+            callback=lto_mode,
+        ),
     ] = None,
     clang: ClangOpt = None,
 ) -> None:
@@ -45,13 +47,13 @@ def build(
     its workload (if its recipe has one) on both, and compare the linked programs' .text
     and the workload's CPU time. Each package's report.json and report.html go in OUT/<package>."""
     from mlgo.packages.recipes import load_recipe
-    from mlgo.problems import get_problem
+    from mlgo.problems import at_link, get_problem
     from mlgo.programs.compare import compare_programs, comparison_table
     from mlgo.runtime.commands import BuildError
 
     tc = find_toolchain(clang)
     recipes = [load_recipe(name) for name in packages]  # a misspelt name fails before any build
-    problem = get_problem(lto_problem("inlining-size") if lto else "inlining-size")
+    problem = at_link("inlining-size", lto) if lto else get_problem("inlining-size")
     result = compare_programs(
         recipes, policy, out, tc, tests, backend, guard, bench_rounds, problem=problem
     )
@@ -100,13 +102,6 @@ def demo(
     console.print(f"wrote {tuned / 'report.json'} and {tuned / 'report.html'} (with plots)")
 
 
-def lto_problem(problem: str) -> str:
-    """The problem `--lto full` tunes: the inliner of the full-LTO link."""
-    if problem not in ("inlining-size", "inlining-size-link"):
-        raise UsageError(f"--lto full tunes the link's inliner, not {problem}")
-    return "inlining-size-link"
-
-
 def tune(
     source: Annotated[Path, typer.Option(help="your project's source directory")],
     build: Annotated[list[str], typer.Option(help="build shell line, e.g. 'make -j2'; repeatable")],
@@ -125,11 +120,13 @@ def tune(
         float, typer.Option(help="minutes of training (only)", min=0.01, callback=positive)
     ] = 10.0,
     problem: Annotated[
-        str, typer.Option(help="inlining-size, inlining-size-link or regalloc-eviction")
+        str, typer.Option(help="inlining-size (the default), regalloc-eviction, or the link's")
     ] = "inlining-size",
     lto: Annotated[
         str | None,
-        typer.Option(help="full: tune the inliner of a full-LTO link by lld", callback=lto_mode),
+        typer.Option(
+            help="full or thin: tune the inliner of an LTO link by lld", callback=lto_mode
+        ),
     ] = None,
     guard: Annotated[bool, typer.Option(help="MLGO_GUARD=size on the policy build")] = False,
     policy: Annotated[Path | None, typer.Option(help="start policy (default: shipped)")] = None,
@@ -139,12 +136,13 @@ def tune(
     build, train on its own modules from the shipped policy for --minutes, build it twice
     from a pristine copy (clang, and mlgo-cc with what was smallest on your code: clang's own
     decisions if nothing beat them), run --test on both, time --bench on both."""
+    from mlgo.problems import at_link
     from mlgo.programs.report import report_table, training_line
     from mlgo.programs.tune import TuneOptions, project
     from mlgo.programs.tune import tune as run_tune
 
     if lto:
-        problem = lto_problem(problem)
+        problem = at_link(problem, lto).name
     recipe = project(source.resolve().name, configure or [], build, test or [], bench)
     opts = TuneOptions(
         problem=problem, policy=policy, minutes=minutes, guard=guard, bench_rounds=bench_rounds

@@ -48,7 +48,12 @@ def status(socket: SocketOpt = None) -> None:
     table = Table("", "", title=f"mlgo service (pid {s['pid']}, up {s['uptime_s']:.0f} s)")
     for key in ("active_leases", "compilations", "decisions", "failed_compilations"):
         table.add_row(key.replace("_", " "), f"{s[key]:,}")
-    for what, key in (("compiles", "levels"), ("links (full LTO)", "links")):
+    kinds = (
+        ("compiles", "levels"),
+        ("links (full LTO)", "links"),
+        ("links (ThinLTO)", "thin_links"),
+    )
+    for what, key in kinds:
         for level, n in sorted(s.get(key, {}).items()):
             served = f"{n['served']:,} served, {n['default']:,} left to clang's default"
             table.add_row(f"{level} {what}", served)
@@ -98,23 +103,24 @@ def flags(
         str, typer.Option(help="the language of the compiles: c (CFLAGS) or c++ (CXXFLAGS)")
     ] = "c",
     link: Annotated[
-        bool, typer.Option(help="for a full-LTO link by lld (-flto -fuse-ld=lld): LDFLAGS")
+        bool, typer.Option(help="for an LTO link by lld (-flto[=thin] -fuse-ld=lld): LDFLAGS")
     ] = False,
     socket: SocketOpt = None,
 ) -> None:
     """Print the flags that bring the served policies to your own clang command, each by its
     fastest route (the plugin; a channel, for one compilation, where a problem has none);
-    with --link, those for the link of a full-LTO build, which only link-time policies
-    answer. Nothing when CFLAGS select a level (or --language one) no policy serves. Starts
-    the service (as mlgo-cc would) when none is running."""
+    with --link, those for the link of an LTO build (full or thin, as CFLAGS say), which
+    only link-time policies of that kind answer. Nothing when CFLAGS select a level (or
+    --language one) no policy serves. Starts the service (as mlgo-cc would) when none is
+    running."""
     from mlgo.llvm.languages import LANGUAGES
-    from mlgo.serve.cc import flags_by_hand
+    from mlgo.serve.cc import flags_by_hand, link_stage
     from mlgo.serve.client import socket_path
 
     if language not in LANGUAGES:
         raise UsageError(f"--language {language!r} is not one of {', '.join(LANGUAGES)}")
     path = socket or socket_path()
-    stage = "link" if link else "compile"
+    stage = (link_stage(cflags or []) or "link") if link else "compile"
     found, note = flags_by_hand(path, socket is None, problem, cflags or [], language, stage)
     if note:
         err.print(f"mlgo: note: {note}", highlight=False)

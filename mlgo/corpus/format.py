@@ -3,8 +3,9 @@
 The on-disk layout is ml-compiler-opt's, so corpora move freely between the two tools:
 `corpus_description.json` = {"has_thinlto": false, "modules": [NAME, ...]} (optionally
 "global_command_override", and mlgo's "stage": "link" for the merged modules of full-LTO
-links, `mlgo.problems.STAGES`), and per module `NAME.bc` plus `NAME.cmd`, the cc1 arguments
-separated by NUL bytes, as LLVM's extract_ir writes them. A module's package is the first
+links, "thin-link" for ThinLTO backends' modules, `mlgo.problems.STAGES`), and per module
+`NAME.bc` plus `NAME.cmd`, the cc1 arguments separated by NUL bytes, as LLVM's extract_ir
+writes them. A module's package is the first
 component of its name (`zstd/lib/compress/zstd_compress`), which is how results are grouped
 and how training and held-out sets are split.
 """
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from mlgo.errors import MlgoError
 from mlgo.llvm.languages import suffix_language
-from mlgo.problems import STAGES
+from mlgo.problems import LTO_STAGES, STAGES
 
 if TYPE_CHECKING:
     from mlgo.problems import Problem
@@ -142,7 +143,8 @@ class Corpus:
         """This corpus, if it is from PROBLEM's stage and every module was recorded at its
         level; else one CorpusError up front, instead of one failed compile per module."""
         if self.stage != problem.stage:
-            how = "mlgo corpus record --lto full" if problem.stage == "link" else "a build"
+            modes = {stage: f"mlgo corpus record --lto {m}" for m, stage in LTO_STAGES.items()}
+            how = modes.get(problem.stage, "a build")
             raise CorpusError(
                 f"{self.root}: a corpus of the {self.stage} step, and {problem.name} decides "
                 f"at the {problem.stage} step; record one with `{how}`"

@@ -1,27 +1,34 @@
-"""A corpus of full-LTO links: the module lld's LTO optimizes, one per linked program or
-shared library (`mlgo corpus record --lto full`).
+"""A corpus of LTO links: the modules lld's LTO optimizes (`mlgo corpus record --lto
+full|thin`), and how a link-time policy's size is judged as the link makes it.
 
-The recorded build runs with the wrappers adding LTO_FLAGS, so its compiles write bitcode
+The recorded build runs with the wrappers adding `lto_flags`, so its compiles write bitcode
 objects and its links run lld's LTO. Afterwards each logged link is replayed in its own
 directory with lld's `--save-temps` and its output in a private directory, so nothing is
-written into the user's tree: lld keeps the merged module after LTO's internalization, before
-its optimization pipeline, beside that output (MERGED_SUFFIX). That module, with the cc1
-command line `clang OPT -c` runs on it (`cc1_args`), is one module of a corpus of the link
-stage, whose `.text` lands near the real link's.
+written into the user's tree.
+- Full LTO: lld keeps the merged module after LTO's internalization, before its optimization
+  pipeline, beside that output (MERGED_SUFFIX): one module per program or shared library.
+- ThinLTO: lld keeps each backend's module after import beside that backend's input, so the
+  replay sees its bitcode inputs through links in the private directory (`backend_modules`):
+  one module per object of the link, named under the link's own name.
+Each module, with the cc1 command line `clang OPT -c` runs on it (`cc1_args`), is a module
+of a corpus of that stage. That compile runs clang's per-file pipeline, not the link's, so a
+policy is judged by the link's own (`linked_texts`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from mlgo.corpus.extract import Invocation
+from mlgo.corpus.format import Corpus
 from mlgo.llvm.cmdline import link_output, without_outputs
 from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
@@ -29,19 +36,30 @@ from mlgo.problems import STAGE_FLAGS
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.messages import error_line
 
-# Appended after the recorded level, as RECORD_FLAGS are for a corpus of files: the link
-# stage's own flags, as the builds a link-time policy is compared on get them.
-LTO_FLAGS = [*STAGE_FLAGS["link"], "-Qunused-arguments", "-g0"]
-# lld keeps the merged module after LTO's internalization beside the output under this name.
+# lld keeps the merged module after LTO's internalization beside the output under this name,
+# and each ThinLTO backend's module after import beside its input under this suffix.
 MERGED_SUFFIX = ".0.2.internalize.bc"
+IMPORTED_SUFFIX = ".3.import.bc"
+# lld's LTO optimizes at --lto-O2 unless told otherwise (clang's driver passes no other
+# for -Os and -Oz); a ThinLTO backend runs this pipeline, then compiles as lld does.
+THIN_BACKEND = ["-passes=thinlto<O2>"]
+THIN_CODEGEN = ["-O2", "-filetype=obj", "-function-sections", "-data-sections"]
+THIN_CODEGEN += ["-relocation-model=pic"]
 # A driver call with one of these compiles, preprocesses or links relocatably: no program.
 _NOT_LINKS = {"-c", "-S", "-E", "-M", "-MM", "-fsyntax-only", "-r"}
 # Raw LLVM bitcode, and bitcode in its wrapper header.
 _BITCODE_MAGIC = (b"BC\xc0\xde", b"\xde\xc0\x17\x0b")
+_ARCHIVE_MAGIC = b"!<arch>\n"
 # Linker options that write a file of their own (-Wl,-Map=FILE, -Wl,-Map,FILE), and the
 # driver's own temporaries: a replay writes only into its private directory.
 _LINKER_OUTPUTS = ("-Map", "--Map", "--dependency-file", "--why-extract", "--reproduce")
 _DRIVER_TEMPS = ("-save-temps", "--save-temps")
+
+
+def lto_flags(stage: str) -> list[str]:
+    """Appended after the recorded level, as RECORD_FLAGS are for a corpus of files: the
+    STAGE's own flags, as the builds a link-time policy is compared on get them."""
+    return [*STAGE_FLAGS[stage], "-Qunused-arguments", "-g0"]
 
 
 @dataclass(frozen=True)
@@ -70,11 +88,19 @@ def logged_links(invocations: list[Invocation]) -> list[Link]:
 
 
 def _is_bitcode(path: Path) -> bool:
+    return _magic(path)[:4] in _BITCODE_MAGIC
+
+
+def _is_archive(path: Path) -> bool:
+    return _magic(path) == _ARCHIVE_MAGIC
+
+
+def _magic(path: Path) -> bytes:
     try:
         with open(path, "rb") as f:
-            return f.read(4) in _BITCODE_MAGIC
+            return f.read(8)
     except OSError:  # gone, a directory, unreadable: not an object of the link
-        return False
+        return b""
 
 
 def _writes_a_file(arg: str) -> bool:
@@ -90,12 +116,10 @@ def replay_command(link: Link, flags: list[str], out: Path) -> list[str]:
     return [link.argv[0], *args, *flags, "-o", str(out)]
 
 
-def merged_module(link: Link, flags: list[str], private: Path, timeout_s: float | None) -> Path:
-    """Replays LINK in its directory with FLAGS and lld's --save-temps, its output and every
-    other file it writes in PRIVATE; returns the merged module lld kept there. A link that
-    fails or merges no bitcode is a BuildError of one line."""
-    out = private / link.output.name
-    cmd = replay_command(link, [*flags, "-Wl,--save-temps"], out)
+def _replay(link: Link, flags: list[str], out: Path, timeout_s: float | None) -> None:
+    """Runs LINK again in its directory with FLAGS, writing OUT; a link that fails is a
+    BuildError of one line."""
+    cmd = replay_command(link, flags, out)
     try:
         r = subprocess.run(
             cmd,
@@ -112,10 +136,86 @@ def merged_module(link: Link, flags: list[str], private: Path, timeout_s: float 
         raise BuildError(f"cannot link in {link.cwd} ({e.strerror})") from e
     if r.returncode != 0:
         raise BuildError(f"its link failed again ({error_line(r.stderr, 200)})")
+
+
+def merged_module(link: Link, flags: list[str], private: Path, timeout_s: float | None) -> Path:
+    """Replays the full-LTO LINK with FLAGS and lld's --save-temps, its output and every
+    other file it writes in PRIVATE; returns the merged module lld kept there. A link that
+    fails or merges no bitcode is a BuildError of one line."""
+    out = private / link.output.name
+    _replay(link, [*flags, "-Wl,--save-temps"], out, timeout_s)
     merged = out.with_name(out.name + MERGED_SUFFIX)
     if not merged.is_file():
         raise BuildError("its link merged no bitcode")
     return merged
+
+
+def backend_modules(
+    link: Link, flags: list[str], private: Path, timeout_s: float | None
+) -> dict[str, Path]:
+    """Replays the ThinLTO LINK with FLAGS and lld's --save-temps in PRIVATE; returns each
+    backend's module after import by a name of its own (its input's, numbered). lld writes a
+    backend's temporaries beside its input, so the replay names each bitcode object and
+    archive, and each archive a -l finds in the link's own -L directories, by a link in
+    PRIVATE: nothing lands in the user's tree."""
+    seen = private / "in"
+    argv = list(link.argv)
+    inputs = set(Invocation(link.cwd, link.argv).inputs())
+    for i, arg in enumerate(argv[1:], 1):
+        if arg in inputs and (_is_bitcode(link.cwd / arg) or _is_archive(link.cwd / arg)):
+            number = len(list(seen.iterdir())) + 1 if seen.is_dir() else 1
+            argv[i] = str(_link_to(link.cwd / arg, seen / f"{number:03d}"))
+    archives = _archives_by_l(argv[1:], link.cwd)
+    for archive in archives:
+        _link_to(archive, private / "lib")
+    lib = [f"-L{private / 'lib'}"] if archives else []
+    _replay(
+        Link(link.cwd, [argv[0], *lib, *argv[1:]], link.output),
+        [*flags, "-Wl,--save-temps"],
+        private / link.output.name,
+        timeout_s,
+    )
+    found = sorted(private.rglob(f"*{IMPORTED_SUFFIX}"))
+    if not found:
+        raise BuildError("its link ran no ThinLTO backend")
+    return {_safe(str(m.relative_to(private))[: -len(IMPORTED_SUFFIX)]): m for m in found}
+
+
+def _link_to(target: Path, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    named = directory / target.name
+    named.symlink_to(os.path.abspath(target))
+    return named
+
+
+def _archives_by_l(args: list[str], cwd: Path) -> list[Path]:
+    """The archives lld takes for ARGS' -lNAME from their own -L directories (a shared
+    library found first, as lld prefers it, is none): a system library is in no -L of the
+    build, and never bitcode."""
+    dirs, names, rest = [], [], iter(args)
+    for a in rest:
+        if a in ("-L", "-l"):
+            a += next(rest, "")
+        if a.startswith("-L"):
+            dirs.append(cwd / a[2:])
+        elif a.startswith("-l") and not a.startswith("-l:"):
+            names.append(a[2:])
+    found = []
+    for name in dict.fromkeys(names):
+        for d in dirs:
+            if (d / f"lib{name}.so").exists() and "-static" not in args:
+                break
+            if _is_archive(d / f"lib{name}.a"):
+                found.append(d / f"lib{name}.a")
+                break
+    return found
+
+
+def _safe(relative: str) -> str:
+    """A backend module's path under the replay's directory as one part of a module name:
+    `in/007/util.o` -> `007-util.o`; an archive member's parentheses and spaces as `_`."""
+    parts = PurePosixPath(relative).parts[1:]
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", "-".join(parts))
 
 
 def cc1_args(tc: Toolchain, bitcode: Path, opt_level: str) -> list[str]:
@@ -136,30 +236,37 @@ def write_link_modules(
     opt_level: str,
     work: Path,
     skipped: list[str],
+    stage: str,
     timeout_s: float | None = None,
 ) -> list[str]:
-    """Replays LINKS (module name -> link) side by side in private directories under WORK
-    and writes each merged module, `NAME.bc` + `NAME.cmd` at OPT_LEVEL, into the corpus
-    directory STAGED; returns the names written. A link that could not be replayed (its
-    objects removed by the build, a linker error) is one line of SKIPPED."""
-    flags = [opt_level, *LTO_FLAGS]
+    """Replays LINKS (name -> link) of a build recorded for STAGE side by side in private
+    directories under WORK and writes their modules, `NAME.bc` + `NAME.cmd` at OPT_LEVEL,
+    into the corpus directory STAGED: a full-LTO link's merged module as NAME, a ThinLTO
+    link's backend modules as NAME/EACH. Returns the names written. A link that could not
+    be replayed (its objects removed by the build, a linker error) is one line of SKIPPED."""
+    flags = [opt_level, *lto_flags(stage)]
 
-    def write(name: str, link: Link) -> str | None:
+    def write(name: str, link: Link) -> list[str] | str:
         with tempfile.TemporaryDirectory(prefix="link-", dir=work) as private:
             try:
-                merged = merged_module(link, flags, Path(private), timeout_s)
-                args = cc1_args(tc, merged, opt_level)
+                if stage == "thin-link":
+                    found = backend_modules(link, flags, Path(private), timeout_s)
+                    modules = {f"{name}/{each}": m for each, m in found.items()}
+                else:
+                    modules = {name: merged_module(link, flags, Path(private), timeout_s)}
+                commands = {n: cc1_args(tc, m, opt_level) for n, m in modules.items()}
             except BuildError as e:
                 return f"{link.output}: {e}, not recorded"
-            (staged / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(merged, staged / f"{name}.bc")
-            (staged / f"{name}.cmd").write_bytes(b"\0".join(a.encode() for a in args))
-        return None
+            for n, module in modules.items():
+                (staged / n).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(module, staged / f"{n}.bc")
+                (staged / f"{n}.cmd").write_bytes(b"\0".join(a.encode() for a in commands[n]))
+        return list(modules)
 
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        failures = list(pool.map(write, links, links.values()))
-    skipped += [f for f in failures if f]
-    return [name for name, failure in zip(links, failures, strict=True) if not failure]
+        written = list(pool.map(write, links, links.values()))
+    skipped += [w for w in written if isinstance(w, str)]
+    return [n for w in written if isinstance(w, list) for n in w]
 
 
 def lto_text(tc: Toolchain, module: Path, plugin: Path | None = None) -> int:
@@ -169,9 +276,47 @@ def lto_text(tc: Toolchain, module: Path, plugin: Path | None = None) -> int:
     change in the real link, byte for byte as measured, where the compile can differ in sign."""
     with tempfile.TemporaryDirectory(prefix="mlgo-lto-") as d:
         out = Path(d) / "lto.o"
-        cmd = [tc.tool("ld.lld"), "-r", str(module), "-o", str(out)]
-        cmd += [f"--load-pass-plugin={plugin}"] if plugin else []
-        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
-        if r.returncode != 0:
-            raise BuildError(f"{module}: lld's LTO failed ({error_line(r.stderr, 200)})")
+        load = [f"--load-pass-plugin={plugin}"] if plugin else []
+        _tool([tc.tool("ld.lld"), "-r", str(module), *load, "-o", str(out)], module)
         return text_size(out)
+
+
+def thin_text(tc: Toolchain, modules: list[Path], plugin: Path | None = None) -> int:
+    """The `.text` one ThinLTO link keeps of its backend MODULES (each after import), with
+    PLUGIN's inlining policy in them if given: each optimized by the backend's pipeline and
+    compiled as lld does (THIN_BACKEND, THIN_CODEGEN), then all linked relocatably, which
+    keeps each COMDAT group (an inline function's linkonce_odr copy) once, as the program
+    does; an imported function is never emitted. Summing the modules alone would count
+    each such copy in every module that keeps it."""
+    load = [f"-load-pass-plugin={plugin}"] if plugin else []
+    with tempfile.TemporaryDirectory(prefix="mlgo-thin-") as d:
+
+        def backend(i: int, module: Path) -> Path:
+            obj = Path(d) / f"{i}.o"
+            _tool([tc.tool("opt"), *load, *THIN_BACKEND, str(module), "-o", f"{obj}.bc"], module)
+            _tool([tc.tool("llc"), *THIN_CODEGEN, f"{obj}.bc", "-o", str(obj)], module)
+            return obj
+
+        with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+            objects = list(pool.map(backend, range(len(modules)), modules))
+        out = Path(d) / "thin.o"
+        _tool([tc.tool("ld.lld"), "-r", *map(str, objects), "-o", str(out)], modules[0])
+        return text_size(out)
+
+
+def _tool(cmd: list[str], module: Path) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    if r.returncode != 0:
+        raise BuildError(f"{module}: {Path(cmd[0]).name} failed ({error_line(r.stderr, 200)})")
+
+
+def linked_texts(tc: Toolchain, corpus: Corpus, plugin: Path | None = None) -> dict[str, int]:
+    """The `.text` of each program or library of CORPUS (of a link stage) as lld's LTO
+    makes it, with PLUGIN's policy if given: a full-LTO link's merged module alone
+    (`lto_text`), a ThinLTO link's backend modules together (`thin_text`)."""
+    if corpus.stage == "link":
+        return {m.name: lto_text(tc, m.bitcode, plugin) for m in corpus.modules}
+    links: dict[str, list[Path]] = {}
+    for m in corpus.modules:
+        links.setdefault(str(PurePosixPath(m.name).parent), []).append(m.bitcode)
+    return {name: thin_text(tc, modules, plugin) for name, modules in links.items()}

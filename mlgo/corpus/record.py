@@ -15,9 +15,10 @@ module by its source's path under SOURCE_DIR, so a module's package is the top-l
 directory its source is in (or the one `--package`), and both publish the corpus at OUT in
 one rename, after LLVM's `extract_ir` succeeded.
 
-`record(lto=True)` records the build's full-LTO links instead (`lto.py`): one module per
-program or shared library, the merged module lld's LTO optimizes, named by the output's path
-under SOURCE_DIR, in a corpus of the link stage.
+`record(stage=...)` records the build's LTO links instead (`lto.py`): for full LTO one
+module per program or shared library, the merged module lld's LTO optimizes, named by the
+output's path under SOURCE_DIR; for ThinLTO each backend's module, under that name; in a
+corpus of that stage.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from mlgo.corpus.extract import (
     objects_without_bitcode,
 )
 from mlgo.corpus.format import DESCRIPTION, write_description
-from mlgo.corpus.lto import LTO_FLAGS, Link, logged_links, write_link_modules
+from mlgo.corpus.lto import Link, logged_links, lto_flags, write_link_modules
 from mlgo.corpus.wrappers import RECORD_FLAGS, build_env
 from mlgo.llvm.cmdline import without_outputs
 from mlgo.llvm.toolchain import Toolchain
@@ -86,11 +87,12 @@ def record(
     package: str | None = None,
     opt_level: str = "-Oz",
     timeout_s: float | None = None,
-    lto: bool = False,
+    stage: str = "compile",
 ) -> Recorded:
     """Runs BUILD_ARGV in SOURCE_DIR (default: here) with CC/CXX recording bitcode at
     OPT_LEVEL and logging their calls, and writes the corpus of what they compiled to OUT
-    (the module doc says why not under bear), or with LTO, of what they linked with full LTO.
+    (the module doc says why not under bear), or at a link STAGE, of what they linked with
+    that kind of LTO.
     A source whose name is not UTF-8, an object another compiler wrote in the tree and a link
     that could not be replayed are each one line of the result's `skipped`."""
     if not build_argv:
@@ -99,7 +101,9 @@ def record(
     log, calls_log = work / "build.log", work / "calls"
     shutil.rmtree(calls_log, ignore_errors=True)
     calls_log.mkdir()
-    env = build_env(tc, work, [opt_level, *(LTO_FLAGS if lto else RECORD_FLAGS)], log_dir=calls_log)
+    lto = stage != "compile"
+    flags = lto_flags(stage) if lto else RECORD_FLAGS
+    env = build_env(tc, work, [opt_level, *flags], log_dir=calls_log)
     what = f"{shlex.join(build_argv)} (in {src})"
     started = math.floor(time.time())  # a file system's times may be whole seconds
     try:
@@ -114,7 +118,7 @@ def record(
     ]
     if lto:
         links = logged_links(calls)
-        return _publish_links(links, out, tc, src, package, opt_level, others, timeout_s)
+        return _publish_links(links, out, tc, src, package, opt_level, stage, others, timeout_s)
     if not compiles and not others:
         raise BuildError(
             f"{src}: the build compiled no object file that survived it "
@@ -310,12 +314,13 @@ def _publish_links(
     src: Path,
     package: str | None,
     opt_level: str,
+    stage: str,
     unrecorded: list[str],
     timeout_s: float | None,
 ) -> Recorded:
-    """Writes the merged module of each of LINKS (`lto.write_link_modules`, each replayed
-    within TIMEOUT_S), named by its output, into OUT as a corpus of the link stage, replacing
-    OUT only once that succeeded. The result's `skipped` lists the links left out, then
+    """Writes the modules of each of LINKS (`lto.write_link_modules`, each replayed within
+    TIMEOUT_S), named by its output, into OUT as a corpus of the link STAGE, replacing OUT
+    only once that succeeded. The result's `skipped` lists the links left out, then
     UNRECORDED."""
     work = work_dir(out)
     log = work / "build.log"
@@ -334,8 +339,8 @@ def _publish_links(
         )
         raise BuildError(f"{src}: nothing to record ({why}; log: {log})")
     with atomic_directory(out) as staged:
-        names = write_link_modules(named, staged, tc, opt_level, work, skipped, timeout_s)
+        names = write_link_modules(named, staged, tc, opt_level, work, skipped, stage, timeout_s)
         if not names:
             raise BuildError(f"{src}: no link could be replayed, the first: {skipped[0]}")
-        write_description(staged, names, stage="link")
+        write_description(staged, names, stage=stage)
     return Recorded(out, dict(Counter(m.split("/", 1)[0] for m in names)), skipped + unrecorded)

@@ -53,11 +53,11 @@ def extract_package(
     work: Path,
     opt_level: str = "-Oz",
     profile: bool = False,
-    lto: bool = False,
+    stage: str = "compile",
 ) -> Built:
     """Fetches and builds one Debian package at OPT_LEVEL; writes its corpus to OUT/NAME.
     With PROFILE, the recorded modules carry the counts of the package's own tests; with
-    LTO, the corpus is of its full-LTO links' merged modules (`record_links`).
+    a link STAGE, the corpus is of its LTO links' modules (`record_links`).
 
     The finished corpus is kept in WORK with a stamp of everything that made it, so that
     rebuilding a split only builds the packages that failed, changed or are new.
@@ -65,9 +65,9 @@ def extract_package(
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     finished, stamp = work / "finished", work / "finished.stamp"
-    if lto and profile:
+    if stage != "compile" and profile:
         raise BuildError(f"{recipe.name}: a link corpus is recorded without a profile")
-    made_of = (recipe, opt_level, profile, lto, tc.describe())
+    made_of = (recipe, opt_level, profile, stage, tc.describe())
     key = hashlib.sha256(repr(made_of).encode()).hexdigest()
     reused = stamp.is_file() and stamp.read_text() == key and (finished / recipe.name).is_dir()
     skipped: list[str] = []
@@ -78,8 +78,8 @@ def extract_package(
         ensure_build_depends(recipe, log)
         src = fetch_source(recipe, work, log)
         profdata = profile_own_tests(recipe, src, tc, work, opt_level) if profile else None
-        if lto:
-            skipped += record_links(recipe, src, tc, finished, opt_level)
+        if stage != "compile":
+            skipped += record_links(recipe, src, tc, finished, opt_level, stage)
         else:
             build_corpus(
                 recipe.name,
@@ -101,20 +101,23 @@ def extract_package(
     return Built(len(modules), reused, tuple(skipped))
 
 
-def record_links(recipe: Recipe, src: Path, tc: Toolchain, out: Path, opt_level: str) -> list[str]:
-    """RECIPE's configure and build run in SRC under `mlgo corpus record --lto full`'s
-    recording (`corpus.record.record`), its corpus of merged link modules written to
-    OUT/NAME as a package's part of a corpus (named by their output's path in SRC, of the link
-    stage). Returns the lines of the links it left out."""
+def record_links(
+    recipe: Recipe, src: Path, tc: Toolchain, out: Path, opt_level: str, stage: str
+) -> list[str]:
+    """RECIPE's configure and build run in SRC under `mlgo corpus record --lto`'s recording
+    for STAGE (`corpus.record.record`), its corpus of link modules written to OUT/NAME as a
+    package's part of a corpus (named by their output's path in SRC, of that stage).
+    Returns the lines of the links it left out."""
     script = " && ".join([*recipe.configure, *recipe.build])
     recorded_in = out / f".{recipe.name}-links"
     shutil.rmtree(recorded_in, ignore_errors=True)
     timeout = recipe.build_timeout_s
-    got = record(["sh", "-c", script], recorded_in, tc, src, recipe.name, opt_level, timeout, True)
+    build = ["sh", "-c", script]
+    got = record(build, recorded_in, tc, src, recipe.name, opt_level, timeout, stage)
     names = [m.name.split("/", 1)[1] for m in load_corpus(recorded_in).modules]
     with atomic_directory(out / recipe.name) as staged:
         shutil.copytree(recorded_in / recipe.name, staged, dirs_exist_ok=True)
-        write_description(staged, names, stage="link")
+        write_description(staged, names, stage=stage)
     shutil.rmtree(recorded_in)
     return got.skipped
 

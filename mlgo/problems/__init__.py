@@ -24,18 +24,27 @@ from mlgo.llvm.log_format import Observation
 MODULES = (
     "mlgo.problems.inlining_size",
     "mlgo.problems.inlining_size_link",
+    "mlgo.problems.inlining_size_thin",
     "mlgo.problems.regalloc_eviction",
 )
 # A per-candidate column holding the live range's own value of a feature (the last slot's),
 # so that a derived input can compare each candidate with it: "self:use_def_density".
 SELF = "self:"
-# Where a decision is made: in each file's compile, or in the link of a full-LTO build,
-# where the program's merged module is optimized once more (lld's LTO backend).
-STAGES = ("compile", "link")
+# Where a decision is made: in each file's compile; in the link of a full-LTO build, where
+# the program's merged module is optimized once more (lld's LTO backend); or in the link of
+# a ThinLTO build, whose backends optimize each file's module again after importing what
+# it calls from the others.
+STAGES = ("compile", "link", "thin-link")
 # What a build adds to every compiler call for a stage (after its own flags): a link-time
-# decision needs the whole program's bitcode at the link, and lld, whose LTO backend loads
-# a pass plugin (GNU ld's LLVM gold plugin cannot).
-STAGE_FLAGS = {"compile": (), "link": ("-flto=full", "-fuse-ld=lld")}
+# decision needs the program's bitcode at the link, and lld, whose LTO backends load a pass
+# plugin (GNU ld's LLVM gold plugin cannot).
+STAGE_FLAGS = {
+    "compile": (),
+    "link": ("-flto=full", "-fuse-ld=lld"),
+    "thin-link": ("-flto=thin", "-fuse-ld=lld"),
+}
+# The stage each `--lto` mode tunes, records or builds for.
+LTO_STAGES = {"full": "link", "thin": "thin-link"}
 
 
 @dataclass(frozen=True)
@@ -148,6 +157,16 @@ def get_problem(name: str) -> Problem:
     if name not in problems:
         raise UsageError(f"unknown problem {name!r}; known: {', '.join(sorted(problems))}")
     return problems[name]
+
+
+def at_link(name: str, mode: str) -> Problem:
+    """The problem that makes problem NAME's decision in the link of an `--lto MODE` build
+    (NAME may be that one already)."""
+    stage = LTO_STAGES[mode]
+    for p in problems():
+        if p.stage == stage and name in (p.name, p.starts_from):
+            return p
+    raise UsageError(f"--lto {mode} tunes the inliner of the link, not {name}")
 
 
 def problems() -> list[Problem]:

@@ -186,7 +186,7 @@ def choose_policy(
                 sweep = calibrate(trained.policy, corpus, tc, pool, GATES).sweep
                 candidates.update(gated_candidates(trained.policy, sweep))
     judged = {name: c for name, (_, c) in candidates.items()}
-    if problem.stage == "link":  # the link's own pipeline judges, not the corpus's compile
+    if problem.stage != "compile":  # the link's own pipeline judges, not the corpus's compile
         policies = {n: p for n, (p, _) in candidates.items() if n != "default"}
         judged = {n: c for n, c in judged.items() if n == "default"}  # 0, by definition
         judged |= linked_changes(policies, corpus, tc)
@@ -208,11 +208,14 @@ def choose_policy(
         "note": ON_TRAINING_CODE,
         "curve": state.history,  # the trainer's history: step, compiles and its rewards
     }
-    if problem.stage == "link":
+    if problem.stage != "compile":
         # null: it made some program larger in the link, and was never a choice
         training["linked_change_pct"] = {
             n: 100 * c if math.isfinite(c) else None for n, c in judged.items()
         }
+        training["rank_correlation"] = rank_correlation(
+            {n: c for n, (_, c) in candidates.items()}, judged
+        )
     if headroom is not None:
         training["headroom_pct"] = 100 * headroom
         if headroom < 0:  # the chosen policy's share of what the search found
@@ -222,22 +225,33 @@ def choose_policy(
 
 def linked_changes(policies: dict[str, MLPPolicy], corpus: Corpus, tc: Toolchain) -> dict:
     """Each of the link-time POLICIES judged as the link judges it: the change of the
-    corpus's `.text` when lld's own LTO optimizes each merged module with the policy's plugin
-    (`lto.lto_text`), against lld's LTO without one. A compile of a merged module with `clang
-    -Oz` runs another pipeline, where a policy's change can even have the other sign (GNU
-    units: -0.12% there, +0.41% in the real link). A policy that makes any module larger is
-    never kept (infinite); clang's own decisions are the baseline (0)."""
-    from mlgo.corpus.lto import lto_text
+    programs' `.text` when lld's own LTO makes them with the policy's plugin
+    (`lto.linked_texts`), against lld's LTO without one. A `clang -Oz` compile of a link's
+    module runs another pipeline, where a policy's change can even have the other sign (GNU
+    units: -0.12% there, +0.41% in the real full-LTO link), and a ThinLTO module alone counts
+    inline functions the program keeps once. A policy that makes any program larger is never
+    kept (infinite); clang's own decisions are the baseline (0)."""
+    from mlgo.corpus.lto import linked_texts
     from mlgo.ship.plugin import inliner_plugin
 
-    plain = {m.name: lto_text(tc, m.bitcode) for m in corpus.modules}
+    plain = linked_texts(tc, corpus)
     judged = {}
     for name, policy in policies.items():
-        plugin = inliner_plugin(policy, tc)
-        sizes = {m.name: lto_text(tc, m.bitcode, plugin) for m in corpus.modules}
+        sizes = linked_texts(tc, corpus, inliner_plugin(policy, tc))
         larger = any(sizes[m] > plain[m] for m in plain)
         judged[name] = math.inf if larger else sum(sizes.values()) / sum(plain.values()) - 1
     return judged
+
+
+def rank_correlation(on_corpus: dict[str, float], linked: dict[str, float]) -> dict:
+    """How well the corpus's reward ranks the candidates as the link does: Spearman's rho
+    over those the link judged with a size (None with fewer than three, or no spread)."""
+    from scipy.stats import spearmanr
+
+    both = [n for n in linked if n in on_corpus and math.isfinite(linked[n])]
+    rho = spearmanr([on_corpus[n] for n in both], [linked[n] for n in both]).statistic
+    valid = len(both) >= 3 and math.isfinite(rho)
+    return {"spearman": float(rho) if valid else None, "candidates": len(both)}
 
 
 def gated_candidates(policy: MLPPolicy, sweep: list[dict]) -> dict[str, tuple[MLPPolicy, float]]:
@@ -345,8 +359,8 @@ def record_corpus(
     except shutil.Error as e:  # its message is the list of every file that failed
         raise copy_error(e) from e
     script = " && ".join([*recipe.configure, *recipe.build])
-    lto = problem.stage == "link"
-    record(["sh", "-c", script], out / "corpus", tc, scratch, opt_level=problem.opt_level, lto=lto)
+    level = problem.opt_level
+    record(["sh", "-c", script], out / "corpus", tc, scratch, opt_level=level, stage=problem.stage)
 
 
 def rehearse(recipe: Recipe, out: Path) -> None:

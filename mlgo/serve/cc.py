@@ -163,15 +163,17 @@ def optimizes(args: list[str]) -> bool:
     return bool(source_files(args))
 
 
-def lto_link(args: list[str]) -> bool:
-    """Is this invocation a full-LTO link (no source compiled, the last -flto switch full)?
-    Its link optimizes the whole program's bitcode once more, where a link-time policy
-    answers. A ThinLTO link is not one: each of its backends sees one module after import,
-    which a policy trained on merged modules was not."""
+def link_stage(args: list[str]) -> str | None:
+    """The stage of an LTO link (no source compiled, the last -flto switch not -fno-lto):
+    "link" for full LTO, whose link optimizes the whole program's bitcode once more, or
+    "thin-link" for ThinLTO, whose backends optimize each module again after import. A
+    link-time policy answers there; None for anything else."""
     if NO_CODEGEN.intersection(args) or {"-c", "-S"}.intersection(args) or source_files(args):
-        return False
+        return None
     switches = [a for a in args if a in ("-flto", "-fno-lto") or a.startswith("-flto=")]
-    return bool(switches) and switches[-1] in ("-flto", "-flto=full")
+    if not switches or switches[-1] == "-fno-lto":
+        return None
+    return "thin-link" if switches[-1] == "-flto=thin" else "link"
 
 
 def links_with_lld(args: list[str]) -> bool:
@@ -187,7 +189,8 @@ def links_with_lld(args: list[str]) -> bool:
 def at_link(flags: list[str]) -> list[str]:
     """A link lease's flags (checked) as clang hands them to lld: the plugin as
     --load-pass-plugin, through -Xlinker, which splits no commas (unlike -Wl). A link is
-    served by a plugin only (`ServedPolicy.why_not`): lld's LTO inliner opens no channel."""
+    served by a plugin only (`ServedPolicy.why_not`): lld's full-LTO inliner opens no
+    channel, and its ThinLTO backends would share one."""
     if not all(f.startswith(PLUGIN_FLAG) for f in flags):
         raise ServiceError(f"a link's lease carries a flag lld cannot take: {flags}")
     return [a for f in flags for a in ("-Xlinker", f"--load-pass-plugin={f[len(PLUGIN_FLAG) :]}")]
@@ -335,16 +338,16 @@ def flags_by_hand(
     stage: str = "compile",
 ) -> tuple[list[str], str | None]:
     """The flags that bring the served policies (PROBLEM's only, if named) to the user's own
-    clang command with CFLAGS for compiles in LANGUAGE, or for a full-LTO link by lld (STAGE
-    link: in the linker's spelling), checked as a lease's are, and the note when that level
-    or language leaves some policy to clang's default (no flags when it leaves them all)."""
+    clang command with CFLAGS for compiles in LANGUAGE, or for an LTO link by lld (STAGE link
+    or thin-link: in the linker's spelling), checked as a lease's are, and the note when that
+    level or language leaves some policy to clang's default (no flags when it leaves them
+    all)."""
     level = opt_level(cflags)
     if level is None:
         raise UsageError(f"clang accepts no such -O level: {' '.join(cflags)}")
-    if stage == "link" and not lto_link(cflags):
-        raise UsageError(
-            f"a link-time policy serves full-LTO links (-flto), not: {' '.join(cflags)}"
-        )
+    if stage != "compile" and link_stage(cflags) != stage:
+        lto = "-flto=thin" if stage == "thin-link" else "-flto"
+        raise UsageError(f"the {stage} step is a link with {lto}, not: {' '.join(cflags)}")
     language_sent = language if stage == "compile" else None
     request = {"op": "flags", "level": level, "problem": problem, "language": language_sent}
     reply = by_hand(path, may_start, request | {"stage": stage})
@@ -353,7 +356,8 @@ def flags_by_hand(
         raise ServiceError(f"the mlgo service sent flags that are not strings: {str(flags)[:80]}")
     check_lease_flags(flags, path.parent)
     note = reply.get("note")
-    return at_link(flags) if stage == "link" else flags, note if isinstance(note, str) else None
+    linked = at_link(flags) if stage != "compile" else flags
+    return linked, note if isinstance(note, str) else None
 
 
 @cache
@@ -520,7 +524,7 @@ def _compile_plain_after(
     plain = subprocess.run([compiler, *args]).returncode
     if plain == 0:
         why = error_line(failure.decode(errors="replace"))
-        what, done = ("link", "linked") if stage == "link" else ("compile", "compiled")
+        what, done = ("compile", "compiled") if stage == "compile" else ("link", "linked")
         _warn(
             f"the {what} with the policy failed (exit {returncode}: {why}); "
             f"{done} {source} with the default heuristic"
@@ -541,14 +545,14 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
     # The guard's default compile is a command of its own: it takes the expanded arguments,
     # since it must leave out the outputs that a response file may name.
     seen = expand_response_files(args)
-    stage = "link" if lto_link(seen) else "compile"
-    level = opt_level(seen) if stage == "link" or optimizes(seen) else None
+    stage = link_stage(seen) or "compile"
+    level = opt_level(seen) if stage != "compile" or optimizes(seen) else None
     if level is None:
         os.execvp(compiler, [compiler, *args])
     strict = bool(os.environ.get("MLGO_STRICT"))
     sources = source_files(seen)
     source = sources[0] if sources else link_output(seen)  # what the messages name
-    doing = "linking" if stage == "link" else "compiling"
+    doing = "compiling" if stage == "compile" else "linking"
     timeout_s, problem = timeout_from_env()
     if problem:
         if strict:
@@ -569,7 +573,7 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
             print(f"mlgo-cc: note: {note} (first: {source})", file=sys.stderr, flush=True)
         if conn is None:  # no policy serves this level or language: the compiler as is
             os.execvp(compiler, [compiler, *args])
-        if stage == "link" and not links_with_lld(seen):
+        if stage != "compile" and not links_with_lld(seen):
             conn.close()
             print(
                 f"mlgo-cc: note: a link-time policy needs lld (-fuse-ld=lld); "
@@ -578,7 +582,7 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
                 flush=True,
             )
             os.execvp(compiler, [compiler, *args])
-        if stage == "link":
+        if stage != "compile":
             flags = at_link(flags)
         if problem and strict:
             conn.close()

@@ -71,9 +71,10 @@ class ServedPolicy:
         (None: it serves)."""
         if self.problem.stage != stage:
             return f"trained for the {self.problem.stage} step"
-        if stage == "link" and not isinstance(self.backend, PluginBackend):
+        if stage != "compile" and not isinstance(self.backend, PluginBackend):
             # lld's full-LTO inliner takes its advisor from a plugin only: it ignores
-            # -enable-ml-inliner, so a channel is never opened there.
+            # -enable-ml-inliner, so a channel is never opened there; ThinLTO's backends run
+            # side by side, and would share one.
             return "served on a channel, which lld's LTO does not open (serve its plugin)"
         if self.problem.opt_level != level:
             return f"trained for {self.problem.opt_level}"
@@ -201,7 +202,7 @@ class Service:
         pool = [p for p in self.policies if problem in (None, p.problem.name)]
         if not pool:
             raise UsageError(f"this service serves no policy for {problem!r}")
-        what = "links" if stage == "link" else "compiles"
+        what = "compiles" if stage == "compile" else "links"
         if all(p.problem.stage != stage for p in pool):
             why = f"no served policy is trained for the {stage} step"
             return False, f"{level} {what} are left to clang's default: {why}"
@@ -313,6 +314,7 @@ class Service:
                 "failed_compilations": self.failed,
                 "levels": {lv: dict(n) for lv, n in self.counts["compile"].items()},
                 "links": {lv: dict(n) for lv, n in self.counts["link"].items()},
+                "thin_links": {lv: dict(n) for lv, n in self.counts["thin-link"].items()},
             }
         counters["policies"] = [
             {

@@ -156,7 +156,7 @@ static const char *first_source(int argc, char **argv) {
   return "?";
 }
 
-/* A superset of mlgo.serve.cc.lto_link: no -c or -S, no source, the last -flto switch not
+/* A superset of mlgo.serve.cc.link_stage: no -c or -S, no source, the last -flto switch not
  * -fno-lto. One link a program: Python serves it (or finds it is not one). */
 static int lto_link(int argc, char **argv) {
   int lto = 0;
