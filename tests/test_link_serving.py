@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from mlgo.corpus.record import record
 from mlgo.llvm.cmdline import link_output
 from mlgo.llvm.sizes import text_size
 from mlgo.problems import get_problem
@@ -251,3 +252,20 @@ def test_mlgo_build_lto_full_links_a_debian_program_with_the_link_policy(link_po
     assert report["tests"] == {"baseline": "passed", "policy": "passed"}
     for program, sizes in report["size"]["programs"].items():  # inlining everything grows it
         assert sizes["policy"] > sizes["baseline"], program
+
+
+def test_mlgo_eval_judges_a_link_corpus_as_lld_links_it(link_policy, tc, tmp_path):
+    """`mlgo eval` on a corpus of the link stage: beside the corpus's compiles, each program
+    as lld's LTO makes it with the policy's plugin (here: inline everything, larger)."""
+    (tmp_path / "callee.c").write_text(CALLEE)
+    (tmp_path / "callers.c").write_text(CALLERS)
+    build = '"$CC" -c callee.c callers.c && "$CC" -o prog callee.o callers.o'
+    corpus = tmp_path / "corpus"
+    record(["sh", "-c", build], corpus, tc, source_dir=tmp_path, package="p", stage="link")
+    out = tmp_path / "eval"
+    args = ["eval", "--policy", str(link_policy), "--corpus", str(corpus), "--out", str(out)]
+    r = run_mlgo(*args, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "linked by lld's LTO" in r.stdout
+    linked = json.loads((out / "linked" / "eval.json").read_text())
+    assert list(linked["modules"]) == ["p/prog"] and linked["totals"]["delta"] > 0

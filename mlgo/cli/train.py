@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -26,6 +26,9 @@ from mlgo.options import non_negative, positive
 from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.workers import make_workers
+
+if TYPE_CHECKING:
+    from mlgo.train.evaluate import Evaluation
 
 
 def collect(
@@ -154,7 +157,7 @@ def eval_cmd(
     """Compile a corpus with a policy and with the default; per-module and total deltas.
     Exits 1 when any module failed (its total leaves it out), unless --allow-failures."""
     from mlgo.train import policy_dir
-    from mlgo.train.evaluate import evaluate
+    from mlgo.train.evaluate import evaluate, linked_evaluation
 
     tc = find_toolchain(clang)
     pdir = policy_dir(policy)
@@ -164,20 +167,30 @@ def eval_cmd(
         ev = evaluate(loaded, chosen, tc, pool, loaded.problem)
     dest = out or pdir.parent / f"eval-{corpus.name}"
     ev.save(dest)
-    m = ev.metric
-    columns = ("package", "modules", f"default {m}", f"policy {m}", "change")
-    table = Table(*columns, title=f"{pdir} on {corpus}")
-    for pkg, r in [*sorted(ev.per_package().items()), ("[bold]total", ev.totals())]:
-        delta = ("[bold]" if pkg == "[bold]total" else "") + f"{r['delta']:+.2%}"
-        table.add_row(pkg, str(r["modules"]), f"{r[f'default_{m}']:,.0f}", f"{r[m]:,.0f}", delta)
-    console.print(table)
+    console.print(_eval_table(ev, f"{pdir} on {corpus}", "modules"))
     console.print(f"wrote {dest / 'eval.json'}")
+    if chosen.stage != "compile":  # what the link keeps, as lld's LTO makes it
+        linked = linked_evaluation(loaded, chosen, tc)
+        linked.save(dest / "linked")
+        title = f"{pdir} on {corpus}, linked by lld's LTO"
+        console.print(_eval_table(linked, title, "programs"))
+        console.print(f"wrote {dest / 'linked' / 'eval.json'}")
     for name, msg in ev.failed.items():
         err.print(f"[red]failed[/red] {name}: {msg}", highlight=False)
     if ev.failed:
         err.print(f"{len(ev.failed)} of {len(chosen.modules)} modules failed", highlight=False)
         if not allow_failures:
             raise typer.Exit(1)
+
+
+def _eval_table(ev: Evaluation, title: str, counted: str) -> Table:
+    """EV per package and in total: the default's metric, the policy's, the change."""
+    m = ev.metric
+    table = Table("package", counted, f"default {m}", f"policy {m}", "change", title=title)
+    for pkg, r in [*sorted(ev.per_package().items()), ("[bold]total", ev.totals())]:
+        delta = ("[bold]" if pkg == "[bold]total" else "") + f"{r['delta']:+.2%}"
+        table.add_row(pkg, str(r["modules"]), f"{r[f'default_{m}']:,.0f}", f"{r[m]:,.0f}", delta)
+    return table
 
 
 def calibrate(

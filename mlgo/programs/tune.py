@@ -226,20 +226,19 @@ def choose_policy(
 def linked_changes(policies: dict[str, MLPPolicy], corpus: Corpus, tc: Toolchain) -> dict:
     """Each of the link-time POLICIES judged as the link judges it: the change of the
     programs' `.text` when lld's own LTO makes them with the policy's plugin
-    (`lto.linked_texts`), against lld's LTO without one. A `clang -Oz` compile of a link's
-    module runs another pipeline, where a policy's change can even have the other sign (GNU
-    units: -0.12% there, +0.41% in the real full-LTO link), and a ThinLTO module alone counts
-    inline functions the program keeps once. A policy that makes any program larger is never
-    kept (infinite); clang's own decisions are the baseline (0)."""
+    (`evaluate.linked_evaluation`). A `clang -Oz` compile of a link's module runs another
+    pipeline, where a policy's change can even have the other sign (GNU units: -0.12% there,
+    +0.41% in the real full-LTO link), and a ThinLTO module alone counts inline functions
+    the program keeps once. A policy that makes any program larger is never kept
+    (infinite); clang's own decisions are the baseline (0)."""
     from mlgo.corpus.lto import linked_texts
-    from mlgo.ship.plugin import inliner_plugin
+    from mlgo.train.evaluate import linked_evaluation
 
     plain = linked_texts(tc, corpus)
     judged = {}
     for name, policy in policies.items():
-        sizes = linked_texts(tc, corpus, inliner_plugin(policy, tc))
-        larger = any(sizes[m] > plain[m] for m in plain)
-        judged[name] = math.inf if larger else sum(sizes.values()) / sum(plain.values()) - 1
+        ev = linked_evaluation(policy, corpus, tc, plain)
+        judged[name] = math.inf if ev.modules_larger() else ev.totals()["delta"]
     return judged
 
 

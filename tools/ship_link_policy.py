@@ -1,0 +1,122 @@
+"""Issue 38's shipped link-time policy: trained on the train split's full-LTO links, chosen
+on validation, evaluated once on test, every size as lld's LTO links each program.
+
+  .venv/bin/mlgo corpus build --lto full PACKAGE... --out data/lto/train --work data/lto/build
+  .venv/bin/mlgo corpus build --lto full --split validation --out data/lto/validation \
+      --work data/lto/build
+  .venv/bin/mlgo corpus build --lto full --split test --out data/lto/test --work data/lto/build
+  .venv/bin/python -m tools.ship_link_policy --corpora data/lto --out data/lto/ship --minutes 30
+
+BC-Max trains from the shipped per-file policy on CORPORA/train for --minutes. The
+candidates: that start, the trained policy, and the trained policy gated at each of
+tune's GATES. Each is judged on CORPORA/validation by `linked_evaluation` (lld's LTO of each
+program's merged module with the candidate's plugin: the real link's `.text`, byte for
+byte). The one kept has the smallest total with no validation package larger; if none
+qualifies, nothing ships. It alone is then evaluated once on CORPORA/test, per package,
+C and C++ apart (corpus/splits.toml). Writes OUT/chosen (the policy) and OUT/ship.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from contextlib import closing
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from mlgo.corpus.format import load_corpus
+from mlgo.corpus.lto import linked_texts
+from mlgo.corpus.splits import load_splits
+from mlgo.data import shipped_policy
+from mlgo.llvm.toolchain import find_toolchain
+from mlgo.problems import get_problem
+from mlgo.problems.policy_files import save_policy
+from mlgo.programs.tune import GATES, UNTIL_BUDGET
+from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.workers import make_workers
+from mlgo.train.evaluate import Evaluation, linked_evaluation
+from mlgo.train.run import TrainOptions, load_start, run
+
+console = Console()
+PROBLEM = "inlining-size-link"
+
+
+def judged(ev: Evaluation) -> dict:
+    """An evaluation's total change, its packages made larger, and each language's total."""
+    language = {p.name: p.language for s in load_splits().values() for p in s}
+    m = ev.metric
+    by_language: dict[str, list[float]] = {}
+    for pkg, r in ev.per_package().items():
+        sums = by_language.setdefault(language.get(pkg, "?"), [0.0, 0.0])
+        sums[0] += r[m]
+        sums[1] += r[f"default_{m}"]
+    return {
+        "change_pct": 100 * ev.totals()["delta"],
+        "packages_larger": ev.packages_larger(),
+        "packages_over_0.1pct": [p for p, r in ev.per_package().items() if r["delta"] > 0.001],
+        "packages": {p: 100 * r["delta"] for p, r in sorted(ev.per_package().items())},
+        "by_language_pct": {x: 100 * (a / b - 1) for x, (a, b) in sorted(by_language.items())},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpora", type=Path, default=Path("data/lto"))
+    parser.add_argument("--out", type=Path, default=Path("data/lto/ship"))
+    parser.add_argument("--minutes", type=float, default=30.0, help="training budget")
+    args = parser.parse_args()
+    problem, tc = get_problem(PROBLEM), find_toolchain()
+    corpora = {
+        s: load_corpus(args.corpora / s).require(problem) for s in ("train", "validation", "test")
+    }
+    start_dir = shipped_policy(problem.starts_from or PROBLEM)
+    start = load_start(start_dir, problem)
+    opts = TrainOptions(steps=UNTIL_BUDGET, init=start_dir, max_seconds=60 * args.minutes)
+    with closing(make_workers("local")) as pool:
+        trained = run("bcmax", corpora["train"], problem, args.out / "train", tc, pool, opts)
+    candidates = {"shipped per-file policy": start, "trained": trained.policy}
+    candidates |= {
+        f"trained, gated at {t:g}": replace(trained.policy, departure_threshold=t)
+        for t in GATES
+        if trained.policy.can_gate
+    }
+    plain = linked_texts(tc, corpora["validation"])
+    validation = {
+        name: judged(linked_evaluation(p, corpora["validation"], tc, plain))
+        for name, p in candidates.items()
+    }
+    safe = {n: v["change_pct"] for n, v in validation.items() if not v["packages_larger"]}
+    chosen = min(safe, key=lambda n: safe[n], default=None)
+    if chosen is not None and safe[chosen] >= 0:
+        chosen = None  # no smaller on validation: clang's own decisions stay
+    result: dict = {
+        "training": {"seconds": trained.state.seconds if trained.state else None},
+        "train_change_pct": 100 * trained.evaluation.totals()["delta"],
+        "validation": validation,
+        "chosen": chosen,
+    }
+    if chosen is not None:
+        save_policy(candidates[chosen], args.out / "chosen")
+        result["test"] = judged(linked_evaluation(candidates[chosen], corpora["test"], tc))
+    atomic_write_text(args.out / "ship.json", json.dumps(result, indent=1))
+    table = Table("candidate", "validation", "packages larger", title="linked by lld's LTO")
+    for name, v in validation.items():
+        larger = ", ".join(v["packages_larger"]) or "-"
+        table.add_row(
+            name + (" (kept)" if name == chosen else ""), f"{v['change_pct']:+.3f}%", larger
+        )
+    console.print(table)
+    if "test" in result:
+        t = result["test"]
+        langs = ", ".join(f"{x} {v:+.3f}%" for x, v in t["by_language_pct"].items())
+        larger = ", ".join(t["packages_larger"]) or "none"
+        over = ", ".join(t["packages_over_0.1pct"]) or "none"
+        console.print(f"test: {t['change_pct']:+.3f}% ({langs}); larger: {larger}; >0.1%: {over}")
+    console.print(f"wrote {args.out / 'ship.json'}")
+
+
+if __name__ == "__main__":
+    main()
