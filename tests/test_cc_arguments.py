@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import mlgo.serve.cc as cc_module
+from mlgo.llvm.cmdline import link_output
 from mlgo.serve.cc import (
     RESPONSE_FILE_DEPTH,
     SEPARATE_VALUE_OPTIONS,
@@ -21,6 +22,7 @@ from mlgo.serve.cc import (
     compile_language,
     expand_response_files,
     link_stage,
+    links_with_lld,
     opt_level,
     optimizes,
     run,
@@ -175,10 +177,38 @@ COMMAND_LINES = [
     (["-Oz", "-x", "c", "f.txt", "-x", "none", "g.txt"], True),
     (["-Oz", "-x", "none", "-c", "f.txt"], False),
     (["-Oz", "-c", "f.txt"], False),
-    (["-Oz", "-flto", "a.o", "b.o", "-o", "prog"], True),  # a link-time policy may answer
+    (["-Oz", "-flto", "a.o", "b.o", "-o", "prog"], True),  # not lld: Python says why it is plain
+    (["-Oz", "-flto", "-fuse-ld=lld", "a.o", "-o", "prog"], False),  # served here
     (["-Oz", "-flto=thin", "a.o", "-fno-lto", "-o", "prog"], False),
     (["-Oz", "-flto", "-c", "x.c"], False),
 ]
+
+
+LINKS = [
+    ["-Oz", "-flto", "a.o", "-fuse-ld=lld", "-o", "prog"],
+    ["-flto=full", "a.o", "--ld-path=/opt/llvm/bin/ld.lld"],
+    ["-flto", "-flto=thin", "a.o", "-fuse-ld=lld"],
+    ["-flto=thin", "-fno-lto", "a.o", "-fuse-ld=lld"],
+    ["-flto=thin", "-fuse-ld=lld", "-fuse-ld=bfd", "a.o", "-oprog"],
+    ["-flto", "-c", "a.c"],
+    ["-flto", "-E", "a.o"],
+    ["-flto=jobserver", "a.o", "--output", "p"],
+    ["a.o", "b.o"],
+]
+
+
+@pytest.mark.toolchain
+def test_the_native_wrapper_tells_links_as_python_does(cwd: Path) -> None:
+    """One rule in two languages: the stage of a link, whether lld links it, and what the
+    messages name: its first source, or its output (mlgo.serve.cc.link_stage, links_with_lld,
+    run's `source`)."""
+    checker = cwd / "mlgo-cc-check"
+    build_native_wrapper(checker, "-DMLGO_GUARD_CHECK")
+    for args in LINKS:
+        r = subprocess.run([checker, "link", *args], capture_output=True, text=True)
+        named = (source_files(args) or [link_output(args)])[0]
+        want = f"{link_stage(args) or 'none'} {int(links_with_lld(args))} {named}\n"
+        assert r.returncode == 0 and r.stdout == want, (args, r.stdout)
 
 
 @pytest.mark.toolchain
@@ -188,7 +218,8 @@ def test_the_native_wrapper_hands_python_what_it_reads_otherwise(cwd: Path) -> N
     (cwd / "args.rsp").write_text("-c x.c")
     for args, hands_over in COMMAND_LINES:
         seen = expand_response_files(args)
-        python_reads_otherwise = seen != args or bool(typed_sources(seen)) or bool(link_stage(seen))
+        not_lld = bool(link_stage(seen)) and not links_with_lld(seen)
+        python_reads_otherwise = seen != args or bool(typed_sources(seen)) or not_lld
         assert hands_over or not python_reads_otherwise, args
         r = subprocess.run([checker, "python", *args], capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout == f"{int(hands_over)}\n", (args, r.stdout)

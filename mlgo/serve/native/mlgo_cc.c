@@ -149,35 +149,61 @@ static const char *opt_level(int argc, char **argv, char *buf, size_t cap) {
   return NULL;
 }
 
-/* The first source file, as mlgo.serve.cc names it in its messages. */
-static const char *first_source(int argc, char **argv) {
-  for (int i = 1; i < argc; i++)
-    if (is_source(argv[i])) return argv[i];
-  return "?";
+/* mlgo.llvm.cmdline.joined_output: -oFILE (not -objcmt-..., -object). */
+static int joined_output(const char *arg) {
+  return strncmp(arg, "-o", 2) == 0 && arg[2] && strncmp(arg, "-obj", 4) != 0;
 }
 
-/* A superset of mlgo.serve.cc.link_stage: no -c or -S, no source, the last -flto switch not
- * -fno-lto. One link a program: Python serves it (or finds it is not one). */
-static int lto_link(int argc, char **argv) {
-  int lto = 0;
+/* What mlgo.serve.cc names in its messages: the first source file, or what a link writes
+ * (mlgo.llvm.cmdline.link_output: its last -o, or a.out). */
+static const char *first_source(int argc, char **argv) {
+  const char *output = "a.out";
+  for (int i = 1; i < argc; i++) {
+    if (is_source(argv[i])) return argv[i];
+    if ((!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) && i + 1 < argc)
+      output = argv[++i];
+    else if (joined_output(argv[i]))
+      output = argv[i] + 2;
+  }
+  return output;
+}
+
+/* Same rule as mlgo.serve.cc.link_stage: "link" for a full-LTO link, "thin-link" for a ThinLTO
+ * one (no -c or -S, nothing that stops code generation, no source, the last -flto switch not
+ * -fno-lto), NULL for anything else. */
+static const char *link_stage(int argc, char **argv) {
+  const char *stage = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    if (!strcmp(a, "-c") || !strcmp(a, "-S") || is_source(a)) return 0;
-    if (!strcmp(a, "-flto") || !strncmp(a, "-flto=", 6)) lto = 1;
-    else if (!strcmp(a, "-fno-lto")) lto = 0;
+    if (!strcmp(a, "-c") || !strcmp(a, "-S") || one_of(a, no_codegen) || is_source(a))
+      return NULL;
+    if (!strcmp(a, "-flto")) stage = "link";
+    else if (!strncmp(a, "-flto=", 6)) stage = strcmp(a + 6, "thin") ? "link" : "thin-link";
+    else if (!strcmp(a, "-fno-lto")) stage = NULL;
   }
-  return lto;
+  return stage;
+}
+
+/* Same rule as mlgo.serve.cc.links_with_lld: the last -fuse-ld or --ld-path names lld. */
+static int links_with_lld(int argc, char **argv) {
+  const char *linker = "";
+  for (int i = 1; i < argc; i++) {
+    if (!strncmp(argv[i], "-fuse-ld=", 9)) linker = argv[i] + 9;
+    else if (!strncmp(argv[i], "--ld-path=", 10)) linker = argv[i] + 10;
+  }
+  const char *slash = strrchr(linker, '/'), *name = slash ? slash + 1 : linker;
+  return !strcmp(linker, "lld") || !strncmp(name, "ld.lld", 6) || !strncmp(name, "lld", 3);
 }
 
 /* Invocations clang reads otherwise than the rules here, for mlgo.serve.cc: any response file
  * (@FILE), after a -x c or -x c++ an existing regular file without a source suffix (clang
- * compiles it as C or C++ unless it is an option's value, which Python tells apart), and a
- * link with LTO. A superset of what mlgo.serve.cc.typed_sources finds: no option's value is
- * skipped here. */
+ * compiles it as C or C++ unless it is an option's value, which Python tells apart), and an
+ * LTO link by another linker than lld (Python says why it runs plain). A superset of what
+ * mlgo.serve.cc.typed_sources finds: no option's value is skipped here. */
 static int for_python(int argc, char **argv) {
   struct stat st;
   int typed = 0;
-  if (lto_link(argc, argv)) return 1;
+  if (link_stage(argc, argv) && !links_with_lld(argc, argv)) return 1;
   for (int i = 1; i < argc; i++)
     if (argv[i][0] == '@') return 1;
   for (int i = 1; i < argc; i++) {
@@ -399,6 +425,22 @@ static int lease_flags_ok(char **flags, int n, const char *runtime) {
   return 1;
 }
 
+/* mlgo.serve.cc.at_link: a link lease's flags (checked) as clang hands them to lld, each
+ * plugin as -Xlinker --load-pass-plugin=PATH, in place in FLAGS (room for MAX_FLAGS); 0 when
+ * one is not a plugin (Python says why). */
+static int at_link(char **flags, int *n) {
+  if (2 * *n > MAX_FLAGS) return 0;
+  for (int i = *n - 1; i >= 0; i--) {
+    if (strncmp(flags[i], "-fpass-plugin=", 14) != 0) return 0;
+    char *load = malloc(strlen(flags[i]) + 8);
+    sprintf(load, "--load-pass-plugin=%s", flags[i] + 14);
+    flags[2 * i] = "-Xlinker";
+    flags[2 * i + 1] = load;
+  }
+  *n *= 2;
+  return 1;
+}
+
 /* Does the service serve exactly the policies MLGO_POLICY names (resolved), if it names
  * any? A mismatch is Python's to report. */
 static int policies_match(const char *line) {
@@ -440,11 +482,6 @@ static struct {
   char obj[PATH_MAX]; /* the object the command line writes */
   char out[PATH_MAX]; /* the default compile's, in DIR */
 } guard;
-
-/* mlgo.llvm.cmdline.joined_output: -oFILE (not -objcmt-..., -object). */
-static int joined_output(const char *arg) {
-  return strncmp(arg, "-o", 2) == 0 && arg[2] && strncmp(arg, "-obj", 4) != 0;
-}
 
 /* -Wp,-MD,FILE and the like: dependency options handed to the preprocessor. */
 static int preprocessor_dependencies(const char *arg) {
@@ -651,7 +688,8 @@ static void error_line(int fd, char *out, size_t cap) {
 /* mlgo.serve.cc._compile_plain_after: the compile with the policy failed; compile as plain
  * clang does. If that fails too the error is the user's, shown as clang says it; if it passes,
  * the policy's flags broke the compile: one warning, and the object is plain clang's. */
-static int compile_plain_after(int rc, int err_fd, int argc, char **argv, const char *source) {
+static int compile_plain_after(int rc, int err_fd, int argc, char **argv, const char *source,
+                               int link) {
   pid_t pid = fork();
   if (pid == 0) exec_compiler(argc, argv, NULL, 0);
   int status;
@@ -661,9 +699,9 @@ static int compile_plain_after(int rc, int err_fd, int argc, char **argv, const 
     char why[320];
     error_line(err_fd, why, sizeof why);
     fprintf(stderr,
-            "mlgo-cc: warning: the compile with the policy failed (exit %d: %s); compiled %s "
+            "mlgo-cc: warning: the %s with the policy failed (exit %d: %s); %s %s "
             "with the default heuristic\n",
-            rc, why, source);
+            link ? "link" : "compile", rc, why, link ? "linked" : "compiled", source);
   }
   return plain;
 }
@@ -674,7 +712,8 @@ static int compile_plain_after(int rc, int err_fd, int argc, char **argv, const 
  * prints the object the guard compares (nothing if none) and the default compile's arguments
  * after the compiler (to OUT), each ended by a NUL; `text FILE...` prints each file's
  * text_size on a line; `language cc|c++ ARGS...` the sources' language (or none);
- * `python ARGS...` whether the wrapper hands ARGS to Python before reading them (1 or 0). */
+ * `python ARGS...` whether the wrapper hands ARGS to Python before reading them (1 or 0);
+ * `link ARGS...` a link's stage (or none), whether lld links it (1 or 0), and its output. */
 static int check(int argc, char **argv) {
   char obj[PATH_MAX];
   if (argc > 2 && strcmp(argv[1], "lease") == 0) {
@@ -688,6 +727,12 @@ static int check(int argc, char **argv) {
   if (argc > 2 && strcmp(argv[1], "language") == 0) {
     const char *language = source_language(argc - 2, argv + 2, strcmp(argv[2], "c++") == 0);
     printf("%s\n", language ? language : "none");
+    return 0;
+  }
+  if (argc > 1 && strcmp(argv[1], "link") == 0) {
+    const char *stage = link_stage(argc - 1, argv + 1);
+    printf("%s %d %s\n", stage ? stage : "none", links_with_lld(argc - 1, argv + 1),
+           first_source(argc - 1, argv + 1));
     return 0;
   }
   if (argc > 1 && strcmp(argv[1], "text") == 0) {
@@ -711,11 +756,13 @@ int main(int argc, char **argv) {
   if (!compiler) compiler = cxx ? "clang++-22" : "clang-22";
   if (getenv("MLGO_DISABLE")) exec_compiler(argc, argv, NULL, 0);
   if (for_python(argc, argv)) exec_python(argc, argv); /* @FILE, -x c FILE: read there */
+  const char *stage = link_stage(argc, argv); /* an LTO link by lld: link-time policies' */
   char level_buf[64];
-  const char *level = optimizes(argc, argv) ? opt_level(argc, argv, level_buf, sizeof level_buf)
-                                            : NULL;
+  const char *level = stage || optimizes(argc, argv)
+                          ? opt_level(argc, argv, level_buf, sizeof level_buf)
+                          : NULL;
   if (!level) exec_compiler(argc, argv, NULL, 0);
-  const char *guard_name = getenv("MLGO_GUARD");
+  const char *guard_name = stage ? NULL : getenv("MLGO_GUARD"); /* it compares objects */
   int guarding = guard_name && *guard_name;
   if (guarding && strcmp(guard_name, "size") != 0) exec_python(argc, argv); /* it warns */
 
@@ -739,10 +786,11 @@ int main(int argc, char **argv) {
   char *line = malloc(LINE_MAX_BYTES);
   char *flags[MAX_FLAGS];
   int n_flags;
-  const char *language = source_language(argc, argv, cxx);
+  const char *language = stage ? NULL : source_language(argc, argv, cxx); /* a link has none */
   const char *quote = language ? "\"" : "";
-  snprintf(line, LINE_MAX_BYTES, "{\"op\": \"compile\", \"level\": \"%s\", \"language\": %s%s%s}\n",
-           level, quote, language ? language : "null", quote);
+  snprintf(line, LINE_MAX_BYTES,
+           "{\"op\": \"compile\", \"level\": \"%s\", \"language\": %s%s%s, \"stage\": \"%s\"}\n",
+           level, quote, language ? language : "null", quote, stage ? stage : "compile");
   if (send_all(sock, line) || read_line(sock, line, LINE_MAX_BYTES, 10000) < 0 ||
       (n_flags = json_strings(line, "flags", flags, MAX_FLAGS)) < 0) {
     close(sock);
@@ -754,7 +802,8 @@ int main(int argc, char **argv) {
     close(sock);
     exec_compiler(argc, argv, NULL, 0);
   }
-  if (!lease_flags_ok(flags, n_flags, runtime) || !policies_match(line)) {
+  if (!lease_flags_ok(flags, n_flags, runtime) || !policies_match(line) ||
+      (stage && !at_link(flags, &n_flags))) {
     close(sock); /* ends the lease */
     exec_python(argc, argv);
   }
@@ -821,7 +870,8 @@ int main(int argc, char **argv) {
   guard_stop();
   const char *source = first_source(argc, argv);
   int strict = getenv("MLGO_STRICT") != NULL;
-  if (!problem && rc != 0 && !strict) return compile_plain_after(rc, err_fd, argc, argv, source);
+  if (!problem && rc != 0 && !strict)
+    return compile_plain_after(rc, err_fd, argc, argv, source, stage != NULL);
   if (!problem) {
     copy_to_stderr(err_fd);
     return rc;
@@ -830,7 +880,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mlgo-cc: error: %s (%s)\n", problem, source);
     return 1;
   }
-  fprintf(stderr, "mlgo-cc: warning: %s; compiling %s with the default heuristic\n", problem,
-          source);
+  fprintf(stderr, "mlgo-cc: warning: %s; %s %s with the default heuristic\n", problem,
+          stage ? "linking" : "compiling", source);
   exec_compiler(argc, argv, NULL, 0);
 }
