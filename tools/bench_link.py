@@ -6,8 +6,9 @@ through mlgo-cc with the policy in lld's LTO, in paired rounds, with an A/A cont
 Each recipe's Debian source is built once with `-Oz -flto=full -fuse-ld=lld` under the
 recording wrappers, which log its links (`mlgo.corpus.lto.logged_links`). Each round then
 runs every link each way, in a shuffled order: plain clang (the baseline), plain clang again
-(the A/A control: the noise), and `mlgo-cc` (the installed native wrapper, which hands a
-link to Python) with a service serving the link-time policy, which lld loads as a plugin. A
+(the A/A control: the noise), and `mlgo-cc` (the installed native wrapper, which leases
+the link's flags itself) with a service serving the link-time policy, which lld loads as a
+plugin. A
 fourth way is plain clang with the plugin's flags added by hand (`mlgo flags --link`): the
 policy's own cost in lld, without the wrapper's. A link's CPU time is the driver's and all
 its children's (wait4's rusage): clang, lld and its LTO backend, and for mlgo-cc the wrapper
