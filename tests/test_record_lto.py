@@ -202,3 +202,17 @@ def test_corpus_build_lto_full_records_a_debian_package_s_links(tmp_path):
     assert {"zlib/minigzip", "zlib/example"} <= names and all(n.startswith("zlib/") for n in names)
     again = run_mlgo(*args, timeout=300)  # a finished package is reused, as per file
     assert again.returncode == 0 and "reused zlib" in again.stderr, again.stderr
+
+
+def test_a_program_compiled_and_linked_in_one_call_is_a_full_lto_link(tc: Toolchain, tmp_path):
+    """`cc -o prog a.c b.c` links its sources' bitcode in lld's LTO too: replayed, it compiles
+    them again. Not for ThinLTO (a backend's temporaries would land beside the driver's own
+    objects), nor once its output is gone (a configure test's)."""
+    src = project(tmp_path / "calc")
+    build = '"$CC" -o one main.c ops.c && "$CC" -o gone main.c ops.c && rm gone'
+    out = tmp_path / "corpus"
+    result = record(["sh", "-c", build], out, tc, source_dir=src, package="p", stage="link")
+    assert result.packages == {"p": 1} and result.skipped == []
+    assert [m.name for m in load_corpus(out).modules] == ["p/one"]
+    with pytest.raises(BuildError, match="linked no program or shared library"):
+        record(["sh", "-c", build], tmp_path / "thin", tc, source_dir=src, stage="thin-link")

@@ -64,7 +64,7 @@ def logged_build(recipe: Recipe, work: Path, tc: Toolchain) -> list[Link]:
         for cmd in [*recipe.configure, *recipe.build]:
             run_logged(cmd, tree, work / "build.log", recipe.build_timeout_s, env, recipe.name)
         (work / ".built").touch()
-    return logged_links(logged_invocations(logs))
+    return logged_links(logged_invocations(logs), "link")
 
 
 def link_cpu_s(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:

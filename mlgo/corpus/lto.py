@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from mlgo.corpus.extract import Invocation
+from mlgo.corpus.extract import COMPILED_SUFFIXES, Invocation
 from mlgo.corpus.format import Corpus
 from mlgo.llvm.cmdline import link_output, without_outputs
 from mlgo.llvm.sizes import text_size
@@ -47,6 +47,9 @@ THIN_CODEGEN = ["-O2", "-filetype=obj", "-function-sections", "-data-sections"]
 THIN_CODEGEN += ["-relocation-model=pic"]
 # A driver call with one of these compiles, preprocesses or links relocatably: no program.
 _NOT_LINKS = {"-c", "-S", "-E", "-M", "-MM", "-fsyntax-only", "-r"}
+# Where CMake and Meson keep the programs they build to probe the compiler (CompilerIdC/a.out,
+# sanitycheckc.exe): not the project's.
+_PROBES = {"CMakeFiles", "meson-private"}
 # Raw LLVM bitcode, and bitcode in its wrapper header.
 _BITCODE_MAGIC = (b"BC\xc0\xde", b"\xde\xc0\x17\x0b")
 _ARCHIVE_MAGIC = b"!<arch>\n"
@@ -72,16 +75,24 @@ class Link:
     output: Path
 
 
-def logged_links(invocations: list[Invocation]) -> list[Link]:
-    """The links among a build's logged INVOCATIONS: calls that neither compile nor
-    preprocess and link at least one LLVM bitcode object that survived the build. An output
-    linked twice is the last link's."""
+def logged_links(invocations: list[Invocation], stage: str) -> list[Link]:
+    """The links among a build's logged INVOCATIONS recorded for STAGE: calls that neither
+    compile only nor preprocess and link at least one LLVM bitcode object that survived the
+    build; for full LTO also a program compiled and linked in one call, whose sources and
+    output survived it (replayed, it compiles them again; a ThinLTO backend's temporaries
+    would land beside the driver's own). The build system's own probes are none (_PROBES).
+    An output linked twice is the last link's."""
     links: dict[Path, Link] = {}
     for call in invocations:
         args = call.argv[1:]
-        if _NOT_LINKS & set(args) or not any(_is_bitcode(call.cwd / a) for a in call.inputs()):
-            continue
+        inputs = [call.cwd / a for a in call.inputs()]
         output = Path(os.path.normpath(call.cwd / link_output(args)))
+        sources = [p for p in inputs if p.name.endswith(COMPILED_SUFFIXES)]
+        in_one = stage == "link" and output.is_file() and all(p.is_file() for p in sources)
+        if _NOT_LINKS & set(args) or _PROBES & set(output.parts) or not (
+            (sources and in_one) or (not sources and any(map(_is_bitcode, inputs)))
+        ):
+            continue
         links.pop(output, None)  # keep the links in the order of their last run
         links[output] = Link(call.cwd, call.argv, output)
     return list(links.values())

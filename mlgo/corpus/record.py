@@ -117,7 +117,7 @@ def record(
         for obj in objects_without_bitcode(src, started, {c.obj.resolve() for c in compiles})
     ]
     if lto:
-        links = logged_links(calls)
+        links = logged_links(calls, stage)
         return _publish_links(links, out, tc, src, package, opt_level, stage, others, timeout_s)
     if not compiles and not others:
         raise BuildError(
