@@ -7,7 +7,8 @@ on validation, evaluated once on test, every size as lld's LTO links each progra
   .venv/bin/mlgo corpus build --lto full --split test --out data/lto/test --work data/lto/build
   .venv/bin/python -m tools.ship_link_policy --corpora data/lto --out data/lto/ship --minutes 30
 
-BC-Max trains from the shipped per-file policy on CORPORA/train for --minutes. The
+BC-Max trains from the shipped per-file policy on CORPORA/train for --minutes (a rerun
+resumes it, at the budget spent). The
 candidates: that start, the trained policy, and the trained policy gated at each of
 tune's GATES. Each is judged on CORPORA/validation by `linked_evaluation` (lld's LTO of each
 program's merged module with the candidate's plugin: the real link's `.text`, byte for
@@ -27,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.corpus.format import load_corpus
+from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.corpus.lto import linked_texts
 from mlgo.corpus.splits import load_splits
 from mlgo.data import shipped_policy
@@ -42,6 +43,8 @@ from mlgo.train.run import TrainOptions, load_start, run
 
 console = Console()
 PROBLEM = "inlining-size-link"
+# A merged module is a whole program: many compile for seconds, and each is searched.
+MAX_MODULE_SECONDS = 60.0
 
 
 def judged(ev: Evaluation) -> dict:
@@ -69,24 +72,30 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0, help="training budget")
     args = parser.parse_args()
     problem, tc = get_problem(PROBLEM), find_toolchain()
-    corpora = {
-        s: load_corpus(args.corpora / s).require(problem) for s in ("train", "validation", "test")
-    }
+
+    def corpus(split: str) -> Corpus:  # each read when its turn comes: a rerun resumes
+        return load_corpus(args.corpora / split).require(problem)
+
     start_dir = shipped_policy(problem.starts_from or PROBLEM)
     start = load_start(start_dir, problem)
-    opts = TrainOptions(steps=UNTIL_BUDGET, init=start_dir, max_seconds=60 * args.minutes)
+    opts = TrainOptions(
+        steps=UNTIL_BUDGET,
+        init=start_dir,
+        max_seconds=60 * args.minutes,
+        max_module_seconds=MAX_MODULE_SECONDS,
+    )
     with closing(make_workers("local")) as pool:
-        trained = run("bcmax", corpora["train"], problem, args.out / "train", tc, pool, opts)
+        trained = run("bcmax", corpus("train"), problem, args.out / "train", tc, pool, opts)
     candidates = {"shipped per-file policy": start, "trained": trained.policy}
     candidates |= {
         f"trained, gated at {t:g}": replace(trained.policy, departure_threshold=t)
         for t in GATES
         if trained.policy.can_gate
     }
-    plain = linked_texts(tc, corpora["validation"])
+    held_out = corpus("validation")
+    plain = linked_texts(tc, held_out)
     validation = {
-        name: judged(linked_evaluation(p, corpora["validation"], tc, plain))
-        for name, p in candidates.items()
+        name: judged(linked_evaluation(p, held_out, tc, plain)) for name, p in candidates.items()
     }
     safe = {n: v["change_pct"] for n, v in validation.items() if not v["packages_larger"]}
     chosen = min(safe, key=lambda n: safe[n], default=None)
@@ -100,7 +109,7 @@ def main() -> None:
     }
     if chosen is not None:
         save_policy(candidates[chosen], args.out / "chosen")
-        result["test"] = judged(linked_evaluation(candidates[chosen], corpora["test"], tc))
+        result["test"] = judged(linked_evaluation(candidates[chosen], corpus("test"), tc))
     atomic_write_text(args.out / "ship.json", json.dumps(result, indent=1))
     table = Table("candidate", "validation", "packages larger", title="linked by lld's LTO")
     for name, v in validation.items():
