@@ -38,6 +38,7 @@ from mlgo.problems.policy_files import save_policy
 from mlgo.programs.tune import GATES, UNTIL_BUDGET
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import make_workers
+from mlgo.ship.plugin import inliner_plugin
 from mlgo.train.evaluate import Evaluation, linked_evaluation
 from mlgo.train.run import TrainOptions, load_start, run
 
@@ -95,7 +96,8 @@ def main() -> None:
     held_out = corpus("validation")
     plain = linked_texts(tc, held_out)
     validation = {
-        name: judged(linked_evaluation(p, held_out, tc, plain)) for name, p in candidates.items()
+        name: judged(linked_evaluation(problem, inliner_plugin(p, tc), held_out, tc, plain))
+        for name, p in candidates.items()
     }
     safe = {n: v["change_pct"] for n, v in validation.items() if not v["packages_larger"]}
     chosen = min(safe, key=lambda n: safe[n], default=None)
@@ -109,7 +111,8 @@ def main() -> None:
     }
     if chosen is not None:
         save_policy(candidates[chosen], args.out / "chosen")
-        result["test"] = judged(linked_evaluation(candidates[chosen], corpus("test"), tc))
+        plugin = inliner_plugin(candidates[chosen], tc)
+        result["test"] = judged(linked_evaluation(problem, plugin, corpus("test"), tc))
     atomic_write_text(args.out / "ship.json", json.dumps(result, indent=1))
     table = Table("candidate", "validation", "packages larger", title="linked by lld's LTO")
     for name, v in validation.items():

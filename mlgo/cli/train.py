@@ -156,6 +156,7 @@ def eval_cmd(
 ) -> None:
     """Compile a corpus with a policy and with the default; per-module and total deltas.
     Exits 1 when any module failed (its total leaves it out), unless --allow-failures."""
+    from mlgo.ship.plugin import inliner_plugin
     from mlgo.train import policy_dir
     from mlgo.train.evaluate import evaluate, linked_evaluation
 
@@ -170,7 +171,7 @@ def eval_cmd(
     console.print(_eval_table(ev, f"{pdir} on {corpus}", "modules"))
     console.print(f"wrote {dest / 'eval.json'}")
     if chosen.stage != "compile":  # what the link keeps, as lld's LTO makes it
-        linked = linked_evaluation(loaded, chosen, tc)
+        linked = linked_evaluation(loaded.problem, inliner_plugin(loaded, tc), chosen, tc)
         linked.save(dest / "linked")
         title = f"{pdir} on {corpus}, linked by lld's LTO"
         console.print(_eval_table(linked, title, "programs"))

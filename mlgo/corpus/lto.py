@@ -89,8 +89,10 @@ def logged_links(invocations: list[Invocation], stage: str) -> list[Link]:
         output = Path(os.path.normpath(call.cwd / link_output(args)))
         sources = [p for p in inputs if p.name.endswith(COMPILED_SUFFIXES)]
         in_one = stage == "link" and output.is_file() and all(p.is_file() for p in sources)
-        if _NOT_LINKS & set(args) or _PROBES & set(output.parts) or not (
-            (sources and in_one) or (not sources and any(map(_is_bitcode, inputs)))
+        if (
+            _NOT_LINKS & set(args)
+            or _PROBES & set(output.parts)
+            or not ((sources and in_one) or (not sources and any(map(_is_bitcode, inputs))))
         ):
             continue
         links.pop(output, None)  # keep the links in the order of their last run

@@ -232,12 +232,13 @@ def linked_changes(policies: dict[str, MLPPolicy], corpus: Corpus, tc: Toolchain
     the program keeps once. A policy that makes any program larger is never kept
     (infinite); clang's own decisions are the baseline (0)."""
     from mlgo.corpus.lto import linked_texts
+    from mlgo.ship.plugin import inliner_plugin
     from mlgo.train.evaluate import linked_evaluation
 
     plain = linked_texts(tc, corpus)
     judged = {}
     for name, policy in policies.items():
-        ev = linked_evaluation(policy, corpus, tc, plain)
+        ev = linked_evaluation(policy.problem, inliner_plugin(policy, tc), corpus, tc, plain)
         judged[name] = math.inf if ev.modules_larger() else ev.totals()["delta"]
     return judged
 

@@ -20,7 +20,6 @@ from mlgo.errors import UsageError
 from mlgo.llvm.channel import Policy
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem, get_problem
-from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Failed, Workers
 
@@ -199,19 +198,23 @@ def evaluate(
 
 
 def linked_evaluation(
-    policy: MLPPolicy, corpus: Corpus, tc: Toolchain, plain: dict[str, int] | None = None
+    problem: Problem,
+    plugin: Path,
+    corpus: Corpus,
+    tc: Toolchain,
+    plain: dict[str, int] | None = None,
 ) -> Evaluation:
-    """POLICY against the default on each program or shared library of CORPUS (of a link
-    stage) as lld's LTO makes it, with the policy's plugin (`lto.linked_texts`; PLAIN: the
-    default's sizes, if measured already): one row per program. A compile of a link's module
-    runs clang's per-file pipeline, not the link's; this is the size the link keeps."""
+    """A PROBLEM policy's PLUGIN (`ship.plugin.inliner_plugin`) against the default on each
+    program or shared library of CORPUS (of a link stage) as lld's LTO makes it
+    (`lto.linked_texts`; PLAIN: the default's sizes, if measured already): one row per
+    program. A compile of a link's module runs clang's per-file pipeline, not the link's;
+    this is the size the link keeps."""
     from mlgo.corpus.lto import linked_texts
-    from mlgo.ship.plugin import inliner_plugin
 
     plain = plain or linked_texts(tc, corpus)
-    sizes = linked_texts(tc, corpus, inliner_plugin(policy, tc))
-    m = policy.problem.reward_metric
-    result = Evaluation(policy.problem, tc.describe(), str(corpus.root))
+    sizes = linked_texts(tc, corpus, plugin)
+    m = problem.reward_metric
+    result = Evaluation(problem, tc.describe(), str(corpus.root))
     result.modules = {name: {m: sizes[name], f"default_{m}": plain[name]} for name in plain}
     return result
 
