@@ -17,6 +17,7 @@ policy is judged by the link's own (`linked_texts`).
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -174,10 +175,10 @@ def backend_modules(
     seen = private / "in"
     argv = list(link.argv)
     inputs = set(Invocation(link.cwd, link.argv).inputs())
+    numbers = itertools.count(1)
     for i, arg in enumerate(argv[1:], 1):
         if arg in inputs and (_is_bitcode(link.cwd / arg) or _is_archive(link.cwd / arg)):
-            number = len(list(seen.iterdir())) + 1 if seen.is_dir() else 1
-            argv[i] = str(_link_to(link.cwd / arg, seen / f"{number:03d}"))
+            argv[i] = str(_link_to(link.cwd / arg, seen / f"{next(numbers):03d}"))
     archives = _archives_by_l(argv[1:], link.cwd)
     for archive in archives:
         _link_to(archive, private / "lib")
