@@ -151,10 +151,10 @@ def test_a_rerun_redoes_nothing_and_other_arguments_are_refused(tuned):
     assert again.returncode == 0 and "ELF files" in again.stdout
     assert "training" not in again.stdout and "building" not in again.stdout
     assert (out / "stages.log").read_text() == log and (out / "report.json").read_text() == report
-    changed = [*args[:-3], "0.5", *args[-2:]]  # --minutes 0.5, not 0.05
+    changed = [*args[:-3], "0.01", *args[-2:]]  # --minutes 0.01, not 0.05: less is refused
     r = run_mlgo(*changed, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert "tuned before with minutes 0.05, not 0.5" in r.stderr
+    assert "tuned before with minutes 0.05, not 0.01" in r.stderr
 
 
 def test_a_wrong_test_or_a_bench_printing_timings_stops_before_training(cache, tmp_path):
@@ -279,3 +279,22 @@ def test_lto_thin_tunes_the_backends_against_plain_thinlto(cache, tmp_path):
     assert training["linked_change_pct"][training["chosen"]] <= 0.0
     assert training["rank_correlation"]["candidates"] >= 2
     assert report["size"]["policy"] <= report["size"]["baseline"]
+
+
+def test_a_larger_budget_alone_reopens_training_and_what_follows(tmp_path):
+    from mlgo.programs.tune import STAGES, Stages
+    from mlgo.runtime.commands import BuildError
+
+    args = {"minutes": 8.0, "policy": "p", "source": "s"}
+    Stages(tmp_path, args)
+    for stage in STAGES:
+        Stages(tmp_path, args).finish(stage)
+    said: list[str] = []
+    longer = Stages(tmp_path, {**args, "minutes": 60.0}, said.append)
+    assert longer.finished == ["snapshot", "record", "rehearse", "collect"]
+    assert said == ["training on from 8 to 60 minutes"]
+    assert [line.split("\t")[0] for line in (tmp_path / "stages.log").read_text().splitlines()] == [
+        "snapshot", "record", "rehearse", "collect",
+    ]  # fmt: skip
+    with pytest.raises(BuildError, match="tuned before with source 's', not 't'"):
+        Stages(tmp_path, {**args, "minutes": 90.0, "source": "t"})  # more than the budget

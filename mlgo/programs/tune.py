@@ -22,7 +22,8 @@ The budget (`minutes`) counts training only: the trainer's own clock, summed ove
 checked between iterations (BC-Max fits each iteration's search to the time left).
 Recording and building take what the user's build takes.
 OUT/tune.json holds the arguments; a rerun whose arguments differ in one a finished stage
-used stops and says which, rather than mixing results.
+used stops and says which, rather than mixing results. A larger --minutes alone trains on
+from where training stopped, and builds, measures and reports again.
 """
 
 from __future__ import annotations
@@ -297,7 +298,7 @@ class Stages:
     """OUT/stages.log (a finished stage per line, with its time) and OUT/tune.json (the
     arguments); refuses arguments that differ in one a finished stage depended on."""
 
-    def __init__(self, out: Path, args: dict):
+    def __init__(self, out: Path, args: dict, say: Callable[[str], None] = print):
         self.out, self.log = out, out / "stages.log"
         record = out / "tune.json"
         if out.exists() and any(out.iterdir()) and not record.is_file():
@@ -305,6 +306,8 @@ class Stages:
         self.finished = [line.split("\t")[0] for line in self._lines()]
         if record.is_file():
             before = json.loads(record.read_text())
+            if self._train_longer(before, args):
+                say(f"training on from {before['minutes']:g} to {args['minutes']:g} minutes")
             used = [a for s in self.finished for a in STAGES.get(s, ())]
             for arg in used:
                 if before.get(arg) != args.get(arg):
@@ -313,6 +316,17 @@ class Stages:
                         f"{args.get(arg)!r}; rerun with it, or choose another --out"
                     )
         atomic_write_text(record, json.dumps(args, indent=1))
+
+    def _train_longer(self, before: dict, args: dict) -> bool:
+        """A larger budget, all else the same, reopens training (it resumes from its
+        checkpoint) and what follows it, rather than being refused."""
+        differ = {k for k in set(before) | set(args) if before.get(k) != args.get(k)}
+        longer = differ == {"minutes"} and args["minutes"] > before["minutes"]
+        if longer and "train" in self.finished:
+            self.finished = self.finished[: self.finished.index("train")]
+            kept = [line for line in self._lines() if line.split("\t")[0] in self.finished]
+            atomic_write_text(self.log, "".join(f"{line}\n" for line in kept))
+        return longer
 
     def _lines(self) -> list[str]:
         return self.log.read_text().splitlines() if self.log.is_file() else []
@@ -415,7 +429,7 @@ def tune(
         "bench": list(recipe.bench),
         "clang": tc.describe(),
     }
-    stages = Stages(out, args)
+    stages = Stages(out, args, say)
     if not stages.done("snapshot"):
         say(f"copying {source} to {out / 'pristine'}")
         with _stage("snapshot", out / "pristine"):
