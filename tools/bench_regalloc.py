@@ -124,19 +124,32 @@ def build_variants(
     with console.status(f"{prog.recipe}: building and testing both builds"):
         built = build_pair(load_recipe(prog.recipe), work, tc, pair, tests, FLAGS)
     for v in pair:
-        env = dict(build_env(tc, work / f".{v.name}-bin", FLAGS, *v.compilers), **v.env)
-        for cmd in prog.prepare:
-            run_logged(
-                cmd,
-                work / v.name,
-                work / f"{v.name}.log",
-                1800,
-                env,
-                f"{prog.recipe} {v.name}: bench setup",
-            )
+        prepare_workload(prog, tc, work, v, FLAGS)
     builds = {b.variant: b.to_json() for b in built}
     atomic_write_text(stamp, json.dumps({"policy": key, "builds": builds}))
     return builds
+
+
+def save_json(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(result, indent=1))
+    console.print(f"wrote {path}")
+
+
+def prepare_workload(
+    prog: Workload, tc: Toolchain, work: Path, v: Variant, flags: list[str]
+) -> None:
+    """The benchmark's own setup in WORK/<variant>, compiled as the package was."""
+    env = dict(build_env(tc, work / f".{v.name}-bin", flags, *v.compilers), **v.env)
+    for cmd in prog.prepare:
+        run_logged(
+            cmd,
+            work / v.name,
+            work / f"{v.name}.log",
+            1800,
+            env,
+            f"{prog.recipe} {v.name}: bench setup",
+        )
 
 
 def bench_program(
@@ -538,9 +551,7 @@ def main(
         if names:
             _print_programs(result, names)
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(json_out, json.dumps(result, indent=1))
-        console.print(f"wrote {json_out}")
+        save_json(json_out, result)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(clang-22 llvm-22 llvm-22-dev lld-22 bear dpkg-dev g++
   # the build systems that the `mlgo corpus record` tests drive
-  cmake ninja-build meson autoconf automake)
+  cmake ninja-build meson autoconf automake
+  # instruction and block counts of a program's workload
+  valgrind)
 # LLVM's corpus tools. Its top-level package is also named `mlgo`, so it lives beside the
 # venv's site-packages and mlgo runs it in a separate interpreter.
 MLGO_UTILS="mlgo-utils==19.0.0.dev202407180600"

@@ -1,0 +1,188 @@
+"""Issue 39's first figure: does a reward predict run time before anything is trained on it?
+
+    .venv/bin/python -m tools.bench_speed_reward --programs lua5.4,zstd,sqlite3 \\
+        --rounds 10 --work data/speed-reward --json data/speed-reward/speed_reward.json
+
+For each program (a Debian source package and a fixed workload, `tools/bench_regalloc`'s),
+built at -O2 with its blocks named (`block_costs.BLOCK_MAP_FLAGS`):
+- the default build (clang's own eviction advisor), its workload run once under callgrind
+  for each block's execution count;
+- one build per eviction policy, through `mlgo-cc` (strict): the shipped policy and
+  copies of it with Gaussian noise of growing scale on every weight, the population an
+  evolution strategy draws from, so the changes run from nothing to large;
+- for each (policy, program) pair: the reward's change against the default (the block
+  cost, `block_costs.workload_cycles`), and the measured change: CPU time of the
+  workload in rounds that time every build of the program in turn, the order flipped
+  each round, with the default timed twice per round as an A/A control; median and
+  interquartile range of the per-round ratios. The outputs must match the default's.
+Spearman's rank correlation between each reward's change and the measured median, over
+all pairs, and per program.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+from scipy.stats import spearmanr
+
+from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, execution_counts, workload_cycles
+from mlgo.llvm.toolchain import Toolchain, find_toolchain
+from mlgo.packages.recipes import load_recipe
+from mlgo.problems.policy_files import load_policy, save_policy
+from mlgo.programs.build import build_program, policy_service, pristine_source
+from mlgo.programs.compare import Variant, variants
+from mlgo.programs.measure import (
+    paired_change,
+    run_workload,
+    timed_rounds,
+    workload_output,
+)
+from mlgo.runtime.commands import BuildError
+from mlgo.runtime.files import atomic_write_text
+from tools.bench_regalloc import FLAGS, PROGRAMS, prepare_workload, save_json
+
+console = Console(width=160)
+BUILD_FLAGS = [*FLAGS, *BLOCK_MAP_FLAGS]
+SHIPPED = Path(__file__).resolve().parent.parent / "policies" / "regalloc-eviction"
+# noise on every weight, relative to the weights' own spread: from a step of the
+# evolution strategy's size to a policy that keeps little of the shipped one
+NOISE = (0.02, 0.05, 0.1, 0.3, 1.0, 3.0)
+
+
+def policy_population(out: Path, seed: int = 0) -> dict[str, Path]:
+    """The shipped policy and its noisy copies, written under OUT."""
+    shipped = load_policy(SHIPPED)
+    theta = shipped.flat()
+    rng = np.random.default_rng(seed)
+    policies = {"shipped": SHIPPED}
+    for scale in NOISE:
+        noisy = theta + scale * theta.std() * rng.standard_normal(theta.size)
+        name = f"noise-{scale:g}"
+        save_policy(shipped.with_flat(noisy.astype(np.float32)), out / name)
+        policies[name] = out / name
+    return policies
+
+
+def build(prog_name: str, tc: Toolchain, work: Path, v: Variant) -> Path:
+    """One build of the program at WORK/<variant>, its workload prepared; reused when
+    its stamp says it finished."""
+    prog = PROGRAMS[prog_name]
+    stamp = work / f"{v.name}.done"
+    if not stamp.exists():
+        recipe = load_recipe(prog.recipe)
+        pristine = pristine_source(recipe, work)
+        with console.status(f"{prog_name}: building {v.name}"):
+            build_program(
+                recipe, pristine, work / v.name, tc, v.name, v.compilers, v.env, False, BUILD_FLAGS
+            )
+            prepare_workload(prog, tc, work, v, BUILD_FLAGS)
+        stamp.write_text("")
+    return work / v.name
+
+
+def bench_program(
+    name: str, tc: Toolchain, work: Path, policies: dict[str, Path], rounds: int
+) -> dict:
+    prog = PROGRAMS[name]
+    pwork = work / name
+    pwork.mkdir(parents=True, exist_ok=True)
+    trees = {"default": build(name, tc, pwork, variants(tc, {}, ("default", ""))[0])}
+    for pname, policy in policies.items():
+        with policy_service([policy], pwork / f"service-{pname}") as env:
+            trees[pname] = build(name, tc, pwork, variants(tc, env, ("default", pname))[1])
+    expected = workload_output(prog, trees["default"])
+    for pname, tree in trees.items():
+        if workload_output(prog, tree) != expected:
+            raise BuildError(f"{name} built with {pname}: the workload's output differs")
+    binary = Path(prog.commands[0][0])
+    counts_file = pwork / "block-counts.json"
+    if not counts_file.exists():
+        with console.status(f"{name}: the workload under callgrind, for block counts"):
+            counts = execution_counts(
+                trees["default"] / binary, [list(c) for c in prog.commands], trees["default"], tc
+            )
+        atomic_write_text(counts_file, json.dumps([[*k, n] for k, n in counts.items()]))
+    counts = {(f, int(w), int(b)): int(n) for f, w, b, n in json.loads(counts_file.read_text())}
+    cycles = {v: workload_cycles(tree / binary, counts, tc) for v, tree in trees.items()}
+    loops = max(1, round(1.0 / run_workload(prog, trees["default"])[1]))
+    timed = {**trees, "default again": trees["default"]}
+    with console.status(f"{name}: {rounds} timed rounds of {len(timed)} builds"):
+        times = timed_rounds(
+            rounds, list(timed), lambda v: run_workload(prog, timed[v], loops=loops)[:2]
+        )
+    cpu = times["cpu"]
+    pairs = {
+        v: {
+            "block_cycles_change": cycles[v] / cycles["default"] - 1,
+            "cpu_change": paired_change(cpu[v], cpu["default"]),
+        }
+        for v in [*policies, "default again"]
+        if v in cpu
+    }
+    for v in policies:
+        pairs[v]["policy"] = str(policies[v])
+    pairs["default again"]["block_cycles_change"] = 0.0
+    return {"loops": loops, "block_cycles": cycles, "pairs": pairs}
+
+
+def rank(rows: list[tuple[float, float]]) -> float | None:
+    if len(rows) < 3:
+        return None
+    rho = spearmanr([r for r, _ in rows], [m for _, m in rows]).statistic
+    return None if np.isnan(rho) else float(rho)
+
+
+def main(
+    programs: Annotated[str, typer.Option(help="comma-separated, of " + ",".join(PROGRAMS))] = (
+        "lua5.4,zstd,sqlite3"
+    ),
+    rounds: Annotated[int, typer.Option(help="timed rounds")] = 10,
+    work: Annotated[Path, typer.Option(help="where the builds go")] = Path("data/speed-reward"),
+    json_out: Annotated[Path | None, typer.Option("--json")] = None,
+) -> None:
+    tc = find_toolchain()
+    work = work.resolve()
+    names = [p for p in programs.split(",") if p]
+    if unknown := set(names) - set(PROGRAMS):
+        raise typer.BadParameter(f"unknown programs {sorted(unknown)}; have {sorted(PROGRAMS)}")
+    if shutil.which("valgrind") is None:
+        raise typer.BadParameter("valgrind is missing; run tools/setup.sh")
+    policies = policy_population(work / "policies")
+    result = {"toolchain": tc.describe(), "flags": BUILD_FLAGS, "rounds": rounds}
+    table = Table(
+        "program", "policy", "block cycles", "CPU time (IQR)", title="reward against run time"
+    )
+    every: list[tuple[float, float]] = []
+    for name in names:
+        r = result[name] = bench_program(name, tc, work, policies, rounds)
+        own = []
+        for v, pair in r["pairs"].items():
+            cpu = pair["cpu_change"]
+            table.add_row(
+                name, v, f"{pair['block_cycles_change']:+.2%}",
+                f"{cpu['median']:+.2%} ({cpu['q1']:+.2%}..{cpu['q3']:+.2%})",
+            )  # fmt: skip
+            if v != "default again":
+                own.append((pair["block_cycles_change"], cpu["median"]))
+        r["spearman"] = rank(own)
+        every += own
+    result["spearman"] = rank(every)
+    result["pairs"] = len(every)
+    console.print(table)
+    console.print(
+        f"Spearman, block cycles against CPU time: {result['spearman']} over {len(every)} pairs; "
+        + ", ".join(f"{n} {result[n]['spearman']}" for n in names)
+    )
+    if json_out:
+        save_json(json_out, result)
+
+
+if __name__ == "__main__":
+    typer.run(main)
