@@ -18,6 +18,7 @@ from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
 from mlgo.serve.cc import at_link, link_stage, links_with_lld
 from mlgo.serve.client import ServiceError
+from mlgo.serve.guard import guarded_link
 from tests import test_service
 from tests.conftest import MLGO, run_mlgo
 from tests.test_guard import save_inline_all
@@ -62,6 +63,13 @@ def test_a_full_lto_link_is_told_from_compiles_and_thin_links():
     assert at_link(["-fpass-plugin=/c,d/p.so"]) == ["-Xlinker", "--load-pass-plugin=/c,d/p.so"]
     with pytest.raises(ServiceError, match="lld cannot take"):
         at_link(["-mllvm", "-enable-ml-inliner=release"])
+    # the guard links again only what writes its program alone
+    assert guarded_link(["-flto", "a.o", "-o", "p", "-Wl,--gc-sections"]) == Path("p")
+    for writes_more in (
+        ["-Wl,-Map=p.map"], ["-Wl,--as-needed,-Map,p.map"], ["-Xlinker", "--save-temps"],
+        ["-save-temps"], ["-Wl,--thinlto-cache-dir=c"], ["-o", "-"],
+    ):  # fmt: skip
+        assert guarded_link(["-flto", "a.o", *writes_more]) is None, writes_more
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +125,25 @@ def test_the_link_time_policy_decides_in_lld_and_only_there(cc, both, tc, tmp_pa
     assert (
         subprocess.run([served / "prog"]).returncode == subprocess.run([plain / "prog"]).returncode
     )
+
+
+def test_a_guarded_link_keeps_the_smaller_program(cc, both, tc, tmp_path):
+    """MLGO_GUARD=size at a link: the policy's larger program gives way to lld's own, byte
+    for byte, and nothing is left beside it; a link that also writes a map keeps the
+    policy's program (a second link would write the map again)."""
+    objects([tc.clang], tmp_path)
+    run([tc.clang, *LLD, "callee.o", "callers.o", "-o", "plain"], tmp_path)
+    env = {**both.env(), "MLGO_GUARD": "size"}
+    r = run([*cc, *LLD, "callee.o", "callers.o", "-o", "prog"], tmp_path, env)
+    assert not r.stderr, r.stderr
+    assert (tmp_path / "prog").read_bytes() == (tmp_path / "plain").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "callee.c", "callee.o", "callers.c", "callers.o", "plain", "prog",
+    ]  # fmt: skip
+    mapped = [*LLD, "callee.o", "callers.o", "-o", "mapped", "-Wl,-Map=mapped.map"]
+    run([*cc, *mapped], tmp_path, env)
+    assert text_size(tmp_path / "mapped") > text_size(tmp_path / "plain")
+    assert (tmp_path / "mapped.map").is_file()
 
 
 def test_without_lld_the_link_is_plain_with_a_note(cc, both, tc, tmp_path):

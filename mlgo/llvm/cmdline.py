@@ -1,6 +1,7 @@
-"""What a clang command line writes: its object, and the files it writes beside it
-(dependency files, time traces, optimization records, statistics). A second compile of the
-same command (the size guard's, a recording's) must write only its own object."""
+"""What a clang command line writes: its object (or a link's program), and the files it
+writes beside it (dependency files, time traces, optimization records, statistics, link
+maps). A second compile or link of the same command (the size guard's, a recording's) must
+write only its own output."""
 
 from __future__ import annotations
 
@@ -36,6 +37,39 @@ def link_output(args: list[str]) -> str:
         elif joined_output(a):
             output = a[2:]
     return output
+
+
+# lld options that write a file besides the program, or keep state between links (a ThinLTO
+# cache), by their beginnings: a second link must write only its own output.
+LINKER_SIDE_OUTPUTS = (
+    "-M",  # -Map, -M: the link map
+    "--Map",
+    "--print-map",
+    "--save-temps",
+    "-save-temps",
+    "--out-implib",
+    "--thinlto-",
+    "--cache-dir",
+    "--lto-obj-path",
+    "--lto-emit-asm",
+    "--plugin-opt",
+    "-plugin-opt",
+    "--reproduce",
+    "--dependency-file",
+    "--why-extract",
+)
+
+
+def linker_options(args: list[str]) -> list[str]:
+    """What ARGS pass to the linker: each -Wl,A,B's A and B, and each -Xlinker's value."""
+    out: list[str] = []
+    rest = iter(args)
+    for a in rest:
+        if a.startswith("-Wl,"):
+            out += a.split(",")[1:]
+        elif a == "-Xlinker":
+            out.append(next(rest, ""))
+    return out
 
 
 def without_outputs(args: list[str]) -> list[str]:

@@ -26,7 +26,8 @@ Environment: MLGO_CC / MLGO_CXX (default clang-22 / clang++-22), MLGO_POLICY (po
 directories, ':'-separated, for a service started on demand; default: the shipped
 inlining policy), MLGO_BACKEND (auto, plugin, native or python), MLGO_TIMEOUT (seconds,
 default 900), MLGO_STRICT, MLGO_DISABLE (plain compiler), MLGO_SOCKET, MLGO_GUARD (`size`:
-keep the smaller of the policy's and the default's object, mlgo.serve.guard).
+keep the smaller of the policy's and the default's object, or program at an LTO link,
+mlgo.serve.guard).
 A bad MLGO_TIMEOUT or MLGO_GUARD is a warning (the default, or no guard, is used), and a
 running service that serves other policies than MLGO_POLICY names is too; all are errors
 under MLGO_STRICT.
@@ -63,7 +64,7 @@ from mlgo.serve.client import (
     runtime_dir,
     socket_path,
 )
-from mlgo.serve.guard import guard_from_env, guarded_object, keep_smaller
+from mlgo.serve.guard import guard_from_env, guarded_link, guarded_object, keep_smaller
 
 SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".c++", ".C", ".i", ".ii", ".m", ".mm")
 NO_CODEGEN = {"-E", "-M", "-MM", "-fsyntax-only", "-###", "--version", "--help", "-"}
@@ -502,15 +503,18 @@ def _watch(proc: subprocess.Popen, conn: Connection, timeout_s: float) -> str | 
     return problem
 
 
-def _guard(compiler: str, args: list[str], sources: list[str], strict: bool) -> int:
-    """MLGO_GUARD=size after the policy's compile succeeded: the smaller object stays."""
-    obj = guarded_object(args, sources)
-    problem = obj and keep_smaller(compiler, args, obj)
+def _guard(compiler: str, args: list[str], sources: list[str], stage: str, strict: bool) -> int:
+    """MLGO_GUARD=size after the policy's compile (or link) succeeded: the smaller output
+    stays."""
+    output = guarded_object(args, sources) if stage == "compile" else guarded_link(args)
+    problem = output and keep_smaller(compiler, args, output)
     if not problem:
         return 0
+    source = sources[0] if stage == "compile" else link_output(args)
     if strict:
-        return _error(f"the size guard failed: {problem}", sources[0])
-    _warn(f"the size guard failed: {problem}; keeping the policy's object for {sources[0]}")
+        return _error(f"the size guard failed: {problem}", source)
+    what = "object" if stage == "compile" else "link"
+    _warn(f"the size guard failed: {problem}; keeping the policy's {what} for {source}")
     return 0
 
 
@@ -558,11 +562,11 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
         if strict:
             return _error(problem, source)
         _warn(f"{problem}; using {DEFAULT_TIMEOUT_S:g} s")
-    guard, problem = guard_from_env() if stage == "compile" else (None, None)
+    guard, problem = guard_from_env()
     if problem:
         if strict:
             return _error(problem, source)
-        _warn(f"{problem}; compiling {source} without a guard")
+        _warn(f"{problem}; {doing} {source} without a guard")
     try:
         language = compile_language(seen, cxx_driver) if stage == "compile" else None
         conn, flags, problem, note = _lease(level, language, stage)
@@ -614,7 +618,7 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
             return _compile_plain_after(proc.returncode, failure, compiler, args, source, stage)
         if problem is None:  # the lease is over: a guard's second compile holds nothing
             if guard and proc.returncode == 0:
-                return _guard(compiler, seen, sources, strict)
+                return _guard(compiler, seen, sources, stage, strict)
             return proc.returncode
     if strict:
         return _error(problem, source)

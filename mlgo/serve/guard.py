@@ -11,6 +11,12 @@ Only a compile that writes one ELF object can be guarded. Compile-and-link, -S, 
 LTO bitcode, and outputs whose bytes name their own path (split DWARF's .dwo, coverage's
 .gcno/.gcda) keep the policy's output alone.
 
+An LTO link served by a link-time policy is guarded the same way: the program or shared
+library linked again with lld's own inliner beside it, the one with less `.text` kept. A
+link that writes anything else (a map, temporaries, a ThinLTO cache) keeps the policy's.
+The native mlgo-cc hands a guarded link to Python: it costs a second link, not a second
+interpreter's start.
+
 The native mlgo-cc (mlgo/serve/native/mlgo_cc.c) guards by these same rules without starting
 Python, running the two compiles at once; tests/test_guard.py holds both to agree.
 """
@@ -24,7 +30,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from mlgo.llvm.cmdline import joined_output, without_outputs
+from mlgo.llvm.cmdline import (
+    LINKER_SIDE_OUTPUTS,
+    joined_output,
+    link_output,
+    linker_options,
+    without_outputs,
+)
 
 GUARDS = ("size",)
 # The object is not plain ELF code, or its bytes name files of its own (split DWARF's .dwo,
@@ -65,6 +77,17 @@ def guarded_object(args: list[str], sources: list[str]) -> Path | None:
     return Path(output) if output else Path(Path(sources[0]).stem + ".o")
 
 
+def guarded_link(args: list[str]) -> Path | None:
+    """The program or library this LTO link writes, if the guard can compare it; None if
+    the link writes anything else (a map, temporaries, a ThinLTO cache) or to stdout."""
+    if any(a in UNGUARDED or a.startswith(UNGUARDED_PREFIXES) for a in args):
+        return None
+    if any(o.startswith(LINKER_SIDE_OUTPUTS) for o in linker_options(args)):
+        return None
+    output = link_output(args)
+    return None if output == "-" else Path(output)
+
+
 def default_args(args: list[str], output: Path) -> list[str]:
     """ARGS compiling to OUTPUT and writing nothing else the original command line asks for
     (the policy's compile wrote it)."""
@@ -72,8 +95,9 @@ def default_args(args: list[str], output: Path) -> list[str]:
 
 
 def keep_smaller(compiler: str, args: list[str], obj: Path) -> str | None:
-    """With the policy's OBJ written, compiles ARGS with the default beside it and keeps the
-    smaller of the two in OBJ. Returns what went wrong (then OBJ is the policy's), or None."""
+    """With the policy's OBJ written, compiles (or links) ARGS with the default beside it and
+    keeps the smaller of the two in OBJ. Returns what went wrong (then OBJ is the policy's),
+    or None."""
     from mlgo.llvm.sizes import text_size
     from mlgo.runtime.messages import error_line
 
@@ -86,7 +110,7 @@ def keep_smaller(compiler: str, args: list[str], obj: Path) -> str | None:
         cmd = [compiler, *default_args(args, default)]
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if proc.returncode != 0:
-            return f"the default heuristic's compile failed: {error_line(proc.stderr)}"
+            return f"the default heuristic's run failed: {error_line(proc.stderr)}"
         if text_size(default) <= text_size(obj):
             os.replace(default, obj)
         return None

@@ -16,8 +16,8 @@
  * runs the compiler as is, after the service's note if the reply has one (the first compile
  * at that level).
  * Response files (@FILE) go to Python, which reads them as clang does, and so do inputs that
- * -x c or -x c++ may make sources without a source suffix and links with LTO, where a
- * link-time policy may answer (see `for_python`).
+ * -x c or -x c++ may make sources without a source suffix and LTO links by another linker
+ * than lld (see `for_python`), and a guarded LTO link (Python links it twice).
  * Built by `mlgo install-wrappers` (mlgo.serve.cc.build_native_wrapper), which defines the venv's
  * python and the lease allow-list. */
 #define _GNU_SOURCE
@@ -762,8 +762,9 @@ int main(int argc, char **argv) {
                           ? opt_level(argc, argv, level_buf, sizeof level_buf)
                           : NULL;
   if (!level) exec_compiler(argc, argv, NULL, 0);
-  const char *guard_name = stage ? NULL : getenv("MLGO_GUARD"); /* it compares objects */
+  const char *guard_name = getenv("MLGO_GUARD");
   int guarding = guard_name && *guard_name;
+  if (guarding && stage) exec_python(argc, argv); /* a guarded link: Python links it twice */
   if (guarding && strcmp(guard_name, "size") != 0) exec_python(argc, argv); /* it warns */
 
   double timeout = timeout_s();
