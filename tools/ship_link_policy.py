@@ -15,6 +15,11 @@ program's merged module with the candidate's plugin: the real link's `.text`, by
 byte). The one kept has the smallest total with no validation package larger; if none
 qualifies, nothing ships. It alone is then evaluated once on CORPORA/test, per package,
 C and C++ apart (corpus/splits.toml). Writes OUT/chosen (the policy) and OUT/ship.json.
+
+With --guard, every candidate is judged as served with MLGO_GUARD=size at the link: each
+program the policy makes larger is lld's own (`Evaluation.with_default`), so the choice
+is the smallest guarded total; test is reported guarded and, from the same links, as the
+policy alone. Writes OUT/chosen-guard and OUT/ship-guard.json.
 """
 
 from __future__ import annotations
@@ -69,12 +74,20 @@ def judged(ev: Evaluation) -> dict:
     }
 
 
+def as_guarded(ev: Evaluation) -> Evaluation:
+    """EV as MLGO_GUARD=size serves it: a program the policy made larger is the default's."""
+    return ev.with_default(set(ev.modules_larger()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpora", type=Path, default=Path("data/lto"))
     parser.add_argument("--out", type=Path, default=Path("data/lto/ship"))
     parser.add_argument("--minutes", type=float, default=30.0, help="training budget")
+    parser.add_argument("--guard", action="store_true", help="judge as MLGO_GUARD=size serves")
     args = parser.parse_args()
+    serve = as_guarded if args.guard else (lambda ev: ev)
+    suffix = "-guard" if args.guard else ""
     problem, tc = get_problem(PROBLEM), find_toolchain()
 
     def corpus(split: str) -> Corpus:  # each read when its turn comes: a rerun resumes
@@ -99,7 +112,7 @@ def main() -> None:
     held_out = corpus("validation")
     plain = linked_texts(tc, held_out)
     validation = {
-        name: judged(linked_evaluation(problem, inliner_plugin(p, tc), held_out, tc, plain))
+        name: judged(serve(linked_evaluation(problem, inliner_plugin(p, tc), held_out, tc, plain)))
         for name, p in candidates.items()
     }
     safe = {n: v["change_pct"] for n, v in validation.items() if not v["packages_larger"]}
@@ -113,11 +126,15 @@ def main() -> None:
         "chosen": chosen,
     }
     if chosen is not None:
-        save_policy(candidates[chosen], args.out / "chosen")
+        save_policy(candidates[chosen], args.out / f"chosen{suffix}")
         plugin = inliner_plugin(candidates[chosen], tc)
-        result["test"] = judged(linked_evaluation(problem, plugin, corpus("test"), tc))
-    atomic_write_text(args.out / "ship.json", json.dumps(result, indent=1))
-    table = Table("candidate", "validation", "packages larger", title="linked by lld's LTO")
+        test = linked_evaluation(problem, plugin, corpus("test"), tc)
+        result["test"] = judged(serve(test))
+        if args.guard:
+            result["test, the policy alone"] = judged(test)
+    atomic_write_text(args.out / f"ship{suffix}.json", json.dumps(result, indent=1))
+    title = "linked by lld's LTO" + (", guarded" if args.guard else "")
+    table = Table("candidate", "validation", "packages larger", title=title)
     for name, v in validation.items():
         larger = ", ".join(v["packages_larger"]) or "-"
         table.add_row(
@@ -130,7 +147,7 @@ def main() -> None:
         larger = ", ".join(t["packages_larger"]) or "none"
         over = ", ".join(t["packages_over_0.1pct"]) or "none"
         console.print(f"test: {t['change_pct']:+.3f}% ({langs}); larger: {larger}; >0.1%: {over}")
-    console.print(f"wrote {args.out / 'ship.json'}")
+    console.print(f"wrote {args.out / f'ship{suffix}.json'}")
 
 
 if __name__ == "__main__":
