@@ -117,7 +117,7 @@ def execution_counts(
         for i, argv in enumerate(commands):
             cmd = [
                 *("valgrind", "--tool=callgrind", "--trace-children=yes", "--dump-instr=yes"),
-                *("--dump-line=no", "--compress-pos=no", "--compress-strings=no"),
+                *("--dump-line=no", "--compress-pos=no", "--compress-strings=no", "--demangle=no"),
                 f"--callgrind-out-file={tmp}/{i}.%p.out",
                 f"--log-file={tmp}/{i}.%p.log",
                 *argv,
