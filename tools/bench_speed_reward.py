@@ -15,6 +15,7 @@ built at -O2 with its blocks named (`block_costs.BLOCK_MAP_FLAGS`):
   workload in rounds that time every build of the program in turn, the order flipped
   each round, with the default timed twice per round as an A/A control; median and
   interquartile range of the per-round ratios. The outputs must match the default's.
+  Beside it, callgrind's instruction count of each build (--no-callgrind: not counted).
 Spearman's rank correlation between each reward's change and the measured median, over
 all pairs, and per program.
 """
@@ -39,6 +40,7 @@ from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.programs.build import build_program, policy_service, pristine_source
 from mlgo.programs.compare import Variant, variants
 from mlgo.programs.measure import (
+    instructions,
     paired_change,
     run_workload,
     timed_rounds,
@@ -88,7 +90,7 @@ def build(prog_name: str, tc: Toolchain, work: Path, v: Variant) -> Path:
 
 
 def bench_program(
-    name: str, tc: Toolchain, work: Path, policies: dict[str, Path], rounds: int
+    name: str, tc: Toolchain, work: Path, policies: dict[str, Path], rounds: int, callgrind: bool
 ) -> dict:
     prog = PROGRAMS[name]
     pwork = work / name
@@ -110,7 +112,15 @@ def bench_program(
             )
         atomic_write_text(counts_file, json.dumps([[*k, n] for k, n in counts.items()]))
     counts = {(f, int(w), int(b)): int(n) for f, w, b, n in json.loads(counts_file.read_text())}
-    cycles = {v: workload_cycles(tree / binary, counts, tc) for v, tree in trees.items()}
+    known: dict = {}  # most blocks are the same code in every build: costed once
+    cycles = {v: workload_cycles(tree / binary, counts, tc, known) for v, tree in trees.items()}
+    counted = pwork / "instructions.json"
+    executed = json.loads(counted.read_text()) if counted.exists() else {}
+    for v, tree in trees.items() if callgrind else ():
+        if v not in executed:
+            with console.status(f"{name} ({v}): instructions, under callgrind"):
+                executed[v] = instructions(prog, tree)
+            atomic_write_text(counted, json.dumps(executed))
     loops = max(1, round(1.0 / run_workload(prog, trees["default"])[1]))
     timed = {**trees, "default again": trees["default"]}
     with console.status(f"{name}: {rounds} timed rounds of {len(timed)} builds"):
@@ -128,8 +138,10 @@ def bench_program(
     }
     for v in policies:
         pairs[v]["policy"] = str(policies[v])
+        if v in executed:
+            pairs[v]["instructions_change"] = executed[v] / executed["default"] - 1
     pairs["default again"]["block_cycles_change"] = 0.0
-    return {"loops": loops, "block_cycles": cycles, "pairs": pairs}
+    return {"loops": loops, "block_cycles": cycles, "instructions": executed, "pairs": pairs}
 
 
 def rank(rows: list[tuple[float, float]]) -> float | None:
@@ -145,6 +157,7 @@ def main(
     ),
     rounds: Annotated[int, typer.Option(help="timed rounds")] = 10,
     work: Annotated[Path, typer.Option(help="where the builds go")] = Path("data/speed-reward"),
+    callgrind: Annotated[bool, typer.Option(help="each build's instructions, beside")] = True,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     tc = find_toolchain()
@@ -157,28 +170,36 @@ def main(
     policies = policy_population(work / "policies")
     result = {"toolchain": tc.describe(), "flags": BUILD_FLAGS, "rounds": rounds}
     table = Table(
-        "program", "policy", "block cycles", "CPU time (IQR)", title="reward against run time"
-    )
+        "program", "policy", "block cycles", "instructions", "CPU time (IQR)",
+        title="reward against run time",
+    )  # fmt: skip
     every: list[tuple[float, float]] = []
+    by_instructions: list[tuple[float, float]] = []
     for name in names:
-        r = result[name] = bench_program(name, tc, work, policies, rounds)
+        r = result[name] = bench_program(name, tc, work, policies, rounds, callgrind)
         own = []
         for v, pair in r["pairs"].items():
             cpu = pair["cpu_change"]
+            executed = pair.get("instructions_change")
             table.add_row(
                 name, v, f"{pair['block_cycles_change']:+.2%}",
+                "" if executed is None else f"{executed:+.2%}",
                 f"{cpu['median']:+.2%} ({cpu['q1']:+.2%}..{cpu['q3']:+.2%})",
             )  # fmt: skip
             if v != "default again":
                 own.append((pair["block_cycles_change"], cpu["median"]))
+            if executed is not None:
+                by_instructions.append((executed, cpu["median"]))
         r["spearman"] = rank(own)
         every += own
     result["spearman"] = rank(every)
+    result["spearman_instructions"] = rank(by_instructions)
     result["pairs"] = len(every)
     console.print(table)
     console.print(
         f"Spearman, block cycles against CPU time: {result['spearman']} over {len(every)} pairs; "
         + ", ".join(f"{n} {result[n]['spearman']}" for n in names)
+        + f"; callgrind's instructions against CPU time: {result['spearman_instructions']}"
     )
     if json_out:
         save_json(json_out, result)

@@ -159,21 +159,33 @@ def _instructions(binary: Path, tc: Toolchain) -> dict[int, str]:
     return out
 
 
-def block_cycles(binary: Path, names: set[BlockName], tc: Toolchain) -> dict[BlockName, float]:
-    """llvm-mca's cycles per run of each of BINARY's blocks in NAMES, for this machine."""
+Code = tuple[str, ...]  # a block's instructions
+
+
+def block_cycles(
+    binary: Path, names: set[BlockName], tc: Toolchain, known: dict[Code, float] | None = None
+) -> dict[BlockName, float]:
+    """llvm-mca's cycles per run of each of BINARY's blocks in NAMES, for this machine.
+    KNOWN: cycles of code seen before (another build's), read and added to."""
+    known = {} if known is None else known
     instructions = _instructions(binary, tc)
     by_address = sorted(instructions)
-    regions: list[tuple[BlockName, list[str]]] = []
+    codes: dict[BlockName, Code] = {}
     for b in block_map(binary, tc):
         if b.name in names:
-            code = [instructions[a] for a in by_address if b.address <= a < b.address + b.size]
+            code = tuple(instructions[a] for a in by_address if b.address <= a < b.address + b.size)
             if code:
-                regions.append((b.name, code))
-    if not regions:
-        return {}
+                codes[b.name] = code
+    new = sorted({c for c in codes.values() if c not in known})
+    if new:
+        known.update(zip(new, _mca_cycles(new, binary, tc), strict=True))
+    return {name: known[code] for name, code in codes.items()}
+
+
+def _mca_cycles(codes: list[Code], binary: Path, tc: Toolchain) -> list[float]:
     text = "".join(
         f"# LLVM-MCA-BEGIN b{i}\n" + "".join(f"\t{c}\n" for c in code) + "# LLVM-MCA-END\n"
-        for i, (_, code) in enumerate(regions)
+        for i, code in enumerate(codes)
     )
     cmd = [
         *(tc.tool("llvm-mca"), "-mcpu=native", "-json", f"-call-latency={CALL_CYCLES}"),
@@ -183,13 +195,16 @@ def block_cycles(binary: Path, names: set[BlockName], tc: Toolchain) -> dict[Blo
     if proc.returncode != 0:
         raise BuildError(f"{binary}: llvm-mca failed: {proc.stderr.strip()[-300:]}")
     summaries = [r["SummaryView"] for r in json.loads(proc.stdout)["CodeRegions"]]
-    return {
-        name: s["TotalCycles"] / s["Iterations"]
-        for (name, _), s in zip(regions, summaries, strict=True)
-    }
+    return [s["TotalCycles"] / s["Iterations"] for s in summaries]
 
 
-def workload_cycles(binary: Path, counts: dict[BlockName, int], tc: Toolchain) -> float:
-    """The cycles BINARY's blocks take when each runs as often as COUNTS says."""
-    cycles = block_cycles(binary, set(counts), tc)
+def workload_cycles(
+    binary: Path,
+    counts: dict[BlockName, int],
+    tc: Toolchain,
+    known: dict[Code, float] | None = None,
+) -> float:
+    """The cycles BINARY's blocks take when each runs as often as COUNTS says (KNOWN: as
+    `block_cycles`)."""
+    cycles = block_cycles(binary, set(counts), tc, known)
     return sum(n * cycles.get(name, 0.0) for name, n in counts.items())
