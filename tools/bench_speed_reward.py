@@ -4,12 +4,14 @@
         --rounds 10 --work data/speed-reward --json data/speed-reward/speed_reward.json
 
 For each program (a Debian source package and a fixed workload, `tools/bench_regalloc`'s),
-built at -O2 with its blocks named (`block_costs.BLOCK_MAP_FLAGS`):
-- the default build (clang's own eviction advisor), its workload run once under callgrind
-  for each block's execution count;
-- one build per eviction policy, through `mlgo-cc` (strict): the shipped policy and
-  copies of it with Gaussian noise of growing scale on every weight, the population an
-  evolution strategy draws from, so the changes run from nothing to large;
+at -O2:
+- the workload's profile: an instrumented build runs it once;
+- the default build (clang's own eviction advisor) with that profile and its blocks' runs
+  in the block address map (`block_costs.BLOCK_MAP_FLAGS`);
+- one build per eviction policy, with the same profile, through `mlgo-cc` (strict): the
+  shipped policy and copies of it with Gaussian noise of growing scale on every weight,
+  the population an evolution strategy draws from, so the changes run from nothing to
+  large;
 - for each (policy, program) pair: the reward's change against the default (the block
   cost, `block_costs.workload_cycles`), and the measured change: CPU time of the
   workload in rounds that time every build of the program in turn, the order flipped
@@ -33,11 +35,12 @@ from rich.console import Console
 from rich.table import Table
 from scipy.stats import spearmanr
 
-from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, execution_counts, workload_cycles
+from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, workload_cycles
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
+from mlgo.packages.build import PROFILE_USE_FLAGS
 from mlgo.packages.recipes import load_recipe
 from mlgo.problems.policy_files import load_policy, save_policy
-from mlgo.programs.build import build_program, policy_service, pristine_source
+from mlgo.programs.build import build_program, plain_compilers, policy_service, pristine_source
 from mlgo.programs.compare import Variant, variants
 from mlgo.programs.measure import (
     instructions,
@@ -46,12 +49,11 @@ from mlgo.programs.measure import (
     timed_rounds,
     workload_output,
 )
-from mlgo.runtime.commands import BuildError
+from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_write_text
 from tools.bench_regalloc import FLAGS, PROGRAMS, prepare_workload, save_json
 
 console = Console(width=160)
-BUILD_FLAGS = [*FLAGS, *BLOCK_MAP_FLAGS]
 SHIPPED = Path(__file__).resolve().parent.parent / "policies" / "regalloc-eviction"
 # noise on every weight, relative to the weights' own spread: from a step of the
 # evolution strategy's size to a policy that keeps little of the shipped one
@@ -72,9 +74,9 @@ def policy_population(out: Path, seed: int = 0) -> dict[str, Path]:
     return policies
 
 
-def build(prog_name: str, tc: Toolchain, work: Path, v: Variant) -> Path:
-    """One build of the program at WORK/<variant>, its workload prepared; reused when
-    its stamp says it finished."""
+def build(prog_name: str, tc: Toolchain, work: Path, v: Variant, flags: list[str]) -> Path:
+    """One build of the program with FLAGS at WORK/<variant>, its workload prepared;
+    reused when its stamp says it finished."""
     prog = PROGRAMS[prog_name]
     stamp = work / f"{v.name}.done"
     if not stamp.exists():
@@ -82,11 +84,28 @@ def build(prog_name: str, tc: Toolchain, work: Path, v: Variant) -> Path:
         pristine = pristine_source(recipe, work)
         with console.status(f"{prog_name}: building {v.name}"):
             build_program(
-                recipe, pristine, work / v.name, tc, v.name, v.compilers, v.env, False, BUILD_FLAGS
+                recipe, pristine, work / v.name, tc, v.name, v.compilers, v.env, False, flags
             )
-            prepare_workload(prog, tc, work, v, BUILD_FLAGS)
+            prepare_workload(prog, tc, work, v, flags)
         stamp.write_text("")
     return work / v.name
+
+
+def workload_profile(prog_name: str, tc: Toolchain, work: Path) -> Path:
+    """WORK/workload.profdata: the workload's profile, run once on an instrumented build."""
+    merged = work / "workload.profdata"
+    if merged.exists():
+        return merged
+    instrumented = Variant("instrumented", plain_compilers(tc), {})
+    tree = build(prog_name, tc, work, instrumented, [*FLAGS, "-fprofile-instr-generate"])
+    raw = work / "profraw"
+    shutil.rmtree(raw, ignore_errors=True)
+    raw.mkdir()
+    with console.status(f"{prog_name}: the workload, instrumented"):
+        run_workload(PROGRAMS[prog_name], tree, ("env", f"LLVM_PROFILE_FILE={raw}/%p.profraw"))
+    merge = [tc.tool("llvm-profdata"), "merge", "-o", str(merged), *map(str, raw.iterdir())]
+    run_logged(merge, work, work / "profile.log", 600, what=f"{prog_name}: llvm-profdata merge")
+    return merged
 
 
 def bench_program(
@@ -95,25 +114,20 @@ def bench_program(
     prog = PROGRAMS[name]
     pwork = work / name
     pwork.mkdir(parents=True, exist_ok=True)
-    trees = {"default": build(name, tc, pwork, variants(tc, {}, ("default", ""))[0])}
+    profile = workload_profile(name, tc, pwork)
+    flags = [*FLAGS, *BLOCK_MAP_FLAGS, f"-fprofile-instr-use={profile}", *PROFILE_USE_FLAGS]
+    trees = {"default": build(name, tc, pwork, variants(tc, {}, ("default", ""))[0], flags)}
     for pname, policy in policies.items():
         with policy_service([policy], pwork / f"service-{pname}") as env:
-            trees[pname] = build(name, tc, pwork, variants(tc, env, ("default", pname))[1])
+            served = variants(tc, env, ("default", pname))[1]
+            trees[pname] = build(name, tc, pwork, served, flags)
     expected = workload_output(prog, trees["default"])
     for pname, tree in trees.items():
         if workload_output(prog, tree) != expected:
             raise BuildError(f"{name} built with {pname}: the workload's output differs")
     binary = Path(prog.commands[0][0])
-    counts_file = pwork / "block-counts.json"
-    if not counts_file.exists():
-        with console.status(f"{name}: the workload under callgrind, for block counts"):
-            counts = execution_counts(
-                trees["default"] / binary, [list(c) for c in prog.commands], trees["default"], tc
-            )
-        atomic_write_text(counts_file, json.dumps([[*k, n] for k, n in counts.items()]))
-    counts = {(f, int(w), int(b)): int(n) for f, w, b, n in json.loads(counts_file.read_text())}
     known: dict = {}  # most blocks are the same code in every build: costed once
-    cycles = {v: workload_cycles(tree / binary, counts, tc, known) for v, tree in trees.items()}
+    cycles = {v: workload_cycles(tree / binary, tc, known) for v, tree in trees.items()}
     counted = pwork / "instructions.json"
     executed = json.loads(counted.read_text()) if counted.exists() else {}
     for v, tree in trees.items() if callgrind else ():
@@ -168,7 +182,7 @@ def main(
     if shutil.which("valgrind") is None:
         raise typer.BadParameter("valgrind is missing; run tools/setup.sh")
     policies = policy_population(work / "policies")
-    result = {"toolchain": tc.describe(), "flags": BUILD_FLAGS, "rounds": rounds}
+    result = {"toolchain": tc.describe(), "flags": [*FLAGS, *BLOCK_MAP_FLAGS], "rounds": rounds}
     table = Table(
         "program", "policy", "block cycles", "instructions", "CPU time (IQR)",
         title="reward against run time",
