@@ -137,10 +137,12 @@ def bench_program(
             atomic_write_text(counted, json.dumps(executed))
     loops = max(1, round(1.0 / run_workload(prog, trees["default"])[1]))
     timed = {**trees, "default again": trees["default"]}
+    cycles["default again"] = cycles["default"]
     with console.status(f"{name}: {rounds} timed rounds of {len(timed)} builds"):
         times = timed_rounds(
             rounds, list(timed), lambda v: run_workload(prog, timed[v], loops=loops)[:2]
         )
+    atomic_write_text(pwork / "times.json", json.dumps(times))
     cpu = times["cpu"]
     pairs = {
         v: {
@@ -154,7 +156,6 @@ def bench_program(
         pairs[v]["policy"] = str(policies[v])
         if v in executed:
             pairs[v]["instructions_change"] = executed[v] / executed["default"] - 1
-    pairs["default again"]["block_cycles_change"] = 0.0
     return {"loops": loops, "block_cycles": cycles, "instructions": executed, "pairs": pairs}
 
 
