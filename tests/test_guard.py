@@ -17,7 +17,7 @@ import pytest
 from mlgo.llvm.cmdline import SIDE_OUTPUT_PREFIXES, SIDE_OUTPUTS, SIDE_OUTPUTS_WITH_VALUE
 from mlgo.llvm.sizes import text_size
 from mlgo.problems.policy_files import load_policy, save_policy
-from mlgo.serve.cc import build_native_wrapper, compile_language, source_files
+from mlgo.serve.cc import build_native_wrapper, compile_language, optimizes, source_files
 from mlgo.serve.guard import UNGUARDED, UNGUARDED_PREFIXES, default_args, guarded_object
 from tests import test_service
 from tests.test_service import CXX_SOURCE, MLGO_CC, SHIPPED, SOURCES, Service
@@ -370,6 +370,27 @@ def test_the_native_wrapper_reads_the_language_as_python_does(checker):
         driver = "c++" if cxx else "cc"
         r = subprocess.run([checker, "language", driver, *args], capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout == f"{want or 'none'}\n", (args, cxx, r.stdout)
+
+
+# A compile that sets LLVM options of its own is clang's, unless they only report (the block
+# address map's frequencies): the native wrapper must agree.
+SERVED_LINES = [
+    (["-O2", "-c", "a.c"], True),
+    (["-O2", "-c", "a.c", "-mllvm", "-pgo-analysis-map=func-entry-count,bb-freq"], True),
+    (["-O2", "-c", "a.c", "-mllvm=-pgo-analysis-map=bb-freq"], True),
+    (["-O2", "-c", "a.c", "-mllvm", "-inline-threshold=10"], False),
+    (["-O2", "-c", "a.c", "-mllvm", "-pgo-analysis-map=bb-freq", "-mllvm", "-debug-pass=x"], False),
+    (["-O2", "-c", "a.c", "-mllvm"], False),
+    (["-O2", "-c", "a.c", "-mllvmfoo"], False),
+    (["-O2", "-E", "a.c", "-mllvm", "-pgo-analysis-map=bb-freq"], False),
+]
+
+
+def test_the_native_wrapper_serves_the_compiles_python_serves(checker):
+    for args, want in SERVED_LINES:
+        assert optimizes(args) == want, args
+        r = subprocess.run([checker, "optimizes", *args], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout == f"{int(want)}\n", (args, r.stdout)
 
 
 def test_the_native_wrapper_counts_text_as_python_does(checker, tc, tmp_path):

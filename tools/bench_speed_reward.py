@@ -1,7 +1,7 @@
 """Issue 39's first figure: does a reward predict run time before anything is trained on it?
 
-    .venv/bin/python -m tools.bench_speed_reward --programs lua5.4,zstd,sqlite3 \\
-        --rounds 10 --work data/speed-reward --json data/speed-reward/speed_reward.json
+    .venv/bin/python -m tools.bench_speed_reward --programs lua5.4,zstd --rounds 20 \\
+        --no-callgrind --work data/speed-reward --json data/speed-reward/speed_reward.json
 
 For each program (a Debian source package and a fixed workload, `tools/bench_regalloc`'s),
 at -O2:
@@ -9,9 +9,10 @@ at -O2:
 - the default build (clang's own eviction advisor) with that profile and its blocks' runs
   in the block address map (`block_costs.BLOCK_MAP_FLAGS`);
 - one build per eviction policy, with the same profile, through `mlgo-cc` (strict): the
-  shipped policy and copies of it with Gaussian noise of growing scale on every weight,
-  the population an evolution strategy draws from, so the changes run from nothing to
-  large;
+  shipped policy, copies of it with Gaussian noise of growing scale on every weight (the
+  population an evolution strategy draws from, so the changes run from nothing to large)
+  and its opposite;
+- every program built before any is timed;
 - for each (policy, program) pair: the reward's change against the default (the block
   cost, `block_costs.workload_cycles`), and the measured change: CPU time of the
   workload in rounds that time every build of the program in turn, the order flipped
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -57,11 +59,12 @@ console = Console(width=160)
 SHIPPED = Path(__file__).resolve().parent.parent / "policies" / "regalloc-eviction"
 # noise on every weight, relative to the weights' own spread: from a step of the
 # evolution strategy's size to a policy that keeps little of the shipped one
-NOISE = (0.02, 0.05, 0.1, 0.3, 1.0, 3.0)
+NOISE = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 3.0, 10.0)
 
 
 def policy_population(out: Path, seed: int = 0) -> dict[str, Path]:
-    """The shipped policy and its noisy copies, written under OUT."""
+    """The shipped policy, its noisy copies, and its opposite (every score negated: it
+    evicts what the shipped one keeps), written under OUT."""
     shipped = load_policy(SHIPPED)
     theta = shipped.flat()
     rng = np.random.default_rng(seed)
@@ -71,6 +74,10 @@ def policy_population(out: Path, seed: int = 0) -> dict[str, Path]:
         name = f"noise-{scale:g}"
         save_policy(shipped.with_flat(noisy.astype(np.float32)), out / name)
         policies[name] = out / name
+    last = shipped.weights[-2:]  # the output layer's weights and bias
+    opposite = replace(shipped, weights=[*shipped.weights[:-2], *(-w for w in last)])
+    save_policy(opposite, out / "opposite")
+    policies["opposite"] = out / "opposite"
     return policies
 
 
@@ -108,10 +115,8 @@ def workload_profile(prog_name: str, tc: Toolchain, work: Path) -> Path:
     return merged
 
 
-def bench_program(
-    name: str, tc: Toolchain, work: Path, policies: dict[str, Path], rounds: int, callgrind: bool
-) -> dict:
-    prog = PROGRAMS[name]
+def build_all(name: str, tc: Toolchain, work: Path, policies: dict[str, Path]) -> dict[str, Path]:
+    """The program's default build and one per policy, all with the workload's profile."""
     pwork = work / name
     pwork.mkdir(parents=True, exist_ok=True)
     profile = workload_profile(name, tc, pwork)
@@ -121,6 +126,20 @@ def bench_program(
         with policy_service([policy], pwork / f"service-{pname}") as env:
             served = variants(tc, env, ("default", pname))[1]
             trees[pname] = build(name, tc, pwork, served, flags)
+    return trees
+
+
+def bench_program(
+    name: str,
+    tc: Toolchain,
+    pwork: Path,
+    trees: dict[str, Path],
+    policies: dict[str, Path],
+    rounds: int,
+    callgrind: bool,
+) -> dict:
+    """The rewards and the measured changes of the program's builds TREES."""
+    prog = PROGRAMS[name]
     expected = workload_output(prog, trees["default"])
     for pname, tree in trees.items():
         if workload_output(prog, tree) != expected:
@@ -190,8 +209,11 @@ def main(
     )  # fmt: skip
     every: list[tuple[float, float]] = []
     by_instructions: list[tuple[float, float]] = []
+    built = {name: build_all(name, tc, work, policies) for name in names}  # then, quieter:
     for name in names:
-        r = result[name] = bench_program(name, tc, work, policies, rounds, callgrind)
+        r = result[name] = bench_program(
+            name, tc, work / name, built[name], policies, rounds, callgrind
+        )
         own = []
         for v, pair in r["pairs"].items():
             cpu = pair["cpu_change"]

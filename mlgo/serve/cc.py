@@ -68,6 +68,10 @@ from mlgo.serve.guard import guard_from_env, guarded_link, guarded_object, keep_
 
 SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".c++", ".C", ".i", ".ii", ".m", ".mm")
 NO_CODEGEN = {"-E", "-M", "-MM", "-fsyntax-only", "-###", "--version", "--help", "-"}
+# LLVM options of a user's own (-mllvm X) that only report what the compiler did, so a
+# compile with them is still served: the block address map's frequencies (block_costs).
+# Any other -mllvm option leaves the compile to clang, whose options it may be setting.
+REPORTING_LLVM_OPTIONS = ("-pgo-analysis-map=",)
 CONNECT_TIMEOUT_S = 10.0
 TIMED_OUT = "no result within MLGO_TIMEOUT"
 START_TIMEOUT_S = 180.0  # the first start may AOT-compile the policy (about 20 s)
@@ -157,9 +161,19 @@ def expand_response_files(args: list[str], depth: int = 0) -> list[str]:
     return expanded
 
 
+def sets_llvm_options(args: list[str]) -> bool:
+    """Does ARGS set an LLVM option (-mllvm X, -mllvm=X) other than a reporting one?"""
+    for i, a in enumerate(args):
+        if a.startswith("-mllvm"):
+            value = args[i + 1] if a == "-mllvm" and i + 1 < len(args) else a[len("-mllvm=") :]
+            if not value.startswith(REPORTING_LLVM_OPTIONS):
+                return True
+    return False
+
+
 def optimizes(args: list[str]) -> bool:
     """Does this invocation compile a source file (so the optimizer may ask)?"""
-    if NO_CODEGEN.intersection(args) or any(a.startswith("-mllvm") for a in args):
+    if NO_CODEGEN.intersection(args) or sets_llvm_options(args):
         return False
     return bool(source_files(args))
 
@@ -647,6 +661,7 @@ def build_native_wrapper(
     lists = {
         "MLGO_LEASE_SWITCHES": sorted(switches),
         "MLGO_LEASE_CHANNELS": sorted(f"{c}=" for c in channels),
+        "MLGO_REPORTING_LLVM_OPTIONS": list(REPORTING_LLVM_OPTIONS),
     }
     cmd = ["cc", "-O2", "-Wall", "-Werror", f"-DMLGO_PYTHON={c_string(python)}", *defines]
     cmd += [f"-D{name}={', '.join(map(c_string, values))}" for name, values in lists.items()]

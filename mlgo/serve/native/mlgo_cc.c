@@ -40,7 +40,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#if !defined(MLGO_PYTHON) || !defined(MLGO_LEASE_SWITCHES) || !defined(MLGO_LEASE_CHANNELS)
+#if !defined(MLGO_PYTHON) || !defined(MLGO_LEASE_SWITCHES) || !defined(MLGO_LEASE_CHANNELS) || \
+    !defined(MLGO_REPORTING_LLVM_OPTIONS)
 #error "build with mlgo.serve.cc.build_native_wrapper: it defines MLGO_PYTHON and the allow-list"
 #endif
 
@@ -112,10 +113,25 @@ static const char *source_language(int argc, char **argv, int cxx) {
 }
 
 /* Same rule as mlgo.serve.cc.optimizes: a source file is compiled, no flag says otherwise. */
+/* Same rule as mlgo.serve.cc.sets_llvm_options: an -mllvm X (or -mllvm=X) whose X is not one
+ * of mlgo.serve.cc.REPORTING_LLVM_OPTIONS. */
+static int sets_llvm_options(int argc, char **argv) {
+  static const char *reporting[] = {MLGO_REPORTING_LLVM_OPTIONS, NULL};
+  for (int i = 1; i < argc; i++) {
+    if (strncmp(argv[i], "-mllvm", 6) != 0) continue;
+    const char *value = "";
+    if (strcmp(argv[i], "-mllvm") == 0) value = i + 1 < argc ? argv[i + 1] : "";
+    else if (strncmp(argv[i], "-mllvm=", 7) == 0) value = argv[i] + 7;
+    if (!starts_with_one_of(value, reporting)) return 1;
+  }
+  return 0;
+}
+
 static int optimizes(int argc, char **argv) {
   int source = 0;
+  if (sets_llvm_options(argc, argv)) return 0;
   for (int i = 1; i < argc; i++) {
-    if (one_of(argv[i], no_codegen) || strncmp(argv[i], "-mllvm", 6) == 0) return 0;
+    if (one_of(argv[i], no_codegen)) return 0;
     source |= is_source(argv[i]);
   }
   return source;
@@ -713,7 +729,8 @@ static int compile_plain_after(int rc, int err_fd, int argc, char **argv, const 
  * after the compiler (to OUT), each ended by a NUL; `text FILE...` prints each file's
  * text_size on a line; `language cc|c++ ARGS...` the sources' language (or none);
  * `python ARGS...` whether the wrapper hands ARGS to Python before reading them (1 or 0);
- * `link ARGS...` a link's stage (or none), whether lld links it (1 or 0), and its output. */
+ * `link ARGS...` a link's stage (or none), whether lld links it (1 or 0), and its output;
+ * `optimizes ARGS...` whether a policy may serve the compile (1 or 0). */
 static int check(int argc, char **argv) {
   char obj[PATH_MAX];
   if (argc > 2 && strcmp(argv[1], "lease") == 0) {
@@ -733,6 +750,10 @@ static int check(int argc, char **argv) {
     const char *stage = link_stage(argc - 1, argv + 1);
     printf("%s %d %s\n", stage ? stage : "none", links_with_lld(argc - 1, argv + 1),
            first_source(argc - 1, argv + 1));
+    return 0;
+  }
+  if (argc > 1 && strcmp(argv[1], "optimizes") == 0) {
+    printf("%d\n", optimizes(argc - 1, argv + 1));
     return 0;
   }
   if (argc > 1 && strcmp(argv[1], "text") == 0) {
