@@ -77,6 +77,7 @@ BAD_POLICIES = [
     ("policy.json", "are not some of", lambda p: _rewrite_meta(p, languages="c")),
     ("policy.json", "are not some of", lambda p: _rewrite_meta(p, languages=["c", ["c++"]])),
     ("policy.json", "languages is empty", lambda p: _rewrite_meta(p, languages=[])),
+    ("policy.json", "guard 'speed' is not one of: size", lambda p: _rewrite_meta(p, guard="speed")),
 ]
 
 

@@ -146,6 +146,26 @@ def test_a_guarded_link_keeps_the_smaller_program(cc, both, tc, tmp_path):
     assert (tmp_path / "mapped.map").is_file()
 
 
+def test_a_policy_shipped_guarded_is_served_guarded(cc, tc, tmp_path):
+    """A link-time policy whose file asks for the size guard gets it without MLGO_GUARD:
+    its larger program gives way to lld's own."""
+    policy = save_inline_all(
+        tmp_path / "guarded", problem=get_problem("inlining-size-link"), guard="size"
+    )
+    assert "served guarded" in load_policy(policy).describe()
+    (tmp_path / "service").mkdir()
+    service = Service(tmp_path / "service", "--policy", str(SHIPPED), "--policy", str(policy))
+    try:
+        objects([tc.clang], tmp_path)
+        run([tc.clang, *LLD, "callee.o", "callers.o", "-o", "plain"], tmp_path)
+        r = run([*cc, *LLD, "callee.o", "callers.o", "-o", "prog"], tmp_path, service.env())
+        assert not r.stderr, r.stderr
+        assert (tmp_path / "prog").read_bytes() == (tmp_path / "plain").read_bytes()
+        assert service.status()["links"]["-Oz"]["served"] == 1
+    finally:
+        service.stop()
+
+
 def test_without_lld_the_link_is_plain_with_a_note(cc, both, tc, tmp_path):
     """GNU ld's LLVM gold plugin loads no pass plugin: one note, and the default linker's
     own program, byte for byte."""

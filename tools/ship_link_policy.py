@@ -19,7 +19,8 @@ C and C++ apart (corpus/splits.toml). Writes OUT/chosen (the policy) and OUT/shi
 With --guard, every candidate is judged as served with MLGO_GUARD=size at the link: each
 program the policy makes larger is lld's own (`Evaluation.with_default`), so the choice
 is the smallest guarded total; test is reported guarded and, from the same links, as the
-policy alone. Writes OUT/chosen-guard and OUT/ship-guard.json.
+policy alone. Writes OUT/chosen-guard (its policy.json asks for the guard, so that it is
+served guarded) and OUT/ship-guard.json.
 """
 
 from __future__ import annotations
@@ -126,7 +127,9 @@ def main() -> None:
         "chosen": chosen,
     }
     if chosen is not None:
-        save_policy(candidates[chosen], args.out / f"chosen{suffix}")
+        # judged as the guard serves it, it is served guarded whatever MLGO_GUARD says
+        kept = replace(candidates[chosen], guard="size") if args.guard else candidates[chosen]
+        save_policy(kept, args.out / f"chosen{suffix}")
         plugin = inliner_plugin(candidates[chosen], tc)
         test = linked_evaluation(problem, plugin, corpus("test"), tc)
         result["test"] = judged(serve(test))

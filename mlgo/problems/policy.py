@@ -46,6 +46,10 @@ class MLPPolicy:
     # The languages (mlgo.llvm.languages) whose compiles it answers; None: all. Set by
     # `mlgo calibrate` where a language's validation packages grow at every threshold.
     languages: tuple[str, ...] | None = None
+    # Served only under this guard (mlgo.serve.guard.GUARDS), whatever MLGO_GUARD says: a
+    # policy shipped because it was judged so (a link-time one that alone grows some
+    # programs). None: as the user's environment says.
+    guard: str | None = None
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
@@ -100,6 +104,11 @@ class MLPPolicy:
         if self.languages is not None:
             names = " and ".join(label(x) for x in self.languages)
             out += f"It answers {names} compiles only; the others keep the compiler's own. "
+        if self.guard == "size":
+            out += (
+                "It is served guarded: each output it decides is made again with the "
+                "compiler's own decisions and the one with less .text kept. "
+            )
         return out
 
     @property

@@ -20,6 +20,7 @@ from mlgo.problems import get_problem
 from mlgo.problems.normalizer import Normalizer
 from mlgo.problems.policy import MLPPolicy, policy_class
 from mlgo.runtime.files import atomic_path, atomic_write_text
+from mlgo.serve.guard import GUARDS
 
 T = TypeVar("T")
 
@@ -39,6 +40,8 @@ def save_policy(policy: MLPPolicy, directory: Path) -> None:
         meta["departure_threshold"] = policy.departure_threshold
     if policy.languages is not None:
         meta["languages"] = list(policy.languages)
+    if policy.guard is not None:
+        meta["guard"] = policy.guard
     atomic_write_text(directory / "policy.json", json.dumps(meta, indent=1))
 
 
@@ -67,12 +70,16 @@ def load_policy(directory: Path) -> MLPPolicy:
         if not languages:
             raise PolicyError(f"{where}: languages is empty: the policy would answer nothing")
         languages = tuple(x for x in LANGUAGES if x in languages)
+    guard = meta.get("guard")
+    if guard is not None and guard not in GUARDS:
+        raise PolicyError(f"{where}: guard {guard!r} is not one of: {', '.join(GUARDS)}")
     policy = kind(
         problem,
         norm,
         weights,
         departure_threshold=meta.get("departure_threshold"),
         languages=languages,
+        guard=guard,
     )
     check_policy(policy, directory)
     return policy

@@ -64,7 +64,13 @@ from mlgo.serve.client import (
     runtime_dir,
     socket_path,
 )
-from mlgo.serve.guard import guard_from_env, guarded_link, guarded_object, keep_smaller
+from mlgo.serve.guard import (
+    GUARDS,
+    guard_from_env,
+    guarded_link,
+    guarded_object,
+    keep_smaller,
+)
 
 SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".c++", ".C", ".i", ".ii", ".m", ".mm")
 NO_CODEGEN = {"-E", "-M", "-MM", "-fsyntax-only", "-###", "--version", "--help", "-"}
@@ -446,10 +452,10 @@ def check_policies(served: object) -> str | None:
 
 def _lease(
     level: str, language: str | None, stage: str = "compile"
-) -> tuple[Connection | None, list[str], str | None, str | None]:
+) -> tuple[Connection | None, list[str], str | None, str | None, str | None]:
     """A lease for a compile (or a link: STAGE) at LEVEL in LANGUAGE: its connection (None
-    when no policy serves it), its flags (checked), what is wrong with its policies, and the
-    service's note."""
+    when no policy serves it), its flags (checked), what is wrong with its policies, the
+    service's note, and the guard its policies must be served under."""
     path = socket_path()
     conn = connect(path, may_start=not os.environ.get("MLGO_SOCKET"))
     try:
@@ -464,13 +470,16 @@ def _lease(
     note = reply.get("note") if isinstance(reply.get("note"), str) else None
     if "lease" not in reply:
         conn.close()
-        return None, [], None, note
+        return None, [], None, note, None
+    guard = reply.get("guard")
     try:
         check_lease_flags(flags, path.parent)
+        if guard is not None and guard not in GUARDS:
+            raise ServiceError(f"the mlgo service asks for an unknown guard {str(guard)[:40]!r}")
     except ServiceError:
         conn.close()
         raise
-    return conn, flags, check_policies(reply.get("policies")), note
+    return conn, flags, check_policies(reply.get("policies")), note, guard
 
 
 def timeout_from_env() -> tuple[float, str | None]:
@@ -583,7 +592,8 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
         _warn(f"{problem}; {doing} {source} without a guard")
     try:
         language = compile_language(seen, cxx_driver) if stage == "compile" else None
-        conn, flags, problem, note = _lease(level, language, stage)
+        conn, flags, problem, note, policy_guard = _lease(level, language, stage)
+        guard = guard or policy_guard  # a policy shipped guarded is served so
     except ServiceError as e:
         problem = str(e)
     else:

@@ -123,13 +123,16 @@ class _Handler(socketserver.StreamRequestHandler):
             lease = service.open_lease(
                 notify=self._notify, level=level, language=language, stage=stage
             )
-            self._send({"lease": lease.id, "flags": lease.flags, **reply})
+            guard = {"guard": lease.guard} if lease.guard else {}
+            self._send({"lease": lease.id, "flags": lease.flags, **guard, **reply})
         returncode = None
         try:
             line = self.rfile.readline()  # blocks until the client is done or gone
-            if line:
-                returncode = json.loads(line).get("returncode")
-        except (ValueError, OSError):
+            done = json.loads(line) if line else {}
+            returncode = done.get("returncode")
+            if done.get("handed_over"):  # the native wrapper's Python asks again: count it once
+                service.uncount(level, stage)
+        except (ValueError, OSError, AttributeError):
             pass
         finally:
             tally = service.end_lease(lease, returncode)

@@ -94,6 +94,7 @@ class Lease:
     sessions: int = 0
     errors: list[str] = field(default_factory=list)
     ended: threading.Event = field(default_factory=threading.Event)
+    guard: str | None = None  # the guard a policy it serves must be served under
 
     @property
     def flags(self) -> list[str]:
@@ -236,6 +237,13 @@ class Service:
             self._noted.add(note)
         return served, note if first else None
 
+    def uncount(self, level: str, stage: str = "compile") -> None:
+        """A served request handed over to the Python wrapper, which asks again."""
+        with self._lock:
+            counts = self.counts[stage].get(level)
+            if counts and counts["served"] > 0:
+                counts["served"] -= 1
+
     def open_lease(
         self,
         problem: str | None = None,
@@ -260,6 +268,7 @@ class Service:
             raise UsageError(f"this service serves no policy for {problem!r}")
         backends = [(p, self._by_hand(p) if channel else p.backend) for p in chosen]
         lease = Lease(f"{os.getpid()}-{next(self._ids)}", {}, notify=notify, detached=not notify)
+        lease.guard = next((p.policy.guard for p in chosen if p.policy.guard), None)
         plugins = [b for _, b in backends if isinstance(b, PluginBackend)]
         lease.plugin_flags = [f for b in plugins for f in b.flags]
         if lease.detached and len(plugins) == len(backends):  # flags by hand: nothing to end

@@ -60,7 +60,8 @@ def load_start(init: Path, problem: Problem, option: str = "--init") -> MLPPolic
     """The policy at INIT (a policy or its run, given as OPTION) as a start for PROBLEM: one
     of PROBLEM, or of the problem it `starts_from` (taken over as PROBLEM's: the same
     decision at another stage, for every language)."""
-    start = load_policy(policy_dir(init))
+    # A guard holds for the weights it was judged with; what trains from them is judged anew.
+    start = replace(load_policy(policy_dir(init)), guard=None)
     if start.problem is problem:
         return start
     if start.problem.name != problem.starts_from:
