@@ -28,6 +28,7 @@ from tools import (
     bench_regalloc,
     bench_scale,
     bench_service,
+    bench_speed_reward,
     bench_tune,
     bench_wrapper,
     bench_xla,
@@ -392,3 +393,13 @@ def test_each_c_peer_compiles_without_warnings(source, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / source.stem).stat().st_size > 0
+
+
+@pytest.mark.unit
+def test_the_reward_is_ranked_against_the_measured_change():
+    """Spearman's rho of (reward change, measured change) pairs; none below three pairs or
+    when one side never moves."""
+    assert bench_speed_reward.rank([(0.01, 0.02), (0.05, 0.03), (0.30, 0.15)]) == 1.0
+    assert bench_speed_reward.rank([(0.01, 0.15), (0.05, 0.03), (0.30, 0.02)]) == -1.0
+    assert bench_speed_reward.rank([(0.0, 0.01), (0.0, 0.02), (0.0, 0.03)]) is None
+    assert bench_speed_reward.rank([(0.01, 0.02), (0.05, 0.03)]) is None

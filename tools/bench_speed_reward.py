@@ -179,10 +179,12 @@ def bench_program(
 
 
 def rank(rows: list[tuple[float, float]]) -> float | None:
-    if len(rows) < 3:
+    """Spearman's rho of ROWS' (reward change, measured change); None below three pairs or
+    when either side never moves (it is undefined then)."""
+    rewards, measured = [r for r, _ in rows], [m for _, m in rows]
+    if len(rows) < 3 or len(set(rewards)) < 2 or len(set(measured)) < 2:
         return None
-    rho = spearmanr([r for r, _ in rows], [m for _, m in rows]).statistic
-    return None if np.isnan(rho) else float(rho)
+    return float(spearmanr(rewards, measured).statistic)
 
 
 def main(
