@@ -135,9 +135,11 @@ def test_the_compiler_gets_the_users_arguments(cwd: Path, monkeypatch: pytest.Mo
 
     leases: list[tuple[str, str | None]] = []
 
-    def lease(level: str, language: str | None, stage: str) -> tuple[None, list[str], None, None]:
+    def lease(
+        level: str, language: str | None, stage: str
+    ) -> tuple[None, list[str], None, None, None]:
         leases.append((level, language))
-        return None, [], None, None  # no policy serves it: the compiler as is
+        return None, [], None, None, None  # no policy serves it: the compiler as is
 
     monkeypatch.setattr(os, "execvp", execvp)
     monkeypatch.setattr(cc_module, "_lease", lease)

@@ -5,6 +5,9 @@ write only its own output."""
 
 from __future__ import annotations
 
+# What MLGO_GUARD, or a policy's own `guard`, may name: `size`, the smaller of the policy's
+# and the default's output kept (mlgo.serve.guard does it).
+GUARDS = ("size",)
 # Options that write a file besides the object, and those among them that take their value
 # as the next argument.
 SIDE_OUTPUTS = {"-MD", "-MMD", "-MP", "-MG", "-ftime-trace", "-fsave-optimization-record"}

@@ -15,12 +15,12 @@ from typing import TypeVar
 import numpy as np
 
 from mlgo.errors import MlgoError, UsageError
+from mlgo.llvm.cmdline import GUARDS
 from mlgo.llvm.languages import LANGUAGES
 from mlgo.problems import get_problem
 from mlgo.problems.normalizer import Normalizer
 from mlgo.problems.policy import MLPPolicy, policy_class
 from mlgo.runtime.files import atomic_path, atomic_write_text
-from mlgo.serve.guard import GUARDS
 
 T = TypeVar("T")
 

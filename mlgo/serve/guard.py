@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from mlgo.llvm.cmdline import (
+    GUARDS,
     LINKER_SIDE_OUTPUTS,
     joined_output,
     link_output,
@@ -38,7 +39,6 @@ from mlgo.llvm.cmdline import (
     without_outputs,
 )
 
-GUARDS = ("size",)
 # The object is not plain ELF code, or its bytes name files of its own (split DWARF's .dwo,
 # coverage's .gcda), or a second compile would rewrite what the first wrote (-save-temps).
 UNGUARDED = {"-S", "-emit-llvm", "-save-temps", "--coverage", "-ftest-coverage", "-fprofile-arcs"}
