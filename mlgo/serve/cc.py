@@ -526,14 +526,15 @@ def _watch(proc: subprocess.Popen, conn: Connection, timeout_s: float) -> str | 
     return problem
 
 
-def _guard(compiler: str, args: list[str], sources: list[str], stage: str, strict: bool) -> int:
+def _guard(
+    compiler: str, args: list[str], sources: list[str], stage: str, source: str, strict: bool
+) -> int:
     """MLGO_GUARD=size after the policy's compile (or link) succeeded: the smaller output
-    stays."""
+    stays. SOURCE: what the messages name."""
     output = guarded_object(args, sources) if stage == "compile" else guarded_link(args)
     problem = output and keep_smaller(compiler, args, output)
     if not problem:
         return 0
-    source = sources[0] if stage == "compile" else link_output(args)
     if strict:
         return _error(f"the size guard failed: {problem}", source)
     what = "object" if stage == "compile" else "link"
@@ -642,7 +643,7 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
             return _compile_plain_after(proc.returncode, failure, compiler, args, source, stage)
         if problem is None:  # the lease is over: a guard's second compile holds nothing
             if guard and proc.returncode == 0:
-                return _guard(compiler, seen, sources, stage, strict)
+                return _guard(compiler, seen, sources, stage, source, strict)
             return proc.returncode
     if strict:
         return _error(problem, source)

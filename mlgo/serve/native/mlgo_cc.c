@@ -112,7 +112,6 @@ static const char *source_language(int argc, char **argv, int cxx) {
   return found;
 }
 
-/* Same rule as mlgo.serve.cc.optimizes: a source file is compiled, no flag says otherwise. */
 /* Same rule as mlgo.serve.cc.sets_llvm_options: an -mllvm X (or -mllvm=X) whose X is not one
  * of mlgo.serve.cc.REPORTING_LLVM_OPTIONS. */
 static int sets_llvm_options(int argc, char **argv) {
@@ -127,6 +126,7 @@ static int sets_llvm_options(int argc, char **argv) {
   return 0;
 }
 
+/* Same rule as mlgo.serve.cc.optimizes: a source file is compiled, no flag says otherwise. */
 static int optimizes(int argc, char **argv) {
   int source = 0;
   if (sets_llvm_options(argc, argv)) return 0;
