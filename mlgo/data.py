@@ -30,3 +30,12 @@ def recipes_dir() -> Path:
 def shipped_policy(name: str) -> Path:
     """The trained policy shipped for problem NAME (e.g. inlining-size)."""
     return data_dir() / "policies" / name
+
+
+# What a service serves unless told otherwise: per-file inlining for size, and the guarded
+# link-time policy at full-LTO links (policies/*/MODEL_CARD.md say why each ships).
+SERVED_BY_DEFAULT = ("inlining-size", "inlining-size-link")
+
+
+def default_policies() -> list[Path]:
+    return [shipped_policy(name) for name in SERVED_BY_DEFAULT]

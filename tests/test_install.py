@@ -59,15 +59,17 @@ def _python(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_an_installed_package_ships_its_recipes_and_policies(installed, tmp_path):
     probe = (
         "import json, mlgo, mlgo.data as d, mlgo.packages.recipes as x, mlgo.corpus.splits as s;"
-        "print(json.dumps([mlgo.__file__, str(d.shipped_policy('inlining-size')),"
+        "print(json.dumps([mlgo.__file__, [str(p) for p in d.default_policies()],"
         " x.available_recipes(), s.split_packages('test')]))"
     )
     r = _python(installed, "-c", probe, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    package, policy, recipes, test_split = json.loads(r.stdout)
+    package, policies, recipes, test_split = json.loads(r.stdout)
     assert Path(package).is_relative_to(installed)  # not the checkout's editable copy
-    assert Path(policy).is_relative_to(installed) and not Path(policy).is_symlink()
-    assert (Path(policy) / "saved_model" / "saved_model.pb").is_file()
+    assert len(policies) == 2  # per file, and at the link
+    for policy in map(Path, policies):
+        assert policy.is_relative_to(installed) and not policy.is_symlink()
+        assert (policy / "saved_model" / "saved_model.pb").is_file()
     assert "lua" in recipes and len(recipes) == len(list((ROOT / "corpus/recipes").glob("*.toml")))
     assert len(test_split) >= 15 and set(test_split) <= set(recipes)  # splits.toml is shipped
 
@@ -93,11 +95,12 @@ def test_mlgo_data_points_every_lookup_at_another_directory(tmp_path):
     (tmp_path / "recipes" / "mine.toml").write_text("")
     probe = (
         "import mlgo.data as d, mlgo.packages.recipes as x, mlgo.serve.cc as cc;"
-        "print(x.available_recipes(), cc.SHIPPED_POLICY)"
+        "print(x.available_recipes(), cc.DEFAULT_POLICY)"
     )
     env = dict(os.environ, MLGO_DATA=str(tmp_path))
     r = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["['mine']", str(tmp_path / "policies" / "inlining-size")]
+    shipped = [str(tmp_path / "policies" / p) for p in ("inlining-size", "inlining-size-link")]
+    assert r.stdout.split() == ["['mine']", os.pathsep.join(shipped)]

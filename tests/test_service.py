@@ -309,11 +309,11 @@ def test_mlgo_flags_in_a_users_own_command_build_what_mlgo_cc_builds(served, req
     assert got.read_bytes() == want.read_bytes()
 
 
-def test_serve_with_no_policy_serves_the_shipped_one_wherever_it_is_run(tmp_path):
+def test_serve_with_no_policy_serves_the_shipped_ones_wherever_it_is_run(tmp_path):
     service = Service(tmp_path, cwd=tmp_path)
     try:
-        (policy,) = service.status()["policies"]
-        assert Path(policy["path"]) == SHIPPED.resolve()
+        served = [Path(p["path"]) for p in service.status()["policies"]]
+        assert served == [SHIPPED.resolve(), SHIPPED.with_name("inlining-size-link").resolve()]
     finally:
         service.stop()
 

@@ -14,9 +14,9 @@ policy's own cost in lld, without the wrapper's. A link's CPU time is the driver
 its children's (wait4's rusage): clang, lld and its LTO backend, and for mlgo-cc the wrapper
 and its lease; the service's own CPU (it hands out one flag) is not counted. Reported: per
 recipe, the median and interquartile range over rounds of each way's change in summed CPU
-time against the baseline. The policy is --policy, or the shipped per-file policy taken over
-for the link (what `mlgo tune --lto full` starts from): its size does not matter here, its
-cost does.
+time against the baseline. The policy is --policy, or the shipped link-time policy, served
+as it ships: the shipped one asks for the size guard, so `mlgo-cc` links each program twice
+(the plugin by hand shows the policy's cost without it).
 """
 
 from __future__ import annotations
@@ -35,16 +35,14 @@ from rich.table import Table
 from mlgo.corpus.extract import logged_invocations
 from mlgo.corpus.lto import Link, logged_links, replay_command
 from mlgo.corpus.wrappers import build_env
+from mlgo.data import shipped_policy
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe, load_recipe
 from mlgo.problems import get_problem
-from mlgo.problems.policy_files import save_policy
 from mlgo.programs.build import mlgo_compilers, policy_service, pristine_source, problem_flags
 from mlgo.programs.measure import paired_change
-from mlgo.programs.tune import shipped_start
 from mlgo.runtime.commands import run_logged
 from mlgo.serve.cc import flags_by_hand
-from mlgo.train.run import load_start
 
 LINK = get_problem("inlining-size-link")
 WAYS = ("plain", "plain again", "plugin by hand", "mlgo-cc")
@@ -106,13 +104,11 @@ def main() -> None:
     ap.add_argument("recipes", nargs="+")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--work", type=Path, default=Path("data/bench-link"))
-    ap.add_argument("--policy", type=Path, help="a link-time policy (default: the shipped start)")
+    ap.add_argument("--policy", type=Path, help="a link-time policy (default: the shipped one)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     tc, work = find_toolchain(), args.work.resolve()
-    policy = work / "policy"
-    if not policy.is_dir():
-        save_policy(load_start(args.policy or shipped_start(LINK), LINK, "--policy"), policy)
+    policy = (args.policy or shipped_policy(LINK.name)).resolve()
     table = Table("recipe", "links", *(f"{w} vs plain: median (IQR)" for w in WAYS[1:]))
     with policy_service([policy], work / "service") as service:
         env = dict(os.environ, **service, MLGO_CC=tc.clang, MLGO_CXX=tc.clangxx)

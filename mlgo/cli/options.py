@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from mlgo.corpus.format import Corpus, load_corpus
-from mlgo.data import shipped_policy
+from mlgo.data import default_policies
 from mlgo.options import workers_spec
 from mlgo.problems import LTO_STAGES, Problem
 from mlgo.runtime.workers import WORKERS_HELP
@@ -27,7 +27,7 @@ PolicyOpt = Annotated[Path, typer.Option(help="policy directory (or its run)")]
 PoliciesOpt = Annotated[
     list[Path], typer.Option(help="policy directory; repeat for one per problem")
 ]
-DEFAULT_POLICIES = [shipped_policy("inlining-size")]  # wherever mlgo is run from
+DEFAULT_POLICIES = default_policies()  # wherever mlgo is run from
 SocketOpt = Annotated[
     Path | None, typer.Option(help="service socket (default: $MLGO_SOCKET or the runtime dir)")
 ]

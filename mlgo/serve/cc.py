@@ -24,10 +24,10 @@ clang), which is one warning; under MLGO_STRICT the failure stands, as clang rep
 
 Environment: MLGO_CC / MLGO_CXX (default clang-22 / clang++-22), MLGO_POLICY (policy
 directories, ':'-separated, for a service started on demand; default: the shipped
-inlining policy), MLGO_BACKEND (auto, plugin, native or python), MLGO_TIMEOUT (seconds,
-default 900), MLGO_STRICT, MLGO_DISABLE (plain compiler), MLGO_SOCKET, MLGO_GUARD (`size`:
-keep the smaller of the policy's and the default's object, or program at an LTO link,
-mlgo.serve.guard).
+inlining policies, per file and at full-LTO links), MLGO_BACKEND (auto, plugin, native or
+python), MLGO_TIMEOUT (seconds, default 900), MLGO_STRICT, MLGO_DISABLE (plain compiler),
+MLGO_SOCKET, MLGO_GUARD (`size`: keep the smaller of the policy's and the default's object,
+or program at an LTO link, mlgo.serve.guard).
 A bad MLGO_TIMEOUT or MLGO_GUARD is a warning (the default, or no guard, is used), and a
 running service that serves other policies than MLGO_POLICY names is too; all are errors
 under MLGO_STRICT.
@@ -48,7 +48,7 @@ import time
 from functools import cache
 from pathlib import Path
 
-from mlgo.data import shipped_policy
+from mlgo.data import default_policies
 from mlgo.errors import UsageError
 from mlgo.llvm.cmdline import link_output
 from mlgo.llvm.languages import LANGUAGES, source_language
@@ -87,7 +87,7 @@ DEFAULT_TIMEOUT_S = 900.0
 # serving flags (`lease_allow_list`; a channel's FIFO base must lie in the runtime directory's
 # channels/), and -fpass-plugin= (a plugin in the cache of built ones, trusted).
 PLUGIN_FLAG = "-fpass-plugin="
-SHIPPED_POLICY = shipped_policy("inlining-size")
+DEFAULT_POLICY = os.pathsep.join(str(p) for p in default_policies())
 LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz", "-Og", "-Ofast")
 # Nested response files deeper than this stay unexpanded (clang stops only at a cycle).
 RESPONSE_FILE_DEPTH = 8
@@ -274,7 +274,7 @@ def _warn(message: str) -> None:
 
 
 def _policies() -> str:
-    return os.environ.get("MLGO_POLICY") or str(SHIPPED_POLICY)
+    return os.environ.get("MLGO_POLICY") or DEFAULT_POLICY
 
 
 def _start_fingerprint() -> str:
