@@ -125,17 +125,15 @@ class _Handler(socketserver.StreamRequestHandler):
             )
             guard = {"guard": lease.guard} if lease.guard else {}
             self._send({"lease": lease.id, "flags": lease.flags, **guard, **reply})
-        returncode = None
+        returncode, handed_over = None, False
         try:
             line = self.rfile.readline()  # blocks until the client is done or gone
             done = json.loads(line) if line else {}
-            returncode = done.get("returncode")
-            if done.get("handed_over"):  # the native wrapper's Python asks again: count it once
-                service.uncount(level, stage)
+            returncode, handed_over = done.get("returncode"), bool(done.get("handed_over"))
         except (ValueError, OSError, AttributeError):
             pass
         finally:
-            tally = service.end_lease(lease, returncode)
+            tally = service.end_lease(lease, returncode, handed_over)
         with contextlib.suppress(OSError):  # a killed client: its lease is cleaned up already
             self._send(tally)
 

@@ -95,6 +95,8 @@ class Lease:
     errors: list[str] = field(default_factory=list)
     ended: threading.Event = field(default_factory=threading.Event)
     guard: str | None = None  # the guard a policy it serves must be served under
+    level: str | None = None  # what it serves: the compile's level, and its stage
+    stage: str = "compile"
 
     @property
     def flags(self) -> list[str]:
@@ -237,13 +239,6 @@ class Service:
             self._noted.add(note)
         return served, note if first else None
 
-    def uncount(self, level: str, stage: str = "compile") -> None:
-        """A served request handed over to the Python wrapper, which asks again."""
-        with self._lock:
-            counts = self.counts[stage].get(level)
-            if counts and counts["served"] > 0:
-                counts["served"] -= 1
-
     def open_lease(
         self,
         problem: str | None = None,
@@ -268,6 +263,7 @@ class Service:
             raise UsageError(f"this service serves no policy for {problem!r}")
         backends = [(p, self._by_hand(p) if channel else p.backend) for p in chosen]
         lease = Lease(f"{os.getpid()}-{next(self._ids)}", {}, notify=notify, detached=not notify)
+        lease.level, lease.stage = level, stage
         lease.guard = next((p.policy.guard for p in chosen if p.policy.guard), None)
         plugins = [b for _, b in backends if isinstance(b, PluginBackend)]
         lease.plugin_flags = [f for b in plugins for f in b.flags]
@@ -289,7 +285,11 @@ class Service:
             backend.start(cid, base, p.problem)
         return lease
 
-    def end_lease(self, lease: Lease, returncode: int | None = None) -> dict:
+    def end_lease(
+        self, lease: Lease, returncode: int | None = None, handed_over: bool = False
+    ) -> dict:
+        """Ends LEASE and counts its compilation, unless it was HANDED_OVER: the native
+        wrapper gave it to the Python one, which asks again and is counted then."""
         with self._lock:
             if lease.ended.is_set():
                 return self._tally(lease)
@@ -302,7 +302,10 @@ class Service:
             for cid in lease.channels:
                 self._by_channel.pop(cid, None)
             self.leases.pop(lease.id, None)
-            self.compilations += 1
+            counts = self.counts[lease.stage].get(lease.level or "")
+            if handed_over and counts and counts["served"] > 0:
+                counts["served"] -= 1
+            self.compilations += not handed_over
             self.decisions += lease.decisions
             self.failed += bool(lease.errors) or bool(returncode)
             self.last_activity = time.monotonic()
