@@ -104,10 +104,10 @@ BUSY = (
 def test_workload_cpu_is_its_own_and_a_failure_is_one_error(tmp_path):
     busy = Workload("busy", (), (BUSY,), check="true")
     sleepy = Workload("sleepy", (), (("sleep", "0.3"),))
-    wall, cpu, _ = run_workload(busy, tmp_path, loops=2)
-    assert cpu >= 0.35 and wall >= cpu * 0.5
-    wall, cpu, _ = run_workload(sleepy, tmp_path)
-    assert wall >= 0.3 and cpu < 0.1  # waiting is not CPU
+    run = run_workload(busy, tmp_path, loops=2)
+    assert run.cpu >= 0.35 and run.wall >= run.cpu * 0.5 and 0 < run.user <= run.cpu
+    run = run_workload(sleepy, tmp_path)
+    assert run.wall >= 0.3 and run.cpu < 0.1  # waiting is not CPU
     with pytest.raises(BuildError, match="false failed in"):
         run_workload(Workload("f", (), (("false",),)), tmp_path)
     with pytest.raises(BuildError, match="the workload's result is wrong"):

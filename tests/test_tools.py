@@ -403,3 +403,18 @@ def test_the_reward_is_ranked_against_the_measured_change():
     assert bench_speed_reward.rank([(0.01, 0.15), (0.05, 0.03), (0.30, 0.02)]) == -1.0
     assert bench_speed_reward.rank([(0.0, 0.01), (0.0, 0.02), (0.0, 0.03)]) is None
     assert bench_speed_reward.rank([(0.01, 0.02), (0.05, 0.03)]) is None
+
+
+@pytest.mark.unit
+def test_a_measured_change_is_paired_by_round_and_split_in_halves():
+    """Each clock's change against the default round by round, and the medians of the
+    first and the second half of the rounds apart: how well the measure agrees with itself."""
+    default = [1.0, 2.0, 1.0, 2.0]
+    times = {
+        "cpu": {"default": default, "x": [1.1, 2.2, 0.9, 1.8]},
+        "user": {"default": default, "x": default},
+    }
+    change = bench_speed_reward.measured(times, "x")
+    assert change["cpu"]["halves"] == pytest.approx([0.1, -0.1])
+    assert change["cpu"]["median"] == pytest.approx(0.0)
+    assert change["user"]["median"] == 0.0 and change["user"]["halves"] == [0.0, 0.0]

@@ -1,32 +1,47 @@
 """Issue 39's first figure: does a reward predict run time before anything is trained on it?
 
     .venv/bin/python -m tools.bench_speed_reward --programs lua5.4,zstd --rounds 20 \\
-        --no-callgrind --work data/speed-reward --json data/speed-reward/speed_reward.json
+        --work data/speed-reward --json data/speed-reward/speed_reward.json
 
 For each program (a Debian source package and a fixed workload, `tools/bench_regalloc`'s),
 at -O2:
 - the workload's profile: an instrumented build runs it once;
-- the default build (clang's own eviction advisor) with that profile and its blocks' runs
-  in the block address map (`block_costs.BLOCK_MAP_FLAGS`);
+- the default build (clang's own eviction advisor) with that profile and its block
+  address map (`block_costs.BLOCK_MAP_FLAGS`);
 - one build per eviction policy, with the same profile, through `mlgo-cc` (strict): the
   shipped policy, copies of it with Gaussian noise of growing scale on every weight (the
   population an evolution strategy draws from, so the changes run from nothing to large)
   and its opposite;
 - every program built before any is timed;
+- each build's workload run once under callgrind: its instructions, and how often each
+  of the program's instructions ran;
 - for each (policy, program) pair: the reward's change against the default (the block
-  cost, `block_costs.workload_cycles`), and the measured change: CPU time of the
-  workload in rounds that time every build of the program in turn, the order flipped
-  each round, with the default timed twice per round as an A/A control; median and
-  interquartile range of the per-round ratios. The outputs must match the default's.
-  Beside it, callgrind's instruction count of each build (--no-callgrind: not counted).
+  cost of the build's own blocks with those counts, `block_costs.workload_cycles`), and
+  the measured change: CPU time of the workload in rounds that time every build of the
+  program in turn, the order flipped each round, with the default timed twice per round
+  as an A/A control; median and interquartile range of the per-round ratios. The outputs
+  must match the default's. Beside it, the change of callgrind's instruction count;
+- the same change with the code's place averaged out (--layouts N): where a program's code
+  lies decides how its hot loops meet the cache lines and the branch predictor, and moves
+  run time by a few percent with no instruction changed (lua linked by ld.bfd ran 4.6%
+  faster than the same objects linked by lld). So each build's program is linked again N
+  times by lld from the objects its build left (RELINK), its sections in a shuffled order,
+  the same N orders for every build, and every build at every order is timed in each
+  round; a round's change is the build's summed time over the orders against the
+  default's.
 Spearman's rank correlation between each reward's change and the measured median, over
-all pairs, and per program.
+all pairs, and per program. A rerun reuses the builds, each build's counts (by the
+program's hash) and the timed rounds, if they cover the same builds and --rounds.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
+import subprocess
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -45,7 +60,7 @@ from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.programs.build import build_program, plain_compilers, policy_service, pristine_source
 from mlgo.programs.compare import Variant, variants
 from mlgo.programs.measure import (
-    instructions,
+    executed,
     paired_change,
     run_workload,
     timed_rounds,
@@ -60,6 +75,17 @@ SHIPPED = Path(__file__).resolve().parent.parent / "policies" / "regalloc-evicti
 # noise on every weight, relative to the weights' own spread: from a step of the
 # evolution strategy's size to a policy that keeps little of the shipped one
 NOISE = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 3.0, 10.0)
+REWARDS = ("block_cycles", "instructions")  # what each build is counted, under callgrind
+CLOCKS = ("wall", "cpu", "user")  # what each timed run measures (`Run`)
+# the measured changes the rewards are ranked against: CPU time, and its user part alone
+# (the program's own code; the kernel's file I/O is a third of zstd's CPU and its noise)
+MEASURED_CLOCKS = ("cpu", "user")
+# Each program linked again from the objects its build left, with $LAYOUT after its own
+# flags (the build's own link line, the objects in any order: they are shuffled anyway).
+RELINK = {
+    "lua5.4": '"$CC" -std=gnu99 -o src/lua src/lua.o src/liblua.a -lm -Wl,-E -ldl $LAYOUT',
+    "zstd": '"$CC" -o programs/zstd programs/obj/conf_*/*.o -pthread -lz -llzma $LAYOUT',
+}
 
 
 def policy_population(out: Path, seed: int = 0) -> dict[str, Path]:
@@ -129,6 +155,39 @@ def build_all(name: str, tc: Toolchain, work: Path, policies: dict[str, Path]) -
     return trees
 
 
+def counted(prog_name: str, tree: Path, tc: Toolchain, known: dict, cache: Path) -> dict:
+    """The build's instructions on its workload, under callgrind, and its block cost with
+    the counts of that run; kept in CACHE by the program's hash."""
+    prog = PROGRAMS[prog_name]
+    binary = tree / prog.commands[0][0]
+    key = hashlib.sha256(binary.read_bytes()).hexdigest()
+    saved = json.loads(cache.read_text()) if cache.exists() else {}
+    if key not in saved:
+        with console.status(f"{prog_name} ({tree.name}): its workload under callgrind"):
+            ran = executed(prog, tree, by_address=True)
+            cycles = workload_cycles(binary, tc, ran.by_address, known)
+        saved[key] = {"instructions": ran.instructions, "block_cycles": cycles}
+        atomic_write_text(cache, json.dumps(saved))
+    return saved[key]
+
+
+def measured(times: dict, v: str) -> dict:
+    """V's change against the default by each clock of TIMES (per-round series): the
+    median and spread over all rounds, and the medians of the first and the second half
+    of the rounds apart (how well the measure agrees with itself)."""
+    out = {}
+    for clock in MEASURED_CLOCKS:
+        ours, base = times[clock][v], times[clock]["default"]
+        half = len(base) // 2
+        out[clock] = paired_change(ours, base) | {
+            "halves": [
+                paired_change(ours[:half], base[:half])["median"],
+                paired_change(ours[half:], base[half:])["median"],
+            ]
+        }
+    return out
+
+
 def bench_program(
     name: str,
     tc: Toolchain,
@@ -136,45 +195,122 @@ def bench_program(
     trees: dict[str, Path],
     policies: dict[str, Path],
     rounds: int,
-    callgrind: bool,
+    seeds: range,
+    layout_rounds: int,
 ) -> dict:
-    """The rewards and the measured changes of the program's builds TREES."""
+    """The rewards and the measured changes of the program's builds TREES, as built and
+    with the layout averaged out over SEEDS (none: not measured)."""
     prog = PROGRAMS[name]
     expected = workload_output(prog, trees["default"])
     for pname in policies:
         if workload_output(prog, trees[pname]) != expected:
             raise BuildError(f"{name} built with {pname}: the workload's output differs")
-    binary = Path(prog.commands[0][0])
     known: dict = {}  # most blocks are the same code in every build: costed once
-    cycles = {v: workload_cycles(tree / binary, tc, known) for v, tree in trees.items()}
-    counted = pwork / "instructions.json"
-    executed = json.loads(counted.read_text()) if counted.exists() else {}
-    for v, tree in trees.items() if callgrind else ():
-        if v not in executed:
-            with console.status(f"{name} ({v}): instructions, under callgrind"):
-                executed[v] = instructions(prog, tree)
-            atomic_write_text(counted, json.dumps(executed))
-    loops = max(1, round(1.0 / run_workload(prog, trees["default"])[1]))
+    cache = pwork / "counted.json"
+    counts = {v: counted(name, tree, tc, known, cache) for v, tree in trees.items()}
+    counts["default again"] = counts["default"]
     timed = {**trees, "default again": trees["default"]}
-    cycles["default again"] = cycles["default"]
-    with console.status(f"{name}: {rounds} timed rounds of {len(timed)} builds"):
-        times = timed_rounds(
-            rounds, list(timed), lambda v: run_workload(prog, timed[v], loops=loops)[:2]
+
+    def rounds_as_built() -> dict:  # each sample loops the workload for about a second
+        loops = max(1, round(1.0 / run_workload(prog, trees["default"]).cpu))
+
+        def sample(v: str) -> tuple[float, ...]:
+            return run_workload(prog, timed[v], loops=loops)[:3]
+
+        return timed_rounds(rounds, list(timed), sample, clocks=CLOCKS) | {"loops": loops}
+
+    key = {"rounds": rounds, "builds": sorted(timed)}
+    as_built = saved_rounds(pwork / "times.json", key, rounds_as_built)
+    loops = as_built["loops"]
+    averaged = (
+        saved_rounds(
+            pwork / "layout-times.json",
+            key | {"seeds": list(seeds), "rounds": layout_rounds, "loops": loops},
+            lambda: layout_averaged(name, trees, tc, seeds, layout_rounds, loops),
         )
-    atomic_write_text(pwork / "times.json", json.dumps(times))
-    cpu = times["cpu"]
-    pairs = {
-        v: {
-            "block_cycles_change": cycles[v] / cycles["default"] - 1,
-            "cpu_change": paired_change(cpu[v], cpu["default"]),
+        if seeds
+        else {}
+    )
+    pairs = {}
+    for v in [*policies, "default again"]:
+        pairs[v] = {
+            f"{reward}_change": counts[v][reward] / counts["default"][reward] - 1
+            for reward in REWARDS
         }
-        for v in [*policies, "default again"]
+        pairs[v]["measured"] = measured(as_built, v)
+        if seeds:
+            pairs[v]["measured, layouts averaged"] = measured(averaged, v)
+        if v in policies:
+            pairs[v]["policy"] = str(policies[v])
+    return {"loops": loops, "counted": counts, "pairs": pairs}
+
+
+def saved_rounds(path: Path, key: dict, measure: Callable[[], dict]) -> dict:
+    """The timed rounds saved at PATH if they were taken as KEY says; else MEASURE's, saved."""
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    if saved.get("key") != key:
+        saved = {"key": key, "times": measure()}
+        atomic_write_text(path, json.dumps(saved))
+    return saved["times"]
+
+
+def install(source: Path, target: Path) -> None:
+    """SOURCE's bytes at TARGET, replaced whole: a program is never half there."""
+    staged = target.with_name(target.name + ".tmp")
+    shutil.copy2(source, staged)
+    os.replace(staged, target)
+
+
+def layouts(prog_name: str, tree: Path, tc: Toolchain, seeds: range) -> dict[int, Path]:
+    """The build's program linked again by lld once per seed, its input sections in that
+    seed's order, each kept beside the program (reused by a rerun); the program as built
+    is left in place."""
+    binary = tree / PROGRAMS[prog_name].commands[0][0]
+    built = binary.with_name(binary.name + ".as-built")
+    if not built.exists():
+        shutil.copy2(binary, built)
+    out = {}
+    for seed in seeds:
+        out[seed] = binary.with_name(f"{binary.name}.layout-{seed}")
+        if not out[seed].exists():
+            layout = f"-fuse-ld=lld -Wl,--shuffle-sections=.text*={seed}"
+            env = dict(os.environ, CC=tc.clang, LAYOUT=layout)
+            subprocess.run(RELINK[prog_name], shell=True, cwd=tree, env=env, check=True)
+            os.replace(binary, out[seed])
+    install(built, binary)
+    return out
+
+
+def layout_averaged(
+    prog_name: str, trees: dict[str, Path], tc: Toolchain, seeds: range, rounds: int, loops: int
+) -> dict:
+    """Each build's times with the code's place averaged out: in every round, every build
+    at every layout, and the build's time summed over the layouts (by clock, by build)."""
+    prog = PROGRAMS[prog_name]
+    placed = {v: layouts(prog_name, tree, tc, seeds) for v, tree in trees.items()}
+    placed["default again"] = placed["default"]
+    binary = Path(prog.commands[0][0])
+
+    def sample(key: str) -> tuple[float, ...]:
+        v, seed = key.rsplit("@", 1)
+        tree = trees["default" if v == "default again" else v]
+        install(placed[v][int(seed)], tree / binary)
+        return run_workload(prog, tree, loops=loops)[:3]
+
+    keys = [f"{v}@{seed}" for v in placed for seed in seeds]
+    try:
+        with console.status(f"{prog_name}: {rounds} rounds of {len(keys)} builds and layouts"):
+            times = timed_rounds(rounds, keys, sample, clocks=CLOCKS)
+    finally:  # every program as built again
+        for tree in trees.values():
+            install(tree / binary.with_name(binary.name + ".as-built"), tree / binary)
+    return {
+        clock: {
+            v: [sum(series[f"{v}@{seed}"][r] for seed in seeds) for r in range(rounds)]
+            for v in placed
+        }
+        for clock, series in times.items()
     }
-    for v in policies:
-        pairs[v]["policy"] = str(policies[v])
-        if v in executed:
-            pairs[v]["instructions_change"] = executed[v] / executed["default"] - 1
-    return {"loops": loops, "block_cycles": cycles, "instructions": executed, "pairs": pairs}
 
 
 def rank(rows: list[tuple[float, float]]) -> float | None:
@@ -192,7 +328,8 @@ def main(
     ),
     rounds: Annotated[int, typer.Option(help="timed rounds")] = 10,
     work: Annotated[Path, typer.Option(help="where the builds go")] = Path("data/speed-reward"),
-    callgrind: Annotated[bool, typer.Option(help="each build's instructions, beside")] = True,
+    layouts: Annotated[int, typer.Option(help="links of each build, its code shuffled")] = 4,
+    layout_rounds: Annotated[int, typer.Option(help="timed rounds of every layout")] = 8,
     json_out: Annotated[Path | None, typer.Option("--json")] = None,
 ) -> None:
     tc = find_toolchain()
@@ -204,41 +341,46 @@ def main(
         raise typer.BadParameter("valgrind is missing; run tools/setup.sh")
     policies = policy_population(work / "policies")
     result = {"toolchain": tc.describe(), "flags": [*FLAGS, *BLOCK_MAP_FLAGS], "rounds": rounds}
+    seeds = range(1, layouts + 1)
+    kinds = ["measured", *(["measured, layouts averaged"] if layouts else [])]
+    columns = [(kind, clock) for kind in kinds for clock in MEASURED_CLOCKS]
     table = Table(
-        "program", "policy", "block cycles", "instructions", "CPU time (IQR)",
-        title="reward against run time",
+        "program", "policy", *REWARDS,
+        *(f"{clock} time{kind.removeprefix('measured')}" for kind, clock in columns),
+        title="rewards against run time: median change (IQR)",
     )  # fmt: skip
-    every: list[tuple[float, float]] = []
-    by_instructions: list[tuple[float, float]] = []
+    # (x, y) rows ranked against each other: each reward's change and each measured change,
+    # and each measure's first half of the rounds against its second half
+    ranked: dict[str, list[tuple[float, float]]] = {}
     built = {name: build_all(name, tc, work, policies) for name in names}  # then, quieter:
     for name in names:
         r = result[name] = bench_program(
-            name, tc, work / name, built[name], policies, rounds, callgrind
+            name, tc, work / name, built[name], policies, rounds, seeds, layout_rounds
         )
-        own = []
+        own: dict[str, list[tuple[float, float]]] = {}
         for v, pair in r["pairs"].items():
-            cpu = pair["cpu_change"]
-            executed = pair.get("instructions_change")
+            changes = [pair[kind][clock] for kind, clock in columns]
             table.add_row(
-                name, v, f"{pair['block_cycles_change']:+.2%}",
-                "" if executed is None else f"{executed:+.2%}",
-                f"{cpu['median']:+.2%} ({cpu['q1']:+.2%}..{cpu['q3']:+.2%})",
+                name, v, *(f"{pair[f'{reward}_change']:+.2%}" for reward in REWARDS),
+                *(f"{c['median']:+.2%} ({c['q1']:+.2%}..{c['q3']:+.2%})" for c in changes),
             )  # fmt: skip
-            if v != "default again":
-                own.append((pair["block_cycles_change"], cpu["median"]))
-            if executed is not None:
-                by_instructions.append((executed, cpu["median"]))
-        r["spearman"] = rank(own)
-        every += own
-    result["spearman"] = rank(every)
-    result["spearman_instructions"] = rank(by_instructions)
-    result["pairs"] = len(every)
+            if v == "default again":
+                continue
+            for (kind, clock), c in zip(columns, changes, strict=True):
+                what = f"{clock} time{kind.removeprefix('measured')}"
+                for reward in REWARDS:
+                    rows = own.setdefault(f"{reward} ~ {what}", [])
+                    rows.append((pair[f"{reward}_change"], c["median"]))
+                own.setdefault(f"{what}: first half ~ second half", []).append(tuple(c["halves"]))
+        r["spearman"] = {k: rank(rows) for k, rows in own.items()}
+        for k, rows in own.items():
+            ranked.setdefault(k, []).extend(rows)
+    result["spearman"] = {k: rank(rows) for k, rows in ranked.items()}
+    result["pairs"] = len(policies) * len(names)
     console.print(table)
-    console.print(
-        f"Spearman, block cycles against CPU time: {result['spearman']} over {len(every)} pairs; "
-        + ", ".join(f"{n} {result[n]['spearman']}" for n in names)
-        + f"; callgrind's instructions against CPU time: {result['spearman_instructions']}"
-    )
+    for k, rho in result["spearman"].items():
+        each = ", ".join(f"{n} {result[n]['spearman'][k]}" for n in names)
+        console.print(f"Spearman, {k}: {rho} over {len(ranked[k])} pairs ({each})")
     if json_out:
         save_json(json_out, result)
 

@@ -2,14 +2,20 @@
 llvm-mca estimates them for this machine's CPU, times the number of times the workload
 runs the block, summed over the blocks.
 
-The counts come from the build itself. A program compiled with the workload's profile
-(`-fprofile-instr-use`) and BLOCK_MAP_FLAGS carries, for each function, its measured entry
-count and each machine block's frequency relative to the entry, as the code generator saw
-them after every pass: a block's runs are the two multiplied. So each build (each eviction
-policy) is costed on its own blocks, whatever the passes after register allocation
-duplicated or merged; counts measured once on one build and mapped onto another build's
-blocks by their numbers lose what was duplicated or merged differently (tried first: on
-lua a policy's build looked 12% cheaper by blocks it no longer had).
+The blocks come from the build itself: compiled with BLOCK_MAP_FLAGS, a program lists each
+function's machine blocks at their addresses, as the code generator left them after every
+pass. Their runs are counted on that same program: the workload runs once under callgrind
+(CALLGRIND_OPTIONS), which reports how often each instruction ran, and a block runs as often
+as its first instruction. So each build (each eviction policy) is costed on its own blocks
+with exact counts.
+
+Two designs came first and failed. Counts measured once on one build and mapped onto
+another build's blocks by their numbers lose what was duplicated or merged differently (on
+lua a policy's build looked 12% cheaper by blocks it no longer had). The block frequencies
+a profile-using build records beside its map (`-pgo-analysis-map=bb-freq`) are LLVM's
+estimates, not counts: in an interpreter's dispatch loop, whose control flow is
+irreducible, they put lua's `luaV_execute` at 60,874 block runs where callgrind counts
+422,918,909, so the function that is most of lua's time weighed nothing.
 
 This is the trace-based cost MLGO's team moved to once the frequency-weighted spill count
 did not predict run time: a measured workload through each candidate's own code.
@@ -18,21 +24,27 @@ did not predict run time: a measured workload through each candidate's own code.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from bisect import bisect_left
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.runtime.commands import BuildError
 
-# Add to a profile-using build's flags: the block address map with each block's frequency
-# and each function's entry count (they change no instruction).
-BLOCK_MAP_FLAGS = (
-    "-fbasic-block-address-map",
-    "-mllvm",
-    "-pgo-analysis-map=func-entry-count,bb-freq",
+# Add to a build's flags: the block address map (it changes no instruction).
+BLOCK_MAP_FLAGS = ("-fbasic-block-address-map",)
+# valgrind's options for a workload whose instructions are counted one by one: each
+# instruction's count by its address in its object, uncompressed (`executions` reads them)
+CALLGRIND_OPTIONS = (
+    "--tool=callgrind",
+    "--dump-instr=yes",
+    "--compress-pos=no",
+    "--compress-strings=no",
 )
 # llvm-mca's default of 100 cycles a call would drown every other instruction; a call's
 # callee is costed in its own blocks
@@ -46,12 +58,10 @@ class Block:
     name: BlockName
     address: int
     size: int
-    runs: float  # how often the profiled workload runs it
 
 
 def block_map(binary: Path, tc: Toolchain) -> list[Block]:
-    """Every block of a linked BINARY built with BLOCK_MAP_FLAGS and a profile, at its
-    address, with its runs."""
+    """Every block of a linked BINARY built with BLOCK_MAP_FLAGS, at its address."""
     cmd = [tc.tool("llvm-readobj"), "--elf-output-style=JSON", "--bb-addr-map", str(binary)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -62,24 +72,39 @@ def block_map(binary: Path, tc: Toolchain) -> list[Block]:
     seen: dict[str, int] = {}
     blocks = []
     for entry in file["BBAddrMap"]:
-        function = entry["Function"]
-        name = function["Name"]
+        name = entry["Function"]["Name"]
         which = seen[name] = seen.get(name, -1) + 1
-        entries = [bb for ranges in function["BB Ranges"] for bb in ranges["BB Entries"]]
-        bases = [r["Base Address"] for r in function["BB Ranges"] for _ in r["BB Entries"]]
-        pgo = function.get("PGO analyses", {})
-        # a function compiled without the profile: no runs known, none counted
-        frequencies = [b["Frequency"] for b in pgo.get("PGO BB entries", [])] or [0] * len(entries)
-        per_entry = pgo.get("FuncEntryCount", 0) / frequencies[0] if frequencies[0] else 0.0
-        for bb, base, frequency in zip(entries, bases, frequencies, strict=True):
-            runs = frequency * per_entry
-            blocks.append(Block((name, which, bb["ID"]), base + bb["Offset"], bb["Size"], runs))
-    if not any(b.runs for b in blocks):
-        raise BuildError(
-            f"{binary}: no block ran in its profile; build it with {' '.join(BLOCK_MAP_FLAGS)} "
-            "and -fprofile-instr-use"
-        )
+        for ranges in entry["Function"]["BB Ranges"]:
+            for bb in ranges["BB Entries"]:
+                address = ranges["Base Address"] + bb["Offset"]
+                blocks.append(Block((name, which, bb["ID"]), address, bb["Size"]))
     return blocks
+
+
+def executions(outputs: Iterable[Path], binary: Path) -> Counter[int]:
+    """How often each of BINARY's instructions ran, by address, from the callgrind OUTPUTS of
+    a workload run with CALLGRIND_OPTIONS (one per process; other programs' code and the
+    libraries' are not BINARY's). The line after a `calls=` line is the call's inclusive
+    cost, the callee's instructions, not the call's own: skipped."""
+    counts: Counter[int] = Counter()
+    ours: dict[str, bool] = {}
+    for output in outputs:
+        mine = after_call = False
+        with open(output, errors="replace") as lines:
+            for line in lines:
+                if after_call:
+                    after_call = False
+                elif line.startswith("ob="):
+                    obj = line[3:].strip()
+                    if obj not in ours:
+                        ours[obj] = os.path.exists(obj) and os.path.samefile(obj, binary)
+                    mine = ours[obj]
+                elif line.startswith("calls="):
+                    after_call = True
+                elif mine and line.startswith("0x"):
+                    address, _line, count = line.split()
+                    counts[int(address, 16)] += int(count)
+    return counts
 
 
 _OPERAND_NOISE = re.compile(r"\s*(<[^>]*>|#.*)$")
@@ -138,8 +163,13 @@ def _mca_cycles(codes: list[Code], binary: Path, tc: Toolchain) -> list[float]:
     return [s["TotalCycles"] / s["Iterations"] for s in summaries]
 
 
-def workload_cycles(binary: Path, tc: Toolchain, known: dict[Code, float] | None = None) -> float:
-    """The cycles BINARY's blocks take on its profiled workload (KNOWN: as `block_cycles`)."""
-    ran = [b for b in block_map(binary, tc) if b.runs > 0]
-    cycles = block_cycles(binary, ran, tc, known)
-    return sum(b.runs * cycles.get(b.name, 0.0) for b in ran)
+def workload_cycles(
+    binary: Path, tc: Toolchain, executed: Counter[int], known: dict[Code, float] | None = None
+) -> float:
+    """The cycles BINARY's blocks take on the workload that ran them EXECUTED times (by
+    address, `executions`); KNOWN: as `block_cycles`."""
+    runs = {b: executed[b.address] for b in block_map(binary, tc) if executed[b.address]}
+    if not runs:
+        raise BuildError(f"{binary}: none of its blocks ran in the workload counted")
+    cycles = block_cycles(binary, list(runs), tc, known)
+    return sum(n * cycles.get(b.name, 0.0) for b, n in runs.items())

@@ -18,10 +18,13 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
+from mlgo.llvm.block_costs import CALLGRIND_OPTIONS, executions
 from mlgo.packages.recipes import Recipe
 from mlgo.runtime.commands import BuildError, run_logged
 
@@ -66,13 +69,24 @@ def tree_cpu_seconds(pid: int, children: bool = True) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+class Run(NamedTuple):
+    """One timed run of a workload: seconds of wall time, of CPU (user+sys), of user CPU
+    alone (the program's own code: what a compiler changes, without the kernel's I/O), and
+    the last loop's stderr."""
+
+    wall: float
+    cpu: float
+    user: float
+    stderr: str
+
+
 def run_workload(
     workload: Workload, tree: Path, prefix: tuple[str, ...] = (), loops: int = 1
-) -> tuple[float, float, str]:
-    """Runs every workload command LOOPS times; returns (wall seconds, CPU seconds, stderr
-    of the last loop). CPU is user+sys of the workload's own processes (their rusage,
-    reaped with wait4), so other jobs on the machine do not count in it, only slow it."""
-    wall = cpu = 0.0
+) -> Run:
+    """Runs every workload command LOOPS times. CPU is user+sys of the workload's own
+    processes (their rusage, reaped with wait4), so other jobs on the machine do not count
+    in it, only slow it."""
+    wall = cpu = user = 0.0
     errors: list[str] = []
     for _ in range(loops):
         errors = []
@@ -90,6 +104,7 @@ def run_workload(
                 wall += time.perf_counter() - start
                 proc.returncode = os.waitstatus_to_exitcode(status)
                 cpu += usage.ru_utime + usage.ru_stime
+                user += usage.ru_utime
                 err.seek(0)
                 stderr = err.read().decode(errors="replace")
             if proc.returncode != 0:
@@ -98,18 +113,28 @@ def run_workload(
     check = subprocess.run(workload.check, shell=True, cwd=tree, capture_output=True)
     if check.returncode != 0:
         raise BuildError(f"{workload.recipe}: the workload's result is wrong in {tree}")
-    return wall, cpu, "".join(errors)
+    return Run(wall, cpu, user, "".join(errors))
 
 
-def instructions(workload: Workload, tree: Path) -> int:
+@dataclass(frozen=True)
+class Executed:
+    instructions: int  # in every process the workload started
+    by_address: Counter[int]  # how often each instruction of the measured program ran
+
+
+def executed(workload: Workload, tree: Path, by_address: bool = False) -> Executed:
     """Instructions the workload executes, counted by callgrind (deterministic), in every
     process it starts: a workload that is a script counts the programs it runs. Each
     process's count goes to a log of its own, not to its stderr, which the workload may
-    send away (`prog 2>/dev/null` would otherwise count only the shell)."""
+    send away (`prog 2>/dev/null` would otherwise count only the shell). BY_ADDRESS: also
+    each instruction's count in the measured program, the workload's first command
+    (`block_costs.executions`)."""
     with tempfile.TemporaryDirectory(prefix="mlgo-callgrind-") as logs:
+        out = f"{logs}/%p.out" if by_address else "/dev/null"
+        options = CALLGRIND_OPTIONS if by_address else ("--tool=callgrind",)
         callgrind = (
-            *("valgrind", "--tool=callgrind", "--trace-children=yes"),
-            *("--callgrind-out-file=/dev/null", f"--log-file={logs}/%p.log"),
+            *("valgrind", *options, "--trace-children=yes"),
+            *(f"--callgrind-out-file={out}", f"--log-file={logs}/%p.log"),
         )
         run_workload(workload, tree, callgrind)
         counts = [
@@ -117,9 +142,15 @@ def instructions(workload: Workload, tree: Path) -> int:
             for log in Path(logs).glob("*.log")
             for c in re.findall(r"Collected : (\d+)", log.read_text(errors="replace"))
         ]
+        program = tree / workload.commands[0][0]
+        ran = executions(Path(logs).glob("*.out"), program) if by_address else Counter()
     if len(counts) < len(workload.commands):
         raise BuildError(f"{workload.recipe}: callgrind reported no instruction count")
-    return sum(counts)
+    return Executed(sum(counts), ran)
+
+
+def instructions(workload: Workload, tree: Path) -> int:
+    return executed(workload, tree).instructions
 
 
 def spread(xs: list[float]) -> dict:
@@ -150,14 +181,16 @@ Times = dict[str, dict[str, list[float]]]  # {clock: {variant: [seconds per roun
 def timed_rounds(
     rounds: int,
     variants: Sequence[str],
-    sample: Callable[[str], tuple[float, float]],
+    sample: Callable[[str], tuple[float, ...]],
     after_round: Callable[[int, Times], None] = lambda r, times: None,
+    clocks: Sequence[str] = CLOCKS,
 ) -> Times:
-    """SAMPLE(variant) -> (wall, cpu) of every variant in ROUNDS rounds, in ABBA order."""
-    times: Times = {c: {v: [] for v in variants} for c in CLOCKS}
+    """SAMPLE(variant) -> its seconds by each of CLOCKS, of every variant in ROUNDS rounds,
+    in ABBA order."""
+    times: Times = {c: {v: [] for v in variants} for c in clocks}
     for r in range(rounds):
         for v in round_order(r, variants):
-            for clock, seconds in zip(CLOCKS, sample(v), strict=True):
+            for clock, seconds in zip(clocks, sample(v), strict=True):
                 times[clock][v].append(seconds)
         after_round(r, times)
     return times
@@ -211,7 +244,7 @@ def compare_workload(
         out["instructions_delta"] = out[other]["instructions"] / out[base]["instructions"] - 1
     if repeats:
         # enough loops of the workload that one timed sample takes about MIN_SECONDS
-        loops = max(1, round(min_seconds / run_workload(workload, base_tree)[1]))
+        loops = max(1, round(min_seconds / run_workload(workload, base_tree).cpu))
         times = timed_rounds(
             repeats, list(trees), lambda v: run_workload(workload, trees[v], loops=loops)[:2]
         )
