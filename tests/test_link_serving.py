@@ -163,6 +163,9 @@ def test_a_policy_shipped_guarded_is_served_guarded(cc, tc, tmp_path):
         assert (tmp_path / "prog").read_bytes() == (tmp_path / "plain").read_bytes()
         status = service.status()  # one link, counted once, whichever wrapper guarded it
         assert status["links"]["-Oz"]["served"] == 1 and status["compilations"] == 1
+        # flags by hand cannot guard: they say so
+        by_hand = run([*MLGO, "flags", "--link", "--", *LTO], tmp_path, service.env())
+        assert by_hand.stdout and "only mlgo-cc gives it" in by_hand.stderr, by_hand.stderr
     finally:
         service.stop()
 

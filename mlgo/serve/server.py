@@ -93,6 +93,9 @@ class _Handler(socketserver.StreamRequestHandler):
             self._send({"flags": [], **reply})
             return
         lease = service.open_lease(problem, level=level, language=language, stage=stage)
+        if lease.guard:  # mlgo-cc guards it; a command line of the user's cannot
+            unguarded = f"a served policy ships with the {lease.guard} guard: only mlgo-cc gives it"
+            reply["note"] = f"{note}; {unguarded}" if note else unguarded
         self._send({"flags": lease.flags, "lease": lease.id, **reply})
         self._expire(service, lease, float(message.get("ttl_s", 600)))
 
