@@ -1,5 +1,5 @@
 """The block cost: each block of a build's own map, its runs counted under callgrind on
-that build, llvm-mca's cycles."""
+that build, llvm-mca's cycles and the lines it spans."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 from mlgo.llvm.block_costs import (
     BLOCK_MAP_FLAGS,
     CALLGRIND_OPTIONS,
+    Block,
     block_map,
     executions,
-    workload_cycles,
+    workload_cost,
 )
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.runtime.commands import BuildError
@@ -52,19 +53,29 @@ def test_runs_are_counted_exactly_and_a_build_that_spills_costs_more(tc, tmp_pat
     assert runs[("mix", 0, 0)] == 100 and runs[("main", 0, 0)] == 1
     # the same program allowed four registers: spills in the loop
     spilling = build(tc, tmp_path / "hot4", "-mllvm", "-stress-regalloc=4")
-    spilled = workload_cycles(spilling, tc, counted(spilling, tmp_path))
-    assert spilled > 1.3 * workload_cycles(default, tc, ran)
+    spilled = workload_cost(spilling, tc, counted(spilling, tmp_path))
+    cost = workload_cost(default, tc, ran)
+    assert spilled.cycles > 1.3 * cost.cycles and spilled.lines > cost.lines
+    # each run of a block fetches the lines it spans
+    assert cost.lines == sum(ran[b.address] * b.lines for b in block_map(default, tc) if b.size)
+    assert cost.cycles_and_lines == cost.cycles + cost.lines
 
 
 def test_a_program_without_its_block_map_or_its_counts_is_refused(tc, tmp_path):
     plain = tmp_path / "plain"
     subprocess.run([tc.clang, "-O2", str(SOURCE), "-o", str(plain)], check=True)
     with pytest.raises(BuildError, match="no block address map; build it with"):
-        workload_cycles(plain, tc, Counter({1: 1}))
+        workload_cost(plain, tc, Counter({1: 1}))
     mapped = build(tc, tmp_path / "hot")
     other = build(tc, tmp_path / "other", "-mllvm", "-stress-regalloc=4")
     # another program's run counts none of this one's instructions, whatever the addresses
     not_ours = executions([callgrind(other, tmp_path)], mapped)
     assert counted(other, tmp_path) and not not_ours
     with pytest.raises(BuildError, match="none of its blocks ran"):
-        workload_cycles(mapped, tc, not_ours)
+        workload_cost(mapped, tc, not_ours)
+
+
+@pytest.mark.unit
+def test_a_block_spans_the_lines_its_bytes_touch():
+    assert Block(("f", 0, 0), 0, 64).lines == 1 and Block(("f", 0, 0), 60, 8).lines == 2
+    assert Block(("f", 0, 0), 64, 1).lines == 1 and Block(("f", 0, 0), 63, 66).lines == 3

@@ -14,9 +14,9 @@ at -O2:
   and its opposite;
 - every program built before any is timed;
 - each build's workload run once under callgrind: its instructions, and how often each
-  of the program's instructions ran;
-- for each (policy, program) pair: the reward's change against the default (the block
-  cost of the build's own blocks with those counts, `block_costs.workload_cycles`), and
+  of the program's instructions ran, so its blocks' costs (`block_costs.WorkloadCost`):
+  llvm-mca's cycles, the 64-byte lines they span, and the two summed;
+- for each (policy, program) pair: each reward's change against the default, and
   the measured change: CPU time of the workload in rounds that time every build of the
   program in turn, the order flipped each round, with the default timed twice per round
   as an A/A control; median and interquartile range of the per-round ratios. The outputs
@@ -52,7 +52,7 @@ from rich.console import Console
 from rich.table import Table
 from scipy.stats import spearmanr
 
-from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, workload_cycles
+from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, workload_cost
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.build import PROFILE_USE_FLAGS
 from mlgo.packages.recipes import load_recipe
@@ -75,7 +75,9 @@ SHIPPED = Path(__file__).resolve().parent.parent / "policies" / "regalloc-evicti
 # noise on every weight, relative to the weights' own spread: from a step of the
 # evolution strategy's size to a policy that keeps little of the shipped one
 NOISE = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 3.0, 10.0)
-REWARDS = ("block_cycles", "instructions")  # what each build is counted, under callgrind
+# what each build is counted, under callgrind: its blocks' cycles, the lines they span, the
+# two summed (`block_costs.WorkloadCost`), and its instructions
+REWARDS = ("block_cycles", "fetch_lines", "cycles_and_lines", "instructions")
 CLOCKS = ("wall", "cpu", "user")  # what each timed run measures (`Run`)
 # the measured changes the rewards are ranked against: CPU time, and its user part alone
 # (the program's own code; the kernel's file I/O is a third of zstd's CPU and its noise)
@@ -85,6 +87,7 @@ MEASURED_CLOCKS = ("cpu", "user")
 RELINK = {
     "lua5.4": '"$CC" -std=gnu99 -o src/lua src/lua.o src/liblua.a -lm -Wl,-E -ldl $LAYOUT',
     "zstd": '"$CC" -o programs/zstd programs/obj/conf_*/*.o -pthread -lz -llzma $LAYOUT',
+    "sqlite3": '"$CC" -o speedtest1 speedtest1.o .libs/libsqlite3.a -lm -lpthread -ldl $LAYOUT',
 }
 
 
@@ -162,11 +165,16 @@ def counted(prog_name: str, tree: Path, tc: Toolchain, known: dict, cache: Path)
     binary = tree / prog.commands[0][0]
     key = hashlib.sha256(binary.read_bytes()).hexdigest()
     saved = json.loads(cache.read_text()) if cache.exists() else {}
-    if key not in saved:
+    if set(REWARDS) - set(saved.get(key, {})):
         with console.status(f"{prog_name} ({tree.name}): its workload under callgrind"):
             ran = executed(prog, tree, by_address=True)
-            cycles = workload_cycles(binary, tc, ran.by_address, known)
-        saved[key] = {"instructions": ran.instructions, "block_cycles": cycles}
+            cost = workload_cost(binary, tc, ran.by_address, known)
+        saved[key] = {
+            "block_cycles": cost.cycles,
+            "fetch_lines": cost.lines,
+            "cycles_and_lines": cost.cycles_and_lines,
+            "instructions": ran.instructions,
+        }
         atomic_write_text(cache, json.dumps(saved))
     return saved[key]
 
