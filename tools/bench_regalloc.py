@@ -98,6 +98,18 @@ PROGRAMS = {
         ),
         "cmp bench.dat bench.out",
     ),
+    "lz4": Workload(
+        "lz4",
+        (
+            'make -j2 -C tests CC="$CC" datagen',
+            "tests/datagen -g40000000 -P40 -s7 > bench.dat",
+        ),
+        (
+            ("programs/lz4", "-q", "-f", "-1", "bench.dat", "bench.lz4"),
+            ("programs/lz4", "-q", "-f", "-d", "bench.lz4", "bench.out"),
+        ),
+        "cmp bench.dat bench.out",
+    ),
     "lua5.4": Workload(
         "lua",
         (f"cp {shlex.quote(str(TOOLS / 'bench_data' / 'regalloc_bench.lua'))} bench.lua",),
@@ -485,7 +497,7 @@ def _print_programs(result: dict, names: list[str]) -> None:
 def main(
     policy: Annotated[Path, typer.Option(help="regalloc policy directory")],
     heldout: Annotated[Path | None, typer.Option(help="held-out corpus")] = None,
-    programs: Annotated[str, typer.Option(help="comma-separated: sqlite3,zstd,lua5.4")] = "",
+    programs: Annotated[str, typer.Option(help="comma-separated, of " + ",".join(PROGRAMS))] = "",
     work: Annotated[Path, typer.Option(help="where the programs are built")] = Path(
         "data/bench-regalloc"
     ),
