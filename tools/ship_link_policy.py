@@ -49,8 +49,8 @@ from mlgo.problems.policy_files import save_policy
 from mlgo.programs.tune import UNTIL_BUDGET
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import make_workers
-from mlgo.ship.export import export_saved_model
 from mlgo.ship.plugin import inliner_plugin
+from mlgo.ship.release import release
 from mlgo.train.evaluate import Evaluation, linked_evaluation
 from mlgo.train.run import TrainOptions, load_start, run
 
@@ -152,13 +152,6 @@ def model_card(policy: MLPPolicy, result: dict, minutes: float, trained_on: list
     return "\n".join(lines)
 
 
-def release(policy: MLPPolicy, card: str, out: Path) -> None:
-    """POLICY as it ships in OUT: its files, its SavedModel and its CARD."""
-    save_policy(policy, out)
-    export_saved_model(policy, out)
-    atomic_write_text(out / "MODEL_CARD.md", card)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpora", type=Path, default=Path("data/lto"))
@@ -215,7 +208,8 @@ def main() -> None:
     if chosen is not None:
         # judged as the guard serves it, it is served guarded whatever MLGO_GUARD says
         kept = replace(candidates[chosen], guard="size") if args.guard else candidates[chosen]
-        save_policy(kept, args.out / f"chosen{suffix}")
+        chosen_dir = args.out / f"chosen{suffix}"
+        save_policy(kept, chosen_dir)
         if before.get("chosen") == chosen and "test" in before:  # test is evaluated once
             result |= {k: v for k, v in before.items() if k.startswith("test")}
         else:
@@ -225,8 +219,8 @@ def main() -> None:
             if args.guard:
                 result["test, the policy alone"] = judged(test)
         if args.release:
-            packages = sorted(corpus("train").packages())
-            release(kept, model_card(kept, result, args.minutes, packages), args.release)
+            card = model_card(kept, result, args.minutes, sorted(corpus("train").packages()))
+            release(chosen_dir, args.release, aot=False, card=card)
     atomic_write_text(record, json.dumps(result, indent=1))
     title = "linked by lld's LTO" + (", guarded" if args.guard else "")
     table = Table("candidate", "validation", "packages larger", title=title)

@@ -20,11 +20,11 @@ class Release:
     plugin: Path | None = None  # only for a problem the plugin serves
 
 
-def release(policy: Path, out: Path, aot: bool = True) -> Release:
+def release(policy: Path, out: Path, aot: bool = True, card: str | None = None) -> Release:
     """Writes the policy at POLICY (a run or its policy/) into OUT: its numpy form, a TF
-    SavedModel with LLVM's feature names and a model card from its run; with AOT also the
-    AOT-compiled model, the native policy server and, where the problem has one, the
-    clang plugin."""
+    SavedModel with LLVM's feature names and a model card (CARD, or one from its run);
+    with AOT also the AOT-compiled model, the native policy server and, where the problem
+    has one, the clang plugin."""
     from mlgo.ship.export import export_saved_model
     from mlgo.ship.modelcard import model_card
 
@@ -34,7 +34,7 @@ def release(policy: Path, out: Path, aot: bool = True) -> Release:
         saved = export_saved_model(loaded, out)
         for name in ("policy.npz", "normalization.json", "policy.json"):
             shutil.copyfile(pdir / name, out / name)
-        atomic_write_text(out / "MODEL_CARD.md", model_card(loaded, pdir.parent))
+        atomic_write_text(out / "MODEL_CARD.md", card or model_card(loaded, pdir.parent))
     result = Release(saved, out / "MODEL_CARD.md")
     if aot:
         from mlgo.llvm.toolchain import find_toolchain
