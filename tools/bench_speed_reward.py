@@ -40,7 +40,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -67,7 +66,7 @@ from mlgo.programs.measure import (
     workload_output,
 )
 from mlgo.runtime.commands import BuildError, run_logged
-from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.files import atomic_path, atomic_write_text
 from tools.bench_regalloc import FLAGS, PROGRAMS, prepare_workload, save_json
 
 console = Console(width=160)
@@ -267,9 +266,8 @@ def saved_rounds(path: Path, key: dict, measure: Callable[[], dict]) -> dict:
 
 def install(source: Path, target: Path) -> None:
     """SOURCE's bytes at TARGET, replaced whole: a program is never half there."""
-    staged = target.with_name(target.name + ".tmp")
-    shutil.copy2(source, staged)
-    os.replace(staged, target)
+    with atomic_path(target) as staged:
+        shutil.copy2(source, staged)
 
 
 def layouts(prog_name: str, tree: Path, tc: Toolchain, seeds: range) -> dict[int, Path]:
@@ -286,7 +284,8 @@ def layouts(prog_name: str, tree: Path, tc: Toolchain, seeds: range) -> dict[int
         if not out[seed].exists():
             layout = f"-fuse-ld=lld -Wl,--shuffle-sections=.text*={seed}"
             env = dict(os.environ, CC=tc.clang, LAYOUT=layout)
-            subprocess.run(RELINK[prog_name], shell=True, cwd=tree, env=env, check=True)
+            log = tree.parent / f"{tree.name}.relink.log"
+            run_logged(RELINK[prog_name], tree, log, 600, env, f"{prog_name}: relinking")
             os.replace(binary, out[seed])
     install(built, binary)
     return out
