@@ -39,40 +39,44 @@ def callgrind(binary: Path, tmp: Path) -> Path:
     return out
 
 
-def counted(binary: Path, tmp: Path) -> Counter[int]:
-    """How often each of BINARY's instructions ran on hot.c's workload."""
-    return executions([callgrind(binary, tmp)], binary)
+def counted(binary: Path, tmp: Path) -> dict[Path, Counter[int]]:
+    """How often each of BINARY's instructions ran on hot.c's workload, by its path."""
+    return executions([callgrind(binary, tmp)], binary.parent)
 
 
 def test_runs_are_counted_exactly_and_a_build_that_spills_costs_more(tc, tmp_path):
     default = build(tc, tmp_path / "hot")
     ran = counted(default, tmp_path)
-    runs = {b.name: ran[b.address] for b in block_map(default, tc)}
+    assert list(ran) == [default.resolve()]  # the build's program alone: not libc's code
+    runs = {b.name: ran[default][b.address] for b in block_map(default, tc)}
     assert max(n for (f, _, _), n in runs.items() if f == "mix") == ITERATIONS
     # an entry runs as often as its function is called, the calls' callees not counted in
     assert runs[("mix", 0, 0)] == 100 and runs[("main", 0, 0)] == 1
     # the same program allowed four registers: spills in the loop
-    spilling = build(tc, tmp_path / "hot4", "-mllvm", "-stress-regalloc=4")
-    spilled = workload_cost(spilling, tc, counted(spilling, tmp_path))
-    cost = workload_cost(default, tc, ran)
+    (tmp_path / "spilling").mkdir()
+    spilling = build(tc, tmp_path / "spilling" / "hot", "-mllvm", "-stress-regalloc=4")
+    spilled = workload_cost(counted(spilling, tmp_path), tc)
+    cost = workload_cost(ran, tc)
     assert spilled.cycles > 1.3 * cost.cycles and spilled.lines > cost.lines
     # each run of a block fetches the lines it spans
-    assert cost.lines == sum(ran[b.address] * b.lines for b in block_map(default, tc) if b.size)
+    blocks = block_map(default, tc)
+    assert cost.lines == sum(ran[default][b.address] * b.lines for b in blocks if b.size)
     assert cost.cycles_and_lines == cost.cycles + cost.lines
 
 
 def test_a_program_without_its_block_map_or_its_counts_is_refused(tc, tmp_path):
     plain = tmp_path / "plain"
     subprocess.run([tc.clang, "-O2", str(SOURCE), "-o", str(plain)], check=True)
-    with pytest.raises(BuildError, match="no block address map; build it with"):
-        workload_cost(plain, tc, Counter({1: 1}))
-    mapped = build(tc, tmp_path / "hot")
-    other = build(tc, tmp_path / "other", "-mllvm", "-stress-regalloc=4")
-    # another program's run counts none of this one's instructions, whatever the addresses
-    not_ours = executions([callgrind(other, tmp_path)], mapped)
-    assert counted(other, tmp_path) and not not_ours
-    with pytest.raises(BuildError, match="none of its blocks ran"):
-        workload_cost(mapped, tc, not_ours)
+    with pytest.raises(BuildError, match="plain: no block address map; build it with"):
+        workload_cost(counted(plain, tmp_path), tc)
+    (tmp_path / "mapped").mkdir()
+    mapped = build(tc, tmp_path / "mapped" / "hot")
+    with pytest.raises(BuildError, match="hot: none of its blocks ran"):
+        workload_cost({mapped: Counter({1: 1})}, tc)
+    # another tree's program counts nothing in this tree, however alike their addresses
+    (tmp_path / "other").mkdir()
+    other = build(tc, tmp_path / "other" / "hot")
+    assert counted(other, tmp_path) and not executions([callgrind(other, tmp_path)], mapped.parent)
 
 
 @pytest.mark.unit

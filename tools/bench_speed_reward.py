@@ -170,7 +170,7 @@ def counted(prog_name: str, tree: Path, tc: Toolchain, known: dict, cache: Path)
     if set(REWARDS) - set(saved.get(key, {})):
         with console.status(f"{prog_name} ({tree.name}): its workload under callgrind"):
             ran = executed(prog, tree, by_address=True)
-            cost = workload_cost(binary, tc, ran.by_address, known)
+            cost = workload_cost(ran.by_object, tc, known)
         saved[key] = {
             "block_cycles": cost.cycles,
             "fetch_lines": cost.lines,

@@ -32,7 +32,6 @@ did not predict run time: a measured workload through each candidate's own code.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from bisect import bisect_left
@@ -77,17 +76,16 @@ class Block:
 
 
 def block_map(binary: Path, tc: Toolchain) -> list[Block]:
-    """Every block of a linked BINARY built with BLOCK_MAP_FLAGS, at its address."""
+    """Every block of a linked BINARY built with BLOCK_MAP_FLAGS, at its address (none
+    without them)."""
     cmd = [tc.tool("llvm-readobj"), "--elf-output-style=JSON", "--bb-addr-map", str(binary)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise BuildError(f"{binary}: llvm-readobj failed: {proc.stderr.strip()[-200:]}")
     (file,) = json.loads(proc.stdout)
-    if not file.get("BBAddrMap"):
-        raise BuildError(f"{binary}: no block address map; build it with {BLOCK_MAP_FLAGS[0]}")
     seen: dict[str, int] = {}
     blocks = []
-    for entry in file["BBAddrMap"]:
+    for entry in file.get("BBAddrMap", []):
         name = entry["Function"]["Name"]
         which = seen[name] = seen.get(name, -1) + 1
         for ranges in entry["Function"]["BB Ranges"]:
@@ -97,30 +95,35 @@ def block_map(binary: Path, tc: Toolchain) -> list[Block]:
     return blocks
 
 
-def executions(outputs: Iterable[Path], binary: Path) -> Counter[int]:
-    """How often each of BINARY's instructions ran, by address, from the callgrind OUTPUTS of
-    a workload run with CALLGRIND_OPTIONS (one per process; other programs' code and the
-    libraries' are not BINARY's). The line after a `calls=` line is the call's inclusive
-    cost, the callee's instructions, not the call's own: skipped."""
-    counts: Counter[int] = Counter()
-    ours: dict[str, bool] = {}
+def executions(outputs: Iterable[Path], tree: Path) -> dict[Path, Counter[int]]:
+    """How often each instruction ran, by address, in each object of the build TREE (its
+    programs and shared libraries, resolved) that a workload run with CALLGRIND_OPTIONS
+    ran, from its callgrind OUTPUTS (one per process; the system's programs and libraries
+    are not the build's). The line after a `calls=` line is the call's inclusive cost, the
+    callee's instructions, not the call's own: skipped."""
+    counts: dict[Path, Counter[int]] = {}
+    inside: dict[str, Counter[int] | None] = {}
+    root = tree.resolve()
     for output in outputs:
-        mine = after_call = False
+        mine: Counter[int] | None = None
+        after_call = False
         with open(output, errors="replace") as lines:
             for line in lines:
                 if after_call:
                     after_call = False
                 elif line.startswith("ob="):
                     obj = line[3:].strip()
-                    if obj not in ours:
-                        ours[obj] = os.path.exists(obj) and os.path.samefile(obj, binary)
-                    mine = ours[obj]
+                    if obj not in inside:
+                        path = Path(obj).resolve()
+                        ours = path.is_relative_to(root) and path.is_file()
+                        inside[obj] = counts.setdefault(path, Counter()) if ours else None
+                    mine = inside[obj]
                 elif line.startswith("calls="):
                     after_call = True
-                elif mine and line.startswith("0x"):
+                elif mine is not None and line.startswith("0x"):
                     address, _line, count = line.split()
-                    counts[int(address, 16)] += int(count)
-    return counts
+                    mine[int(address, 16)] += int(count)
+    return {path: ran for path, ran in counts.items() if ran}
 
 
 _OPERAND_NOISE = re.compile(r"\s*(<[^>]*>|#.*)$")
@@ -193,16 +196,25 @@ class WorkloadCost:
 
 
 def workload_cost(
-    binary: Path, tc: Toolchain, executed: Counter[int], known: dict[Code, float] | None = None
+    ran: dict[Path, Counter[int]], tc: Toolchain, known: dict[Code, float] | None = None
 ) -> WorkloadCost:
-    """What BINARY's blocks cost on the workload that ran them EXECUTED times (by address,
-    `executions`); KNOWN: as `block_cycles`."""
-    # an empty block (a label the code generator kept) shares its address with the next
-    runs = {b: executed[b.address] for b in block_map(binary, tc) if b.size and executed[b.address]}
-    if not runs:
-        raise BuildError(f"{binary}: none of its blocks ran in the workload counted")
-    cycles = block_cycles(binary, list(runs), tc, known)
-    return WorkloadCost(
-        sum(n * cycles.get(b.name, 0.0) for b, n in runs.items()),
-        sum(n * b.lines for b, n in runs.items()),
-    )
+    """What the blocks of a build's objects cost on the workload that ran each of their
+    instructions RAN[object][address] times (`executions`), summed over the objects;
+    KNOWN: as `block_cycles`. An object without a block map (a prebuilt library in the
+    tree) is left out, but one of them must have it."""
+    cycles, lines, mapped = 0.0, 0, False
+    for binary, executed in ran.items():
+        blocks = block_map(binary, tc)
+        mapped |= bool(blocks)
+        # an empty block (a label the code generator kept) shares its address with the next
+        runs = {b: executed[b.address] for b in blocks if b.size and executed[b.address]}
+        if runs:
+            per_run = block_cycles(binary, list(runs), tc, known)
+            cycles += sum(n * per_run.get(b.name, 0.0) for b, n in runs.items())
+            lines += sum(n * b.lines for b, n in runs.items())
+    where = ", ".join(sorted(p.name for p in ran)) or "no program of the build"
+    if not mapped:
+        raise BuildError(f"{where}: no block address map; build it with {BLOCK_MAP_FLAGS[0]}")
+    if not lines:
+        raise BuildError(f"{where}: none of its blocks ran in the workload counted")
+    return WorkloadCost(cycles, lines)

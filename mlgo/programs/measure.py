@@ -119,7 +119,7 @@ def run_workload(
 @dataclass(frozen=True)
 class Executed:
     instructions: int  # in every process the workload started
-    by_address: Counter[int]  # how often each instruction of the measured program ran
+    by_object: dict[Path, Counter[int]]  # each instruction's runs, in each of the build's objects
 
 
 def executed(workload: Workload, tree: Path, by_address: bool = False) -> Executed:
@@ -127,7 +127,7 @@ def executed(workload: Workload, tree: Path, by_address: bool = False) -> Execut
     process it starts: a workload that is a script counts the programs it runs. Each
     process's count goes to a log of its own, not to its stderr, which the workload may
     send away (`prog 2>/dev/null` would otherwise count only the shell). BY_ADDRESS: also
-    each instruction's count in the measured program, the workload's first command
+    how often each instruction ran in each program and library of the build TREE
     (`block_costs.executions`)."""
     with tempfile.TemporaryDirectory(prefix="mlgo-callgrind-") as logs:
         out = f"{logs}/%p.out" if by_address else "/dev/null"
@@ -142,8 +142,7 @@ def executed(workload: Workload, tree: Path, by_address: bool = False) -> Execut
             for log in Path(logs).glob("*.log")
             for c in re.findall(r"Collected : (\d+)", log.read_text(errors="replace"))
         ]
-        program = tree / workload.commands[0][0]
-        ran = executions(Path(logs).glob("*.out"), program) if by_address else Counter()
+        ran = executions(Path(logs).glob("*.out"), tree) if by_address else {}
     if len(counts) < len(workload.commands):
         raise BuildError(f"{workload.recipe}: callgrind reported no instruction count")
     return Executed(sum(counts), ran)
