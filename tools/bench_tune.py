@@ -5,6 +5,14 @@
 
 (sord, discount, mandoc, tcc, libfyaml, nasm and byacc were screened with --minutes 2 only.)
 
+  .venv/bin/python -m tools.bench_tune serd tidy-html5 ninja --problem regalloc-eviction \
+      --minutes 12
+
+With `--problem regalloc-eviction`, issue 39's figures: the eviction policy tuned at -O2
+for speed into WORK/NAME/tune-regalloc-eviction, its candidates judged by the workload's
+block cost (`mlgo.programs.speed`); beside the CPU time, the kept policy's change by that
+cost and how well the corpus's static cost ranked the candidates against it.
+
   .venv/bin/python -m tools.bench_tune yajl serd tidy-html5 ninja --lto full --minutes 10
 
 With `--lto full` (or `thin`), issue 38's figures: `mlgo tune --lto full` (the inliner of
@@ -40,13 +48,14 @@ from mlgo.cli import USER_ERRORS
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe
-from mlgo.problems import LTO_STAGES, at_link
+from mlgo.problems import LTO_STAGES, at_link, get_problem
 from mlgo.programs.build import build_program, plain_compilers, pristine_source
 from mlgo.programs.tune import TuneOptions, project, tune
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.messages import error_line
 
 console = Console()
+SIZE = "inlining-size"  # the problem tuned unless --problem says another
 
 
 @dataclass(frozen=True)
@@ -273,18 +282,22 @@ PROJECTS = {
 }
 
 
-def tune_project(name: str, work: Path, minutes: float, lto: str | None = None) -> dict:
-    """Fetches NAME's source once and tunes it into WORK/NAME/tune (LTO: that link's
-    inliner, into WORK/NAME/tune-lto-LTO, and plain LTO against per-file -Oz); its report
-    and wall time."""
+def tune_project(
+    name: str, work: Path, minutes: float, lto: str | None = None, problem: str = SIZE
+) -> dict:
+    """Fetches NAME's source once and tunes PROBLEM on it into WORK/NAME/tune (another
+    problem than the inliner's: WORK/NAME/tune-PROBLEM; LTO: that link's inliner, into
+    WORK/NAME/tune-lto-LTO, and plain LTO against per-file -Oz); its report and wall
+    time."""
     p = PROJECTS[name]
     recipe = project(name, [p.configure], [p.build], [p.test], p.bench)
     recipe = replace(recipe, source=p.source, build_depends=p.build_depends)
     source = pristine_source(recipe, work / name)
     started = time.monotonic()
     tc = find_toolchain()
-    problem = at_link("inlining-size", lto).name if lto else "inlining-size"
-    out = work / name / (f"tune-lto-{lto}" if lto else "tune")
+    where = f"tune-lto-{lto}" if lto else "tune" if problem == SIZE else f"tune-{problem}"
+    problem = at_link(problem, lto).name if lto else problem
+    out = work / name / where
     report = tune(source, recipe, out, tc, TuneOptions(minutes=minutes, problem=problem))
     result = {"language": p.language, "seconds": time.monotonic() - started, "report": report}
     if lto:
@@ -306,11 +319,13 @@ def lto_over_per_file(
     return linked["delta_pct"]
 
 
-def try_project(name: str, work: Path, minutes: float, lto: str | None = None) -> dict:
+def try_project(
+    name: str, work: Path, minutes: float, lto: str | None = None, problem: str = SIZE
+) -> dict:
     """`tune_project`, or what stopped it (its rehearsal, a failing test...) as one line, so
     that the projects after it still run."""
     try:
-        return tune_project(name, work, minutes, lto)
+        return tune_project(name, work, minutes, lto, problem)
     except USER_ERRORS as e:
         console.print(f"[red]{name}: {error_line(e, limit=2000)}", highlight=False)
         return {"language": PROJECTS[name].language, "error": error_line(e)}
@@ -321,12 +336,19 @@ def pct(value: float | None) -> str:
 
 
 def rank(result: dict) -> str:
-    """Spearman's rho of the corpus's reward against the link's judgement, over the
-    candidates the link gave a size (a tune of an LTO link)."""
+    """Spearman's rho of the corpus's reward against the judge of the candidates (the
+    link's, or the workload's), over those it gave a figure."""
     training = result.get("report", {}).get("training", {})
     corr = training.get("rank_correlation") or {}
     rho = corr.get("spearman")
     return "n/a" if rho is None else f"{rho:+.2f} ({corr['candidates']})"
+
+
+def judged(result: dict) -> float | None:
+    """The kept policy's change by the judge of its candidates (a speed problem's: the
+    workload's block cost), in percent."""
+    training = result.get("report", {}).get("training", {})
+    return training.get("judged_change_pct", {}).get(training.get("chosen"))
 
 
 def row(name: str, result: dict) -> list[str]:
@@ -364,24 +386,31 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=60.0, help="training budget each")
     parser.add_argument("--work", type=Path, default=Path("data/bench-tune"))
     parser.add_argument("--lto", choices=sorted(LTO_STAGES), help="tune that LTO link's inliner")
+    parser.add_argument("--problem", choices=[SIZE, "regalloc-eviction"], default=SIZE)
     args = parser.parse_args()
-    work, lto = args.work.resolve(), args.lto
-    results = {name: try_project(name, work, args.minutes, lto) for name in args.projects}
+    work, lto, problem = args.work.resolve(), args.lto, args.problem
+    results = {n: try_project(n, work, args.minutes, lto, problem) for n in args.projects}
     flag = {"full": "-flto", "thin": "-flto=thin"}.get(lto or "")
-    baseline = f"clang -Oz {flag} (lld)" if lto else "clang -Oz"
+    level = get_problem(problem).opt_level
+    baseline = f"clang {level} {flag} (lld)" if lto else f"clang {level}"
+    speed = problem != SIZE
     table = Table(
         "project", "programs + shared libs .text (files)", "all ELF files",
         "search headroom (kept)", "kept", "CPU time (IQR)", "instructions",
         f"tests ({baseline} / policy)", "training", "wall, this run",
         *([f"plain {flag} vs per-file -Oz", "corpus vs link rank (rho)"] if lto else []),
-        title=f"mlgo tune{f' --lto {lto}' if lto else ''} --minutes {args.minutes:g}, "
-        f"each project against {baseline}",
+        *(["kept, by the workload's block cost", "corpus vs workload rank (rho)"] if speed else []),
+        title=f"mlgo tune{f' --lto {lto}' if lto else ''} --problem {problem} "
+        f"--minutes {args.minutes:g}, each project against {baseline}",
     )  # fmt: skip
     for name, result in results.items():
         extra = [pct(result.get("lto_over_per_file_pct")), rank(result)] if lto else []
+        if speed:
+            extra = [pct(judged(result)), rank(result)]
         table.add_row(*row(name, result), *extra)
     console.print(table)
-    out = work / (f"bench_tune-lto-{lto}.json" if lto else "bench_tune.json")
+    named = f"-lto-{lto}" if lto else "" if problem == SIZE else f"-{problem}"
+    out = work / f"bench_tune{named}.json"
     atomic_write_text(out, json.dumps(results, indent=1))
     console.print(f"wrote {out}")
 

@@ -43,6 +43,7 @@ STAGE_FLAGS = {
     "link": ("-flto=full", "-fuse-ld=lld"),
     "thin-link": ("-flto=thin", "-fuse-ld=lld"),
 }
+AIMS = ("size", "speed")
 # The stage each `--lto` mode tunes, records or builds for.
 LTO_STAGES = {"full": "link", "thin": "thin-link"}
 
@@ -113,10 +114,16 @@ class Problem:
     # policy is its start where it has none of its own: the same features, advice and
     # network, another stage (the link's inliner starts from the per-file one).
     starts_from: str | None = None
+    # What its policies are for (AIMS): smaller code, judged on the corpus (or the link);
+    # or faster code, where a tune given a workload judges its candidates by their builds'
+    # cost on it (mlgo.programs.speed) and reports the workload's time first.
+    aim: str = "size"
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
             raise UsageError(f"problem {self.name}: stage {self.stage!r} is not one of {STAGES}")
+        if self.aim not in AIMS:
+            raise UsageError(f"problem {self.name}: aim {self.aim!r} is not one of {AIMS}")
 
     @property
     def default_is_observed(self) -> bool:

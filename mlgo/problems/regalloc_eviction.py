@@ -294,4 +294,5 @@ PROBLEM = Problem(
         Derived("lighter_than_self", "use_def_density", "<", f"{SELF}use_def_density"),
         Derived("hint_margin", "nr_broken_hints", "-", f"{SELF}nr_broken_hints"),
     ),
+    aim="speed",
 )

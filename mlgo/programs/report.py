@@ -15,6 +15,7 @@ from rich.table import Table
 from mlgo.errors import UsageError
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.plots import STYLE, img, png, pyplot
+from mlgo.problems import get_problem
 from mlgo.runtime.files import atomic_write_text
 
 LARGEST_CHANGES = 20  # files in the per-file size plot
@@ -113,12 +114,12 @@ def training_line(training: dict) -> str:
     changes = ", ".join(f"{k} {v:+.2f}%" for k, v in training["corpus_change_pct"].items())
     metric = training.get("metric", ".text against -Oz")
     line = f"corpus {metric}: {changes}; kept {training['chosen']} ({training['note']})"
-    if "linked_change_pct" in training:  # a link-time policy: chosen by lld's own LTO
-        linked = training["linked_change_pct"]
+    if "judged_by" in training:  # chosen by the link, or the workload, not the corpus
+        changes = training["judged_change_pct"]
         judged = ", ".join(
-            f"{k} {v:+.2f}%" if v is not None else f"{k} larger" for k, v in linked.items()
+            f"{k} {v:+.2f}%" if v is not None else f"{k} larger" for k, v in changes.items()
         )
-        line += f"; chosen by lld's LTO of each module: {judged}"
+        line += f"; chosen by {training['judged_by']}: {judged}"
     return line
 
 
@@ -143,7 +144,9 @@ def table_rows(report: dict) -> list[Row]:
     """Size and throughput, baseline against policy: what the terminal table and the page's
     header both show."""
     size = report["size"]
-    rows: list[Row] = [
+    speed_rows = throughput_rows(report)
+    rows = [*speed_rows] if for_speed(report) else []  # the headline first
+    rows += [
         (f"{p} .text", f"{r['baseline']:,}", f"{r['policy']:,}", f"{r['change_pct']:+.2f}%", "")
         for p, r in size["programs"].items()
     ]
@@ -155,14 +158,29 @@ def table_rows(report: dict) -> list[Row]:
             rows.append((f"larger: {len(larger)} of them", "", "", grown(larger), "red"))
     base, ours, change = size["baseline"], size["policy"], size["change_pct"]
     rows.append((f"{size['files']} ELF files", f"{base:,}", f"{ours:,}", f"{change:+.2f}%", "bold"))
-    if speed := report.get("throughput"):
-        slow = slower_but_smaller(report)
-        change = throughput_change(speed) + (" smaller but slower" if slow else "")
-        rows.append(("CPU time", "", "", change, "red" if slow else ""))
-        if "instructions_change_pct" in speed:
-            rows.append(("instructions", "", "", f"{speed['instructions_change_pct']:+.2f}%", ""))
+    if not for_speed(report):
+        rows += speed_rows
     tests = report["tests"]
     rows.append(("tests", tests["baseline"], tests["policy"], "", ""))
+    return rows
+
+
+def for_speed(report: dict) -> bool:
+    """Whether the report's problem aims at speed: its workload's time is the headline."""
+    return get_problem(report.get("problem", "inlining-size")).aim == "speed"
+
+
+def throughput_rows(report: dict) -> list[Row]:
+    """The workload's CPU time (bold where it is the problem's aim) and instructions."""
+    speed = report.get("throughput")
+    if not speed:
+        return []
+    slow = slower_but_smaller(report)
+    change = throughput_change(speed) + (" smaller but slower" if slow else "")
+    bold = "bold" if for_speed(report) else ""
+    rows: list[Row] = [("CPU time", "", "", change, "red" if slow else bold)]
+    if "instructions_change_pct" in speed:
+        rows.append(("instructions", "", "", f"{speed['instructions_change_pct']:+.2f}%", ""))
     return rows
 
 

@@ -80,7 +80,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "record": ("configure", "build", "problem", "clang"),
     "rehearse": (),  # a check, not a result: a later --test or --bench may differ
     "collect": (),
-    "train": ("policy", "minutes", "train_steps"),
+    "train": ("policy", "minutes", "train_steps", "bench"),  # a workload judges speed
     "build": ("test", "guard"),
     "bench": ("bench", "bench_rounds"),
     "report": (),
@@ -145,6 +145,11 @@ def search_headroom(state: RunState, evaluation: Evaluation) -> float | None:
     return -found[-1] * searched / evaluation.totals()[default]
 
 
+# A judge of candidate policies other than the corpus's own cost: what it is, and each
+# policy's change by it, the default's 0 by definition
+Judge = tuple[str, Callable[[dict[str, "MLPPolicy"]], dict[str, float]]]
+
+
 def choose_policy(
     corpus_dir: Path,
     problem: Problem,
@@ -153,14 +158,15 @@ def choose_policy(
     tc: Toolchain,
     steps: int,
     max_seconds: float = 0.0,
+    judge: Judge | None = None,
 ) -> tuple[Path, dict]:
     """Trains from START into OUT/train (see `trainer`) for STEPS steps or MAX_SECONDS of
     training, whichever ends first (STEPS 0: no training), and keeps the candidate that is
-    cheapest on the corpus, saved in OUT/chosen: the compiler's default (START gated never
-    to depart), START, the trained policy, and the trained policy at each departure
-    threshold of GATES (each language alone too: `gated_candidates`). The earliest of equals
-    wins, so a policy that does not beat the default on the code it will build is not
-    served. Returns it and what training did."""
+    cheapest on the corpus, or by JUDGE (`candidate_judge`), saved in OUT/chosen: the
+    compiler's default (START gated never to depart), START, the trained policy, and the
+    trained policy at each departure threshold of GATES (each language alone too:
+    `gated_candidates`). The earliest of equals wins, so a policy that does not beat the
+    default on the code it will build is not served. Returns it and what training did."""
     from mlgo.train import RunState
     from mlgo.train.calibrate import NEVER, calibrate
     from mlgo.train.evaluate import evaluate
@@ -187,10 +193,10 @@ def choose_policy(
                 sweep = calibrate(trained.policy, corpus, tc, pool, GATES).sweep
                 candidates.update(gated_candidates(trained.policy, sweep))
     judged = {name: c for name, (_, c) in candidates.items()}
-    if problem.stage != "compile":  # the link's own pipeline judges, not the corpus's compile
+    if judge is not None:
         policies = {n: p for n, (p, _) in candidates.items() if n != "default"}
         judged = {n: c for n, c in judged.items() if n == "default"}  # 0, by definition
-        judged |= linked_changes(policies, corpus, tc)
+        judged |= judge[1](policies)
     chosen = min(judged, key=lambda name: judged[name])
     save_policy(candidates[chosen][0], out / "chosen")
     change = {name: 100 * c for name, (_, c) in candidates.items()}
@@ -209,9 +215,10 @@ def choose_policy(
         "note": ON_TRAINING_CODE,
         "curve": state.history,  # the trainer's history: step, compiles and its rewards
     }
-    if problem.stage != "compile":
+    if judge is not None:
+        training["judged_by"] = judge[0]
         # null: it made some program larger in the link, and was never a choice
-        training["linked_change_pct"] = {
+        training["judged_change_pct"] = {
             n: 100 * c if math.isfinite(c) else None for n, c in judged.items()
         }
         training["rank_correlation"] = rank_correlation(
@@ -222,6 +229,27 @@ def choose_policy(
         if headroom < 0:  # the chosen policy's share of what the search found
             training["headroom_captured"] = min(candidates[chosen][1], 0.0) / headroom
     return out / "chosen", training
+
+
+def candidate_judge(
+    problem: Problem, recipe: Recipe, pristine: Path, out: Path, tc: Toolchain
+) -> Judge | None:
+    """What judges a tune's candidates where the corpus's cost would mislead: for a
+    link-time problem, the link itself (`linked_changes`); for a speed problem given a
+    workload, the workload's cost on each candidate's build (`speed.workload_changes`, in
+    OUT/judged). None: the corpus's cost."""
+    from mlgo.programs.speed import JUDGE, workload_changes
+
+    if problem.stage != "compile":
+        corpus = out / "corpus"
+        return LINK_JUDGE, lambda ps: linked_changes(ps, load_corpus(corpus).require(problem), tc)
+    if problem.aim == "speed" and recipe.bench:
+        judged = out / "judged"
+        return JUDGE, lambda ps: workload_changes(ps, recipe, pristine, judged, tc, problem)
+    return None
+
+
+LINK_JUDGE = "lld's LTO of each program"
 
 
 def linked_changes(policies: dict[str, MLPPolicy], corpus: Corpus, tc: Toolchain) -> dict:
@@ -456,8 +484,9 @@ def tune(
         say(f"training {problem.name} from {start} for {opts.minutes:g} minutes")
         steps = opts.train_steps or UNTIL_BUDGET
         with _stage("train", out):
+            judge = candidate_judge(problem, recipe, pristine, out, tc)
             chosen, training = choose_policy(
-                out / "corpus", problem, start, out, tc, steps, 60 * opts.minutes
+                out / "corpus", problem, start, out, tc, steps, 60 * opts.minutes, judge
             )
             export(chosen, out)
             atomic_write_text(out / "training.json", json.dumps(training, indent=1))
