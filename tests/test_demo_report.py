@@ -159,6 +159,8 @@ def test_report_html_has_every_plot_and_the_tables_numbers(built, tmp_path):
     speed = r["throughput"]
     assert len(speed["ratios_pct"]) == 3 and "instructions_change_pct" in speed
     assert f"{speed['change_pct']:+.2f}%" in page and r["policy"] in page
+    # the A/A control beside it: the baseline against itself, in the same rounds
+    assert len(speed["control_iqr_pct"]) == 2 and "CPU time, A/A control" in page
 
 
 @pytest.mark.parametrize("absent", ["size", "throughput", "training"])

@@ -123,6 +123,7 @@ def test_two_builds_that_print_different_results_are_refused(tmp_path):
     prints = Workload("p", (), (("cat", "out.txt"),), volatile=r"\S+ \d\.\ds")
     measured = compare_workload(prints, trees, repeats=2, min_seconds=0.001, callgrind=False)
     assert measured["loops"] >= 1 and len(measured["cpu_delta_paired"]["runs"]) == 2
+    assert len(measured["cpu_control_paired"]["runs"]) == 2  # the baseline against itself
     assert set(measured["default"]) == {"wall_seconds", "cpu_seconds"}
     with pytest.raises(BuildError, match="the two builds print different results") as e:
         compare_workload(Workload("p", (), (("cat", "out.txt"),)), trees, 0, callgrind=False)

@@ -146,14 +146,15 @@ def test_tune_bench_row_shows_a_report_and_a_stopped_project():
                  "linked": {"change_pct": -2.0, "files": 3, "larger": ["a"]}},
         "training": {"headroom_pct": -2.5, "headroom_captured": 0.8, "chosen": "trained",
                      "seconds": 3600},
-        "throughput": {"change_pct": 1.0, "iqr_pct": [0.5, 1.5],
-                       "instructions_change_pct": -0.25},
+        "throughput": {"change_pct": 1.0, "iqr_pct": [0.5, 1.5], "control_change_pct": 0.1,
+                       "control_iqr_pct": [-0.5, 0.5], "instructions_change_pct": -0.25},
         "tests": {"baseline": "passed", "policy": "passed"},
     }  # fmt: skip
     row = bench_tune.row("cmark", {"language": "C", "seconds": 4200, "report": report})
     assert row[:5] == ["cmark (C)", "-2.00% (3 files, 1 larger)", "-1.00% (9)",
                        "-2.50% (80%)", "trained"]  # fmt: skip
-    assert row[5:] == ["+1.00% (+0.50%..+1.50%)", "-0.25%", "passed / passed", "60 min", "70 min"]
+    cpu = "+1.00% (IQR +0.50..+1.50%); A/A +0.10% (IQR -0.50..+0.50%)"
+    assert row[5:] == [cpu, "-0.25%", "passed / passed", "60 min", "70 min"]
     stopped = bench_tune.row("jq", {"language": "C", "error": "its tests failed"})
     assert stopped[1] == "[red]stopped: its tests failed" and len(stopped) == len(row)
 

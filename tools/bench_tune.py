@@ -28,7 +28,8 @@ the whole machine. A project tuned before in WORK resumes where it stopped (`mlg
 resumes), so a finished one is only reported again. Reported per project, from its
 report.json: the linked programs' and shared libraries' .text against clang -Oz, every ELF
 file's, the search headroom on its corpus and the share the policy kept, which candidate
-was kept, the workload's CPU time (median and IQR of paired rounds), instructions where
+was kept, the workload's CPU time (median and IQR of paired rounds, and the A/A control's:
+the baseline timed twice a round), instructions where
 valgrind is installed, the tests on both builds, the training's minutes, and the wall time
 of this run of the command (all of it when the project was not tuned before).
 """
@@ -50,6 +51,7 @@ from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe
 from mlgo.problems import LTO_STAGES, at_link, get_problem
 from mlgo.programs.build import build_program, plain_compilers, pristine_source
+from mlgo.programs.report import throughput_change
 from mlgo.programs.tune import TuneOptions, project, tune
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.messages import error_line
@@ -362,8 +364,9 @@ def row(name: str, result: dict) -> list[str]:
     headroom = pct(training.get("headroom_pct"))
     cpu = "not measured"
     if speed:
-        low, high = speed["iqr_pct"]
-        cpu = f"{pct(speed['change_pct'])} ({pct(low)}..{pct(high)})"
+        cpu = throughput_change(speed)
+        if "control_change_pct" in speed:
+            cpu += f"; A/A {throughput_change(speed, 'control_')}"
     # a report written before it named the files that grew does not say how many did
     grew = f", {len(linked['larger'])} larger" if "larger" in linked else ""
     return [

@@ -220,6 +220,9 @@ def workload_output(workload: Workload, tree: Path) -> str:
     return re.sub(workload.volatile, "", proc.stdout)
 
 
+AGAIN = " again"  # the A/A control's name: the baseline's own build, timed a second time
+
+
 def compare_workload(
     workload: Workload,
     trees: dict[str, Path],
@@ -229,7 +232,9 @@ def compare_workload(
 ) -> dict:
     """Both builds of a program (TREES: the baseline first) run WORKLOAD: instruction
     counts (if CALLGRIND) and REPEATS timed ABBA rounds (if any), each sample about
-    MIN_SECONDS of CPU. The builds must print the same results."""
+    MIN_SECONDS of CPU, with an A/A control: the baseline is timed twice a round, and the
+    change between its two timings (`<clock>_control_paired`) is what this machine's
+    noise alone shows. The builds must print the same results."""
     (base, base_tree), (other, other_tree) = trees.items()
     out: dict = {v: {} for v in trees}
     outputs = {}
@@ -244,14 +249,16 @@ def compare_workload(
     if repeats:
         # enough loops of the workload that one timed sample takes about MIN_SECONDS
         loops = max(1, round(min_seconds / run_workload(workload, base_tree).cpu))
+        timed = {**trees, base + AGAIN: base_tree}
         times = timed_rounds(
-            repeats, list(trees), lambda v: run_workload(workload, trees[v], loops=loops)[:2]
+            repeats, list(timed), lambda v: run_workload(workload, timed[v], loops=loops)[:2]
         )
         out["loops"] = loops
         for clock, series in times.items():
             for v in trees:
                 out[v][f"{clock}_seconds"] = spread(series[v])
             out[f"{clock}_delta_paired"] = paired_change(series[other], series[base])
+            out[f"{clock}_control_paired"] = paired_change(series[base + AGAIN], series[base])
     return out
 
 
@@ -325,17 +332,21 @@ def recipe_throughput(
 ) -> dict:
     """The recipe's workload on both build trees (the baseline first), ROUNDS paired rounds
     of about SECONDS of CPU each: the change of its CPU time (median and IQR, in percent;
-    positive is slower) and, where valgrind is installed, of callgrind's instruction count."""
+    positive is slower), the A/A control's beside it, and, where valgrind is installed, the
+    change of callgrind's instruction count."""
     bench = recipe_workload(recipe)
     for name, tree in trees.items():
         prepare_workload(recipe, tree, f"{recipe.name} ({name}): bench")
     callgrind = shutil.which("valgrind") is not None
     m = compare_workload(bench, trees, rounds, seconds, callgrind)
-    cpu = m["cpu_delta_paired"]
+    cpu, control = m["cpu_delta_paired"], m["cpu_control_paired"]
     result = {
         "change_pct": 100 * cpu["median"],
         "iqr_pct": [100 * cpu["q1"], 100 * cpu["q3"]],
         "ratios_pct": [100 * r for r in cpu["runs"]],  # one per paired round
+        # the baseline against itself in the same rounds: the change noise alone makes
+        "control_change_pct": 100 * control["median"],
+        "control_iqr_pct": [100 * control["q1"], 100 * control["q3"]],
         "measure": "CPU seconds of the workload, policy / baseline - 1 (positive: slower)",
         "workload": list(recipe.bench),
         "rounds": rounds,

@@ -123,9 +123,10 @@ def training_line(training: dict) -> str:
     return line
 
 
-def throughput_change(speed: dict) -> str:
-    q1, q3 = speed["iqr_pct"]
-    return f"{speed['change_pct']:+.2f}% (IQR {q1:+.2f}..{q3:+.2f}%)"
+def throughput_change(speed: dict, of: str = "") -> str:
+    """The CPU time's change (OF "control_": the A/A control's), median and IQR."""
+    q1, q3 = speed[f"{of}iqr_pct"]
+    return f"{speed[f'{of}change_pct']:+.2f}% (IQR {q1:+.2f}..{q3:+.2f}%)"
 
 
 def grown(files: list[dict], shown: int = 3) -> str:
@@ -179,6 +180,8 @@ def throughput_rows(report: dict) -> list[Row]:
     change = throughput_change(speed) + (" smaller but slower" if slow else "")
     bold = "bold" if for_speed(report) else ""
     rows: list[Row] = [("CPU time", "", "", change, "red" if slow else bold)]
+    if "control_change_pct" in speed:  # a report from before the control has none
+        rows.append(("CPU time, A/A control", "", "", throughput_change(speed, "control_"), ""))
     if "instructions_change_pct" in speed:
         rows.append(("instructions", "", "", f"{speed['instructions_change_pct']:+.2f}%", ""))
     return rows
