@@ -218,14 +218,18 @@ def wordcount_args(tmp_path: Path, *options: str) -> tuple[Path, list[str]]:
     return out, args
 
 
-def test_with_a_workload_eviction_candidates_are_judged_by_its_block_cost(cache, tmp_path):
-    """A speed problem with --bench: each candidate built and its blocks costed on the
-    workload's callgrind counts, the cheapest kept; the table leads with CPU time."""
+def test_with_a_workload_eviction_trains_and_is_judged_on_its_block_cost(cache, tmp_path):
+    """A speed problem with --bench: evolution strategies score each policy by its build's
+    blocks costed on the workload's callgrind counts, the candidates are judged so, the
+    cheapest kept; the table leads with CPU time."""
     bench = "./wordcount < main.c"
     out, args = wordcount_args(tmp_path, "--problem", "regalloc-eviction", "--bench", bench)
     r = run_mlgo(*args, "--minutes", "0.02", "--bench-rounds", "2", timeout=900)
     assert r.returncode == 0, r.stderr + r.stdout
     training = json.loads((out / "report.json").read_text())["training"]
+    assert training["algorithm"] == "es" and training["steps"] >= 1
+    first = training["curve"][0]  # a step: 4 directions, each way, a build each
+    assert first["compiles"] >= 8 and "es/batch_reward_mean" in first
     assert "callgrind" in training["judged_by"]
     changes = training["judged_change_pct"]
     assert set(changes) == {"shipped", "trained"} and training["chosen"] in changes

@@ -58,8 +58,10 @@ from mlgo.runtime.workers import make_workers
 
 if TYPE_CHECKING:
     from mlgo.problems.policy import MLPPolicy
+    from mlgo.programs.speed import WorkloadReward
     from mlgo.train import RunState
     from mlgo.train.evaluate import Evaluation
+    from mlgo.train.loop import Reward
 
 ON_TRAINING_CODE = "measured on the modules it trained on, not on held-out code"
 # Training on the code it will build: every module is searched however slowly it compiles,
@@ -159,14 +161,17 @@ def choose_policy(
     steps: int,
     max_seconds: float = 0.0,
     judge: Judge | None = None,
+    reward: Reward | None = None,
 ) -> tuple[Path, dict]:
-    """Trains from START into OUT/train (see `trainer`) for STEPS steps or MAX_SECONDS of
-    training, whichever ends first (STEPS 0: no training), and keeps the candidate that is
+    """Trains from START into OUT/train (see `trainer`; scoring by REWARD if given, else
+    the corpus's cost) for STEPS steps or MAX_SECONDS of training, whichever ends first
+    (STEPS 0: no training), and keeps the candidate that is
     cheapest on the corpus, or by JUDGE (`candidate_judge`), saved in OUT/chosen: the
     compiler's default (START gated never to depart), START, the trained policy, and the
     trained policy at each departure threshold of GATES (each language alone too:
     `gated_candidates`). The earliest of equals wins, so a policy that does not beat the
     default on the code it will build is not served. Returns it and what training did."""
+    from mlgo.programs.speed import WORKLOAD_SEARCH
     from mlgo.train import RunState
     from mlgo.train.calibrate import NEVER, calibrate
     from mlgo.train.evaluate import evaluate
@@ -184,8 +189,11 @@ def choose_policy(
         shipped = evaluate(first, corpus, tc, pool, problem)
         candidates["shipped"] = (first, shipped.totals()["delta"])
         if steps:
-            opts = TrainOptions(steps=steps, init=start, max_seconds=max_seconds, **OWN_CODE)
-            trained = run(algo, corpus, problem, out / "train", tc, pool, opts)
+            search = WORKLOAD_SEARCH if reward is not None else {}
+            opts = TrainOptions(
+                steps=steps, init=start, max_seconds=max_seconds, **OWN_CODE, **search
+            )
+            trained = run(algo, corpus, problem, out / "train", tc, pool, opts, reward)
             candidates["trained"] = (trained.policy, trained.evaluation.totals()["delta"])
             state = trained.state or state  # a search reports its run
             headroom = search_headroom(state, trained.evaluation)
@@ -231,21 +239,32 @@ def choose_policy(
     return out / "chosen", training
 
 
-def candidate_judge(
+def workload_reward(
     problem: Problem, recipe: Recipe, pristine: Path, out: Path, tc: Toolchain
+) -> WorkloadReward | None:
+    """What a tune of a speed problem given a workload trains on and judges by: the
+    workload's cost on each policy's build (`speed.WorkloadReward`, in OUT/judged). None
+    for the others: they train on the corpus's cost."""
+    from mlgo.programs.speed import WorkloadReward
+
+    if problem.aim == "speed" and recipe.bench:
+        return WorkloadReward(recipe, pristine, out / "judged", tc, problem)
+    return None
+
+
+def candidate_judge(
+    problem: Problem, out: Path, tc: Toolchain, reward: WorkloadReward | None
 ) -> Judge | None:
     """What judges a tune's candidates where the corpus's cost would mislead: for a
     link-time problem, the link itself (`linked_changes`); for a speed problem given a
-    workload, the workload's cost on each candidate's build (`speed.workload_changes`, in
-    OUT/judged). None: the corpus's cost."""
-    from mlgo.programs.speed import JUDGE, workload_changes
+    workload, the workload's cost (REWARD). None: the corpus's cost."""
+    from mlgo.programs.speed import JUDGE
 
     if problem.stage != "compile":
         corpus = out / "corpus"
         return LINK_JUDGE, lambda ps: linked_changes(ps, load_corpus(corpus).require(problem), tc)
-    if problem.aim == "speed" and recipe.bench:
-        judged = out / "judged"
-        return JUDGE, lambda ps: workload_changes(ps, recipe, pristine, judged, tc, problem)
+    if reward is not None:
+        return JUDGE, reward.changes
     return None
 
 
@@ -484,9 +503,10 @@ def tune(
         say(f"training {problem.name} from {start} for {opts.minutes:g} minutes")
         steps = opts.train_steps or UNTIL_BUDGET
         with _stage("train", out):
-            judge = candidate_judge(problem, recipe, pristine, out, tc)
+            reward = workload_reward(problem, recipe, pristine, out, tc)
+            judge = candidate_judge(problem, out, tc, reward)
             chosen, training = choose_policy(
-                out / "corpus", problem, start, out, tc, steps, 60 * opts.minutes, judge
+                out / "corpus", problem, start, out, tc, steps, 60 * opts.minutes, judge, reward
             )
             export(chosen, out)
             atomic_write_text(out / "training.json", json.dumps(training, indent=1))

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 from rich.progress import Progress
@@ -25,6 +25,9 @@ from mlgo.problems.policy_files import save_policy
 from mlgo.records import Decisions
 from mlgo.runtime.workers import Workers
 from mlgo.train import Adam, Outcome, RunDir, RunState
+
+if TYPE_CHECKING:
+    from mlgo.train.loop import Reward
 
 
 @cache
@@ -156,7 +159,9 @@ class BC:
         run_dir: RunDir,
         tc: Toolchain,
         workers: Workers,
+        reward: Reward | None = None,
     ) -> Outcome:
+        """The default's answers imitated: no reward is scored (`run` refuses one)."""
         from mlgo.traces.collect import collect
         from mlgo.traces.dataset import load_decisions
 

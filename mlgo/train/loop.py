@@ -21,13 +21,25 @@ from typing import ClassVar, Generic, Protocol, TypeVar
 import numpy as np
 from rich.progress import Progress
 
-from mlgo.corpus.format import Corpus
+from mlgo.corpus.format import Corpus, Module
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import save_policy
 from mlgo.runtime.workers import Workers
 from mlgo.train import Outcome, RunDir, RunState
+
+
+class Reward(Protocol):
+    """What a search scores policies by: the relative reduction of a cost against the
+    default's (higher is better). `rollouts.Scorer` is the corpus's, module by module; another
+    (mlgo.programs.speed's) may not look at the modules at all."""
+
+    def rewards(self, policies: list[MLPPolicy], modules: list[Module]) -> np.ndarray: ...
+
+    def reward(self, policy: MLPPolicy, modules: list[Module]) -> float: ...
+
+    def take_compiles(self) -> int: ...
 
 
 class Budget(Protocol):
@@ -114,12 +126,14 @@ class Trainer(ABC, Generic[ConfigT]):
         run_dir: RunDir,
         tc: Toolchain,
         workers: Workers,
+        reward: Reward | None = None,
     ) -> Outcome:
         """Trains (or resumes) from START in RUN_DIR until the steps or the time budget are
-        spent; the best policy so far is in run_dir.policy_dir at every moment."""
+        spent, scoring by REWARD if given (else the corpus's metric); the best policy so
+        far is in run_dir.policy_dir at every moment."""
         assert start is not None and start.problem is problem  # as run.start_policy checks
         with Progress() as bar:
-            return Session(self, start, run_dir, corpus, tc, workers, bar).train()
+            return Session(self, start, run_dir, corpus, tc, workers, bar, reward).train()
 
 
 class Session:
@@ -136,9 +150,11 @@ class Session:
         tc: Toolchain,
         workers: Workers,
         bar: Progress,
+        reward: Reward | None = None,
     ):
         self.trainer, self.init, self.run_dir = trainer, init, run_dir
         self.corpus, self.tc, self.workers, self.bar = corpus, tc, workers, bar
+        self.reward = reward  # None: the corpus's metric (`rollouts.scored_pool`)
         self.state = RunState(trainer.name, extra={"best_reward": -math.inf})
         self.best = init.flat()  # the best policy's weights
         self._since = time.monotonic()  # training time not in state.seconds yet

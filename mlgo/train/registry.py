@@ -8,7 +8,7 @@ in `MODULES`.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from mlgo.corpus.format import Corpus
 from mlgo.errors import UsageError
@@ -17,6 +17,9 @@ from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.workers import Workers
 from mlgo.train import Outcome, RunDir
+
+if TYPE_CHECKING:
+    from mlgo.train.loop import Reward
 
 # The modules that declare a trainer as their TRAINER, one line each.
 MODULES = (
@@ -47,6 +50,7 @@ class Algorithm(Protocol):
         run_dir: RunDir,
         tc: Toolchain,
         workers: Workers,
+        reward: Reward | None = None,  # what a search scores by, if not the corpus's metric
     ) -> Outcome: ...
 
 

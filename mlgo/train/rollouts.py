@@ -1,6 +1,7 @@
 """Scoring policies by whole compiles of the training corpus, as every search does (ES, PPO,
 BC-Max): the default heuristic's cost of each module, the pool of modules a trainer learns
 on, and a policy's reward, the relative reduction of the problem's metric on a set of them.
+A run may bring a reward of its own instead (`Reward`: a user's program on its workload).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from mlgo.runtime.workers import Failed, Workers
 from mlgo.train.evaluate import EvalTask, baseline, eval_one
 
 if TYPE_CHECKING:
-    from mlgo.train.loop import Session
+    from mlgo.train.loop import Reward, Session
 
 
 class Scorer:
@@ -114,10 +115,13 @@ def training_pool(
 
 def scored_pool(
     run: Session, problem: Problem, max_module_seconds: float, regression_penalty: float = 0.0
-) -> tuple[Scorer, list[Module]]:
+) -> tuple[Reward, list[Module]]:
     """A scorer of RUN's corpus and its training pool (modules compiling within
     MAX_MODULE_SECONDS), noted in the run's state: the pool's size, and the modules the
-    default cannot be measured on (left out)."""
+    default cannot be measured on (left out). A run that brings its own reward scores by
+    it, over every module (which it may not look at)."""
+    if run.reward is not None:
+        return run.reward, list(run.corpus.modules)
     scorer = Scorer(run.corpus, run.tc, run.workers, problem, regression_penalty)
     pool = training_pool(
         run.corpus, run.tc, run.workers, max_module_seconds, scorer.default_costs()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlgo.corpus.format import Corpus
 from mlgo.errors import UsageError
@@ -18,7 +18,11 @@ from mlgo.runtime.files import output_dir
 from mlgo.runtime.workers import Workers
 from mlgo.train import Outcome, RunDir, policy_dir
 from mlgo.train.evaluate import Evaluation, evaluate
+from mlgo.train.loop import Trainer
 from mlgo.train.registry import get_trainer
+
+if TYPE_CHECKING:
+    from mlgo.train.loop import Reward
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,14 +98,19 @@ def run(
     tc: Toolchain,
     workers: Workers,
     opts: TrainOptions = TrainOptions(),
+    reward: Reward | None = None,
 ) -> Trained:
-    """Trains ALGO on CORPUS into the run directory OUT (an existing run resumes), then
-    evaluates the policy on CORPUS. A run that cannot start writes nothing."""
+    """Trains ALGO on CORPUS into the run directory OUT (an existing run resumes), scoring
+    by REWARD if given (a search only), then evaluates the policy on CORPUS. A run that
+    cannot start writes nothing."""
     start = start_policy(algo, opts.init, problem)
     trainer_type = get_trainer(algo)
+    if reward is not None and not issubclass(trainer_type, Trainer):  # a search scores
+        raise UsageError(f"--algo {algo} imitates the default's answers: it scores no reward")
     trainer = trainer_type(configure(trainer_type.Config, opts))
     with output_dir(out):
-        outcome = trainer.train(corpus, problem, start, RunDir(out, algo), tc, workers)
+        run_dir = RunDir(out, algo)
+        outcome = trainer.train(corpus, problem, start, run_dir, tc, workers, reward)
         evaluation = evaluate(outcome.policy, corpus, tc, workers, problem)
         evaluation.save(out / "eval")
     return Trained(**vars(outcome), evaluation=evaluation)
