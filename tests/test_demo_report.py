@@ -20,6 +20,7 @@ from mlgo.programs.report import (
     program_report,
     report_table,
     slower_but_smaller,
+    training_line,
     write_report,
 )
 from tests.conftest import run_mlgo
@@ -234,3 +235,17 @@ def test_objects_in_directories_named_by_a_configuration_hash_are_counted(tc, tm
     # twice/: two candidates in one tree, short/: not a hash; neither is paired
     rows = compare_trees(tmp_path / "mlgo", tmp_path / "plain")
     assert rows == [SizeRow("lib/conf_*/sum.o", *sizes)]
+
+
+@pytest.mark.unit
+def test_the_training_line_says_when_no_judged_candidate_beat_clangs_own():
+    training = {
+        "corpus_change_pct": {"shipped": -1.0, "trained": -3.0},
+        "metric": "spill_reload_cost against -O2", "chosen": "shipped", "note": "on its code",
+        "judged_by": "the workload", "judged_change_pct": {"shipped": 0.4, "trained": 1.2},
+    }  # fmt: skip
+    line = training_line(training)
+    assert "chosen by the workload: shipped +0.40%, trained +1.20%" in line
+    assert "none was cheaper than clang's own by it" in line
+    training["judged_change_pct"]["shipped"] = -0.1
+    assert "none was cheaper" not in training_line(training)

@@ -120,6 +120,8 @@ def training_line(training: dict) -> str:
             f"{k} {v:+.2f}%" if v is not None else f"{k} larger" for k, v in changes.items()
         )
         line += f"; chosen by {training['judged_by']}: {judged}"
+        if (changes[training["chosen"]] or 0.0) > 0:  # no candidate can be clang's own
+            line += "; none was cheaper than clang's own by it, so better not served"
     return line
 
 
