@@ -86,6 +86,8 @@ class WorkloadReward:
         """Each of POLICIES' `change`: a tune's judge of its candidates."""
         return {name: self.change(policy) for name, policy in policies.items()}
 
+    per_module = False  # every score is the whole program's
+
     def rewards(self, policies: list[MLPPolicy], modules: list[Module]) -> np.ndarray:
         """The whole program's: MODULES, a search's batch, are all built anyway."""
         return np.array([-self.change(p) for p in policies])

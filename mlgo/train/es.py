@@ -3,9 +3,10 @@
 Each step samples a batch of training modules and K random directions, compiles the
 batch with the policy moved +sigma and -sigma along each direction, and moves the weights
 along the directions that lowered the batch's total cost the most (the problem's reward
-metric: .text bytes, or weighted spill/reload cost; rank-shaped fitness, Adam). Every
-`eval_every` steps the current policy compiles the whole training
-pool; the best one seen is the run's policy.
+metric, or a reward the run brings; rank-shaped fitness, Adam). Every `eval_every` steps
+the current policy compiles the whole training pool; where a batch is the whole pool (a
+small corpus, or a reward that scores the whole program, a workload's), each moved policy
+is scored on it as well. The best one seen is the run's policy.
 """
 
 from __future__ import annotations
@@ -104,10 +105,16 @@ class ES(Trainer[ESConfig]):
         self.theta = self.adam.step(self.theta, grad)
         metrics = {"es/batch_reward_mean": float(r.mean()), "es/batch_reward_max": float(r.max())}
         scored = None
+        if len(batch) == len(self.pool) or not self.scorer.per_module:
+            # the batch's rewards are the pool's: its best policy is a candidate as it is
+            best = int(np.argmax(r))
+            scored = Candidate(candidates[best], float(r[best]))
         if run.due(cfg.eval_every):
             current = self.init.with_flat(self.theta)
-            scored = Candidate(current, self.scorer.reward(current, self.pool))
-            metrics["es/pool_reward"] = scored.reward
+            reward = self.scorer.reward(current, self.pool)
+            metrics["es/pool_reward"] = reward
+            if scored is None or reward > scored.reward:
+                scored = Candidate(current, reward)
         run.state.compiles += self.scorer.take_compiles()
         return Step(metrics, scored)
 

@@ -41,6 +41,9 @@ class Reward(Protocol):
 
     def take_compiles(self) -> int: ...
 
+    @property
+    def per_module(self) -> bool: ...  # False: a batch of modules scores the whole pool
+
 
 class Budget(Protocol):
     """What the loop reads of a trainer's config (a frozen dataclass)."""

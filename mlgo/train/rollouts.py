@@ -44,6 +44,8 @@ class Scorer:
         self.penalty = regression_penalty
         self.compiles = 0
 
+    per_module = True  # a policy's reward on a batch is on those modules alone
+
     def default_costs(self) -> dict[str, float]:
         """Per module, the default heuristic's cost in the reward metric."""
         return {name: b[self.metric] for name, b in self.base.items()}
