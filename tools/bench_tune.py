@@ -9,9 +9,11 @@
       --minutes 12
 
 With `--problem regalloc-eviction`, issue 39's figures: the eviction policy tuned at -O2
-for speed into WORK/NAME/tune-regalloc-eviction, its candidates judged by the workload's
-block cost (`mlgo.programs.speed`); beside the CPU time, the kept policy's change by that
-cost and how well the corpus's static cost ranked the candidates against it.
+for speed into WORK/NAME/tune-regalloc-eviction, trained and its candidates judged on the
+workload's block cost (`mlgo.programs.speed`); beside the CPU time, the kept policy's change
+by that cost, how well the corpus's static cost ranked the candidates against it, and the
+shipped policy untuned: built into WORK/NAME/untuned (tests run) and timed against the
+tune's plain build in as many rounds.
 
   .venv/bin/python -m tools.bench_tune yajl serd tidy-html5 ninja --lto full --minutes 10
 
@@ -46,11 +48,20 @@ from rich.console import Console
 from rich.table import Table
 
 from mlgo.cli import USER_ERRORS
+from mlgo.data import shipped_policy
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe
 from mlgo.problems import LTO_STAGES, at_link, get_problem
-from mlgo.programs.build import build_program, plain_compilers, pristine_source
+from mlgo.programs.build import (
+    build_program,
+    plain_compilers,
+    policy_service,
+    pristine_source,
+    problem_flags,
+)
+from mlgo.programs.compare import variants
+from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.report import throughput_change
 from mlgo.programs.tune import TuneOptions, project, tune
 from mlgo.runtime.files import atomic_write_text
@@ -304,6 +315,8 @@ def tune_project(
     result = {"language": p.language, "seconds": time.monotonic() - started, "report": report}
     if lto:
         result["lto_over_per_file_pct"] = lto_over_per_file(recipe, source, work / name, out, tc)
+    if get_problem(problem).aim == "speed" and p.bench:
+        result["untuned"] = untuned_speed(name, work, out)
     return result
 
 
@@ -319,6 +332,28 @@ def lto_over_per_file(
         (per_file / ".complete").touch()
     linked = tree_totals(linked_rows(compare_trees(tuned / "programs" / "plain", per_file)))
     return linked["delta_pct"]
+
+
+def untuned_speed(name: str, work: Path, tuned: Path) -> dict:
+    """The shipped policy of the problem TUNED tuned, untuned, on NAME: built by mlgo-cc
+    into WORK/NAME/untuned (its tests run) and its workload timed against the tune's plain
+    build, in as many paired rounds (with the A/A control) as the tune's."""
+    p = PROJECTS[name]
+    recipe = project(name, [p.configure], [p.build], [p.test], p.bench)
+    tc = find_toolchain()
+    problem = get_problem(json.loads((tuned / "report.json").read_text())["problem"])
+    tree = work / name / "untuned"
+    if not (work / name / "untuned.done").exists():
+        with policy_service([shipped_policy(problem.name)], work / name / "service") as env:
+            served = variants(tc, env)[1]
+            build_program(
+                recipe, tuned / "pristine", tree, tc, "untuned", served.compilers, served.env,
+                True, problem_flags(problem),
+            )  # fmt: skip
+        (work / name / "untuned.done").touch()
+    rounds = json.loads((tuned / "tune.json").read_text())["bench_rounds"]
+    trees = {"plain": tuned / "programs" / "plain", "untuned": tree}
+    return recipe_throughput(recipe, trees, rounds)
 
 
 def try_project(
@@ -402,14 +437,17 @@ def main() -> None:
         "search headroom (kept)", "kept", "CPU time (IQR)", "instructions",
         f"tests ({baseline} / policy)", "training", "wall, this run",
         *([f"plain {flag} vs per-file -Oz", "corpus vs link rank (rho)"] if lto else []),
-        *(["kept, by the workload's block cost", "corpus vs workload rank (rho)"] if speed else []),
+        *(["kept, by the workload's block cost", "corpus vs workload rank (rho)",
+           "shipped, untuned: CPU time (IQR)"] if speed else []),
         title=f"mlgo tune{f' --lto {lto}' if lto else ''} --problem {problem} "
         f"--minutes {args.minutes:g}, each project against {baseline}",
     )  # fmt: skip
     for name, result in results.items():
         extra = [pct(result.get("lto_over_per_file_pct")), rank(result)] if lto else []
         if speed:
-            extra = [pct(judged(result)), rank(result)]
+            untuned = result.get("untuned")
+            cpu = throughput_change(untuned) if untuned else "n/a"
+            extra = [pct(judged(result)), rank(result), cpu]
         table.add_row(*row(name, result), *extra)
     console.print(table)
     named = f"-lto-{lto}" if lto else "" if problem == SIZE else f"-{problem}"
