@@ -11,7 +11,8 @@ frequency-weighted spill+reload cost (folded ones included) and copy cost.
 
 Compile-time overhead, in CPU time (the compiler plus the policy server and the service)
 and wall time: `--overhead-build` times whole packages' build steps, plain clang against
-`mlgo-cc` (the native wrapper) and the native service; `--overhead` splits the cost on
+`mlgo-cc` (the native wrapper) and the native service, with plain clang built a second
+time in each round as an A/A control (what noise alone makes); `--overhead` splits the cost on
 corpus modules' cc1 commands into clang's ML mode, the policy server and the service.
 
 Programs: each Debian source package is built twice with the same flags (`-O2 -g0`
@@ -52,6 +53,7 @@ from mlgo.problems.policy_files import load_policy
 from mlgo.programs.build import build_program, policy_service, pristine_source
 from mlgo.programs.compare import Variant, build_pair, variants
 from mlgo.programs.measure import (
+    AGAIN,
     Times,
     Workload,
     children_cpu,
@@ -360,17 +362,17 @@ def overhead_summary(
 def _timed_builds(
     name: str, tc: Toolchain, work: Path, pair: dict[str, Variant], service_pid: int, reps: int
 ) -> Times:
-    """REPS ABBA rounds of NAME's build step with both variants; a build's CPU counts
-    everything it ran plus what the service and its policy server spent meanwhile."""
+    """REPS ABBA rounds of NAME's build step with both variants, and the plain one again
+    (the A/A control); a build's CPU counts everything it ran plus what the service and
+    its policy server spent meanwhile."""
     recipe = load_recipe(PROGRAMS[name].recipe)
     pristine = pristine_source(recipe, work / name)
 
     def sample(v: str) -> tuple[float, float]:
         service_start = tree_cpu_seconds(service_pid)
         tree = work / name / "overhead"
-        b = build_program(
-            recipe, pristine, tree, tc, v, pair[v].compilers, pair[v].env, False, FLAGS
-        )
+        built = pair[v.removesuffix(AGAIN)]  # the A/A control builds plainly again
+        b = build_program(recipe, pristine, tree, tc, v, built.compilers, built.env, False, FLAGS)
         return b.build_seconds, b.build_cpu_seconds + tree_cpu_seconds(service_pid) - service_start
 
     def progress(r: int, t: Times) -> None:
@@ -380,7 +382,7 @@ def _timed_builds(
             f"policy {cpu['policy'][-1]:.2f}"
         )
 
-    return timed_rounds(reps, VARIANTS, sample, progress)
+    return timed_rounds(reps, [*VARIANTS, VARIANTS[0] + AGAIN], sample, progress)
 
 
 def bench_build_overhead(
@@ -392,6 +394,7 @@ def bench_build_overhead(
     socket = Path(service_env["MLGO_SOCKET"])
     service_pid = request({"op": "status"}, path=socket)["pid"]
     pair = dict(zip(VARIANTS, variants(tc, service_env, VARIANTS), strict=True))
+    again = VARIANTS[0] + AGAIN
     out: dict = {}
     for name in names:
         counted = request({"op": "status"}, path=socket)
@@ -405,6 +408,8 @@ def bench_build_overhead(
             "wall_seconds": {v: spread(times["wall"][v]) for v in VARIANTS},
             "cpu_overhead": paired_change(times["cpu"]["policy"], times["cpu"]["default"]),
             "wall_overhead": paired_change(times["wall"]["policy"], times["wall"]["default"]),
+            # the plain build against itself in the same rounds: what noise alone makes
+            "cpu_control": paired_change(times["cpu"][again], times["cpu"]["default"]),
         }
     return out
 
@@ -440,6 +445,7 @@ def _print_build_overhead(o: dict) -> None:
         "compiles, evictions",
         "CPU s default / policy",
         "CPU change (min..max)",
+        "CPU, A/A control (min..max)",
         "wall s default / policy",
         "wall change (min..max)",
         title="build step, plain clang vs mlgo-cc and the native policy service",
@@ -452,6 +458,7 @@ def _print_build_overhead(o: dict) -> None:
             f"{r['compilations']}, {r['decisions']:,}",
             f"{c['default']['median']:.2f} / {c['policy']['median']:.2f}",
             median_and_range(r["cpu_overhead"]),
+            median_and_range(r["cpu_control"]) if "cpu_control" in r else "",
             f"{w['default']['median']:.2f} / {w['policy']['median']:.2f}",
             median_and_range(r["wall_overhead"]),
         )
