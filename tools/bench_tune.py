@@ -11,9 +11,9 @@
 With `--problem regalloc-eviction`, issue 39's figures: the eviction policy tuned at -O2
 for speed into WORK/NAME/tune-regalloc-eviction, trained and its candidates judged on the
 workload's block cost (`mlgo.programs.speed`); beside the CPU time, the kept policy's change
-by that cost, how well the corpus's static cost ranked the candidates against it, and the
-shipped policy untuned: built into WORK/NAME/untuned (tests run) and timed against the
-tune's plain build in as many rounds.
+by that cost, how well the corpus's static cost ranked the candidates against it, and both
+builds timed again with longer samples (RETIMED), beside the shipped policy untuned: built
+into WORK/NAME/untuned (tests run) and timed against the tune's plain build.
 
   .venv/bin/python -m tools.bench_tune yajl serd tidy-html5 ninja --lto full --minutes 10
 
@@ -69,6 +69,7 @@ from mlgo.runtime.messages import error_line
 
 console = Console()
 SIZE = "inlining-size"  # the problem tuned unless --problem says another
+RETIMED = (15, 3.0)  # a speed problem's builds timed again: rounds, CPU seconds a sample
 
 
 @dataclass(frozen=True)
@@ -316,7 +317,7 @@ def tune_project(
     if lto:
         result["lto_over_per_file_pct"] = lto_over_per_file(recipe, source, work / name, out, tc)
     if get_problem(problem).aim == "speed" and p.bench:
-        result["untuned"] = untuned_speed(name, work, out)
+        result["retimed"] = retimed(name, work, out, *RETIMED)
     return result
 
 
@@ -334,26 +335,29 @@ def lto_over_per_file(
     return linked["delta_pct"]
 
 
-def untuned_speed(name: str, work: Path, tuned: Path) -> dict:
-    """The shipped policy of the problem TUNED tuned, untuned, on NAME: built by mlgo-cc
-    into WORK/NAME/untuned (its tests run) and its workload timed against the tune's plain
-    build, in as many paired rounds (with the A/A control) as the tune's."""
+def retimed(name: str, work: Path, tuned: Path, rounds: int, seconds: float) -> dict:
+    """The tune TUNED of NAME's policy, and the shipped policy of its problem untuned
+    (built by mlgo-cc into WORK/NAME/untuned, its tests run), each timed against the tune's
+    plain build in ROUNDS paired rounds of SECONDS of CPU (with the A/A control): longer
+    samples than the tune's own, for less noise in each round."""
     p = PROJECTS[name]
     recipe = project(name, [p.configure], [p.build], [p.test], p.bench)
     tc = find_toolchain()
     problem = get_problem(json.loads((tuned / "report.json").read_text())["problem"])
-    tree = work / name / "untuned"
+    untuned = work / name / "untuned"
     if not (work / name / "untuned.done").exists():
         with policy_service([shipped_policy(problem.name)], work / name / "service") as env:
             served = variants(tc, env)[1]
             build_program(
-                recipe, tuned / "pristine", tree, tc, "untuned", served.compilers, served.env,
+                recipe, tuned / "pristine", untuned, tc, "untuned", served.compilers, served.env,
                 True, problem_flags(problem),
             )  # fmt: skip
         (work / name / "untuned.done").touch()
-    rounds = json.loads((tuned / "tune.json").read_text())["bench_rounds"]
-    trees = {"plain": tuned / "programs" / "plain", "untuned": tree}
-    return recipe_throughput(recipe, trees, rounds)
+    plain = tuned / "programs" / "plain"
+    return {
+        policy: recipe_throughput(recipe, {"plain": plain, policy: tree}, rounds, seconds)
+        for policy, tree in (("tuned", tuned / "programs" / "mlgo"), ("untuned", untuned))
+    }
 
 
 def try_project(
@@ -381,6 +385,14 @@ def rank(result: dict) -> str:
     return "n/a" if rho is None else f"{rho:+.2f} ({corr['candidates']})"
 
 
+def cpu_time(speed: dict) -> str:
+    """A throughput's CPU time change and its A/A control's, medians and IQRs."""
+    cpu = throughput_change(speed)
+    if "control_change_pct" in speed:
+        cpu += f"; A/A {throughput_change(speed, 'control_')}"
+    return cpu
+
+
 def judged(result: dict) -> float | None:
     """The kept policy's change by the judge of its candidates (a speed problem's: the
     workload's block cost), in percent."""
@@ -397,11 +409,7 @@ def row(name: str, result: dict) -> list[str]:
     linked = size.get("linked", {})
     captured = training.get("headroom_captured")
     headroom = pct(training.get("headroom_pct"))
-    cpu = "not measured"
-    if speed:
-        cpu = throughput_change(speed)
-        if "control_change_pct" in speed:
-            cpu += f"; A/A {throughput_change(speed, 'control_')}"
+    cpu = cpu_time(speed) if speed else "not measured"
     # a report written before it named the files that grew does not say how many did
     grew = f", {len(linked['larger'])} larger" if "larger" in linked else ""
     return [
@@ -438,15 +446,16 @@ def main() -> None:
         f"tests ({baseline} / policy)", "training", "wall, this run",
         *([f"plain {flag} vs per-file -Oz", "corpus vs link rank (rho)"] if lto else []),
         *(["kept, by the workload's block cost", "corpus vs workload rank (rho)",
-           "shipped, untuned: CPU time (IQR)"] if speed else []),
+           f"retimed ({RETIMED[0]} rounds of {RETIMED[1]:g} s): tuned; shipped, untuned"]
+          if speed else []),
         title=f"mlgo tune{f' --lto {lto}' if lto else ''} --problem {problem} "
         f"--minutes {args.minutes:g}, each project against {baseline}",
     )  # fmt: skip
     for name, result in results.items():
         extra = [pct(result.get("lto_over_per_file_pct")), rank(result)] if lto else []
         if speed:
-            untuned = result.get("untuned")
-            cpu = throughput_change(untuned) if untuned else "n/a"
+            again = result.get("retimed", {})
+            cpu = "; ".join(f"{k} {cpu_time(v)}" for k, v in again.items()) or "n/a"
             extra = [pct(judged(result)), rank(result), cpu]
         table.add_row(*row(name, result), *extra)
     console.print(table)

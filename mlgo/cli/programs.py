@@ -12,6 +12,7 @@ from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console, l
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.options import positive
 from mlgo.programs.demo import DEMO_PACKAGE, DemoOptions
+from mlgo.programs.tune import TuneOptions
 
 BENCH_ROUNDS = 5  # mlgo build: a modest default, a few seconds per package
 
@@ -115,7 +116,17 @@ def tune(
     bench: Annotated[
         str | None, typer.Option(help="workload shell line; its output must match on both")
     ] = None,
-    bench_rounds: Annotated[int, typer.Option(help="paired rounds of --bench", min=1)] = 10,
+    bench_rounds: Annotated[
+        int, typer.Option(help="paired rounds of --bench", min=1)
+    ] = TuneOptions.bench_rounds,
+    bench_seconds: Annotated[
+        float,
+        typer.Option(
+            help="CPU seconds per timed sample of --bench (it loops to fill them; longer: "
+            "less noise in each round)",
+            min=0.01,
+        ),
+    ] = TuneOptions.bench_seconds,
     minutes: Annotated[
         float, typer.Option(help="minutes of training (only)", min=0.01, callback=positive)
     ] = 10.0,
@@ -138,14 +149,19 @@ def tune(
     decisions if nothing beat them), run --test on both, time --bench on both."""
     from mlgo.problems import at_link
     from mlgo.programs.report import report_table, training_line
-    from mlgo.programs.tune import TuneOptions, project
+    from mlgo.programs.tune import project
     from mlgo.programs.tune import tune as run_tune
 
     if lto:
         problem = at_link(problem, lto).name
     recipe = project(source.resolve().name, configure or [], build, test or [], bench)
     opts = TuneOptions(
-        problem=problem, policy=policy, minutes=minutes, guard=guard, bench_rounds=bench_rounds
+        problem=problem,
+        policy=policy,
+        minutes=minutes,
+        guard=guard,
+        bench_rounds=bench_rounds,
+        bench_seconds=bench_seconds,
     )
     report = run_tune(source, recipe, out, find_toolchain(clang), opts, console.print)
     console.print(report_table(report))

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from mlgo.corpus.format import Module
     from mlgo.problems.policy import MLPPolicy
 
-JUDGE = "the workload's block cost (llvm-mca cycles + lines fetched, callgrind's counts)"
+LABEL = "the workload's block cost"
+JUDGE = f"{LABEL} (llvm-mca cycles + lines fetched, callgrind's counts)"
 # Evolution strategies on builds: 4 directions, 8 builds a step (a module's compile is
 # cheap enough for 8 directions; a whole build and a callgrind run are not).
 WORKLOAD_SEARCH = {"directions": 4}
@@ -87,6 +88,7 @@ class WorkloadReward:
         return {name: self.change(policy) for name, policy in policies.items()}
 
     per_module = False  # every score is the whole program's
+    label = LABEL
 
     def rewards(self, policies: list[MLPPolicy], modules: list[Module]) -> np.ndarray:
         """The whole program's: MODULES, a search's batch, are all built anyway."""

@@ -84,7 +84,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "collect": (),
     "train": ("policy", "minutes", "train_steps", "bench"),  # a workload judges speed
     "build": ("test", "guard"),
-    "bench": ("bench", "bench_rounds"),
+    "bench": ("bench", "bench_rounds", "bench_seconds"),
     "report": (),
 }
 

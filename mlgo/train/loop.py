@@ -44,6 +44,9 @@ class Reward(Protocol):
     @property
     def per_module(self) -> bool: ...  # False: a batch of modules scores the whole pool
 
+    @property
+    def label(self) -> str: ...  # what the progress line calls the cost it lowers
+
 
 class Budget(Protocol):
     """What the loop reads of a trainer's config (a frozen dataclass)."""
@@ -245,7 +248,8 @@ class Session:
         """The progress line, in the sign every report uses: a reward is the metric's
         relative reduction, so the best so far prints as its change (negative: lower than
         the default)."""
-        label = self.trainer.reward_label(self.init.problem)
+        problem = self.init.problem
+        label = self.trainer.reward_label(problem) if self.reward is None else self.reward.label
         best = self.state.extra["best_reward"]
         return f"{self.trainer.title} (best so far: {label} {-best:+.2%} against the default)"
 

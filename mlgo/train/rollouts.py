@@ -38,7 +38,7 @@ class Scorer:
         regression_penalty: float = 0.0,
     ):
         self.tc, self.workers, self.problem = tc, workers, problem
-        self.metric = problem.reward_metric
+        self.metric = self.label = problem.reward_metric
         # a module the default cannot be measured on stays out of the pool (training_pool)
         self.base, self.unmeasured = baseline(corpus, tc, workers, problem)
         self.penalty = regression_penalty
