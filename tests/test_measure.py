@@ -80,6 +80,9 @@ def test_rounds_alternate_abba_and_spread_is_the_median_and_quartiles():
         ["b", "a"],
         ["a", "b"],
     ]
+    # three (a policy between a build and its A/A control): every place alike in 6 rounds
+    places = [list(round_order(r, "abc")).index(v) for v in "abc" for r in range(6)]
+    assert [sorted(places[v * 6 : v * 6 + 6]) for v in range(3)] == [[0, 0, 1, 1, 2, 2]] * 3
     order = []
     times = timed_rounds(4, ("a", "b"), lambda v: (order.append(v), (1.0, 2.0))[1])
     assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]

@@ -169,9 +169,15 @@ def median_and_range(change: dict) -> str:
 
 
 def round_order(r: int, variants: Sequence[str]) -> Sequence[str]:
-    """The variants in round R's order (ABBA: it flips every round), so that a drift of
-    the machine's speed hits all of them alike."""
-    return variants if r % 2 == 0 else variants[::-1]
+    """The variants in round R's order: it flips every round (ABBA), so that a drift of the
+    machine's speed hits all of them alike; with more than two, each pair of rounds also
+    rotates them, so that over 2n rounds each variant runs in each place alike (else the
+    one in the middle, a policy between a build and its A/A control, would never run
+    first or last)."""
+    n = len(variants)
+    shift = (r // 2) % n if n > 2 else 0
+    order = [*variants[shift:], *variants[:shift]]
+    return order if r % 2 == 0 else order[::-1]
 
 
 Times = dict[str, dict[str, list[float]]]  # {clock: {variant: [seconds per round]}}
