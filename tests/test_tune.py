@@ -158,7 +158,7 @@ def test_a_rerun_redoes_nothing_and_other_arguments_are_refused(tuned):
     assert "tuned before with minutes 0.05, not 0.01" in r.stderr
 
 
-def test_a_wrong_test_or_a_bench_printing_timings_stops_before_training(cache, tmp_path):
+def test_a_wrong_test_or_a_bench_printing_timings_or_unfixed_stops_before_training(cache, tmp_path):
     src = shutil.copytree(DATA / "minipkg", tmp_path / "wordcount")
     out = tmp_path / "out"
     build = 'for f in *.c; do "$CC" -c "$f" || exit 1; done && "$CC" -o wordcount *.o'
@@ -181,7 +181,13 @@ def test_a_wrong_test_or_a_bench_printing_timings_stops_before_training(cache, t
     assert unstarted.returncode == 2 and "Traceback" not in unstarted.stderr
     (line,) = unstarted.stderr.strip().splitlines()
     assert "--bench: a command of './wordcount-typo < main.c | md5sum' exited 127" in line
-    assert stages(out) == ["snapshot", "record"]  # recorded once, rehearsed three times
+    # work that grows from run to run, as a benchmark that runs for a fixed time's does
+    growing = "echo x >> runs; for i in $(seq $(wc -l < runs)); do ./wordcount < main.c; done"
+    unfixed = tune(good_test, f"{growing} > /dev/null")
+    assert unfixed.returncode == 2 and "Traceback" not in unfixed.stderr
+    (line,) = unfixed.stderr.strip().splitlines()
+    assert "--bench: two runs of the same build executed" in line and "same work" in line
+    assert stages(out) == ["snapshot", "record"]  # recorded once, rehearsed four times
     assert not (out / "train").exists() and (out / "record").is_dir()
 
 

@@ -117,16 +117,21 @@ PROJECTS = {
         "ctest --test-dir build",
         GEODESICS,
     ),
-    # first tried as a new user (three minutes): its perftest prints its speed, so the bench
-    # sends that away; the parsing tests are a script over the built yajl_test
+    # first tried as a new user (three minutes); the parsing tests are a script over the
+    # built yajl_test. Its perftest, the first bench, parses for three seconds whatever the
+    # build: its time cannot change (a tune now refuses such a workload), so the build
+    # also writes a 200,000-object JSON document that the bench has the built
+    # json_reformat reformat
     "yajl": Project(
         "yajl",
         "C",
         ("cmake",),
         "cmake -B build",
-        "cmake --build build -j2",
+        'cmake --build build -j2 && awk \'BEGIN{printf "["; for(i=0;i<200000;i++) printf '
+        '"%s{\\"id\\":%d,\\"name\\":\\"item %d\\",\\"tags\\":[\\"a\\",%d.5],'
+        '\\"ok\\":true}", (i?",":""), i, i, i; print "]"}\' > big.json',
         "cd test/parsing && ./run_tests.sh ../../build/test/parsing/yajl_test",
-        "build/perf/perftest > /dev/null",
+        "build/reformatter/json_reformat < big.json | md5sum",
     ),
     # first tried as a new user (three minutes): C++; the build also writes a large fake
     # manifest with ninja's own generator (seeded: the same each time), which the bench has

@@ -333,6 +333,26 @@ def check_repeatable(recipe: Recipe, tree: Path) -> None:
         raise BuildError(f"{recipe.name}: --bench: {first_difference(first, second, runs)}")
 
 
+# How far two instruction counts of one build's workload may differ: lua seeds its string
+# hashes with addresses and time, and its counts differ by up to 0.1%.
+FIXED_WORK = 0.01
+
+
+def check_fixed_work(recipe: Recipe, tree: Path) -> None:
+    """The recipe's workload does the same work on every run in TREE, as callgrind counts
+    it twice: a benchmark that runs for a fixed time (yajl's perftest parses for three
+    seconds) does more work on a faster build, so its CPU time cannot change and its
+    count, run slower under callgrind, means nothing."""
+    bench = recipe_workload(recipe)
+    first, second = (instructions(bench, tree) for _ in range(2))
+    if abs(second / first - 1) > FIXED_WORK:
+        raise BuildError(
+            f"{recipe.name}: --bench: two runs of the same build executed {first:,} and "
+            f"{second:,} instructions ({second / first - 1:+.1%}); a workload must do the "
+            "same work each run, not run for a fixed time or on random input"
+        )
+
+
 def recipe_throughput(
     recipe: Recipe, trees: dict[str, Path], rounds: int, seconds: float = 1.0
 ) -> dict:

@@ -49,7 +49,7 @@ from mlgo.problems import Problem, get_problem
 from mlgo.problems.policy_files import save_policy
 from mlgo.programs.build import ProgramBuild, baseline_label, policy_service, problem_flags
 from mlgo.programs.compare import build_pair, variants
-from mlgo.programs.measure import check_repeatable, recipe_throughput
+from mlgo.programs.measure import check_fixed_work, check_repeatable, recipe_throughput
 from mlgo.programs.report import program_report, write_report
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_directory, atomic_write_text
@@ -425,9 +425,11 @@ def record_corpus(
 
 
 def rehearse(recipe: Recipe, out: Path) -> None:
-    """The project's tests, and its workload twice, in the recorded build: a test that
-    fails there, or a workload whose output changes from run to run (timings), would stop
-    the tune after training; this stops it before. Then the scratch copy goes."""
+    """The project's tests, and its workload twice (its output) and twice more under
+    callgrind (its work), in the recorded build: a test that fails there, a workload whose
+    output changes from run to run (timings), or whose work does (one that runs for a fixed
+    time), would stop the tune after training or measure nothing; this stops it before.
+    Then the scratch copy goes."""
     scratch = scratch_tree(recipe, out)
     if scratch.is_dir():  # a tune recorded before this stage existed has none
         log = out / "rehearsal.log"
@@ -435,6 +437,8 @@ def rehearse(recipe: Recipe, out: Path) -> None:
         run_tests(recipe, scratch, log, None, what)
         if recipe.bench:
             check_repeatable(recipe, scratch)
+            if shutil.which("valgrind"):  # else no count is reported either
+                check_fixed_work(recipe, scratch)
     shutil.rmtree(scratch.parent, ignore_errors=True)
 
 
