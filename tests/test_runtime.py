@@ -4,6 +4,9 @@ and the rule that no module reaches into another's private names."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +82,37 @@ def test_a_service_that_cannot_start_says_why_from_this_start_only(tmp_path):
     with pytest.raises(ServiceError, match="did not start: .*not a policy directory"):
         launch_service(tmp_path / "s.sock", [str(not_a_policy)], "python", log, 0, 120)
     assert not (tmp_path / "s.sock").exists()
+
+
+def test_a_builds_own_service_dies_with_the_process_that_started_it(tmp_path):
+    """A killed `mlgo tune` (SIGKILL: no cleanup runs) must not leave its build's service
+    serving, as it never idles out."""
+    starter = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from mlgo.programs.build import policy_service\n"
+        f"with policy_service([Path({str(ROOT / 'policies' / 'regalloc-eviction')!r})], "
+        f"Path({str(tmp_path)!r}), 'python'):\n"
+        "    print('serving', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None and proc.stdout.readline() == b"serving\n"
+    (service,) = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while running(int(service)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(int(service))
+
+
+def running(pid: int) -> bool:
+    """PID is a live process (not gone, nor a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_adam_resumed_from_its_state_steps_like_one_never_stopped():

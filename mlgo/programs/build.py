@@ -124,7 +124,8 @@ def policy_service(policies: list[Path], directory: Path, backend: str = "auto")
     socket.unlink(missing_ok=True)  # a killed service's socket would look ready
     log = directory / "serve.log"
     try:
-        proc = launch_service(socket, [str(p.resolve()) for p in policies], backend, log, 0, 300)
+        served = [str(p.resolve()) for p in policies]
+        proc = launch_service(socket, served, backend, log, 0, 300, bound=True)
     except ServiceError as e:
         raise BuildError(str(e)) from e
     try:

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from mlgo.errors import MlgoError
+from mlgo.runtime.lifetime import die_with_parent
 from mlgo.runtime.messages import error_line
 from mlgo.runtime.trust import UntrustedPathError, private_dir
 
@@ -159,19 +160,31 @@ def request(message: dict, timeout_s: float = 10.0, path: Path | None = None) ->
 
 
 def launch_service(
-    path: Path, policies: list[str], backend: str, log: Path, idle_exit_s: float, timeout_s: float
+    path: Path,
+    policies: list[str],
+    backend: str,
+    log: Path,
+    idle_exit_s: float,
+    timeout_s: float,
+    bound: bool = False,
 ) -> subprocess.Popen:
     """Starts the service (`python -m mlgo.serve`, its entry point of its own) on PATH, in a
     session of its own, its output appended to LOG, and returns once it answers there. If it
     exits first or stays silent for TIMEOUT_S it is killed, and the ServiceError names the
-    line of its output that says why."""
+    line of its output that says why. BOUND: it dies with this process (a build's own
+    service, which never idles out: a killed tune must not leave it serving)."""
     cmd = [sys.executable, "-m", "mlgo.serve", "--socket", str(path)]
     cmd += ["--backend", backend, "--idle-exit", f"{idle_exit_s:g}"]
     cmd += [f"--policy={p}" for p in policies]
     with open(log, "ab") as out:
         start = out.tell()
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            preexec_fn=die_with_parent if bound else None,
         )
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None and time.monotonic() < deadline:
