@@ -79,7 +79,8 @@ class WorkloadReward:
         if key not in self.costs:
             saved = self.work / "policy"
             save_policy(policy, saved)
-            with policy_service([saved], self.work / "service") as env:
+            # numpy serves a new policy at once; a native server would compile for it first
+            with policy_service([saved], self.work / "service", backend="python") as env:
                 self.costs[key] = self._cost(variants(self.tc, env, ("", "served"))[1])
         return self.costs[key] / self.base - 1
 
