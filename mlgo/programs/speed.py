@@ -44,9 +44,12 @@ WORKLOAD_SEARCH = {"directions": 4}
 
 
 class WorkloadReward:
-    """`train.rollouts.Reward` on RECIPE's workload: a policy's relative reduction of the
+    """`train.loop.Reward` on RECIPE's workload: a policy's relative reduction of the
     workload cost against the plain build at the problem's level. Builds from PRISTINE in
     WORK, each tree removed once costed (its log kept)."""
+
+    per_module = False  # every score is the whole program's
+    label = LABEL
 
     def __init__(self, recipe: Recipe, pristine: Path, work: Path, tc: Toolchain, problem: Problem):
         self.recipe, self.pristine, self.work, self.tc = recipe, pristine, work, tc
@@ -87,9 +90,6 @@ class WorkloadReward:
     def changes(self, policies: dict[str, MLPPolicy]) -> dict[str, float]:
         """Each of POLICIES' `change`: a tune's judge of its candidates."""
         return {name: self.change(policy) for name, policy in policies.items()}
-
-    per_module = False  # every score is the whole program's
-    label = LABEL
 
     def rewards(self, policies: list[MLPPolicy], modules: list[Module]) -> np.ndarray:
         """The whole program's: MODULES, a search's batch, are all built anyway."""
