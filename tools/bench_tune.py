@@ -52,7 +52,7 @@ from mlgo.data import shipped_policy
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe
-from mlgo.problems import LTO_STAGES, at_link, get_problem
+from mlgo.problems import LTO_STAGES, Problem, at_link, get_problem
 from mlgo.programs.build import (
     build_program,
     plain_compilers,
@@ -321,8 +321,9 @@ def tune_project(
     result = {"language": p.language, "seconds": time.monotonic() - started, "report": report}
     if lto:
         result["lto_over_per_file_pct"] = lto_over_per_file(recipe, source, work / name, out, tc)
-    if get_problem(problem).aim == "speed" and p.bench:
-        result["retimed"] = retimed(name, work, out, *RETIMED)
+    tuned = get_problem(problem)
+    if tuned.aim == "speed" and p.bench:
+        result["retimed"] = retimed(recipe, source, work / name, out, tc, tuned)
     return result
 
 
@@ -340,27 +341,25 @@ def lto_over_per_file(
     return linked["delta_pct"]
 
 
-def retimed(name: str, work: Path, tuned: Path, rounds: int, seconds: float) -> dict:
-    """The tune TUNED of NAME's policy, and the shipped policy of its problem untuned
-    (built by mlgo-cc into WORK/NAME/untuned, its tests run), each timed against the tune's
-    plain build in ROUNDS paired rounds of SECONDS of CPU (with the A/A control): longer
-    samples than the tune's own, for less noise in each round."""
-    p = PROJECTS[name]
-    recipe = project(name, [p.configure], [p.build], [p.test], p.bench)
-    tc = find_toolchain()
-    problem = get_problem(json.loads((tuned / "report.json").read_text())["problem"])
-    untuned = work / name / "untuned"
-    if not (work / name / "untuned.done").exists():
-        with policy_service([shipped_policy(problem.name)], work / name / "service") as env:
+def retimed(
+    recipe: Recipe, source: Path, work: Path, tuned: Path, tc: Toolchain, problem: Problem
+) -> dict:
+    """The tune TUNED's policy, and PROBLEM's shipped policy untuned (built by mlgo-cc from
+    SOURCE into WORK/untuned, its tests run), each timed against the tune's plain build in
+    RETIMED's paired rounds and CPU seconds (with the A/A control): longer samples than the
+    tune's own, for less noise in each round."""
+    untuned = work / "untuned"
+    if not (work / "untuned.done").exists():
+        with policy_service([shipped_policy(problem.name)], work / "service") as env:
             served = variants(tc, env)[1]
             build_program(
-                recipe, tuned / "pristine", untuned, tc, "untuned", served.compilers, served.env,
-                True, problem_flags(problem),
+                recipe, source, untuned, tc, "untuned", served.compilers, served.env, True,
+                problem_flags(problem),
             )  # fmt: skip
-        (work / name / "untuned.done").touch()
+        (work / "untuned.done").touch()
     plain = tuned / "programs" / "plain"
     return {
-        policy: recipe_throughput(recipe, {"plain": plain, policy: tree}, rounds, seconds)
+        policy: recipe_throughput(recipe, {"plain": plain, policy: tree}, *RETIMED)
         for policy, tree in (("tuned", tuned / "programs" / "mlgo"), ("untuned", untuned))
     }
 

@@ -115,12 +115,12 @@ def training_line(training: dict) -> str:
     metric = training.get("metric", ".text against -Oz")
     line = f"corpus {metric}: {changes}; kept {training['chosen']} ({training['note']})"
     if "judged_by" in training:  # chosen by the link, or the workload, not the corpus
-        changes = training["judged_change_pct"]
+        by_judge = training["judged_change_pct"]
         judged = ", ".join(
-            f"{k} {v:+.2f}%" if v is not None else f"{k} larger" for k, v in changes.items()
+            f"{k} {v:+.2f}%" if v is not None else f"{k} larger" for k, v in by_judge.items()
         )
         line += f"; chosen by {training['judged_by']}: {judged}"
-        if (changes[training["chosen"]] or 0.0) > 0:  # no candidate can be clang's own
+        if (by_judge[training["chosen"]] or 0.0) > 0:  # no candidate can be clang's own
             line += "; none was cheaper than clang's own by it, so better not served"
     return line
 

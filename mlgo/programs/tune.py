@@ -252,6 +252,9 @@ def workload_reward(
     return None
 
 
+LINK_JUDGE = "lld's LTO of each program"
+
+
 def candidate_judge(
     problem: Problem, out: Path, tc: Toolchain, reward: WorkloadReward | None
 ) -> Judge | None:
@@ -266,9 +269,6 @@ def candidate_judge(
     if reward is not None:
         return JUDGE, reward.changes
     return None
-
-
-LINK_JUDGE = "lld's LTO of each program"
 
 
 def linked_changes(policies: dict[str, MLPPolicy], corpus: Corpus, tc: Toolchain) -> dict:
