@@ -42,8 +42,8 @@ def shipped() -> MLPPolicy:
 
 @pytest.fixture(scope="module")
 def default_sizes(mini_corpus, tc) -> dict[str, float]:
-    base, _ = baseline(mini_corpus, tc, LocalPool(2), PROBLEM)
-    return {name: b["text_size"] for name, b in base.items()}
+    base = baseline(mini_corpus, tc, LocalPool(2), PROBLEM).costs
+    return {name: b["text_once"] for name, b in base.items()}
 
 
 def made_up_decisions(policy: MLPPolicy, n: int, clang_inlines) -> list:
@@ -219,7 +219,7 @@ def test_the_search_improves_on_a_poor_policy_within_its_budget(
         assert r.best.cost <= r.starts["default"] and r.compiles <= cfg.budget
         # the best trajectory is real: compiling its recipe again gives it again
         again = compile_module(PROBLEM, task.module, tc.clang, r.best.answerer)
-        assert again.metrics["text_size"] == r.best.cost
+        assert again.metrics["text_once"] == r.best.cost
         assert np.array_equal(again.advice, r.best.actions) and len(r.best.x) == len(again.advice)
         # without the default to fall back on, the search itself beats the policy
         alone = search_module(replace(task, with_default=False))
@@ -301,7 +301,7 @@ def test_killed_bcmax_resumes_from_its_search(mini_corpus, tmp_path):
     assert len(json.loads((out / "clone-1" / "state.json").read_text())["history"]) == 3
     # the search was not repeated: only the final pool evaluation was added
     assert done["compiles"] == killed["compiles"] + done["extra"]["pool"]
-    assert "training corpus text_size" in r.stdout and not list(out.rglob("*.tmp"))
+    assert "training corpus text_once" in r.stdout and not list(out.rglob("*.tmp"))
 
 
 def test_bcmax_refuses_a_problem_it_cannot_flip(mini_corpus, tc, tmp_path):

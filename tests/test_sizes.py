@@ -1,5 +1,6 @@
 """The .text of objects split into their own bytes and their COMDAT groups', on real C++
-objects that share an inline function, and the tool that sums them three ways."""
+objects that share an inline function; the tool that sums them three ways; and inlining's
+reward, which counts such a function once per package."""
 
 from __future__ import annotations
 
@@ -8,13 +9,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mlgo.corpus.compile import compile_module
+from mlgo.corpus.extract import combine
+from mlgo.corpus.format import load_corpus
+from mlgo.corpus.stats import corpus_stats, package_copies
 from mlgo.llvm.sizes import text_parts, text_size
+from mlgo.packages.build import build_corpus
+from mlgo.problems import get_problem
+from mlgo.runtime.workers import LocalPool
+from mlgo.train.evaluate import baseline
 
 SHARED = (
     "struct Acc { __attribute__((noinline)) int add(int x) { return s += x * 3 + (x >> 2); }\n"
     "  int s = 0; };\n"
 )
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "linked_estimate.py"
+INLINING = get_problem("inlining-size")
 
 
 def build(tc, tree: Path) -> list[Path]:
@@ -55,3 +65,29 @@ def test_the_tool_counts_a_shared_function_once(tc, tmp_path):
     assert int(rows["linked once"][0].replace(",", "")) == own + shared
     assert int(rows["1/n"][0].replace(",", "")) == own + shared
     assert all(r[2].strip() == "+0.00%" for r in rows.values())
+
+
+def test_a_package_counts_its_inline_functions_once_in_inlinings_reward(tc, tmp_path):
+    """Two C++ files of one package define Acc::add: each object's text_once counts half of
+    it, so the package's default counts it once, and a compile of either module (here the
+    default replayed through the channel) measures what the default's stats say."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, body in (("a", "int fa(int v) { Acc a; return a.add(v); }"),
+                       ("b", "int fb(int v) { Acc b; b.add(1); return b.add(v); }")):  # fmt: skip
+        (src / f"{name}.cpp").write_text(SHARED + body + "\n")
+    build = tuple(f'"$CXX" -c {n}.cpp -o {n}.o' for n in ("a", "b"))
+    assert build_corpus("pkg", src, (), build, tc, tmp_path / "corpus", tmp_path / "w") == 2
+    combine(tmp_path / "corpus")
+    corpus = load_corpus(tmp_path / "corpus")
+    stats, failures = corpus_stats(corpus, tc.describe(), tc.clang, LocalPool(2))
+    assert not failures and package_copies(stats) == {"pkg": {"_ZN3Acc3addEi": 2}}
+    shared = stats["pkg/a.o"]["comdat"]["_ZN3Acc3addEi"]
+    own = sum(s["text_size"] - shared for s in stats.values())
+    assert sum(s["text_once"] for s in stats.values()) == own + shared  # once, not twice
+
+    default = baseline(corpus, tc, LocalPool(2), INLINING)
+    for m in default.corpus.modules:
+        assert m.copies == {"_ZN3Acc3addEi": 2}
+        run = compile_module(INLINING, m, tc.clang)
+        assert run.metrics == {k: default.costs[m.name][k] for k in ("text_size", "text_once")}

@@ -91,8 +91,8 @@ def test_collect_bench_compares_each_mode_with_plain_round_by_round():
 @pytest.mark.unit
 def test_inlining_bench_figures_from_an_evaluation_builds_and_runs(tmp_path):
     ev = evaluation("inlining-size", {
-        "zlib/a.o": {"text_size": 90.0, "default_text_size": 100.0},
-        "lua/b.o": {"text_size": 110.0, "default_text_size": 100.0},
+        "zlib/a.o": {"text_once": 90.0, "default_text_once": 100.0},
+        "lua/b.o": {"text_once": 110.0, "default_text_once": 100.0},
     })  # fmt: skip
     figures = bench_inlining.evaluation_figures(ev)
     assert figures["total_delta_pct"] == pytest.approx(0.0)
@@ -168,8 +168,8 @@ def test_language_tool_reads_each_modules_language_from_its_corpus(tmp_path):
         (corpus / f"{name}.cmd").write_bytes(f"-cc1\0-main-file-name\0{source}".encode())
     write_description(corpus, ["mixed/a.o", "mixed/b.o"])
     ev = evaluation("inlining-size", {
-        "mixed/a.o": {"text_size": 90.0, "default_text_size": 100.0},
-        "mixed/b.o": {"text_size": 120.0, "default_text_size": 100.0},
+        "mixed/a.o": {"text_once": 90.0, "default_text_once": 100.0},
+        "mixed/b.o": {"text_once": 120.0, "default_text_once": 100.0},
     }, str(corpus))  # fmt: skip
     language = eval_by_language.module_languages(ev)
     assert language == {"mixed/a.o": "C", "mixed/b.o": "C++"}
@@ -180,8 +180,23 @@ def test_language_tool_reads_each_modules_language_from_its_corpus(tmp_path):
 
 
 @pytest.mark.unit
+def test_language_tool_gives_the_objects_whole_text_beside_the_reward():
+    """A C++ package whose objects grow by the copies of an inline function while the
+    package, each copy counted once, shrinks: each metric says so, and neither is assumed."""
+    ev = evaluation("inlining-size", {
+        "pp/a.o": {"text_once": 95.0, "default_text_once": 100.0,
+                   "text_size": 130.0, "default_text_size": 120.0},
+    })  # fmt: skip
+    language = {"pp/a.o": "C++"}
+    once, whole = (eval_by_language.figures(ev, language, m) for m in (None, "text_size"))
+    assert (once["C++"], once["larger"]) == ("-5.000%", "")
+    assert (whole["C++"], whole["larger"]) == ("+8.333%", "pp +8.33% (+10)")
+    assert ev.metrics == ["text_once", "text_size"]
+
+
+@pytest.mark.unit
 def test_language_tool_falls_back_to_the_splits_without_the_corpus(tmp_path, capsys):
-    ev = evaluation("inlining-size", {"zlib/a.o": {"text_size": 1.0, "default_text_size": 1.0}},
+    ev = evaluation("inlining-size", {"zlib/a.o": {"text_once": 1.0, "default_text_once": 1.0}},
                     str(tmp_path / "gone"))  # fmt: skip
     assert eval_by_language.module_languages(ev) == {"zlib/a.o": "C"}
     assert "languages by package" in capsys.readouterr().err

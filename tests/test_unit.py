@@ -144,7 +144,7 @@ def test_inlining_trains_with_the_default_and_serves_without_it():
     assert "-inliner-interactive-channel-base=/b" in train and serve == train[:-2]
     assert train[-1] == "-inliner-interactive-include-default"
     assert INLINING.flags_for_serving("/b", default=True) == train  # for a gated policy
-    assert INLINING.opt_level == "-Oz" and INLINING.reward_metric == "text_size"
+    assert INLINING.opt_level == "-Oz" and INLINING.reward_metric == "text_once"
     obs = Observation("f", 0, {"inlining_default": np.array([1])})
     assert INLINING.default_advice(obs) == 1
     INLINING.validate(obs, np.array([0]))
@@ -358,22 +358,22 @@ def _evaluation(problem: str, metric: str) -> Evaluation:
 
 
 def test_totals_and_packages_compare_the_policy_with_the_default(tmp_path):
-    ev = _evaluation("inlining-size", "text_size")
+    ev = _evaluation("inlining-size", "text_once")
     assert ev.totals() == {
         "modules": 3,
-        "text_size": 150.0,
-        "default_text_size": 150.0,
+        "text_once": 150.0,
+        "default_text_once": 150.0,
         "delta": 0.0,
     }
     packages = ev.per_package()
     assert packages["zlib"]["delta"] == pytest.approx(0.0)
     assert packages["lua"] == {
         "modules": 1,
-        "text_size": 0.0,
-        "default_text_size": 0.0,
+        "text_once": 0.0,
+        "default_text_once": 0.0,
         "delta": 0.0,
     }
-    ev.modules["zlib/b.o"]["text_size"] = 40.0
+    ev.modules["zlib/b.o"]["text_once"] = 40.0
     assert ev.totals()["delta"] == pytest.approx((130 - 150) / 150)
     ev.save(tmp_path)
     assert Evaluation.load(tmp_path).totals() == ev.totals()
@@ -381,8 +381,8 @@ def test_totals_and_packages_compare_the_policy_with_the_default(tmp_path):
 
 def test_the_language_tool_splits_an_evaluation_into_c_and_cxx_and_the_guards_sizes(tmp_path):
     tool = Path(__file__).resolve().parents[1] / "tools" / "eval_by_language.py"
-    ev = _evaluation("inlining-size", "text_size")  # zlib: C, -10 and +10 bytes
-    ev.modules["snappy/d.o"] = {"text_size": 210.0, "default_text_size": 200.0}  # C++
+    ev = _evaluation("inlining-size", "text_once")  # zlib: C, -10 and +10 bytes
+    ev.modules["snappy/d.o"] = {"text_once": 210.0, "default_text_once": 200.0}  # C++
     ev.save(tmp_path)
     r = subprocess.run([sys.executable, tool, tmp_path], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -42,7 +42,7 @@ def evaluation_figures(ev: Evaluation) -> dict:
     packages = {name: row["delta"] * 100 for name, row in ev.per_package().items()}
     return {
         "total_delta_pct": ev.totals()["delta"] * 100,
-        "default_text": ev.totals()["default_text_size"],
+        "default_text": ev.totals()[f"default_{ev.metric}"],
         "modules": len(ev.modules),
         "failed": len(ev.failed),
         "packages_delta_pct": packages,

@@ -1,6 +1,6 @@
 """An evaluation's figures by language, and what `MLGO_GUARD=size` would make of it.
 
-  .venv/bin/python -m tools.eval_by_language runs/eval-val runs/eval-val-gated
+  .venv/bin/python -m tools.eval_by_language runs/eval-val runs/eval-val-gated [--metric text_size]
 
 Each argument is what `mlgo eval --out DIR` wrote. Per evaluation: the change against the
 default in total, for the C and for the C++ modules, the packages made larger, and the same
@@ -8,7 +8,9 @@ totals with each module at the smaller of the policy's and the default's size, w
 the size guard keeps, read from the same per-module sizes (no compile). A module's language
 is the one its compile command in the evaluated corpus says (`Module.language`, as
 `mlgo calibrate` reads it); where that corpus is no longer there, its package's in
-corpus/splits.toml, and a note says so.
+corpus/splits.toml, and a note says so. The figures are in the evaluation's reward metric,
+or in another both sides measured (`--metric`: inlining's `text_size`, the objects' whole
+.text, beside its `text_once`).
 """
 
 from __future__ import annotations
@@ -45,10 +47,11 @@ def change(pairs: list[tuple[float, float]]) -> str:
     return f"{100 * (policy / default - 1):+.3f}%" if default else "-"
 
 
-def figures(ev: Evaluation, language: dict[str, str]) -> dict[str, str]:
-    """EV's changes in total, for C and for C++ (LANGUAGE: each module's), each also as the
-    size guard would leave them, and the packages made larger."""
-    m = ev.metric
+def figures(ev: Evaluation, language: dict[str, str], metric: str | None = None) -> dict[str, str]:
+    """EV's changes in METRIC (default: its reward metric) in total, for C and for C++
+    (LANGUAGE: each module's), each also as the size guard would leave them, and the
+    packages made larger."""
+    m = metric or ev.metric
     rows = {name: (r[m], r[f"default_{m}"]) for name, r in ev.modules.items()}
     lang = {name: language.get(name, "?") for name in rows}
     out: dict[str, str] = {}
@@ -58,10 +61,10 @@ def figures(ev: Evaluation, language: dict[str, str]) -> dict[str, str]:
         out["total" + suffix] = change(list(pick.values()))
         for want in ("C", "C++"):
             out[want + suffix] = change([v for n, v in pick.items() if lang[n] == want])
-    larger = ev.per_package()
+    larger = ev.per_package(m)
     out["larger"] = ", ".join(
         f"{p} {100 * larger[p]['delta']:+.2f}% ({larger[p][m] - larger[p][f'default_{m}']:+,.0f})"
-        for p in ev.packages_larger()
+        for p in ev.packages_larger(m)
     )
     return out
 
@@ -69,14 +72,18 @@ def figures(ev: Evaluation, language: dict[str, str]) -> dict[str, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("evals", nargs="+", type=Path, help="directories `mlgo eval --out` wrote")
+    ap.add_argument("--metric", help="another metric both sides measured (default: the reward)")
     args = ap.parse_args()
     table = Table("evaluation", "total", "C", "C++", "guard: total", "C", "C++", "larger")
     try:  # every evaluation read before any row is printed
         evals = [(path, Evaluation.load(path)) for path in args.evals]
+        for path, ev in evals:
+            if args.metric and args.metric not in ev.metrics:
+                raise ValueError(f"{path}: measures no {args.metric} on both sides")
     except ValueError as e:
         sys.exit(f"error: {e}")
     for path, ev in evals:
-        f = figures(ev, module_languages(ev))
+        f = figures(ev, module_languages(ev), args.metric)
         table.add_row(
             str(path), f["total"], f["C"], f["C++"],
             f["total (guard)"], f["C (guard)"], f["C++ (guard)"], f["larger"] or "none",

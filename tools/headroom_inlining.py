@@ -56,7 +56,8 @@ def main() -> None:
     corpus = corpus.select(args.packages.split(",") if args.packages else None)
     tc = find_toolchain()
     workers = LocalPool(args.workers)
-    base, _ = baseline(corpus, tc, workers, PROBLEM)
+    default_run = baseline(corpus, tc, workers, PROBLEM)
+    base, metric = default_run.costs, PROBLEM.reward_metric
     cfg = SearchConfig(
         budget=args.budget,
         singles=0,
@@ -65,7 +66,11 @@ def main() -> None:
         max_confirm=args.max_confirm,
         rounds=args.passes,
     )
-    tasks = [SearchTask(PROBLEM, m, tc.clang, None, cfg) for m in corpus.modules if m.name in base]
+    tasks = [
+        SearchTask(PROBLEM, m, tc.clang, None, cfg)
+        for m in default_run.corpus.modules
+        if m.name in base
+    ]
     searched: dict[str, SearchResult] = {}
     with Progress(console=console) as bar:
         job = bar.add_task("searching", total=len(tasks))
@@ -79,16 +84,16 @@ def main() -> None:
     policy_size: dict[str, float] = {}
     if args.policy:
         ev = evaluate(load_policy(args.policy), corpus, tc, workers, PROBLEM)
-        policy_size = {name: r["text_size"] for name, r in ev.modules.items()}
+        policy_size = {name: r[metric] for name, r in ev.modules.items()}
     workers.close()
 
-    default = {name: r["text_size"] for name, r in base.items()}
+    default = {name: r[metric] for name, r in base.items()}
     found = {name: (r.best.cost, moves_kept(r)) for name, r in searched.items()}
     packages = package_sizes(corpus.modules, default, found, policy_size)
     total = {
         k: sum(r[k] for r in packages.values()) for k in ("default", "search", "policy", "moves")
     }
-    table = Table(title="inlining headroom at -Oz: object .text against the default heuristic")
+    table = Table(title=f"inlining headroom at -Oz: {metric} against the default heuristic")
     for col in ("package", "default bytes", "search", "moves kept", "policy"):
         table.add_column(col, justify="left" if col == "package" else "right")
     for name, row in [*packages.items(), ("total", total)]:
@@ -105,6 +110,7 @@ def main() -> None:
     if args.json:
         report = {
             "corpus": str(args.corpus),
+            "metric": metric,
             "passes": args.passes,
             "groups": not args.no_groups,
             "packages": packages,
@@ -112,7 +118,7 @@ def main() -> None:
             "compiles": compiles,
             "modules": {
                 name: {
-                    "default": base[name]["text_size"],
+                    "default": base[name][metric],
                     "search": r.best.cost,
                     "flips": sorted(r.best.answerer.flips),
                     "groups": sorted(r.best.answerer.groups),

@@ -136,7 +136,8 @@ def print_stats(corpus: Path, tc: Toolchain, workers: str) -> None:
     with closing(make_workers(workers)) as pool:
         stats, failures = compute(loaded, tc.describe(), tc.clang, pool)
     levels = "/".join(sorted({m.opt_level for m in loaded.modules}))
-    columns = ("package", "modules", "call sites", f".text at {levels}", "bitcode")
+    text = f".text at {levels}"
+    columns = ("package", "modules", "call sites", text, "inline copies once", "bitcode")
     stage = "" if loaded.stage == "compile" else f", {loaded.stage} stage"
     table = Table(*columns, title=f"{corpus} ({tc.describe()}{stage})")
     rows = per_package(stats)
@@ -146,6 +147,7 @@ def print_stats(corpus: Path, tc: Toolchain, workers: str) -> None:
             str(r["modules"]),
             f"{r['call_sites']:,}",
             kib(r["text_size"]),
+            kib(r["text_once"]),
             kib(r["bitcode_bytes"]),
         )
     console.print(table)

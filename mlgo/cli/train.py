@@ -185,12 +185,24 @@ def eval_cmd(
 
 
 def _eval_table(ev: Evaluation, title: str, counted: str) -> Table:
-    """EV per package and in total: the default's metric, the policy's, the change."""
-    m = ev.metric
-    table = Table("package", counted, f"default {m}", f"policy {m}", "change", title=title)
+    """EV per package and in total: the default's metric, the policy's, the change; and the
+    change in every other metric both sides measured (inlining: the objects' whole .text)."""
+    m, others = ev.metric, ev.metrics[1:]
+    table = Table(
+        "package", counted, f"default {m}", f"policy {m}", "change",
+        *(f"change, {o}" for o in others), title=title,
+    )  # fmt: skip
+    other_rows = [ev.per_package(o) for o in others]
     for pkg, r in [*sorted(ev.per_package().items()), ("[bold]total", ev.totals())]:
-        delta = ("[bold]" if pkg == "[bold]total" else "") + f"{r['delta']:+.2%}"
-        table.add_row(pkg, str(r["modules"]), f"{r[f'default_{m}']:,.0f}", f"{r[m]:,.0f}", delta)
+        bold = "[bold]" if pkg == "[bold]total" else ""
+        changes = [
+            (rows[pkg] if pkg in rows else ev.totals(o))["delta"]
+            for o, rows in zip(others, other_rows, strict=True)
+        ]
+        table.add_row(
+            pkg, str(r["modules"]), f"{r[f'default_{m}']:,.0f}", f"{r[m]:,.0f}",
+            f"{bold}{r['delta']:+.2%}", *(f"{c:+.2%}" for c in changes),
+        )  # fmt: skip
     return table
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from mlgo.problems import Problem
 from mlgo.records import ModuleRun
 
 DEFAULT_TIMEOUT_S = 600.0
+T = TypeVar("T")
 
 
 class CompileError(MlgoError):
@@ -25,11 +27,11 @@ class CompileError(MlgoError):
 
 
 def measure_object(
-    measure: Callable[[Path, Path], dict[str, float]], module: Module, obj: Path, workdir: Path
-) -> dict[str, float]:
-    """MEASURE(obj, workdir), a failure as a CompileError naming the module."""
+    measure: Callable[[Path, Path, Mapping[str, int]], T], module: Module, obj: Path, workdir: Path
+) -> T:
+    """MEASURE of MODULE's object OBJ, a failure as a CompileError naming the module."""
     try:
-        return measure(obj, workdir)
+        return measure(obj, workdir, module.copies)
     except (OSError, ValueError) as e:
         raise CompileError(f"{module.name}: cannot measure the object ({e})") from e
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,6 +54,10 @@ class Module:
     name: str
     bitcode: Path
     args: tuple[str, ...]  # cc1 arguments, starting with -cc1
+    # How many objects of its package define each COMDAT group (an inline or template
+    # function's copy) when compiled by clang's own heuristics; empty until the default has
+    # been measured (`mlgo.corpus.stats.shared_out`). Not part of what the module is.
+    copies: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def package(self) -> str:

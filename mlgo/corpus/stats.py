@@ -2,7 +2,10 @@
 
 Call sites are counted from the bitcode (direct calls to functions defined in the same
 module: the inliner's candidates before any inlining); .text bytes come from compiling
-each module with plain clang at the level it was recorded at. Results are cached in the
+each module with plain clang at the level it was recorded at, with the bytes of each COMDAT
+group (a C++ inline or template function's copy) apart: from those, how many objects of a
+package define each group, which inlining's reward shares their bytes out by (`text_once`,
+`mlgo.llvm.sizes`). Results are cached in the
 user's cache directory (never in the corpus, which may be read-only), one file per corpus,
 each module's entry keyed by a hash of its bitcode and command line: a module that changed
 in any byte is measured again.
@@ -14,13 +17,14 @@ import hashlib
 import json
 import tempfile
 import time
+from collections import Counter, defaultdict
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mlgo.corpus.compile import compile_object, measure_object
 from mlgo.corpus.format import Corpus, Module
-from mlgo.llvm.sizes import text_metrics
+from mlgo.llvm.sizes import TextParts, text_once, text_parts
 from mlgo.runtime.files import atomic_write_text, cache_dir
 from mlgo.runtime.workers import Failed, Workers
 
@@ -59,20 +63,43 @@ class StatsTask:
     clang: str
 
 
-def module_stats(task: StatsTask) -> dict[str, float]:
+def module_stats(task: StatsTask) -> dict:
     data = task.module.bitcode.read_bytes()
     with tempfile.TemporaryDirectory() as d:
         obj = Path(d) / "out.o"
         start = time.monotonic()
         compile_object(task.module, task.clang, obj, task.module.opt_level)
-        metrics = measure_object(text_metrics, task.module, obj, Path(d))
+        parts = measure_object(lambda o, _w, _c: text_parts(o), task.module, obj, Path(d))
         seconds = time.monotonic() - start
     return {
         "bitcode_bytes": len(data),
         "call_sites": count_call_sites(data),
-        "text_size": int(metrics["text_size"]),
+        "text_size": parts.own + sum(parts.shared.values()),
+        "comdat": parts.shared,  # bytes per group
         "seconds": round(seconds, 3),
     }
+
+
+# What a cached entry holds; a cache of another version is measured again.
+VERSION = 2  # 2: each module's COMDAT groups
+
+
+def package_copies(stats: dict[str, dict]) -> dict[str, dict[str, int]]:
+    """Per package, how many of its modules' default objects define each COMDAT group."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for name, s in stats.items():
+        counts[name.split("/", 1)[0]].update(s["comdat"].keys())
+    return {package: dict(c) for package, c in counts.items()}
+
+
+def shared_out(corpus: Corpus, stats: dict[str, dict]) -> Corpus:
+    """CORPUS, each module carrying its package's `package_copies` (`Module.copies`), so
+    that a compile of it measures text_once as its default's stats do."""
+    copies = package_copies(stats)
+    return replace(
+        corpus,
+        modules=tuple(replace(m, copies=copies.get(m.package, {})) for m in corpus.modules),
+    )
 
 
 def corpus_stats(
@@ -83,8 +110,17 @@ def corpus_stats(
     cache: dict = {}
     with suppress(OSError, ValueError):  # no cache yet, or an unreadable one: measure again
         cache = json.loads(path.read_text())
-    if not isinstance(cache, dict) or cache.get("toolchain") != clang_desc:
-        cache = {"toolchain": clang_desc, "corpus": str(corpus.root.resolve()), "modules": {}}
+    if (
+        not isinstance(cache, dict)
+        or cache.get("toolchain") != clang_desc
+        or cache.get("version") != VERSION
+    ):
+        cache = {
+            "version": VERSION,
+            "toolchain": clang_desc,
+            "corpus": str(corpus.root.resolve()),
+            "modules": {},
+        }
     known = cache["modules"]
     keys = {m.name: module_key(m) for m in corpus.modules}
     todo = [m for m in corpus.modules if known.get(m.name, {}).get("key") != keys[m.name]]
@@ -98,7 +134,17 @@ def corpus_stats(
             known[name] = {**result, "key": keys[name]}
     if todo:
         atomic_write_text(path, json.dumps(cache, indent=1))
-    return {m.name: known[m.name] for m in corpus.modules if m.name in known}, failures
+    stats = {m.name: known[m.name] for m in corpus.modules if m.name in known}
+    copies = package_copies(stats)
+    return {
+        name: {**s, "text_once": text_once(_parts(s), copies[name.split("/", 1)[0]])}
+        for name, s in stats.items()
+    }, failures
+
+
+def _parts(stats: dict) -> TextParts:
+    """A module's default .text as its stats record it."""
+    return TextParts(stats["text_size"] - sum(stats["comdat"].values()), stats["comdat"])
 
 
 def per_package(stats: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -106,15 +152,18 @@ def per_package(stats: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     for name, s in stats.items():
         row = out.setdefault(
             name.split("/", 1)[0],
-            {"modules": 0, "call_sites": 0, "text_size": 0, "bitcode_bytes": 0},
+            {"modules": 0, **dict.fromkeys(SUMMED, 0)},
         )
         row["modules"] += 1
-        for k in ("call_sites", "text_size", "bitcode_bytes"):
+        for k in SUMMED:
             row[k] += s[k]
     return out
 
 
+SIZES = ("text_size", "text_once")  # what the stats hold of a module's default object
+SUMMED = ("call_sites", *SIZES, "bitcode_bytes")  # per package
+
+
 def totals(rows: dict[str, dict[str, int]]) -> dict[str, int]:
     """The per-package ROWS summed: the corpus's line of `mlgo corpus stats`."""
-    keys = ("modules", "call_sites", "text_size", "bitcode_bytes")
-    return {k: sum(r[k] for r in rows.values()) for k in keys}
+    return {k: sum(r[k] for r in rows.values()) for k in ("modules", *SUMMED)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import struct
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,10 +79,22 @@ def text_parts(path: str | Path) -> TextParts:
         raise UsageError(f"{path}: not an ELF object ({e})") from e
 
 
-def text_metrics(obj: Path, _workdir: Path) -> dict[str, float]:
-    """An object's .text bytes as a measurement ({"text_size": bytes}): what inlining
-    rewards and `mlgo corpus stats` records."""
-    return {"text_size": float(text_size(obj))}
+def text_once(parts: TextParts, copies: Mapping[str, int]) -> float:
+    """PARTS' .text with each COMDAT group's bytes divided by COPIES[group], the objects
+    of its package that define it (1 where none does): summed over a package, each inline
+    or template function counts about once, as the package's link keeps one copy of it."""
+    return parts.own + sum(size / max(copies.get(s, 1), 1) for s, size in parts.shared.items())
+
+
+def text_metrics(obj: Path, _workdir: Path, copies: Mapping[str, int]) -> dict[str, float]:
+    """An object's .text bytes as measurements: all of them ("text_size", what
+    `mlgo corpus stats` records and the guard compares) and with its inline functions'
+    copies shared out among the package's objects ("text_once", what inlining rewards)."""
+    parts = text_parts(obj)
+    return {
+        "text_size": float(parts.own + sum(parts.shared.values())),
+        "text_once": text_once(parts, copies),
+    }
 
 
 @dataclass(frozen=True)

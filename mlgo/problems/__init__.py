@@ -10,7 +10,7 @@ manifest, an evaluation). A new problem is one module here and one line in `MODU
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
@@ -83,7 +83,9 @@ class Problem:
     default_feature: str | None
     validate: Callable[[Observation, np.ndarray], None]  # raises ValueError on illegal advice
     measure_flags: Callable[[Path], list[str]]  # cc1 flags that make the compiler report costs
-    measure: Callable[[Path, Path], dict[str, float]]  # (object, work dir) -> metrics
+    # (object, work dir, how many objects of its package define each COMDAT group at the
+    # default: `Module.copies`) -> metrics
+    measure: Callable[[Path, Path, Mapping[str, int]], dict[str, float]]
     reward_metric: str  # the metric a policy should lower, relative to the default
     derived: tuple[Derived, ...] = ()  # extra inputs computed from LLVM's features
     # The network that decides, by its `kind` (`policy.policy_class` finds the class):

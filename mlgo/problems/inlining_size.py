@@ -89,7 +89,11 @@ PROBLEM = Problem(
     validate=validate,
     measure_flags=lambda _workdir: [],
     measure=text_metrics,
-    reward_metric="text_size",
+    # .text with each inline function's copies shared out among the package's objects
+    # (`sizes.text_once`): a package's sum counts the copy its link keeps, not one per
+    # object, so a search is not paid for deleting one object's copy of a function the
+    # others still define. C objects have no such copies: there it is .text itself.
+    reward_metric="text_once",
     reward_in_stats=True,
     # One callee's call sites: inlining all of them can delete it, which no single flip
     # shows. The caller's inlining leaves these unchanged (the callee is done first).

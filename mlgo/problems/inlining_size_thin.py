@@ -21,4 +21,7 @@ PROBLEM = replace(
     summary="inline or not at each call site of a ThinLTO link's backends, for the smallest size",
     stage="thin-link",
     starts_from=PER_FILE.name,
+    # its objects are whole programs' (or their backends', whose link chose each inline
+    # function's one copy already): .text itself, with no copy to share out
+    reward_metric="text_size",
 )

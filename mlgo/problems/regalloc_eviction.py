@@ -11,6 +11,7 @@ comes from a compile with the default advisor.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,7 +143,7 @@ def spill_costs(remarks_yaml: Path) -> dict[str, dict[str, float]]:
 COPY_WEIGHT = 0.2
 
 
-def measure(obj: Path, workdir: Path) -> dict[str, float]:
+def measure(obj: Path, workdir: Path, _copies: Mapping[str, int]) -> dict[str, float]:
     """Frequency-weighted costs summed over the module's functions: memory traffic the
     allocator added (spills and reloads, also those folded into other instructions, the
     reward), copies, and MLGO's weighted sum of the two."""

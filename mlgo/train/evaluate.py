@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mlgo.corpus.compile import CompileError, compile_module, compile_plain
 from mlgo.corpus.format import Corpus, Module
-from mlgo.corpus.stats import corpus_stats
+from mlgo.corpus.stats import SIZES, corpus_stats, shared_out
 from mlgo.errors import UsageError
 from mlgo.llvm.channel import Policy
 from mlgo.llvm.toolchain import Toolchain
@@ -55,17 +55,25 @@ def plain_one(task: PlainTask) -> dict[str, float]:
         return compile_plain(task.problem, task.module, task.clang, Path(d) / "o")
 
 
-def baseline(
-    corpus: Corpus, tc: Toolchain, workers: Workers, problem: Problem
-) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
-    """Per module, what the problem measures with the compiler's own heuristic; and the
-    modules it cannot measure (clang itself crashes on some), each with its error. Those
-    have nothing to compare against: they are left out, and said so. None measured is an
-    error."""
+@dataclass(frozen=True)
+class Baseline:
+    """What the problem measures of each module with the compiler's own heuristic
+    (`costs`); the modules it cannot measure (clang itself crashes on some), each with its
+    error; and the corpus to compile policies on, its modules carrying what the default's
+    objects tell about their package (`Module.copies`), as their costs were measured."""
+
+    costs: dict[str, dict[str, float]]
+    unmeasured: dict[str, str]
+    corpus: Corpus
+
+
+def baseline(corpus: Corpus, tc: Toolchain, workers: Workers, problem: Problem) -> Baseline:
+    """The default on CORPUS. A module it cannot measure has nothing to compare against: it
+    is left out, and said so. None measured is an error."""
     if problem.reward_in_stats:
         stats, failures = corpus_stats(corpus, tc.describe(), tc.clang, workers)
-        m = problem.reward_metric
-        out = {name: {m: float(s[m])} for name, s in stats.items()}
+        out = {name: {k: float(s[k]) for k in SIZES} for name, s in stats.items()}
+        corpus = shared_out(corpus, stats)
     else:
         out, failures = {}, {}
         tasks = [PlainTask(problem, m, tc.clang) for m in corpus.modules]
@@ -77,7 +85,7 @@ def baseline(
     if not out:
         msg = next(iter(failures.values()), "no modules")
         raise CompileError(f"baseline compile failed for all {len(failures)} modules, e.g. {msg}")
-    return out, failures
+    return Baseline(out, failures, corpus)
 
 
 @dataclass
@@ -94,8 +102,17 @@ class Evaluation:
     def metric(self) -> str:
         return self.problem.reward_metric
 
-    def totals(self) -> dict[str, float]:
-        m = self.metric
+    @property
+    def metrics(self) -> list[str]:
+        """What each row measures on both sides: the reward metric first, then the others
+        (inlining's: the objects' whole .text, `text_size`, beside `text_once`)."""
+        rows = list(self.modules.values())
+        both = {k for k in (rows[0] if rows else {}) if all(f"default_{k}" in r for r in rows)}
+        return [self.metric, *sorted(both - {self.metric})]
+
+    def totals(self, metric: str | None = None) -> dict[str, float]:
+        """The rows summed in METRIC (default: the reward metric), and its relative change."""
+        m = metric or self.metric
         policy = sum(r[m] for r in self.modules.values())
         default = sum(r[f"default_{m}"] for r in self.modules.values())
         return {
@@ -105,8 +122,9 @@ class Evaluation:
             "delta": (policy - default) / default if default else 0.0,
         }
 
-    def per_package(self) -> dict[str, dict[str, float]]:
-        m = self.metric
+    def per_package(self, metric: str | None = None) -> dict[str, dict[str, float]]:
+        """`totals` per package."""
+        m = metric or self.metric
         out: dict[str, dict[str, float]] = {}
         for name, r in self.modules.items():
             row = out.setdefault(name.split("/", 1)[0], {"modules": 0, m: 0.0, f"default_{m}": 0.0})
@@ -119,10 +137,12 @@ class Evaluation:
 
     def with_default(self, names: set[str]) -> Evaluation:
         """This evaluation as if the policy left the modules NAMES to the default (as one
-        that answers only some languages does): their metric is the default's."""
-        m = self.metric
+        that answers only some languages does): their metrics are the default's."""
+        measured = self.metrics
         modules = {
-            name: {**r, m: r[f"default_{m}"], "changed": 0} if name in names else r
+            name: {**r, **{m: r[f"default_{m}"] for m in measured}, "changed": 0}
+            if name in names
+            else r
             for name, r in self.modules.items()
         }
         return replace(self, modules=modules)
@@ -132,10 +152,11 @@ class Evaluation:
         m = self.metric
         return sorted(n for n, r in self.modules.items() if r[m] > r[f"default_{m}"])
 
-    def packages_larger(self) -> list[str]:
-        """The packages whose metric the policy raised above the default's, sorted."""
-        m = self.metric
-        return sorted(p for p, r in self.per_package().items() if r[m] > r[f"default_{m}"])
+    def packages_larger(self, metric: str | None = None) -> list[str]:
+        """The packages whose METRIC (default: the reward metric) the policy raised above
+        the default's, sorted."""
+        m = metric or self.metric
+        return sorted(p for p, r in self.per_package(m).items() if r[m] > r[f"default_{m}"])
 
     def save(self, directory: Path) -> None:
         atomic_write_text(
@@ -147,6 +168,7 @@ class Evaluation:
                     "corpus": self.corpus,
                     "totals": self.totals(),
                     "packages": self.per_package(),
+                    **{f"totals_{m}": self.totals(m) for m in self.metrics[1:]},
                     "modules": self.modules,
                     "failed": self.failed,
                 },
@@ -176,12 +198,13 @@ def evaluate(
     """POLICY against the default on every module of CORPUS. A policy that answers only
     some languages leaves the other modules to the default, as the service does: they are
     not compiled again."""
-    base, unmeasured = baseline(corpus, tc, workers, problem)
+    default = baseline(corpus, tc, workers, problem)
+    base = default.costs
     result = Evaluation(problem, tc.describe(), str(corpus.root))
-    result.failed.update({name: f"default: {msg}" for name, msg in unmeasured.items()})
+    result.failed.update({name: f"default: {msg}" for name, msg in default.unmeasured.items()})
     languages = getattr(policy, "languages", None)  # a policy may answer only some
     tasks = []
-    for m in corpus.modules:
+    for m in default.corpus.modules:
         if m.name not in base:
             continue
         if languages is None or m.language in languages:

@@ -39,8 +39,10 @@ class Scorer:
     ):
         self.tc, self.workers, self.problem = tc, workers, problem
         self.metric = self.label = problem.reward_metric
+        default = baseline(corpus, tc, workers, problem)
         # a module the default cannot be measured on stays out of the pool (training_pool)
-        self.base, self.unmeasured = baseline(corpus, tc, workers, problem)
+        self.base, self.unmeasured = default.costs, default.unmeasured
+        self.corpus = default.corpus  # its modules are the ones to compile
         self.penalty = regression_penalty
         self.compiles = 0
 
@@ -126,7 +128,7 @@ def scored_pool(
         return run.reward, list(run.corpus.modules)
     scorer = Scorer(run.corpus, run.tc, run.workers, problem, regression_penalty)
     pool = training_pool(
-        run.corpus, run.tc, run.workers, max_module_seconds, scorer.default_costs()
+        scorer.corpus, run.tc, run.workers, max_module_seconds, scorer.default_costs()
     )
     run.state.extra.update(pool=len(pool), unmeasured=scorer.unmeasured)
     return scorer, pool
