@@ -18,11 +18,12 @@ from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import load_policy
 from mlgo.train import RunDir, registry
 from mlgo.train.bc import BCConfig
+from mlgo.train.bcmax import BCMaxConfig
 from mlgo.train.es import ESConfig
 from mlgo.train.evaluate import Evaluation
 from mlgo.train.loop import Candidate, Session, Step, Trainer
 from mlgo.train.ppo import PPOConfig
-from mlgo.train.run import TrainOptions, configure, run
+from mlgo.train.run import UNTIL_BUDGET, TrainOptions, configure, run
 from tests.cli_helpers import POLICIES
 
 pytestmark = pytest.mark.unit
@@ -173,6 +174,14 @@ def test_each_trainer_takes_the_options_its_config_names_by_name():
     assert (es.lr, es.batch, es.init, es.steps) == (0.5, 3, "runs/bc", ESConfig.steps)
     assert (ppo.lr, ppo.batch, ppo.init) == (PPOConfig.lr, 3, "runs/bc")  # --lr is ES's
     assert configure(BCConfig, TrainOptions(steps=7, derived=True)) == BCConfig(7, True)
+
+
+def test_a_time_budget_without_steps_trains_until_the_time_is_spent():
+    timed = TrainOptions(max_seconds=3600)
+    assert configure(BCMaxConfig, timed).steps == configure(ESConfig, timed).steps == UNTIL_BUDGET
+    assert configure(BCMaxConfig, TrainOptions(steps=5, max_seconds=3600)).steps == 5
+    assert configure(BCMaxConfig, TrainOptions()).steps == BCMaxConfig.steps  # no budget
+    assert configure(BCConfig, timed).steps == BCConfig.steps  # BC takes no time budget
 
 
 def test_tune_trains_with_bcmax_where_it_can_and_es_elsewhere():

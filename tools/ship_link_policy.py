@@ -46,13 +46,12 @@ from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems import get_problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import save_policy
-from mlgo.programs.tune import UNTIL_BUDGET
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import make_workers
 from mlgo.ship.plugin import inliner_plugin
 from mlgo.ship.release import release
 from mlgo.train.evaluate import Evaluation, linked_evaluation
-from mlgo.train.run import TrainOptions, load_start, run
+from mlgo.train.run import UNTIL_BUDGET, TrainOptions, load_start, run
 
 console = Console()
 PROBLEM = "inlining-size-link"

@@ -69,7 +69,8 @@ def train(
     steps: Annotated[
         int,
         typer.Option(
-            help="epochs (bc), steps (es, ppo) or iterations (bcmax); 0: the algorithm's default",
+            help="epochs (bc), steps (es, ppo) or iterations (bcmax); 0: the algorithm's "
+            "default, or with --minutes as many as the time allows",
             min=0,
         ),
     ] = 0,

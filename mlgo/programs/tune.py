@@ -74,7 +74,6 @@ OWN_CODE = {
     "clone_lr": 3e-3,
 }
 GATES = (0.6, 0.8, 0.95)  # departure thresholds tried on the trained policy (an evaluation each)
-UNTIL_BUDGET = 1_000_000  # ES steps when only the time budget stops training
 
 # Each stage, and the arguments its result depends on besides its predecessors' ones.
 STAGES: dict[str, tuple[str, ...]] = {
@@ -460,7 +459,7 @@ def tune(
     """The loop of the module doc on the project RECIPE describes, whose source is SOURCE;
     writes and returns OUT/report.json."""
     from mlgo.traces.collect import collect
-    from mlgo.train.run import load_start
+    from mlgo.train.run import UNTIL_BUDGET, load_start
 
     if not source.is_dir():
         raise BuildError(f"--source {source}: not a directory")

@@ -50,13 +50,19 @@ class Trained(Outcome):
     evaluation: Evaluation  # on the training corpus, saved in OUT/eval
 
 
+# Steps when only the time budget stops training (a run given minutes and no steps).
+UNTIL_BUDGET = 1_000_000
+
+
 def configure(config_type: type, opts: TrainOptions) -> Any:
     """CONFIG_TYPE made from the options its OPTIONS name, each by its own name: steps 0
-    leaves the trainer's own number, and a path is kept as given (as the model card
-    quotes it)."""
+    leaves the trainer's own number, or, given a time budget it takes, as many as the time
+    allows; a path is kept as given (as the model card quotes it)."""
     values = {name: getattr(opts, name) for name in config_type.OPTIONS}
     if not values.get("steps"):
         values.pop("steps", None)
+        if values.get("max_seconds"):
+            values["steps"] = UNTIL_BUDGET
     return config_type(**{k: str(v) if isinstance(v, Path) else v for k, v in values.items()})
 
 
