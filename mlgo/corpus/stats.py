@@ -28,6 +28,11 @@ from mlgo.llvm.sizes import TextParts, text_once, text_parts
 from mlgo.runtime.files import atomic_write_text, cache_dir
 from mlgo.runtime.workers import Failed, Workers
 
+# What a cached entry holds; a cache of another version is measured again.
+VERSION = 2  # 2: each module's COMDAT groups
+SIZES = ("text_size", "text_once")  # what the stats hold of a module's default object
+SUMMED = ("call_sites", *SIZES, "bitcode_bytes")  # per package
+
 
 def cache_file(corpus: Corpus) -> Path:
     """Where CORPUS's stats are cached: the user cache, by the corpus's resolved path."""
@@ -78,10 +83,6 @@ def module_stats(task: StatsTask) -> dict:
         "comdat": parts.shared,  # bytes per group
         "seconds": round(seconds, 3),
     }
-
-
-# What a cached entry holds; a cache of another version is measured again.
-VERSION = 2  # 2: each module's COMDAT groups
 
 
 def package_copies(stats: dict[str, dict]) -> dict[str, dict[str, int]]:
@@ -158,10 +159,6 @@ def per_package(stats: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
         for k in SUMMED:
             row[k] += s[k]
     return out
-
-
-SIZES = ("text_size", "text_once")  # what the stats hold of a module's default object
-SUMMED = ("call_sites", *SIZES, "bitcode_bytes")  # per package
 
 
 def totals(rows: dict[str, dict[str, int]]) -> dict[str, int]:
