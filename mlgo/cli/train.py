@@ -193,16 +193,13 @@ def _eval_table(ev: Evaluation, title: str, counted: str) -> Table:
         "package", counted, f"default {m}", f"policy {m}", "change",
         *(f"change, {o}" for o in others), title=title,
     )  # fmt: skip
-    other_rows = [ev.per_package(o) for o in others]
-    for pkg, r in [*sorted(ev.per_package().items()), ("[bold]total", ev.totals())]:
-        bold = "[bold]" if pkg == "[bold]total" else ""
-        changes = [
-            (rows[pkg] if pkg in rows else ev.totals(o))["delta"]
-            for o, rows in zip(others, other_rows, strict=True)
-        ]
+    total = "[bold]total"
+    rows = {o: {**ev.per_package(o), total: ev.totals(o)} for o in (m, *others)}
+    for pkg in [*sorted(rows[m].keys() - {total}), total]:
+        r, bold = rows[m][pkg], "[bold]" if pkg == total else ""
         table.add_row(
             pkg, str(r["modules"]), f"{r[f'default_{m}']:,.0f}", f"{r[m]:,.0f}",
-            f"{bold}{r['delta']:+.2%}", *(f"{c:+.2%}" for c in changes),
+            f"{bold}{r['delta']:+.2%}", *(f"{rows[o][pkg]['delta']:+.2%}" for o in others),
         )  # fmt: skip
     return table
 
