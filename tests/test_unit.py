@@ -397,6 +397,10 @@ def test_the_language_tool_splits_an_evaluation_into_c_and_cxx_and_the_guards_si
     assert bad.returncode == 1 and bad.stdout == ""  # nothing printed before the error
     assert bad.stderr.strip().endswith("not an evaluation ([Errno 2] No such file or directory: "
                                        f"'{tmp_path / 'none'}')")  # fmt: skip
+    unmeasured = subprocess.run([sys.executable, tool, tmp_path, "--metric", "text_size"],
+                                capture_output=True, text=True)  # fmt: skip
+    assert unmeasured.returncode == 1 and unmeasured.stdout == ""
+    assert unmeasured.stderr.strip() == f"error: {tmp_path}: measures no text_size on both sides"
 
 
 def test_regalloc_totals_are_in_its_own_metric_and_a_stale_evaluation_is_refused(tmp_path):
