@@ -32,6 +32,12 @@ def shipped_policy(name: str) -> Path:
     return data_dir() / "policies" / name
 
 
+def ir2vec_vocabulary() -> Path:
+    """The IR2Vec vocabulary that inlining-size-ir2vec's features are computed with: the
+    package's own whatever MLGO_DATA says, as the problem's features are."""
+    return Path(__file__).resolve().parent / "_data" / "ir2vec-vocabulary.json"
+
+
 # What a service serves unless told otherwise: per-file inlining for size, and the guarded
 # link-time policy at full-LTO links (policies/*/MODEL_CARD.md say why each ships).
 SERVED_BY_DEFAULT = ("inlining-size", "inlining-size-link")

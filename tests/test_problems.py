@@ -56,7 +56,13 @@ def third(monkeypatch) -> Problem:
 
 
 def test_every_problem_pickles_to_itself():
-    names = ["inlining-size", "inlining-size-link", "inlining-size-thin", "regalloc-eviction"]
+    names = [
+        "inlining-size",
+        "inlining-size-ir2vec",
+        "inlining-size-link",
+        "inlining-size-thin",
+        "regalloc-eviction",
+    ]
     assert [p.name for p in problems()] == names
     for problem in problems():
         assert pickle.loads(pickle.dumps(problem)) is problem

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from mlgo.corpus.format import CorpusError, Module
+from mlgo.data import ir2vec_vocabulary
 from mlgo.errors import UsageError
 from mlgo.llvm.log_format import (
     Header,
@@ -24,7 +25,9 @@ from mlgo.llvm.log_format import (
     LogWriter,
     Observation,
     TensorSpec,
+    element_column,
     stack_features,
+    tensor_of,
 )
 from mlgo.packages.recipes import available_recipes, load_recipe
 from mlgo.problems import Derived, at_link, get_problem, problems
@@ -126,11 +129,17 @@ def test_a_constant_feature_normalizes_to_a_step():
 
 
 def test_the_registry_knows_every_problem_and_names_them_when_asked_for_another():
-    names = ["inlining-size", "inlining-size-link", "inlining-size-thin", "regalloc-eviction"]
+    names = [
+        "inlining-size",
+        "inlining-size-ir2vec",
+        "inlining-size-link",
+        "inlining-size-thin",
+        "regalloc-eviction",
+    ]
     assert [p.name for p in problems()] == names
     with pytest.raises(UsageError, match=f"known: {', '.join(names)}"):
         get_problem("loop-unroll")
-    assert [p.stage for p in problems()] == ["compile", "link", "thin-link", "compile"]
+    assert [p.stage for p in problems()] == ["compile", "compile", "link", "thin-link", "compile"]
     assert at_link("inlining-size", "thin").name == "inlining-size-thin"
     assert at_link("inlining-size-link", "full").name == "inlining-size-link"
     with pytest.raises(UsageError, match="--lto thin tunes the inliner of the link"):
@@ -150,6 +159,24 @@ def test_inlining_trains_with_the_default_and_serves_without_it():
     INLINING.validate(obs, np.array([0]))
     with pytest.raises(ValueError, match="must be 0 or 1, got 2"):
         INLINING.validate(obs, np.array([2]))
+
+
+def test_the_embeddings_problem_is_inlining_with_a_vocabulary_and_vector_elements():
+    ir2vec = get_problem("inlining-size-ir2vec")
+    vocabulary = ["-mllvm", f"-ml-inliner-ir2vec-vocab-file={ir2vec_vocabulary()}"]
+    vocabulary += ["-mllvm", f"-ir2vec-vocab-path={ir2vec_vocabulary()}"]
+    assert ir2vec.channel_flags("/b") == INLINING.channel_flags("/b") + vocabulary
+    assert ir2vec.flags_for_serving("/b") == INLINING.flags_for_serving("/b") + vocabulary
+    dim = len(json.loads(ir2vec_vocabulary().read_text())["Opcodes"]["Add"])
+    extra = ir2vec.feature_names[len(INLINING.feature_names) :]
+    assert extra[0] == "callee_embedding.0" and extra[-1] == f"caller_embedding.{dim - 1}"
+    assert len(extra) == 2 * dim and ir2vec.slots == 1 and not ir2vec.plugin
+    assert ir2vec.reward_metric == INLINING.reward_metric and ir2vec.opt_level == "-Oz"
+    # a policy reads an element of a vector as a column, a scalar as itself
+    sent = {"callee_embedding": np.arange(2 * dim).reshape(2, dim), "callee_users": np.arange(4, 6)}
+    assert element_column(sent, "callee_embedding.3", 2).tolist() == [3, dim + 3]
+    assert element_column(sent, "callee_users", 2).tolist() == [4, 5]
+    assert tensor_of("caller_embedding.7") == "caller_embedding"
 
 
 def test_a_departure_gate_follows_the_default_unless_confident():

@@ -155,6 +155,30 @@ def print_stats(corpus: Path, tc: Toolchain, workers: str) -> None:
         err.print(f"[red]failed[/red] {name}: {msg}", highlight=False)
 
 
+@app.command("vocabulary")
+def corpus_vocabulary(
+    corpus: Annotated[Path, typer.Argument(help="corpus directory (its bitcode)")],
+    out: Annotated[Path, typer.Option(help="vocabulary JSON to write")],
+    dim: Annotated[int, typer.Option(min=2, help="vector length")] = 16,
+    steps: Annotated[int, typer.Option(min=1, help="TransE training steps")] = 4000,
+    clang: ClangOpt = None,
+) -> None:
+    """Train an IR2Vec vocabulary on the corpus's IR (TransE over llvm-ir2vec's triplets),
+    for clang's -ir2vec-vocab-path."""
+    from mlgo.corpus.format import load_corpus
+    from mlgo.train.vocabulary import TransE, tail_hits, train_vocabulary
+
+    graph, entity, relation = train_vocabulary(
+        find_toolchain(clang), load_corpus(corpus), out, TransE(dim=dim, steps=steps)
+    )
+    console.print(
+        f"{out}: {len(graph.entities)} entities x {dim}, from {int(graph.counts.sum()):,} "
+        f"triplets ({len(graph.triplets):,} distinct); the true tail is the nearest for "
+        f"{tail_hits(graph, entity, relation):.1%} of them, among the 3 nearest for "
+        f"{tail_hits(graph, entity, relation, 3):.1%}"
+    )
+
+
 @app.command("record", context_settings={"allow_interspersed_args": False}, no_args_is_help=True)
 def corpus_record(
     out: Annotated[Path, typer.Option(help="corpus directory (a corpus there is replaced)")],

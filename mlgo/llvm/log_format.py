@@ -87,6 +87,23 @@ class TensorSpec:
         return np.frombuffer(raw, self.dtype, self.num_elements, offset).reshape(self.shape)
 
 
+# A policy input that is one element of a vector feature is named `tensor.index`
+# (IR2Vec's `callee_embedding.3`); a scalar feature by its tensor's name alone.
+ELEMENT = "."
+
+
+def tensor_of(name: str) -> str:
+    """The tensor that feature column NAME reads."""
+    return name.partition(ELEMENT)[0]
+
+
+def element_column(features: Mapping[str, np.ndarray], name: str, n: int) -> np.ndarray:
+    """[n] values of column NAME over N decisions ([n, ...] tensors by name): a scalar
+    feature, or one element of a vector feature."""
+    tensor, _, index = name.partition(ELEMENT)
+    return features[tensor].reshape(n, -1)[:, int(index or 0)]
+
+
 @dataclass(frozen=True)
 class Header:
     """`advice` is what an interactive compiler waits for after each observation; `score`

@@ -99,6 +99,7 @@ def probe(tc: Toolchain, problem: Problem) -> int:
     Raises ToolchainError naming the fix if the compiler lacks that interactive mode.
     """
     from mlgo.llvm.channel import ChannelError, compile_interactive
+    from mlgo.llvm.log_format import tensor_of
 
     with tempfile.TemporaryDirectory(prefix="mlgo-probe-") as d:
         src = os.path.join(d, "probe.c")
@@ -122,7 +123,8 @@ def probe(tc: Toolchain, problem: Problem) -> int:
         raise ToolchainError(
             f"{tc.describe()} never opened the {problem.name} channel; {SETUP_HINT}"
         )
-    missing = set(problem.feature_names) - {s.name for s in result.header.features}
+    sent = {s.name for s in result.header.features}
+    missing = {tensor_of(f) for f in problem.feature_names} - sent
     if missing:
         raise ToolchainError(
             f"{tc.describe()} does not send {problem.name} features {sorted(missing)}"

@@ -23,6 +23,7 @@ from mlgo.llvm.log_format import Observation
 # The modules that declare a problem as their PROBLEM, one line each.
 MODULES = (
     "mlgo.problems.inlining_size",
+    "mlgo.problems.inlining_size_ir2vec",
     "mlgo.problems.inlining_size_link",
     "mlgo.problems.inlining_size_thin",
     "mlgo.problems.regalloc_eviction",
@@ -93,7 +94,8 @@ class Problem:
     # with another shape that the problem's module defines (regalloc's per-candidate scorer).
     policy_kind: str = "mlp"
     # LLVM's input tensors as (name, dtype, shape), for an exported model to take them as
-    # the compiler sends them; empty: every feature is an int64 scalar (inlining).
+    # the compiler sends them; any other is an int64 scalar. A tensor whose elements are
+    # features (`tensor.i`, IR2Vec's embeddings) is declared here under its own name.
     input_specs: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
     # The flags for serving a trained policy, where they are cheaper than channel_flags:
     # the compiler's own decision costs it one more cost analysis per call site, and
@@ -148,8 +150,10 @@ class Problem:
 
     @property
     def slots(self) -> int:
-        """Candidates per decision: the largest input LLVM sends (1 for a scalar decision)."""
-        return max((int(np.prod(shape)) for _, _, shape in self.input_specs), default=1)
+        """Candidates per decision: the largest input LLVM sends that is a feature whole (1
+        for a scalar decision; a vector whose elements are features is not candidates)."""
+        whole = (shape for name, _, shape in self.input_specs if name in self.feature_names)
+        return max((int(np.prod(shape)) for shape in whole), default=1)
 
     def __reduce__(self) -> tuple:
         """Pickled by name (it holds functions): a worker gets its own registered copy."""

@@ -18,7 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from mlgo.llvm.languages import label
-from mlgo.llvm.log_format import Observation
+from mlgo.llvm.log_format import Observation, element_column
 from mlgo.problems import Problem
 from mlgo.problems.normalizer import Normalizer
 from mlgo.records import Decisions
@@ -127,9 +127,7 @@ class MLPPolicy:
         return h
 
     def raw_features(self, obs: Observation) -> np.ndarray:
-        return np.array(
-            [obs.features[f].reshape(-1)[0] for f in self.normalizer.features], np.float64
-        )
+        return self.decision_rows(obs.features, 1)[0]
 
     def __call__(self, obs: Observation) -> int:
         scores = self.logits(self.raw_features(obs))[0]
@@ -178,7 +176,7 @@ class MLPPolicy:
         names = self.normalizer.features
         if n == 0:
             return np.zeros((0, len(names)))
-        return np.stack([features[f].reshape(n, -1)[:, 0] for f in names], 1)
+        return np.stack([element_column(features, f, n) for f in names], 1)
 
     @property
     def observation_shape(self) -> tuple[int, ...]:

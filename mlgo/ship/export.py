@@ -1,6 +1,7 @@
 """Exporting a policy as a TensorFlow SavedModel in the shape LLVM's release mode expects.
 
-The signature `action` takes each LLVM feature under its own name as an int64 scalar,
+The signature `action` takes each LLVM feature under its own name, as the compiler sends
+it (an int64 scalar unless the problem declares the tensor otherwise),
 plus tf-agents' `discount`, `reward` (float32) and `step_type` (int32), and returns the
 advice under LLVM's name (`inlining_decision`), as in LLVM's
 `llvm/lib/Analysis/models/gen-inline-oz-test-model.py`. `output_spec.json` names the
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlgo.llvm.log_format import ELEMENT, tensor_of
 from mlgo.problems import SELF
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.files import atomic_directory, atomic_write_text
@@ -98,27 +100,34 @@ def build_module(policy: MLPPolicy):
     features = policy.normalizer.features
     weights = [tf.constant(w, tf.float32) for w in policy.weights]
     declared = {n: (t, shape) for n, t, shape in problem.input_specs}
-    llvm = [f for f in features if not f.startswith(SELF)]  # the model's inputs
+    llvm = [f for f in features if not f.startswith(SELF)]  # columns of the model's inputs
     gated = policy.departure_threshold is not None  # then the compiler's answer is one too
     if gated and problem.default_feature:
         llvm.append(problem.default_feature)
+    tensors = list(dict.fromkeys(tensor_of(f) for f in llvm))  # the inputs, as LLVM sends
     specs = [
-        tf.TensorSpec(declared[f][1], declared[f][0], name=f)
-        if f in declared
-        else tf.TensorSpec((), tf.int64, name=f)
-        for f in llvm
+        tf.TensorSpec(declared[t][1], declared[t][0], name=t)
+        if t in declared
+        else tf.TensorSpec((), tf.int64, name=t)
+        for t in tensors
     ]
     specs += [tf.TensorSpec((), tf.float32, name=n) for n in ("discount", "reward")]
     specs.append(tf.TensorSpec((), tf.int32, name="step_type"))
     slots = problem.slots
     scalars = {f for f in llvm if f not in declared or np.prod(declared[f][1]) == 1}
 
+    def column(sent: dict, f: str):
+        """Column F as [slots] float64: a scalar (or one element of a vector) repeats on
+        every row, a per-candidate tensor gives one value per row."""
+        tensor, _, index = f.partition(ELEMENT)
+        x = tf.reshape(sent[tensor], [-1])
+        x = x[int(index) : int(index) + 1] if index else x
+        return tf.broadcast_to(tf.cast(x, tf.float64), [slots])
+
     def action(*inputs):
-        # One row per slot (1 for a scalar decision); scalar inputs repeat on every row.
-        by_name = {
-            f: tf.broadcast_to(tf.cast(tf.reshape(x, [-1]), tf.float64), [slots])
-            for f, x in zip(llvm, inputs[: len(llvm)], strict=True)
-        }
+        # One row per slot (1 for a scalar decision).
+        sent = dict(zip(tensors, inputs[: len(tensors)], strict=True))
+        by_name = {f: column(sent, f) for f in llvm}
         for f in features:  # SELF columns: the live range's own (last) slot, on every row
             if f.startswith(SELF):
                 by_name[f] = tf.broadcast_to(by_name[f.removeprefix(SELF)][-1:], [slots])

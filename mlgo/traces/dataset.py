@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlgo.llvm.log_format import TensorSpec
+from mlgo.llvm.log_format import TensorSpec, element_column, tensor_of
 from mlgo.problems import Problem
 from mlgo.records import Decisions
 from mlgo.traces.format import DEFAULT_DECISION, Manifest, TraceError, read_module_trace
@@ -19,8 +19,10 @@ def load_decisions(traces: Path, problem: Problem, packages: set[str] | None = N
         raise TraceError(f"{traces} holds {manifest.problem.name} traces, not {problem.name}")
     specs = [TensorSpec.from_json(s) for s in manifest.specs]
     present = {s.name for s in specs}
+    tensors = {tensor_of(f) for f in problem.feature_names}
+    # per-candidate features (regalloc) are whole tensors; a vector's elements are columns
     slots = max((s.num_elements for s in specs if s.name in problem.feature_names), default=1)
-    missing = [f for f in problem.feature_names if f not in present]
+    missing = sorted(tensors - present)
     if missing:
         raise TraceError(f"{traces}: traces lack features {missing}")
     xs, defaults, owners, names = [], [], [], []
@@ -33,7 +35,7 @@ def load_decisions(traces: Path, problem: Problem, packages: set[str] | None = N
         cols = read_module_trace(traces / entry["file"], specs, problem.advice_name)
         n = entry["decisions"]
         if slots == 1:
-            columns = [cols[f].reshape(n) for f in problem.feature_names]
+            columns = [element_column(cols, f, n) for f in problem.feature_names]
             xs.append(np.stack(columns, 1).astype(np.float64))
         else:
             xs.append(

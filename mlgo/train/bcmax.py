@@ -48,7 +48,7 @@ from mlgo.corpus.compile import CompileError, compile_module
 from mlgo.corpus.format import Module
 from mlgo.corpus.stats import corpus_stats
 from mlgo.errors import UsageError
-from mlgo.llvm.log_format import Observation
+from mlgo.llvm.log_format import Observation, element_column
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy, policy_class
 from mlgo.records import Decisions, ModuleRun
@@ -189,7 +189,7 @@ class _Search:
         n = run.num_decisions
         if n == 0:
             return np.zeros((0, len(names)))
-        return np.stack([run.features[f].reshape(n, -1)[:, 0] for f in names], 1)
+        return np.stack([element_column(run.features, f, n) for f in names], 1)
 
     def _rows(self, run: ModuleRun) -> np.ndarray:
         return self._columns(run, tuple(self.names))
