@@ -543,3 +543,59 @@ def test_a_stopped_service_leaves_a_socket_another_service_took(tmp_path):
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_every_backend_serves_an_embeddings_policy_as_numpy_decides(
+    native_cc, mini_corpus, tc, tmp_path
+):
+    """An inlining-size-ir2vec policy reads float vectors (the callee's and caller's
+    embeddings) beside int64s: served by the numpy policy, the native AOT server and the
+    plugin, through mlgo-cc, each object is the numpy reference's; and it departs."""
+    from mlgo.llvm.log_format import element_column
+    from mlgo.problems.normalizer import Normalizer
+    from mlgo.problems.policy import MLPPolicy
+    from mlgo.ship.export import export_saved_model
+
+    problem = get_problem("inlining-size-ir2vec")
+    runs = [compile_module(problem, m, tc.clang) for m in mini_corpus.modules]
+    names = problem.feature_names
+    x = np.concatenate(
+        [np.stack([element_column(r.features, f, r.num_decisions) for f in names], 1)
+         for r in runs if r.num_decisions]
+    )  # fmt: skip
+    policy = MLPPolicy.init(problem, Normalizer.fit(names, x), hidden=(16,), seed=3)
+    policy.weights[-1][1] -= np.median(np.diff(policy.logits(x), axis=1)) + 1e-3
+    save_policy(policy, tmp_path / "ir2vec")
+    export_saved_model(policy, tmp_path / "ir2vec")
+    departed = 0
+    for backend in ("python", "native", "plugin"):
+        (tmp_path / backend).mkdir()
+        service = Service(
+            tmp_path / backend, "--policy", str(tmp_path / "ir2vec"), "--backend", backend
+        )
+        try:
+            assert service.status()["policies"][0]["backend"] == backend
+            for module in mini_corpus.modules:
+                src = DATA / "minipkg" / (Path(module.name).stem + ".c")
+                got, want = tmp_path / "got.o", tmp_path / "want.o"
+                r = mlgo_cc(native_cc, src, got, service.env())
+                assert r.returncode == 0 and not r.stderr, r.stderr
+                compile_module(problem, module, tc.clang, policy, keep_object=want)
+                assert got.read_bytes() == want.read_bytes(), (backend, module.name)
+                plain = tmp_path / "plain.o"
+                subprocess.run([tc.clang, "-Oz", "-c", str(src), "-o", str(plain)], check=True)
+                departed += got.read_bytes() != plain.read_bytes()
+        finally:
+            service.stop()
+    assert departed > 0
+    # by hand, the plugin without the vocabulary flags: clang's default, said in one line
+    from mlgo.ship.plugin import inliner_plugin
+
+    src, got, plain = SOURCES[-1], tmp_path / "got.o", tmp_path / "plain.o"
+    plugin = inliner_plugin(policy, tc)
+    cmd = [tc.clang, "-Oz", "-c", str(src)]
+    r = subprocess.run([*cmd, f"-fpass-plugin={plugin}", "-o", got], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr.count("\n") == 1, r.stderr
+    assert "needs 'callee_embedding', which this compiler does not send" in r.stderr
+    subprocess.run([*cmd, "-o", plain], check=True)
+    assert got.read_bytes() == plain.read_bytes()

@@ -102,8 +102,11 @@ class Problem:
     # only training looks at it.
     serving_flags: Callable[[str], list[str]] | None = None
     # Whether clang's pass plugin (mlgo/ship/native) can run this problem's policy inside
-    # clang: it takes scalar int64 features and gives a yes/no advice.
+    # clang: it takes int64 and float features and gives a yes/no advice.
     plugin: bool = False
+    # Flags that make the compiler send features beyond its own (IR2Vec's vocabulary):
+    # part of its channel and serving flags, and given with the plugin too.
+    feature_flags: tuple[str, ...] = ()
     # Whether the reward metric is one `mlgo corpus stats` caches per module, under the
     # same name, from the plain compile at the corpus's level: then a baseline reads it
     # from there instead of compiling the corpus again.

@@ -21,20 +21,18 @@ EMBEDDING_DIM = 16
 EMBEDDINGS = ("callee_embedding", "caller_embedding")
 
 
-def vocabulary_flags() -> list[str]:
-    """The ML inliner's switch for the embeddings and the vocabulary it reads (both are
-    needed: the first alone stops clang)."""
-    path = ir2vec_vocabulary()
-    return [
-        "-mllvm",
-        f"-ml-inliner-ir2vec-vocab-file={path}",
-        "-mllvm",
-        f"-ir2vec-vocab-path={path}",
-    ]
+# The ML inliner's switch for the embeddings and the vocabulary it reads (both are
+# needed: the first alone stops clang).
+VOCABULARY_FLAGS = (
+    "-mllvm",
+    f"-ml-inliner-ir2vec-vocab-file={ir2vec_vocabulary()}",
+    "-mllvm",
+    f"-ir2vec-vocab-path={ir2vec_vocabulary()}",
+)
 
 
 def _with_vocabulary(flags: list[str]) -> list[str]:
-    return flags + vocabulary_flags()
+    return [*flags, *VOCABULARY_FLAGS]
 
 
 PROBLEM = replace(
@@ -46,6 +44,5 @@ PROBLEM = replace(
     feature_names=SCALAR.feature_names
     + tuple(f"{e}{ELEMENT}{i}" for e in EMBEDDINGS for i in range(EMBEDDING_DIM)),
     input_specs=tuple((e, "float32", (EMBEDDING_DIM,)) for e in EMBEDDINGS),
-    # the pass plugin reads int64 scalars only: the policy serves through the channel
-    plugin=False,
+    feature_flags=VOCABULARY_FLAGS,
 )

@@ -177,7 +177,8 @@ class PluginBackend:
         from mlgo.llvm.toolchain import find_toolchain
         from mlgo.ship.plugin import inliner_plugin
 
-        self.flags = [f"-fpass-plugin={inliner_plugin(policy, find_toolchain())}"]
+        plugin = inliner_plugin(policy, find_toolchain())
+        self.flags = [f"-fpass-plugin={plugin}", *policy.problem.feature_flags]
 
     def latency(self) -> dict[str, float]:
         return {}

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from mlgo.llvm.log_format import ELEMENT
 from mlgo.llvm.toolchain import Toolchain, ToolchainError
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.csource import c_string
@@ -51,7 +53,11 @@ def policy_header(policy: MLPPolicy) -> str:
     out += f"constexpr int kDerived = {len(norm.derived)};\n"
     out += f"constexpr int kLayers = {len(layer_in)};\n"
     out += f"constexpr int kMaxWidth = {max([norm.width, *layer_out])};\n"
-    out += _array("char* const", "kFeatureNames", [c_string(f) for f in norm.features])
+    tensors = [f.partition(ELEMENT) for f in norm.features]  # (tensor, ".", element or "")
+    out += _array("char* const", "kFeatureNames", [c_string(t) for t, _, _ in tensors])
+    out += _array("int", "kFeatureElement", [i or "0" for _, _, i in tensors])
+    embeddings = any(i for _, _, i in tensors)  # a vector's elements: IR2Vec's embeddings
+    out += f"constexpr bool kReadsEmbeddings = {str(embeddings).lower()};\n"
     out += _array("int", "kDerivedLeft", [str(index[d.left]) for d in norm.derived])
     out += _array("int", "kDerivedRight", [str(index[d.right]) for d in norm.derived])
     out += _array("char", "kDerivedOp", [f"'{d.op}'" for d in norm.derived])
@@ -111,11 +117,11 @@ def inliner_plugin(policy: MLPPolicy, tc: Toolchain) -> Path:
 
     key = f"{llvm_version}\0{header}\0".encode()  # the header is the whole policy
     plugin = cached_build("plugin", key + PLUGIN_SOURCE.read_bytes(), "libmlgo_inliner.so", build)
-    check_loads(plugin, tc)
+    check_loads(plugin, tc, policy.problem.feature_flags)
     return plugin
 
 
-def check_loads(plugin: Path, tc: Toolchain) -> None:
+def check_loads(plugin: Path, tc: Toolchain, flags: Sequence[str] = ()) -> None:
     """Compiles a two-function file with PLUGIN in clang: a plugin that does not load (a
     truncated file, another LLVM) or crashes is refused before it is served, not found
     by every compile of a build."""
@@ -124,7 +130,8 @@ def check_loads(plugin: Path, tc: Toolchain) -> None:
         source.write_text(
             "static int twice(int x) { return 2 * x; }\nint f(int x) { return twice(x); }\n"
         )
-        cmd = [tc.clang, "-Oz", f"-fpass-plugin={plugin}", "-c", str(source), "-o", f"{d}/check.o"]
+        cmd = [tc.clang, "-Oz", f"-fpass-plugin={plugin}", *flags, "-c", str(source)]
+        cmd += ["-o", f"{d}/check.o"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         raise AotError(

@@ -14,6 +14,9 @@
 // margin reaches kDepartureMargin; the advisor asks LLVM's default at the point where the
 // interactive channel's -inliner-interactive-include-default does, just before the model.
 //
+// A feature is an int64 or float tensor by name and an element of it (kFeatureElement: 0
+// for a scalar; IR2Vec's embeddings are float vectors, sent when clang is given a
+// vocabulary, which the problem's feature flags do).
 // If the policy needs a feature this clang does not send, the plugin says so in one line
 // on stderr and uses LLVM's default inliner for the compilation: never a failed build.
 
@@ -24,12 +27,14 @@
 #include <string>
 #include <vector>
 
+#include "llvm/Analysis/IR2Vec.h"
 #include "llvm/Analysis/InlineAdvisor.h"
 #include "llvm/Analysis/MLInlineAdvisor.h"
 #include "llvm/Analysis/MLModelRunner.h"
 #include "llvm/Analysis/TensorSpec.h"
 #include "llvm/IR/Module.h"
 #include "llvm/Passes/PassBuilder.h"
+#include "llvm/Support/CommandLine.h"
 #include "llvm/Plugins/PassPlugin.h"
 #include "llvm/Support/raw_ostream.h"
 #include "policy_constants.h"
@@ -55,10 +60,15 @@ class PolicyRunner final : public MLModelRunner {
       if (It == Inputs.end())
         Problem = std::string("the policy needs '") + kFeatureNames[F] +
                   "', which this compiler does not send";
-      else if (!It->isElementType<int64_t>() || It->getElementCount() != 1)
-        Problem = std::string("'") + kFeatureNames[F] + "' is not an int64 scalar here";
-      else
+      else if (!It->isElementType<int64_t>() && !It->isElementType<float>())
+        Problem = std::string("'") + kFeatureNames[F] + "' is neither int64 nor float here";
+      else if (static_cast<size_t>(kFeatureElement[F]) >= It->getElementCount())
+        Problem = std::string("'") + kFeatureNames[F] + "' has no element " +
+                  std::to_string(kFeatureElement[F]) + " here";
+      else {
         Index[F] = static_cast<size_t>(It - Inputs.begin());
+        IsFloat[F] = It->isElementType<float>();
+      }
     }
   }
   std::string Problem;  // empty when every feature the policy reads is sent
@@ -67,8 +77,9 @@ class PolicyRunner final : public MLModelRunner {
  private:
   void *evaluateUntyped() override {
     double Raw[kFeatures + kDerived];
-    for (int F = 0; F < kFeatures; ++F)
-      Raw[F] = static_cast<double>(*getTensor<int64_t>(Index[F]));
+    for (int F = 0; F < kFeatures; ++F)  // a scalar, or one element of a vector
+      Raw[F] = IsFloat[F] ? static_cast<double>(getTensor<float>(Index[F])[kFeatureElement[F]])
+                          : static_cast<double>(getTensor<int64_t>(Index[F])[kFeatureElement[F]]);
     for (int D = 0; D < kDerived; ++D) {
       double L = Raw[kDerivedLeft[D]], R = Raw[kDerivedRight[D]];
       Raw[kFeatures + D] = kDerivedOp[D] == '-' ? L - R : (L < R ? 1.0 : 0.0);
@@ -102,6 +113,7 @@ class PolicyRunner final : public MLModelRunner {
     return &Advice;
   }
   size_t Index[kFeatures] = {};
+  bool IsFloat[kFeatures] = {};
   int64_t Advice = 0;
 };
 
@@ -119,10 +131,22 @@ class GatedAdvisor final : public MLInlineAdvisor {
   }
 };
 
+// Whether clang was given -ir2vec-vocab-path: reading no vocabulary is an error in LLVM.
+bool VocabularyGiven() {
+  auto &Options = cl::getRegisteredOptions();
+  auto It = Options.find("ir2vec-vocab-path");
+  return It != Options.end() && It->second->getNumOccurrences() > 0;
+}
+
 InlineAdvisor *makeAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams Params,
                            InlineContext IC) {
   if (!CompilationMAM) return new DefaultInlineAdvisor(M, FAM, Params, IC);
   auto Default = std::make_shared<DefaultInlineAdvisor>(M, FAM, Params, IC);
+  // LLVM's own advisor factories read IR2Vec's vocabulary first when asked to (it is what
+  // makes MLInlineAdvisor send the embeddings); this one is made past them, so it reads it
+  // for a policy that needs them, if clang was given one. Without it the embeddings stay
+  // unsent, and the feature check below says so.
+  if (kReadsEmbeddings && VocabularyGiven()) CompilationMAM->getResult<IR2VecVocabAnalysis>(M);
   PolicyRunner *Runner = nullptr;
   auto Advisor = std::make_unique<GatedAdvisor>(
       M, *CompilationMAM,
