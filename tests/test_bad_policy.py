@@ -116,6 +116,33 @@ def test_a_departure_threshold_is_saved_with_the_policy_and_only_where_a_default
     assert str(e.value).startswith(f"{regalloc / 'policy.json'}:")
 
 
+def test_a_policy_or_traces_made_with_another_vocabulary_are_refused_in_one_line(tmp_path):
+    """An embeddings policy keeps the digest of the vocabulary its features were computed
+    with; under another one its inputs would be other numbers under the same names."""
+    from mlgo.problems import get_problem
+    from mlgo.problems.normalizer import Normalizer
+    from mlgo.problems.policy import MLPPolicy
+    from mlgo.traces.format import Manifest, TraceError
+
+    problem = get_problem("inlining-size-ir2vec")
+    names = problem.feature_names
+    x = np.random.default_rng(0).normal(size=(50, len(names)))
+    save_policy(MLPPolicy.init(problem, Normalizer.fit(names, x)), tmp_path / "p")
+    assert json.loads((tmp_path / "p" / "policy.json").read_text())["feature_digest"]
+    load_policy(tmp_path / "p")
+    _rewrite_meta(tmp_path / "p", feature_digest="0123456789abcdef")
+    with pytest.raises(ValueError, match="made with other inlining-size-ir2vec features") as e:
+        load_policy(tmp_path / "p")
+    assert str(e.value).startswith(f"{tmp_path / 'p' / 'policy.json'}: ")
+    assert "digest 0123456789abcdef" in str(e.value) and "\n" not in str(e.value)
+    Manifest(problem, "clang", "corpus").save(tmp_path)
+    Manifest.load(tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "feature_digest": None}))
+    with pytest.raises(TraceError, match=r"manifest.json: made with other .* \(digest none"):
+        Manifest.load(tmp_path)
+
+
 def test_the_shipped_policies_load_nan_boundaries_included():
     ra = load_policy(POLICIES / "regalloc-eviction")
     assert any(np.isnan(q).any() for q in ra.normalizer.quantiles)

@@ -170,7 +170,8 @@ def test_the_embeddings_problem_is_inlining_with_a_vocabulary_and_vector_element
     dim = len(json.loads(ir2vec_vocabulary().read_text())["Opcodes"]["Add"])
     extra = ir2vec.feature_names[len(INLINING.feature_names) :]
     assert extra[0] == "callee_embedding.0" and extra[-1] == f"caller_embedding.{dim - 1}"
-    assert len(extra) == 2 * dim and ir2vec.slots == 1 and not ir2vec.plugin
+    assert len(extra) == 2 * dim and ir2vec.slots == 1 and ir2vec.plugin
+    assert list(ir2vec.feature_flags) == vocabulary  # the plugin's compiles get them too
     assert ir2vec.reward_metric == INLINING.reward_metric and ir2vec.opt_level == "-Oz"
     # a policy reads an element of a vector as a column, a scalar as itself
     sent = {"callee_embedding": np.arange(2 * dim).reshape(2, dim), "callee_users": np.arange(4, 6)}

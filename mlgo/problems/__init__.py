@@ -107,6 +107,10 @@ class Problem:
     # Flags that make the compiler send features beyond its own (IR2Vec's vocabulary):
     # part of its channel and serving flags, and given with the plugin too.
     feature_flags: tuple[str, ...] = ()
+    # A digest of what beyond the compiler decides the features' values (IR2Vec: its
+    # vocabulary). Policies and traces keep it, and one made under another is refused:
+    # its embeddings would be other numbers under the same names.
+    feature_digest: str | None = None
     # Whether the reward metric is one `mlgo corpus stats` caches per module, under the
     # same name, from the plain compile at the corpus's level: then a baseline reads it
     # from there instead of compiling the corpus again.
@@ -139,6 +143,15 @@ class Problem:
     def flags_for_serving(self, base: str, default: bool = False) -> list[str]:
         """The serving flags; the channel's (which send the default) if DEFAULT."""
         return (self.channel_flags if default else self.serving_flags or self.channel_flags)(base)
+
+    def check_feature_digest(self, kept: object, where: str) -> None:
+        """Raises UsageError naming WHERE if it KEPT another feature digest than this
+        problem's (a policy or traces made under another vocabulary)."""
+        if self.feature_digest is not None and kept != self.feature_digest:
+            raise UsageError(
+                f"{where}: made with other {self.name} features than this mlgo's "
+                f"(digest {kept or 'none'}, here {self.feature_digest}); make it again"
+            )
 
     def group_of(self, obs: Observation) -> tuple[int, ...]:
         """The decision's group: its values of `group_features` (() where none are set)."""

@@ -11,6 +11,7 @@ with the package; its dimension is EMBEDDING_DIM.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 from mlgo.data import ir2vec_vocabulary
@@ -45,4 +46,5 @@ PROBLEM = replace(
     + tuple(f"{e}{ELEMENT}{i}" for e in EMBEDDINGS for i in range(EMBEDDING_DIM)),
     input_specs=tuple((e, "float32", (EMBEDDING_DIM,)) for e in EMBEDDINGS),
     feature_flags=VOCABULARY_FLAGS,
+    feature_digest=hashlib.sha256(ir2vec_vocabulary().read_bytes()).hexdigest()[:16],
 )

@@ -18,7 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from mlgo.llvm.languages import label
-from mlgo.llvm.log_format import Observation, element_column
+from mlgo.llvm.log_format import ELEMENT, Observation, element_column, tensor_of
 from mlgo.problems import Problem
 from mlgo.problems.normalizer import Normalizer
 from mlgo.records import Decisions
@@ -96,6 +96,13 @@ class MLPPolicy:
         layers = " -> ".join(str(w.shape[0]) for w in self.weights[::2])
         layers += f" -> {self.weights[-1].shape[0]}"
         out = f"An MLP ({layers}) over LLVM's {len(self.normalizer.features)} features. "
+        vectors = sorted({tensor_of(f) for f in self.normalizer.features if ELEMENT in f})
+        if vectors:
+            elements = sum(ELEMENT in f for f in self.normalizer.features)
+            out += (
+                f"{elements} of them are the elements of {' and '.join(vectors)}, IR2Vec "
+                f"embeddings from the vocabulary of digest {self.problem.feature_digest}. "
+            )
         if self.departure_threshold is not None:
             out += (
                 "It departs from the compiler's own decision only where it gives the other "

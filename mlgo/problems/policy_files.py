@@ -42,6 +42,8 @@ def save_policy(policy: MLPPolicy, directory: Path) -> None:
         meta["languages"] = list(policy.languages)
     if policy.guard is not None:
         meta["guard"] = policy.guard
+    if policy.problem.feature_digest is not None:
+        meta["feature_digest"] = policy.problem.feature_digest
     atomic_write_text(directory / "policy.json", json.dumps(meta, indent=1))
 
 
@@ -60,6 +62,10 @@ def load_policy(directory: Path) -> MLPPolicy:
         problem = get_problem(meta["problem"])
     except (KeyError, TypeError, UsageError) as e:
         raise PolicyError(f"{where}: not a policy ({e})") from e
+    try:
+        problem.check_feature_digest(meta.get("feature_digest"), str(where))
+    except UsageError as e:
+        raise PolicyError(str(e)) from e
     kind = policy_class(problem)
     if meta.get("kind", "mlp") != kind.kind:
         raise PolicyError(f"{where}: a {meta.get('kind', 'mlp')} policy for {problem.name}")

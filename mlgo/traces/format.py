@@ -56,6 +56,7 @@ class Manifest:
             # Whether `default_decision` is the compiler's own choice or the problem's
             # documented baseline rule (regalloc: LLVM does not send its default).
             "default_is_observed": self.problem.default_is_observed,
+            "feature_digest": self.problem.feature_digest,
             "toolchain": self.toolchain,
             "corpus": self.corpus,
             "features": self.specs,
@@ -82,6 +83,10 @@ class Manifest:
             problem = get_problem(d["problem"])
         except (KeyError, UsageError) as e:  # no problem named, or one not registered
             raise TraceError(f"{path}: {e.args[0]}") from e
+        try:
+            problem.check_feature_digest(d.get("feature_digest"), str(path))
+        except UsageError as e:
+            raise TraceError(str(e)) from e
         return cls(
             problem,
             d["toolchain"],
