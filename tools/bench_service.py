@@ -1,6 +1,6 @@
 """Benchmarks of the policy service (issue figures: round trip, build overhead, soak).
 
-  .venv/bin/python -m tools.bench_service --parts rtt,build,soak
+  .venv/bin/python -m tools.bench_service --parts rtt,build,soak [--policy DIR]
 
 - rtt: per-decision round trip on recorded real features, measured by a C peer playing the
   compiler (tools/channel_driver.c): the native AOT backend, the Python backend and, as a
@@ -37,7 +37,8 @@ from mlgo.llvm.channel import fifo_pair
 from mlgo.llvm.log_format import Header, TensorSpec
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.packages.recipes import load_recipe
-from mlgo.problems import get_problem
+from mlgo.problems import Problem
+from mlgo.problems.policy_files import load_policy
 from mlgo.programs.build import (
     build_program,
     mlgo_compilers,
@@ -51,7 +52,6 @@ from mlgo.runtime.files import atomic_write_text
 from mlgo.serve.client import request
 
 console = Console(width=160)
-POLICY = shipped_policy("inlining-size")
 
 
 def _compile_c(name: str, out: Path) -> Path:
@@ -62,9 +62,10 @@ def _compile_c(name: str, out: Path) -> Path:
     return binary
 
 
-def record_chunks(corpus: Path, package: str, modules: int, out: Path) -> tuple[Path, int]:
+def record_chunks(
+    corpus: Path, package: str, modules: int, out: Path, problem: Problem
+) -> tuple[Path, int]:
     """Real observations from real compilations, as the driver's chunk file."""
-    problem = get_problem("inlining-size")
     tc = find_toolchain()
     chosen = load_corpus(corpus).select([package]).modules[:modules]
     runs = [r for m in chosen if (r := compile_module(problem, m, tc.clang)).num_decisions]
@@ -99,13 +100,14 @@ def _drive(driver: Path, base: str, chunks: Path, passes: int) -> list[int]:
 
 
 def bench_rtt(args, work: Path) -> dict:
-    chunks, decisions = record_chunks(args.corpus, args.package, args.modules, work)
+    problem = load_policy(args.policy).problem  # what the served policy is sent
+    chunks, decisions = record_chunks(args.corpus, args.package, args.modules, work, problem)
     driver = _compile_c("channel_driver", work)
     responder = _compile_c("default_responder", work)
     results: dict[str, list[list[int]]] = {"native": [], "python": [], "c-floor": []}
     with (
-        policy_service([POLICY], work / "svc-native", "native") as native_env,
-        policy_service([POLICY], work / "svc-python", "python") as python_env,
+        policy_service([args.policy], work / "svc-native", "native") as native_env,
+        policy_service([args.policy], work / "svc-python", "python") as python_env,
     ):
         sockets = {"native": native_env["MLGO_SOCKET"], "python": python_env["MLGO_SOCKET"]}
         for _ in range(args.reps):
@@ -153,8 +155,8 @@ def bench_build(args, work: Path) -> dict:
     times: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     with (
-        policy_service([POLICY], work / "svc-plugin", "plugin") as plugin_env,
-        policy_service([POLICY], work / "svc-build", "native") as native_env,
+        policy_service([args.policy], work / "svc-plugin", "plugin") as plugin_env,
+        policy_service([args.policy], work / "svc-build", "native") as native_env,
     ):
         envs = {
             "plugin": dict(plugin_env, MLGO_CC=tc.clang),
@@ -262,7 +264,7 @@ def bench_soak(args, work: Path) -> dict:
     failures: list[str] = []
     lock = threading.Lock()
     samples: list[dict] = []
-    with policy_service([POLICY], work / "svc-soak", args.soak_backend) as env:
+    with policy_service([args.policy], work / "svc-soak", args.soak_backend) as env:
         sock = Path(env["MLGO_SOCKET"])
         service_pid = request({"op": "status"}, path=sock)["pid"]
         channels = sock.parent / "channels"
@@ -334,6 +336,9 @@ def bench_soak(args, work: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--parts", default="rtt,build,soak")
+    ap.add_argument(
+        "--policy", type=Path, default=shipped_policy("inlining-size"), help="the policy served"
+    )
     ap.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     ap.add_argument("--package", default="zlib", help="rtt: corpus package to record from")
     ap.add_argument("--modules", type=int, default=8, help="rtt: modules to record")
