@@ -49,7 +49,7 @@ def test_every_command_lives_in_the_cli_package_but_the_xla_wing():
     assert elsewhere == {"mlgo.xla.cli"}
     modules = {fn.__module__ for fn in CLI_COMMANDS}
     assert modules == {f"mlgo.cli.{m}" for m in ("corpus", "train", "ship", "programs", "serve")}
-    assert len(CLI_COMMANDS) == 19
+    assert len(CLI_COMMANDS) == 20
 
 
 @pytest.mark.unit

@@ -20,6 +20,7 @@ SHIPPED_FILES = (
     "mlgo",
     "corpus/recipes",
     "corpus/splits.toml",
+    "corpus/ir2vec-vocabulary.json",
     "policies",
 )
 

@@ -168,8 +168,10 @@ def corpus_vocabulary(
     from mlgo.corpus.format import load_corpus
     from mlgo.train.vocabulary import TransE, tail_hits, train_vocabulary
 
+    chosen = load_corpus(corpus)
+    out.parent.mkdir(parents=True, exist_ok=True)  # a bad --out fails now, not after training
     graph, entity, relation = train_vocabulary(
-        find_toolchain(clang), load_corpus(corpus), out, TransE(dim=dim, steps=steps)
+        find_toolchain(clang), chosen, out, TransE(dim=dim, steps=steps)
     )
     console.print(
         f"{out}: {len(graph.entities)} entities x {dim}, from {int(graph.counts.sum()):,} "
