@@ -92,16 +92,22 @@ class TensorSpec:
 ELEMENT = "."
 
 
+def column_of(name: str) -> tuple[str, int | None]:
+    """(tensor, element) that feature column NAME reads; None: the tensor whole."""
+    tensor, _, index = name.partition(ELEMENT)
+    return tensor, int(index) if index else None
+
+
 def tensor_of(name: str) -> str:
     """The tensor that feature column NAME reads."""
-    return name.partition(ELEMENT)[0]
+    return column_of(name)[0]
 
 
 def element_column(features: Mapping[str, np.ndarray], name: str, n: int) -> np.ndarray:
     """[n] values of column NAME over N decisions ([n, ...] tensors by name): a scalar
     feature, or one element of a vector feature."""
-    tensor, _, index = name.partition(ELEMENT)
-    return features[tensor].reshape(n, -1)[:, int(index or 0)]
+    tensor, index = column_of(name)
+    return features[tensor].reshape(n, -1)[:, index or 0]
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,11 @@ compiler features.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from mlgo.llvm.log_format import column_of
 from mlgo.problems import SELF, Derived
 
 QUANTILES = 256
@@ -34,6 +35,12 @@ class Normalizer:
     features: tuple[str, ...]  # LLVM's, in input order
     quantiles: list[np.ndarray]  # per column (features, then derived): sorted boundaries
     derived: tuple[Derived, ...] = ()
+    # (tensor, element or None) each feature reads (`log_format.column_of`), parsed once:
+    # a policy reads them at every decision
+    reads: list[tuple[str, int | None]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.reads = [column_of(f) for f in self.features]
 
     @classmethod
     def fit(

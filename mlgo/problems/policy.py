@@ -18,7 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from mlgo.llvm.languages import label
-from mlgo.llvm.log_format import ELEMENT, Observation, element_column, tensor_of
+from mlgo.llvm.log_format import Observation, element_column
 from mlgo.problems import Problem
 from mlgo.problems.normalizer import Normalizer
 from mlgo.records import Decisions
@@ -96,11 +96,11 @@ class MLPPolicy:
         layers = " -> ".join(str(w.shape[0]) for w in self.weights[::2])
         layers += f" -> {self.weights[-1].shape[0]}"
         out = f"An MLP ({layers}) over LLVM's {len(self.normalizer.features)} features. "
-        vectors = sorted({tensor_of(f) for f in self.normalizer.features if ELEMENT in f})
-        if vectors:
-            elements = sum(ELEMENT in f for f in self.normalizer.features)
+        elements = [t for t, i in self.normalizer.reads if i is not None]
+        if elements:
+            vectors = sorted(set(elements))
             out += (
-                f"{elements} of them are the elements of {' and '.join(vectors)}, IR2Vec "
+                f"{len(elements)} of them are the elements of {' and '.join(vectors)}, IR2Vec "
                 f"embeddings from the vocabulary of digest {self.problem.feature_digest}. "
             )
         if self.departure_threshold is not None:
@@ -134,7 +134,9 @@ class MLPPolicy:
         return h
 
     def raw_features(self, obs: Observation) -> np.ndarray:
-        return self.decision_rows(obs.features, 1)[0]
+        reads = self.normalizer.reads
+        values = (obs.features[t].reshape(-1)[i or 0] for t, i in reads)
+        return np.fromiter(values, np.float64, len(reads))
 
     def __call__(self, obs: Observation) -> int:
         scores = self.logits(self.raw_features(obs))[0]

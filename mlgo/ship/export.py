@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlgo.llvm.log_format import ELEMENT, tensor_of
+from mlgo.llvm.log_format import column_of, tensor_of
 from mlgo.problems import SELF
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.files import atomic_directory, atomic_write_text
@@ -119,9 +119,9 @@ def build_module(policy: MLPPolicy):
     def column(sent: dict, f: str):
         """Column F as [slots] float64: a scalar (or one element of a vector) repeats on
         every row, a per-candidate tensor gives one value per row."""
-        tensor, _, index = f.partition(ELEMENT)
+        tensor, index = column_of(f)
         x = tf.reshape(sent[tensor], [-1])
-        x = x[int(index) : int(index) + 1] if index else x
+        x = x if index is None else x[index : index + 1]
         return tf.broadcast_to(tf.cast(x, tf.float64), [slots])
 
     def action(*inputs):

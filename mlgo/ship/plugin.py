@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlgo.llvm.log_format import ELEMENT
+from mlgo.llvm.log_format import column_of
 from mlgo.llvm.toolchain import Toolchain, ToolchainError
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.csource import c_string
@@ -53,10 +53,10 @@ def policy_header(policy: MLPPolicy) -> str:
     out += f"constexpr int kDerived = {len(norm.derived)};\n"
     out += f"constexpr int kLayers = {len(layer_in)};\n"
     out += f"constexpr int kMaxWidth = {max([norm.width, *layer_out])};\n"
-    tensors = [f.partition(ELEMENT) for f in norm.features]  # (tensor, ".", element or "")
-    out += _array("char* const", "kFeatureNames", [c_string(t) for t, _, _ in tensors])
-    out += _array("int", "kFeatureElement", [i or "0" for _, _, i in tensors])
-    embeddings = any(i for _, _, i in tensors)  # a vector's elements: IR2Vec's embeddings
+    columns = [column_of(f) for f in norm.features]
+    out += _array("char* const", "kFeatureNames", [c_string(t) for t, _ in columns])
+    out += _array("int", "kFeatureElement", [str(i or 0) for _, i in columns])
+    embeddings = any(i is not None for _, i in columns)  # IR2Vec's vectors, by element
     out += f"constexpr bool kReadsEmbeddings = {str(embeddings).lower()};\n"
     out += _array("int", "kDerivedLeft", [str(index[d.left]) for d in norm.derived])
     out += _array("int", "kDerivedRight", [str(index[d.right]) for d in norm.derived])
