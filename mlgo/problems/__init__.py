@@ -144,14 +144,15 @@ class Problem:
         """The serving flags; the channel's (which send the default) if DEFAULT."""
         return (self.channel_flags if default else self.serving_flags or self.channel_flags)(base)
 
-    def check_feature_digest(self, kept: object, where: str) -> None:
-        """Raises UsageError naming WHERE if it KEPT another feature digest than this
-        problem's (a policy or traces made under another vocabulary)."""
-        if self.feature_digest is not None and kept != self.feature_digest:
-            raise UsageError(
-                f"{where}: made with other {self.name} features than this mlgo's "
-                f"(digest {kept or 'none'}, here {self.feature_digest}); make it again"
-            )
+    def other_features(self, kept: object) -> str | None:
+        """Why what KEPT that feature digest (a policy, traces) was made under another
+        vocabulary than this problem's; None if it was not."""
+        if self.feature_digest is None or kept == self.feature_digest:
+            return None
+        return (
+            f"made with other {self.name} features than this mlgo's "
+            f"(digest {kept or 'none'}, here {self.feature_digest}); make it again"
+        )
 
     def group_of(self, obs: Observation) -> tuple[int, ...]:
         """The decision's group: its values of `group_features` (() where none are set)."""

@@ -62,10 +62,8 @@ def load_policy(directory: Path) -> MLPPolicy:
         problem = get_problem(meta["problem"])
     except (KeyError, TypeError, UsageError) as e:
         raise PolicyError(f"{where}: not a policy ({e})") from e
-    try:
-        problem.check_feature_digest(meta.get("feature_digest"), str(where))
-    except UsageError as e:
-        raise PolicyError(str(e)) from e
+    if why := problem.other_features(meta.get("feature_digest")):
+        raise PolicyError(f"{where}: {why}")
     kind = policy_class(problem)
     if meta.get("kind", "mlp") != kind.kind:
         raise PolicyError(f"{where}: a {meta.get('kind', 'mlp')} policy for {problem.name}")

@@ -83,10 +83,8 @@ class Manifest:
             problem = get_problem(d["problem"])
         except (KeyError, UsageError) as e:  # no problem named, or one not registered
             raise TraceError(f"{path}: {e.args[0]}") from e
-        try:
-            problem.check_feature_digest(d.get("feature_digest"), str(path))
-        except UsageError as e:
-            raise TraceError(str(e)) from e
+        if why := problem.other_features(d.get("feature_digest")):
+            raise TraceError(f"{path}: {why}")
         return cls(
             problem,
             d["toolchain"],
