@@ -69,3 +69,16 @@ def test_a_module_that_is_not_bitcode_is_named_and_nothing_is_written(tc, mini_c
     with pytest.raises(VocabularyError, match=f"^{bad}: llvm-ir2vec triplets failed"):
         train_vocabulary(tc, load_corpus(broken), out, TransE(dim=2, steps=1))
     assert not out.exists()
+
+
+def test_the_command_refuses_a_bad_corpus_or_out_in_one_line_before_training(mini_corpus, tmp_path):
+    from tests.cli_helpers import mlgo, one_line_error
+
+    out = tmp_path / "vocab.json"
+    r = mlgo("corpus", "vocabulary", str(tmp_path / "nothing"), "--out", str(out))
+    one_line_error(r, "corpus_description.json: not found")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine")
+    r = mlgo("corpus", "vocabulary", str(mini_corpus.root), "--out", str(blocker / "v.json"))
+    one_line_error(r, "a-file")
+    assert blocker.read_text() == "mine" and not out.exists()
