@@ -236,6 +236,29 @@ def test_the_native_wrapper_guards_without_python(eager, tc, tmp_path):
     assert r.returncode == 127 and "cannot run" in r.stderr
 
 
+def test_a_policy_shipped_guarded_is_guarded_without_asking(inline_all, tc, tmp_path):
+    """A per-file policy whose file asks for the size guard gets it without MLGO_GUARD, from
+    the native wrapper itself (built to hand over to an interpreter that is not there) and
+    from Python's: hash.c, which inlining everything grows, is clang's object, byte for byte."""
+    policy = save_inline_all(tmp_path / "guarded", languages=None, guard="size")
+    (tmp_path / "service").mkdir()
+    service = Service(tmp_path / "service", "--policy", str(policy), "--backend", "python")
+    native = tmp_path / "mlgo-cc"
+    build_native_wrapper(native, python=str(tmp_path / "no-python"))
+    args = ["-Oz", "-c", str(HASH), "-o", "hash.o"]
+    plain(tc, args, cwd=tmp_path)
+    default = (tmp_path / "hash.o").read_bytes()
+    try:
+        for wrapper in ([str(native)], MLGO_CC):
+            (tmp_path / "hash.o").unlink()
+            r = run([*wrapper, *args], service.env(), cwd=tmp_path)
+            assert r.returncode == 0 and not r.stderr, r.stderr
+            assert (tmp_path / "hash.o").read_bytes() == default
+        assert service.status()["compilations"] == 2
+    finally:
+        service.stop()
+
+
 def test_a_stopped_guard_leaves_nothing_behind(cc, eager, tmp_path):
     """make's Ctrl-C or a killed job: the wrapper dies of the signal, and its private
     directory goes with it."""

@@ -230,6 +230,33 @@ def test_calibrate_writes_a_gated_policy_no_package_grows_with(mini_corpus, tc, 
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
 
 
+def test_calibrating_for_the_guard_judges_as_served_and_asks_for_it(mini_corpus, tc, tmp_path):
+    """--guard: each threshold judged as MLGO_GUARD=size serves it, so the eager policy that
+    grows the package ungated grows nothing; the policy written asks to be guarded, and its
+    evaluation reports what is served beside the policy alone."""
+    eager = load_policy(POLICIES / "inlining-size")
+    eager.weights[-1] = eager.weights[-1] + np.array([0.0, 6.0], np.float32)
+    save_policy(eager, tmp_path / "eager")
+    corpus = ("--corpus", str(mini_corpus.root))
+    r = run_mlgo("calibrate", "--guard", "--policy", str(tmp_path / "eager"), *corpus,
+                 "--out", str(tmp_path / "cal"), timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "guarded (MLGO_GUARD=size)" in r.stdout
+    record = json.loads((tmp_path / "cal" / "calibration.json").read_text())
+    assert record["guard"] == "size" and record["safe"]
+    assert all(not row["packages_larger"] for row in record["sweep"])
+    calibrated = load_policy(tmp_path / "cal")
+    assert calibrated.guard == "size" and calibrated.departure_threshold == record["threshold"]
+    r = run_mlgo("eval", "--policy", str(tmp_path / "cal"), *corpus, "--out",
+                 str(tmp_path / "ev"), timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    alone, served = (Evaluation.load(tmp_path / d) for d in ("ev", "ev/guarded"))
+    assert served.modules == alone.guarded().modules
+    chosen = next(row for row in record["sweep"] if row["threshold"] == record["threshold"])
+    assert served.totals()["delta"] == pytest.approx(chosen["change"])
+    assert not served.packages_larger()
+
+
 def test_a_policy_for_another_language_leaves_every_module_to_the_default(mini_corpus, tc):
     """Evaluated as it is served: the C corpus's modules are the default's, none compiled."""
     eager = load_policy(POLICIES / "inlining-size")

@@ -407,6 +407,33 @@ def test_totals_and_packages_compare_the_policy_with_the_default(tmp_path):
     assert Evaluation.load(tmp_path).totals() == ev.totals()
 
 
+def test_the_guard_keeps_the_default_wherever_the_objects_text_did_not_shrink():
+    """As mlgo.serve.guard keeps objects: by their whole .text, a tie the default's; every
+    measure of a module kept is the default's, and a C++ object that sheds a shared copy
+    (.text smaller, `text_once` larger) stays the policy's."""
+    row = {"decisions": 3, "changed": 1}
+
+    def sizes(text: float, once: float, default_text: float, default_once: float) -> dict:
+        return {**row, "text_size": text, "text_once": once,
+                "default_text_size": default_text, "default_text_once": default_once}  # fmt: skip
+
+    ev = Evaluation(get_problem("inlining-size"), "clang", "corpus")
+    ev.modules = {
+        "p/larger.o": sizes(130, 130, 100, 100),
+        "p/tie.o": sizes(100, 95, 100, 100),
+        "p/smaller.o": sizes(80, 80, 100, 100),
+        "q/sheds-copy.o": sizes(90, 104, 100, 100),
+    }
+    guarded = ev.guarded()
+    assert {n: r["text_size"] for n, r in guarded.modules.items()} == {
+        "p/larger.o": 100, "p/tie.o": 100, "p/smaller.o": 80, "q/sheds-copy.o": 90,
+    }  # fmt: skip
+    assert guarded.modules["p/tie.o"]["text_once"] == 100
+    assert guarded.modules["p/larger.o"]["changed"] == 0
+    assert guarded.packages_larger() == ["q"]  # the guard does not see text_once
+    assert guarded.packages_larger("text_size") == [] and ev.packages_larger() == ["p", "q"]
+
+
 def test_the_language_tool_splits_an_evaluation_into_c_and_cxx_and_the_guards_sizes(tmp_path):
     tool = Path(__file__).resolve().parents[1] / "tools" / "eval_by_language.py"
     ev = _evaluation("inlining-size", "text_once")  # zlib: C, -10 and +10 bytes

@@ -4,13 +4,13 @@
 
 Each argument is what `mlgo eval --out DIR` wrote. Per evaluation: the change against the
 default in total, for the C and for the C++ modules, the packages made larger, and the same
-totals with each module at the smaller of the policy's and the default's size, which is what
-the size guard keeps, read from the same per-module sizes (no compile). A module's language
-is the one its compile command in the evaluated corpus says (`Module.language`, as
-`mlgo calibrate` reads it); where that corpus is no longer there, its package's in
-corpus/splits.toml, and a note says so. The figures are in the evaluation's reward metric,
-or in another both sides measured (`--metric`: inlining's `text_size`, the objects' whole
-.text, beside its `text_once`).
+totals with each module whose object the policy did not make smaller at the default's size,
+which is what the size guard keeps, read from the same per-module sizes (no compile). A
+module's language is the one its compile command in the evaluated corpus says
+(`Module.language`, as `mlgo calibrate` reads it); where that corpus is no longer there,
+its package's in corpus/splits.toml, and a note says so. The figures are in the
+evaluation's reward metric, or in another both sides measured (`--metric`: inlining's
+`text_size`, the objects' whole .text, beside its `text_once`).
 """
 
 from __future__ import annotations
@@ -49,18 +49,15 @@ def change(pairs: list[tuple[float, float]]) -> str:
 
 def figures(ev: Evaluation, language: dict[str, str], metric: str | None = None) -> dict[str, str]:
     """EV's changes in METRIC (default: its reward metric) in total, for C and for C++
-    (LANGUAGE: each module's), each also as the size guard would leave them, and the
-    packages made larger."""
+    (LANGUAGE: each module's), each also as the size guard would leave them
+    (`Evaluation.guarded`), and the packages made larger."""
     m = metric or ev.metric
-    rows = {name: (r[m], r[f"default_{m}"]) for name, r in ev.modules.items()}
-    lang = {name: language.get(name, "?") for name in rows}
     out: dict[str, str] = {}
-    for guard in (False, True):
-        pick = {n: (min(p, d) if guard else p, d) for n, (p, d) in rows.items()}
-        suffix = " (guard)" if guard else ""
-        out["total" + suffix] = change(list(pick.values()))
+    for suffix, served in (("", ev), (" (guard)", ev.guarded())):
+        rows = {name: (r[m], r[f"default_{m}"]) for name, r in served.modules.items()}
+        out["total" + suffix] = change(list(rows.values()))
         for want in ("C", "C++"):
-            out[want + suffix] = change([v for n, v in pick.items() if lang[n] == want])
+            out[want + suffix] = change([v for n, v in rows.items() if language.get(n) == want])
     larger = ev.per_package(m)
     out["larger"] = ", ".join(
         f"{p} {100 * larger[p]['delta']:+.2f}% ({larger[p][m] - larger[p][f'default_{m}']:+,.0f})"

@@ -17,7 +17,7 @@ qualifies, nothing ships. It alone is then evaluated once on CORPORA/test, per p
 C and C++ apart (corpus/splits.toml). Writes OUT/chosen (the policy) and OUT/ship.json.
 
 With --guard, every candidate is judged as served with MLGO_GUARD=size at the link: each
-program the policy makes larger is lld's own (`Evaluation.with_default`), so the choice
+program the policy makes larger is lld's own (`Evaluation.guarded`), so the choice
 is the smallest guarded total; test is reported guarded and, from the same links, as the
 policy alone. Writes OUT/chosen-guard (its policy.json asks for the guard, so that it is
 served guarded) and OUT/ship-guard.json.
@@ -78,11 +78,6 @@ def judged(ev: Evaluation) -> dict:
         "packages": {p: 100 * r["delta"] for p, r in sorted(ev.per_package().items())},
         "by_language_pct": {x: 100 * (a / b - 1) for x, (a, b) in sorted(by_language.items())},
     }
-
-
-def as_guarded(ev: Evaluation) -> Evaluation:
-    """EV as MLGO_GUARD=size serves it: a program the policy made larger is the default's."""
-    return ev.with_default(set(ev.modules_larger()))
 
 
 def _rows(judgment: dict) -> list[str]:
@@ -159,7 +154,7 @@ def main() -> None:
     parser.add_argument("--guard", action="store_true", help="judge as MLGO_GUARD=size serves")
     parser.add_argument("--release", type=Path, help="write the chosen policy here as it ships")
     args = parser.parse_args()
-    serve = as_guarded if args.guard else (lambda ev: ev)
+    serve = Evaluation.guarded if args.guard else (lambda ev: ev)
     suffix = "-guard" if args.guard else ""
     problem, tc = get_problem(PROBLEM), find_toolchain()
 

@@ -167,22 +167,26 @@ def eval_cmd(
     chosen = selected(corpus, packages, loaded.problem)
     with closing(make_workers(workers)) as pool:
         ev = evaluate(loaded, chosen, tc, pool, loaded.problem)
-    dest = out or pdir.parent / f"eval-{corpus.name}"
-    ev.save(dest)
-    console.print(_eval_table(ev, f"{pdir} on {corpus}", "modules"))
-    console.print(f"wrote {dest / 'eval.json'}")
+    dest, title = out or pdir.parent / f"eval-{corpus.name}", f"{pdir} on {corpus}"
+    _saved(ev, dest, title, "modules")
+    if loaded.guard:  # as it is served: each object the smaller of the two
+        _saved(ev.guarded(), dest / "guarded", f"{title}, as the size guard serves it", "modules")
     if chosen.stage != "compile":  # what the link keeps, as lld's LTO makes it
         linked = linked_evaluation(loaded.problem, inliner_plugin(loaded, tc), chosen, tc)
-        linked.save(dest / "linked")
-        title = f"{pdir} on {corpus}, linked by lld's LTO"
-        console.print(_eval_table(linked, title, "programs"))
-        console.print(f"wrote {dest / 'linked' / 'eval.json'}")
+        _saved(linked, dest / "linked", f"{title}, linked by lld's LTO", "programs")
     for name, msg in ev.failed.items():
         err.print(f"[red]failed[/red] {name}: {msg}", highlight=False)
     if ev.failed:
         err.print(f"{len(ev.failed)} of {len(chosen.modules)} modules failed", highlight=False)
         if not allow_failures:
             raise typer.Exit(1)
+
+
+def _saved(ev: Evaluation, dest: Path, title: str, counted: str) -> None:
+    """EV written to DEST/eval.json and shown (`_eval_table`)."""
+    ev.save(dest)
+    console.print(_eval_table(ev, title, counted))
+    console.print(f"wrote {dest / 'eval.json'}")
 
 
 def _eval_table(ev: Evaluation, title: str, counted: str) -> Table:
@@ -209,6 +213,13 @@ def calibrate(
     corpus: Annotated[Path, typer.Option(help="validation corpus: packages it did not train on")],
     out: Annotated[Path, typer.Option(help="where the calibrated policy goes")],
     packages: PackagesOpt = "",
+    guard: Annotated[
+        bool,
+        typer.Option(
+            help="judge each threshold as MLGO_GUARD=size serves it (each object the smaller"
+            " of the policy's and the default's); the policy then asks to be guarded"
+        ),
+    ] = False,
     workers: WorkersOpt = "local",
     clang: ClangOpt = None,
 ) -> None:
@@ -223,8 +234,9 @@ def calibrate(
     pdir = policy_dir(policy)
     chosen = selected(corpus, packages, load_policy(pdir).problem)
     with closing(make_workers(workers)) as pool:
-        cal = calibrate_policy(pdir, chosen, tc, pool, out)
-    table = Table("threshold", "answers", "change", "packages larger", title=f"{pdir} on {corpus}")
+        cal = calibrate_policy(pdir, chosen, tc, pool, out, guard="size" if guard else None)
+    title = f"{pdir} on {corpus}" + (", as the size guard serves it" if guard else "")
+    table = Table("threshold", "answers", "change", "packages larger", title=title)
     for r in cal.sweep:
         failed = f" ({len(r['failed'])} modules failed)" if r["failed"] else ""
         for who, judged in [("all", r), *r.get("by_language", {}).items()]:
@@ -241,7 +253,8 @@ def calibrate(
         if cal.languages
         else "every compile"
     )
-    console.print(f"{out}: departure threshold {cal.threshold:g}, answering {answers}")
+    served = ", guarded (MLGO_GUARD=size)" if guard else ""
+    console.print(f"{out}: departure threshold {cal.threshold:g}, answering {answers}{served}")
 
 
 def report(

@@ -86,13 +86,17 @@ def text_once(parts: TextParts, copies: Mapping[str, int]) -> float:
     return parts.own + sum(size / max(copies.get(s, 1), 1) for s, size in parts.shared.items())
 
 
+# The measurement MLGO_GUARD=size compares (mlgo.serve.guard): an object's whole .text.
+GUARD_METRIC = "text_size"
+
+
 def text_metrics(obj: Path, _workdir: Path, copies: Mapping[str, int]) -> dict[str, float]:
     """An object's .text bytes as measurements: all of them ("text_size", what
     `mlgo corpus stats` records and the guard compares) and with its inline functions'
     copies shared out among the package's objects ("text_once", what inlining rewards)."""
     parts = text_parts(obj)
     return {
-        "text_size": float(parts.own + sum(parts.shared.values())),
+        GUARD_METRIC: float(parts.own + sum(parts.shared.values())),
         "text_once": text_once(parts, copies),
     }
 

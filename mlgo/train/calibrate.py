@@ -8,6 +8,9 @@ one that shrinks them most without any package getting larger.
 Where the corpus holds both C and C++, each threshold is also judged for the policy answering
 one language alone (the other's modules at the default's size: no compile more). A policy
 whose C++ packages grow at every threshold can still ship for C, and is served for C only.
+
+Calibrated for the size guard, each threshold is judged as MLGO_GUARD=size serves it (every
+object the policy did not make smaller is the default's), and the policy asks to be guarded.
 """
 
 from __future__ import annotations
@@ -48,8 +51,10 @@ def calibrate(
     tc: Toolchain,
     workers: Workers,
     grid: tuple[float, ...] = GRID,
+    guard: str | None = None,
 ) -> Calibration:
-    """One evaluation of POLICY on CORPUS per threshold of GRID, and the one `choose`s."""
+    """One evaluation of POLICY on CORPUS per threshold of GRID, judged as served with
+    GUARD (`Evaluation.guarded`; None: none), and the one `choose`s."""
     if not policy.can_gate:
         raise UsageError(f"a {policy.problem.name} policy has no default to gate on")
     language = {m.name: m.language for m in corpus.modules}
@@ -58,6 +63,7 @@ def calibrate(
     for t in sorted(grid):
         everywhere = replace(policy, departure_threshold=t, languages=None)
         ev = evaluate(everywhere, corpus, tc, workers, policy.problem)
+        ev = ev.guarded() if guard else ev
         row = {"threshold": t, **_judged(ev), "failed": sorted(ev.failed)}
         if len(present) > 1:
             row["by_language"] = {
@@ -97,10 +103,16 @@ def choose(sweep: list[dict]) -> tuple[float, tuple[str, ...] | None]:
 
 
 def calibrate_policy(
-    source: Path, corpus: Corpus, tc: Toolchain, workers: Workers, out: Path
+    source: Path,
+    corpus: Corpus,
+    tc: Toolchain,
+    workers: Workers,
+    out: Path,
+    guard: str | None = None,
 ) -> Calibration:
     """Calibrates the policy in SOURCE on CORPUS into OUT: the policy with the chosen
-    threshold and calibration.json recording the sweep, written whole or not at all. OUT
+    threshold (asking for GUARD, as it was judged) and calibration.json recording the
+    sweep, written whole or not at all. OUT
     may be a policy directory (replaced, with any export of it: that one has no gate), never
     SOURCE or a directory of other files; both are refused before anything is compiled."""
     if out.resolve() == source.resolve():
@@ -112,10 +124,13 @@ def calibrate_policy(
     ):
         raise UsageError(f"--out {out} exists and is not a policy directory")
     policy = load_policy(source)
-    calibration = calibrate(policy, corpus, tc, workers)
+    calibration = calibrate(policy, corpus, tc, workers, guard=guard)
     with atomic_directory(out) as staging:
         calibrated = replace(
-            policy, departure_threshold=calibration.threshold, languages=calibration.languages
+            policy,
+            departure_threshold=calibration.threshold,
+            languages=calibration.languages,
+            guard=guard,
         )
         save_policy(calibrated, staging)
         record = {
@@ -124,6 +139,7 @@ def calibrate_policy(
             "threshold": calibration.threshold,
             "languages": calibration.languages,
             "safe": calibration.safe,
+            "guard": guard,
             "sweep": calibration.sweep,
         }
         atomic_write_text(staging / "calibration.json", json.dumps(record, indent=1))

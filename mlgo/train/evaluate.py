@@ -18,6 +18,7 @@ from mlgo.corpus.format import Corpus, Module
 from mlgo.corpus.stats import SIZES, corpus_stats, shared_out
 from mlgo.errors import UsageError
 from mlgo.llvm.channel import Policy
+from mlgo.llvm.sizes import GUARD_METRIC
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem, get_problem
 from mlgo.runtime.files import atomic_write_text
@@ -146,6 +147,14 @@ class Evaluation:
             for name, r in self.modules.items()
         }
         return replace(self, modules=modules)
+
+    def guarded(self) -> Evaluation:
+        """This evaluation as MLGO_GUARD=size serves the policy: each module (or linked
+        program) whose `.text` the policy did not make smaller is the default's, as
+        `mlgo.serve.guard` keeps the default's output on a tie."""
+        size = GUARD_METRIC if GUARD_METRIC in self.metrics else self.metric
+        kept = {n for n, r in self.modules.items() if r[size] >= r[f"default_{size}"]}
+        return self.with_default(kept)
 
     def modules_larger(self) -> list[str]:
         """The modules (programs, judged at the link) the policy made larger, sorted."""
