@@ -22,7 +22,7 @@ from mlgo.corpus.compile import compile_module
 from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.programs.measure import live_children
-from mlgo.serve.cc import install_native_wrappers
+from mlgo.serve.cc import NATIVE_SOURCE, build_native_wrapper, install_native_wrappers
 from mlgo.serve.client import ServiceError, request, runtime_dir
 from tests.conftest import DATA, MLGO
 
@@ -400,6 +400,27 @@ def test_no_service_falls_back_with_one_warning(cc, tmp_path):
     assert r.stderr.count("\n") == 1 and "default heuristic" in r.stderr
     r = mlgo_cc(cc, SOURCES[0], tmp_path / "b.o", dict(env, MLGO_STRICT="1"))
     assert r.returncode == 1 and "mlgo-cc: error: no mlgo service" in r.stderr
+
+
+def test_a_native_wrapper_of_another_mlgo_is_told_once_to_be_installed_again(native_cc, tmp_path):
+    """A native mlgo-cc built from other sources (an older mlgo's) still builds, and its first
+    compile says once what to run; this mlgo's own says nothing."""
+    older = tmp_path / "mlgo_cc.c"
+    older.write_text(NATIVE_SOURCE.read_text() + "/* another version */\n")
+    stale = tmp_path / "stale-mlgo-cc"
+    build_native_wrapper(stale, source=older)
+    (tmp_path / "svc").mkdir()
+    service = Service(tmp_path / "svc", "--policy", str(SHIPPED))
+    try:
+        r = mlgo_cc(native_cc, SOURCES[0], tmp_path / "a.o", service.env())
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        for i in range(2):
+            r = mlgo_cc([str(stale)], SOURCES[0], tmp_path / f"stale-{i}.o", service.env())
+            assert r.returncode == 0
+            assert r.stderr.count("run mlgo install-wrappers") == (i == 0), r.stderr
+        assert (tmp_path / "stale-0.o").read_bytes() == (tmp_path / "a.o").read_bytes()
+    finally:
+        service.stop()
 
 
 def test_user_compile_errors_are_passed_through(cc, native, tmp_path):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import math
 import os
 import select
@@ -662,20 +663,35 @@ def main_cxx() -> None:
 NATIVE_SOURCE = Path(__file__).parent / "native" / "mlgo_cc.c"
 
 
+def native_lists() -> dict[str, list[str]]:
+    """The lists the native wrapper is built with (-D options): the lease allow-list of the
+    registered problems, and the LLVM options that only report."""
+    switches, channels = lease_allow_list()
+    return {
+        "MLGO_LEASE_SWITCHES": sorted(switches),
+        "MLGO_LEASE_CHANNELS": sorted(f"{c}=" for c in channels),
+        "MLGO_REPORTING_LLVM_OPTIONS": list(REPORTING_LLVM_OPTIONS),
+    }
+
+
+@cache
+def native_build_id(source: Path = NATIVE_SOURCE) -> str:
+    """What a native wrapper built from SOURCE by this mlgo is: its source and its lists,
+    hashed. It sends it with every compile, so that the service can say when the one
+    installed is another mlgo's (it then hands every compile to the slower Python one)."""
+    facts = source.read_bytes() + json.dumps(native_lists(), sort_keys=True).encode()
+    return hashlib.sha256(facts).hexdigest()[:16]
+
+
 def build_native_wrapper(
     out: Path, *defines: str, python: str = sys.executable, source: Path = NATIVE_SOURCE
 ) -> None:
     """Compiles SOURCE (the native wrapper; another revision's, for a benchmark) to OUT,
     handing uncommon cases to PYTHON, with DEFINES (-D options: tests build its checking
-    entry point so) and the lease allow-list of the registered problems."""
-    switches, channels = lease_allow_list()
-    lists = {
-        "MLGO_LEASE_SWITCHES": sorted(switches),
-        "MLGO_LEASE_CHANNELS": sorted(f"{c}=" for c in channels),
-        "MLGO_REPORTING_LLVM_OPTIONS": list(REPORTING_LLVM_OPTIONS),
-    }
+    entry point so), `native_lists` and its `native_build_id`."""
     cmd = ["cc", "-O2", "-Wall", "-Werror", f"-DMLGO_PYTHON={c_string(python)}", *defines]
-    cmd += [f"-D{name}={', '.join(map(c_string, values))}" for name, values in lists.items()]
+    cmd += [f"-DMLGO_BUILD_ID={c_string(native_build_id(source))}"]
+    cmd += [f"-D{name}={', '.join(map(c_string, v))}" for name, v in native_lists().items()]
     proc = subprocess.run([*cmd, str(source), "-o", str(out)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise OSError(f"cannot build {source.name}: {error_line(proc.stderr)}")

@@ -117,6 +117,8 @@ class _Handler(socketserver.StreamRequestHandler):
         if "language" not in message:
             raise UsageError("a compile request names its language; run mlgo install-wrappers")
         served, note = service.serving(level, language, stage)
+        stale = _stale_native(message.get("native"))
+        note = "; ".join(n for n in (note, stale and service.once(stale)) if n) or None
         policies = [str(p.path) for p in service.policies]  # what answers, for MLGO_POLICY
         reply: dict = {"policies": policies} | ({"note": note} if note else {})
         if not served:
@@ -255,3 +257,15 @@ def run_service(
     names = ", ".join(f"{p.problem.name} ({p.backend.name})" for p in service.policies)
     say(f"mlgo: serving {names} on {socket_file}")
     serve_forever(service, socket_file, idle_exit_s)
+
+
+def _stale_native(build_id: object) -> str | None:
+    """What to tell a user whose native mlgo-cc (BUILD_ID: the one it sends) was built by
+    another mlgo than this service's: its lists may refuse what this one serves, and every
+    compile it refuses goes through the Python wrapper, much slower. None when it is this
+    mlgo's, or the request is not from a native wrapper."""
+    from mlgo.serve.cc import native_build_id
+
+    if build_id is None or build_id == native_build_id():
+        return None
+    return "the native mlgo-cc was built for another version of mlgo; run mlgo install-wrappers"

@@ -235,9 +235,14 @@ class Service:
         with self._lock:
             counts = self.counts[stage].setdefault(level, {"served": 0, "default": 0})
             counts["served" if served else "default"] += 1
+        return served, self.once(note)
+
+    def once(self, note: str | None) -> str | None:
+        """NOTE the first time it is given, None after."""
+        with self._lock:
             first = note not in self._noted
             self._noted.add(note)
-        return served, note if first else None
+        return note if first else None
 
     def open_lease(
         self,

@@ -41,7 +41,7 @@
 #include <unistd.h>
 
 #if !defined(MLGO_PYTHON) || !defined(MLGO_LEASE_SWITCHES) || !defined(MLGO_LEASE_CHANNELS) || \
-    !defined(MLGO_REPORTING_LLVM_OPTIONS)
+    !defined(MLGO_REPORTING_LLVM_OPTIONS) || !defined(MLGO_BUILD_ID)
 #error "build with mlgo.serve.cc.build_native_wrapper: it defines MLGO_PYTHON and the allow-list"
 #endif
 
@@ -811,8 +811,10 @@ int main(int argc, char **argv) {
   const char *language = stage ? NULL : source_language(argc, argv, cxx); /* a link has none */
   const char *quote = language ? "\"" : "";
   snprintf(line, LINE_MAX_BYTES,
-           "{\"op\": \"compile\", \"level\": \"%s\", \"language\": %s%s%s, \"stage\": \"%s\"}\n",
-           level, quote, language ? language : "null", quote, stage ? stage : "compile");
+           "{\"op\": \"compile\", \"level\": \"%s\", \"language\": %s%s%s, \"stage\": \"%s\", "
+           "\"native\": \"%s\"}\n",
+           level, quote, language ? language : "null", quote, stage ? stage : "compile",
+           MLGO_BUILD_ID);
   if (send_all(sock, line) || read_line(sock, line, LINE_MAX_BYTES, 10000) < 0 ||
       (n_flags = json_strings(line, "flags", flags, MAX_FLAGS)) < 0) {
     close(sock);
