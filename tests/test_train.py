@@ -248,13 +248,16 @@ def test_calibrating_for_the_guard_judges_as_served_and_asks_for_it(mini_corpus,
     calibrated = load_policy(tmp_path / "cal")
     assert calibrated.guard == "size" and calibrated.departure_threshold == record["threshold"]
     r = run_mlgo("eval", "--policy", str(tmp_path / "cal"), *corpus, "--out",
-                 str(tmp_path / "ev"), timeout=600)  # fmt: skip
+                 str(tmp_path / "eval-mini"), timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    alone, served = (Evaluation.load(tmp_path / d) for d in ("ev", "ev/guarded"))
+    alone, served = (Evaluation.load(tmp_path / d) for d in ("eval-mini", "eval-mini/guarded"))
     assert served.modules == alone.guarded().modules
     chosen = next(row for row in record["sweep"] if row["threshold"] == record["threshold"])
     assert served.totals()["delta"] == pytest.approx(chosen["change"])
     assert not served.packages_larger()
+    card = model_card(calibrated, tmp_path)  # the evaluations beside it, as served too
+    assert "| eval-mini | " in card and "| eval-mini, guarded | " in card
+    assert "It is served guarded" in card
 
 
 def test_a_policy_for_another_language_leaves_every_module_to_the_default(mini_corpus, tc):

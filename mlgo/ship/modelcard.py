@@ -13,10 +13,14 @@ from mlgo.train.evaluate import Evaluation
 
 
 def _evaluations(run: Path) -> list[tuple[str, Evaluation]]:
+    """Every evaluation saved next to the run by `mlgo eval`, and of a guarded policy also
+    as it is served (EVAL/guarded)."""
     found = []
-    for path in sorted(run.glob("eval*/eval.json")):
+    for path in sorted([*run.glob("eval*/eval.json"), *run.glob("eval*/guarded/eval.json")]):
+        where = path.parent
+        name = f"{where.parent.name}, guarded" if where.name == "guarded" else where.name
         try:
-            found.append((path.parent.name, Evaluation.load(path)))
+            found.append((name, Evaluation.load(path)))
         except ValueError:
             continue
     return found
@@ -88,7 +92,7 @@ def _reproduce(
     if calibrated:
         lines.append(
             f"mlgo calibrate --policy runs/{algo} --corpus data/corpus-validation "
-            f"--out runs/{algo}-calibrated"
+            f"--out runs/{algo}-calibrated{' --guard' if policy.guard else ''}"
         )
     return [*lines, "```"]
 
