@@ -28,7 +28,8 @@ def recipes_dir() -> Path:
 
 
 def shipped_policy(name: str) -> Path:
-    """The trained policy shipped for problem NAME (e.g. inlining-size)."""
+    """The trained policy shipped as NAME: a problem's own (e.g. inlining-size), or another
+    of it (inlining-size-guarded)."""
     return data_dir() / "policies" / name
 
 
@@ -38,9 +39,11 @@ def ir2vec_vocabulary() -> Path:
     return Path(__file__).resolve().parent / "_data" / "ir2vec-vocabulary.json"
 
 
-# What a service serves unless told otherwise: per-file inlining for size, and the guarded
-# link-time policy at full-LTO links (policies/*/MODEL_CARD.md say why each ships).
-SERVED_BY_DEFAULT = ("inlining-size", "inlining-size-link")
+# What a service serves unless told otherwise: per-file inlining for size and the link-time
+# policy at full-LTO links, both served guarded (policies/*/MODEL_CARD.md say why each ships).
+# policies/inlining-size, gated and unguarded (no second compile), is the one to name for
+# a cheaper build, and the start `mlgo tune` trains from.
+SERVED_BY_DEFAULT = ("inlining-size-guarded", "inlining-size-link")
 
 
 def default_policies() -> list[Path]:

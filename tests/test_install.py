@@ -103,5 +103,7 @@ def test_mlgo_data_points_every_lookup_at_another_directory(tmp_path):
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60
     )
     assert r.returncode == 0, r.stderr
-    shipped = [str(tmp_path / "policies" / p) for p in ("inlining-size", "inlining-size-link")]
+    shipped = [
+        str(tmp_path / "policies" / p) for p in ("inlining-size-guarded", "inlining-size-link")
+    ]
     assert r.stdout.split() == ["['mine']", os.pathsep.join(shipped)]

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from mlgo.corpus.compile import compile_module
+from mlgo.data import SERVED_BY_DEFAULT
 from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.programs.measure import live_children
@@ -313,19 +314,25 @@ def test_serve_with_no_policy_serves_the_shipped_ones_wherever_it_is_run(tmp_pat
     service = Service(tmp_path, cwd=tmp_path)
     try:
         served = [Path(p["path"]) for p in service.status()["policies"]]
-        assert served == [SHIPPED.resolve(), SHIPPED.with_name("inlining-size-link").resolve()]
+        shipped = [SHIPPED.with_name(name).resolve() for name in SERVED_BY_DEFAULT]
+        assert served == shipped and shipped[0].name == "inlining-size-guarded"
     finally:
         service.stop()
 
 
 def test_mlgo_flags_starts_the_service_as_mlgo_cc_does(tmp_path):
-    """With no service running, `mlgo flags` starts the default one: the plugin's flag."""
+    """With no service running, `mlgo flags` starts the default one: the plugin's flag, and
+    a note that a command line by hand is not guarded as mlgo-cc's compiles are."""
     env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
     env.pop("MLGO_SOCKET", None)
     env.pop("MLGO_POLICY", None)
     try:
         r = by_hand("mlgo flags -- -Oz", env)
-        assert r.returncode == 0 and not r.stderr, r.stderr
+        assert r.returncode == 0, r.stderr
+        assert (
+            r.stderr
+            == "mlgo: note: a served policy ships with the size guard: only mlgo-cc gives it\n"
+        )
         assert r.stdout.startswith("-fpass-plugin=") and r.stdout.count("\n") == 1
     finally:
         by_hand("mlgo stop", env)
