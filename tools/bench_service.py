@@ -33,6 +33,7 @@ from rich.table import Table
 from mlgo.corpus.compile import compile_module
 from mlgo.corpus.format import load_corpus
 from mlgo.data import shipped_policy
+from mlgo.errors import MlgoError
 from mlgo.llvm.channel import fifo_pair
 from mlgo.llvm.log_format import Header, TensorSpec
 from mlgo.llvm.toolchain import find_toolchain
@@ -50,6 +51,7 @@ from mlgo.programs.measure import live_children, paired_change, tree_cpu_seconds
 from mlgo.records import ModuleRun
 from mlgo.runtime.files import atomic_write_text
 from mlgo.serve.client import request
+from mlgo.train import policy_dir
 
 console = Console(width=160)
 
@@ -352,6 +354,13 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("data/bench/service"))
     ap.add_argument("--out", type=Path, default=Path("data/bench/service.json"))
     args = ap.parse_args()
+    if args.reps < 1:
+        raise SystemExit(f"error: --reps {args.reps}: at least 1 repeat is needed")
+    args.policy = policy_dir(args.policy)  # a run directory serves its policy/
+    try:
+        load_policy(args.policy)  # what is wrong with it, in one line, before any build
+    except MlgoError as e:
+        raise SystemExit(f"error: {e}") from None
     args.work.mkdir(parents=True, exist_ok=True)
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     parts = {"rtt": bench_rtt, "build": bench_build, "soak": bench_soak}
