@@ -259,6 +259,36 @@ def test_a_policy_shipped_guarded_is_guarded_without_asking(inline_all, tc, tmp_
         service.stop()
 
 
+@pytest.mark.parametrize("departs", [False, True])
+def test_a_plugin_compile_that_made_clangs_object_is_not_compiled_again(cc, departs, tc, tmp_path):
+    """Served by the plugin, a gated policy's compile says whether it departed from LLVM's
+    decisions: one that never did (gate at 1) made clang's object, and the guard compiles
+    nothing more; one that did (inlining everything, gate at 0.5) is compiled again and the
+    smaller kept, clang's here. Nothing is left in /tmp either way."""
+    policy = save_inline_all(tmp_path / "gated", languages=None)
+    gate = 0.5 if departs else 1.0
+    save_policy(replace(load_policy(policy), departure_threshold=gate), policy)
+    (tmp_path / "service").mkdir()
+    service = Service(tmp_path / "service", "--policy", str(policy), "--backend", "plugin")
+    log = tmp_path / "compiles.log"
+    counting = tmp_path / "clang"  # MLGO_CC: clang, counting its runs
+    counting.write_text(f'#!/bin/sh\necho x >> {log}\nexec {tc.clang} "$@"\n')
+    counting.chmod(0o755)
+    args = ["-Oz", "-c", str(HASH), "-o", "hash.o"]
+    plain(tc, args, cwd=tmp_path)
+    default = (tmp_path / "hash.o").read_bytes()
+    before = set(Path("/tmp").glob("mlgo-departures-*"))
+    try:
+        env = service.env(MLGO_GUARD="size", MLGO_CC=str(counting))
+        r = run([*cc, *args], env, cwd=tmp_path)
+        assert r.returncode == 0 and not r.stderr, r.stderr
+    finally:
+        service.stop()
+    assert len(log.read_text().split()) == (2 if departs else 1)
+    assert (tmp_path / "hash.o").read_bytes() == default
+    assert set(Path("/tmp").glob("mlgo-departures-*")) == before
+
+
 def test_a_stopped_guard_leaves_nothing_behind(cc, eager, tmp_path):
     """make's Ctrl-C or a killed job: the wrapper dies of the signal, and its private
     directory goes with it."""

@@ -8,6 +8,20 @@ from __future__ import annotations
 # What MLGO_GUARD, or a policy's own `guard`, may name: `size`, the smaller of the policy's
 # and the default's output kept (mlgo.serve.guard does it).
 GUARDS = ("size",)
+# How a compile by a gated policy's clang plugin tells the size guard that it made clang's
+# own object: the plugin appends DEPARTED to the file DEPARTURES_ENV names (a name starting
+# DEPARTURES_PREFIX, never created by it) at its first departure from LLVM's decision, and
+# ADVISED when an advisor of it is done. ADVISED without DEPARTED: no second compile.
+DEPARTURES_ENV = "MLGO_DEPARTURES"
+DEPARTURES_PREFIX = "mlgo-departures-"
+DEPARTED, ADVISED = "d", "."
+
+
+def made_default_object(marks: str) -> bool:
+    """Did the compile that left MARKS (what its plugin wrote) decide as clang would?"""
+    return ADVISED in marks and DEPARTED not in marks
+
+
 # Options that write a file besides the object, and those among them that take their value
 # as the next argument.
 SIDE_OUTPUTS = {"-MD", "-MMD", "-MP", "-MG", "-ftime-trace", "-fsave-optimization-record"}

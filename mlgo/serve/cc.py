@@ -46,12 +46,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from functools import cache
 from pathlib import Path
 
 from mlgo.data import default_policies
 from mlgo.errors import UsageError
-from mlgo.llvm.cmdline import link_output
+from mlgo.llvm.cmdline import (
+    ADVISED,
+    DEPARTED,
+    DEPARTURES_ENV,
+    DEPARTURES_PREFIX,
+    link_output,
+    made_default_object,
+)
 from mlgo.llvm.languages import LANGUAGES, source_language
 from mlgo.runtime.csource import c_string
 from mlgo.runtime.files import cache_dir
@@ -619,8 +627,18 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
             return _error(problem, source)
         if problem:  # the served policies still compile it: say they are not the ones asked
             _warn(problem)
-        with conn, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen([compiler, *args, *flags], stderr=err)
+        by_plugin = any(f.startswith(PLUGIN_FLAG) for f in flags)
+        plugin = bool(guard) and stage == "compile" and by_plugin
+        with (
+            conn,
+            tempfile.TemporaryFile() as err,
+            # served by the plugin, the compile says whether it made clang's own object
+            tempfile.NamedTemporaryFile(prefix=DEPARTURES_PREFIX)
+            if plugin
+            else nullcontext() as marks,
+        ):
+            env = {**os.environ, DEPARTURES_ENV: marks.name} if marks else None
+            proc = subprocess.Popen([compiler, *args, *flags], stderr=err, env=env)
             problem = _watch(proc, conn, timeout_s)
             try:
                 conn.send({"op": "done", "returncode": proc.returncode})
@@ -640,6 +658,8 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
             if problem is None and (proc.returncode == 0 or strict):
                 sys.stderr.buffer.write(failure)
                 sys.stderr.flush()
+            if marks and made_default_object(Path(marks.name).read_text()):
+                guard = None  # the guard's compile would make the same object
         if problem is None and proc.returncode != 0 and not strict:
             return _compile_plain_after(proc.returncode, failure, compiler, args, source, stage)
         if problem is None:  # the lease is over: a guard's second compile holds nothing
@@ -664,13 +684,18 @@ NATIVE_SOURCE = Path(__file__).parent / "native" / "mlgo_cc.c"
 
 
 def native_lists() -> dict[str, list[str]]:
-    """The lists the native wrapper is built with (-D options): the lease allow-list of the
-    registered problems, and the LLVM options that only report."""
+    """The string lists the native wrapper is built with (-D options): the lease allow-list
+    of the registered problems, the LLVM options that only report, and how a plugin's
+    compile tells the size guard that it made clang's own object."""
     switches, channels = lease_allow_list()
     return {
         "MLGO_LEASE_SWITCHES": sorted(switches),
         "MLGO_LEASE_CHANNELS": sorted(f"{c}=" for c in channels),
         "MLGO_REPORTING_LLVM_OPTIONS": list(REPORTING_LLVM_OPTIONS),
+        "MLGO_DEPARTURES_ENV": [DEPARTURES_ENV],
+        "MLGO_DEPARTURES_PREFIX": [DEPARTURES_PREFIX],
+        "MLGO_DEPARTED": [DEPARTED],
+        "MLGO_ADVISED": [ADVISED],
     }
 
 

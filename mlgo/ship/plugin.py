@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlgo.llvm.cmdline import ADVISED, DEPARTED, DEPARTURES_ENV, DEPARTURES_PREFIX
 from mlgo.llvm.log_format import column_of
 from mlgo.llvm.toolchain import Toolchain, ToolchainError
 from mlgo.problems.policy import MLPPolicy
@@ -71,6 +72,9 @@ def policy_header(policy: MLPPolicy) -> str:
     margin_literal = "HUGE_VALF" if margin == np.inf else margin.hex() + "f"
     out += f"constexpr bool kGated = {str(gated).lower()};  // see MLPPolicy.gate\n"
     out += f"constexpr float kDepartureMargin = {margin_literal};\n"
+    out += f"constexpr const char *kDeparturesEnv = {c_string(DEPARTURES_ENV)};\n"
+    out += f"constexpr const char *kDeparturesPrefix = {c_string(DEPARTURES_PREFIX)};\n"
+    out += f"constexpr char kDeparted = '{DEPARTED}', kAdvised = '{ADVISED}';\n"
     return out
 
 

@@ -41,7 +41,9 @@
 #include <unistd.h>
 
 #if !defined(MLGO_PYTHON) || !defined(MLGO_LEASE_SWITCHES) || !defined(MLGO_LEASE_CHANNELS) || \
-    !defined(MLGO_REPORTING_LLVM_OPTIONS) || !defined(MLGO_BUILD_ID)
+    !defined(MLGO_REPORTING_LLVM_OPTIONS) || !defined(MLGO_BUILD_ID) ||                   \
+    !defined(MLGO_DEPARTURES_ENV) || !defined(MLGO_DEPARTURES_PREFIX) ||                 \
+    !defined(MLGO_DEPARTED) || !defined(MLGO_ADVISED)
 #error "build with mlgo.serve.cc.build_native_wrapper: it defines MLGO_PYTHON and the allow-list"
 #endif
 
@@ -675,6 +677,15 @@ static int guard_keep_smaller(void) {
   return fallback <= policy && rename(guard.out, guard.obj) != 0 ? -1 : 0;
 }
 
+/* mlgo.llvm.cmdline.made_default_object: did the plugin's compile, which wrote its marks in
+ * FD, decide as clang would (so the guard's compile would make the same object)? */
+static int made_default_object(int fd) {
+  char marks[64];
+  ssize_t n = pread(fd, marks, sizeof marks - 1, 0);
+  marks[n > 0 ? n : 0] = 0;
+  return strchr(marks, MLGO_ADVISED[0]) && !strchr(marks, MLGO_DEPARTED[0]);
+}
+
 /* The compile's stderr, kept in FD, on ours. */
 static void copy_to_stderr(int fd) {
   char buf[65536];
@@ -845,13 +856,21 @@ int main(int argc, char **argv) {
   if (err_fd < 0) exec_python(argc, argv);
   unlink(err_path);
   fcntl(err_fd, F_SETFD, FD_CLOEXEC);
-  if (guarding && guard_start(argc, argv) < 0) {
+  /* Served by the plugin, the compile says whether it made clang's own object: then the
+   * guard's compile runs after it, if at all. Otherwise both run at once. */
+  char marks_path[] = "/tmp/" MLGO_DEPARTURES_PREFIX "XXXXXX";
+  int marks_fd = -1;
+  for (int i = 0; guarding && !stage && i < n_flags && marks_fd < 0; i++)
+    if (strncmp(flags[i], "-fpass-plugin=", 14) == 0) marks_fd = mkstemp(marks_path);
+  if (marks_fd >= 0) fcntl(marks_fd, F_SETFD, FD_CLOEXEC);
+  if (guarding && marks_fd < 0 && guard_start(argc, argv) < 0) {
     close(sock);
     exec_python(argc, argv);
   }
   pid_t pid = fork();
   if (pid == 0) {
     dup2(err_fd, 2);
+    if (marks_fd >= 0) setenv(MLGO_DEPARTURES_ENV, marks_path, 1);
     exec_compiler(argc, argv, flags, n_flags);
   }
   int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
@@ -895,6 +914,12 @@ int main(int argc, char **argv) {
     snprintf(problem, 96, "the compiler died of signal %d", WTERMSIG(status));
   }
   close(sock);
+  if (marks_fd >= 0) {
+    int again = !problem && rc == 0 && !made_default_object(marks_fd);
+    unlink(marks_path);
+    close(marks_fd);
+    if (again && guard_start(argc, argv) < 0) exec_python(argc, argv);
+  }
   if (!problem && rc == 0 && guard.pid && guard_keep_smaller() != 0) {
     guard_stop();
     exec_python(argc, argv); /* does it all again and says what is wrong with the guard */

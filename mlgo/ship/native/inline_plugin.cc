@@ -20,9 +20,14 @@
 // If the policy needs a feature this clang does not send, the plugin says so in one line
 // on stderr and uses LLVM's default inliner for the compilation: never a failed build.
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,18 +122,45 @@ class PolicyRunner final : public MLModelRunner {
   int64_t Advice = 0;
 };
 
-// MLInlineAdvisor, with LLVM's own decision handed to the runner before each evaluation.
+// Tells mlgo-cc's size guard what this compile did (see mlgo.llvm.cmdline): MARK appended to
+// the file kDeparturesEnv names, if it is one of the guard's (by its name) and exists.
+void noteForGuard(char Mark) {
+  const char *Path = getenv(kDeparturesEnv);
+  const char *Name = Path ? strrchr(Path, '/') : nullptr;
+  if (!Name || strncmp(Name + 1, kDeparturesPrefix, strlen(kDeparturesPrefix)) != 0) return;
+  int Fd = open(Path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);  // never creates one
+  if (Fd < 0) return;
+  if (write(Fd, &Mark, 1) != 1) {  // unsaid: the guard compiles again, as without a mark
+  }
+  close(Fd);
+}
+
+// MLInlineAdvisor, with LLVM's own decision handed to the runner before each evaluation. A
+// gated policy so knows whether it departed from it: it says so for the size guard, which
+// needs no second compile of an object that is clang's own.
 class GatedAdvisor final : public MLInlineAdvisor {
  public:
   using MLInlineAdvisor::MLInlineAdvisor;
+  ~GatedAdvisor() override {
+    if (kGated) noteForGuard(kAdvised);
+  }
   PolicyRunner *Runner = nullptr;
 
  protected:
   std::unique_ptr<MLInlineAdvice> getAdviceFromModel(CallBase &CB,
                                                      OptimizationRemarkEmitter &ORE) override {
-    if (kGated) Runner->Default = GetDefaultAdvice(CB);
-    return MLInlineAdvisor::getAdviceFromModel(CB, ORE);
+    if (!kGated) return MLInlineAdvisor::getAdviceFromModel(CB, ORE);
+    Runner->Default = GetDefaultAdvice(CB);
+    auto Advice = MLInlineAdvisor::getAdviceFromModel(CB, ORE);
+    if (!Departed && Advice->isInliningRecommended() != static_cast<bool>(Runner->Default)) {
+      Departed = true;
+      noteForGuard(kDeparted);
+    }
+    return Advice;
   }
+
+ private:
+  bool Departed = false;
 };
 
 // Whether clang was given -ir2vec-vocab-path: reading no vocabulary is an error in LLVM.
