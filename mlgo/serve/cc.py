@@ -627,14 +627,14 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
             return _error(problem, source)
         if problem:  # the served policies still compile it: say they are not the ones asked
             _warn(problem)
+        # served by the plugin, a guarded compile says whether it made clang's own object
         by_plugin = any(f.startswith(PLUGIN_FLAG) for f in flags)
-        plugin = bool(guard) and stage == "compile" and by_plugin
+        want_marks = bool(guard) and stage == "compile" and by_plugin
         with (
             conn,
             tempfile.TemporaryFile() as err,
-            # served by the plugin, the compile says whether it made clang's own object
             tempfile.NamedTemporaryFile(prefix=DEPARTURES_PREFIX)
-            if plugin
+            if want_marks
             else nullcontext() as marks,
         ):
             env = {**os.environ, DEPARTURES_ENV: marks.name} if marks else None
