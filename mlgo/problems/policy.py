@@ -113,8 +113,9 @@ class MLPPolicy:
             out += f"It answers {names} compiles only; the others keep the compiler's own. "
         if self.guard == "size":
             out += (
-                "It is served guarded: each output it decides is made again with the "
-                "compiler's own decisions and the one with less .text kept. "
+                "It is served guarded: each output it decides (a file's object only where "
+                "it departed) is made again with the compiler's own decisions and the one "
+                "with less .text kept. "
             )
         return out
 
