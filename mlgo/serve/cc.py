@@ -685,8 +685,8 @@ NATIVE_SOURCE = Path(__file__).parent / "native" / "mlgo_cc.c"
 
 def native_lists() -> dict[str, list[str]]:
     """The string lists the native wrapper is built with (-D options): the lease allow-list
-    of the registered problems, the LLVM options that only report, and how a plugin's
-    compile tells the size guard that it made clang's own object."""
+    of the registered problems, the LLVM options that only report, how a plugin's compile
+    tells the size guard that it made clang's own object, and the flag that names a plugin."""
     switches, channels = lease_allow_list()
     return {
         "MLGO_LEASE_SWITCHES": sorted(switches),
@@ -696,6 +696,7 @@ def native_lists() -> dict[str, list[str]]:
         "MLGO_DEPARTURES_PREFIX": [DEPARTURES_PREFIX],
         "MLGO_DEPARTED": [DEPARTED],
         "MLGO_ADVISED": [ADVISED],
+        "MLGO_PLUGIN_FLAG": [PLUGIN_FLAG],
     }
 
 

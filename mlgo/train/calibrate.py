@@ -112,9 +112,9 @@ def calibrate_policy(
 ) -> Calibration:
     """Calibrates the policy in SOURCE on CORPUS into OUT: the policy with the chosen
     threshold (asking for GUARD, as it was judged) and calibration.json recording the
-    sweep, written whole or not at all. OUT
-    may be a policy directory (replaced, with any export of it: that one has no gate), never
-    SOURCE or a directory of other files; both are refused before anything is compiled."""
+    sweep, written whole or not at all. OUT may be a policy directory (replaced, with any
+    export of it: that one has no gate), never SOURCE or a directory of other files; both
+    are refused before anything is compiled."""
     if out.resolve() == source.resolve():
         raise UsageError(f"--out {out} is the policy itself; write the calibrated one beside it")
     if (

@@ -43,7 +43,7 @@
 #if !defined(MLGO_PYTHON) || !defined(MLGO_LEASE_SWITCHES) || !defined(MLGO_LEASE_CHANNELS) || \
     !defined(MLGO_REPORTING_LLVM_OPTIONS) || !defined(MLGO_BUILD_ID) ||                   \
     !defined(MLGO_DEPARTURES_ENV) || !defined(MLGO_DEPARTURES_PREFIX) ||                 \
-    !defined(MLGO_DEPARTED) || !defined(MLGO_ADVISED)
+    !defined(MLGO_DEPARTED) || !defined(MLGO_ADVISED) || !defined(MLGO_PLUGIN_FLAG)
 #error "build with mlgo.serve.cc.build_native_wrapper: it defines MLGO_PYTHON and the allow-list"
 #endif
 
@@ -409,6 +409,13 @@ static int plugin_cache(char *out) {
   return n < (int)sizeof dir && realpath(dir, out) != NULL;
 }
 
+/* The plugin FLAG names (mlgo.serve.cc.PLUGIN_FLAG, defined when this is built), or NULL
+ * when it is not one. */
+static const char *plugin_of(const char *flag) {
+  size_t len = sizeof MLGO_PLUGIN_FLAG - 1;
+  return strncmp(flag, MLGO_PLUGIN_FLAG, len) == 0 ? flag + len : NULL;
+}
+
 /* Same rule as mlgo.serve.cc.check_lease_flags: the switches of the problems' serving flags, a
  * channel option on a FIFO base directly in RUNTIME/channels (both lists are
  * mlgo.serve.cc.lease_allow_list, defined when this is built), or a trusted plugin inside the
@@ -420,9 +427,10 @@ static int lease_flags_ok(char **flags, int n, const char *runtime) {
   if (snprintf(dir, sizeof dir, "%s/channels", runtime) >= (int)sizeof dir || !realpath(dir, want))
     return 0;
   for (int i = 0; i < n; i++) {
-    if (strncmp(flags[i], "-fpass-plugin=", 14) == 0) {
+    const char *plugin = plugin_of(flags[i]);
+    if (plugin) {
       size_t len;
-      if (!plugin_cache(plugins) || !realpath(flags[i] + 14, got)) return 0;
+      if (!plugin_cache(plugins) || !realpath(plugin, got)) return 0;
       len = strlen(plugins);
       if (strncmp(got, plugins, len) != 0 || got[len] != '/' || !trusted_path(got)) return 0;
       continue;
@@ -449,9 +457,10 @@ static int lease_flags_ok(char **flags, int n, const char *runtime) {
 static int at_link(char **flags, int *n) {
   if (2 * *n > MAX_FLAGS) return 0;
   for (int i = *n - 1; i >= 0; i--) {
-    if (strncmp(flags[i], "-fpass-plugin=", 14) != 0) return 0;
-    char *load = malloc(strlen(flags[i]) + 8);
-    sprintf(load, "--load-pass-plugin=%s", flags[i] + 14);
+    const char *plugin = plugin_of(flags[i]);
+    if (!plugin) return 0;
+    char *load = malloc(strlen(plugin) + sizeof "--load-pass-plugin=");
+    sprintf(load, "--load-pass-plugin=%s", plugin);
     flags[2 * i] = "-Xlinker";
     flags[2 * i + 1] = load;
   }
@@ -861,7 +870,7 @@ int main(int argc, char **argv) {
   char marks_path[] = "/tmp/" MLGO_DEPARTURES_PREFIX "XXXXXX";
   int marks_fd = -1;
   for (int i = 0; guarding && !stage && i < n_flags && marks_fd < 0; i++)
-    if (strncmp(flags[i], "-fpass-plugin=", 14) == 0) marks_fd = mkstemp(marks_path);
+    if (plugin_of(flags[i])) marks_fd = mkstemp(marks_path);
   if (marks_fd >= 0) fcntl(marks_fd, F_SETFD, FD_CLOEXEC);
   if (guarding && marks_fd < 0 && guard_start(argc, argv) < 0) {
     close(sock);
