@@ -4,6 +4,7 @@ answering --help as `python -m tools.NAME`, and their C peers compiling."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -393,6 +394,26 @@ def test_each_script_answers_help(script):
     )
     assert r.returncode == 0, r.stderr
     assert "usage" in r.stdout.lower()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--reps", "0"], "error: --reps 0: at least 1 repeat is needed"),
+        (["--policy", "absent"], "error: absent/policy.json: missing (not a policy directory)"),
+    ],
+)
+def test_the_service_benchmark_refuses_bad_input_before_any_build(args, says, tmp_path):
+    """One line, and nothing made: neither its work directory nor its JSON."""
+    out, work = tmp_path / "service.json", tmp_path / "work"
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.bench_service", "--parts", "build", *args,
+         "--work", str(work), "--out", str(out)],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert r.returncode == 1 and r.stderr == says + "\n" and not r.stdout
+    assert not out.exists() and not work.exists()
 
 
 @pytest.mark.toolchain
