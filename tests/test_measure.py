@@ -90,6 +90,11 @@ def test_rounds_alternate_abba_and_spread_is_the_median_and_quartiles():
         "wall": {"a": [1.0] * 4, "b": [1.0] * 4},
         "cpu": {"a": [2.0] * 4, "b": [2.0] * 4},
     }
+    # rounds of three turns: the builds take turns run by run, a round sums its turns
+    order.clear()
+    times = timed_rounds(2, ("a", "b"), lambda v: (order.append(v), (1.0, 2.0))[1], turns=3)
+    assert "".join(order) == "abbaab" + "baabba"
+    assert times["cpu"] == {"a": [6.0, 6.0], "b": [6.0, 6.0]}
     s = spread([1.0, 2.0, 3.0, 4.0, 100.0])
     assert (s["median"], s["min"], s["max"]) == (3.0, 1.0, 100.0)
     assert paired_change([1.1, 2.2], [1.0, 2.0])["median"] == pytest.approx(0.1)

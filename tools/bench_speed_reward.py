@@ -221,13 +221,14 @@ def bench_program(
     counts["default again"] = counts["default"]
     timed = {**trees, "default again": trees["default"]}
 
-    def rounds_as_built() -> dict:  # each sample loops the workload for about a second
+    def rounds_as_built() -> dict:  # the builds take turns run by run, a second each a round
         loops = max(1, round(1.0 / run_workload(prog, trees["default"]).cpu))
 
         def sample(v: str) -> tuple[float, ...]:
-            return run_workload(prog, timed[v], loops=loops)[:3]
+            return run_workload(prog, timed[v])[:3]
 
-        return timed_rounds(rounds, list(timed), sample, clocks=CLOCKS) | {"loops": loops}
+        times = timed_rounds(rounds, list(timed), sample, clocks=CLOCKS, turns=loops)
+        return times | {"loops": loops}
 
     key = {"rounds": rounds, "builds": sorted(timed)}
     as_built = saved_rounds(pwork / "times.json", key, rounds_as_built)

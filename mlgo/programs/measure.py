@@ -1,6 +1,7 @@
 """How fast a program runs, measured so that machine noise cancels: a fixed workload in a
-build tree, timed in paired rounds (ABBA: the variants' order flips every round) with the
-CPU of the workload's own processes, and counted exactly under callgrind.
+build tree, timed in paired rounds in which the builds take turns run by run (ABBA: their
+order flips every turn) with the CPU of the workload's own processes, and counted exactly
+under callgrind.
 
 CPU time is user+sys from each process's rusage as `wait4` reaps it, so what other jobs
 on the machine spend does not count, it only slows the run; a variant's change is the
@@ -169,9 +170,9 @@ def median_and_range(change: dict) -> str:
 
 
 def round_order(r: int, variants: Sequence[str]) -> Sequence[str]:
-    """The variants in round R's order: it flips every round (ABBA), so that a drift of the
-    machine's speed hits all of them alike; with more than two, each pair of rounds also
-    rotates them, so that over 2n rounds each variant runs in each place alike (else the
+    """The variants in turn R's order: it flips every turn (ABBA), so that a drift of the
+    machine's speed hits all of them alike; with more than two, each pair of turns also
+    rotates them, so that over 2n turns each variant runs in each place alike (else the
     one in the middle, a policy between a build and its A/A control, would never run
     first or last)."""
     n = len(variants)
@@ -189,14 +190,24 @@ def timed_rounds(
     sample: Callable[[str], tuple[float, ...]],
     after_round: Callable[[int, Times], None] = lambda r, times: None,
     clocks: Sequence[str] = CLOCKS,
+    turns: int = 1,
 ) -> Times:
-    """SAMPLE(variant) -> its seconds by each of CLOCKS, of every variant in ROUNDS rounds,
-    in ABBA order."""
+    """SAMPLE(variant) -> its seconds by each of CLOCKS, of every variant in ROUNDS rounds.
+    A round is TURNS turns, each sampling every variant once in ABBA order, and a variant's
+    seconds in a round are the sum over its turns: the variants take turns run by run, not
+    in blocks, because this machine's speed moves from one second to the next (a block of
+    three seconds against the next: an A/A control 7 to 20 points wide; run by run, the
+    same seconds: under 2)."""
     times: Times = {c: {v: [] for v in variants} for c in clocks}
     for r in range(rounds):
-        for v in round_order(r, variants):
-            for clock, seconds in zip(clocks, sample(v), strict=True):
-                times[clock][v].append(seconds)
+        summed = {v: [0.0] * len(clocks) for v in variants}
+        for t in range(r * turns, (r + 1) * turns):
+            for v in round_order(t, variants):
+                for i, seconds in enumerate(sample(v)):
+                    summed[v][i] += seconds
+        for i, clock in enumerate(clocks):
+            for v in variants:
+                times[clock][v].append(summed[v][i])
         after_round(r, times)
     return times
 
@@ -237,10 +248,11 @@ def compare_workload(
     callgrind: bool = True,
 ) -> dict:
     """Both builds of a program (TREES: the baseline first) run WORKLOAD: instruction
-    counts (if CALLGRIND) and REPEATS timed ABBA rounds (if any), each sample about
-    MIN_SECONDS of CPU, with an A/A control: the baseline is timed twice a round, and the
-    change between its two timings (`<clock>_control_paired`) is what this machine's
-    noise alone shows. The builds must print the same results."""
+    counts (if CALLGRIND) and REPEATS timed rounds (if any) in which the builds take turns
+    run by run, each build's round about MIN_SECONDS of CPU, with an A/A control: the
+    baseline is timed twice a round, and the change between its two timings
+    (`<clock>_control_paired`) is what this machine's noise alone shows. The builds must
+    print the same results."""
     (base, base_tree), (other, other_tree) = trees.items()
     out: dict = {v: {} for v in trees}
     outputs = {}
@@ -253,11 +265,11 @@ def compare_workload(
     if callgrind:
         out["instructions_delta"] = out[other]["instructions"] / out[base]["instructions"] - 1
     if repeats:
-        # enough loops of the workload that one timed sample takes about MIN_SECONDS
+        # enough turns of the workload that a variant's round takes about MIN_SECONDS
         loops = max(1, round(min_seconds / run_workload(workload, base_tree).cpu))
         timed = {**trees, base + AGAIN: base_tree}
         times = timed_rounds(
-            repeats, list(timed), lambda v: run_workload(workload, timed[v], loops=loops)[:2]
+            repeats, list(timed), lambda v: run_workload(workload, timed[v])[:2], turns=loops
         )
         out["loops"] = loops
         for clock, series in times.items():
