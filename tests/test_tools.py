@@ -20,6 +20,7 @@ from mlgo.llvm.log_format import TensorSpec
 from mlgo.llvm.sizes import TextParts
 from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
+from mlgo.programs.measure import Workload
 from mlgo.records import ModuleRun
 from mlgo.train.evaluate import Evaluation
 from tools import (
@@ -30,6 +31,7 @@ from tools import (
     bench_scale,
     bench_service,
     bench_speed_reward,
+    bench_timing,
     bench_tune,
     bench_wrapper,
     bench_xla,
@@ -414,6 +416,21 @@ def test_the_service_benchmark_refuses_bad_input_before_any_build(args, says, tm
     )  # fmt: skip
     assert r.returncode == 1 and r.stderr == says + "\n" and not r.stdout
     assert not out.exists() and not work.exists()
+
+
+def test_the_timing_bench_times_one_build_against_itself_both_ways(tmp_path):
+    """Each method gives one A/A ratio a round; a workload that fails is one line."""
+    true = Workload("true", (), (("true",),))
+    aa = bench_timing.aa_rounds(true, tmp_path, rounds=3, seconds=0.01)
+    assert aa["loops"] >= 1
+    assert len(aa["blocks"]["runs"]) == len(aa["turns"]["runs"]) == 3
+    out = tmp_path / "timing.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.bench_timing", "--tree", str(tmp_path), "--rounds", "2",
+         "--json", str(out), "--", "false"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert r.returncode == 1 and r.stderr.startswith("error: false failed in") and not out.exists()
 
 
 @pytest.mark.toolchain
