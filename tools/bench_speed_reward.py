@@ -62,6 +62,7 @@ from mlgo.programs.measure import (
     executed,
     paired_change,
     run_workload,
+    runs_in,
     timed_rounds,
     workload_output,
 )
@@ -222,7 +223,7 @@ def bench_program(
     timed = {**trees, "default again": trees["default"]}
 
     def rounds_as_built() -> dict:  # the builds take turns run by run, a second each a round
-        loops = max(1, round(1.0 / run_workload(prog, trees["default"]).cpu))
+        loops = runs_in(prog, trees["default"], 1.0)
 
         def sample(v: str) -> tuple[float, ...]:
             return run_workload(prog, timed[v])[:3]

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mlgo.errors import MlgoError
-from mlgo.programs.measure import Workload, paired_change, run_workload, timed_rounds
+from mlgo.programs.measure import Workload, run_workload, runs_in, spread, timed_rounds
 from mlgo.runtime.files import atomic_write_text
 
 console = Console()
@@ -37,7 +37,7 @@ def block(workload: Workload, tree: Path, loops: int) -> tuple[float, float]:
 
 def aa_rounds(workload: Workload, tree: Path, rounds: int, seconds: float) -> dict:
     """ROUNDS of each method, alternating, on WORKLOAD in TREE: the A/A change per method."""
-    loops = max(1, round(seconds / run_workload(workload, tree).cpu))
+    loops = runs_in(workload, tree, seconds)
     ratios: dict[str, list[float]] = {"blocks": [], "turns": []}
     for r in range(rounds):
         for method in ("blocks", "turns") if r % 2 == 0 else ("turns", "blocks"):
@@ -48,11 +48,7 @@ def aa_rounds(workload: Workload, tree: Path, rounds: int, seconds: float) -> di
                 times = timed_rounds(1, order, lambda v: block(workload, tree, 1), turns=loops)
             cpu = times["cpu"]
             ratios[method].append(cpu["second"][0] / cpu["first"][0] - 1)
-    return {
-        "loops": loops,
-        "seconds": seconds,
-        **{m: paired_change([1 + x for x in xs], [1.0] * len(xs)) for m, xs in ratios.items()},
-    }
+    return {"loops": loops, "seconds": seconds, **{m: spread(xs) for m, xs in ratios.items()}}
 
 
 def main() -> None:

@@ -69,7 +69,7 @@ from mlgo.runtime.messages import error_line
 
 console = Console()
 SIZE = "inlining-size"  # the problem tuned unless --problem says another
-RETIMED = (15, 6.0)  # a speed problem's builds timed again: rounds, CPU seconds a sample
+RETIMED = (15, 6.0)  # a speed problem's builds timed again: rounds, CPU seconds a build a round
 
 
 @dataclass(frozen=True)

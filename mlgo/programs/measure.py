@@ -149,6 +149,12 @@ def executed(workload: Workload, tree: Path, by_address: bool = False) -> Execut
     return Executed(sum(counts), ran)
 
 
+def runs_in(workload: Workload, tree: Path, seconds: float) -> int:
+    """How many runs of WORKLOAD in TREE take about SECONDS of CPU (at least one): the turns
+    of a timed round."""
+    return max(1, round(seconds / run_workload(workload, tree).cpu))
+
+
 def instructions(workload: Workload, tree: Path) -> int:
     return executed(workload, tree).instructions
 
@@ -265,8 +271,7 @@ def compare_workload(
     if callgrind:
         out["instructions_delta"] = out[other]["instructions"] / out[base]["instructions"] - 1
     if repeats:
-        # enough turns of the workload that a variant's round takes about MIN_SECONDS
-        loops = max(1, round(min_seconds / run_workload(workload, base_tree).cpu))
+        loops = runs_in(workload, base_tree, min_seconds)
         timed = {**trees, base + AGAIN: base_tree}
         times = timed_rounds(
             repeats, list(timed), lambda v: run_workload(workload, timed[v])[:2], turns=loops
