@@ -247,6 +247,37 @@ def test_with_a_workload_eviction_trains_and_is_judged_on_its_block_cost(cache, 
     assert not list((out / "judged").glob("candidate-*/"))  # trees costed, then removed
 
 
+def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_workload(
+    cache, tmp_path
+):
+    """inlining-speed has no shipped policy: clang's own -O2 decisions on the project are
+    cloned for a start, evolution strategies (not BC-Max: no module's search sees a
+    workload) train on the workload's block cost, which judges every candidate."""
+    bench = "./wordcount < main.c"
+    out, args = wordcount_args(tmp_path, "--problem", "inlining-speed", "--bench", bench)
+    r = run_mlgo(*args, "--minutes", "0.02", "--bench-rounds", "2", timeout=900)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "training inlining-speed from clang's own, cloned (-O2)" in r.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert (report["problem"], report["level"]) == ("inlining-speed", "-O2")
+    assert report["tests"] == {"baseline": "passed", "policy": "passed"}
+    start = json.loads((out / "start" / "policy" / "policy.json").read_text())
+    assert start["problem"] == "inlining-speed"
+    training = report["training"]
+    assert training["algorithm"] == "es" and training["curve"][0]["compiles"] >= 8
+    changes = training["judged_change_pct"]
+    assert {"default", "clang's own, cloned", "trained"} <= set(changes)
+    assert changes["default"] == 0.0 and changes[training["chosen"]] == min(changes.values())
+
+
+def test_inlining_for_speed_without_a_workload_is_refused_before_anything_is_written(tmp_path):
+    out, args = wordcount_args(tmp_path, "--problem", "inlining-speed")
+    r = run_mlgo(*args, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--problem inlining-speed is trained on a workload: give --bench" in r.stderr
+    assert not out.exists()
+
+
 def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
     out, args = wordcount_args(tmp_path, "--problem", "regalloc-eviction", "--minutes", "0.02")
     r = run_mlgo(*args, timeout=600)

@@ -134,12 +134,14 @@ def test_the_registry_knows_every_problem_and_names_them_when_asked_for_another(
         "inlining-size-ir2vec",
         "inlining-size-link",
         "inlining-size-thin",
+        "inlining-speed",
         "regalloc-eviction",
     ]
     assert [p.name for p in problems()] == names
     with pytest.raises(UsageError, match=f"known: {', '.join(names)}"):
         get_problem("loop-unroll")
-    assert [p.stage for p in problems()] == ["compile", "compile", "link", "thin-link", "compile"]
+    stages = ["compile", "compile", "link", "thin-link", "compile", "compile"]
+    assert [p.stage for p in problems()] == stages
     assert at_link("inlining-size", "thin").name == "inlining-size-thin"
     assert at_link("inlining-size-link", "full").name == "inlining-size-link"
     with pytest.raises(UsageError, match="--lto thin tunes the inliner of the link"):
@@ -171,13 +173,28 @@ def test_the_embeddings_problem_is_inlining_with_a_vocabulary_and_vector_element
     extra = ir2vec.feature_names[len(INLINING.feature_names) :]
     assert extra[0] == "callee_embedding.0" and extra[-1] == f"caller_embedding.{dim - 1}"
     assert len(extra) == 2 * dim and ir2vec.slots == 1 and ir2vec.plugin
-    assert list(ir2vec.feature_flags) == vocabulary  # the plugin's compiles get them too
+    assert list(ir2vec.advisor_flags) == vocabulary  # the plugin's compiles get them too
     assert ir2vec.reward_metric == INLINING.reward_metric and ir2vec.opt_level == "-Oz"
     # a policy reads an element of a vector as a column, a scalar as itself
     sent = {"callee_embedding": np.arange(2 * dim).reshape(2, dim), "callee_users": np.arange(4, 6)}
     assert element_column(sent, "callee_embedding.3", 2).tolist() == [3, dim + 3]
     assert element_column(sent, "callee_users", 2).tolist() == [4, 5]
     assert tensor_of("caller_embedding.7") == "caller_embedding"
+
+
+def test_inlining_for_speed_is_inlining_at_o2_without_the_advisors_growth_cap():
+    """Given clang's own answers, LLVM's ML inliner builds what clang -O2 builds only with
+    its growth cap lifted; and with no cost of speed on a corpus, only a workload trains it."""
+    speed = get_problem("inlining-speed")
+    uncapped = ["-mllvm", "-ml-advisor-size-increase-threshold=1000"]
+    assert speed.channel_flags("/b") == INLINING.channel_flags("/b") + uncapped
+    assert speed.flags_for_serving("/b") == INLINING.flags_for_serving("/b") + uncapped
+    assert list(speed.advisor_flags) == uncapped and speed.plugin
+    assert speed.feature_names == INLINING.feature_names and speed.derived == INLINING.derived
+    assert (speed.opt_level, speed.aim, speed.needs_workload) == ("-O2", "speed", True)
+    assert speed.starts_from is None and speed.reward_metric == "text_size"
+    with pytest.raises(UsageError, match="only a speed problem needs a workload"):
+        replace(INLINING, needs_workload=True)
 
 
 def test_a_departure_gate_follows_the_default_unless_confident():

@@ -131,7 +131,11 @@ def tune(
         float, typer.Option(help="minutes of training (only)", min=0.01, callback=positive)
     ] = 10.0,
     problem: Annotated[
-        str, typer.Option(help="inlining-size (the default), regalloc-eviction, or the link's")
+        str,
+        typer.Option(
+            help="inlining-size (the default), the link's, or for speed (with --bench) "
+            "regalloc-eviction or inlining-speed"
+        ),
     ] = "inlining-size",
     lto: Annotated[
         str | None,
@@ -144,7 +148,8 @@ def tune(
     clang: ClangOpt = None,
 ) -> None:
     """Your code base to a trained policy and a size-and-throughput report: record its
-    build, train on its own modules from the shipped policy for --minutes, build it twice
+    build, train on its own modules (or, for speed, on --bench) from the shipped policy
+    for --minutes, build it twice
     from a pristine copy (clang, and mlgo-cc with what was smallest on your code: clang's own
     decisions if nothing beat them), run --test on both, time --bench on both."""
     from mlgo.problems import at_link

@@ -11,7 +11,7 @@ manifest, an evaluation). A new problem is one module here and one line in `MODU
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import import_module
 from pathlib import Path
 
@@ -26,6 +26,7 @@ MODULES = (
     "mlgo.problems.inlining_size_ir2vec",
     "mlgo.problems.inlining_size_link",
     "mlgo.problems.inlining_size_thin",
+    "mlgo.problems.inlining_speed",
     "mlgo.problems.regalloc_eviction",
 )
 # A per-candidate column holding the live range's own value of a feature (the last slot's),
@@ -104,9 +105,10 @@ class Problem:
     # Whether clang's pass plugin (mlgo/ship/native) can run this problem's policy inside
     # clang: it takes int64 and float features and gives a yes/no advice.
     plugin: bool = False
-    # Flags that make the compiler send features beyond its own (IR2Vec's vocabulary):
-    # part of its channel and serving flags, and given with the plugin too.
-    feature_flags: tuple[str, ...] = ()
+    # Flags LLVM's ML inliner needs beyond its mode, whatever serves it (IR2Vec's vocabulary,
+    # inlining-speed's lifted growth cap): part of its channel and serving flags, and given
+    # with the plugin too (`with_advisor_flags`).
+    advisor_flags: tuple[str, ...] = ()
     # A digest of what beyond the compiler decides the features' values (IR2Vec: its
     # vocabulary). Policies and traces keep it, and one made under another is refused:
     # its embeddings would be other numbers under the same names.
@@ -129,12 +131,17 @@ class Problem:
     # or faster code, where a tune given a workload judges its candidates by their builds'
     # cost on it (mlgo.programs.speed) and reports the workload's time first.
     aim: str = "size"
+    # A speed problem whose corpus holds no cost of its speed (its reward metric is the size
+    # beside it): trained only on a workload (`mlgo tune --bench`), refused without one.
+    needs_workload: bool = False
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
             raise UsageError(f"problem {self.name}: stage {self.stage!r} is not one of {STAGES}")
         if self.aim not in AIMS:
             raise UsageError(f"problem {self.name}: aim {self.aim!r} is not one of {AIMS}")
+        if self.needs_workload and self.aim != "speed":
+            raise UsageError(f"problem {self.name}: only a speed problem needs a workload")
 
     @property
     def default_is_observed(self) -> bool:
@@ -175,6 +182,18 @@ class Problem:
     def __reduce__(self) -> tuple:
         """Pickled by name (it holds functions): a worker gets its own registered copy."""
         return get_problem, (self.name,)
+
+
+def with_advisor_flags(problem: Problem, flags: tuple[str, ...], **changes: object) -> Problem:
+    """PROBLEM with CHANGES, whose ML inliner is given FLAGS too, however it is served: after
+    its channel's and serving's flags, and with the plugin (`advisor_flags`)."""
+    return replace(
+        problem,
+        channel_flags=lambda base: [*problem.channel_flags(base), *flags],
+        serving_flags=lambda base: [*problem.flags_for_serving(base), *flags],
+        advisor_flags=(*problem.advisor_flags, *flags),
+        **changes,
+    )
 
 
 def _registry() -> dict[str, Problem]:

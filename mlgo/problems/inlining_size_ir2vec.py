@@ -12,10 +12,10 @@ with the package; its dimension is EMBEDDING_DIM.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
 
 from mlgo.data import ir2vec_vocabulary
 from mlgo.llvm.log_format import ELEMENT
+from mlgo.problems import with_advisor_flags
 from mlgo.problems.inlining_size import PROBLEM as SCALAR
 
 EMBEDDING_DIM = 16
@@ -32,19 +32,13 @@ VOCABULARY_FLAGS = (
 )
 
 
-def _with_vocabulary(flags: list[str]) -> list[str]:
-    return [*flags, *VOCABULARY_FLAGS]
-
-
-PROBLEM = replace(
+PROBLEM = with_advisor_flags(
     SCALAR,
+    VOCABULARY_FLAGS,
     name="inlining-size-ir2vec",
     summary="inline or not at each call site, for the smallest .text, seeing IR2Vec embeddings",
-    channel_flags=lambda base: _with_vocabulary(SCALAR.channel_flags(base)),
-    serving_flags=lambda base: _with_vocabulary(SCALAR.flags_for_serving(base)),
     feature_names=SCALAR.feature_names
     + tuple(f"{e}{ELEMENT}{i}" for e in EMBEDDINGS for i in range(EMBEDDING_DIM)),
     input_specs=tuple((e, "float32", (EMBEDDING_DIM,)) for e in EMBEDDINGS),
-    feature_flags=VOCABULARY_FLAGS,
     feature_digest=hashlib.sha256(ir2vec_vocabulary().read_bytes()).hexdigest()[:16],
 )

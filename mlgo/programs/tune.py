@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.data import shipped_policy
+from mlgo.errors import UsageError
 from mlgo.llvm.languages import label
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.build import run_tests
@@ -73,6 +74,8 @@ OWN_CODE = {
     "clone_epochs": 400,
     "clone_lr": 3e-3,
 }
+# The start of a problem with no shipped policy, as a tune's candidates name it
+CLONED = "clang's own, cloned"
 GATES = (0.6, 0.8, 0.95)  # departure thresholds tried on the trained policy (an evaluation each)
 
 # Each stage, and the arguments its result depends on besides its predecessors' ones.
@@ -116,20 +119,40 @@ def project(
     )
 
 
-def shipped_start(problem: Problem) -> Path:
+def shipped_start(problem: Problem) -> Path | None:
     """The shipped policy tuning PROBLEM starts from: its own, or where none is shipped, that
-    of the problem it `starts_from` (the link-time inliner from the per-file one)."""
+    of the problem it `starts_from` (the link-time inliner from the per-file one); None
+    where there is neither (the start is then `cloned_start`)."""
     own = shipped_policy(problem.name)
-    return own if own.is_dir() or not problem.starts_from else shipped_policy(problem.starts_from)
+    if own.is_dir():
+        return own
+    return shipped_policy(problem.starts_from) if problem.starts_from else None
 
 
-def trainer(problem: Problem) -> str:
-    """BC-Max where the answers are yes/no: on a user's own code it searches these very
-    modules for smaller decision trajectories and clones them, so the policy learns the
-    code it will build. ES otherwise."""
+def cloned_start(problem: Problem, out: Path) -> Path:
+    """Clang's own decisions on the recorded code (OUT/traces) cloned into a policy, in
+    OUT/start: the start of a problem with none shipped, so that a search departs from the
+    heuristic the user builds with. Without the derived inputs: a clone that reads the
+    default's cost rule sits where a search of its weights moves slowly (`train_bc`)."""
+    from mlgo.traces.dataset import load_decisions
+    from mlgo.train import RunDir
+    from mlgo.train.bc import train_bc
+
+    run = RunDir(out / "start", "bc")
+    if not run.policy_dir.is_dir():  # saved last, whole: a killed clone resumes
+        train_bc(load_decisions(out / "traces", problem), problem, run)
+    return run.policy_dir
+
+
+def trainer(problem: Problem, reward: Reward | None = None) -> str:
+    """BC-Max where the answers are yes/no and each module is scored alone: on a user's own
+    code it searches these very modules for smaller decision trajectories and clones them,
+    so the policy learns the code it will build. ES otherwise, and for a REWARD that
+    scores whole programs (a workload's), which no module's search can see."""
     from mlgo.train.registry import get_trainer
 
-    return "bcmax" if get_trainer("bcmax").refuses(problem) is None else "es"
+    per_module = reward is None or reward.per_module
+    return "bcmax" if per_module and get_trainer("bcmax").refuses(problem) is None else "es"
 
 
 def search_headroom(state: RunState, evaluation: Evaluation) -> float | None:
@@ -161,12 +184,14 @@ def choose_policy(
     max_seconds: float = 0.0,
     judge: Judge | None = None,
     reward: Reward | None = None,
+    start_name: str = "shipped",
 ) -> tuple[Path, dict]:
     """Trains from START into OUT/train (see `trainer`; scoring by REWARD if given, else
     the corpus's cost) for STEPS steps or MAX_SECONDS of training, whichever ends first
     (STEPS 0: no training), and keeps the candidate that is
     cheapest on the corpus, or by JUDGE (`candidate_judge`), saved in OUT/chosen: the
-    compiler's default (START gated never to depart), START, the trained policy, and the
+    compiler's default (START gated never to depart), START (named START_NAME), the
+    trained policy, and the
     trained policy at each departure threshold of GATES (each language alone too:
     `gated_candidates`). The earliest of equals wins, so a policy that does not beat the
     default on the code it will build is not served. Returns it and what training did."""
@@ -181,12 +206,12 @@ def choose_policy(
     candidates: dict[str, tuple[MLPPolicy, float]] = {}
     if first.can_gate:  # the default's own decisions: no change, by definition
         candidates["default"] = (replace(first, departure_threshold=NEVER), 0.0)
-    algo = trainer(problem) if steps else "none"
+    algo = trainer(problem, reward) if steps else "none"
     state = RunState(algo)  # what training did: nothing until it runs
     headroom = None
     with closing(make_workers("local")) as pool:
-        shipped = evaluate(first, corpus, tc, pool, problem)
-        candidates["shipped"] = (first, shipped.totals()["delta"])
+        started = evaluate(first, corpus, tc, pool, problem)
+        candidates[start_name] = (first, started.totals()["delta"])
         if steps:
             search = WORKLOAD_SEARCH if reward is not None else {}
             opts = TrainOptions(
@@ -215,7 +240,7 @@ def choose_policy(
         "chosen": chosen,
         "corpus_change_pct": {
             name: change[name]
-            for name in dict.fromkeys(["default", "shipped", "trained", chosen])
+            for name in dict.fromkeys(["default", start_name, "trained", chosen])
             if name in change
         },
         "candidates_change_pct": change,
@@ -466,9 +491,16 @@ def tune(
     if out.resolve() == source.resolve():
         raise BuildError(f"--out {out}: is the source directory; choose another")
     problem = get_problem(opts.problem)
+    if problem.needs_workload and not recipe.bench:
+        raise UsageError(
+            f"--problem {problem.name} is trained on a workload: give --bench, a command "
+            "that runs the programs the build makes"
+        )
     at = baseline_label(problem)
-    start = (opts.policy or shipped_start(problem)).resolve()
-    load_start(start, problem, "--policy")  # one training may start from
+    given = opts.policy or shipped_start(problem)
+    if given is not None:
+        load_start(given, problem, "--policy")  # one training may start from
+    start = (given or out / "start" / "policy").resolve()  # else cloned once traced
     args = {
         **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()},
         "policy": str(start),
@@ -503,14 +535,18 @@ def tune(
             collect(problem, corpus, out / "traces", tc, pool)
         stages.finish("collect")
     if not stages.done("train"):
-        say(f"training {problem.name} from {start} for {opts.minutes:g} minutes")
+        origin = start if given else f"{CLONED} ({problem.opt_level})"
+        say(f"training {problem.name} from {origin} for {opts.minutes:g} minutes")
         steps = opts.train_steps or UNTIL_BUDGET
         with _stage("train", out):
+            if given is None:
+                start = cloned_start(problem, out)
             reward = workload_reward(problem, recipe, pristine, out, tc)
             judge = candidate_judge(problem, out, tc, reward)
             chosen, training = choose_policy(
-                out / "corpus", problem, start, out, tc, steps, 60 * opts.minutes, judge, reward
-            )
+                out / "corpus", problem, start, out, tc, steps, 60 * opts.minutes, judge, reward,
+                "shipped" if given else CLONED,
+            )  # fmt: skip
             export(chosen, out)
             atomic_write_text(out / "training.json", json.dumps(training, indent=1))
         stages.finish("train")

@@ -121,7 +121,7 @@ def inliner_plugin(policy: MLPPolicy, tc: Toolchain) -> Path:
 
     key = f"{llvm_version}\0{header}\0".encode()  # the header is the whole policy
     plugin = cached_build("plugin", key + PLUGIN_SOURCE.read_bytes(), "libmlgo_inliner.so", build)
-    check_loads(plugin, tc, policy.problem.feature_flags)
+    check_loads(plugin, tc, policy.problem.advisor_flags)
     return plugin
 
 

@@ -113,6 +113,11 @@ def run(
     trainer_type = get_trainer(algo)
     if reward is not None and not issubclass(trainer_type, Trainer):  # a search scores
         raise UsageError(f"--algo {algo} imitates the default's answers: it scores no reward")
+    if reward is None and problem.needs_workload and issubclass(trainer_type, Trainer):
+        raise UsageError(
+            f"{problem.name} has no cost on a corpus to search by: tune it on a workload "
+            f"(mlgo tune --problem {problem.name} --bench CMD)"
+        )
     trainer = trainer_type(configure(trainer_type.Config, opts))
     with output_dir(out):
         run_dir = RunDir(out, algo)
