@@ -13,7 +13,9 @@ for speed into WORK/NAME/tune-regalloc-eviction, trained and its candidates judg
 workload's block cost (`mlgo.programs.speed`); beside the CPU time, the kept policy's change
 by that cost, how well the corpus's static cost ranked the candidates against it, and both
 builds timed again with longer samples (RETIMED), beside the shipped policy untuned: built
-into WORK/NAME/untuned (tests run) and timed against the tune's plain build.
+into WORK/NAME/untuned (tests run) and timed against the tune's plain build. With
+`--problem inlining-speed`, the same for the inliner at -O2, from clang's own decisions
+cloned (it ships no policy, so none is timed untuned).
 
   .venv/bin/python -m tools.bench_tune yajl serd tidy-html5 ninja --lto full --minutes 10
 
@@ -52,7 +54,7 @@ from mlgo.data import shipped_policy
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe
-from mlgo.problems import LTO_STAGES, Problem, at_link, get_problem
+from mlgo.problems import LTO_STAGES, Problem, at_link, get_problem, problems
 from mlgo.programs.build import (
     build_program,
     plain_compilers,
@@ -344,23 +346,27 @@ def lto_over_per_file(
 def retimed(
     recipe: Recipe, source: Path, work: Path, tuned: Path, tc: Toolchain, problem: Problem
 ) -> dict:
-    """The tune TUNED's policy, and PROBLEM's shipped policy untuned (built by mlgo-cc from
-    SOURCE into WORK/untuned, its tests run), each timed against the tune's plain build in
-    RETIMED's paired rounds and CPU seconds (with the A/A control): longer samples than the
-    tune's own, for less noise in each round."""
-    untuned = work / "untuned"
-    if not (work / "untuned.done").exists():
-        with policy_service([shipped_policy(problem.name)], work / "service") as env:
+    """The tune TUNED's policy, and PROBLEM's shipped policy untuned where one is shipped
+    (built by mlgo-cc from SOURCE into WORK/untuned, its tests run), each timed against the
+    tune's plain build in RETIMED's paired rounds and CPU seconds (with the A/A control):
+    longer samples than the tune's own, for less noise in each round."""
+    plain = tuned / "programs" / "plain"
+    builds = {"tuned": tuned / "programs" / "mlgo"}
+    shipped = shipped_policy(problem.name)
+    untuned = builds["untuned"] = work / "untuned"
+    if not shipped.is_dir():  # inlining-speed: its start is cloned in each tune
+        del builds["untuned"]
+    elif not (work / "untuned.done").exists():
+        with policy_service([shipped], work / "service") as env:
             served = variants(tc, env)[1]
             build_program(
                 recipe, source, untuned, tc, "untuned", served.compilers, served.env, True,
                 problem_flags(problem),
             )  # fmt: skip
         (work / "untuned.done").touch()
-    plain = tuned / "programs" / "plain"
     return {
         policy: recipe_throughput(recipe, {"plain": plain, policy: tree}, *RETIMED)
-        for policy, tree in (("tuned", tuned / "programs" / "mlgo"), ("untuned", untuned))
+        for policy, tree in builds.items()
     }
 
 
@@ -436,7 +442,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=60.0, help="training budget each")
     parser.add_argument("--work", type=Path, default=Path("data/bench-tune"))
     parser.add_argument("--lto", choices=sorted(LTO_STAGES), help="tune that LTO link's inliner")
-    parser.add_argument("--problem", choices=[SIZE, "regalloc-eviction"], default=SIZE)
+    speed_problems = [p.name for p in problems() if p.aim == "speed"]
+    parser.add_argument("--problem", choices=[SIZE, *speed_problems], default=SIZE)
     args = parser.parse_args()
     work, lto, problem = args.work.resolve(), args.lto, args.problem
     results = {n: try_project(n, work, args.minutes, lto, problem) for n in args.projects}
@@ -450,7 +457,7 @@ def main() -> None:
         f"tests ({baseline} / policy)", "training", "wall, this run",
         *([f"plain {flag} vs per-file -Oz", "corpus vs link rank (rho)"] if lto else []),
         *(["kept, by the workload's block cost", "corpus vs workload rank (rho)",
-           f"retimed ({RETIMED[0]} rounds of {RETIMED[1]:g} s): tuned; shipped, untuned"]
+           f"retimed ({RETIMED[0]} rounds of {RETIMED[1]:g} s): tuned; shipped untuned"]
           if speed else []),
         title=f"mlgo tune{f' --lto {lto}' if lto else ''} --problem {problem} "
         f"--minutes {args.minutes:g}, each project against {baseline}",

@@ -1,0 +1,150 @@
+"""How far inlining alone moves a program's speed at -O2: the reach a tune of the inliner for
+speed (issue 39) can hope for, measured before one is trained.
+
+  .venv/bin/python -m tools.bench_inline_reach cmark --thresholds 0 100 500 2000 \\
+      --work data/bench-tune --json data/inline-reach-cmark.json
+
+A project of `tools.bench_tune` built by plain clang -O2 (the baseline) and once more for
+each inline threshold given (`-mllvm -inline-threshold=N`; -O2's own is 225), each with
+the block address map (which changes no instruction) and its tests run. Each build is
+costed on the project's workload by the reward a speed tune trains on (`block_costs.
+workload_cost`: llvm-mca's cycles plus the lines fetched, on callgrind's counts), and timed
+against the baseline in paired rounds run by run, with the A/A control beside
+(`recipe_throughput`). A threshold moves every call site one way; a per-call-site policy
+can do better than the best of them, so their best is a floor on the ceiling, and the
+rank of the reward against the time over these builds checks it on inlining's changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from scipy.stats import spearmanr
+
+from mlgo.cli import USER_ERRORS
+from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, Code, workload_cost
+from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
+from mlgo.llvm.toolchain import Toolchain, find_toolchain
+from mlgo.packages.recipes import Recipe
+from mlgo.programs.build import build_program, level_flags, plain_compilers, pristine_source
+from mlgo.programs.measure import executed, prepare_workload, recipe_throughput, recipe_workload
+from mlgo.programs.report import throughput_change
+from mlgo.programs.tune import project
+from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.messages import error_line
+from tools.bench_tune import PROJECTS, RETIMED
+
+console = Console()
+LEVEL = "-O2"
+BASELINE = "plain"
+
+
+def build_costed(
+    recipe: Recipe, source: Path, tree: Path, tc: Toolchain, extra: list[str], known: dict
+) -> dict:
+    """RECIPE built from SOURCE into TREE at LEVEL with EXTRA flags and tested (once: a
+    finished build is read back); its workload cost and instructions."""
+    done = tree.parent / f"{tree.name}.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    flags = [*level_flags(LEVEL), *BLOCK_MAP_FLAGS, *extra]
+    built = build_program(
+        recipe, source, tree, tc, tree.name, plain_compilers(tc), None, True, flags
+    )
+    prepare_workload(recipe, tree, f"{recipe.name} ({tree.name}): bench")
+    ran = executed(recipe_workload(recipe), tree, by_address=True)
+    result = {
+        "flags": extra,
+        "cost": workload_cost(ran.by_object, tc, known).cycles_and_lines,
+        "instructions": ran.instructions,
+        "tests": built.tests,
+    }
+    atomic_write_text(done, json.dumps(result, indent=1))
+    return result
+
+
+def reach(name: str, thresholds: list[int], work: Path, rounds: int, seconds: float) -> dict:
+    """NAME's baseline and one build per threshold in WORK/NAME/inline-reach, each against
+    the baseline: .text, the workload cost, instructions and CPU time, in percent."""
+    p = PROJECTS[name]
+    recipe = replace(
+        project(name, [p.configure], [p.build], [p.test], p.bench),
+        source=p.source,
+        build_depends=p.build_depends,
+    )
+    source = pristine_source(recipe, work / name)
+    tc = find_toolchain()
+    where = work / name / "inline-reach"
+    known: dict[Code, float] = {}
+    base = build_costed(recipe, source, where / BASELINE, tc, [], known)
+    rows = {}
+    for t in thresholds:
+        tree = where / f"threshold-{t}"
+        built = build_costed(recipe, source, tree, tc, ["-mllvm", f"-inline-threshold={t}"], known)
+        timed = recipe_throughput(
+            recipe, {BASELINE: where / BASELINE, tree.name: tree}, rounds, seconds
+        )
+        rows[t] = {
+            **built,
+            # every ELF file the build made: a project's recipe names no programs
+            "text_pct": tree_totals(linked_rows(compare_trees(tree, where / BASELINE)))[
+                "delta_pct"
+            ],
+            "cost_pct": 100 * (built["cost"] / base["cost"] - 1),
+            "throughput": timed,
+        }
+        console.print(f"{name}: threshold {t}: {throughput_change(timed)}", highlight=False)
+    costs = [r["cost_pct"] for r in rows.values()]
+    times = [r["throughput"]["change_pct"] for r in rows.values()]
+    rho = spearmanr(costs, times).statistic if len(rows) >= 3 else None
+    return {"baseline": base, "thresholds": rows, "spearman_cost_vs_cpu": rho}
+
+
+def table(name: str, result: dict) -> Table:
+    t = Table(title=f"{name}: inlining's reach at {LEVEL} (against plain clang {LEVEL})")
+    for column in ("threshold", ".text", "workload cost", "instructions", "CPU time", "A/A"):
+        t.add_column(column)
+    for threshold, r in result["thresholds"].items():
+        speed = r["throughput"]
+        t.add_row(
+            str(threshold),
+            f"{r['text_pct']:+.2f}%",
+            f"{r['cost_pct']:+.2f}%",
+            f"{speed['instructions_change_pct']:+.2f}%" if "instructions" in speed else "n/a",
+            throughput_change(speed),
+            throughput_change(speed, "control_"),
+        )
+    return t
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("projects", nargs="+", choices=sorted(PROJECTS))
+    parser.add_argument("--thresholds", type=int, nargs="+", default=[0, 100, 500, 2000])
+    parser.add_argument("--work", type=Path, default=Path("data/bench-tune"))
+    parser.add_argument("--rounds", type=int, default=RETIMED[0])
+    parser.add_argument("--seconds", type=float, default=RETIMED[1], help="CPU s a build a round")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results = {}
+    for name in args.projects:
+        try:
+            results[name] = reach(name, args.thresholds, args.work, args.rounds, args.seconds)
+        except USER_ERRORS as e:
+            console.print(f"[red]{name}: {error_line(e)}", highlight=False)
+            continue
+        console.print(table(name, results[name]))
+        rho = results[name]["spearman_cost_vs_cpu"]
+        if rho is not None:
+            console.print(f"{name}: Spearman, workload cost against CPU time: {rho:+.2f}")
+        if args.json:
+            atomic_write_text(args.json, json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
