@@ -26,6 +26,7 @@ from mlgo.train.evaluate import Evaluation
 from tools import (
     bench_collect,
     bench_guard,
+    bench_inline_reach,
     bench_inlining,
     bench_regalloc,
     bench_scale,
@@ -160,6 +161,22 @@ def test_tune_bench_row_shows_a_report_and_a_stopped_project():
     assert row[5:] == [cpu, "-0.25%", "passed / passed", "60 min", "70 min"]
     stopped = bench_tune.row("jq", {"language": "C", "error": "its tests failed"})
     assert stopped[1] == "[red]stopped: its tests failed" and len(stopped) == len(row)
+
+
+def test_inline_reach_sets_each_threshold_beside_its_a_a_control():
+    speed = {
+        "change_pct": -1.5,
+        "iqr_pct": [-2.0, -1.0],
+        "control_change_pct": 0.2,
+        "control_iqr_pct": [-0.3, 0.4],
+        "instructions": {},
+        "instructions_change_pct": -3.0,
+    }
+    result = {"thresholds": {500: {"text_pct": 4.0, "cost_pct": -2.5, "throughput": speed}}}
+    table = bench_inline_reach.table("cmark", result)
+    cells = [c._cells[0] for c in table.columns]
+    assert cells == ["500", "+4.00%", "-2.50%", "-3.00%", "-1.50% (IQR -2.00..-1.00%)",
+                     "+0.20% (IQR -0.30..+0.40%)"]  # fmt: skip
 
 
 @pytest.mark.unit
