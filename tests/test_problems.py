@@ -34,8 +34,8 @@ def _code_bytes(obj: Path, _workdir: Path) -> dict[str, float]:
 # Inlining's declaration under another name, level and reward metric.
 THIRD = replace(
     get_problem("inlining-size"),
-    name="inlining-speed",
-    summary="inline or not at each call site, for speed (clang -O2)",
+    name="inlining-code-bytes",
+    summary="inline or not at each call site, for fewer code bytes (clang -O2)",
     opt_level="-O2",
     measure=_code_bytes,
     reward_metric="code_bytes",
@@ -90,7 +90,7 @@ def _decisions(problem: Problem, n: int = 400) -> Decisions:
 
 
 def test_a_third_problem_goes_through_the_generic_stages(third, tmp_path):
-    assert get_problem("inlining-speed") is third and third in problems()
+    assert get_problem("inlining-code-bytes") is third and third in problems()
     assert pickle.loads(pickle.dumps(third)) is third
 
     # policy construction, storage and loading
@@ -113,7 +113,7 @@ def test_a_third_problem_goes_through_the_generic_stages(third, tmp_path):
     got = saved_model_decisions(saved, {f: data.x[:40, j] for j, f in enumerate(data.features)})
     assert np.array_equal(got, loaded.predict(data.x[:40]))
     card = model_card(loaded, tmp_path)
-    assert "--problem inlining-speed" in card and "--opt-level -O2" in card
+    assert "--problem inlining-code-bytes" in card and "--opt-level -O2" in card
 
     # an evaluation and its report, in the problem's own reward metric
     modules = {
@@ -127,4 +127,24 @@ def test_a_third_problem_goes_through_the_generic_stages(third, tmp_path):
     assert s["totals"]["default_code_bytes"] == 400.0 and s["totals"]["delta"] == 0.05
     assert s["modules_smaller"] == 1 and s["modules_larger"] == 1
     page = render_html(ev, "third")
-    assert "inlining-speed with clang" in page and "<th>default code_bytes</th>" in page
+    assert "inlining-code-bytes with clang" in page and "<th>default code_bytes</th>" in page
+
+
+def test_a_clone_is_gated_where_it_departs_from_none_of_the_compilers_answers():
+    """The lowest threshold of the grid at which no traced decision departs, else the
+    highest: the start of a search from the compiler's own decisions."""
+    from mlgo.train.calibrate import GRID, agreeing_gate
+
+    speed = get_problem("inlining-speed")
+    data = _decisions(speed)
+    clone = MLPPolicy.for_cloning(speed, data)[0]  # untrained: it disagrees often
+    gated = agreeing_gate(clone, data)
+    answers = gated.gate(gated.logits(data.x), data.default)
+    if gated.departure_threshold != GRID[-1]:
+        assert (answers == data.default).all()
+    lower = [t for t in GRID if t < gated.departure_threshold]
+    for t in lower:
+        again = replace(clone, departure_threshold=t)
+        assert (again.gate(again.logits(data.x), data.default) != data.default).any()
+    even = replace(clone, weights=[w * 0 for w in clone.weights])  # p(other) 0.5 everywhere
+    assert agreeing_gate(even, data).departure_threshold == GRID[1]  # 0.5 departs at a tie

@@ -251,8 +251,9 @@ def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_w
     cache, tmp_path
 ):
     """inlining-speed has no shipped policy: clang's own -O2 decisions on the project are
-    cloned for a start, evolution strategies (not BC-Max: no module's search sees a
-    workload) train on the workload's block cost, which judges every candidate."""
+    cloned for a start, gated to depart from none of them; evolution strategies (not
+    BC-Max: no module's search sees a workload) train on the workload's block cost, which
+    judges every candidate."""
     bench = "./wordcount < main.c"
     out, args = wordcount_args(tmp_path, "--problem", "inlining-speed", "--bench", bench)
     r = run_mlgo(*args, "--minutes", "0.02", "--bench-rounds", "2", timeout=900)
@@ -262,7 +263,7 @@ def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_w
     assert (report["problem"], report["level"]) == ("inlining-speed", "-O2")
     assert report["tests"] == {"baseline": "passed", "policy": "passed"}
     start = json.loads((out / "start" / "policy" / "policy.json").read_text())
-    assert start["problem"] == "inlining-speed"
+    assert start["problem"] == "inlining-speed" and "departure_threshold" in start
     training = report["training"]
     assert training["algorithm"] == "es" and training["curve"][0]["compiles"] >= 8
     changes = training["judged_change_pct"]

@@ -24,12 +24,25 @@ from mlgo.errors import UsageError
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import load_policy, save_policy
+from mlgo.records import Decisions
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.workers import Workers
 from mlgo.train.evaluate import Evaluation, evaluate
 
 GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 NEVER = 1.0  # the policy never departs: the default's own decisions
+
+
+def agreeing_gate(policy: MLPPolicy, data: Decisions) -> MLPPolicy:
+    """POLICY gated at the lowest threshold of GRID at which it departs from none of the
+    compiler's answers in DATA (traced on the code it will build), else at the highest: a
+    clone that starts a search from the compiler's own decisions, not from its errors."""
+    logits = policy.logits(data.x)
+    for t in GRID:
+        gated = replace(policy, departure_threshold=t)
+        if (gated.gate(logits, data.default) == data.default).all():
+            break
+    return gated
 
 
 @dataclass

@@ -43,6 +43,9 @@ class TrainOptions:
     clone_epochs: int = 10  # bcmax: behavioral cloning per iteration
     clone_lr: float = 1e-3  # bcmax
     max_seconds: float = 0.0  # es, ppo, bcmax: stop between steps after this much training
+    # es, ppo, bcmax: the start's departure gate kept while training, so that the search
+    # moves only the departures from the compiler's own answers (a speed tune's)
+    keep_gate: bool = False
 
 
 @dataclass(kw_only=True)
@@ -80,17 +83,21 @@ def load_start(init: Path, problem: Problem, option: str = "--init") -> MLPPolic
     return replace(start, problem=problem, languages=None)
 
 
-def start_policy(algo: str, init: Path | None, problem: Problem) -> MLPPolicy | None:
+def start_policy(
+    algo: str, init: Path | None, problem: Problem, keep_gate: bool = False
+) -> MLPPolicy | None:
     """The policy ALGO starts from (None for one that needs none, BC), checked with the
-    problem before anything is written."""
+    problem before anything is written; with its departure gate if KEEP_GATE."""
     trainer = get_trainer(algo)
     start = None
     if trainer.uses_start:
         if init is None:
             raise UsageError(f"--algo {algo} needs --init (a BC run) as its starting point")
+        start = replace(load_start(init, problem), languages=None)
         # A calibrated gate (and the languages it holds for) fits the weights it was
-        # calibrated with, not new ones.
-        start = replace(load_start(init, problem), departure_threshold=None, languages=None)
+        # calibrated with, not new ones: a search that is to move departures keeps it.
+        if not keep_gate:
+            start = replace(start, departure_threshold=None)
     if (refusal := trainer.refuses(problem)) is not None:
         raise UsageError(refusal)
     return start
@@ -109,7 +116,7 @@ def run(
     """Trains ALGO on CORPUS into the run directory OUT (an existing run resumes), scoring
     by REWARD if given (a search only), then evaluates the policy on CORPUS. A run that
     cannot start writes nothing."""
-    start = start_policy(algo, opts.init, problem)
+    start = start_policy(algo, opts.init, problem, opts.keep_gate)
     trainer_type = get_trainer(algo)
     if reward is not None and not issubclass(trainer_type, Trainer):  # a search scores
         raise UsageError(f"--algo {algo} imitates the default's answers: it scores no reward")
