@@ -149,9 +149,10 @@ def tune(
 ) -> None:
     """Your code base to a trained policy and a size-and-throughput report: record its
     build, train on its own modules (or, for speed, on --bench) from the shipped policy
-    for --minutes, build it twice
-    from a pristine copy (clang, and mlgo-cc with what was smallest on your code: clang's own
-    decisions if nothing beat them), run --test on both, time --bench on both."""
+    (inlining-speed: from clang's own decisions) for --minutes, build it twice from a
+    pristine copy (clang, and mlgo-cc with what was smallest on your code, or cheapest on
+    --bench: clang's own decisions if nothing beat them), run --test on both, time --bench
+    on both."""
     from mlgo.problems import at_link
     from mlgo.programs.report import report_table, training_line
     from mlgo.programs.tune import project

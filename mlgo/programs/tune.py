@@ -195,10 +195,10 @@ def choose_policy(
     (STEPS 0: no training), and keeps the candidate that is
     cheapest on the corpus, or by JUDGE (`candidate_judge`), saved in OUT/chosen: the
     compiler's default (START gated never to depart), START (named START_NAME), the
-    trained policy, and the
-    trained policy at each departure threshold of GATES (each language alone too:
-    `gated_candidates`). The earliest of equals wins, so a policy that does not beat the
-    default on the code it will build is not served. Returns it and what training did."""
+    trained policy, and the trained policy at each departure threshold of GATES (each
+    language alone too: `gated_candidates`). The earliest of equals wins, so a policy that
+    does not beat the default on the code it will build is not served. Returns it and what
+    training did."""
     from mlgo.programs.speed import WORKLOAD_SEARCH
     from mlgo.train import RunState
     from mlgo.train.calibrate import NEVER, calibrate
