@@ -148,3 +148,15 @@ def test_a_clone_is_gated_where_it_departs_from_none_of_the_compilers_answers():
         assert (again.gate(again.logits(data.x), data.default) != data.default).any()
     even = replace(clone, weights=[w * 0 for w in clone.weights])  # p(other) 0.5 everywhere
     assert agreeing_gate(even, data).departure_threshold == GRID[1]  # 0.5 departs at a tie
+
+
+def test_inlining_for_speed_is_not_searched_on_a_corpus(tmp_path):
+    """Its corpus cost is the size beside its speed: a search without a workload is refused
+    before anything is written; imitating clang's answers (its start) is not."""
+    from mlgo.train.run import run
+
+    speed = get_problem("inlining-speed")
+    for algo in ("es", "bcmax", "ppo"):
+        with pytest.raises(UsageError, match="inlining-speed has no cost on a corpus"):
+            run(algo, None, speed, tmp_path / algo, None, None)  # type: ignore[arg-type]
+        assert not (tmp_path / algo).exists()

@@ -116,7 +116,6 @@ def run(
     """Trains ALGO on CORPUS into the run directory OUT (an existing run resumes), scoring
     by REWARD if given (a search only), then evaluates the policy on CORPUS. A run that
     cannot start writes nothing."""
-    start = start_policy(algo, opts.init, problem, opts.keep_gate)
     trainer_type = get_trainer(algo)
     if reward is not None and not issubclass(trainer_type, Trainer):  # a search scores
         raise UsageError(f"--algo {algo} imitates the default's answers: it scores no reward")
@@ -125,6 +124,7 @@ def run(
             f"{problem.name} has no cost on a corpus to search by: tune it on a workload "
             f"(mlgo tune --problem {problem.name} --bench CMD)"
         )
+    start = start_policy(algo, opts.init, problem, opts.keep_gate)
     trainer = trainer_type(configure(trainer_type.Config, opts))
     with output_dir(out):
         run_dir = RunDir(out, algo)
