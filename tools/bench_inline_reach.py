@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -37,10 +36,9 @@ from mlgo.packages.recipes import Recipe
 from mlgo.programs.build import build_program, level_flags, plain_compilers, pristine_source
 from mlgo.programs.measure import executed, prepare_workload, recipe_throughput, recipe_workload
 from mlgo.programs.report import throughput_change
-from mlgo.programs.tune import project
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.messages import error_line
-from tools.bench_tune import PROJECTS, RETIMED
+from tools.bench_tune import PROJECTS, RETIMED, project_recipe
 
 console = Console()
 LEVEL = "-O2"
@@ -74,12 +72,7 @@ def build_costed(
 def reach(name: str, thresholds: list[int], work: Path, rounds: int, seconds: float) -> dict:
     """NAME's baseline and one build per threshold in WORK/NAME/inline-reach, each against
     the baseline: .text, the workload cost, instructions and CPU time, in percent."""
-    p = PROJECTS[name]
-    recipe = replace(
-        project(name, [p.configure], [p.build], [p.test], p.bench),
-        source=p.source,
-        build_depends=p.build_depends,
-    )
+    recipe = project_recipe(name)
     source = pristine_source(recipe, work / name)
     tc = find_toolchain()
     where = work / name / "inline-reach"

@@ -303,6 +303,14 @@ PROJECTS = {
 }
 
 
+def project_recipe(name: str) -> Recipe:
+    """Project NAME as `mlgo tune` takes it: its shell lines, its workload, and the Debian
+    source and build dependencies it is fetched with."""
+    p = PROJECTS[name]
+    recipe = project(name, [p.configure], [p.build], [p.test], p.bench)
+    return replace(recipe, source=p.source, build_depends=p.build_depends)
+
+
 def tune_project(
     name: str, work: Path, minutes: float, lto: str | None = None, problem: str = SIZE
 ) -> dict:
@@ -311,8 +319,7 @@ def tune_project(
     WORK/NAME/tune-lto-LTO, and plain LTO against per-file -Oz); its report and wall
     time."""
     p = PROJECTS[name]
-    recipe = project(name, [p.configure], [p.build], [p.test], p.bench)
-    recipe = replace(recipe, source=p.source, build_depends=p.build_depends)
+    recipe = project_recipe(name)
     source = pristine_source(recipe, work / name)
     started = time.monotonic()
     tc = find_toolchain()
@@ -353,17 +360,16 @@ def retimed(
     plain = tuned / "programs" / "plain"
     builds = {"tuned": tuned / "programs" / "mlgo"}
     shipped = shipped_policy(problem.name)
-    untuned = builds["untuned"] = work / "untuned"
-    if not shipped.is_dir():  # inlining-speed: its start is cloned in each tune
-        del builds["untuned"]
-    elif not (work / "untuned.done").exists():
-        with policy_service([shipped], work / "service") as env:
-            served = variants(tc, env)[1]
-            build_program(
-                recipe, source, untuned, tc, "untuned", served.compilers, served.env, True,
-                problem_flags(problem),
-            )  # fmt: skip
-        (work / "untuned.done").touch()
+    if shipped.is_dir():  # inlining-speed ships none: its start is cloned in each tune
+        untuned = builds["untuned"] = work / "untuned"
+        if not (work / "untuned.done").exists():
+            with policy_service([shipped], work / "service") as env:
+                served = variants(tc, env)[1]
+                build_program(
+                    recipe, source, untuned, tc, "untuned", served.compilers, served.env, True,
+                    problem_flags(problem),
+                )  # fmt: skip
+            (work / "untuned.done").touch()
     return {
         policy: recipe_throughput(recipe, {"plain": plain, policy: tree}, *RETIMED)
         for policy, tree in builds.items()
