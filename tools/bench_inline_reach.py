@@ -29,13 +29,14 @@ from rich.table import Table
 from scipy.stats import spearmanr
 
 from mlgo.cli import USER_ERRORS
-from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, Code, workload_cost
+from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, Code
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe
 from mlgo.programs.build import build_program, level_flags, plain_compilers, pristine_source
-from mlgo.programs.measure import executed, prepare_workload, recipe_throughput, recipe_workload
+from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.report import throughput_change
+from mlgo.programs.speed import tree_cost
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.messages import error_line
 from tools.bench_tune import PROJECTS, RETIMED, project_recipe
@@ -57,14 +58,8 @@ def build_costed(
     built = build_program(
         recipe, source, tree, tc, tree.name, plain_compilers(tc), None, True, flags
     )
-    prepare_workload(recipe, tree, f"{recipe.name} ({tree.name}): bench")
-    ran = executed(recipe_workload(recipe), tree, by_address=True)
-    result = {
-        "flags": extra,
-        "cost": workload_cost(ran.by_object, tc, known).cycles_and_lines,
-        "instructions": ran.instructions,
-        "tests": built.tests,
-    }
+    cost, instructions = tree_cost(recipe, tree, tc, known, tree.name)
+    result = {"flags": extra, "cost": cost, "instructions": instructions, "tests": built.tests}
     atomic_write_text(done, json.dumps(result, indent=1))
     return result
 

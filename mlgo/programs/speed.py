@@ -43,6 +43,17 @@ JUDGE = f"{LABEL} (llvm-mca cycles + lines fetched, callgrind's counts)"
 WORKLOAD_SEARCH = {"directions": 4}
 
 
+def tree_cost(
+    recipe: Recipe, tree: Path, tc: Toolchain, known: dict[Code, float], variant: str
+) -> tuple[float, int]:
+    """The build TREE of RECIPE (made with BLOCK_MAP_FLAGS) costed on its workload, run once
+    under callgrind: the cost a speed tune trains on (`workload_cost`, reusing KNOWN's
+    cycles), and the instructions callgrind counted."""
+    prepare_workload(recipe, tree, f"{recipe.name} ({variant}): bench")
+    ran = executed(recipe_workload(recipe), tree, by_address=True)
+    return workload_cost(ran.by_object, tc, known).cycles_and_lines, ran.instructions
+
+
 class WorkloadReward:
     """`train.loop.Reward` on RECIPE's workload: a policy's relative reduction of the
     workload cost against the plain build at the problem's level. Builds from PRISTINE in
@@ -66,9 +77,7 @@ class WorkloadReward:
             recipe, self.pristine, tree, self.tc, variant.name, compilers, variant.env, False,
             self.flags,
         )  # fmt: skip
-        prepare_workload(recipe, tree, f"{recipe.name} ({variant.name}): bench")
-        ran = executed(recipe_workload(recipe), tree, by_address=True)
-        total = workload_cost(ran.by_object, self.tc, self.known).cycles_and_lines
+        total, _ = tree_cost(recipe, tree, self.tc, self.known, variant.name)
         shutil.rmtree(tree)
         self.builds += 1
         return total
