@@ -129,23 +129,22 @@ def shipped_start(problem: Problem) -> Path | None:
     return shipped_policy(problem.starts_from) if problem.starts_from else None
 
 
-def cloned_start(problem: Problem, out: Path) -> Path:
-    """Clang's own decisions on the recorded code (OUT/traces) cloned into a policy, in
-    OUT/start/policy: the start of a problem with none shipped. Gated so that it departs
-    from none of them (`agreeing_gate`): on cmark the clone alone disagreed with 2.9% of
-    clang's -O2 decisions, and its build cost 7.4% more on the workload; a search that
-    keeps the gate (`TrainOptions.keep_gate`) moves only departures from clang's heuristic."""
+def cloned_start(problem: Problem, out: Path, start: Path) -> None:
+    """Clang's own decisions on the recorded code (OUT/traces) cloned into a policy at
+    START (its cloning run beside it): the start of a problem with none shipped. Gated so
+    that it departs from none of them (`agreeing_gate`): on cmark the clone alone disagreed
+    with 2.9% of clang's -O2 decisions, and its build cost 7.4% more on the workload; a
+    search that keeps the gate (`TrainOptions.keep_gate`) moves only departures from
+    clang's heuristic."""
     from mlgo.traces.dataset import load_decisions
     from mlgo.train import RunDir
     from mlgo.train.bc import train_bc
     from mlgo.train.calibrate import agreeing_gate
 
-    start = out / "start" / "policy"
     if not start.is_dir():  # the clone resumes from its checkpoint if killed
         data = load_decisions(out / "traces", problem)
-        clone, _ = train_bc(data, problem, RunDir(out / "start" / "clone", "bc"))
+        clone, _ = train_bc(data, problem, RunDir(start.parent / "clone", "bc"))
         save_policy(agreeing_gate(clone, data), start)
-    return start
 
 
 def trainer(problem: Problem, reward: Reward | None = None) -> str:
@@ -548,7 +547,7 @@ def tune(
         steps = opts.train_steps or UNTIL_BUDGET
         with _stage("train", out):
             if given is None:
-                start = cloned_start(problem, out)
+                cloned_start(problem, out, start)
             reward = workload_reward(problem, recipe, pristine, out, tc)
             judge = candidate_judge(problem, out, tc, reward)
             chosen, training = choose_policy(
