@@ -169,3 +169,28 @@ def test_eval_export_and_serve_refuse_a_spoilt_policy_in_one_line(mini_corpus, t
                  env={"MLGO_STRICT": "1"}, timeout=120)  # fmt: skip
         one_line_error(r, named, why)
         assert not sock.exists()
+
+
+def test_a_base_is_saved_with_the_policy_and_only_where_its_problem_has_one(tmp_path):
+    """inlining-speed's policy carries clang's inline threshold, which reaches every compile
+    it serves; a base that is no small whole number, or on a problem without one, is one
+    line naming policy.json."""
+    from mlgo.problems import get_problem
+
+    size = load_policy(POLICIES / "inlining-size")
+    speed = replace(size, problem=get_problem("inlining-speed"), base=400)
+    save_policy(speed, tmp_path / "speed")
+    loaded = load_policy(tmp_path / "speed")
+    assert loaded.base == 400 and loaded.base_flags == ["-mllvm", "-inline-threshold=400"]
+    assert "-inline-threshold=400" in loaded.describe()
+    assert replace(loaded, base=None).base_flags == []
+    for bad, why in (("400", "is not an integer"), (-1, "is not an integer"),
+                     (True, "is not an integer"), (10**9, "is not an integer")):  # fmt: skip
+        _rewrite_meta(tmp_path / "speed", base=bad)
+        with pytest.raises(ValueError, match=why) as e:
+            load_policy(tmp_path / "speed")
+        assert str(e.value).startswith(f"{tmp_path / 'speed' / 'policy.json'}:")
+    sized = _policy_copy(tmp_path)
+    _rewrite_meta(sized, base=400)
+    with pytest.raises(ValueError, match="inlining-size has no base to set"):
+        load_policy(sized)

@@ -187,6 +187,25 @@ def test_a_new_problem_is_allowed_its_flags_by_one_line(tmp_path, monkeypatch):
         wrapper.lease_allow_list.cache_clear()
 
 
+def test_a_policys_base_passes_both_checks_as_a_number_alone(tmp_path):
+    """A policy's base (inlining-speed's inline threshold) reaches the compiler as its switch
+    and digits; anything else after the switch is refused by both wrappers."""
+    from mlgo.serve import cc as wrapper
+
+    (tmp_path / "channels").mkdir()
+    checker = tmp_path / "checker"
+    wrapper.build_native_wrapper(checker, "-DMLGO_GUARD_CHECK")
+    for value, ok in (("400", True), ("0400", True), ("4e2", False), ("400x", False)):
+        flags = ["-mllvm", f"-inline-threshold={value}"]
+        native = subprocess.run([checker, "lease", str(tmp_path), *flags], capture_output=True)
+        assert native.stdout == (b"1\n" if ok else b"0\n"), value
+        if ok:
+            check_lease_flags(flags, tmp_path)
+        else:
+            with pytest.raises(ServiceError, match="a flag no lease may carry"):
+                check_lease_flags(flags, tmp_path)
+
+
 @pytest.mark.parametrize(
     "flags",
     [
@@ -197,6 +216,9 @@ def test_a_new_problem_is_allowed_its_flags_by_one_line(tmp_path, monkeypatch):
         ["-fpass-plugin=ELSEWHERE/evil.so"],
         ["-fpass-plugin=CACHE/plugin/../evil.so"],
         ["-mllvm"],
+        ["-mllvm", "-inline-threshold=400 -print-after-all"],
+        ["-mllvm", "-inline-threshold="],
+        ["-mllvm", "-inline-threshold=-1"],
     ],
 )
 def test_flags_no_lease_may_carry_are_refused(flags, cc, canary, tmp_path):

@@ -219,6 +219,34 @@ def test_every_backend_applies_a_departure_gate_alike(native_cc, tc, tmp_path):
         assert served[0] != ungated.read_bytes(), f"{src.name}: the gate let every one through"
 
 
+def test_every_backend_serves_a_policys_base(native_cc, tc, tmp_path):
+    """An inlining-speed policy that never departs, with its base at inline threshold 0,
+    builds through mlgo-cc what clang -O2 builds with that threshold, whichever backend
+    serves it: the base reaches the compiler, through both wrappers' lease checks."""
+    speed = get_problem("inlining-speed")
+    size = load_policy(SHIPPED)
+    policy = replace(size, problem=speed, departure_threshold=1.0, languages=None, base=0)
+    save_policy(policy, tmp_path / "based")
+    src = SOURCES[-1]
+    want, plain = tmp_path / "want.o", tmp_path / "plain.o"
+    subprocess.run([tc.clang, "-O2", "-c", src, "-o", want, *policy.base_flags], check=True)
+    subprocess.run([tc.clang, "-O2", "-c", src, "-o", plain], check=True)
+    assert want.read_bytes() != plain.read_bytes()  # the threshold moves this file
+    for backend in ("python", "native", "plugin"):
+        (tmp_path / backend).mkdir()
+        service = Service(
+            tmp_path / backend, "--policy", str(tmp_path / "based"), "--backend", backend
+        )
+        try:
+            got = tmp_path / f"{backend}.o"
+            cmd = [*native_cc, "-O2", "-c", str(src), "-o", str(got)]
+            r = subprocess.run(cmd, env=service.env(), capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0 and not r.stderr, r.stderr
+            assert got.read_bytes() == want.read_bytes(), backend
+        finally:
+            service.stop()
+
+
 def test_the_plugin_falls_back_on_an_unknown_feature_layout(cc, mismatched_policy, tc, tmp_path):
     service = Service(tmp_path, "--policy", str(mismatched_policy), "--backend", "plugin")
     try:

@@ -16,6 +16,7 @@ import pytest
 
 from mlgo.corpus.format import load_corpus
 from mlgo.llvm.sizes import text_size
+from mlgo.problems.inlining_speed import THRESHOLDS
 from tests.conftest import DATA, MLGO, run_mlgo
 
 pytestmark = pytest.mark.toolchain
@@ -253,7 +254,7 @@ def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_w
     """inlining-speed has no shipped policy: clang's own -O2 decisions on the project are
     cloned for a start, gated to depart from none of them; evolution strategies (not
     BC-Max: no module's search sees a workload) train on the workload's block cost, which
-    judges every candidate."""
+    judges every candidate, clang's own decisions at each inline threshold of the grid too."""
     bench = "./wordcount < main.c"
     out, args = wordcount_args(tmp_path, "--problem", "inlining-speed", "--bench", bench)
     r = run_mlgo(*args, "--minutes", "0.02", "--bench-rounds", "2", timeout=900)
@@ -267,8 +268,11 @@ def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_w
     training = report["training"]
     assert training["algorithm"] == "es" and training["curve"][0]["compiles"] >= 8
     changes = training["judged_change_pct"]
-    assert {"default", "clang's own, cloned", "trained"} <= set(changes)
+    bases = {f"clang's own, -inline-threshold={t}" for t in THRESHOLDS}
+    assert {"default", "clang's own, cloned", "trained", *bases} <= set(changes)
     assert changes["default"] == 0.0 and changes[training["chosen"]] == min(changes.values())
+    assert all(math.isfinite(changes[b]) for b in bases)
+    assert len({changes[b] for b in bases}) > 1  # the threshold moves this program's cost
 
 
 def test_inlining_for_speed_without_a_workload_is_refused_before_anything_is_written(tmp_path):

@@ -16,6 +16,7 @@ from mlgo.errors import MlgoError
 from mlgo.llvm.channel import ChannelError, Policy, compile_interactive, last_line
 from mlgo.llvm.log_format import stack_features
 from mlgo.problems import Problem
+from mlgo.problems.policy import MLPPolicy
 from mlgo.records import ModuleRun
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -44,15 +45,18 @@ def compile_module(
     keep_object: Path | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> ModuleRun:
-    """Compiles `module` answering every decision with `policy` (default: the compiler's own).
+    """Compiles `module` answering every decision with `policy` (default: the compiler's own;
+    a policy with a base, with its base).
 
     Records each decision's features, the answer given and the default answer.
     """
+    base = policy.base_flags if isinstance(policy, MLPPolicy) else []
     policy = policy or problem.default_advice
     with tempfile.TemporaryDirectory(prefix="mlgo-c-") as d:
         work = Path(d)
         obj = keep_object or work / "out.o"
-        cmd = module.compile_command(clang, obj, problem.opt_level, problem.measure_flags(work))
+        extra = [*problem.measure_flags(work), *base]
+        cmd = module.compile_command(clang, obj, problem.opt_level, extra)
         try:
             session = compile_interactive(
                 cmd, policy, problem.channel_flags, timeout_s, problem.validate

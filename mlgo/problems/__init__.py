@@ -134,6 +134,12 @@ class Problem:
     # A speed problem whose corpus holds no cost of its speed (its reward metric is the size
     # beside it): trained only on a workload (`mlgo tune --bench`), refused without one.
     needs_workload: bool = False
+    # An integer switch of clang's own heuristic (inlining-speed: -inline-threshold) that a
+    # policy may carry a value of (`MLPPolicy.base`): the heuristic its gate departs from,
+    # passed wherever it is served. A tune given a workload judges clang's own decisions at
+    # each of `base_grid` beside the policies it trains.
+    base_switch: str | None = None
+    base_grid: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
@@ -142,6 +148,8 @@ class Problem:
             raise UsageError(f"problem {self.name}: aim {self.aim!r} is not one of {AIMS}")
         if self.needs_workload and self.aim != "speed":
             raise UsageError(f"problem {self.name}: only a speed problem needs a workload")
+        if bool(self.base_switch) != bool(self.base_grid):
+            raise UsageError(f"problem {self.name}: a base switch comes with its grid")
 
     @property
     def default_is_observed(self) -> bool:

@@ -8,6 +8,12 @@ policy is trained and judged only on a workload, each candidate built whole and 
 its run (`mlgo tune --bench`, `mlgo.programs.speed`). Its start is clang's own -O2
 decisions on that code, cloned (`tune.cloned_start`), so that a search departs from the
 heuristic the user builds with; its corpus cost is the code's size, reported beside.
+
+Which heuristic: clang's inline threshold moves every call site one way, and on cmark 400
+made the program 1.3% faster where every other value tried made it slower
+(docs/inlining-speed.md). A search of network weights around clang's answers did not find
+that, so a policy carries its threshold (`MLPPolicy.base`), and a tune judges clang's own
+decisions at each of THRESHOLDS on the workload beside the policies it trains.
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from mlgo.problems.inlining_size import PROBLEM as INLINING_SIZE
 # not: with that cap, clang's own answers given back made cmark's utf8.c 18% smaller than
 # clang -O2 does. Lifted, they build what clang builds.
 UNCAPPED = ("-mllvm", "-ml-advisor-size-increase-threshold=1000")
+# Around -O2's own 225 (without it: not given, it is the default), to the point past which
+# cmark and serd grew by a fifth and more without running faster
+THRESHOLDS = (150, 300, 400, 500, 700, 1000)
 
 PROBLEM = with_advisor_flags(
     INLINING_SIZE,
@@ -31,4 +40,6 @@ PROBLEM = with_advisor_flags(
     needs_workload=True,
     # its objects' .text itself: the size beside the speed, not a reward of its own
     reward_metric="text_size",
+    base_switch="-inline-threshold",
+    base_grid=THRESHOLDS,
 )

@@ -50,9 +50,19 @@ class MLPPolicy:
     # policy shipped because it was judged so (a link-time one that alone grows some
     # programs). None: as the user's environment says.
     guard: str | None = None
+    # Its problem's `base_switch` at this value wherever it is served (inlining-speed:
+    # clang's inline threshold): the heuristic it departs from. None: clang's own.
+    base: int | None = None
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
+
+    @property
+    def base_flags(self) -> list[str]:
+        """The flags that give the compiler its base (none without one)."""
+        if self.base is None:
+            return []
+        return ["-mllvm", f"{self.problem.base_switch}={self.base}"]
 
     @classmethod
     def init(
@@ -107,6 +117,11 @@ class MLPPolicy:
             out += (
                 "It departs from the compiler's own decision only where it gives the other "
                 f"answer a probability of at least {self.departure_threshold:g}. "
+            )
+        if self.base is not None:
+            out += (
+                f"The compiler's own decision is made with {self.problem.base_switch}="
+                f"{self.base} (`-mllvm`), which every use of it must pass. "
             )
         if self.languages is not None:
             names = " and ".join(label(x) for x in self.languages)

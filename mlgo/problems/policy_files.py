@@ -23,6 +23,9 @@ from mlgo.problems.policy import MLPPolicy, policy_class
 from mlgo.runtime.files import atomic_path, atomic_write_text
 
 T = TypeVar("T")
+# The largest base a policy may carry: its switch's value reaches the compiler's command
+# line, and clang's thresholds live far below it
+MAX_BASE = 1_000_000
 
 
 def save_policy(policy: MLPPolicy, directory: Path) -> None:
@@ -42,6 +45,8 @@ def save_policy(policy: MLPPolicy, directory: Path) -> None:
         meta["languages"] = list(policy.languages)
     if policy.guard is not None:
         meta["guard"] = policy.guard
+    if policy.base is not None:
+        meta["base"] = policy.base
     if policy.problem.feature_digest is not None:
         meta["feature_digest"] = policy.problem.feature_digest
     atomic_write_text(directory / "policy.json", json.dumps(meta, indent=1))
@@ -84,6 +89,7 @@ def load_policy(directory: Path) -> MLPPolicy:
         departure_threshold=meta.get("departure_threshold"),
         languages=languages,
         guard=guard,
+        base=meta.get("base"),
     )
     check_policy(policy, directory)
     return policy
@@ -95,7 +101,8 @@ def check_policy(policy: MLPPolicy, directory: Path) -> None:
     that do not chain from the normalizer's width, weights that are not all finite,
     boundaries the normalizer cannot search (NaN may only trail: an old policy keeps
     its NaN boundaries and both numpy and the exported graph count them exactly), a
-    departure threshold outside [0.5, 1] or where there is no default to gate on."""
+    departure threshold outside [0.5, 1] or where there is no default to gate on, a base
+    that is not a small whole number or for a problem without one."""
     npz, norm = directory / "policy.npz", directory / "normalization.json"
     t = policy.departure_threshold
     if t is not None:
@@ -104,6 +111,14 @@ def check_policy(policy: MLPPolicy, directory: Path) -> None:
             raise PolicyError(f"{meta}: departure_threshold {t!r} is not in [0.5, 1]")
         if not policy.can_gate:
             raise PolicyError(f"{meta}: {policy.problem.name} has no default to gate on")
+    b = policy.base
+    if b is not None:
+        meta = directory / "policy.json"
+        switch = policy.problem.base_switch
+        if switch is None:
+            raise PolicyError(f"{meta}: {policy.problem.name} has no base to set")
+        if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b <= MAX_BASE:
+            raise PolicyError(f"{meta}: base {b!r} ({switch}) is not an integer in [0, {MAX_BASE}]")
     n = policy.normalizer
     if len(set(n.features)) != len(n.features):
         raise PolicyError(f"{norm}: a feature is listed twice")

@@ -66,7 +66,7 @@ class WorkloadReward:
         self.recipe, self.pristine, self.work, self.tc = recipe, pristine, work, tc
         self.flags = [*problem_flags(problem), *BLOCK_MAP_FLAGS]
         self.known: dict[Code, float] = {}  # llvm-mca's cycles of code an earlier build had
-        self.costs: dict[bytes, float] = {}  # by the policy's weights and gate
+        self.costs: dict[bytes, float] = {}  # by the policy's weights, gate and base
         self.base: float | None = None  # the plain build's, once built
         self.builds = 0
 
@@ -86,8 +86,8 @@ class WorkloadReward:
         """POLICY's workload cost against the plain build's, minus one (negative: cheaper)."""
         if self.base is None:
             self.base = self._cost(variants(self.tc, {}, ("plain", ""))[0])
-        gate = (policy.departure_threshold, policy.languages)
-        key = policy.flat().tobytes() + repr(gate).encode()
+        served = (policy.departure_threshold, policy.languages, policy.base)
+        key = policy.flat().tobytes() + repr(served).encode()
         if key not in self.costs:
             saved = self.work / "policy"
             save_policy(policy, saved)

@@ -195,9 +195,11 @@ def choose_policy(
     cheapest on the corpus, or by JUDGE (`candidate_judge`), saved in OUT/chosen: the
     compiler's default (START gated never to depart), START (named START_NAME), the
     trained policy, and the trained policy at each departure threshold of GATES (each
-    language alone too: `gated_candidates`). The earliest of equals wins, so a policy that
-    does not beat the default on the code it will build is not served. Returns it and what
-    training did."""
+    language alone too: `gated_candidates`); where a workload's REWARD judges, the
+    compiler's default at each of the problem's bases as well (`Problem.base_grid`: on
+    cmark, clang's inline threshold at 400 was faster than any departure a search of the
+    network found). The earliest of equals wins, so a policy that does not beat the default
+    on the code it will build is not served. Returns it and what training did."""
     from mlgo.programs.speed import WORKLOAD_SEARCH
     from mlgo.train import RunState
     from mlgo.train.calibrate import NEVER, calibrate
@@ -215,6 +217,11 @@ def choose_policy(
     with closing(make_workers("local")) as pool:
         started = evaluate(first, corpus, tc, pool, problem)
         candidates[start_name] = (first, started.totals()["delta"])
+        if reward is not None and first.can_gate:  # where builds judge, clang's own bases
+            for b in problem.base_grid:
+                at = replace(first, departure_threshold=NEVER, base=b)
+                name = f"clang's own, {problem.base_switch}={b}"
+                candidates[name] = (at, evaluate(at, corpus, tc, pool, problem).totals()["delta"])
         if steps:
             search = WORKLOAD_SEARCH if reward is not None else {}
             # for speed, every departure from the compiler is judged by a build: a

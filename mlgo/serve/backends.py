@@ -178,7 +178,7 @@ class PluginBackend:
         from mlgo.ship.plugin import inliner_plugin
 
         plugin = inliner_plugin(policy, find_toolchain())
-        self.flags = [f"-fpass-plugin={plugin}", *policy.problem.advisor_flags]
+        self.flags = [f"-fpass-plugin={plugin}", *policy.problem.advisor_flags, *policy.base_flags]
 
     def latency(self) -> dict[str, float]:
         return {}

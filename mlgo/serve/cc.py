@@ -94,7 +94,8 @@ START_RETRY_S = 60.0  # after a failed start, fall back at once for this long (s
 DEFAULT_TIMEOUT_S = 900.0
 # What a lease may carry: the -mllvm switches and channel options of the registered problems'
 # serving flags (`lease_allow_list`; a channel's FIFO base must lie in the runtime directory's
-# channels/), and -fpass-plugin= (a plugin in the cache of built ones, trusted).
+# channels/), their base switches with a number, and -fpass-plugin= (a plugin in the cache of
+# built ones, trusted).
 PLUGIN_FLAG = "-fpass-plugin="
 DEFAULT_POLICY = os.pathsep.join(str(p) for p in default_policies())
 LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz", "-Og", "-Ofast")
@@ -391,10 +392,11 @@ def flags_by_hand(
 
 
 @cache
-def lease_allow_list() -> tuple[frozenset[str], frozenset[str]]:
-    """The -mllvm switches and channel options (names, without `=BASE`) that a lease may
-    carry: exactly what the registered problems serve with, with and without the compiler's
-    own decision. The one source of them: the native wrapper is built with the same lists
+def lease_allow_list() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """The -mllvm switches, channel options (names, without `=BASE`) and numbered switches
+    (names, without `=N`: a policy's base, `MLPPolicy.base`) that a lease may carry:
+    exactly what the registered problems serve with, with and without the compiler's own
+    decision. The one source of them: the native wrapper is built with the same lists
     (`build_native_wrapper`). Read only for a lease with -mllvm flags: the problems' modules
     cost this process about 0.1 s to import."""
     from mlgo.problems import problems
@@ -412,7 +414,8 @@ def lease_allow_list() -> tuple[frozenset[str], frozenset[str]]:
                     channels.add(option.removesuffix("=" + mark))
                 else:
                     switches.add(option)
-    return frozenset(switches), frozenset(channels)
+    numbered = frozenset(p.base_switch for p in problems() if p.base_switch)
+    return frozenset(switches), frozenset(channels), numbered
 
 
 def check_lease_flags(flags: list[str], runtime: Path) -> None:
@@ -430,12 +433,16 @@ def check_lease_flags(flags: list[str], runtime: Path) -> None:
             option = next(rest, "")
             name, eq, base = option.partition("=")
             fifo = Path(base)
-            switches, channel_options = lease_allow_list()
-            if option in switches or (
-                eq
-                and name in channel_options
-                and fifo.name not in ("", ".", "..")
-                and fifo.parent.resolve() == channels
+            switches, channel_options, numbered = lease_allow_list()
+            if (
+                option in switches
+                or (eq and name in numbered and base.isascii() and base.isdigit())
+                or (
+                    eq
+                    and name in channel_options
+                    and fifo.name not in ("", ".", "..")
+                    and fifo.parent.resolve() == channels
+                )
             ):
                 continue
             flag = f"-mllvm {option}"
@@ -687,10 +694,11 @@ def native_lists() -> dict[str, list[str]]:
     """The string lists the native wrapper is built with (-D options): the lease allow-list
     of the registered problems, the LLVM options that only report, how a plugin's compile
     tells the size guard that it made clang's own object, and the flag that names a plugin."""
-    switches, channels = lease_allow_list()
+    switches, channels, numbered = lease_allow_list()
     return {
         "MLGO_LEASE_SWITCHES": sorted(switches),
         "MLGO_LEASE_CHANNELS": sorted(f"{c}=" for c in channels),
+        "MLGO_LEASE_NUMBERED": sorted(f"{n}=" for n in numbered),
         "MLGO_REPORTING_LLVM_OPTIONS": list(REPORTING_LLVM_OPTIONS),
         "MLGO_DEPARTURES_ENV": [DEPARTURES_ENV],
         "MLGO_DEPARTURES_PREFIX": [DEPARTURES_PREFIX],

@@ -56,7 +56,7 @@ class _Handler(socketserver.StreamRequestHandler):
             elif op == "channel":
                 lease = service.open_lease(message.get("problem"), channel=True)
                 (policy, _backend, base), *_ = lease.channels.values()
-                flags = policy.problem.flags_for_serving(base, default=policy.gated)
+                flags = policy.channel_flags(base)
                 self._send({"base": base, "lease": lease.id, "flags": flags})
                 self._expire(service, lease, float(message.get("ttl_s", 600)))
             elif op == "flags":

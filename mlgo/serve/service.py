@@ -66,6 +66,11 @@ class ServedPolicy:
         """Those it answers compiles in (None: all)."""
         return self.policy.languages
 
+    def channel_flags(self, base: str) -> list[str]:
+        """The compiler's flags for its channel at BASE: the compiler's own answer where
+        it is gated, and its base (`MLPPolicy.base`)."""
+        return [*self.problem.flags_for_serving(base, default=self.gated), *self.policy.base_flags]
+
     def why_not(self, level: str, language: str | None, stage: str = "compile") -> str | None:
         """Why it leaves a compile (or a link: STAGE) at LEVEL in LANGUAGE to clang's default
         (None: it serves)."""
@@ -100,11 +105,7 @@ class Lease:
 
     @property
     def flags(self) -> list[str]:
-        channels = [
-            f
-            for p, _, base in self.channels.values()
-            for f in p.problem.flags_for_serving(base, default=p.gated)
-        ]
+        channels = [f for p, _, base in self.channels.values() for f in p.channel_flags(base)]
         return channels + self.plugin_flags
 
 

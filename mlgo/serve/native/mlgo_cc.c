@@ -41,7 +41,7 @@
 #include <unistd.h>
 
 #if !defined(MLGO_PYTHON) || !defined(MLGO_LEASE_SWITCHES) || !defined(MLGO_LEASE_CHANNELS) || \
-    !defined(MLGO_REPORTING_LLVM_OPTIONS) || !defined(MLGO_BUILD_ID) ||                   \
+    !defined(MLGO_LEASE_NUMBERED) || !defined(MLGO_REPORTING_LLVM_OPTIONS) || !defined(MLGO_BUILD_ID) ||                   \
     !defined(MLGO_DEPARTURES_ENV) || !defined(MLGO_DEPARTURES_PREFIX) ||                 \
     !defined(MLGO_DEPARTED) || !defined(MLGO_ADVISED) || !defined(MLGO_PLUGIN_FLAG)
 #error "build with mlgo.serve.cc.build_native_wrapper: it defines MLGO_PYTHON and the allow-list"
@@ -416,13 +416,26 @@ static const char *plugin_of(const char *flag) {
   return strncmp(flag, MLGO_PLUGIN_FLAG, len) == 0 ? flag + len : NULL;
 }
 
+/* "NAME=" followed by digits alone, for one of NAMES. */
+static int numbered(const char *flag, const char **names) {
+  for (const char **s = names; *s; s++) {
+    size_t len = strlen(*s);
+    if (strncmp(flag, *s, len) != 0 || !flag[len]) continue;
+    const char *c = flag + len;
+    while (*c >= '0' && *c <= '9') c++;
+    if (!*c) return 1;
+  }
+  return 0;
+}
+
 /* Same rule as mlgo.serve.cc.check_lease_flags: the switches of the problems' serving flags, a
- * channel option on a FIFO base directly in RUNTIME/channels (both lists are
- * mlgo.serve.cc.lease_allow_list, defined when this is built), or a trusted plugin inside the
- * cache of built plugins. */
+ * base switch with a number, a channel option on a FIFO base directly in RUNTIME/channels (the
+ * lists are mlgo.serve.cc.lease_allow_list, defined when this is built), or a trusted plugin
+ * inside the cache of built plugins. */
 static int lease_flags_ok(char **flags, int n, const char *runtime) {
   static const char *switches[] = {MLGO_LEASE_SWITCHES, NULL};
   static const char *channels[] = {MLGO_LEASE_CHANNELS, NULL};
+  static const char *bases[] = {MLGO_LEASE_NUMBERED, NULL};
   char want[PATH_MAX], dir[PATH_MAX], got[PATH_MAX], plugins[PATH_MAX];
   if (snprintf(dir, sizeof dir, "%s/channels", runtime) >= (int)sizeof dir || !realpath(dir, want))
     return 0;
@@ -438,6 +451,7 @@ static int lease_flags_ok(char **flags, int n, const char *runtime) {
     if (strcmp(flags[i], "-mllvm") != 0 || ++i == n) return 0;
     int ok = 0;
     for (const char **s = switches; *s; s++) ok |= strcmp(flags[i], *s) == 0;
+    ok = ok || numbered(flags[i], bases);
     for (const char **c = channels; *c && !ok; c++) {
       size_t len = strlen(*c);
       if (strncmp(flags[i], *c, len) != 0) continue;
