@@ -55,7 +55,7 @@ from mlgo.programs.report import program_report, write_report
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.messages import copy_error, naming
-from mlgo.runtime.workers import make_workers
+from mlgo.runtime.workers import Workers, make_workers
 
 if TYPE_CHECKING:
     from mlgo.problems.policy import MLPPolicy
@@ -129,22 +129,22 @@ def shipped_start(problem: Problem) -> Path | None:
     return shipped_policy(problem.starts_from) if problem.starts_from else None
 
 
-def cloned_start(problem: Problem, out: Path, start: Path) -> None:
-    """Clang's own decisions on the recorded code (OUT/traces) cloned into a policy at
-    START (its cloning run beside it): the start of a problem with none shipped. Gated so
-    that it departs from none of them (`agreeing_gate`): on cmark the clone alone disagreed
-    with 2.9% of clang's -O2 decisions, and its build cost 7.4% more on the workload; a
-    search that keeps the gate (`TrainOptions.keep_gate`) moves only departures from
-    clang's heuristic."""
+def cloned_start(problem: Problem, traces: Path, start: Path, base: int | None = None) -> None:
+    """Clang's own decisions on the recorded code (TRACES; made at BASE where given) cloned
+    into a policy at START (its cloning run beside it): the start of a problem with none
+    shipped. Gated so that it departs from none of them (`agreeing_gate`): on cmark the
+    clone alone disagreed with 2.9% of clang's -O2 decisions, and its build cost 7.4% more
+    on the workload; a search that keeps the gate (`TrainOptions.keep_gate`) moves only
+    departures from clang's heuristic."""
     from mlgo.traces.dataset import load_decisions
     from mlgo.train import RunDir
     from mlgo.train.bc import train_bc
     from mlgo.train.calibrate import agreeing_gate
 
     if not start.is_dir():  # the clone resumes from its checkpoint if killed
-        data = load_decisions(out / "traces", problem)
+        data = load_decisions(traces, problem)
         clone, _ = train_bc(data, problem, RunDir(start.parent / "clone", "bc"))
-        save_policy(agreeing_gate(clone, data), start)
+        save_policy(replace(agreeing_gate(clone, data), base=base), start)
 
 
 def trainer(problem: Problem, reward: Reward | None = None) -> str:
@@ -198,7 +198,8 @@ def choose_policy(
     language alone too: `gated_candidates`); where a workload's REWARD judges, the
     compiler's default at each of the problem's bases as well (`Problem.base_grid`: on
     cmark, clang's inline threshold at 400 was faster than any departure a search of the
-    network found). The earliest of equals wins, so a policy that does not beat the default
+    network found), and training starts from the fastest of them where it beats the
+    default (`based_start`). The earliest of equals wins, so a policy that does not beat the default
     on the code it will build is not served. Returns it and what training did."""
     from mlgo.programs.speed import WORKLOAD_SEARCH
     from mlgo.train import RunState
@@ -215,13 +216,26 @@ def choose_policy(
     state = RunState(algo)  # what training did: nothing until it runs
     headroom = None
     with closing(make_workers("local")) as pool:
-        started = evaluate(first, corpus, tc, pool, problem)
-        candidates[start_name] = (first, started.totals()["delta"])
-        if reward is not None and first.can_gate:  # where builds judge, clang's own bases
-            for b in problem.base_grid:
-                at = replace(first, departure_threshold=NEVER, base=b)
-                name = f"clang's own, {problem.base_switch}={b}"
-                candidates[name] = (at, evaluate(at, corpus, tc, pool, problem).totals()["delta"])
+
+        def on_corpus(policy: MLPPolicy) -> float:
+            return evaluate(policy, corpus, tc, pool, problem).totals()["delta"]
+
+        candidates[start_name] = (first, on_corpus(first))
+        if reward is not None and first.can_gate and problem.base_grid:
+            # where builds judge: clang's own at each base, and departures from the fastest
+            bases = {
+                f"clang's own, {problem.base_switch}={b}": replace(
+                    first, departure_threshold=NEVER, base=b
+                )
+                for b in problem.base_grid
+            }
+            candidates |= {name: (at, on_corpus(at)) for name, at in bases.items()}
+            fastest = min(bases.values(), key=reward.change)
+            if steps and reward.change(fastest) < 0:
+                start = based_start(fastest, corpus, out, tc, pool)
+                first = load_start(start, problem)
+                cloned = f"{start_name}, {problem.base_switch}={fastest.base}"
+                candidates[cloned] = (first, on_corpus(first))
         if steps:
             search = WORKLOAD_SEARCH if reward is not None else {}
             # for speed, every departure from the compiler is judged by a build: a
@@ -275,6 +289,19 @@ def choose_policy(
         if headroom < 0:  # the chosen policy's share of what the search found
             training["headroom_captured"] = min(candidates[chosen][1], 0.0) / headroom
     return out / "chosen", training
+
+
+def based_start(at: MLPPolicy, corpus: Corpus, out: Path, tc: Toolchain, pool: Workers) -> Path:
+    """Clang's own decisions at AT's base (AT never departs), traced on CORPUS and cloned
+    (`cloned_start`) into OUT/start-BASE/policy, which departs from none of them: where a
+    base is faster than clang's own, a search of departures starts there, not from -O2's
+    answers (whose clone, served at that base, would depart back to them)."""
+    from mlgo.traces.collect import collect
+
+    where = out / f"start-{at.base}"
+    collect(at.problem, corpus, where / "traces", tc, pool, base=at)
+    cloned_start(at.problem, where / "traces", where / "policy", at.base)
+    return where / "policy"
 
 
 def workload_reward(
@@ -554,7 +581,7 @@ def tune(
         steps = opts.train_steps or UNTIL_BUDGET
         with _stage("train", out):
             if given is None:
-                cloned_start(problem, out, start)
+                cloned_start(problem, out / "traces", start)
             reward = workload_reward(problem, recipe, pristine, out, tc)
             judge = candidate_judge(problem, out, tc, reward)
             chosen, training = choose_policy(

@@ -15,6 +15,7 @@ from mlgo.corpus.compile import DEFAULT_TIMEOUT_S, compile_module
 from mlgo.corpus.format import Corpus, Module
 from mlgo.llvm.toolchain import Toolchain, probe
 from mlgo.problems import Problem
+from mlgo.problems.policy import MLPPolicy
 from mlgo.records import ModuleRun
 from mlgo.runtime.workers import Failed, Workers
 from mlgo.traces.format import Manifest, TraceError, trace_file, write_module_trace
@@ -28,10 +29,12 @@ class CollectTask:
     module: Module
     clang: str
     timeout_s: float = DEFAULT_TIMEOUT_S
+    base: MLPPolicy | None = None  # the compiler's own at this policy's base (`collect`)
 
 
 def collect_one(task: CollectTask) -> ModuleRun:
-    return compile_module(task.problem, task.module, task.clang, timeout_s=task.timeout_s)
+    t = task
+    return compile_module(t.problem, t.module, t.clang, t.base, timeout_s=t.timeout_s)
 
 
 def _open_manifest(out: Path, problem: Problem, tc: Toolchain, corpus: Corpus) -> Manifest:
@@ -56,7 +59,11 @@ def collect(
     tc: Toolchain,
     workers: Workers,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    base: MLPPolicy | None = None,
 ) -> Manifest:
+    """The compiler's own decisions on CORPUS into OUT; with the compiler's heuristic moved
+    to BASE's base (a policy that never departs: `MLPPolicy.base`), where a tune clones
+    clang's own at another inline threshold."""
     probe(tc, problem)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.rglob(".*.tmp"):  # left by a collection that was killed mid-write
@@ -66,7 +73,7 @@ def collect(
     todo = [m for m in corpus.modules if m.name not in done]
     if done:
         console.print(f"resuming: {len(done)} modules already collected, {len(todo)} to go")
-    tasks = [CollectTask(problem, m, tc.clang, timeout_s) for m in todo]
+    tasks = [CollectTask(problem, m, tc.clang, timeout_s, base) for m in todo]
     last_save = time.monotonic()
     with Progress(
         "[progress.description]{task.description}",
