@@ -199,8 +199,8 @@ def choose_policy(
     compiler's default at each of the problem's bases as well (`Problem.base_grid`: on
     cmark, clang's inline threshold at 400 was faster than any departure a search of the
     network found), and training starts from the fastest of them where it beats the
-    default (`based_start`). The earliest of equals wins, so a policy that does not beat the default
-    on the code it will build is not served. Returns it and what training did."""
+    default (`based_start`). The earliest of equals wins, so a policy that does not beat
+    the default on the code it will build is not served. Returns it and what training did."""
     from mlgo.programs.speed import WORKLOAD_SEARCH
     from mlgo.train import RunState
     from mlgo.train.calibrate import NEVER, calibrate
