@@ -299,7 +299,7 @@ def based_start(at: MLPPolicy, corpus: Corpus, out: Path, tc: Toolchain, pool: W
     from mlgo.traces.collect import collect
 
     where = out / f"start-{at.base}"
-    collect(at.problem, corpus, where / "traces", tc, pool, base=at)
+    collect(at.problem, corpus, where / "traces", tc, pool, at_base=at)
     cloned_start(at.problem, where / "traces", where / "policy", at.base)
     return where / "policy"
 

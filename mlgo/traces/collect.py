@@ -29,12 +29,13 @@ class CollectTask:
     module: Module
     clang: str
     timeout_s: float = DEFAULT_TIMEOUT_S
-    base: MLPPolicy | None = None  # the compiler's own at this policy's base (`collect`)
+    at_base: MLPPolicy | None = None  # a policy that never departs, at its base (`collect`)
 
 
 def collect_one(task: CollectTask) -> ModuleRun:
-    t = task
-    return compile_module(t.problem, t.module, t.clang, t.base, timeout_s=t.timeout_s)
+    return compile_module(
+        task.problem, task.module, task.clang, task.at_base, timeout_s=task.timeout_s
+    )
 
 
 def _open_manifest(out: Path, problem: Problem, tc: Toolchain, corpus: Corpus) -> Manifest:
@@ -59,10 +60,10 @@ def collect(
     tc: Toolchain,
     workers: Workers,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    base: MLPPolicy | None = None,
+    at_base: MLPPolicy | None = None,
 ) -> Manifest:
     """The compiler's own decisions on CORPUS into OUT; with the compiler's heuristic moved
-    to BASE's base (a policy that never departs: `MLPPolicy.base`), where a tune clones
+    to AT_BASE's base (a policy that never departs: `MLPPolicy.base`), where a tune clones
     clang's own at another inline threshold."""
     probe(tc, problem)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,7 +74,7 @@ def collect(
     todo = [m for m in corpus.modules if m.name not in done]
     if done:
         console.print(f"resuming: {len(done)} modules already collected, {len(todo)} to go")
-    tasks = [CollectTask(problem, m, tc.clang, timeout_s, base) for m in todo]
+    tasks = [CollectTask(problem, m, tc.clang, timeout_s, at_base) for m in todo]
     last_save = time.monotonic()
     with Progress(
         "[progress.description]{task.description}",

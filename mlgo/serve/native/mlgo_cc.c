@@ -41,9 +41,10 @@
 #include <unistd.h>
 
 #if !defined(MLGO_PYTHON) || !defined(MLGO_LEASE_SWITCHES) || !defined(MLGO_LEASE_CHANNELS) || \
-    !defined(MLGO_LEASE_NUMBERED) || !defined(MLGO_REPORTING_LLVM_OPTIONS) || !defined(MLGO_BUILD_ID) ||                   \
-    !defined(MLGO_DEPARTURES_ENV) || !defined(MLGO_DEPARTURES_PREFIX) ||                 \
-    !defined(MLGO_DEPARTED) || !defined(MLGO_ADVISED) || !defined(MLGO_PLUGIN_FLAG)
+    !defined(MLGO_LEASE_NUMBERED) || !defined(MLGO_REPORTING_LLVM_OPTIONS) ||             \
+    !defined(MLGO_BUILD_ID) || !defined(MLGO_DEPARTURES_ENV) ||                           \
+    !defined(MLGO_DEPARTURES_PREFIX) || !defined(MLGO_DEPARTED) || !defined(MLGO_ADVISED) || \
+    !defined(MLGO_PLUGIN_FLAG)
 #error "build with mlgo.serve.cc.build_native_wrapper: it defines MLGO_PYTHON and the allow-list"
 #endif
 
