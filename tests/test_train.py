@@ -15,7 +15,9 @@ import pytest
 from mlgo.problems import get_problem
 from mlgo.problems.normalizer import Normalizer
 from mlgo.problems.policy_files import load_policy, save_policy
-from mlgo.programs.tune import gated_candidates
+from mlgo.programs.speed import read_costs
+from mlgo.programs.tune import cheapest_distinct, gated_candidates, surely_faster
+from mlgo.runtime.commands import BuildError
 from mlgo.runtime.workers import LocalPool, make_workers
 from mlgo.ship.modelcard import model_card
 from mlgo.traces.collect import collect
@@ -200,6 +202,38 @@ def test_tune_weighs_each_threshold_for_every_language_and_each_alone():
     }
     gates = {(p.departure_threshold, p.languages) for p, _ in candidates.values()}
     assert gates == {(0.6, None), (0.6, ("c",)), (0.6, ("c++",))}
+
+
+@pytest.mark.unit
+def test_a_speed_tune_times_the_cheapest_few_and_keeps_only_what_is_surely_faster():
+    """The clock's finalists: cheaper than the default by the judge, cheapest first, one of
+    equal costs (the same build); of them, the lowest median whose IQR is below zero."""
+    judged = {"default": 0.0, "a": -0.02, "a, C only": -0.02, "b": -0.01, "c": 0.01, "d": -0.03}
+    assert cheapest_distinct(judged, 3) == ["d", "a", "b"]
+    assert cheapest_distinct(judged, 1) == ["d"]
+    assert cheapest_distinct({"default": 0.0, "c": 0.01}, 3) == []
+
+    def timed(median: float, q3: float) -> dict:
+        return {"change_pct": median, "iqr_pct": [median - 1, q3]}
+
+    # the lowest median loses where its IQR reaches zero
+    clock = {"d": timed(-3.0, 0.5), "a": timed(-1.0, -0.2), "b": timed(-1.5, -0.1)}
+    assert surely_faster(clock) == "b"
+    assert surely_faster({"d": timed(-3.0, 0.0), "a": timed(1.0, 2.0)}) is None
+
+
+@pytest.mark.unit
+def test_a_kept_workload_cost_file_that_is_not_one_is_refused_naming_it(tmp_path):
+    """A speed tune resumed keeps its builds' costs; a file of anything else stops it in
+    one line naming the file, which is left as it was."""
+    path = tmp_path / "costs.json"
+    for text in ("{", "[1.5]", '{"plain": "1"}', '{"plain": -1.0}', '{"plain": true}'):
+        path.write_text(text)
+        with pytest.raises(BuildError, match=f"{path}: .*remove it"):
+            read_costs(path)
+        assert path.read_text() == text
+    path.write_text('{"plain": 2.5, "f00d": 3}')
+    assert read_costs(path) == {"plain": 2.5, "f00d": 3}
 
 
 def test_calibrate_writes_a_gated_policy_no_package_grows_with(mini_corpus, tc, tmp_path):

@@ -170,6 +170,14 @@ def paired_change(ours: list[float], base: list[float]) -> dict:
     return spread([a / b - 1 for a, b in zip(ours, base, strict=True)])
 
 
+def in_percent(change: dict) -> dict:
+    """A `paired_change` as reports keep it: its median and IQR, in percent."""
+    return {
+        "change_pct": 100 * change["median"],
+        "iqr_pct": [100 * change["q1"], 100 * change["q3"]],
+    }
+
+
 def median_and_range(change: dict) -> str:
     """A `paired_change` as a benchmark prints it: `+1.2% (+0.8%..+2.0%)`, median (min..max)."""
     return f"{change['median']:+.1%} ({change['min']:+.1%}..{change['max']:+.1%})"
@@ -259,7 +267,7 @@ def compare_workload(
     baseline is timed twice a round, and the change between its two timings
     (`<clock>_control_paired`) is what this machine's noise alone shows. The builds must
     print the same results."""
-    (base, base_tree), (other, other_tree) = trees.items()
+    base, other = trees
     out: dict = {v: {} for v in trees}
     outputs = {}
     for v, tree in trees.items():
@@ -271,11 +279,7 @@ def compare_workload(
     if callgrind:
         out["instructions_delta"] = out[other]["instructions"] / out[base]["instructions"] - 1
     if repeats:
-        loops = runs_in(workload, base_tree, min_seconds)
-        timed = {**trees, base + AGAIN: base_tree}
-        times = timed_rounds(
-            repeats, list(timed), lambda v: run_workload(workload, timed[v])[:2], turns=loops
-        )
+        loops, times = rounds_against_control(workload, trees, repeats, min_seconds)
         out["loops"] = loops
         for clock, series in times.items():
             for v in trees:
@@ -283,6 +287,21 @@ def compare_workload(
             out[f"{clock}_delta_paired"] = paired_change(series[other], series[base])
             out[f"{clock}_control_paired"] = paired_change(series[base + AGAIN], series[base])
     return out
+
+
+def rounds_against_control(
+    workload: Workload, trees: dict[str, Path], rounds: int, min_seconds: float
+) -> tuple[int, Times]:
+    """WORKLOAD timed in ROUNDS rounds of `timed_rounds` on each of TREES (the baseline
+    first) and on the baseline again (its A/A control, named with AGAIN), each about
+    MIN_SECONDS of CPU a round: the runs a round takes, and the times."""
+    base, base_tree = next(iter(trees.items()))
+    loops = runs_in(workload, base_tree, min_seconds)
+    timed = {**trees, base + AGAIN: base_tree}
+    times = timed_rounds(
+        rounds, list(timed), lambda v: run_workload(workload, timed[v])[:2], turns=loops
+    )
+    return loops, times
 
 
 def recipe_workload(recipe: Recipe) -> Workload:
@@ -384,12 +403,10 @@ def recipe_throughput(
     m = compare_workload(bench, trees, rounds, seconds, callgrind)
     cpu, control = m["cpu_delta_paired"], m["cpu_control_paired"]
     result = {
-        "change_pct": 100 * cpu["median"],
-        "iqr_pct": [100 * cpu["q1"], 100 * cpu["q3"]],
+        **in_percent(cpu),
         "ratios_pct": [100 * r for r in cpu["runs"]],  # one per paired round
         # the baseline against itself in the same rounds: the change noise alone makes
-        "control_change_pct": 100 * control["median"],
-        "control_iqr_pct": [100 * control["q1"], 100 * control["q3"]],
+        **{f"control_{k}": v for k, v in in_percent(control).items()},
         "measure": "CPU seconds of the workload, policy / baseline - 1 (positive: slower)",
         "workload": list(recipe.bench),
         "rounds": rounds,

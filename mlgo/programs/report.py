@@ -122,6 +122,11 @@ def training_line(training: dict) -> str:
         line += f"; chosen by {training['judged_by']}: {judged}"
         if (by_judge[training["chosen"]] or 0.0) > 0:  # no candidate can be clang's own
             line += "; none was cheaper than clang's own by it, so better not served"
+    if "clock_change_pct" in training:  # the cheapest few by the judge, timed
+        timed = "; ".join(
+            f"{k} {throughput_change(v)}" for k, v in training["clock_change_pct"].items()
+        )
+        line += f"; timed: {timed}, A/A {throughput_change(training['clock_control_pct'])}"
     return line
 
 

@@ -17,7 +17,12 @@ A build per score is slow next to a module's compile, so the search takes few di
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +35,18 @@ from mlgo.problems import Problem
 from mlgo.problems.policy_files import save_policy
 from mlgo.programs.build import build_program, policy_service, problem_flags
 from mlgo.programs.compare import Variant, variants
-from mlgo.programs.measure import executed, prepare_workload, recipe_workload
+from mlgo.programs.measure import (
+    AGAIN,
+    executed,
+    in_percent,
+    paired_change,
+    prepare_workload,
+    recipe_workload,
+    rounds_against_control,
+    workload_output,
+)
+from mlgo.runtime.commands import BuildError
+from mlgo.runtime.files import atomic_write_text
 
 if TYPE_CHECKING:
     from mlgo.corpus.format import Module
@@ -57,48 +73,95 @@ def tree_cost(
 class WorkloadReward:
     """`train.loop.Reward` on RECIPE's workload: a policy's relative reduction of the
     workload cost against the plain build at the problem's level. Builds from PRISTINE in
-    WORK, each tree removed once costed (its log kept)."""
+    WORK, each tree removed once costed (its log kept); the costs are kept in
+    WORK/costs.json, so that a tune killed while judging does not build them again. `clock`
+    times the best of them, in ROUNDS paired rounds of SECONDS of CPU a build."""
 
     per_module = False  # every score is the whole program's
     label = LABEL
 
-    def __init__(self, recipe: Recipe, pristine: Path, work: Path, tc: Toolchain, problem: Problem):
+    def __init__(
+        self,
+        recipe: Recipe,
+        pristine: Path,
+        work: Path,
+        tc: Toolchain,
+        problem: Problem,
+        rounds: int = 10,
+        seconds: float = 1.0,
+    ):
         self.recipe, self.pristine, self.work, self.tc = recipe, pristine, work, tc
-        self.flags = [*problem_flags(problem), *BLOCK_MAP_FLAGS]
+        self.flags = problem_flags(problem)
+        self.rounds, self.seconds = rounds, seconds
         self.known: dict[Code, float] = {}  # llvm-mca's cycles of code an earlier build had
-        self.costs: dict[bytes, float] = {}  # by the policy's weights, gate and base
-        self.base: float | None = None  # the plain build's, once built
+        self.costs: dict[str, float] = {}  # by `_key`; "plain": the plain build's
+        if (work / COSTS).is_file():
+            self.costs = read_costs(work / COSTS)
         self.builds = 0
 
-    def _cost(self, variant: Variant) -> float:
-        tree = self.work / variant.name
-        recipe, compilers = self.recipe, variant.compilers
+    def _build(self, variant: Variant, tree: Path, flags: list[str]) -> Path:
+        compilers = variant.compilers
         build_program(
-            recipe, self.pristine, tree, self.tc, variant.name, compilers, variant.env, False,
-            self.flags,
+            self.recipe, self.pristine, tree, self.tc, variant.name, compilers, variant.env,
+            False, flags,
         )  # fmt: skip
-        total, _ = tree_cost(recipe, tree, self.tc, self.known, variant.name)
-        shutil.rmtree(tree)
         self.builds += 1
-        return total
+        return tree
+
+    def _cost(self, key: str, variant: Variant) -> float:
+        if key not in self.costs:
+            tree = self._build(variant, self.work / variant.name, [*self.flags, *BLOCK_MAP_FLAGS])
+            self.costs[key], _ = tree_cost(self.recipe, tree, self.tc, self.known, variant.name)
+            shutil.rmtree(tree)
+            atomic_write_text(self.work / COSTS, json.dumps(self.costs, indent=1))
+        return self.costs[key]
+
+    @contextmanager
+    def _served(self, policy: MLPPolicy) -> Iterator[Variant]:
+        """mlgo-cc serving POLICY: numpy serves a new policy at once (a native server would
+        compile for it first)."""
+        saved = self.work / "policy"
+        save_policy(policy, saved)
+        with policy_service([saved], self.work / "service", backend="python") as env:
+            yield variants(self.tc, env, ("", "served"))[1]
 
     def change(self, policy: MLPPolicy) -> float:
         """POLICY's workload cost against the plain build's, minus one (negative: cheaper)."""
-        if self.base is None:
-            self.base = self._cost(variants(self.tc, {}, ("plain", ""))[0])
-        served = (policy.departure_threshold, policy.languages, policy.base)
-        key = policy.flat().tobytes() + repr(served).encode()
+        base = self._cost("plain", variants(self.tc, {}, ("plain", ""))[0])
+        key = _key(policy)
         if key not in self.costs:
-            saved = self.work / "policy"
-            save_policy(policy, saved)
-            # numpy serves a new policy at once; a native server would compile for it first
-            with policy_service([saved], self.work / "service", backend="python") as env:
-                self.costs[key] = self._cost(variants(self.tc, env, ("", "served"))[1])
-        return self.costs[key] / self.base - 1
+            with self._served(policy) as served:
+                self._cost(key, served)
+        return self.costs[key] / base - 1
 
     def changes(self, policies: dict[str, MLPPolicy]) -> dict[str, float]:
         """Each of POLICIES' `change`: a tune's judge of its candidates."""
         return {name: self.change(policy) for name, policy in policies.items()}
+
+    def clock(self, policies: dict[str, MLPPolicy]) -> tuple[dict[str, dict], dict]:
+        """POLICIES built as a user's build serves them (no block map) and timed on the
+        workload against the plain build, in paired rounds with the A/A control
+        (`rounds_against_control`): each one's CPU time change in percent (median and IQR),
+        and the control's. A build whose workload prints another result than the
+        plain build's is left out (a policy that changes what the program does is never
+        kept). The trees are removed once timed."""
+        where = self.work / "clock"
+        plain = self._build(variants(self.tc, {}, ("plain", ""))[0], where / "plain", self.flags)
+        workload = recipe_workload(self.recipe)
+        prepare_workload(self.recipe, plain, f"{self.recipe.name} (plain): bench")
+        expected = workload_output(workload, plain)
+        trees = {"plain": plain}
+        for i, (name, policy) in enumerate(policies.items()):
+            with self._served(policy) as served:
+                tree = self._build(served, where / f"candidate-{i}", self.flags)
+            prepare_workload(self.recipe, tree, f"{self.recipe.name} ({name}): bench")
+            if workload_output(workload, tree) == expected:
+                trees[name] = tree
+        _, times = rounds_against_control(workload, trees, self.rounds, self.seconds)
+        shutil.rmtree(where)
+        cpu = times["cpu"]
+        changes = {n: in_percent(paired_change(cpu[n], cpu["plain"])) for n in cpu}
+        return {n: changes[n] for n in trees if n != "plain"}, changes["plain" + AGAIN]
 
     def rewards(self, policies: list[MLPPolicy], modules: list[Module]) -> np.ndarray:
         """The whole program's: MODULES, a search's batch, are all built anyway."""
@@ -111,3 +174,26 @@ class WorkloadReward:
         """The builds since the last call (a search's count of what it compiled)."""
         taken, self.builds = self.builds, 0
         return taken
+
+
+COSTS = "costs.json"
+
+
+def _key(policy: MLPPolicy) -> str:
+    """What a policy's build depends on: its weights, and where and how it is served."""
+    served = (policy.departure_threshold, policy.languages, policy.base)
+    return hashlib.sha256(policy.flat().tobytes() + repr(served).encode()).hexdigest()
+
+
+def read_costs(path: Path) -> dict[str, float]:
+    """A WorkloadReward's kept costs; what is not a table of numbers is refused, naming it."""
+    try:
+        costs = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise BuildError(f"{path}: unreadable ({e}); remove it to cost every build again") from e
+    if not isinstance(costs, dict) or not all(
+        isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) and c > 0
+        for c in costs.values()
+    ):
+        raise BuildError(f"{path}: not a table of positive costs; remove it to cost them again")
+    return costs
