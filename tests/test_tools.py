@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlgo.corpus.format import Module, write_description
+from mlgo.corpus.format import Module, load_corpus, write_description
 from mlgo.data import shipped_policy
 from mlgo.llvm.log_format import TensorSpec
 from mlgo.llvm.sizes import TextParts
@@ -43,6 +43,7 @@ from tools import (
     headroom_lto,
     linked_estimate,
     size_by_linkage,
+    train_inlining_size,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,6 +221,28 @@ def test_language_tool_falls_back_to_the_splits_without_the_corpus(tmp_path, cap
                     str(tmp_path / "gone"))  # fmt: skip
     assert eval_by_language.module_languages(ev) == {"zlib/a.o": "C"}
     assert "languages by package" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_languages(tmp_path):
+    corpus = tmp_path / "corpus"
+    names = {"c/a.o": "a.c", "mixed/a.o": "a.c", "mixed/b.o": "b.cc", "pp/a.o": "a.cpp"}
+    for name, source in names.items():
+        (corpus / name).parent.mkdir(parents=True, exist_ok=True)
+        (corpus / f"{name}.bc").write_bytes(b"")
+        (corpus / f"{name}.cmd").write_bytes(f"-cc1\0-main-file-name\0{source}".encode())
+    write_description(corpus, list(names))
+    assert train_inlining_size.c_packages(load_corpus(corpus)) == ["c"]
+    calibration = {"threshold": 0.6, "languages": ["c"], "sweep": [
+        {"threshold": 0.5, "change": -0.01, "packages_larger": []},
+        {"threshold": 0.6, "change": -0.004, "packages_larger": ["pp"],
+         "by_language": {"c": {"change": -0.002, "packages_larger": []}}},
+    ]}  # fmt: skip
+    kept = train_inlining_size.kept(calibration)
+    assert (kept["change_pct"], kept["packages_larger"]) == (-0.2, [])
+    record = train_inlining_size.summary({"calibrate": 60.0, "bc": 120.0}, kept)
+    assert list(record["seconds"]) == ["bc", "calibrate"] and record["total_minutes"] == 3.0
+    assert not train_inlining_size.done(tmp_path, "bc")
 
 
 @pytest.mark.unit

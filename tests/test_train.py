@@ -383,8 +383,12 @@ def test_train_run_is_one_entry_point_over_bc_and_es(mini_corpus, tc, tmp_path):
     assert state.step == 1 and state.compiles >= 2 * 2 * 3
     assert_saved_best_is_best_evaluated(RunDir(tmp_path / "es", "es"), bc.policy)
     assert (tmp_path / "es" / "eval" / "eval.json").exists() and not es.accuracy
-    card = model_card(es.policy, tmp_path / "es")
-    assert f"--init {tmp_path / 'bc'} " in card and " --lr 0.005" in card
+    card = model_card(es.policy, tmp_path / "es")  # retrains the BC run it started from too
+    flags = "--corpus data/corpus --problem inlining-size"
+    bc_line = card.index(f"mlgo train --algo bc {flags} --out runs/bc\n")
+    es_line = card.index(f"mlgo train --algo es --init runs/bc {flags} --out runs/es --steps 1")
+    assert bc_line < es_line and " --lr 0.005" in card
+    assert "- with the runs it started from (bc): " in card
     with pytest.raises(ValueError, match="is a inlining-size policy, not regalloc-eviction"):
         run("ppo", mini_corpus, get_problem("regalloc-eviction"), tmp_path / "ppo", tc,
             LocalPool(1), TrainOptions(init=tmp_path / "bc"))  # fmt: skip

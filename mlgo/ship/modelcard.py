@@ -50,49 +50,84 @@ def _profiled(corpus: str) -> bool:
         return False
 
 
-def _reproduce(
-    policy: MLPPolicy, state: dict, evaluations: list[tuple[str, Evaluation]], calibrated: bool
-) -> list[str]:
-    """The commands that rebuild the corpus and retrain this policy: from BC, or from the
-    run or policy the run was started from, when it recorded one; then its calibration."""
-    train = dict(evaluations).get("eval")
-    packages = " ".join(sorted(train.per_package())) if train else "PACKAGES"
-    algo, steps = state.get("algo", "bc"), state.get("step", 0)
-    config = state.get("extra", {}).get("config", {})
-    options = {
-        "es": ("sigma", "lr", "batch", "directions", "regression_penalty", "max_module_seconds"),
-        "ppo": ("batch", "max_module_seconds"),
-        "bcmax": ("search_budget", "max_module_seconds", "clone_epochs", "clone_lr"),
-    }
-    flags = "".join(
-        f" --{k.replace('_', '-')} {config[k]}" for k in options.get(algo, ()) if config.get(k)
+OPTIONS = {
+    "es": ("sigma", "lr", "batch", "directions", "regression_penalty", "max_module_seconds"),
+    "ppo": ("batch", "max_module_seconds"),
+    "bcmax": ("search_budget", "max_module_seconds", "clone_epochs", "clone_lr"),
+}
+
+
+def _trained(run: Path) -> Evaluation | None:
+    """The evaluation of the run at RUN on its training corpus (`mlgo train` writes it)."""
+    try:
+        return Evaluation.load(run / "eval")
+    except (OSError, ValueError):
+        return None
+
+
+def _chain(run: Path, state: dict) -> list[tuple[str, dict, Evaluation | None]]:
+    """The run at RUN and each run it started from, the first first: (its name, its state,
+    its evaluation on what it trained on). A start that is a policy, or gone, ends it."""
+    chain, seen = [(run.name, state, _trained(run))], {run.resolve()}
+    while init := chain[-1][1].get("extra", {}).get("config", {}).get("init"):
+        start = Path(init)
+        if start.resolve() in seen or not (start / "state.json").is_file():
+            break
+        seen.add(start.resolve())
+        chain.append((start.name, json.loads((start / "state.json").read_text()), _trained(start)))
+    return chain[::-1]
+
+
+def _train_line(name: str, state: dict, init: str, flags: str) -> str:
+    """The `mlgo train` command that ran the run NAME of STATE from INIT."""
+    algo, config = state.get("algo", "bc"), state.get("extra", {}).get("config", {})
+    if algo == "bc":
+        return f"mlgo train --algo bc --corpus data/corpus{flags} --out runs/{name}"
+    options = "".join(
+        f" --{k.replace('_', '-')} {config[k]}" for k in OPTIONS.get(algo, ()) if config.get(k)
     )
     if config.get("max_seconds"):  # a time budget: it sized the searches too
-        flags += f" --minutes {config['max_seconds'] / 60:g}"
+        options += f" --minutes {config['max_seconds'] / 60:g}"
+    return (
+        f"mlgo train --algo {algo} --init {init} --corpus data/corpus{flags} --out runs/{name} "
+        f"--steps {state.get('step', 0)}{options}"
+    )
+
+
+def _reproduce(
+    policy: MLPPolicy, chain: list[tuple[str, dict, Evaluation | None]], calibrated: bool
+) -> list[str]:
+    """The commands that rebuild the corpus and retrain this policy: each run of its CHAIN
+    (`_chain`), from BC or from the policy the first started from; then its calibration."""
+    last = chain[-1][2]
+    packages = sorted(last.per_package()) if last else []
     problem_flag = f" --problem {policy.problem.name}"
-    profile_flag = " --profile" if train and _profiled(train.corpus) else ""
+    profile_flag = " --profile" if last and _profiled(last.corpus) else ""
     lines = [
         "",
         "## Reproduce",
         "",
         "```sh",
-        f"mlgo corpus build {packages} --opt-level {policy.problem.opt_level}"
-        f"{profile_flag} --out data/corpus",
+        f"mlgo corpus build {' '.join(packages) or 'PACKAGES'} --opt-level "
+        f"{policy.problem.opt_level}{profile_flag} --out data/corpus",
     ]
-    start = config.get("init") or "runs/bc"
-    if algo == "bc" or start == "runs/bc":
-        lines.append(f"mlgo train --algo bc --corpus data/corpus{problem_flag} --out runs/bc")
-    else:
-        lines.append(f"# the run started from {start} (a run or policy of its own)")
-    if algo != "bc":
+    first = chain[0][1]
+    init = first.get("extra", {}).get("config", {}).get("init") or "runs/bc"
+    if first.get("algo", "bc") != "bc":
         lines.append(
-            f"mlgo train --algo {algo} --init {start} --corpus data/corpus{problem_flag} "
-            f"--out runs/{algo} --steps {steps}{flags}"
+            f"mlgo train --algo bc --corpus data/corpus{problem_flag} --out runs/bc"
+            if init == "runs/bc"
+            else f"# the run started from {init} (a run or policy of its own)"
         )
+    for name, st, ev in chain:
+        trained_on = sorted(ev.per_package()) if ev else packages
+        subset = f" --packages {','.join(trained_on)}" if set(trained_on) < set(packages) else ""
+        lines.append(_train_line(name, st, init, problem_flag + subset))
+        init = f"runs/{name}"
     if calibrated:
         lines.append(
-            f"mlgo calibrate --policy runs/{algo} --corpus data/corpus-validation "
-            f"--out runs/{algo}-calibrated{' --guard' if policy.guard else ''}"
+            f"mlgo calibrate --policy {init} --corpus data/corpus-validation "
+            f"--out {init}-calibrated{' --guard' if policy.guard else ''}"
         )
     return [*lines, "```"]
 
@@ -120,9 +155,17 @@ def model_card(policy: MLPPolicy, run: Path) -> str:
             f"- training-pool {problem.reward_metric} reduction: start "
             f"{extra['init_reward']:+.2%}, best {extra['best_reward']:+.2%}"
         )
+    chain = _chain(run, state)
+    if len(chain) > 1:  # what training it from scratch costs
+        states = [st for _, st, _ in chain]
+        lines.append(
+            f"- with the runs it started from ({', '.join(n for n, _, _ in chain[:-1])}): "
+            f"{sum(st.get('compiles', 0) for st in states):,} compilations, "
+            f"{sum(st.get('seconds', 0.0) for st in states) / 60:.0f} minutes of training"
+        )
     evaluations = _evaluations(run)
     calibrated = (run / "policy" / "calibration.json").exists()
-    lines += _reproduce(policy, state, evaluations, calibrated)
+    lines += _reproduce(policy, chain, calibrated)
     lines += [
         "",
         "## Measured",

@@ -1,0 +1,121 @@
+"""Issue 40's training from scratch in one command, each stage timed: the per-file
+inlining-size policy that ships guarded, trained on the train split, its gate chosen on
+validation.
+
+  .venv/bin/python -m tools.train_inlining_size --train data/corpus-train \
+      --validation data/corpus-validation --out data/issue40/scratch
+
+1. BC: a clone of clang's own `-Oz` decisions on every training module.
+2. ES from that clone on the train split's C packages alone, with no penalty for a package
+   that grows: it learns where departing shrinks code. BC-Max started from a BC clone
+   departs little on code it has not seen; started from such an ES policy, it departs well
+   (docs/inlining-size.md, "BC-Max from a BC start").
+3. BC-Max from the ES policy on the whole train split, rewarded by `text_once`.
+4. Its departure threshold calibrated on validation as the size guard serves it.
+
+Writes OUT/recipe.json: each stage's wall seconds, their total, and the calibrated policy's
+guarded change of the validation split; the policy is OUT/policy. A stage whose output is
+complete is not run again; one that was killed resumes, as `mlgo train` does, and its
+seconds are added up over the invocations that ran it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from contextlib import closing
+from pathlib import Path
+
+from mlgo.corpus.format import Corpus, load_corpus
+from mlgo.llvm.toolchain import Toolchain, find_toolchain
+from mlgo.problems import get_problem
+from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.workers import Workers, make_workers
+from mlgo.train.calibrate import calibrate_policy
+from mlgo.train.run import TrainOptions, run
+
+PROBLEM = "inlining-size"
+STAGES = ("bc", "es", "bcmax", "calibrate")
+
+
+def c_packages(corpus: Corpus) -> list[str]:
+    """The packages of CORPUS whose every module is C: what the ES stage trains on."""
+    return sorted(p for p, ms in corpus.packages().items() if all(m.language == "c" for m in ms))
+
+
+def done(out: Path, stage: str) -> bool:
+    """Whether STAGE's output in OUT is whole: a run's evaluation is written after its
+    training, a calibration's record with its policy."""
+    if stage == "calibrate":
+        return (out / "policy" / "calibration.json").is_file()
+    return (out / stage / "eval" / "eval.json").is_file()
+
+
+def summary(seconds: dict[str, float], validation: dict | None) -> dict:
+    """recipe.json: each stage's seconds, the total in minutes, and the kept threshold's
+    judgement on validation (its change and the packages it made larger)."""
+    return {
+        "seconds": {s: round(seconds[s], 1) for s in STAGES if s in seconds},
+        "total_minutes": round(sum(seconds.values()) / 60, 1),
+        "validation": validation,
+    }
+
+
+def kept(calibration: dict) -> dict:
+    """The sweep's row of the kept threshold, for the languages it answers."""
+    row = next(r for r in calibration["sweep"] if r["threshold"] == calibration["threshold"])
+    languages = calibration["languages"]
+    judged = row["by_language"][languages[0]] if languages else row
+    return {
+        "threshold": calibration["threshold"],
+        "languages": languages,
+        "change_pct": 100 * judged["change"],
+        "packages_larger": judged["packages_larger"],
+    }
+
+
+def run_stage(stage: str, args: argparse.Namespace, tc: Toolchain, pool: Workers) -> None:
+    """STAGE, by the library calls `mlgo train` and `mlgo calibrate` make."""
+    problem, out = get_problem(PROBLEM), args.out
+    if stage == "calibrate":
+        validation = load_corpus(args.validation).require(problem)
+        calibrate_policy(out / "bcmax", validation, tc, pool, out / "policy", guard="size")
+        return
+    train = load_corpus(args.train).require(problem)
+    opts = {
+        "bc": TrainOptions(),
+        "es": TrainOptions(init=out / "bc", max_seconds=60 * args.es_minutes),
+        "bcmax": TrainOptions(init=out / "es", max_seconds=60 * args.bcmax_minutes),
+    }[stage]
+    corpus = train.select(c_packages(train)) if stage == "es" else train
+    run(stage, corpus, problem, out / stage, tc, pool, opts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--train", type=Path, default=Path("data/corpus-train"))
+    parser.add_argument("--validation", type=Path, default=Path("data/corpus-validation"))
+    parser.add_argument("--out", type=Path, default=Path("data/issue40/scratch"))
+    parser.add_argument("--es-minutes", type=float, default=30.0)
+    parser.add_argument("--bcmax-minutes", type=float, default=45.0)
+    args = parser.parse_args()
+    record = args.out / "recipe.json"
+    seconds = json.loads(record.read_text())["seconds"] if record.exists() else {}
+    tc = find_toolchain()
+    with closing(make_workers("local")) as pool:
+        for stage in STAGES:
+            if done(args.out, stage):
+                continue
+            start = time.monotonic()
+            run_stage(stage, args, tc, pool)
+            seconds[stage] = seconds.get(stage, 0.0) + time.monotonic() - start
+            atomic_write_text(record, json.dumps(summary(seconds, None), indent=1))
+    calibration = json.loads((args.out / "policy" / "calibration.json").read_text())
+    result = summary(seconds, kept(calibration))
+    atomic_write_text(record, json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
