@@ -564,3 +564,38 @@ def test_a_policy_server_is_cached_per_policy_and_tensorflow_library_directory(m
     assert keys[0] != keys[1] and keys[0] == keys[2]
     other = policy.with_flat(policy.flat() * 2)
     assert aot.server_key(other) != keys[2]
+
+
+@pytest.mark.unit
+def test_a_model_card_retrains_each_run_its_policy_started_from(tmp_path):
+    """BC, ES on a subset of the packages, then BC-Max from it: the card gives all three
+    commands in order and their budget summed; a start whose state cannot be read ends it."""
+    from mlgo.ship.modelcard import model_card
+    from mlgo.train.evaluate import Evaluation
+
+    problem = get_problem("inlining-size")
+
+    def made(name: str, algo: str, packages: list[str], init: Path | None, minutes: float) -> Path:
+        run = tmp_path / name
+        config = {"init": str(init)} if init else {}
+        state = {"algo": algo, "step": 2, "compiles": 100, "seconds": 60 * minutes,
+                 "extra": {"config": config}}  # fmt: skip
+        (run / "eval").mkdir(parents=True)
+        (run / "state.json").write_text(json.dumps(state))
+        rows = {f"{p}/a.o": {"text_once": 9.0, "default_text_once": 10.0} for p in packages}
+        Evaluation(problem, "clang", "corpus", rows).save(run / "eval")
+        return run
+
+    bc = made("bc", "bc", ["zlib", "pp"], None, 5)
+    es = made("es", "es", ["zlib"], bc, 30)
+    bcmax = made("bcmax", "bcmax", ["zlib", "pp"], es, 45)
+    policy = load_policy(POLICIES / "inlining-size")
+    card = model_card(policy, bcmax)
+    lines = [line for line in card.splitlines() if line.startswith("mlgo train")]
+    assert [line.split()[3] for line in lines] == ["bc", "es", "bcmax"]
+    assert "--init runs/bc " in lines[1] and " --packages zlib " in lines[1]
+    assert "--init runs/es " in lines[2] and "--packages" not in lines[2]
+    assert "- with the runs it started from (bc, es): 300 compilations, 80 minutes" in card
+    (bc / "state.json").write_text("{not json")
+    lines = [line for line in model_card(policy, bcmax).splitlines() if "mlgo train" in line]
+    assert [line.split()[3] for line in lines] == ["es", "bcmax"]

@@ -71,10 +71,14 @@ def _chain(run: Path, state: dict) -> list[tuple[str, dict, Evaluation | None]]:
     chain, seen = [(run.name, state, _trained(run))], {run.resolve()}
     while init := chain[-1][1].get("extra", {}).get("config", {}).get("init"):
         start = Path(init)
-        if start.resolve() in seen or not (start / "state.json").is_file():
+        try:
+            before = json.loads((start / "state.json").read_text())
+        except (OSError, ValueError):  # a policy, or a run gone or unreadable
+            break
+        if start.resolve() in seen or not isinstance(before, dict):
             break
         seen.add(start.resolve())
-        chain.append((start.name, json.loads((start / "state.json").read_text()), _trained(start)))
+        chain.append((start.name, before, _trained(start)))
     return chain[::-1]
 
 
