@@ -234,8 +234,8 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
     write_description(corpus, list(names))
     assert train_inlining_size.c_packages(load_corpus(corpus)) == ["c"]
     calibration = {"threshold": 0.6, "languages": ["c"], "sweep": [
-        {"threshold": 0.5, "change": -0.01, "packages_larger": []},
-        {"threshold": 0.6, "change": -0.004, "packages_larger": ["pp"],
+        {"threshold": 0.5, "change": -0.01, "packages_larger": [], "failed": []},
+        {"threshold": 0.6, "change": -0.004, "packages_larger": ["pp"], "failed": [],
          "by_language": {"c": {"change": -0.002, "packages_larger": []}}},
     ]}  # fmt: skip
     kept = train_inlining_size.kept(calibration)

@@ -32,7 +32,7 @@ from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.problems import get_problem
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Workers, make_workers
-from mlgo.train.calibrate import calibrate_policy
+from mlgo.train.calibrate import calibrate_policy, options
 from mlgo.train.run import TrainOptions, run
 
 PROBLEM = "inlining-size"
@@ -63,12 +63,13 @@ def summary(seconds: dict[str, float], validation: dict | None) -> dict:
 
 
 def kept(calibration: dict) -> dict:
-    """The sweep's row of the kept threshold, for the languages it answers."""
-    row = next(r for r in calibration["sweep"] if r["threshold"] == calibration["threshold"])
-    languages = calibration["languages"]
-    judged = row["by_language"][languages[0]] if languages else row
+    """The sweep's judgement of the kept threshold, for the languages it answers (one of
+    the calibration's own `options`)."""
+    threshold, languages = calibration["threshold"], calibration["languages"]
+    answers = tuple(languages) if languages else None
+    judged = next(j for t, x, j in options(calibration["sweep"]) if (t, x) == (threshold, answers))
     return {
-        "threshold": calibration["threshold"],
+        "threshold": threshold,
         "languages": languages,
         "change_pct": 100 * judged["change"],
         "packages_larger": judged["packages_larger"],
