@@ -240,6 +240,8 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
     ]}  # fmt: skip
     kept = train_inlining_size.kept(calibration)
     assert (kept["change_pct"], kept["packages_larger"]) == (-0.2, [])
+    never = train_inlining_size.kept({**calibration, "threshold": 1.0, "languages": None})
+    assert (never["change_pct"], never["packages_larger"]) == (0.0, [])
     record = train_inlining_size.summary({"calibrate": 60.0, "bc": 120.0}, kept)
     assert list(record["seconds"]) == ["bc", "calibrate"] and record["total_minutes"] == 3.0
     assert not train_inlining_size.done(tmp_path, "bc")

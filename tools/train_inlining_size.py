@@ -64,10 +64,14 @@ def summary(seconds: dict[str, float], validation: dict | None) -> dict:
 
 def kept(calibration: dict) -> dict:
     """The sweep's judgement of the kept threshold, for the languages it answers (one of
-    the calibration's own `options`)."""
+    the calibration's own `options`); where none was safe, the gate that never departs,
+    which is clang's own object everywhere."""
     threshold, languages = calibration["threshold"], calibration["languages"]
     answers = tuple(languages) if languages else None
-    judged = next(j for t, x, j in options(calibration["sweep"]) if (t, x) == (threshold, answers))
+    never = {"change": 0.0, "packages_larger": []}
+    judged = next(
+        (j for t, x, j in options(calibration["sweep"]) if (t, x) == (threshold, answers)), never
+    )
     return {
         "threshold": threshold,
         "languages": languages,
