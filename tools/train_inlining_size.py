@@ -6,10 +6,10 @@ validation.
       --validation data/corpus-validation --out data/issue40/scratch
 
 1. BC: a clone of clang's own `-Oz` decisions on every training module.
-2. ES from that clone on the train split's C packages alone, with no penalty for a package
-   that grows: it learns where departing shrinks code. BC-Max started from a BC clone
-   departs little on code it has not seen; started from such an ES policy, it departs well
-   (docs/inlining-size.md, "BC-Max from a BC start").
+2. ES from that clone on the train split's C packages alone (`--es-packages all`: on every
+   package), with no penalty for a package that grows: it learns where departing shrinks
+   code. BC-Max started from a BC clone departs little on code it has not seen; started
+   from such an ES policy, it departs well (docs/inlining-size.md, "BC-Max from a BC start").
 3. BC-Max from the ES policy on the whole train split, rewarded by `text_once`.
 4. Its departure threshold calibrated on validation as the size guard serves it.
 
@@ -93,7 +93,8 @@ def run_stage(stage: str, args: argparse.Namespace, tc: Toolchain, pool: Workers
         "es": TrainOptions(init=out / "bc", max_seconds=60 * args.es_minutes),
         "bcmax": TrainOptions(init=out / "es", max_seconds=60 * args.bcmax_minutes),
     }[stage]
-    corpus = train.select(c_packages(train)) if stage == "es" else train
+    es_c_only = stage == "es" and args.es_packages == "c"
+    corpus = train.select(c_packages(train)) if es_c_only else train
     run(stage, corpus, problem, out / stage, tc, pool, opts)
 
 
@@ -103,6 +104,7 @@ def main() -> None:
     parser.add_argument("--validation", type=Path, default=Path("data/corpus-validation"))
     parser.add_argument("--out", type=Path, default=Path("data/issue40/scratch"))
     parser.add_argument("--es-minutes", type=float, default=30.0)
+    parser.add_argument("--es-packages", choices=("c", "all"), default="c")
     parser.add_argument("--bcmax-minutes", type=float, default=45.0)
     args = parser.parse_args()
     record = args.out / "recipe.json"
