@@ -3,10 +3,12 @@
 A stock clang has no embedded model, so the interactive channel is how a policy reaches
 it: two context switches and a FIFO round trip per call site, which cost about as much
 CPU as clang's own feature computation. `mlgo/ship/native/inline_plugin.cc` instead gives
-clang LLVM's MLInlineAdvisor with an in-process runner, and this module writes the
-policy's weights and quantiles into a C++ header for it (hex float literals: exact), then
-builds `libmlgo_inliner.so` against LLVM's headers. Builds are cached by content, like
-the policy server, and written to a temp dir that is renamed when complete.
+clang LLVM's MLInlineAdvisor with an in-process runner. It is compiled against LLVM's
+headers once per LLVM (about 14 s); this module writes each policy's weights and quantiles
+as the C++ constants `policy_constants.h` declares (hex float literals: exact) and links
+them with that object into `libmlgo_inliner.so` (about a second), so that judging several
+candidates, or the thresholds of one, costs little more than one. Both are cached by
+content, like the policy server, and written to a temp dir that is renamed when complete.
 
 The XLA AOT model cannot be used here: its runtime needs Abseil from
 libtensorflow_framework.so, which costs about 30 ms of CPU to load in every clang.
@@ -29,9 +31,10 @@ from mlgo.runtime.csource import c_string
 from mlgo.runtime.messages import error_line
 from mlgo.ship.aot import AotError, cached_build
 
-PLUGIN_SOURCE = Path(__file__).parent / "native" / "inline_plugin.cc"
-FLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared", "-fno-rtti", "-fno-exceptions"]
-FLAGS += ["-fvisibility=hidden", "-D_GLIBCXX_USE_CXX11_ABI=1", "-Wl,--no-undefined"]
+NATIVE = Path(__file__).parent / "native"
+PLUGIN_SOURCE, CONSTANTS_HEADER = NATIVE / "inline_plugin.cc", NATIVE / "policy_constants.h"
+COMPILE = ["-O2", "-std=c++17", "-fPIC", "-fno-rtti", "-fno-exceptions", "-fvisibility=hidden"]
+COMPILE += ["-D_GLIBCXX_USE_CXX11_ABI=1", f"-I{NATIVE}"]
 
 
 def _array(ctype: str, name: str, values: list[str]) -> str:
@@ -39,8 +42,9 @@ def _array(ctype: str, name: str, values: list[str]) -> str:
     return f"const {ctype} {name}[] = {{\n  " + ",\n  ".join(rows) + "\n};\n"
 
 
-def policy_header(policy: MLPPolicy) -> str:
-    """The policy as C++ constants: feature names, derived columns, quantiles, layers."""
+def policy_constants(policy: MLPPolicy) -> str:
+    """The policy as the C++ definitions of `policy_constants.h`: feature names, derived
+    columns, quantiles, layers, the gate."""
     norm = policy.normalizer
     index = {f: i for i, f in enumerate(norm.features)}
     quantile_starts = [0]
@@ -50,15 +54,16 @@ def policy_header(policy: MLPPolicy) -> str:
     layer_out = [w.shape[1] for w in policy.weights[::2]]
     weights = [float(x).hex() + "f" for w in policy.weights for x in w.reshape(-1)]
     out = f"// The policy's constants, written by mlgo; problem {policy.problem.name}.\n"
-    out += f"constexpr int kFeatures = {len(norm.features)};\n"
-    out += f"constexpr int kDerived = {len(norm.derived)};\n"
-    out += f"constexpr int kLayers = {len(layer_in)};\n"
-    out += f"constexpr int kMaxWidth = {max([norm.width, *layer_out])};\n"
+    out += '#include <cmath>\n#include "policy_constants.h"\n'
+    out += f"const int kFeatures = {len(norm.features)};\n"
+    out += f"const int kDerived = {len(norm.derived)};\n"
+    out += f"const int kLayers = {len(layer_in)};\n"
+    out += f"const int kMaxWidth = {max([norm.width, *layer_out])};\n"
     columns = [column_of(f) for f in norm.features]
     out += _array("char* const", "kFeatureNames", [c_string(t) for t, _ in columns])
     out += _array("int", "kFeatureElement", [str(i or 0) for _, i in columns])
     embeddings = any(i is not None for _, i in columns)  # IR2Vec's vectors, by element
-    out += f"constexpr bool kReadsEmbeddings = {str(embeddings).lower()};\n"
+    out += f"const bool kReadsEmbeddings = {str(embeddings).lower()};\n"
     out += _array("int", "kDerivedLeft", [str(index[d.left]) for d in norm.derived])
     out += _array("int", "kDerivedRight", [str(index[d.right]) for d in norm.derived])
     out += _array("char", "kDerivedOp", [f"'{d.op}'" for d in norm.derived])
@@ -66,15 +71,15 @@ def policy_header(policy: MLPPolicy) -> str:
     out += _array("double", "kQuantiles", [float(x).hex() for q in norm.quantiles for x in q])
     out += _array("int", "kLayerIn", [str(n) for n in layer_in])
     out += _array("int", "kLayerOut", [str(n) for n in layer_out])
-    out += _array("float", "kWeights", weights)  # per layer: W [in, out] row-major, then b
+    out += _array("float", "kWeights", weights)
     gated = policy.departure_threshold is not None
     margin = float(policy.departure_margin) if gated else 0.0
     margin_literal = "HUGE_VALF" if margin == np.inf else margin.hex() + "f"
-    out += f"constexpr bool kGated = {str(gated).lower()};  // see MLPPolicy.gate\n"
-    out += f"constexpr float kDepartureMargin = {margin_literal};\n"
-    out += f"constexpr const char *kDeparturesEnv = {c_string(DEPARTURES_ENV)};\n"
-    out += f"constexpr const char *kDeparturesPrefix = {c_string(DEPARTURES_PREFIX)};\n"
-    out += f"constexpr char kDeparted = '{DEPARTED}', kAdvised = '{ADVISED}';\n"
+    out += f"const bool kGated = {str(gated).lower()};\n"
+    out += f"const float kDepartureMargin = {margin_literal};\n"
+    out += f"const char *const kDeparturesEnv = {c_string(DEPARTURES_ENV)};\n"
+    out += f"const char *const kDeparturesPrefix = {c_string(DEPARTURES_PREFIX)};\n"
+    out += f"const char kDeparted = '{DEPARTED}', kAdvised = '{ADVISED}';\n"
     return out
 
 
@@ -99,28 +104,46 @@ def _llvm_config(tc: Toolchain) -> tuple[list[str], str, str]:
     return cxxflags.split(), libdir, version
 
 
+def _gxx(args: list[str], what: str) -> None:
+    proc = subprocess.run(["g++", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise AotError(f"{what} failed: {error_line(proc.stderr)}")
+
+
+def _advisor_object(cxxflags: list[str], llvm_version: str) -> Path:
+    """inline_plugin.cc compiled against LLVM's headers: the part of every plugin that
+    does not depend on the policy, built once per LLVM and plugin source."""
+
+    def build(staging: Path) -> None:
+        cmd = [*COMPILE, *cxxflags, "-c", str(PLUGIN_SOURCE), "-o", str(staging / "advisor.o")]
+        _gxx(cmd, "compiling the inlining plugin against LLVM")
+
+    key = f"{llvm_version}\0{' '.join(cxxflags)}\0".encode()
+    key += PLUGIN_SOURCE.read_bytes() + CONSTANTS_HEADER.read_bytes()
+    return cached_build("plugin-advisor", key, "advisor.o", build)
+
+
 def inliner_plugin(policy: MLPPolicy, tc: Toolchain) -> Path:
     """clang's `-fpass-plugin` for POLICY, built on first use and cached."""
     if not policy.problem.plugin:
         raise AotError(f"a {policy.problem.name} policy cannot be a clang plugin")
     if policy.weights[-1].shape != (2,):  # argmax over (no, yes) is LLVM's 0/1 advice
         raise AotError("an inlining plugin's network must end in 2 outputs (no, yes)")
-    header = policy_header(policy)
     cxxflags, libdir, llvm_version = _llvm_config(tc)
+    advisor = _advisor_object(cxxflags, llvm_version)
+    constants = policy_constants(policy)
 
     def build(staging: Path) -> None:
-        (staging / "policy_constants.h").write_text(header)
-        proc = subprocess.run(
-            ["g++", *FLAGS, *cxxflags, f"-I{staging}", str(PLUGIN_SOURCE)]
-            + [f"-L{libdir}", f"-lLLVM-{tc.major}", "-o", str(staging / "libmlgo_inliner.so")],
-            capture_output=True,
-            text=True,
+        (staging / "policy_constants.cc").write_text(constants)
+        _gxx(
+            [*COMPILE, "-shared", "-Wl,--no-undefined", str(staging / "policy_constants.cc")]
+            + [str(advisor), f"-L{libdir}", f"-lLLVM-{tc.major}"]
+            + ["-o", str(staging / "libmlgo_inliner.so")],
+            "building the inlining plugin",
         )
-        if proc.returncode != 0:
-            raise AotError(f"building the inlining plugin failed: {error_line(proc.stderr)}")
 
-    key = f"{llvm_version}\0{header}\0".encode()  # the header is the whole policy
-    plugin = cached_build("plugin", key + PLUGIN_SOURCE.read_bytes(), "libmlgo_inliner.so", build)
+    key = f"{llvm_version}\0{constants}\0".encode() + advisor.read_bytes()
+    plugin = cached_build("plugin", key, "libmlgo_inliner.so", build)
     check_loads(plugin, tc, policy.problem.advisor_flags)
     return plugin
 

@@ -7,8 +7,8 @@
 // exactly as it does for the interactive channel, so the decisions are the policy's,
 // with no FIFO, no context switch and no second process per call site.
 //
-// The policy (quantile normalization, then an MLP; see mlgo/problems/policy.py) comes from
-// policy_constants.h, which mlgo/ship/plugin.py writes. The arithmetic follows the numpy
+// The policy (quantile normalization, then an MLP; see mlgo/problems/policy.py) is the
+// constants policy_constants.h declares, which mlgo/ship/plugin.py defines and links in. The arithmetic follows the numpy
 // reference: features and quantiles in double, the network in float, argmax first-wins.
 // A gated policy (kGated) follows LLVM's own decision unless the other answer's logit
 // margin reaches kDepartureMargin; the advisor asks LLVM's default at the point where the
@@ -57,7 +57,12 @@ thread_local ModuleAnalysisManager *CompilationMAM = nullptr;
 class PolicyRunner final : public MLModelRunner {
  public:
   PolicyRunner(LLVMContext &Ctx, const std::vector<TensorSpec> &Inputs)
-      : MLModelRunner(Ctx, Kind::Release, Inputs.size()) {
+      : MLModelRunner(Ctx, Kind::Release, Inputs.size()),
+        Raw(kFeatures + kDerived),
+        H(kMaxWidth),
+        Next(kMaxWidth),
+        Index(kFeatures),
+        IsFloat(kFeatures) {
     for (size_t I = 0; I < Inputs.size(); ++I) setUpBufferForTensor(I, Inputs[I], nullptr);
     for (int F = 0; F < kFeatures && Problem.empty(); ++F) {
       auto It = std::find_if(Inputs.begin(), Inputs.end(),
@@ -81,7 +86,6 @@ class PolicyRunner final : public MLModelRunner {
 
  private:
   void *evaluateUntyped() override {
-    double Raw[kFeatures + kDerived];
     for (int F = 0; F < kFeatures; ++F)  // a scalar, or one element of a vector
       Raw[F] = IsFloat[F] ? static_cast<double>(getTensor<float>(Index[F])[kFeatureElement[F]])
                           : static_cast<double>(getTensor<int64_t>(Index[F])[kFeatureElement[F]]);
@@ -89,8 +93,7 @@ class PolicyRunner final : public MLModelRunner {
       double L = Raw[kDerivedLeft[D]], R = Raw[kDerivedRight[D]];
       Raw[kFeatures + D] = kDerivedOp[D] == '-' ? L - R : (L < R ? 1.0 : 0.0);
     }
-    constexpr int Columns = kFeatures + kDerived;
-    float H[kMaxWidth], Next[kMaxWidth];
+    const int Columns = kFeatures + kDerived;
     for (int C = 0; C < Columns; ++C) {  // (q, sqrt q, q^2) of the value's quantile q
       const double *Begin = kQuantiles + kQuantileStart[C], *End = kQuantiles + kQuantileStart[C + 1];
       double Q = static_cast<double>(std::upper_bound(Begin, End, Raw[C]) - Begin) /
@@ -108,17 +111,19 @@ class PolicyRunner final : public MLModelRunner {
         Sum += B[O];
         Next[O] = (L + 1 < kLayers) ? std::max(Sum, 0.0f) : Sum;
       }
-      std::copy(Next, Next + kLayerOut[L], H);
+      std::copy(Next.begin(), Next.begin() + kLayerOut[L], H.begin());
       W = B + kLayerOut[L];
     }
     if (kGated)
       Advice = H[1 - Default] - H[Default] >= kDepartureMargin ? 1 - Default : Default;
     else
-      Advice = std::max_element(H, H + kLayerOut[kLayers - 1]) - H;
+      Advice = std::max_element(H.begin(), H.begin() + kLayerOut[kLayers - 1]) - H.begin();
     return &Advice;
   }
-  size_t Index[kFeatures] = {};
-  bool IsFloat[kFeatures] = {};
+  std::vector<double> Raw;      // the features, then the derived columns
+  std::vector<float> H, Next;   // a layer's input and output
+  std::vector<size_t> Index;    // each feature's input tensor
+  std::vector<bool> IsFloat;
   int64_t Advice = 0;
 };
 

@@ -1,0 +1,20 @@
+// The policy's constants, declared. mlgo/ship/plugin.py writes their definitions for each
+// policy (policy_constants.cc, which includes this file, so that a type that differs is a
+// compile error) and links them with inline_plugin.cc's object, which is built once per
+// LLVM: a new policy costs a small compile and a link, not a compile against LLVM's headers.
+#pragma once
+
+extern const int kFeatures, kDerived, kLayers, kMaxWidth;
+extern const char *const kFeatureNames[];
+extern const int kFeatureElement[];  // 0 for a scalar; an element of IR2Vec's vectors
+extern const bool kReadsEmbeddings;
+extern const int kDerivedLeft[], kDerivedRight[];
+extern const char kDerivedOp[];
+extern const int kQuantileStart[];
+extern const double kQuantiles[];
+extern const int kLayerIn[], kLayerOut[];
+extern const float kWeights[];  // per layer: W [in, out] row-major, then b
+extern const bool kGated;        // see MLPPolicy.gate
+extern const float kDepartureMargin;
+extern const char *const kDeparturesEnv, *const kDeparturesPrefix;
+extern const char kDeparted, kAdvised;
