@@ -248,6 +248,16 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
 
 
 @pytest.mark.unit
+def test_recipe_refuses_a_record_it_cannot_read_in_one_line_and_keeps_it(tmp_path):
+    record = tmp_path / "recipe.json"
+    record.write_text('{"seconds": ')
+    cmd = [sys.executable, "-m", "tools.train_inlining_size", "--out", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"{record}: not this tool's record" in r.stderr.splitlines()[-1]
+    assert record.read_text() == '{"seconds": '
+
+
+@pytest.mark.unit
 def test_one_way_gate_departs_only_from_one_of_clangs_answers():
     policy = load_policy(shipped_policy("inlining-size"))
     logits = np.array([[0.0, 5.0], [5.0, 0.0]], np.float32)  # confident: inline; do not

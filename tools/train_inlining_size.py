@@ -108,7 +108,10 @@ def main() -> None:
     parser.add_argument("--bcmax-minutes", type=float, default=45.0)
     args = parser.parse_args()
     record = args.out / "recipe.json"
-    seconds = json.loads(record.read_text())["seconds"] if record.exists() else {}
+    try:
+        seconds = json.loads(record.read_text())["seconds"] if record.exists() else {}
+    except (ValueError, KeyError, TypeError) as e:
+        parser.error(f"{record}: not this tool's record ({e!r}); move it away to time afresh")
     tc = find_toolchain()
     with closing(make_workers("local")) as pool:
         for stage in STAGES:
