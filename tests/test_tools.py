@@ -232,7 +232,9 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
         (corpus / f"{name}.bc").write_bytes(b"")
         (corpus / f"{name}.cmd").write_bytes(f"-cc1\0-main-file-name\0{source}".encode())
     write_description(corpus, list(names))
-    assert train_inlining_size.c_packages(load_corpus(corpus)) == ["c"]
+    assert train_inlining_size.es_packages(load_corpus(corpus), "c") == ["c"]
+    assert train_inlining_size.es_packages(load_corpus(corpus), "all") == ["c", "mixed", "pp"]
+    assert train_inlining_size.es_packages(load_corpus(corpus), "pp,c") == ["pp", "c"]
     calibration = {"threshold": 0.6, "languages": ["c"], "sweep": [
         {"threshold": 0.5, "change": -0.01, "packages_larger": [], "failed": []},
         {"threshold": 0.6, "change": -0.004, "packages_larger": ["pp"], "failed": [],
@@ -245,6 +247,30 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
     record = train_inlining_size.summary({"calibrate": 60.0, "bc": 120.0}, kept)
     assert list(record["seconds"]) == ["bc", "calibrate"] and record["total_minutes"] == 3.0
     assert not train_inlining_size.done(tmp_path, "bc")
+
+
+def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
+    mini_corpus, tmp_path
+):
+    """The whole recipe on the small corpus, with the second ES stage: each run starts
+    from the one before, the mixed one with the per-package penalty; the calibrated policy
+    and every stage's seconds are recorded; a rerun trains nothing again."""
+    corpus, out = str(mini_corpus.root), tmp_path / "recipe"
+    cmd = [sys.executable, "-m", "tools.train_inlining_size", "--train", corpus]
+    cmd += ["--validation", corpus, "--out", str(out), "--es-packages", "minipkg"]
+    cmd += ["--mix-packages", "minipkg", "--es-minutes", "0.05", "--mix-minutes", "0.05"]
+    cmd += ["--bcmax-minutes", "0.1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    record = json.loads((out / "recipe.json").read_text())
+    assert list(record["seconds"]) == ["bc", "es", "es-mix", "bcmax", "calibrate"]
+    assert record["validation"]["packages_larger"] == []
+    for run, init, penalty in (("es", "bc", 0.0), ("es-mix", "es", 1.0), ("bcmax", "es-mix", None)):
+        config = json.loads((out / run / "state.json").read_text())["extra"]["config"]
+        assert (config["init"], config.get("regression_penalty")) == (str(out / init), penalty)
+    assert (out / "policy" / "calibration.json").is_file()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and json.loads(again.stdout) == record
 
 
 @pytest.mark.unit

@@ -6,12 +6,16 @@ validation.
       --validation data/corpus-validation --out data/issue40/scratch
 
 1. BC: a clone of clang's own `-Oz` decisions on every training module.
-2. ES from that clone on the train split's C packages alone (`--es-packages all`: on every
-   package), with no penalty for a package that grows: it learns where departing shrinks
-   code. BC-Max started from a BC clone departs little on code it has not seen; started
-   from such an ES policy, it departs well (docs/inlining-size.md, "BC-Max from a BC start").
-3. BC-Max from the ES policy on the whole train split, rewarded by `text_once`.
-4. Its departure threshold calibrated on validation as the size guard serves it.
+2. ES from that clone on the train split's C packages alone (`--es-packages`: `all`, or
+   packages by name), with no penalty for a package that grows: it learns where departing
+   shrinks code. BC-Max started from a BC clone departs little on code it has not seen;
+   started from such an ES policy, it departs well (docs/inlining-size.md, "BC-Max from a
+   BC start").
+3. With `--mix-packages`, ES again from that policy on those packages beside stage 2's,
+   each package's loss counted twice (`--regression-penalty 1.0`): the second stage of
+   the chain the shipped policy started from, which kept C++ from growing.
+4. BC-Max from the last ES policy on the whole train split, rewarded by `text_once`.
+5. Its departure threshold calibrated on validation as the size guard serves it.
 
 Writes OUT/recipe.json: each stage's wall seconds, their total, and the calibrated policy's
 guarded change of the validation split; the policy is OUT/policy. A stage whose output is
@@ -32,16 +36,24 @@ from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.problems import get_problem
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Workers, make_workers
+from mlgo.train import policy_dir
 from mlgo.train.calibrate import calibrate_policy, options
 from mlgo.train.run import TrainOptions, run
 
 PROBLEM = "inlining-size"
-STAGES = ("bc", "es", "bcmax", "calibrate")
+STAGES = ("bc", "es", "es-mix", "bcmax", "calibrate")
 
 
 def c_packages(corpus: Corpus) -> list[str]:
     """The packages of CORPUS whose every module is C: what the ES stage trains on."""
     return sorted(p for p, ms in corpus.packages().items() if all(m.language == "c" for m in ms))
+
+
+def es_packages(corpus: Corpus, given: str) -> list[str]:
+    """`--es-packages`: `c` (the split's all-C packages), `all`, or names, comma-separated."""
+    if given == "c":
+        return c_packages(corpus)
+    return sorted(corpus.packages()) if given == "all" else given.split(",")
 
 
 def done(out: Path, stage: str) -> bool:
@@ -85,17 +97,29 @@ def run_stage(stage: str, args: argparse.Namespace, tc: Toolchain, pool: Workers
     problem, out = get_problem(PROBLEM), args.out
     if stage == "calibrate":
         validation = load_corpus(args.validation).require(problem)
-        calibrate_policy(out / "bcmax", validation, tc, pool, out / "policy", guard="size")
+        policy = policy_dir(out / "bcmax")
+        calibrate_policy(policy, validation, tc, pool, out / "policy", guard="size")
         return
     train = load_corpus(args.train).require(problem)
-    opts = {
-        "bc": TrainOptions(),
-        "es": TrainOptions(init=out / "bc", max_seconds=60 * args.es_minutes),
-        "bcmax": TrainOptions(init=out / "es", max_seconds=60 * args.bcmax_minutes),
-    }[stage]
-    es_c_only = stage == "es" and args.es_packages == "c"
-    corpus = train.select(c_packages(train)) if es_c_only else train
-    run(stage, corpus, problem, out / stage, tc, pool, opts)
+    es = es_packages(train, args.es_packages)
+    mix = args.mix_packages.split(",") if args.mix_packages else []
+    bcmax_start = out / ("es-mix" if mix else "es")
+    stages = {
+        "bc": (TrainOptions(), train),
+        "es": (
+            TrainOptions(init=out / "bc", max_seconds=60 * args.es_minutes),
+            train.select(es),
+        ),
+        "es-mix": (
+            TrainOptions(
+                init=out / "es", max_seconds=60 * args.mix_minutes, regression_penalty=1.0
+            ),
+            train.select(sorted({*es, *mix})),
+        ),
+        "bcmax": (TrainOptions(init=bcmax_start, max_seconds=60 * args.bcmax_minutes), train),
+    }
+    opts, corpus = stages[stage]
+    run("es" if stage == "es-mix" else stage, corpus, problem, out / stage, tc, pool, opts)
 
 
 def main() -> None:
@@ -104,7 +128,9 @@ def main() -> None:
     parser.add_argument("--validation", type=Path, default=Path("data/corpus-validation"))
     parser.add_argument("--out", type=Path, default=Path("data/issue40/scratch"))
     parser.add_argument("--es-minutes", type=float, default=30.0)
-    parser.add_argument("--es-packages", choices=("c", "all"), default="c")
+    parser.add_argument("--es-packages", default="c", help="c, all, or names")
+    parser.add_argument("--mix-packages", default="", help="names: the second ES stage's")
+    parser.add_argument("--mix-minutes", type=float, default=20.0)
     parser.add_argument("--bcmax-minutes", type=float, default=45.0)
     args = parser.parse_args()
     record = args.out / "recipe.json"
@@ -115,7 +141,7 @@ def main() -> None:
     tc = find_toolchain()
     with closing(make_workers("local")) as pool:
         for stage in STAGES:
-            if done(args.out, stage):
+            if done(args.out, stage) or (stage == "es-mix" and not args.mix_packages):
                 continue
             start = time.monotonic()
             run_stage(stage, args, tc, pool)
