@@ -260,6 +260,12 @@ def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
     cmd += ["--validation", corpus, "--out", str(out), "--es-packages", "minipkg"]
     cmd += ["--mix-packages", "minipkg", "--es-minutes", "0.05", "--mix-minutes", "0.05"]
     cmd += ["--bcmax-minutes", "0.1"]
+    unknown = [*cmd, "--mix-packages", "nosuch"]  # refused before any stage runs
+    r = subprocess.run(unknown, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.splitlines()[-1].endswith(
+        "no package(s) nosuch in corpus"
+    )
+    assert not out.exists()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     record = json.loads((out / "recipe.json").read_text())

@@ -32,6 +32,7 @@ from contextlib import closing
 from pathlib import Path
 
 from mlgo.corpus.format import Corpus, load_corpus
+from mlgo.errors import MlgoError
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.problems import get_problem
 from mlgo.runtime.files import atomic_write_text
@@ -144,7 +145,10 @@ def main() -> None:
             if done(args.out, stage) or (stage == "es-mix" and not args.mix_packages):
                 continue
             start = time.monotonic()
-            run_stage(stage, args, tc, pool)
+            try:
+                run_stage(stage, args, tc, pool)
+            except MlgoError as e:  # a package not in the corpus, a corpus not built, ...
+                parser.exit(1, f"error: {e}\n")
             seconds[stage] = seconds.get(stage, 0.0) + time.monotonic() - start
             atomic_write_text(record, json.dumps(summary(seconds, None), indent=1))
     calibration = json.loads((args.out / "policy" / "calibration.json").read_text())
