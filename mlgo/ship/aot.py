@@ -63,7 +63,8 @@ def tf_version() -> str:
     return version("tensorflow")
 
 
-def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
+def run_step(cmd: list[str], what: str, cwd: Path | None = None) -> None:
+    """CMD, a step of a build; its failure an AotError naming WHAT and its error line."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="-1")
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
     if proc.returncode != 0:
@@ -77,7 +78,7 @@ def aot_compile(saved_model: Path, out: Path) -> Path:
         raise AotError(f"{saved_model}: not a SavedModel (no saved_model.pb)")
     with atomic_directory(out) as staging:
         cli = Path(sys.executable).parent / "saved_model_cli"
-        _run(
+        run_step(
             [str(cli), "aot_compile_cpu", "--dir", str(saved_model), "--tag_set", "serve"]
             + ["--signature_def_key", "action", "--output_prefix", str(staging / "model")]
             + ["--cpp_class", CLASS_NAME],
@@ -99,7 +100,7 @@ def _runtime_objects(sources: tuple[str, ...]) -> list[Path]:
             fd, tmp = tempfile.mkstemp(suffix=".o", dir=target)
             os.close(fd)
             try:
-                _run(
+                run_step(
                     ["g++", *CXXFLAGS, f"-I{tf_dir() / 'include'}", "-c", str(src_root / rel)]
                     + ["-o", tmp],
                     f"compiling the XLA AOT runtime ({rel})",

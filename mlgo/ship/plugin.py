@@ -29,7 +29,7 @@ from mlgo.llvm.toolchain import Toolchain, ToolchainError
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.csource import c_string
 from mlgo.runtime.messages import error_line
-from mlgo.ship.aot import AotError, cached_build
+from mlgo.ship.aot import AotError, cached_build, run_step
 
 NATIVE = Path(__file__).parent / "native"
 PLUGIN_SOURCE, CONSTANTS_HEADER = NATIVE / "inline_plugin.cc", NATIVE / "policy_constants.h"
@@ -104,19 +104,13 @@ def _llvm_config(tc: Toolchain) -> tuple[list[str], str, str]:
     return cxxflags.split(), libdir, version
 
 
-def _gxx(args: list[str], what: str) -> None:
-    proc = subprocess.run(["g++", *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise AotError(f"{what} failed: {error_line(proc.stderr)}")
-
-
 def _advisor_object(cxxflags: list[str], llvm_version: str) -> Path:
     """inline_plugin.cc compiled against LLVM's headers: the part of every plugin that
     does not depend on the policy, built once per LLVM and plugin source."""
 
     def build(staging: Path) -> None:
-        cmd = [*COMPILE, *cxxflags, "-c", str(PLUGIN_SOURCE), "-o", str(staging / "advisor.o")]
-        _gxx(cmd, "compiling the inlining plugin against LLVM")
+        cmd = ["g++", *COMPILE, *cxxflags, "-c", str(PLUGIN_SOURCE)]
+        run_step([*cmd, "-o", str(staging / "advisor.o")], "compiling the inlining plugin")
 
     key = f"{llvm_version}\0{' '.join(cxxflags)}\0".encode()
     key += PLUGIN_SOURCE.read_bytes() + CONSTANTS_HEADER.read_bytes()
@@ -135,14 +129,14 @@ def inliner_plugin(policy: MLPPolicy, tc: Toolchain) -> Path:
 
     def build(staging: Path) -> None:
         (staging / "policy_constants.cc").write_text(constants)
-        _gxx(
-            [*COMPILE, "-shared", "-Wl,--no-undefined", str(staging / "policy_constants.cc")]
+        run_step(
+            ["g++", *COMPILE, "-shared", "-Wl,--no-undefined", str(staging / "policy_constants.cc")]
             + [str(advisor), f"-L{libdir}", f"-lLLVM-{tc.major}"]
             + ["-o", str(staging / "libmlgo_inliner.so")],
             "building the inlining plugin",
         )
 
-    key = f"{llvm_version}\0{constants}\0".encode() + advisor.read_bytes()
+    key = f"{llvm_version}\0{constants}\0{advisor.parent.name}".encode()  # its inputs' hash
     plugin = cached_build("plugin", key, "libmlgo_inliner.so", build)
     check_loads(plugin, tc, policy.problem.advisor_flags)
     return plugin

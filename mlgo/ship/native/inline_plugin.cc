@@ -8,11 +8,12 @@
 // with no FIFO, no context switch and no second process per call site.
 //
 // The policy (quantile normalization, then an MLP; see mlgo/problems/policy.py) is the
-// constants policy_constants.h declares, which mlgo/ship/plugin.py defines and links in. The arithmetic follows the numpy
-// reference: features and quantiles in double, the network in float, argmax first-wins.
-// A gated policy (kGated) follows LLVM's own decision unless the other answer's logit
-// margin reaches kDepartureMargin; the advisor asks LLVM's default at the point where the
-// interactive channel's -inliner-interactive-include-default does, just before the model.
+// constants policy_constants.h declares, which mlgo/ship/plugin.py defines and links in.
+// The arithmetic follows the numpy reference: features and quantiles in double, the
+// network in float, argmax first-wins. A gated policy (kGated) follows LLVM's own decision
+// unless the other answer's logit margin reaches kDepartureMargin; the advisor asks LLVM's
+// default at the point where the interactive channel's
+// -inliner-interactive-include-default does, just before the model.
 //
 // A feature is an int64 or float tensor by name and an element of it (kFeatureElement: 0
 // for a scalar; IR2Vec's embeddings are float vectors, sent when clang is given a
