@@ -94,6 +94,10 @@ def default_args(args: list[str], output: Path) -> list[str]:
     return [*without_outputs(args), "-o", str(output)]
 
 
+# What stops a build (make's Ctrl-C, a killed job, a closed terminal), as the native wrapper has it.
+STOPPING = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
+
+
 def keep_smaller(compiler: str, args: list[str], obj: Path) -> str | None:
     """With the policy's OBJ written, compiles (or links) ARGS with the default beside it and
     keeps the smaller of the two in OBJ. Returns what went wrong (then OBJ is the policy's),
@@ -103,9 +107,15 @@ def keep_smaller(compiler: str, args: list[str], obj: Path) -> str | None:
 
     if not obj.is_file():  # -o /dev/null and the like: nothing to keep
         return None
-    scratch = tempfile.mkdtemp(prefix=".mlgo-guard-", dir=obj.parent)
-    previous = signal.signal(signal.SIGTERM, _stopped)
+    scratch: str | None = None
+    # Held off until the handler is in place and the directory is where it looks.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
+    previous = {sig: signal.signal(sig, _stopped) for sig in STOPPING}
     try:
+        try:
+            scratch = tempfile.mkdtemp(prefix=".mlgo-guard-", dir=obj.parent)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         default = Path(scratch) / obj.name
         cmd = [compiler, *default_args(args, default)]
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
@@ -116,19 +126,27 @@ def keep_smaller(compiler: str, args: list[str], obj: Path) -> str | None:
         return None
     except (OSError, ValueError) as e:
         return error_line(e)
-    except Stopped:  # the compile is killed (subprocess.run does it); then die of the signal
-        shutil.rmtree(scratch, ignore_errors=True)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+    except Stopped as stop:  # the compile is killed (subprocess.run does it); then die of it
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+        signal.signal(stop.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), stop.signum)
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        shutil.rmtree(scratch, ignore_errors=True)
+        for sig, handler in previous.items():
+            if handler is not None:  # None: set outside Python, which cannot be put back
+                signal.signal(sig, handler)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 class Stopped(Exception):
-    """SIGTERM (a stopped make job) during the guard's compile: raised so that the private
-    directory is removed before the wrapper dies of the signal, as the native one does."""
+    """A stop signal during the guard's compile: raised so that the private directory is
+    removed before the wrapper dies of the signal, as the native one does."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _stopped(signum: int, _frame: object) -> None:
