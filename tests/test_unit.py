@@ -599,3 +599,24 @@ def test_a_model_card_retrains_each_run_its_policy_started_from(tmp_path):
     (bc / "state.json").write_text("{not json")
     lines = [line for line in model_card(policy, bcmax).splitlines() if "mlgo train" in line]
     assert [line.split()[3] for line in lines] == ["es", "bcmax"]
+
+
+@pytest.mark.unit
+def test_a_calibrated_policy_outside_its_run_is_carded_from_the_run_it_was_calibrated_from(
+    tmp_path,
+):
+    """`mlgo calibrate --out` anywhere: its calibration.json names the source policy, whose
+    run the card is drawn from; a record that cannot be read leaves the card to the folder."""
+    from mlgo.ship.modelcard import model_card, policy_run
+
+    run, cal = tmp_path / "runs" / "bcmax", tmp_path / "shipped" / "policy"
+    (run / "policy").mkdir(parents=True)
+    cal.mkdir(parents=True)
+    (run / "state.json").write_text(json.dumps({"algo": "bcmax", "step": 3, "compiles": 7}))
+    (cal / "calibration.json").write_text(json.dumps({"source": str(run / "policy")}))
+    assert policy_run(cal) == run and policy_run(run / "policy") == run
+    card = model_card(load_policy(POLICIES / "inlining-size"), policy_run(cal), calibrated=True)
+    assert "- algorithm: bcmax, 3 steps" in card
+    assert "mlgo calibrate --policy runs/bcmax --corpus data/corpus-validation" in card
+    (cal / "calibration.json").write_text("{not json")
+    assert policy_run(cal) == cal.parent

@@ -9,6 +9,7 @@ from pathlib import Path
 from mlgo.corpus.format import CorpusError, load_corpus
 from mlgo.llvm.languages import LANGUAGES, label
 from mlgo.problems.policy import MLPPolicy
+from mlgo.train import policy_dir
 from mlgo.train.evaluate import Evaluation
 
 
@@ -55,6 +56,21 @@ OPTIONS = {
     "ppo": ("batch", "max_module_seconds"),
     "bcmax": ("search_budget", "max_module_seconds", "clone_epochs", "clone_lr"),
 }
+
+
+def policy_run(pdir: Path) -> Path:
+    """The run the policy in PDIR came from: the directory holding it, or, for a calibrated
+    policy written outside its run (`mlgo calibrate --out` elsewhere), the run of the policy
+    it was calibrated from, which its calibration.json names."""
+    run = pdir.parent
+    if (run / "state.json").exists():
+        return run
+    try:
+        source = Path(json.loads((pdir / "calibration.json").read_text())["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return run
+    source_run = policy_dir(source).parent
+    return source_run if (source_run / "state.json").exists() else run
 
 
 def _trained(run: Path) -> Evaluation | None:
@@ -136,7 +152,9 @@ def _reproduce(
     return [*lines, "```"]
 
 
-def model_card(policy: MLPPolicy, run: Path) -> str:
+def model_card(policy: MLPPolicy, run: Path, calibrated: bool | None = None) -> str:
+    """POLICY's card from what its RUN recorded; CALIBRATED (by default: whether the run's
+    own policy was) adds the calibration to what reproduces it."""
     state = json.loads((run / "state.json").read_text()) if (run / "state.json").exists() else {}
     problem = policy.problem
     lines = [
@@ -168,7 +186,8 @@ def model_card(policy: MLPPolicy, run: Path) -> str:
             f"{sum(st.get('seconds', 0.0) for st in states) / 60:.0f} minutes of training"
         )
     evaluations = _evaluations(run)
-    calibrated = (run / "policy" / "calibration.json").exists()
+    if calibrated is None:
+        calibrated = (run / "policy" / "calibration.json").exists()
     lines += _reproduce(policy, chain, calibrated)
     lines += [
         "",

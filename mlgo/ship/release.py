@@ -26,7 +26,7 @@ def release(policy: Path, out: Path, aot: bool = True, card: str | None = None) 
     with AOT also the AOT-compiled model, the native policy server and, where the problem
     has one, the clang plugin."""
     from mlgo.ship.export import export_saved_model
-    from mlgo.ship.modelcard import model_card
+    from mlgo.ship.modelcard import model_card, policy_run
 
     pdir = policy_dir(policy)
     loaded = load_policy(pdir)
@@ -34,7 +34,9 @@ def release(policy: Path, out: Path, aot: bool = True, card: str | None = None) 
         saved = export_saved_model(loaded, out)
         for name in ("policy.npz", "normalization.json", "policy.json"):
             shutil.copyfile(pdir / name, out / name)
-        atomic_write_text(out / "MODEL_CARD.md", card or model_card(loaded, pdir.parent))
+        calibrated = (pdir / "calibration.json").exists()
+        card = card or model_card(loaded, policy_run(pdir), calibrated)
+        atomic_write_text(out / "MODEL_CARD.md", card)
     result = Release(saved, out / "MODEL_CARD.md")
     if aot:
         from mlgo.llvm.toolchain import find_toolchain
