@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -254,7 +256,7 @@ def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
 ):
     """The whole recipe on the small corpus, with the second ES stage: each run starts
     from the one before, the mixed one with the per-package penalty; the calibrated policy
-    and every stage's seconds are recorded; a rerun trains nothing again."""
+    and every stage's seconds are recorded, a stopped one's too; a rerun trains nothing again."""
     corpus, out = str(mini_corpus.root), tmp_path / "recipe"
     cmd = [sys.executable, "-m", "tools.train_inlining_size", "--train", corpus]
     cmd += ["--validation", corpus, "--out", str(out), "--es-packages", "minipkg"]
@@ -266,6 +268,14 @@ def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
         "no package(s) nosuch in corpus"
     )
     assert not out.exists()
+    stopped = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not (out / "bc").exists():  # a stopped job: its stage's seconds still count
+        assert stopped.poll() is None, "finished before its first stage was seen"
+        time.sleep(0.05)
+    stopped.send_signal(signal.SIGTERM)
+    assert stopped.wait(120) == 128 + signal.SIGTERM
+    assert json.loads((out / "recipe.json").read_text())["seconds"]["bc"] > 0
+    assert not train_inlining_size.done(out, "bc")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     record = json.loads((out / "recipe.json").read_text())

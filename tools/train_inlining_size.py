@@ -19,14 +19,17 @@ validation.
 
 Writes OUT/recipe.json: each stage's wall seconds, their total, and the calibrated policy's
 guarded change of the validation split; the policy is OUT/policy. A stage whose output is
-complete is not run again; one that was killed resumes, as `mlgo train` does, and its
-seconds are added up over the invocations that ran it.
+complete is not run again; one that was stopped resumes, as `mlgo train` does, and its
+seconds are added up over the invocations that ran it (a stop by SIGTERM or Ctrl-C counts
+its seconds; SIGKILL's are lost).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
+import sys
 import time
 from contextlib import closing
 from pathlib import Path
@@ -93,34 +96,43 @@ def kept(calibration: dict) -> dict:
     }
 
 
-def run_stage(stage: str, args: argparse.Namespace, tc: Toolchain, pool: Workers) -> None:
+def stage_corpora(args: argparse.Namespace) -> dict[str, Corpus]:
+    """The part of the train split each training stage runs on. Every package name is
+    checked here, before any stage runs: one not in the corpus is a CorpusError."""
+    train = load_corpus(args.train).require(get_problem(PROBLEM))
+    es = es_packages(train, args.es_packages)
+    mix = args.mix_packages.split(",") if args.mix_packages else []
+    return {
+        "bc": train,
+        "es": train.select(es),
+        "es-mix": train.select(sorted({*es, *mix})),
+        "bcmax": train,
+    }
+
+
+def run_stage(
+    stage: str, args: argparse.Namespace, corpora: dict[str, Corpus], tc: Toolchain, pool: Workers
+) -> None:
     """STAGE, by the library calls `mlgo train` and `mlgo calibrate` make."""
-    problem, out = get_problem(PROBLEM), args.out
+    out = args.out
     if stage == "calibrate":
-        validation = load_corpus(args.validation).require(problem)
+        validation = load_corpus(args.validation).require(get_problem(PROBLEM))
         policy = policy_dir(out / "bcmax")
         calibrate_policy(policy, validation, tc, pool, out / "policy", guard="size")
         return
-    train = load_corpus(args.train).require(problem)
-    es = es_packages(train, args.es_packages)
-    mix = args.mix_packages.split(",") if args.mix_packages else []
-    bcmax_start = out / ("es-mix" if mix else "es")
-    stages = {
-        "bc": (TrainOptions(), train),
-        "es": (
-            TrainOptions(init=out / "bc", max_seconds=60 * args.es_minutes),
-            train.select(es),
+    options = {
+        "bc": TrainOptions(),
+        "es": TrainOptions(init=out / "bc", max_seconds=60 * args.es_minutes),
+        "es-mix": TrainOptions(
+            init=out / "es", max_seconds=60 * args.mix_minutes, regression_penalty=1.0
         ),
-        "es-mix": (
-            TrainOptions(
-                init=out / "es", max_seconds=60 * args.mix_minutes, regression_penalty=1.0
-            ),
-            train.select(sorted({*es, *mix})),
+        "bcmax": TrainOptions(
+            init=out / ("es-mix" if args.mix_packages else "es"),
+            max_seconds=60 * args.bcmax_minutes,
         ),
-        "bcmax": (TrainOptions(init=bcmax_start, max_seconds=60 * args.bcmax_minutes), train),
     }
-    opts, corpus = stages[stage]
-    run("es" if stage == "es-mix" else stage, corpus, problem, out / stage, tc, pool, opts)
+    algo = "es" if stage == "es-mix" else stage
+    run(algo, corpora[stage], get_problem(PROBLEM), out / stage, tc, pool, options[stage])
 
 
 def main() -> None:
@@ -139,6 +151,12 @@ def main() -> None:
         seconds = json.loads(record.read_text())["seconds"] if record.exists() else {}
     except (ValueError, KeyError, TypeError) as e:
         parser.error(f"{record}: not this tool's record ({e!r}); move it away to time afresh")
+    try:
+        corpora = stage_corpora(args)
+    except MlgoError as e:  # a package not in the corpus, a corpus not built, ...
+        parser.exit(1, f"error: {e}\n")
+    # A stopped stage (a killed job, Ctrl-C) has its seconds counted before it ends.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     tc = find_toolchain()
     with closing(make_workers("local")) as pool:
         for stage in STAGES:
@@ -146,11 +164,12 @@ def main() -> None:
                 continue
             start = time.monotonic()
             try:
-                run_stage(stage, args, tc, pool)
-            except MlgoError as e:  # a package not in the corpus, a corpus not built, ...
+                run_stage(stage, args, corpora, tc, pool)
+            except MlgoError as e:  # the validation split not built, ...
                 parser.exit(1, f"error: {e}\n")
-            seconds[stage] = seconds.get(stage, 0.0) + time.monotonic() - start
-            atomic_write_text(record, json.dumps(summary(seconds, None), indent=1))
+            finally:
+                seconds[stage] = seconds.get(stage, 0.0) + time.monotonic() - start
+                atomic_write_text(record, json.dumps(summary(seconds, None), indent=1))
     calibration = json.loads((args.out / "policy" / "calibration.json").read_text())
     result = summary(seconds, kept(calibration))
     atomic_write_text(record, json.dumps(result, indent=1))
