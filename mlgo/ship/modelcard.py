@@ -81,10 +81,13 @@ def _trained(run: Path) -> Evaluation | None:
         return None
 
 
-def _chain(run: Path, state: dict) -> list[tuple[str, dict, Evaluation | None]]:
-    """The run at RUN and each run it started from, the first first: (its name, its state,
-    its evaluation on what it trained on). A start that is a policy, or gone, ends it."""
-    chain, seen = [(run.name, state, _trained(run))], {run.resolve()}
+def _chain(
+    run: Path, state: dict, trained: Evaluation | None
+) -> list[tuple[str, dict, Evaluation | None]]:
+    """The run at RUN (its STATE, its evaluation TRAINED) and each run it started from, the
+    first first: (its name, its state, its evaluation on what it trained on). A start that
+    is a policy, or gone, ends it."""
+    chain, seen = [(run.name, state, trained)], {run.resolve()}
     while init := chain[-1][1].get("extra", {}).get("config", {}).get("init"):
         start = Path(init)
         try:
@@ -177,7 +180,8 @@ def model_card(policy: MLPPolicy, run: Path, calibrated: bool | None = None) -> 
             f"- training-pool {problem.reward_metric} reduction: start "
             f"{extra['init_reward']:+.2%}, best {extra['best_reward']:+.2%}"
         )
-    chain = _chain(run, state)
+    evaluations = _evaluations(run)
+    chain = _chain(run, state, dict(evaluations).get("eval"))
     if len(chain) > 1:  # what training it from scratch costs
         states = [st for _, st, _ in chain]
         lines.append(
@@ -185,7 +189,6 @@ def model_card(policy: MLPPolicy, run: Path, calibrated: bool | None = None) -> 
             f"{sum(st.get('compiles', 0) for st in states):,} compilations, "
             f"{sum(st.get('seconds', 0.0) for st in states) / 60:.0f} minutes of training"
         )
-    evaluations = _evaluations(run)
     if calibrated is None:
         calibrated = (run / "policy" / "calibration.json").exists()
     lines += _reproduce(policy, chain, calibrated)
