@@ -155,9 +155,9 @@ def _reproduce(
     return [*lines, "```"]
 
 
-def model_card(policy: MLPPolicy, run: Path, calibrated: bool | None = None) -> str:
-    """POLICY's card from what its RUN recorded; CALIBRATED (by default: whether the run's
-    own policy was) adds the calibration to what reproduces it."""
+def model_card(policy: MLPPolicy, run: Path, calibrated: bool = False) -> str:
+    """POLICY's card from what its RUN recorded; CALIBRATED adds the calibration to what
+    reproduces it."""
     state = json.loads((run / "state.json").read_text()) if (run / "state.json").exists() else {}
     problem = policy.problem
     lines = [
@@ -189,8 +189,6 @@ def model_card(policy: MLPPolicy, run: Path, calibrated: bool | None = None) -> 
             f"{sum(st.get('compiles', 0) for st in states):,} compilations, "
             f"{sum(st.get('seconds', 0.0) for st in states) / 60:.0f} minutes of training"
         )
-    if calibrated is None:
-        calibrated = (run / "policy" / "calibration.json").exists()
     lines += _reproduce(policy, chain, calibrated)
     lines += [
         "",
