@@ -139,6 +139,19 @@ def test_a_time_budget_shrinks_each_search_to_a_share_of_the_time_left():
     assert iteration_budget(replace(cfg, max_seconds=0), 0, 100.0) == 48  # no time budget
 
 
+@pytest.mark.unit
+def test_a_time_budget_expects_the_next_search_at_the_least_budget_unless_it_is_done():
+    from types import SimpleNamespace
+
+    from mlgo.train.bcmax import MIN_BUDGET, BCMax
+
+    trainer = BCMax(BCMaxConfig(max_seconds=3600))
+    trainer.seconds, trainer.slow = np.array([1.0, 2.0, 30.0]), np.array([False, False, True])
+    run = SimpleNamespace(state=SimpleNamespace(extra={"wall_per_second": 0.5, "searched": 2}))
+    assert trainer.next_step_seconds(run, 2) == 0.5 * (MIN_BUDGET * 3.0 + 30.0)
+    assert trainer.next_step_seconds(run, 1) == 0.0  # searched before a kill: cloning is left
+
+
 def test_each_round_flips_decisions_not_tried_yet_least_sure_first(shipped, mini_corpus):
     from mlgo.train.bcmax import Trajectory, _Search
 

@@ -45,6 +45,7 @@ class WalkConfig:
     eval_every: int = 1
     killed_in: int = 0  # the step a kill stops halfway (0: none)
     seconds_per_step: float = 0.0
+    expected_seconds: float = 0.0  # what it says each step will take (0: it cannot tell)
 
 
 class Walk(Trainer[WalkConfig]):
@@ -76,6 +77,9 @@ class Walk(Trainer[WalkConfig]):
             return Step({"walk/moved": 1.0})
         scored = Candidate(self.init.with_flat(self.theta), self.config.rewards[number])
         return Step({"walk/moved": 1.0, "walk/pool_reward": scored.reward}, scored)
+
+    def next_step_seconds(self, run: Session, steps_done: int) -> float:
+        return self.config.expected_seconds
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"theta": self.theta}
@@ -149,6 +153,18 @@ def test_the_time_budget_counts_over_resumes_and_its_last_step_is_scored(start, 
     assert [h["step"] for h in outcome.state.history] == [1, 2, 3]
     assert "walk/pool_reward" not in outcome.state.history[1]  # neither 5th nor last
     assert outcome.state.extra["config"]["max_seconds"] == 3600  # this invocation's
+
+
+def test_a_step_expected_to_end_past_the_budget_is_not_begun_but_the_first_always_is(
+    start, scalars, tmp_path
+):
+    long = WalkConfig(steps=50, max_seconds=3600, expected_seconds=4000, eval_every=5)
+    outcome = walk(long, start, tmp_path)
+    assert outcome.state.step == 1  # a second would end past 4000 s
+    assert outcome.state.history[-1]["walk/pool_reward"] == 0.1  # scored: the last
+    assert walk(long, start, tmp_path).state.step == 1  # a rerun begins none either
+    outcome = walk(replace(long, steps=3, expected_seconds=0), start, tmp_path)
+    assert outcome.state.step == 3  # the budget itself is far from spent
 
 
 def test_a_trainer_registered_with_one_line_is_run_by_name(start, monkeypatch, tmp_path):

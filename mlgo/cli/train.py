@@ -108,7 +108,8 @@ def train(
         float,
         typer.Option(
             help="es, ppo, bcmax: stop between steps after this much training, over all resumes "
-            "(0: no limit); the best policy so far is kept",
+            "(0: no limit), or before a BC-Max search that would end past it; the best policy "
+            "so far is kept",
             callback=non_negative,
         ),
     ] = 0.0,

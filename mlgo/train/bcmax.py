@@ -520,17 +520,25 @@ class BCMax(Trainer[BCMaxConfig]):
         metrics = {**searched, "bcmax/clone_accuracy": acc["accuracy"]}
         return Step(metrics, Candidate(current, searched["bcmax/pool_reward"]))
 
+    def next_step_seconds(self, run: Session, steps_done: int) -> float:
+        """The search of that step at the least budget, as the last search measured the
+        machine (none left to do if a kill came while cloning after it)."""
+        if run.state.extra["searched"] > steps_done:
+            return 0.0
+        searched_pass, slow_pass = self._passes(run)
+        return MIN_BUDGET * searched_pass + slow_pass
+
+    def _passes(self, run: Session) -> tuple[float, float]:
+        """The wall time of one compile of every searched module and of every slow one, as
+        the last search measured the machine."""
+        pace = run.state.extra["wall_per_second"]
+        return pace * self.seconds[~self.slow].sum(), pace * self.seconds[self.slow].sum()
+
     def _search(self, run: Session, current: MLPPolicy) -> dict[str, float]:
         """Every pool module searched from CURRENT, within a budget the time left affords;
         the best trajectories kept, and what the search found."""
         cfg, extra = self.config, run.state.extra
-        pace = extra["wall_per_second"]
-        budget = iteration_budget(
-            cfg,
-            cfg.max_seconds - run.elapsed(),
-            pace * self.seconds[~self.slow].sum(),
-            pace * self.seconds[self.slow].sum(),
-        )
+        budget = iteration_budget(cfg, cfg.max_seconds - run.elapsed(), *self._passes(run))
         search = SearchConfig(budget=budget, temperature=cfg.temperature)
         tasks = [
             SearchTask(

@@ -2,7 +2,8 @@
 
 A trainer says how to set up and how to take one step; the loop does what every run does
 around the steps: it resumes from the run directory's checkpoint, counts the steps and the
-training time against the budget (summed over resumes, checked between steps), keeps the
+training time against the budget (summed over resumes, checked between steps: a step the
+trainer expects to end past it is not begun), keeps the
 best policy the steps scored on the training pool (saved as soon as it is found, so that a
 stopped run keeps its best), records the history and TensorBoard scalars, and draws the
 progress bar. A new trainer is a `Trainer` subclass in a module of its own, registered in
@@ -124,6 +125,12 @@ class Trainer(ABC, Generic[ConfigT]):
         """Once the steps are over: a last policy scored on the pool, if any."""
         return None
 
+    def next_step_seconds(self, run: Session, steps_done: int) -> float:
+        """The least training time the step after STEPS_DONE steps will take, as far as the
+        trainer can tell (0: it cannot): a time budget does not begin a step that would end
+        past it."""
+        return 0.0
+
     def train(
         self,
         corpus: Corpus,
@@ -171,7 +178,7 @@ class Session:
 
     def ends_here(self) -> bool:
         """Whether the run ends after the current step: its last, or the budget is spent."""
-        return _stops_after(self.trainer.config, self.state.step + 1, self.elapsed())
+        return self._stops_after(self.state.step + 1, self.elapsed())
 
     def due(self, every: int) -> bool:
         """Whether the current step is one to score on the pool: every EVERY-th step, and
@@ -190,7 +197,7 @@ class Session:
         self._start()
         self.bar.update(job, completed=self.state.step)
         self._since = time.monotonic()  # setting up is not training
-        while not _stops_after(config, self.state.step, self.state.seconds):
+        while not self._stops_after(self.state.step, self.state.seconds):
             step = trainer.step(self)
             last = self.ends_here()
             self.state.step += 1
@@ -239,6 +246,20 @@ class Session:
             self.best = candidate.policy.flat()
             save_policy(candidate.policy, self.run_dir.policy_dir)
 
+    def _stops_after(self, steps_done: int, seconds: float) -> bool:
+        """Whether the run stops once STEPS_DONE steps and SECONDS of training (summed over
+        resumes) are behind it: it reached its steps, or its time budget (0: none) is spent
+        or would be by the next step (a run takes one step whatever it costs). Checked
+        between steps, so a budget ends the run with a whole step and its best policy so
+        far."""
+        config = self.trainer.config
+        if steps_done >= config.steps:
+            return True
+        if not config.max_seconds:
+            return False
+        ahead = self.trainer.next_step_seconds(self, steps_done) if steps_done else 0.0
+        return config.max_seconds <= seconds + ahead
+
     def _book_time(self) -> None:
         now = time.monotonic()
         self.state.seconds += now - self._since
@@ -252,10 +273,3 @@ class Session:
         label = self.trainer.reward_label(problem) if self.reward is None else self.reward.label
         best = self.state.extra["best_reward"]
         return f"{self.trainer.title} (best so far: {label} {-best:+.2%} against the default)"
-
-
-def _stops_after(config: Budget, steps_done: int, seconds: float) -> bool:
-    """Whether a run stops once STEPS_DONE steps and SECONDS of training (summed over
-    resumes) are behind it: it reached its steps, or its time budget (0: none). Checked
-    between steps, so a budget ends the run with a whole step and its best policy so far."""
-    return steps_done >= config.steps or 0 < config.max_seconds <= seconds
