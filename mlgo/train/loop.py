@@ -3,11 +3,10 @@
 A trainer says how to set up and how to take one step; the loop does what every run does
 around the steps: it resumes from the run directory's checkpoint, counts the steps and the
 training time against the budget (summed over resumes, checked between steps: a step the
-trainer expects to end past it is not begun), keeps the
-best policy the steps scored on the training pool (saved as soon as it is found, so that a
-stopped run keeps its best), records the history and TensorBoard scalars, and draws the
-progress bar. A new trainer is a `Trainer` subclass in a module of its own, registered in
-mlgo.train.registry.
+trainer expects to end past it is not begun), keeps the best policy the steps scored on the
+training pool (saved as soon as it is found, so that a stopped run keeps its best), records
+the history and TensorBoard scalars, and draws the progress bar. A new trainer is a
+`Trainer` subclass in a module of its own, registered in mlgo.train.registry.
 """
 
 from __future__ import annotations
@@ -177,7 +176,8 @@ class Session:
         return self.state.seconds + time.monotonic() - self._since
 
     def ends_here(self) -> bool:
-        """Whether the run ends after the current step: its last, or the budget is spent."""
+        """Whether the run ends after the current step: its last, or the budget is spent or
+        would be by the next."""
         return self._stops_after(self.state.step + 1, self.elapsed())
 
     def due(self, every: int) -> bool:
