@@ -272,6 +272,8 @@ def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
     while not (out / "bc").exists():  # a stopped job: its stage's seconds still count
         assert stopped.poll() is None, "finished before its first stage was seen"
         time.sleep(0.05)
+    time.sleep(0.5)  # the record keeps tenths: a stage stopped at once would count 0.0
+    assert stopped.poll() is None, "finished before it could be stopped"
     stopped.send_signal(signal.SIGTERM)
     assert stopped.wait(120) == 128 + signal.SIGTERM
     assert json.loads((out / "recipe.json").read_text())["seconds"]["bc"] > 0
