@@ -246,9 +246,13 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
     assert (kept["change_pct"], kept["packages_larger"]) == (-0.2, [])
     never = train_inlining_size.kept({**calibration, "threshold": 1.0, "languages": None})
     assert (never["change_pct"], never["packages_larger"]) == (0.0, [])
-    record = train_inlining_size.summary({"calibrate": 60.0, "bc": 120.0}, kept)
+    record = train_inlining_size.summary({"calibrate": 60.0, "bc": 120.0}, ["calibrate"], kept)
     assert list(record["seconds"]) == ["bc", "calibrate"] and record["total_minutes"] == 3.0
-    assert not train_inlining_size.done(tmp_path, "bc")
+    (tmp_path / "recipe.json").write_text(json.dumps(record))
+    assert train_inlining_size.read_record(tmp_path / "recipe.json") == (
+        {"bc": 120.0, "calibrate": 60.0},
+        ["calibrate"],
+    )
 
 
 def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
@@ -276,12 +280,13 @@ def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
     assert stopped.poll() is None, "finished before it could be stopped"
     stopped.send_signal(signal.SIGTERM)
     assert stopped.wait(120) == 128 + signal.SIGTERM
-    assert json.loads((out / "recipe.json").read_text())["seconds"]["bc"] > 0
-    assert not train_inlining_size.done(out, "bc")
+    stopped_record = json.loads((out / "recipe.json").read_text())
+    assert stopped_record["seconds"]["bc"] > 0 and stopped_record["finished"] == []
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     record = json.loads((out / "recipe.json").read_text())
-    assert list(record["seconds"]) == ["bc", "es", "es-mix", "bcmax", "calibrate"]
+    assert list(record["seconds"]) == record["finished"] == list(train_inlining_size.STAGES)
+    assert not any((out / stage / "eval").exists() for stage in record["finished"])
     assert record["validation"]["packages_larger"] == []
     for run, init, penalty in (("es", "bc", 0.0), ("es-mix", "es", 1.0), ("bcmax", "es-mix", None)):
         config = json.loads((out / run / "state.json").read_text())["extra"]["config"]
@@ -292,13 +297,17 @@ def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
 
 
 @pytest.mark.unit
-def test_recipe_refuses_a_record_it_cannot_read_in_one_line_and_keeps_it(tmp_path):
+@pytest.mark.parametrize(
+    "text",
+    ['{"seconds": ', '{"seconds": {"bc": 1.0}}', '{"seconds": {}, "finished": ["nosuch"]}'],
+)
+def test_recipe_refuses_a_record_it_cannot_read_in_one_line_and_keeps_it(tmp_path, text):
     record = tmp_path / "recipe.json"
-    record.write_text('{"seconds": ')
+    record.write_text(text)
     cmd = [sys.executable, "-m", "tools.train_inlining_size", "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"{record}: not this tool's record" in r.stderr.splitlines()[-1]
-    assert record.read_text() == '{"seconds": '
+    assert record.read_text() == text
 
 
 @pytest.mark.unit

@@ -17,9 +17,11 @@ validation.
 4. BC-Max from the last ES policy on the whole train split, rewarded by `text_once`.
 5. Its departure threshold calibrated on validation as the size guard serves it.
 
-Writes OUT/recipe.json: each stage's wall seconds, their total, and the calibrated policy's
-guarded change of the validation split; the policy is OUT/policy. A stage whose output is
-complete is not run again; one that was stopped resumes, as `mlgo train` does, and its
+Writes OUT/recipe.json: each stage's wall seconds, their total, the stages finished, and
+the calibrated policy's guarded change of the validation split; the policy is OUT/policy.
+No training stage is evaluated on the training corpus (`mlgo train` would): only the
+calibration's judgement on validation is read, and the time goes to training. A finished
+stage is not run again; one that was stopped resumes, as `mlgo train` does, and its
 seconds are added up over the invocations that ran it (a stop by SIGTERM or Ctrl-C counts
 its seconds; SIGKILL's are lost).
 """
@@ -42,7 +44,7 @@ from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Workers, make_workers
 from mlgo.train import policy_dir
 from mlgo.train.calibrate import calibrate_policy, options
-from mlgo.train.run import TrainOptions, run
+from mlgo.train.run import TrainOptions, train_run
 
 PROBLEM = "inlining-size"
 STAGES = ("bc", "es", "es-mix", "bcmax", "calibrate")
@@ -60,20 +62,31 @@ def es_packages(corpus: Corpus, given: str) -> list[str]:
     return sorted(corpus.packages()) if given == "all" else given.split(",")
 
 
-def done(out: Path, stage: str) -> bool:
-    """Whether STAGE's output in OUT is whole: a run's evaluation is written after its
-    training, a calibration's record with its policy."""
-    if stage == "calibrate":
-        return (out / "policy" / "calibration.json").is_file()
-    return (out / stage / "eval" / "eval.json").is_file()
+def read_record(record: Path) -> tuple[dict[str, float], list[str]]:
+    """OUT/recipe.json's seconds per stage and the stages finished (none if no record);
+    a ValueError if it is not this tool's."""
+    if not record.exists():
+        return {}, []
+    try:
+        data = json.loads(record.read_text())
+        seconds, finished = dict(data["seconds"]), list(data["finished"])
+    except (KeyError, TypeError) as e:
+        raise ValueError(repr(e)) from None
+    if not set(finished) <= set(STAGES) or not all(
+        isinstance(v, int | float) for v in seconds.values()
+    ):
+        raise ValueError("a stage or its seconds unknown")
+    return seconds, finished
 
 
-def summary(seconds: dict[str, float], validation: dict | None) -> dict:
-    """recipe.json: each stage's seconds, the total in minutes, and the kept threshold's
-    judgement on validation (its change and the packages it made larger)."""
+def summary(seconds: dict[str, float], finished: list[str], validation: dict | None) -> dict:
+    """recipe.json: each stage's seconds, the total in minutes, the stages finished, and
+    the kept threshold's judgement on validation (its change and the packages it made
+    larger)."""
     return {
         "seconds": {s: round(seconds[s], 1) for s in STAGES if s in seconds},
         "total_minutes": round(sum(seconds.values()) / 60, 1),
+        "finished": [s for s in STAGES if s in finished],
         "validation": validation,
     }
 
@@ -132,7 +145,7 @@ def run_stage(
         ),
     }
     algo = "es" if stage == "es-mix" else stage
-    run(algo, corpora[stage], get_problem(PROBLEM), out / stage, tc, pool, options[stage])
+    train_run(algo, corpora[stage], get_problem(PROBLEM), out / stage, tc, pool, options[stage])
 
 
 def main() -> None:
@@ -148,9 +161,9 @@ def main() -> None:
     args = parser.parse_args()
     record = args.out / "recipe.json"
     try:
-        seconds = json.loads(record.read_text())["seconds"] if record.exists() else {}
-    except (ValueError, KeyError, TypeError) as e:
-        parser.error(f"{record}: not this tool's record ({e!r}); move it away to time afresh")
+        seconds, finished = read_record(record)
+    except ValueError as e:  # JSONDecodeError too
+        parser.error(f"{record}: not this tool's record ({e}); move it away to time afresh")
     try:
         corpora = stage_corpora(args)
     except MlgoError as e:  # a package not in the corpus, a corpus not built, ...
@@ -160,18 +173,19 @@ def main() -> None:
     tc = find_toolchain()
     with closing(make_workers("local")) as pool:
         for stage in STAGES:
-            if done(args.out, stage) or (stage == "es-mix" and not args.mix_packages):
+            if stage in finished or (stage == "es-mix" and not args.mix_packages):
                 continue
             start = time.monotonic()
             try:
                 run_stage(stage, args, corpora, tc, pool)
+                finished.append(stage)
             except MlgoError as e:  # the validation split not built, ...
                 parser.exit(1, f"error: {e}\n")
             finally:
                 seconds[stage] = seconds.get(stage, 0.0) + time.monotonic() - start
-                atomic_write_text(record, json.dumps(summary(seconds, None), indent=1))
+                atomic_write_text(record, json.dumps(summary(seconds, finished, None), indent=1))
     calibration = json.loads((args.out / "policy" / "calibration.json").read_text())
-    result = summary(seconds, kept(calibration))
+    result = summary(seconds, finished, kept(calibration))
     atomic_write_text(record, json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 
