@@ -44,7 +44,7 @@ from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Workers, make_workers
 from mlgo.train import policy_dir
 from mlgo.train.calibrate import calibrate_policy, options
-from mlgo.train.run import TrainOptions, train_run
+from mlgo.train.run import TrainOptions, run
 
 PROBLEM = "inlining-size"
 STAGES = ("bc", "es", "es-mix", "bcmax", "calibrate")
@@ -145,7 +145,17 @@ def run_stage(
         ),
     }
     algo = "es" if stage == "es-mix" else stage
-    train_run(algo, corpora[stage], get_problem(PROBLEM), out / stage, tc, pool, options[stage])
+    problem = get_problem(PROBLEM)
+    run(
+        algo,
+        corpora[stage],
+        problem,
+        out / stage,
+        tc,
+        pool,
+        options[stage],
+        evaluate_on_corpus=False,
+    )
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """One entry point over the trainers: `run(algo, ...)` checks every input, trains with the
 registered trainer ALGO (mlgo.train.registry) into a run directory, and evaluates the
-result on the training corpus (`train_run`: the same without the evaluation)."""
+result on the training corpus."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class TrainOptions:
 
 @dataclass(kw_only=True)
 class Trained(Outcome):
-    evaluation: Evaluation  # on the training corpus, saved in OUT/eval
+    evaluation: Evaluation | None  # on the training corpus, saved in OUT/eval; None if not asked
 
 
 # Steps when only the time budget stops training (a run given minutes and no steps).
@@ -103,7 +103,7 @@ def start_policy(
     return start
 
 
-def train_run(
+def run(
     algo: str,
     corpus: Corpus,
     problem: Problem,
@@ -112,10 +112,12 @@ def train_run(
     workers: Workers,
     opts: TrainOptions = TrainOptions(),
     reward: Reward | None = None,
-) -> Outcome:
+    evaluate_on_corpus: bool = True,
+) -> Trained:
     """Trains ALGO on CORPUS into the run directory OUT (an existing run resumes), scoring
-    by REWARD if given (a search only); its policy is not evaluated (a stage that only
-    starts another). A run that cannot start writes nothing."""
+    by REWARD if given (a search only), then evaluates the policy on CORPUS (saved in
+    OUT/eval) unless told not to: a stage that only starts another has no use for it. A
+    run that cannot start writes nothing."""
     trainer_type = get_trainer(algo)
     if reward is not None and not issubclass(trainer_type, Trainer):  # a search scores
         raise UsageError(f"--algo {algo} imitates the default's answers: it scores no reward")
@@ -127,21 +129,9 @@ def train_run(
     start = start_policy(algo, opts.init, problem, opts.keep_gate)
     trainer = trainer_type(configure(trainer_type.Config, opts))
     with output_dir(out):
-        return trainer.train(corpus, problem, start, RunDir(out, algo), tc, workers, reward)
-
-
-def run(
-    algo: str,
-    corpus: Corpus,
-    problem: Problem,
-    out: Path,
-    tc: Toolchain,
-    workers: Workers,
-    opts: TrainOptions = TrainOptions(),
-    reward: Reward | None = None,
-) -> Trained:
-    """`train_run`, then the policy evaluated on CORPUS (saved in OUT/eval)."""
-    outcome = train_run(algo, corpus, problem, out, tc, workers, opts, reward)
+        outcome = trainer.train(corpus, problem, start, RunDir(out, algo), tc, workers, reward)
+    if not evaluate_on_corpus:
+        return Trained(**vars(outcome), evaluation=None)
     evaluation = evaluate(outcome.policy, corpus, tc, workers, problem)
     evaluation.save(out / "eval")
     return Trained(**vars(outcome), evaluation=evaluation)
