@@ -145,17 +145,8 @@ def run_stage(
         ),
     }
     algo = "es" if stage == "es-mix" else stage
-    problem = get_problem(PROBLEM)
-    run(
-        algo,
-        corpora[stage],
-        problem,
-        out / stage,
-        tc,
-        pool,
-        options[stage],
-        evaluate_on_corpus=False,
-    )
+    problem, opts = get_problem(PROBLEM), options[stage]
+    run(algo, corpora[stage], problem, out / stage, tc, pool, opts, evaluate_on_corpus=False)
 
 
 def main() -> None:
