@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -20,7 +21,8 @@ import pytest
 from mlgo.corpus.record import work_dir
 from mlgo.runtime.files import cache_dir, content_cached
 from mlgo.runtime.trust import UntrustedPathError, private_dir
-from mlgo.serve.guard import put_in_place
+from mlgo.serve.cc import build_native_wrapper
+from mlgo.serve.guard import GUARD_SCRATCH, put_in_place
 from tests import test_guard, test_security, test_service, test_trust
 from tests.cli_helpers import mlgo, one_line_error
 from tests.test_security import NOBODY, start_fake
@@ -273,6 +275,35 @@ def test_the_kept_object_crosses_file_systems_into_a_new_file(tmp_path):
         for path in scratch.iterdir():
             path.unlink()
         scratch.rmdir()
+
+
+def test_the_guard_crosses_file_systems(inline_all, tc, tmp_path):
+    """The runtime directory on a tmpfs, the build tree elsewhere: the native wrapper (with
+    no interpreter to hand over to) and the Python one keep clang's smaller object, copied
+    into place, and leave nothing behind in either directory."""
+    if not Path("/dev/shm").is_dir() or os.stat("/dev/shm").st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on another file system")
+    native = tmp_path / "bin" / "mlgo-cc"
+    native.parent.mkdir()
+    build_native_wrapper(native, python=str(tmp_path / "no-python"))
+    build = tmp_path / "build"
+    build.mkdir()
+    args = ["-Oz", "-c", str(test_guard.HASH), "-o", "hash.o"]
+    test_guard.plain(tc, args, cwd=build)
+    default = (build / "hash.o").read_bytes()
+    runtime = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    service = test_service.Service(runtime, "--policy", str(inline_all), "--backend", "python")
+    try:
+        for wrapper in ([str(native)], test_service.MLGO_CC):
+            (build / "hash.o").unlink()
+            r = test_guard.run([*wrapper, *args], service.env(MLGO_GUARD="size"), cwd=build)
+            assert r.returncode == 0 and not r.stderr, r.stderr
+            assert (build / "hash.o").read_bytes() == default
+            assert [p.name for p in build.iterdir()] == ["hash.o"]
+            assert not list(runtime.glob(f"{GUARD_SCRATCH}*"))
+    finally:
+        service.stop()
+        shutil.rmtree(runtime)
 
 
 # -- 4. Ray's bitcode cache: private, and each file's hash checked before it is used --------

@@ -93,8 +93,8 @@ _resolved: dict[str, Path] = {}  # resolved_dir's, per given path: once per proc
 
 
 def resolved_dir(given: str, what: str, way_out: str) -> Path:
-    """GIVEN (an absolute path) resolved the first time this process asks, created if
-    missing, and checked as `trusted_dir` checks at every call: the path to use, with no
+    """GIVEN (an absolute path) resolved the first time this process asks, then created if
+    missing and checked as `trusted_dir` checks at every call: the path to use, with no
     symbolic link in it, the same for the life of the process. Refused, in one line naming
     WHAT and WAY_OUT, if GIVEN is relative (it would mean another directory wherever a build
     changes into) or passes a link another user owns (`foreign_link`)."""
@@ -105,13 +105,11 @@ def resolved_dir(given: str, what: str, way_out: str) -> Path:
             )
         if problem := foreign_link(given):
             raise UntrustedPathError(f"refusing {what} {given}: {problem}; {way_out}")
-        real = trusted_dir(Path(os.path.realpath(given)), what, way_out)
-        if os.path.realpath(real) != str(real):  # a link made in place of a missing directory
-            raise UntrustedPathError(
-                f"refusing {what} {given}: it changed while checked; {way_out}"
-            )
-        _resolved[given] = real
-    return check_trusted(_resolved[given], what, way_out)
+        _resolved[given] = Path(os.path.realpath(given))
+    real = trusted_dir(_resolved[given], what, way_out)
+    if os.path.realpath(real) != str(real):  # a link made in place of a missing directory
+        raise UntrustedPathError(f"refusing {what} {given}: {real} is now a link; {way_out}")
+    return real
 
 
 def private_dir(path: Path, what: str, way_out: str) -> Path:

@@ -398,22 +398,21 @@ static double timeout_s(void) {
   return value;
 }
 
-/* mlgo.runtime.trust.foreign_link: does PATH, as given, pass a symbolic link another user owns? */
+/* mlgo.runtime.trust.foreign_link: does the path GIVEN pass a symbolic link another user owns? */
 static int foreign_link(const char *given) {
   char path[PATH_MAX];
   struct stat st;
-  if (snprintf(path, sizeof path, "%s", given) >= (int)sizeof path) return 1;
-  for (char *slash = path; slash; slash = strchr(slash + 1, '/')) {
-    char kept = *slash;
-    *slash = 0;
-    int missing = path[0] && lstat(path, &st) != 0;
-    int theirs = path[0] && !missing && S_ISLNK(st.st_mode) && st.st_uid != getuid() &&
-                 st.st_uid != 0;
-    *slash = kept;
-    if (missing) return 0;
+  if (snprintf(path, sizeof path, "%s", given) >= (int)sizeof path || path[0] != '/') return 1;
+  for (char *end = path + 1;; end++) { /* each component: the path up to it */
+    if (*end && *end != '/') continue;
+    char kept = *end;
+    *end = 0;
+    int gone = lstat(path, &st) != 0;
+    int theirs = !gone && S_ISLNK(st.st_mode) && st.st_uid != getuid() && st.st_uid != 0;
+    *end = kept;
     if (theirs) return 1;
+    if (gone || !kept) return 0; /* nothing further on is a link */
   }
-  return lstat(path, &st) == 0 && S_ISLNK(st.st_mode) && st.st_uid != getuid() && st.st_uid != 0;
 }
 
 /* Where the lease's plugins must come from: mlgo.runtime.files.cache_dir()/plugin, resolved
@@ -431,7 +430,7 @@ static int plugin_cache(char *out) {
     n = snprintf(given, sizeof given, "%s/.cache/mlgo", home);
   else
     return 0;
-  if (n >= (int)sizeof given || given[0] != '/' || foreign_link(given) || !realpath(given, real))
+  if (n >= (int)sizeof given || foreign_link(given) || !realpath(given, real))
     return 0;
   return snprintf(out, PATH_MAX, "%s/plugin", real) < PATH_MAX;
 }
@@ -743,10 +742,10 @@ static int put_in_place(const char *kept, const char *obj) {
   }
   char buf[65536];
   ssize_t r;
-  while ((r = read(in, buf, sizeof buf)) > 0)
-    if (write(out, buf, (size_t)r) != r) break;
-  rc = r == 0 && close(out) == 0 && renameat(dir, tmp, dir, name) == 0 ? 0 : -1;
+  while ((r = read(in, buf, sizeof buf)) > 0 && write(out, buf, (size_t)r) == r) continue;
+  int copied = close(out) == 0 && r == 0;
   out = -1;
+  rc = copied && renameat(dir, tmp, dir, name) == 0 ? 0 : -1;
   if (rc) unlinkat(dir, tmp, 0);
 done:
   if (in >= 0) close(in);
