@@ -199,14 +199,24 @@ def test_a_link_flipped_during_a_build_never_runs_their_plugin(
 
 
 # -- 2. the runtime directory's parent -----------------------------------------------------
-def test_a_runtime_directory_in_another_users_directory_is_refused(root_only, nobodys_dir):
-    """They could rename it away: one line naming their directory and its owner; a sticky
-    root-owned directory such as /tmp is fine."""
+def test_a_runtime_directory_in_another_users_directory_is_refused(
+    cc, root_only, nobodys_dir, tmp_path
+):
+    """They could rename it away: one line naming their directory and its owner (from every
+    command, and from both wrappers, which then compile plainly); a sticky root-owned
+    directory such as /tmp is fine."""
     with pytest.raises(UntrustedPathError, match=f"{nobodys_dir} belongs to uid {NOBODY}"):
         private_dir(nobodys_dir / "mlgo", "the runtime directory", "set XDG_RUNTIME_DIR")
     assert not (nobodys_dir / "mlgo").exists()
     r = mlgo("status", env={"XDG_RUNTIME_DIR": str(nobodys_dir)})
     one_line_error(r, f"{nobodys_dir} belongs to uid {NOBODY}", "XDG_RUNTIME_DIR")
+    src, plain = canary_and_plain(tmp_path)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(nobodys_dir))
+    env.pop("MLGO_SOCKET", None)
+    out = tmp_path / "canary.o"
+    r = mlgo_cc(cc, src, out, env)
+    test_trust.assert_plain_compile(r, out, plain, f"{nobodys_dir} belongs to uid {NOBODY}")
+    assert list(nobodys_dir.iterdir()) == [], "something was made in their directory"
     sticky = Path(tempfile.mkdtemp(prefix="mlgo-sticky-"))
     try:
         sticky.chmod(0o1777)
