@@ -31,6 +31,7 @@ FILE_MARKS = {
     "test_ray.py": ("ray",),
     "test_security.py": ("security",),
     "test_trust.py": ("security",),
+    "test_trusted_paths.py": ("security",),
     "test_bad_input.py": ("security",),
     "test_bad_policy.py": ("security",),
     "test_bad_corpus.py": ("security",),

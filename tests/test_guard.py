@@ -18,7 +18,13 @@ from mlgo.llvm.cmdline import SIDE_OUTPUT_PREFIXES, SIDE_OUTPUTS, SIDE_OUTPUTS_W
 from mlgo.llvm.sizes import text_size
 from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.serve.cc import build_native_wrapper, compile_language, optimizes, source_files
-from mlgo.serve.guard import UNGUARDED, UNGUARDED_PREFIXES, default_args, guarded_object
+from mlgo.serve.guard import (
+    GUARD_SCRATCH,
+    UNGUARDED,
+    UNGUARDED_PREFIXES,
+    default_args,
+    guarded_object,
+)
 from tests import test_service
 from tests.test_service import CXX_SOURCE, MLGO_CC, SHIPPED, SOURCES, Service
 
@@ -290,8 +296,8 @@ def test_a_plugin_compile_that_made_clangs_object_is_not_compiled_again(cc, depa
 
 
 def test_a_stopped_guard_leaves_nothing_behind(cc, eager, tmp_path):
-    """make's Ctrl-C or a killed job: the wrapper dies of the signal, and its private
-    directory goes with it."""
+    """make's Ctrl-C or a killed job: the wrapper dies of the signal, and its scratch
+    directory (in the runtime directory, never beside the object) goes with it."""
     src = tmp_path / "slow.c"
     src.write_text(
         "".join(
@@ -303,12 +309,14 @@ def test_a_stopped_guard_leaves_nothing_behind(cc, eager, tmp_path):
         env=eager.env(MLGO_GUARD="size"),
         stderr=subprocess.DEVNULL,
     )
-    while not list(tmp_path.glob(".mlgo-guard-*")):
-        assert proc.poll() is None, "finished before its private directory was seen"
+    runtime = eager.socket.parent
+    while not list(runtime.glob(f"{GUARD_SCRATCH}*")):
+        assert proc.poll() is None, "finished before its scratch directory was seen"
+        assert not list(tmp_path.glob(".mlgo-guard-*")), "a scratch directory beside the object"
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == -signal.SIGTERM
-    assert not list(tmp_path.glob(".mlgo-guard-*"))
+    assert not list(runtime.glob(f"{GUARD_SCRATCH}*"))
 
 
 # Outputs the guard cannot compare: assembly, bitcode, and an object naming its own .dwo.

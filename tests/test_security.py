@@ -202,27 +202,35 @@ def test_a_policys_base_passes_both_checks_as_a_number_alone(tmp_path):
         if ok:
             check_lease_flags(flags, tmp_path)
         else:
-            with pytest.raises(ServiceError, match="a flag no lease may carry"):
+            with pytest.raises(ServiceError, match="base must be digits alone"):
                 check_lease_flags(flags, tmp_path)
 
 
+ONLY_OURS = "a lease may carry only the served problems' -mllvm options"
+NOT_OURS = "not one of the served problems' options"
+IN_CHANNELS = "a channel must be a FIFO directly in"
+IN_CACHE = "a lease may load only a plugin mlgo built there"
+DIGITS = "a policy's base must be digits alone"
+
+
 @pytest.mark.parametrize(
-    "flags",
+    "flags, why",
     [
-        ["-DPWNED=1"],
-        ["-mllvm", "-print-after-all"],
-        ["-mllvm", "-inliner-interactive-channel-base=CHANNELS/../x"],
-        ["-mllvm", "-inliner-interactive-channel-base=ELSEWHERE/x"],
-        ["-fpass-plugin=ELSEWHERE/evil.so"],
-        ["-fpass-plugin=CACHE/plugin/../evil.so"],
-        ["-mllvm"],
-        ["-mllvm", "-inline-threshold=400 -print-after-all"],
-        ["-mllvm", "-inline-threshold="],
-        ["-mllvm", "-inline-threshold=-1"],
+        (["-DPWNED=1"], ONLY_OURS),
+        (["-mllvm", "-print-after-all"], NOT_OURS),
+        (["-mllvm", "-inliner-interactive-channel-base=CHANNELS/../x"], IN_CHANNELS),
+        (["-mllvm", "-inliner-interactive-channel-base=ELSEWHERE/x"], IN_CHANNELS),
+        (["-fpass-plugin=ELSEWHERE/evil.so"], IN_CACHE),
+        (["-fpass-plugin=CACHE/plugin/../evil.so"], IN_CACHE),
+        (["-mllvm"], NOT_OURS),
+        (["-mllvm", "-inline-threshold=400 -print-after-all"], DIGITS),
+        (["-mllvm", "-inline-threshold="], DIGITS),
+        (["-mllvm", "-inline-threshold=-1"], DIGITS),
     ],
 )
-def test_flags_no_lease_may_carry_are_refused(flags, cc, canary, tmp_path):
-    """Even our own service (a fake one here) gets no say beyond its channels and plugins."""
+def test_flags_no_lease_may_carry_are_refused(flags, why, cc, canary, tmp_path):
+    """Even our own service (a fake one here) gets no say beyond its channels and plugins;
+    the warning says which flag and which rule it breaks."""
     for d in ("channels", "elsewhere", "cache/plugin"):
         (tmp_path / d).mkdir(parents=True)
     (tmp_path / "elsewhere" / "evil.so").write_bytes(b"")
@@ -237,7 +245,6 @@ def test_flags_no_lease_may_carry_are_refused(flags, cc, canary, tmp_path):
     try:
         env = dict(os.environ, MLGO_SOCKET=str(tmp_path / "mlgo.sock"))
         env["MLGO_CACHE"] = str(tmp_path / "cache")
-        why = "a flag no lease may carry"
         assert_falls_back(cc, canary, tmp_path / "canary.o", env, why)
     finally:
         fake.kill()

@@ -86,7 +86,7 @@ def channel(
     path = socket or socket_path()
     reply = by_hand(path, socket is None, {"op": "channel", "problem": problem, "ttl_s": ttl})
     base, flags = reply["base"], reply.get("flags") or []
-    check_lease_flags(flags, path.parent)
+    flags = check_lease_flags(flags, path.parent)
     if flags and flags != get_problem(problem).flags_for_serving(base):
         err.print(f"mlgo: note: this policy's channel needs: {' '.join(flags)}", highlight=False)
     print(base)

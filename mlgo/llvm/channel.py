@@ -37,7 +37,7 @@ from mlgo.llvm.log_format import (
     TimedReader,
 )
 from mlgo.runtime.lifetime import die_with_parent
-from mlgo.runtime.trust import private_dir
+from mlgo.runtime.trust import private_temp_dir
 
 # A policy sees one observation and answers the advice (an int, or an array for
 # multi-element advice).
@@ -75,11 +75,7 @@ def run_dir() -> Path:
     removes each run directory whose lock nobody holds, i.e. whose process is gone."""
     pid = os.getpid()
     if pid not in _run_dirs:
-        root = private_dir(
-            Path(tempfile.gettempdir()) / f"mlgo-{os.getuid()}",
-            "the directory for compiler channels",
-            "set TMPDIR to a directory of yours",
-        )
+        root = private_temp_dir()
         for lock in root.glob("run-*/lock"):
             try:
                 with open(lock) as f:

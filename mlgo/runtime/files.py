@@ -2,33 +2,66 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from mlgo.runtime.messages import copy_error, names_no_file, reworded
-from mlgo.runtime.trust import trusted_dir
+from mlgo.runtime.trust import (
+    path_problem,
+    private_dir,
+    private_temp_dir,
+    resolved_dir,
+    trusted_dir,
+)
 
 CACHE_WAY_OUT = "set MLGO_CACHE to a directory of yours"
+TEMP_WAY_OUT = "set TMPDIR to a directory of yours"
 
 
 def cache_dir() -> Path:
-    """The user's mlgo cache: $MLGO_CACHE, else $XDG_CACHE_HOME/mlgo, else ~/.cache/mlgo;
-    created if missing, and refused (UntrustedPathError) unless no other user could have
-    put or changed anything in it: what is built there runs as this user."""
+    """The user's mlgo cache: $MLGO_CACHE, else $XDG_CACHE_HOME/mlgo (a relative one is
+    ignored, as the XDG spec says), else ~/.cache/mlgo; created if missing, and refused
+    (UntrustedPathError) unless no other user could have put or changed anything in it:
+    what is built there runs as this user. Returned resolved (`resolved_dir`): the path that
+    was checked, the only one used. mlgo/serve/native/mlgo_cc.c finds it the same way
+    (`plugin_cache`)."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
     root = os.environ.get("MLGO_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlgo"
+        xdg if os.path.isabs(xdg) else os.path.expanduser("~/.cache"), "mlgo"
     )
-    return trusted_dir(Path(root), "the mlgo cache", CACHE_WAY_OUT)
+    return resolved_dir(root, "the mlgo cache", CACHE_WAY_OUT)
 
 
 def cache_subdir(*parts: str) -> Path:
     """CACHE/PARTS..., created writable by this user only and checked like the cache."""
     return trusted_dir(cache_dir().joinpath(*parts), "the mlgo cache", CACHE_WAY_OUT)
+
+
+def content_cached(kind: str, digest: str, suffix: str, fetch: Callable[[], bytes]) -> Path:
+    """A file DIGEST+SUFFIX holding the bytes whose sha256 is DIGEST (hex), in this user's
+    private temporary directory under KIND: the copy there if it is this user's alone and
+    its bytes still hash to DIGEST, else FETCH()'s bytes written anew. What is read from it
+    is then what was asked for, whoever wrote files near it."""
+    root = private_temp_dir()
+    directory = private_dir(root / kind, "this user's temporary directory", TEMP_WAY_OUT)
+    path = directory / f"{digest}{suffix}"
+    if (
+        path.exists()
+        and not path_problem(path)
+        and hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    ):
+        return path
+    data = fetch()
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ValueError(f"the bytes fetched for {path} do not hash to its name")
+    atomic_write_bytes(path, data)  # atomic: concurrent workers write the same bytes
+    return path
 
 
 def close_to_others(tree: Path) -> None:

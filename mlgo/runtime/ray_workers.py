@@ -7,7 +7,9 @@ A task's input file (a `ShippedFile`, such as a corpus module's bitcode) is on t
 which other nodes may not see. Its bytes are put in Ray's object store once per
 `RayWorkers` (a trainer's thousands of tasks share it) and the task carries a reference,
 not the bytes; a node fetches a file the first time one of its workers needs it and keeps
-it in a content-addressed cache, so the task reads the same content at a node-local path.
+it in a content-addressed cache (`mlgo.runtime.files.content_cached`: private to the user,
+each file's hash checked before it is used), so the task reads the same content at a
+node-local path.
 
 Faults: a task whose worker or node dies is re-run elsewhere by Ray (`RETRIES` times);
 an exception inside a task is caught in the worker (`guarded`) and comes back once as
@@ -24,14 +26,13 @@ import hashlib
 import logging
 import os
 import socket
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from mlgo.errors import UsageError
-from mlgo.runtime.files import atomic_write_bytes
+from mlgo.runtime.files import content_cached
 from mlgo.runtime.messages import error_line
 from mlgo.runtime.tasks import Failed, ShippedFile, guarded, shipped_field
 
@@ -45,7 +46,6 @@ RETRIES = 3
 # A task that still has no worker after its retries comes back Failed; other Ray errors
 # (the driver lost its cluster) stop the run.
 _LOST = (WorkerCrashedError, NodeDiedError, ObjectLostError, OutOfMemoryError)
-CACHE_DIR = Path(tempfile.gettempdir()) / "mlgo-ray-bitcode"
 # A head starts a client's session in seconds, a loaded one in a minute.
 SESSION_TIMEOUT_S = 120.0
 # Beyond a task's own timeout: worker start-up, bitcode fetch, a busy scheduler.
@@ -63,11 +63,7 @@ class _Bitcode:
 
 
 def _local_copy(bitcode: _Bitcode) -> Path:
-    path = CACHE_DIR / f"{bitcode.digest}.bc"
-    if not path.exists():
-        # atomic: concurrent workers on a node write the same bytes
-        atomic_write_bytes(path, ray.get(bitcode.ref[0]))
-    return path
+    return content_cached("ray-bitcode", bitcode.digest, ".bc", lambda: ray.get(bitcode.ref[0]))
 
 
 @ray.remote(max_retries=RETRIES, retry_exceptions=False)

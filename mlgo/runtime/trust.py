@@ -8,6 +8,11 @@ when it is sticky (like /tmp): there others may add names but not replace ours, 
 next component's own check decides. mlgo/serve/native/mlgo_cc.c checks plugins by the
 same rule (`trusted_path`).
 
+A check holds only for the path it checked: a path through a symbolic link that another user
+may replace can lead somewhere else a moment later. So a directory named by the environment
+is resolved once (`resolved_dir`), the resolved path is checked, and only that path is used
+from then on: every component of it is this user's or root's, so no one else can redirect it.
+
 Standard library only: `mlgo-cc` imports this on every compile.
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from mlgo.errors import MlgoError
@@ -39,9 +45,24 @@ def path_problem(path: str | Path, own: bool = True) -> str | None:
         owners = (uid,) if i == 0 and own else (uid, 0)
         if st.st_uid not in owners:
             return f"{part} belongs to uid {st.st_uid}, not to this user (uid {uid})"
-        sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and i > 0
+        sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and (i or not own)
         if st.st_mode & 0o022 and not sticky_dir:
             return f"{part} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def foreign_link(path: str | Path) -> str | None:
+    """The first symbolic link on PATH, as given, that another user owns (neither this user
+    nor root: they may point it elsewhere at any time), said in a few words; or None."""
+    uid = os.getuid()
+    given = Path(path)
+    for part in [*reversed(given.parents), given]:
+        try:
+            st = part.lstat()
+        except OSError:
+            return None  # not there yet: nothing further on is a link
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (uid, 0):
+            return f"{part} is a symbolic link of uid {st.st_uid}, who may point it anywhere"
     return None
 
 
@@ -68,10 +89,39 @@ def trusted_dir(path: Path, what: str, way_out: str) -> Path:
     return check_trusted(path, what, way_out)
 
 
+_resolved: dict[str, Path] = {}  # resolved_dir's, per given path: once per process
+
+
+def resolved_dir(given: str, what: str, way_out: str) -> Path:
+    """GIVEN (an absolute path) resolved the first time this process asks, then created if
+    missing and checked as `trusted_dir` checks at every call: the path to use, with no
+    symbolic link in it, the same for the life of the process. Refused, in one line naming
+    WHAT and WAY_OUT, if GIVEN is relative (it would mean another directory wherever a build
+    changes into) or passes a link another user owns (`foreign_link`)."""
+    if given not in _resolved:
+        if not os.path.isabs(given):
+            raise UntrustedPathError(
+                f"{what} {given} is a relative path; {way_out} (an absolute one)"
+            )
+        if problem := foreign_link(given):
+            raise UntrustedPathError(f"refusing {what} {given}: {problem}; {way_out}")
+        _resolved[given] = Path(os.path.realpath(given))
+    real = trusted_dir(_resolved[given], what, way_out)
+    if os.path.realpath(real) != str(real):  # a link made in place of a missing directory
+        raise UntrustedPathError(f"refusing {what} {given}: {real} is now a link; {way_out}")
+    return real
+
+
 def private_dir(path: Path, what: str, way_out: str) -> Path:
     """PATH as a directory only this user may enter (0700, made so if missing): the place
     for sockets, FIFOs and locks. Taken by another user, or open to others, it is refused
-    with a line that names its owner and WAY_OUT; it is never used or removed."""
+    with a line that names its owner and WAY_OUT; it is never used or removed. So is one in
+    a directory another user controls (they could rename it away); a sticky one such as
+    /tmp is not theirs. Returned with its parent resolved, the path that was checked."""
+    parent = Path(os.path.realpath(path.parent))
+    if problem := path_problem(parent, own=False):
+        raise UntrustedPathError(f"refusing {what} {path}: {problem}; {way_out}")
+    path = parent / path.name
     try:
         path.mkdir(mode=0o700, exist_ok=True)
         st = path.lstat()
@@ -85,3 +135,14 @@ def private_dir(path: Path, what: str, way_out: str) -> Path:
             f"(uid {os.getuid()}); {way_out}"
         )
     return path
+
+
+def private_temp_dir() -> Path:
+    """TMPDIR/mlgo-UID (made if missing, checked as `private_dir` checks): this user's
+    temporary files that others must neither read nor plant, such as compiler channels and
+    the bitcode Ray's workers cache."""
+    return private_dir(
+        Path(tempfile.gettempdir()) / f"mlgo-{os.getuid()}",
+        "this user's temporary directory",
+        "set TMPDIR to a directory of yours",
+    )

@@ -17,7 +17,8 @@ and the file is compiled again with the default heuristic, with a one-line warni
 The same happens when the socket is not this user's (mlgo.serve.client) or the lease carries a
 flag no lease may carry: only the channel options of the served problems, on a FIFO in
 this user's runtime directory, and a plugin from this user's cache of built plugins that no
-other user could have written (mlgo.runtime.trust). MLGO_STRICT=1 turns that warning into
+other user could have written (mlgo.runtime.trust), given to the compiler by the resolved
+path that was checked. MLGO_STRICT=1 turns that warning into
 an error instead. A compile that fails with the policy's flags is done again plainly: if
 that passes, the flags broke it (a plugin that does not load, a compiler that is not
 clang), which is one warning; under MLGO_STRICT the failure stands, as clang reported it.
@@ -74,6 +75,7 @@ from mlgo.serve.client import (
     socket_path,
 )
 from mlgo.serve.guard import (
+    GUARD_SCRATCH,
     GUARDS,
     guard_from_env,
     guarded_link,
@@ -385,7 +387,7 @@ def flags_by_hand(
     flags = reply.get("flags")
     if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
         raise ServiceError(f"the mlgo service sent flags that are not strings: {str(flags)[:80]}")
-    check_lease_flags(flags, path.parent)
+    flags = check_lease_flags(flags, path.parent)
     note = reply.get("note")
     linked = at_link(flags) if stage != "compile" else flags
     return linked, note if isinstance(note, str) else None
@@ -418,15 +420,18 @@ def lease_allow_list() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
     return frozenset(switches), frozenset(channels), numbered
 
 
-def check_lease_flags(flags: list[str], runtime: Path) -> None:
-    """Refuses any flag a lease may not carry (see lease_allow_list): whatever answers on the
-    socket must not get to choose what the compiler runs; nor a plugin that another user
+def check_lease_flags(flags: list[str], runtime: Path) -> list[str]:
+    """FLAGS as the compiler gets them, each plugin by its resolved path (the one checked:
+    a link on the way could be pointed elsewhere after the check). Refuses any flag a lease
+    may not carry (see lease_allow_list), saying which rule it breaks: whatever answers on
+    the socket must not get to choose what the compiler runs; nor a plugin that another user
     could have written (mlgo.runtime.trust)."""
     channels = (runtime / "channels").resolve()
     try:
-        plugins = (cache_dir() / "plugin").resolve()
+        plugins = cache_dir() / "plugin"  # resolved: mlgo.runtime.files.cache_dir
     except UntrustedPathError as e:  # nothing from that cache is loaded
         raise UntrustedError(str(e)) from e
+    checked = []
     rest = iter(flags)
     for flag in rest:
         if flag == "-mllvm":
@@ -444,15 +449,30 @@ def check_lease_flags(flags: list[str], runtime: Path) -> None:
                     and fifo.parent.resolve() == channels
                 )
             ):
+                checked += [flag, option]
                 continue
-            flag = f"-mllvm {option}"
-        elif flag.startswith(PLUGIN_FLAG) and (
-            plugins in (plugin := Path(flag.removeprefix(PLUGIN_FLAG)).resolve()).parents
-        ):
-            if problem := path_problem(plugin):  # checked as it is loaded, not only as built
-                raise UntrustedError(f"refusing the plugin {plugin}: {problem}")
-            continue
-        raise ServiceError(f"the lease carries a flag no lease may carry: {flag[:160]!r}")
+            if eq and name in channel_options:
+                why = f"a channel must be a FIFO directly in {channels}"
+            elif eq and name in numbered:
+                why = "a policy's base must be digits alone"
+            else:
+                why = "not one of the served problems' options"
+            raise ServiceError(f"the lease carries -mllvm {option[:160]!r}: {why}")
+        if not flag.startswith(PLUGIN_FLAG):
+            raise ServiceError(
+                f"the lease carries {flag[:160]!r}: a lease may carry only the served "
+                f"problems' -mllvm options and {PLUGIN_FLAG} with a plugin mlgo built"
+            )
+        plugin = Path(os.path.realpath(flag.removeprefix(PLUGIN_FLAG)))
+        if plugins not in plugin.parents:
+            raise ServiceError(
+                f"the lease carries {flag[:160]!r}: {plugin} is not in {plugins}, "
+                "and a lease may load only a plugin mlgo built there"
+            )
+        if problem := path_problem(plugin):  # checked as it is loaded, not only as built
+            raise UntrustedError(f"refusing the plugin {plugin}: {problem}")
+        checked.append(PLUGIN_FLAG + str(plugin))
+    return checked
 
 
 def check_policies(served: object) -> str | None:
@@ -489,7 +509,7 @@ def _lease(
         return None, [], None, note, None
     guard = reply.get("guard")
     try:
-        check_lease_flags(flags, path.parent)
+        flags = check_lease_flags(flags, path.parent)
         if guard is not None and guard not in GUARDS:
             raise ServiceError(f"the mlgo service asks for an unknown guard {str(guard)[:40]!r}")
     except ServiceError:
@@ -548,7 +568,7 @@ def _guard(
     """MLGO_GUARD=size after the policy's compile (or link) succeeded: the smaller output
     stays. SOURCE: what the messages name."""
     output = guarded_object(args, sources) if stage == "compile" else guarded_link(args)
-    problem = output and keep_smaller(compiler, args, output)
+    problem = output and keep_smaller(compiler, args, output, socket_path().parent)
     if not problem:
         return 0
     if strict:
@@ -693,7 +713,8 @@ NATIVE_SOURCE = Path(__file__).parent / "native" / "mlgo_cc.c"
 def native_lists() -> dict[str, list[str]]:
     """The string lists the native wrapper is built with (-D options): the lease allow-list
     of the registered problems, the LLVM options that only report, how a plugin's compile
-    tells the size guard that it made clang's own object, and the flag that names a plugin."""
+    tells the size guard that it made clang's own object, the flag that names a plugin and
+    the prefix of the guard's scratch directories."""
     switches, channels, numbered = lease_allow_list()
     return {
         "MLGO_LEASE_SWITCHES": sorted(switches),
@@ -705,6 +726,7 @@ def native_lists() -> dict[str, list[str]]:
         "MLGO_DEPARTED": [DEPARTED],
         "MLGO_ADVISED": [ADVISED],
         "MLGO_PLUGIN_FLAG": [PLUGIN_FLAG],
+        "MLGO_GUARD_SCRATCH": [GUARD_SCRATCH],
     }
 
 

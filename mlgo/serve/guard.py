@@ -2,10 +2,12 @@
 
 After the policy's compile has written the object (and everything else the command line
 asks for: dependency files, remarks, traces), the same file is compiled again with the
-default heuristic into a private directory beside the object, writing nothing else, and
-the smaller object is kept (by executable bytes, as mlgo.llvm.sizes measures them; a tie
-keeps the default's). The dependency file the policy's compile wrote stays right: both
-compiles read the same headers and name the same object.
+default heuristic into a scratch directory in the private runtime directory (never beside
+the object: another user who may write there could swap it for a link to a directory of
+root's), writing nothing else, and the smaller object is kept (by executable bytes, as
+mlgo.llvm.sizes measures them; a tie keeps the default's), put in place through one
+descriptor of the object's directory (`put_in_place`). The dependency file the policy's
+compile wrote stays right: both compiles read the same headers and name the same object.
 
 Only a compile that writes one ELF object can be guarded. Compile-and-link, -S, -emit-llvm,
 LTO bitcode, and outputs whose bytes name their own path (split DWARF's .dwo, coverage's
@@ -23,7 +25,9 @@ Python, running the two compiles at once; tests/test_guard.py holds both to agre
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -38,11 +42,14 @@ from mlgo.llvm.cmdline import (
     linker_options,
     without_outputs,
 )
+from mlgo.runtime.trust import UntrustedPathError, path_problem
 
 # The object is not plain ELF code, or its bytes name files of its own (split DWARF's .dwo,
 # coverage's .gcda), or a second compile would rewrite what the first wrote (-save-temps).
 UNGUARDED = {"-S", "-emit-llvm", "-save-temps", "--coverage", "-ftest-coverage", "-fprofile-arcs"}
 UNGUARDED_PREFIXES = ("-save-temps=", "-gsplit-dwarf")
+# The scratch directories' prefix, in the runtime directory; the native wrapper is built with it.
+GUARD_SCRATCH = "guard-"
 
 
 def guard_from_env() -> tuple[str | None, str | None]:
@@ -98,31 +105,73 @@ def default_args(args: list[str], output: Path) -> list[str]:
 STOPPING = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 
 
-def keep_smaller(compiler: str, args: list[str], obj: Path) -> str | None:
-    """With the policy's OBJ written, compiles (or links) ARGS with the default beside it and
-    keeps the smaller of the two in OBJ. Returns what went wrong (then OBJ is the policy's),
-    or None."""
+def scratch_dir(runtime: Path) -> Path:
+    """A new scratch directory (0700) in RUNTIME, resolved, if no other user could change
+    RUNTIME or a directory above it (mlgo.runtime.trust); else UntrustedPathError."""
+    real = os.path.realpath(runtime)
+    if problem := path_problem(real):
+        raise UntrustedPathError(f"refusing {real} for the guard's scratch: {problem}")
+    return Path(tempfile.mkdtemp(prefix=GUARD_SCRATCH, dir=real))
+
+
+def put_in_place(kept: Path, target: Path) -> None:
+    """KEPT (in the scratch directory) becomes TARGET, through one descriptor of TARGET's
+    directory, so that a directory swapped for a link meanwhile cannot send it elsewhere:
+    renamed, or across file systems copied into a new file beside TARGET (O_EXCL: never one
+    someone put there) that is renamed over it."""
+    directory = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            os.rename(kept, target.name, dst_dir_fd=directory)
+            return
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        mode = kept.stat().st_mode & 0o777
+        while True:
+            temp = f".{target.name[:200]}.{secrets.token_hex(4)}"
+            try:
+                fd = os.open(temp, flags, mode, dir_fd=directory)
+                break
+            except FileExistsError:
+                continue
+        try:
+            with open(fd, "wb") as out, kept.open("rb") as source:
+                shutil.copyfileobj(source, out)
+            os.rename(temp, target.name, src_dir_fd=directory, dst_dir_fd=directory)
+        except BaseException:
+            os.unlink(temp, dir_fd=directory)
+            raise
+    finally:
+        os.close(directory)
+
+
+def keep_smaller(compiler: str, args: list[str], obj: Path, runtime: Path) -> str | None:
+    """With the policy's OBJ written, compiles (or links) ARGS with the default into a scratch
+    directory in RUNTIME and keeps the smaller of the two in OBJ. Returns what went wrong
+    (then OBJ is the policy's), or None."""
     from mlgo.llvm.sizes import text_size
     from mlgo.runtime.messages import error_line
 
     if not obj.is_file():  # -o /dev/null and the like: nothing to keep
         return None
-    scratch: str | None = None
+    scratch: Path | None = None
     # Held off until the handler is in place and the directory is where it looks.
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
     previous = {sig: signal.signal(sig, _stopped) for sig in STOPPING}
     try:
         try:
-            scratch = tempfile.mkdtemp(prefix=".mlgo-guard-", dir=obj.parent)
+            scratch = scratch_dir(runtime)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        default = Path(scratch) / obj.name
+        default = scratch / obj.name
         cmd = [compiler, *default_args(args, default)]
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if proc.returncode != 0:
             return f"the default heuristic's run failed: {error_line(proc.stderr)}"
         if text_size(default) <= text_size(obj):
-            os.replace(default, obj)
+            put_in_place(default, obj)
         return None
     except (OSError, ValueError) as e:
         return error_line(e)
@@ -141,7 +190,7 @@ def keep_smaller(compiler: str, args: list[str], obj: Path) -> str | None:
 
 
 class Stopped(Exception):
-    """A stop signal during the guard's compile: raised so that the private directory is
+    """A stop signal during the guard's compile: raised so that the scratch directory is
     removed before the wrapper dies of the signal, as the native one does."""
 
     def __init__(self, signum: int) -> None:

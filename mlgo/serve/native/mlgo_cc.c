@@ -44,7 +44,7 @@
     !defined(MLGO_LEASE_NUMBERED) || !defined(MLGO_REPORTING_LLVM_OPTIONS) ||             \
     !defined(MLGO_BUILD_ID) || !defined(MLGO_DEPARTURES_ENV) ||                           \
     !defined(MLGO_DEPARTURES_PREFIX) || !defined(MLGO_DEPARTED) || !defined(MLGO_ADVISED) || \
-    !defined(MLGO_PLUGIN_FLAG)
+    !defined(MLGO_PLUGIN_FLAG) || !defined(MLGO_GUARD_SCRATCH)
 #error "build with mlgo.serve.cc.build_native_wrapper: it defines MLGO_PYTHON and the allow-list"
 #endif
 
@@ -262,6 +262,22 @@ static void exec_python(int argc, char **argv) {
   _exit(127);
 }
 
+/* Same rule as mlgo.runtime.trust.path_problem: REAL (a resolved path) is this user's (or, unless
+ * OWN, root's), and every directory above it is this user's or root's; all writable by no one
+ * else, unless a directory is sticky (like /tmp) and not the one OWN asks to be this user's. */
+static int trusted_path(const char *real, int own) {
+  char path[PATH_MAX];
+  struct stat st;
+  if (snprintf(path, sizeof path, "%s", real) >= (int)sizeof path || path[0] != '/') return 0;
+  for (;; own = 0) {
+    if (lstat(path[0] ? path : "/", &st) != 0) return 0;
+    if (st.st_uid != getuid() && (own || st.st_uid != 0)) return 0;
+    if ((st.st_mode & 022) && !(!own && S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX))) return 0;
+    if (!path[0]) return 1; /* the root checked */
+    *strrchr(path, '/') = 0;
+  }
+}
+
 /* Ours alone, as mlgo.serve.client.check_owned says: this user owns it, no one else may write. */
 static int owned(const char *path) {
   struct stat st;
@@ -283,14 +299,19 @@ static int socket_path(char *out, size_t cap, char *dir, size_t dir_cap) {
     parent_dir(explicit_path, dir, dir_cap);
     return snprintf(out, cap, "%s", explicit_path) < (int)cap && owned(dir) && owned(out);
   }
+  /* The same rule as mlgo.serve.client.runtime_dir and mlgo.runtime.trust.private_dir: in a
+   * directory no other user controls, resolved, this user's alone. */
   const char *xdg = getenv("XDG_RUNTIME_DIR");
+  char parent[PATH_MAX], name[32];
+  struct stat st;
   if (xdg && *xdg)
-    snprintf(dir, dir_cap, "%s/mlgo", xdg);
+    snprintf(parent, sizeof parent, "%s", xdg), snprintf(name, sizeof name, "mlgo");
   else
-    snprintf(dir, dir_cap, "/tmp/mlgo-%u", (unsigned)getuid());
-  struct stat st; /* the same privacy rule as mlgo.serve.client.runtime_dir */
-  if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
-      (st.st_mode & 077))
+    snprintf(parent, sizeof parent, "/tmp"), snprintf(name, sizeof name, "mlgo-%u", getuid());
+  if (!realpath(parent, dir) || !trusted_path(dir, 0) ||
+      snprintf(dir + strlen(dir), dir_cap - strlen(dir), "/%s", name) >= (int)dir_cap)
+    return 0;
+  if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077))
     return 0;
   return snprintf(out, cap, "%s/mlgo.sock", dir) < (int)cap && owned(out);
 }
@@ -377,37 +398,41 @@ static double timeout_s(void) {
   return value;
 }
 
-/* Same rule as mlgo.runtime.trust.path_problem: REAL (a resolved path) is this user's, and it and
- * every directory above it are this user's or root's and writable by no one else, unless a
- * directory is sticky (like /tmp). */
-static int trusted_path(const char *real) {
+/* mlgo.runtime.trust.foreign_link: does the path GIVEN pass a symbolic link another user owns? */
+static int foreign_link(const char *given) {
   char path[PATH_MAX];
   struct stat st;
-  if (snprintf(path, sizeof path, "%s", real) >= (int)sizeof path || path[0] != '/') return 0;
-  for (int own = 1;; own = 0) {
-    if (lstat(path[0] ? path : "/", &st) != 0) return 0;
-    if (st.st_uid != getuid() && (own || st.st_uid != 0)) return 0;
-    if ((st.st_mode & 022) && !(!own && S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX))) return 0;
-    if (!path[0]) return 1; /* the root checked */
-    *strrchr(path, '/') = 0;
+  if (snprintf(path, sizeof path, "%s", given) >= (int)sizeof path || path[0] != '/') return 1;
+  for (char *end = path + 1;; end++) { /* each component: the path up to it */
+    if (*end && *end != '/') continue;
+    char kept = *end;
+    *end = 0;
+    int gone = lstat(path, &st) != 0;
+    int theirs = !gone && S_ISLNK(st.st_mode) && st.st_uid != getuid() && st.st_uid != 0;
+    *end = kept;
+    if (theirs) return 1;
+    if (gone || !kept) return 0; /* nothing further on is a link */
   }
 }
 
-/* Where the lease's plugins must come from: mlgo.runtime.files.cache_dir()/plugin, resolved. */
+/* Where the lease's plugins must come from: mlgo.runtime.files.cache_dir()/plugin, resolved
+ * once (a relative MLGO_CACHE, or one through another user's link, is Python's to refuse). */
 static int plugin_cache(char *out) {
   const char *root = getenv("MLGO_CACHE"), *xdg = getenv("XDG_CACHE_HOME");
   const char *home = getenv("HOME");
-  char dir[PATH_MAX];
+  char given[PATH_MAX], real[PATH_MAX];
   int n;
   if (root && *root)
-    n = snprintf(dir, sizeof dir, "%s/plugin", root);
-  else if (xdg && *xdg)
-    n = snprintf(dir, sizeof dir, "%s/mlgo/plugin", xdg);
+    n = snprintf(given, sizeof given, "%s", root);
+  else if (xdg && xdg[0] == '/')
+    n = snprintf(given, sizeof given, "%s/mlgo", xdg);
   else if (home && *home)
-    n = snprintf(dir, sizeof dir, "%s/.cache/mlgo/plugin", home);
+    n = snprintf(given, sizeof given, "%s/.cache/mlgo", home);
   else
     return 0;
-  return n < (int)sizeof dir && realpath(dir, out) != NULL;
+  if (n >= (int)sizeof given || foreign_link(given) || !realpath(given, real))
+    return 0;
+  return snprintf(out, PATH_MAX, "%s/plugin", real) < PATH_MAX;
 }
 
 /* The plugin FLAG names (mlgo.serve.cc.PLUGIN_FLAG, defined when this is built), or NULL
@@ -432,7 +457,8 @@ static int numbered(const char *flag, const char **names) {
 /* Same rule as mlgo.serve.cc.check_lease_flags: the switches of the problems' serving flags, a
  * base switch with a number, a channel option on a FIFO base directly in RUNTIME/channels (the
  * lists are mlgo.serve.cc.lease_allow_list, defined when this is built), or a trusted plugin
- * inside the cache of built plugins. */
+ * inside the cache of built plugins, which the compiler then gets by the resolved path that
+ * was checked (a link on the way could point elsewhere a moment later). */
 static int lease_flags_ok(char **flags, int n, const char *runtime) {
   static const char *switches[] = {MLGO_LEASE_SWITCHES, NULL};
   static const char *channels[] = {MLGO_LEASE_CHANNELS, NULL};
@@ -446,7 +472,10 @@ static int lease_flags_ok(char **flags, int n, const char *runtime) {
       size_t len;
       if (!plugin_cache(plugins) || !realpath(plugin, got)) return 0;
       len = strlen(plugins);
-      if (strncmp(got, plugins, len) != 0 || got[len] != '/' || !trusted_path(got)) return 0;
+      if (strncmp(got, plugins, len) != 0 || got[len] != '/' || !trusted_path(got, 1)) return 0;
+      char *checked = malloc(sizeof MLGO_PLUGIN_FLAG + strlen(got));
+      sprintf(checked, "%s%s", MLGO_PLUGIN_FLAG, got);
+      flags[i] = checked;
       continue;
     }
     if (strcmp(flags[i], "-mllvm") != 0 || ++i == n) return 0;
@@ -502,9 +531,10 @@ static int policies_match(const char *line) {
 
 /* MLGO_GUARD=size, as mlgo.serve.guard does it and by the rules of mlgo.llvm.cmdline (which
  * tests/test_guard.py holds this to on a table of command lines): while the policy's compile
- * runs, the same file is compiled with the default heuristic into a private directory beside
- * the object, writing nothing else; when both succeed, the object with fewer executable bytes
- * stays (a tie keeps the default's), renamed into place. */
+ * runs, the same file is compiled with the default heuristic into a scratch directory in the
+ * private runtime directory, writing nothing else; when both succeed, the object with fewer
+ * executable bytes stays (a tie keeps the default's), put in place through one descriptor of
+ * the object's directory (`put_in_place`). */
 /* mlgo.serve.guard.UNGUARDED and UNGUARDED_PREFIXES. */
 static const char *unguarded[] = {"-S", "-emit-llvm", "-save-temps", "--coverage",
                                   "-ftest-coverage", "-fprofile-arcs", NULL};
@@ -520,7 +550,7 @@ static const char *side_output_prefixes[] = {
 
 static struct {
   pid_t pid;          /* the default compile while it runs, else 0 */
-  char dir[PATH_MAX]; /* the private directory, "" when there is none */
+  char dir[PATH_MAX]; /* the scratch directory, "" when there is none */
   char obj[PATH_MAX]; /* the object the command line writes */
   char out[PATH_MAX]; /* the default compile's, in DIR */
 } guard;
@@ -611,8 +641,9 @@ static long long text_size(const char *path) {
   return total;
 }
 
-/* Ends the default compile if it still runs, and removes the private directory with
- * whatever is in it (the default's object, a temporary file of clang's). */
+/* Ends the default compile if it still runs, and removes the scratch directory with whatever is
+ * in it (the default's object, a temporary file of clang's): in a directory only this user may
+ * write, so no one can swap it for a link meanwhile. */
 static void guard_stop(void) {
   if (guard.pid > 0) {
     kill(guard.pid, SIGKILL);
@@ -629,7 +660,7 @@ static void guard_stop(void) {
   guard.dir[0] = guard.out[0] = 0;
 }
 
-/* A build stopped by a signal (make's Ctrl-C, a job killed) leaves no private directory:
+/* A build stopped by a signal (make's Ctrl-C, a job killed) leaves no scratch directory:
  * the default compile gets the same signal (clang removes its temporary files on it). */
 static void guard_on_signal(int sig) {
   if (guard.pid > 0) {
@@ -642,12 +673,13 @@ static void guard_on_signal(int sig) {
   raise(sig);
 }
 
-/* The private directory and the default compile in it, the child's signal mask BEFORE. */
-static int guard_spawn(int argc, char **argv, const sigset_t *before) {
-  char parent[PATH_MAX];
-  parent_dir(guard.obj, parent, sizeof parent);
+/* The scratch directory and the default compile in it, the child's signal mask BEFORE. As
+ * mlgo.serve.guard.scratch_dir: in RUNTIME (resolved) if no other user could change it. */
+static int guard_spawn(int argc, char **argv, const char *runtime, const sigset_t *before) {
+  char real[PATH_MAX];
   const char *name = strrchr(guard.obj, '/') ? strrchr(guard.obj, '/') + 1 : guard.obj;
-  if (snprintf(guard.dir, sizeof guard.dir, "%s/.mlgo-guard-XXXXXX", parent) >=
+  if (!realpath(runtime, real) || !trusted_path(real, 1) ||
+      snprintf(guard.dir, sizeof guard.dir, "%s/%sXXXXXX", real, MLGO_GUARD_SCRATCH) >=
           (int)sizeof guard.dir ||
       !mkdtemp(guard.dir)) {
     guard.dir[0] = 0;
@@ -670,9 +702,10 @@ static int guard_spawn(int argc, char **argv, const sigset_t *before) {
   return 1;
 }
 
-/* Starts the default compile beside the policy's, if the guard can compare this one.
- * 0: it cannot (the policy's output stays as it is), 1: started, -1: failed to start. */
-static int guard_start(int argc, char **argv) {
+/* Starts the default compile beside the policy's, if the guard can compare this one, with its
+ * scratch directory in RUNTIME. 0: it cannot (the policy's output stays as it is), 1: started,
+ * -1: failed to start. */
+static int guard_start(int argc, char **argv, const char *runtime) {
   struct stat st;
   if (!guarded_object(argc, argv, guard.obj, sizeof guard.obj)) return 0;
   if (stat(guard.obj, &st) == 0 && !S_ISREG(st.st_mode)) return 0; /* -o /dev/null */
@@ -683,9 +716,42 @@ static int guard_start(int argc, char **argv) {
     sigaddset(&stopping, *sig), sigaction(*sig, &on_signal, NULL);
   /* Held off until the directory and the compile in it are where the handler looks. */
   sigprocmask(SIG_BLOCK, &stopping, &before);
-  int started = guard_spawn(argc, argv, &before);
+  int started = guard_spawn(argc, argv, runtime, &before);
   sigprocmask(SIG_SETMASK, &before, NULL);
   return started;
+}
+
+/* mlgo.serve.guard.put_in_place: KEPT (in the scratch directory) becomes OBJ, through one
+ * descriptor of OBJ's directory, so that a directory swapped for a link meanwhile cannot send
+ * it elsewhere: renamed, or across file systems copied into a new file beside OBJ (O_EXCL: never
+ * one someone put there) that is renamed over it. 0 on success. */
+static int put_in_place(const char *kept, const char *obj) {
+  char parent[PATH_MAX], tmp[NAME_MAX + 1];
+  const char *name = strrchr(obj, '/') ? strrchr(obj, '/') + 1 : obj;
+  parent_dir(obj, parent, sizeof parent);
+  int dir = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = -1, out = -1, in;
+  if (dir < 0) return -1;
+  if (renameat(AT_FDCWD, kept, dir, name) == 0) return close(dir), 0;
+  if (errno != EXDEV) return close(dir), -1;
+  struct stat st;
+  if ((in = open(kept, O_RDONLY | O_CLOEXEC)) < 0 || fstat(in, &st) != 0) goto done;
+  for (unsigned n = (unsigned)getpid(); out < 0; n = n * 1103515245u + 12345u) {
+    if (snprintf(tmp, sizeof tmp, ".%.200s.%08x", name, n) >= (int)sizeof tmp) goto done;
+    out = openat(dir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, st.st_mode & 0777);
+    if (out < 0 && errno != EEXIST) goto done;
+  }
+  char buf[65536];
+  ssize_t r;
+  while ((r = read(in, buf, sizeof buf)) > 0 && write(out, buf, (size_t)r) == r) continue;
+  int copied = close(out) == 0 && r == 0;
+  out = -1;
+  rc = copied && renameat(dir, tmp, dir, name) == 0 ? 0 : -1;
+  if (rc) unlinkat(dir, tmp, 0);
+done:
+  if (in >= 0) close(in);
+  if (out >= 0) close(out), unlinkat(dir, tmp, 0);
+  close(dir);
+  return rc;
 }
 
 /* After both compiles succeeded: keeps the smaller object. -1 when the default compile failed
@@ -698,7 +764,7 @@ static int guard_keep_smaller(void) {
     return -1;
   long long policy = text_size(guard.obj), fallback = text_size(guard.out);
   if (policy < 0 || fallback < 0) return -1;
-  return fallback <= policy && rename(guard.out, guard.obj) != 0 ? -1 : 0;
+  return fallback <= policy && put_in_place(guard.out, guard.obj) != 0 ? -1 : 0;
 }
 
 /* mlgo.llvm.cmdline.made_default_object: did the plugin's compile, which wrote its marks in
@@ -887,7 +953,7 @@ int main(int argc, char **argv) {
   for (int i = 0; guarding && !stage && i < n_flags && marks_fd < 0; i++)
     if (plugin_of(flags[i])) marks_fd = mkstemp(marks_path);
   if (marks_fd >= 0) fcntl(marks_fd, F_SETFD, FD_CLOEXEC);
-  if (guarding && marks_fd < 0 && guard_start(argc, argv) < 0) {
+  if (guarding && marks_fd < 0 && guard_start(argc, argv, runtime) < 0) {
     close(sock);
     exec_python(argc, argv);
   }
@@ -942,7 +1008,7 @@ int main(int argc, char **argv) {
     int again = !problem && rc == 0 && !made_default_object(marks_fd);
     unlink(marks_path);
     close(marks_fd);
-    if (again && guard_start(argc, argv) < 0) exec_python(argc, argv);
+    if (again && guard_start(argc, argv, runtime) < 0) exec_python(argc, argv);
   }
   if (!problem && rc == 0 && guard.pid && guard_keep_smaller() != 0) {
     guard_stop();
