@@ -113,8 +113,9 @@ def flags(
     only link-time policies of that kind answer. Nothing when CFLAGS select a level (or
     --language one) no policy serves. Starts the service (as mlgo-cc would) when none is
     running."""
+    from mlgo.llvm.driver import link_stage
     from mlgo.llvm.languages import LANGUAGES
-    from mlgo.serve.cc import flags_by_hand, link_stage
+    from mlgo.serve.cc import flags_by_hand
     from mlgo.serve.client import socket_path
 
     if language not in LANGUAGES:

@@ -57,10 +57,18 @@ from mlgo.llvm.cmdline import (
     DEPARTED,
     DEPARTURES_ENV,
     DEPARTURES_PREFIX,
-    link_output,
     made_default_object,
 )
-from mlgo.llvm.languages import LANGUAGES, source_language
+from mlgo.llvm.driver import (
+    NO_CODEGEN,
+    compile_language,
+    expand_response_files,
+    link_output,
+    link_stage,
+    links_with_lld,
+    opt_level,
+    source_files,
+)
 from mlgo.runtime.csource import c_string
 from mlgo.runtime.files import cache_dir
 from mlgo.runtime.messages import error_line
@@ -81,8 +89,6 @@ from mlgo.serve.guard import (
     keep_smaller,
 )
 
-SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".c++", ".C", ".i", ".ii", ".m", ".mm")
-NO_CODEGEN = {"-E", "-M", "-MM", "-fsyntax-only", "-###", "--version", "--help", "-"}
 # LLVM options of a user's own (-mllvm X) that only report what the compiler did, so a
 # compile with them is still served: the block address map's frequencies (block_costs).
 # Any other -mllvm option leaves the compile to clang, whose options it may be setting.
@@ -98,83 +104,6 @@ DEFAULT_TIMEOUT_S = 900.0
 # built ones, trusted).
 PLUGIN_FLAG = "-fpass-plugin="
 DEFAULT_POLICY = os.pathsep.join(str(p) for p in default_policies())
-LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz", "-Og", "-Ofast")
-# Nested response files deeper than this stay unexpanded (clang stops only at a cycle).
-RESPONSE_FILE_DEPTH = 8
-# Driver options whose value is the next argument (clang's Separate and JoinedOrSeparate ones,
-# and GCC's long spellings): that value is never an input, whatever -x says. Every -X option
-# (-Xclang, -Xlinker, ...) takes one too. The native wrapper skips -o, -MF, -MT, -MQ, -MJ,
-# --serialize-diagnostics and -X* alike (a subset: what it does not skip, it hands over).
-SEPARATE_VALUE_OPTIONS = frozenset({
-    "-o", "--output", "-MF", "-MT", "-MQ", "-MJ", "--serialize-diagnostics",
-    "-serialize-diagnostics", "-dependency-file", "-dependency-dot", "-include", "--include",
-    "-include-pch", "-imacros", "--imacros", "-idirafter", "-iprefix", "-iquote", "-isysroot",
-    "-isystem", "-isystem-after", "-iwithprefix", "-iwithprefixbefore", "-iwithsysroot",
-    "-iframework", "-iframeworkwithsysroot", "-ivfsoverlay", "-vfsoverlay", "-cxx-isystem",
-    "-stdlib++-isystem", "-iapinotes-modules", "-I", "--include-directory", "-L",
-    "--library-directory", "-F", "-B", "-D", "--define-macro", "-U", "--undefine-macro", "-A",
-    "--assert", "-T", "-G", "-b", "-z", "-l", "-u", "-e", "-mllvm", "-mmlir", "-arch", "-target",
-    "--sysroot", "--config", "--language", "-resource-dir", "-working-directory", "-dumpdir",
-    "-dsym-dir", "-ccc-gcc-name", "-ccc-install-dir", "-module-dependency-dir",
-    "-gen-cdb-fragment-path", "-meabi", "-mthread-model", "-darwin-target-variant",
-    "-darwin-target-variant-triple", "-hlsl-entry", "-fmodules-user-build-path",
-    "--analyzer-output", "-filelist", "-framework", "-rpath", "--param",
-})  # fmt: skip
-
-
-def split_response_file(text: str) -> list[str]:
-    """The arguments in a response file, split as clang splits them on Unix (LLVM's
-    TokenizeGNUCommandLine, which differs from a shell's): whitespace separates, '...' and
-    "..." quote, a backslash escapes the next character even inside quotes, an unclosed quote
-    ends at the end, and a quoted empty string is no argument."""
-    words: list[str] = []
-    token: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == "\\" and i + 1 < n:
-            token.append(text[i + 1])
-            i += 1
-        elif c in "'\"":
-            i += 1
-            while i < n and text[i] != c:
-                if text[i] == "\\" and i + 1 < n:
-                    i += 1
-                token.append(text[i])
-                i += 1
-        elif c in " \t\r\n":
-            if token:
-                words.append("".join(token))
-                token = []
-        else:
-            token.append(c)
-        i += 1
-    if token:
-        words.append("".join(token))
-    return words
-
-
-def expand_response_files(args: list[str], depth: int = 0) -> list[str]:
-    """ARGS as clang's driver reads them: each `@FILE` replaced by the arguments in FILE,
-    nested ones too (named relative to the working directory, as clang does), up to
-    RESPONSE_FILE_DEPTH. A FILE that cannot be read stays as the literal argument, as in
-    clang, and so does one that is not a regular file: reading a pipe (`@<(...)`) would take
-    its arguments from the compiler. For what the wrapper decides only: the compiler is given
-    ARGS as they are."""
-    expanded: list[str] = []
-    for a in args:
-        if not a.startswith("@") or depth >= RESPONSE_FILE_DEPTH or not os.path.isfile(a[1:]):
-            expanded.append(a)
-            continue
-        try:
-            with open(a[1:], "rb") as f:
-                data = f.read()
-        except OSError:
-            expanded.append(a)
-            continue
-        text = data.removeprefix(b"\xef\xbb\xbf").decode(errors="surrogateescape")
-        expanded += expand_response_files(split_response_file(text), depth + 1)
-    return expanded
 
 
 def sets_llvm_options(args: list[str]) -> bool:
@@ -194,29 +123,6 @@ def optimizes(args: list[str]) -> bool:
     return bool(source_files(args))
 
 
-def link_stage(args: list[str]) -> str | None:
-    """The stage of an LTO link (no source compiled, the last -flto switch not -fno-lto):
-    "link" for full LTO, whose link optimizes the whole program's bitcode once more, or
-    "thin-link" for ThinLTO, whose backends optimize each module again after import. A
-    link-time policy answers there; None for anything else."""
-    if NO_CODEGEN.intersection(args) or {"-c", "-S"}.intersection(args) or source_files(args):
-        return None
-    switches = [a for a in args if a in ("-flto", "-fno-lto") or a.startswith("-flto=")]
-    if not switches or switches[-1] == "-fno-lto":
-        return None
-    return "thin-link" if switches[-1] == "-flto=thin" else "link"
-
-
-def links_with_lld(args: list[str]) -> bool:
-    """Does clang's driver run lld (the last -fuse-ld or --ld-path names it)? Only lld loads
-    a pass plugin into its LTO backend; GNU ld's LLVM gold plugin cannot."""
-    linker = ""
-    for a in args:
-        if a.startswith(("-fuse-ld=", "--ld-path=")):
-            linker = a.partition("=")[2]
-    return linker == "lld" or Path(linker).name.startswith(("ld.lld", "lld"))
-
-
 def at_link(flags: list[str]) -> list[str]:
     """A link lease's flags (checked) as clang hands them to lld: the plugin as
     --load-pass-plugin, through -Xlinker, which splits no commas (unlike -Wl). A link is
@@ -225,58 +131,6 @@ def at_link(flags: list[str]) -> list[str]:
     if not all(f.startswith(PLUGIN_FLAG) for f in flags):
         raise ServiceError(f"a link's lease carries a flag lld cannot take: {flags}")
     return [a for f in flags for a in ("-Xlinker", f"--load-pass-plugin={f[len(PLUGIN_FLAG) :]}")]
-
-
-def is_source(arg: str) -> bool:
-    """Is ARG a source file the driver compiles (by its suffix)?"""
-    return arg.endswith(SOURCE_SUFFIXES) and not arg.startswith("-")
-
-
-def typed_sources(args: list[str]) -> set[int]:
-    """The positions in ARGS of inputs without a source suffix that clang compiles as C or
-    C++ because `-x c` or `-x c++` comes before them (until `-x none`): existing regular
-    files that are not an option's value. Those clang cannot read are its errors to report."""
-    found: set[int] = set()
-    x = "none"
-    rest = iter(enumerate(args))
-    for i, a in rest:
-        if a == "-x":
-            x = next(rest, (i, "none"))[1]
-        elif a.startswith("-x") and len(a) > 2:
-            x = a[2:]
-        elif a in SEPARATE_VALUE_OPTIONS or (a.startswith("-X") and len(a) > 2):
-            next(rest, None)
-        elif x in LANGUAGES and not a.startswith("-") and not is_source(a) and os.path.isfile(a):
-            found.add(i)
-    return found
-
-
-def source_files(args: list[str]) -> list[str]:
-    """The source files among ARGS, by suffix or by -x (the guard compares only a compile of
-    one)."""
-    typed = typed_sources(args)
-    return [a for i, a in enumerate(args) if is_source(a) or i in typed]
-
-
-def opt_level(args: list[str]) -> str | None:
-    """The -O level clang compiles at, read as its driver reads it: the last -O flag wins, -O
-    alone is -O1, -O4 and up are -O3, none is -O0; None for a level clang refuses (and says
-    so). An argument handed on to another tool (-Xclang X, -Xlinker X) is not the driver's."""
-    level = "-O0"
-    rest = iter(args)
-    for a in rest:
-        if a.startswith("-X") and len(a) > 2:
-            next(rest, None)
-        elif a == "--optimize" or a.startswith("--optimize="):
-            level = "-O" + a.removeprefix("--optimize").removeprefix("=")
-        elif a.startswith("-O") and a not in ("-ObjC", "-ObjC++"):
-            level = a
-    digits = level[2:]
-    if not digits:
-        return "-O1"
-    if digits.isascii() and digits.isdigit():
-        return f"-O{min(int(digits), 3)}"
-    return level if level in LEVELS else None
 
 
 def _warn(message: str) -> None:
@@ -574,12 +428,6 @@ def _compile_plain_after(
             f"{done} {source} with the default heuristic"
         )
     return plain
-
-
-def compile_language(args: list[str], cxx_driver: bool) -> str | None:
-    """The language the sources among ARGS compile as, None if mixed or neither C nor C++."""
-    typed = {args[i] for i in typed_sources(args)}
-    return source_language(args, cxx_driver, lambda a: is_source(a) or a in typed)
 
 
 def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:

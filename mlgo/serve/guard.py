@@ -30,14 +30,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from mlgo.llvm.cmdline import (
-    GUARDS,
-    LINKER_SIDE_OUTPUTS,
-    joined_output,
-    link_output,
-    linker_options,
-    without_outputs,
-)
+from mlgo.llvm.cmdline import GUARDS, LINKER_SIDE_OUTPUTS, linker_options, without_outputs
+from mlgo.llvm.driver import joined_output, link_output
 
 # The object is not plain ELF code, or its bytes name files of its own (split DWARF's .dwo,
 # coverage's .gcda), or a second compile would rewrite what the first wrote (-save-temps).
