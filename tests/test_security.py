@@ -19,8 +19,8 @@ import pytest
 
 from mlgo.problems import get_problem, problems
 from mlgo.runtime.files import cache_subdir
-from mlgo.serve.cc import check_lease_flags
 from mlgo.serve.client import ServiceError, request
+from mlgo.serve.lease import check_lease_flags, lease_allow_list
 from tests import fake_problem, test_service
 from tests.conftest import MLGO
 from tests.test_service import SHIPPED, SOURCES, Service, mlgo_cc
@@ -167,7 +167,7 @@ def test_a_new_problem_is_allowed_its_flags_by_one_line(tmp_path, monkeypatch):
     flags = fake_problem.channel_flags(str(tmp_path / "channels" / "1-1-fake-choice"))
 
     def accepted() -> tuple[bool, bool]:
-        wrapper.lease_allow_list.cache_clear()
+        lease_allow_list.cache_clear()
         try:
             check_lease_flags(flags, tmp_path)
             python = True
@@ -184,7 +184,7 @@ def test_a_new_problem_is_allowed_its_flags_by_one_line(tmp_path, monkeypatch):
         monkeypatch.setattr(mlgo.problems, "MODULES", registered)
         assert accepted() == (True, True)
     finally:
-        wrapper.lease_allow_list.cache_clear()
+        lease_allow_list.cache_clear()
 
 
 def test_a_policys_base_passes_both_checks_as_a_number_alone(tmp_path):

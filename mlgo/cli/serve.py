@@ -80,8 +80,9 @@ def channel(
     starts the service (as mlgo-cc would) when none is running. When the policy needs more
     than the base (a gated one needs the compiler's own answer), a note says which flags."""
     from mlgo.problems import get_problem
-    from mlgo.serve.cc import by_hand, check_lease_flags
+    from mlgo.serve.cc import by_hand
     from mlgo.serve.client import socket_path
+    from mlgo.serve.lease import check_lease_flags
 
     path = socket or socket_path()
     reply = by_hand(path, socket is None, {"op": "channel", "problem": problem, "ttl_s": ttl})

@@ -70,9 +70,7 @@ from mlgo.llvm.driver import (
     source_files,
 )
 from mlgo.runtime.csource import c_string
-from mlgo.runtime.files import cache_dir
 from mlgo.runtime.messages import error_line
-from mlgo.runtime.trust import UntrustedPathError, path_problem
 from mlgo.serve.client import (
     Connection,
     ServiceError,
@@ -88,6 +86,7 @@ from mlgo.serve.guard import (
     guarded_object,
     keep_smaller,
 )
+from mlgo.serve.lease import PLUGIN_FLAG, at_link, check_lease_flags, lease_allow_list
 
 # LLVM options of a user's own (-mllvm X) that only report what the compiler did, so a
 # compile with them is still served: the block address map's frequencies (block_costs).
@@ -98,11 +97,6 @@ TIMED_OUT = "no result within MLGO_TIMEOUT"
 START_TIMEOUT_S = 180.0  # the first start may AOT-compile the policy (about 20 s)
 START_RETRY_S = 60.0  # after a failed start, fall back at once for this long (same policies)
 DEFAULT_TIMEOUT_S = 900.0
-# What a lease may carry: the -mllvm switches and channel options of the registered problems'
-# serving flags (`lease_allow_list`; a channel's FIFO base must lie in the runtime directory's
-# channels/), their base switches with a number, and -fpass-plugin= (a plugin in the cache of
-# built ones, trusted).
-PLUGIN_FLAG = "-fpass-plugin="
 DEFAULT_POLICY = os.pathsep.join(str(p) for p in default_policies())
 
 
@@ -121,16 +115,6 @@ def optimizes(args: list[str]) -> bool:
     if NO_CODEGEN.intersection(args) or sets_llvm_options(args):
         return False
     return bool(source_files(args))
-
-
-def at_link(flags: list[str]) -> list[str]:
-    """A link lease's flags (checked) as clang hands them to lld: the plugin as
-    --load-pass-plugin, through -Xlinker, which splits no commas (unlike -Wl). A link is
-    served by a plugin only (`ServedPolicy.why_not`): lld's full-LTO inliner opens no
-    channel, and its ThinLTO backends would share one."""
-    if not all(f.startswith(PLUGIN_FLAG) for f in flags):
-        raise ServiceError(f"a link's lease carries a flag lld cannot take: {flags}")
-    return [a for f in flags for a in ("-Xlinker", f"--load-pass-plugin={f[len(PLUGIN_FLAG) :]}")]
 
 
 def _warn(message: str) -> None:
@@ -243,70 +227,6 @@ def flags_by_hand(
     note = reply.get("note")
     linked = at_link(flags) if stage != "compile" else flags
     return linked, note if isinstance(note, str) else None
-
-
-@cache
-def lease_allow_list() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
-    """The -mllvm switches, channel options (names, without `=BASE`) and numbered switches
-    (names, without `=N`: a policy's base, `MLPPolicy.base`) that a lease may carry:
-    exactly what the registered problems serve with, with and without the compiler's own
-    decision. The one source of them: the native wrapper is built with the same lists
-    (`build_native_wrapper`). Read only for a lease with -mllvm flags: the problems' modules
-    cost this process about 0.1 s to import."""
-    from mlgo.problems import problems
-
-    mark = "/\0base"  # no real option ends so
-    switches: set[str] = set()
-    channels: set[str] = set()
-    for problem in problems():
-        for default in (False, True):
-            flags = problem.flags_for_serving(mark, default)
-            if flags[0::2] != ["-mllvm"] * (len(flags) // 2) or len(flags) % 2:
-                raise ValueError(f"{problem.name}: serving flags must be -mllvm pairs: {flags}")
-            for option in flags[1::2]:
-                if option.endswith("=" + mark):
-                    channels.add(option.removesuffix("=" + mark))
-                else:
-                    switches.add(option)
-    numbered = frozenset(p.base_switch for p in problems() if p.base_switch)
-    return frozenset(switches), frozenset(channels), numbered
-
-
-def check_lease_flags(flags: list[str], runtime: Path) -> None:
-    """Refuses any flag a lease may not carry (see lease_allow_list): whatever answers on the
-    socket must not get to choose what the compiler runs; nor a plugin that another user
-    could have written (mlgo.runtime.trust)."""
-    channels = (runtime / "channels").resolve()
-    try:
-        plugins = (cache_dir() / "plugin").resolve()
-    except UntrustedPathError as e:  # nothing from that cache is loaded
-        raise UntrustedError(str(e)) from e
-    rest = iter(flags)
-    for flag in rest:
-        if flag == "-mllvm":
-            option = next(rest, "")
-            name, eq, base = option.partition("=")
-            fifo = Path(base)
-            switches, channel_options, numbered = lease_allow_list()
-            if (
-                option in switches
-                or (eq and name in numbered and base.isascii() and base.isdigit())
-                or (
-                    eq
-                    and name in channel_options
-                    and fifo.name not in ("", ".", "..")
-                    and fifo.parent.resolve() == channels
-                )
-            ):
-                continue
-            flag = f"-mllvm {option}"
-        elif flag.startswith(PLUGIN_FLAG) and (
-            plugins in (plugin := Path(flag.removeprefix(PLUGIN_FLAG)).resolve()).parents
-        ):
-            if problem := path_problem(plugin):  # checked as it is loaded, not only as built
-                raise UntrustedError(f"refusing the plugin {plugin}: {problem}")
-            continue
-        raise ServiceError(f"the lease carries a flag no lease may carry: {flag[:160]!r}")
 
 
 def check_policies(served: object) -> str | None:
