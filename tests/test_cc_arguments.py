@@ -27,7 +27,8 @@ from mlgo.llvm.driver import (
     split_response_file,
     typed_sources,
 )
-from mlgo.serve.cc import build_native_wrapper, optimizes, run
+from mlgo.serve.cc import optimizes, run
+from mlgo.serve.native_wrapper import build_native_wrapper
 from tests import test_service
 from tests.test_service import SOURCES
 

@@ -18,8 +18,9 @@ from mlgo.llvm.cmdline import SIDE_OUTPUT_PREFIXES, SIDE_OUTPUTS, SIDE_OUTPUTS_W
 from mlgo.llvm.driver import compile_language, source_files
 from mlgo.llvm.sizes import text_size
 from mlgo.problems.policy_files import load_policy, save_policy
-from mlgo.serve.cc import build_native_wrapper, optimizes
+from mlgo.serve.cc import optimizes
 from mlgo.serve.guard import UNGUARDED, UNGUARDED_PREFIXES, default_args, guarded_object
+from mlgo.serve.native_wrapper import build_native_wrapper
 from tests import test_service
 from tests.test_service import CXX_SOURCE, MLGO_CC, SHIPPED, SOURCES, Service
 

@@ -133,7 +133,7 @@ def flags(
 def install_wrappers() -> None:
     """Install the native mlgo-cc/mlgo-c++ (C; no interpreter start-up per compile) over
     the Python entry points, which they hand every uncommon case to. tools/setup.sh runs it."""
-    from mlgo.serve.cc import install_native_wrappers
+    from mlgo.serve.native_wrapper import install_native_wrappers
 
     for path in install_native_wrappers(Path(sys.executable).parent):
         console.print(f"installed {path}")

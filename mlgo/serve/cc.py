@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import json
 import math
 import os
 import select
@@ -47,14 +46,11 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
-from functools import cache
 from pathlib import Path
 
 from mlgo.data import default_policies
 from mlgo.errors import UsageError
 from mlgo.llvm.cmdline import (
-    ADVISED,
-    DEPARTED,
     DEPARTURES_ENV,
     DEPARTURES_PREFIX,
     made_default_object,
@@ -69,7 +65,6 @@ from mlgo.llvm.driver import (
     opt_level,
     source_files,
 )
-from mlgo.runtime.csource import c_string
 from mlgo.runtime.messages import error_line
 from mlgo.serve.client import (
     Connection,
@@ -86,7 +81,7 @@ from mlgo.serve.guard import (
     guarded_object,
     keep_smaller,
 )
-from mlgo.serve.lease import PLUGIN_FLAG, at_link, check_lease_flags, lease_allow_list
+from mlgo.serve.lease import PLUGIN_FLAG, at_link, check_lease_flags
 
 # LLVM options of a user's own (-mllvm X) that only report what the compiler did, so a
 # compile with them is still served: the block address map's frequencies (block_costs).
@@ -453,70 +448,6 @@ def main_c() -> None:
 
 def main_cxx() -> None:
     sys.exit(run(os.environ.get("MLGO_CXX", "clang++-22"), sys.argv[1:], cxx_driver=True))
-
-
-NATIVE_SOURCE = Path(__file__).parent / "native" / "mlgo_cc.c"
-
-
-def native_lists() -> dict[str, list[str]]:
-    """The string lists the native wrapper is built with (-D options): the lease allow-list
-    of the registered problems, the LLVM options that only report, how a plugin's compile
-    tells the size guard that it made clang's own object, and the flag that names a plugin."""
-    switches, channels, numbered = lease_allow_list()
-    return {
-        "MLGO_LEASE_SWITCHES": sorted(switches),
-        "MLGO_LEASE_CHANNELS": sorted(f"{c}=" for c in channels),
-        "MLGO_LEASE_NUMBERED": sorted(f"{n}=" for n in numbered),
-        "MLGO_REPORTING_LLVM_OPTIONS": list(REPORTING_LLVM_OPTIONS),
-        "MLGO_DEPARTURES_ENV": [DEPARTURES_ENV],
-        "MLGO_DEPARTURES_PREFIX": [DEPARTURES_PREFIX],
-        "MLGO_DEPARTED": [DEPARTED],
-        "MLGO_ADVISED": [ADVISED],
-        "MLGO_PLUGIN_FLAG": [PLUGIN_FLAG],
-    }
-
-
-@cache
-def native_build_id(source: Path = NATIVE_SOURCE) -> str:
-    """What a native wrapper built from SOURCE by this mlgo is: its source and its lists,
-    hashed. It sends it with every compile, so that the service can say when the one
-    installed is another mlgo's (it then hands every compile to the slower Python one)."""
-    facts = source.read_bytes() + json.dumps(native_lists(), sort_keys=True).encode()
-    return hashlib.sha256(facts).hexdigest()[:16]
-
-
-def build_native_wrapper(
-    out: Path, *defines: str, python: str = sys.executable, source: Path = NATIVE_SOURCE
-) -> None:
-    """Compiles SOURCE (the native wrapper; another revision's, for a benchmark) to OUT,
-    handing uncommon cases to PYTHON, with DEFINES (-D options: tests build its checking
-    entry point so), `native_lists` and its `native_build_id`."""
-    cmd = ["cc", "-O2", "-Wall", "-Werror", f"-DMLGO_PYTHON={c_string(python)}", *defines]
-    cmd += [f"-DMLGO_BUILD_ID={c_string(native_build_id(source))}"]
-    cmd += [f"-D{name}={', '.join(map(c_string, v))}" for name, v in native_lists().items()]
-    proc = subprocess.run([*cmd, str(source), "-o", str(out)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise OSError(f"cannot build {source.name}: {error_line(proc.stderr)}")
-
-
-def install_native_wrappers(bindir: Path) -> list[Path]:
-    """Builds mlgo/serve/native/mlgo_cc.c and installs it as BINDIR/mlgo-cc and mlgo-c++ (over the
-    Python entry points it hands uncommon cases to), each renamed into place."""
-    fd, tmp = tempfile.mkstemp(prefix=".mlgo-cc.", dir=bindir)
-    os.close(fd)
-    try:
-        build_native_wrapper(Path(tmp))
-        installed = []
-        for name in ("mlgo-cc", "mlgo-c++"):
-            staged = bindir / f".{name}.new"
-            staged.unlink(missing_ok=True)
-            os.link(tmp, staged)
-            os.chmod(staged, 0o755)
-            os.replace(staged, bindir / name)
-            installed.append(bindir / name)
-        return installed
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":  # the native wrapper hands over: python -m mlgo.serve.cc cc|c++ ARGS
