@@ -21,6 +21,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from mlgo.corpus.format import DESCRIPTION, CorpusError, read_stage, write_description
+from mlgo.llvm.driver import COMPILED_SUFFIXES, takes_value
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_write_text
@@ -158,18 +159,6 @@ def kept_compiles(recorded: Path) -> list[Compile]:
     return keep
 
 
-# What a compiler driver compiles, by suffix: C, C++, Objective-C, preprocessed, assembly.
-COMPILED_SUFFIXES = (
-    *(".c", ".cc", ".cpp", ".cxx", ".c++", ".cp", ".C", ".CPP"),
-    *(".m", ".mm", ".i", ".ii", ".s", ".S", ".sx"),
-)
-# Options whose value is the next argument and may look like an input.
-_NAMES_A_FILE = {
-    *("-o", "-MF", "-MT", "-MQ", "-MJ", "-include", "-imacros", "-Xclang", "-x"),
-    *("-Xlinker", "-T", "-L", "-l"),
-}
-
-
 @dataclass(frozen=True)
 class Invocation:
     """One call of a recording wrapper: its working directory and the command it ran, the
@@ -184,7 +173,7 @@ class Invocation:
         return [
             a
             for i, a in enumerate(args)
-            if not a.startswith("-") and (i == 0 or args[i - 1] not in _NAMES_A_FILE)
+            if not a.startswith("-") and (i == 0 or not takes_value(args[i - 1]))
         ]
 
 

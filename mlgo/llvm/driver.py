@@ -13,12 +13,34 @@ from pathlib import Path
 
 from mlgo.llvm.languages import LANGUAGES
 
-_SUFFIXES = {".c": "c", ".i": "c", ".ii": "c++", ".C": "c++"} | {
-    s: "c++" for s in (".cc", ".cp", ".cpp", ".cxx", ".c++", ".CPP")
+# What clang's driver compiles an input as, by its suffix (its driver types, named as `-x`
+# names them; case matters: .C and .CPP are C++, .Cpp and .sx are linker inputs). Each makes
+# an object with -c. A policy may serve the optimizing compiles among them: all but assembly.
+# Not here: headers (precompiled, no code), LLVM IR and C++ module units (not what a build
+# compiles from source), CUDA, HIP and OpenCL (code for another device).
+SOURCE_TYPES = {
+    ".c": "c",
+    ".i": "cpp-output",
+    **dict.fromkeys((".C", ".cc", ".CC", ".cp", ".cpp", ".CPP", ".cxx", ".CXX"), "c++"),
+    **dict.fromkeys((".c++", ".C++"), "c++"),
+    ".ii": "c++-cpp-output",
+    ".m": "objective-c",
+    ".mi": "objective-c-cpp-output",
+    **dict.fromkeys((".mm", ".M"), "objective-c++"),
+    ".mii": "objective-c++-cpp-output",
+    **dict.fromkeys((".s", ".asm"), "assembler"),
+    ".S": "assembler-with-cpp",
 }
-SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".c++", ".C", ".i", ".ii", ".m", ".mm")
+ASSEMBLY = ("assembler", "assembler-with-cpp")
+# The language mlgo tells a source of each type by (mlgo.llvm.languages); clang++ compiles C
+# as C++.
+TYPE_LANGUAGES = {"c": "c", "cpp-output": "c", "c++": "c++", "c++-cpp-output": "c++"}
+COMPILED_SUFFIXES = tuple(SOURCE_TYPES)
+SOURCE_SUFFIXES = tuple(s for s, kind in SOURCE_TYPES.items() if kind not in ASSEMBLY)
 NO_CODEGEN = {"-E", "-M", "-MM", "-fsyntax-only", "-###", "--version", "--help", "-"}
 LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz", "-Og", "-Ofast")
+NOT_LEVELS = ("-ObjC", "-ObjC++")  # options that start as a level does
+OUTPUT_OPTIONS = ("-o", "--output")  # and -oFILE (`joined_output`)
 # Nested response files deeper than this stay unexpanded (clang stops only at a cycle).
 RESPONSE_FILE_DEPTH = 8
 # Driver options whose value is the next argument (clang's Separate and JoinedOrSeparate ones,
@@ -52,7 +74,7 @@ def link_output(args: list[str]) -> str:
     output = "a.out"
     rest = iter(args)
     for a in rest:
-        if a in ("-o", "--output"):
+        if a in OUTPUT_OPTIONS:
             output = next(rest, output)
         elif joined_output(a):
             output = a[2:]
@@ -63,7 +85,7 @@ def suffix_language(name: str, cxx_driver: bool = False) -> str | None:
     """The language of the source file NAME by its suffix (clang++ compiles C as C++), None
     for any other (Objective-C, assembler, ...)."""
     dot = name.rfind(".")
-    language = _SUFFIXES.get(name[dot:]) if dot > 0 else None
+    language = TYPE_LANGUAGES.get(SOURCE_TYPES.get(name[dot:], "")) if dot > 0 else None
     return "c++" if language == "c" and cxx_driver else language
 
 
@@ -169,8 +191,14 @@ def links_with_lld(args: list[str]) -> bool:
 
 
 def is_source(arg: str) -> bool:
-    """Is ARG a source file the driver compiles (by its suffix)?"""
+    """Is ARG a source file the driver optimizes as it compiles (by its suffix)?"""
     return arg.endswith(SOURCE_SUFFIXES) and not arg.startswith("-")
+
+
+def takes_value(arg: str) -> bool:
+    """Is the driver option ARG's value the next argument (never an input, whatever it looks
+    like)?"""
+    return arg in SEPARATE_VALUE_OPTIONS or arg == "-x" or (arg.startswith("-X") and len(arg) > 2)
 
 
 def typed_sources(args: list[str]) -> set[int]:
@@ -185,7 +213,7 @@ def typed_sources(args: list[str]) -> set[int]:
             x = next(rest, (i, "none"))[1]
         elif a.startswith("-x") and len(a) > 2:
             x = a[2:]
-        elif a in SEPARATE_VALUE_OPTIONS or (a.startswith("-X") and len(a) > 2):
+        elif takes_value(a):
             next(rest, None)
         elif x in LANGUAGES and not a.startswith("-") and not is_source(a) and os.path.isfile(a):
             found.add(i)
@@ -210,7 +238,7 @@ def opt_level(args: list[str]) -> str | None:
             next(rest, None)
         elif a == "--optimize" or a.startswith("--optimize="):
             level = "-O" + a.removeprefix("--optimize").removeprefix("=")
-        elif a.startswith("-O") and a not in ("-ObjC", "-ObjC++"):
+        elif a.startswith("-O") and a not in NOT_LEVELS:
             level = a
     digits = level[2:]
     if not digits:
