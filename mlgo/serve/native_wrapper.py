@@ -1,8 +1,8 @@
 """Building and installing the native mlgo-cc (native/mlgo_cc.c), the fast path of
 mlgo.serve.cc. Its lists are not written in C: they are defined when it is built, from the
-Python modules that own them (the lease allow-list, the LLVM options that only report, the
-plugin's marks for the guard), so the two wrappers cannot drift apart; its build id says which
-mlgo built it.
+Python modules that own them (clang's command line as mlgo.llvm.driver reads it, the lease
+allow-list, the LLVM options that only report, the plugin's marks for the guard), so the two
+wrappers cannot drift apart; its build id says which mlgo built it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,16 @@ from functools import cache
 from pathlib import Path
 
 from mlgo.llvm.cmdline import ADVISED, DEPARTED, DEPARTURES_ENV, DEPARTURES_PREFIX
+from mlgo.llvm.driver import (
+    LEVELS,
+    NO_CODEGEN,
+    NOT_LEVELS,
+    OUTPUT_OPTIONS,
+    SOURCE_SUFFIXES,
+    SOURCE_TYPES,
+    TYPE_LANGUAGES,
+)
+from mlgo.llvm.languages import LANGUAGES
 from mlgo.runtime.csource import c_string
 from mlgo.runtime.messages import error_line
 from mlgo.serve.cc import REPORTING_LLVM_OPTIONS
@@ -28,9 +38,18 @@ NATIVE_SOURCE = Path(__file__).parent / "native" / "mlgo_cc.c"
 def native_lists() -> dict[str, list[str]]:
     """The string lists the native wrapper is built with (-D options): the lease allow-list
     of the registered problems, the LLVM options that only report, how a plugin's compile
-    tells the size guard that it made clang's own object, and the flag that names a plugin."""
+    tells the size guard that it made clang's own object, the flag that names a plugin, and
+    how clang's driver reads a command line (mlgo.llvm.driver)."""
     switches, channels, numbered = lease_allow_list()
     return {
+        "MLGO_SOURCE_SUFFIXES": list(SOURCE_SUFFIXES),
+        "MLGO_C_SUFFIXES": suffixes_of("c"),
+        "MLGO_CXX_SUFFIXES": suffixes_of("c++"),
+        "MLGO_LANGUAGES": list(LANGUAGES),
+        "MLGO_NO_CODEGEN": sorted(NO_CODEGEN),
+        "MLGO_LEVELS": list(LEVELS),
+        "MLGO_NOT_LEVELS": list(NOT_LEVELS),
+        "MLGO_OUTPUT_OPTIONS": list(OUTPUT_OPTIONS),
         "MLGO_LEASE_SWITCHES": sorted(switches),
         "MLGO_LEASE_CHANNELS": sorted(f"{c}=" for c in channels),
         "MLGO_LEASE_NUMBERED": sorted(f"{n}=" for n in numbered),
@@ -41,6 +60,11 @@ def native_lists() -> dict[str, list[str]]:
         "MLGO_ADVISED": [ADVISED],
         "MLGO_PLUGIN_FLAG": [PLUGIN_FLAG],
     }
+
+
+def suffixes_of(language: str) -> list[str]:
+    """The source suffixes of LANGUAGE (mlgo.llvm.languages), as the C driver reads them."""
+    return [s for s, kind in SOURCE_TYPES.items() if TYPE_LANGUAGES.get(kind) == language]
 
 
 @cache
