@@ -1,23 +1,25 @@
 """How clang's driver reads a command line, for mlgo-cc (both wrappers) and a recorded
 build: which inputs are sources and in which language (by suffix, or by `-x`), which options
 take the next argument as their value, `@file` response files, the output, the -O level,
-and the stage of an LTO link. The native wrapper (mlgo/serve/native/mlgo_cc.c) mirrors
-these rules. Standard library only: `mlgo-cc` imports this on every compiler invocation.
+and the stage of an LTO link. The native wrapper (mlgo/serve/native/mlgo_cc.c) follows the
+same rules and is built with these lists (mlgo.serve.native_wrapper); tests/test_driver.py
+holds the two to agree. Standard library only: `mlgo-cc` imports this on every compiler
+invocation.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from mlgo.llvm.languages import LANGUAGES
 
-# What clang's driver compiles an input as, by its suffix (its driver types, named as `-x`
-# names them; case matters: .C and .CPP are C++, .Cpp and .sx are linker inputs). Each makes
-# an object with -c. A policy may serve the optimizing compiles among them: all but assembly.
-# Not here: headers (precompiled, no code), LLVM IR and C++ module units (not what a build
-# compiles from source), CUDA, HIP and OpenCL (code for another device).
+# What clang's driver compiles an input as, by its suffix: its driver types, named as `-x`
+# and `clang -###` name them (tests/test_driver.py asks clang). Case matters: .C and .CPP are
+# C++, .Cpp is only linked. Each makes an object with -c; the optimizer runs on all but
+# assembly, so a policy may serve those. Left out: headers (precompiled, no code), LLVM IR and
+# C++ module units (not what a build compiles from its sources), CUDA, HIP and OpenCL (code
+# for another device), and GCC's .sx (clang only links it).
 SOURCE_TYPES = {
     ".c": "c",
     ".i": "cpp-output",
@@ -32,11 +34,11 @@ SOURCE_TYPES = {
     ".S": "assembler-with-cpp",
 }
 ASSEMBLY = ("assembler", "assembler-with-cpp")
-# The language mlgo tells a source of each type by (mlgo.llvm.languages); clang++ compiles C
-# as C++.
+# The language (mlgo.llvm.languages) of a source of each type; clang++ compiles C as C++.
 TYPE_LANGUAGES = {"c": "c", "cpp-output": "c", "c++": "c++", "c++-cpp-output": "c++"}
-COMPILED_SUFFIXES = tuple(SOURCE_TYPES)
+COMPILED_SUFFIXES = tuple(SOURCE_TYPES)  # what a recorded build made objects of
 SOURCE_SUFFIXES = tuple(s for s, kind in SOURCE_TYPES.items() if kind not in ASSEMBLY)
+# Options with which clang makes no code (preprocessing, checking, printing), and stdin.
 NO_CODEGEN = {"-E", "-M", "-MM", "-fsyntax-only", "-###", "--version", "--help", "-"}
 LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz", "-Og", "-Ofast")
 NOT_LEVELS = ("-ObjC", "-ObjC++")  # options that start as a level does
@@ -64,21 +66,9 @@ SEPARATE_VALUE_OPTIONS = frozenset({
 })  # fmt: skip
 
 
-def joined_output(arg: str) -> bool:
-    """-oFILE (not -objcmt-..., -object: other options that start alike)."""
-    return arg.startswith("-o") and len(arg) > 2 and not arg.startswith("-obj")
-
-
-def link_output(args: list[str]) -> str:
-    """What a link with ARGS writes: its last -o (or --output, -oFILE), or a.out."""
-    output = "a.out"
-    rest = iter(args)
-    for a in rest:
-        if a in OUTPUT_OPTIONS:
-            output = next(rest, output)
-        elif joined_output(a):
-            output = a[2:]
-    return output
+def is_source(arg: str) -> bool:
+    """Is ARG a source file the driver optimizes as it compiles (by its suffix)?"""
+    return arg.endswith(SOURCE_SUFFIXES) and not arg.startswith("-")
 
 
 def suffix_language(name: str, cxx_driver: bool = False) -> str | None:
@@ -89,27 +79,55 @@ def suffix_language(name: str, cxx_driver: bool = False) -> str | None:
     return "c++" if language == "c" and cxx_driver else language
 
 
-def source_language(
-    args: list[str], cxx_driver: bool, is_source: Callable[[str], bool]
-) -> str | None:
-    """The language of the sources among a driver's ARGS (IS_SOURCE tells them): set by the
-    last `-x LANG` before each, else by its suffix. None when they are of more than one
-    language, or of one neither C nor C++."""
-    found: set[str | None] = set()
+def takes_value(arg: str) -> bool:
+    """Is the driver option ARG's value the next argument (never an input, whatever it looks
+    like)?"""
+    return arg in SEPARATE_VALUE_OPTIONS or arg == "-x" or (arg.startswith("-X") and len(arg) > 2)
+
+
+def typed_sources(args: list[str]) -> set[int]:
+    """The positions in ARGS of inputs without a source suffix that clang compiles as C or
+    C++ because `-x c` or `-x c++` comes before them (until `-x none`): existing regular
+    files that are not an option's value. Those clang cannot read are its errors to report."""
+    found: set[int] = set()
     x = "none"
-    rest = iter(args)
-    for a in rest:
+    rest = iter(enumerate(args))
+    for i, a in rest:
         if a == "-x":
-            x = next(rest, "none")
+            x = next(rest, (i, "none"))[1]
         elif a.startswith("-x") and len(a) > 2:
             x = a[2:]
-        elif is_source(a):
-            found.add(suffix_language(a, cxx_driver) if x == "none" else _x_language(x))
+        elif takes_value(a):
+            next(rest, None)
+        elif x in LANGUAGES and not a.startswith("-") and not is_source(a) and os.path.isfile(a):
+            found.add(i)
+    return found
+
+
+def source_files(args: list[str]) -> list[str]:
+    """The source files among ARGS, by suffix or by -x (the guard compares only a compile of
+    one)."""
+    typed = typed_sources(args)
+    return [a for i, a in enumerate(args) if is_source(a) or i in typed]
+
+
+def compile_language(args: list[str], cxx_driver: bool) -> str | None:
+    """The language the sources among ARGS compile as (mlgo.llvm.languages): set by the last
+    `-x LANG` before each, else by its suffix. None when they are of more than one language,
+    or of one neither C nor C++."""
+    typed = typed_sources(args)
+    found: set[str | None] = set()
+    x = "none"
+    rest = iter(enumerate(args))
+    for i, a in rest:
+        if a == "-x":
+            x = next(rest, (i, "none"))[1]
+        elif a.startswith("-x") and len(a) > 2:
+            x = a[2:]
+        elif is_source(a) or i in typed:
+            by_x = x if x in LANGUAGES else None
+            found.add(suffix_language(a, cxx_driver) if x == "none" else by_x)
     return found.pop() if len(found) == 1 else None
-
-
-def _x_language(x: str) -> str | None:
-    return x if x in LANGUAGES else None
 
 
 def split_response_file(text: str) -> list[str]:
@@ -167,64 +185,21 @@ def expand_response_files(args: list[str], depth: int = 0) -> list[str]:
     return expanded
 
 
-def link_stage(args: list[str]) -> str | None:
-    """The stage of an LTO link (no source compiled, the last -flto switch not -fno-lto):
-    "link" for full LTO, whose link optimizes the whole program's bitcode once more, or
-    "thin-link" for ThinLTO, whose backends optimize each module again after import. A
-    link-time policy answers there; None for anything else."""
-    if NO_CODEGEN.intersection(args) or {"-c", "-S"}.intersection(args) or source_files(args):
-        return None
-    switches = [a for a in args if a in ("-flto", "-fno-lto") or a.startswith("-flto=")]
-    if not switches or switches[-1] == "-fno-lto":
-        return None
-    return "thin-link" if switches[-1] == "-flto=thin" else "link"
+def joined_output(arg: str) -> bool:
+    """-oFILE (not -objcmt-..., -object: other options that start alike)."""
+    return arg.startswith("-o") and len(arg) > 2 and not arg.startswith("-obj")
 
 
-def links_with_lld(args: list[str]) -> bool:
-    """Does clang's driver run lld (the last -fuse-ld or --ld-path names it)? Only lld loads
-    a pass plugin into its LTO backend; GNU ld's LLVM gold plugin cannot."""
-    linker = ""
-    for a in args:
-        if a.startswith(("-fuse-ld=", "--ld-path=")):
-            linker = a.partition("=")[2]
-    return linker == "lld" or Path(linker).name.startswith(("ld.lld", "lld"))
-
-
-def is_source(arg: str) -> bool:
-    """Is ARG a source file the driver optimizes as it compiles (by its suffix)?"""
-    return arg.endswith(SOURCE_SUFFIXES) and not arg.startswith("-")
-
-
-def takes_value(arg: str) -> bool:
-    """Is the driver option ARG's value the next argument (never an input, whatever it looks
-    like)?"""
-    return arg in SEPARATE_VALUE_OPTIONS or arg == "-x" or (arg.startswith("-X") and len(arg) > 2)
-
-
-def typed_sources(args: list[str]) -> set[int]:
-    """The positions in ARGS of inputs without a source suffix that clang compiles as C or
-    C++ because `-x c` or `-x c++` comes before them (until `-x none`): existing regular
-    files that are not an option's value. Those clang cannot read are its errors to report."""
-    found: set[int] = set()
-    x = "none"
-    rest = iter(enumerate(args))
-    for i, a in rest:
-        if a == "-x":
-            x = next(rest, (i, "none"))[1]
-        elif a.startswith("-x") and len(a) > 2:
-            x = a[2:]
-        elif takes_value(a):
-            next(rest, None)
-        elif x in LANGUAGES and not a.startswith("-") and not is_source(a) and os.path.isfile(a):
-            found.add(i)
-    return found
-
-
-def source_files(args: list[str]) -> list[str]:
-    """The source files among ARGS, by suffix or by -x (the guard compares only a compile of
-    one)."""
-    typed = typed_sources(args)
-    return [a for i, a in enumerate(args) if is_source(a) or i in typed]
+def link_output(args: list[str]) -> str:
+    """What a link with ARGS writes: its last -o (or --output, -oFILE), or a.out."""
+    output = "a.out"
+    rest = iter(args)
+    for a in rest:
+        if a in OUTPUT_OPTIONS:
+            output = next(rest, output)
+        elif joined_output(a):
+            output = a[2:]
+    return output
 
 
 def opt_level(args: list[str]) -> str | None:
@@ -248,7 +223,24 @@ def opt_level(args: list[str]) -> str | None:
     return level if level in LEVELS else None
 
 
-def compile_language(args: list[str], cxx_driver: bool) -> str | None:
-    """The language the sources among ARGS compile as, None if mixed or neither C nor C++."""
-    typed = {args[i] for i in typed_sources(args)}
-    return source_language(args, cxx_driver, lambda a: is_source(a) or a in typed)
+def link_stage(args: list[str]) -> str | None:
+    """The stage of an LTO link (no source compiled, the last -flto switch not -fno-lto):
+    "link" for full LTO, whose link optimizes the whole program's bitcode once more, or
+    "thin-link" for ThinLTO, whose backends optimize each module again after import. A
+    link-time policy answers there; None for anything else."""
+    if NO_CODEGEN.intersection(args) or {"-c", "-S"}.intersection(args) or source_files(args):
+        return None
+    switches = [a for a in args if a in ("-flto", "-fno-lto") or a.startswith("-flto=")]
+    if not switches or switches[-1] == "-fno-lto":
+        return None
+    return "thin-link" if switches[-1] == "-flto=thin" else "link"
+
+
+def links_with_lld(args: list[str]) -> bool:
+    """Does clang's driver run lld (the last -fuse-ld or --ld-path names it)? Only lld loads
+    a pass plugin into its LTO backend; GNU ld's LLVM gold plugin cannot."""
+    linker = ""
+    for a in args:
+        if a.startswith(("-fuse-ld=", "--ld-path=")):
+            linker = a.partition("=")[2]
+    return linker == "lld" or Path(linker).name.startswith(("ld.lld", "lld"))

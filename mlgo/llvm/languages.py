@@ -14,5 +14,5 @@ LABELS = {"c": "C", "c++": "C++"}
 
 
 def label(language: str | None) -> str:
-    """How a message names LANGUAGE (None: what `source_language` cannot tell)."""
+    """How a message names LANGUAGE (None: what `driver.compile_language` cannot tell)."""
     return LABELS.get(language or "", "mixed-language or other")

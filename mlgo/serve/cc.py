@@ -6,21 +6,22 @@ anything else (preprocessing, `--version`, pure links) runs the compiler as is. 
 serves only compiles at the -O level it was trained for (the last -O flag, as clang reads
 it): the others run the compiler as is, and the first of each level in the service's
 lifetime prints one note saying so. What the wrapper reads to decide this is what clang's
-driver reads: `@file` response files expanded (the compiler still gets them as they are), and
-an input without a C or C++ suffix that `-x c` or `-x c++` makes a source (an existing file,
-not an option's value); the native wrapper hands both cases to this module.
+driver reads (mlgo.llvm.driver): `@file` response files expanded (the compiler still gets
+them as they are), and an input without a C or C++ suffix that `-x c` or `-x c++` makes a
+source (an existing file, not an option's value); the native wrapper hands both cases to this
+module.
 
 A build must never fail or hang because of the policy. If the service is down or cannot
 start, if a channel fails (policy crash, garbage answer, unknown feature layout), if the
 service dies mid-compilation or the compile outlives MLGO_TIMEOUT, the compiler is killed
 and the file is compiled again with the default heuristic, with a one-line warning.
 The same happens when the socket is not this user's (mlgo.serve.client) or the lease carries a
-flag no lease may carry: only the channel options of the served problems, on a FIFO in
-this user's runtime directory, and a plugin from this user's cache of built plugins that no
-other user could have written (mlgo.runtime.trust). MLGO_STRICT=1 turns that warning into
-an error instead. A compile that fails with the policy's flags is done again plainly: if
-that passes, the flags broke it (a plugin that does not load, a compiler that is not
-clang), which is one warning; under MLGO_STRICT the failure stands, as clang reported it.
+flag no lease may carry (mlgo.serve.lease): only the channel options of the served problems,
+on a FIFO in this user's runtime directory, and a plugin from this user's cache of built
+plugins that no other user could have written (mlgo.runtime.trust). MLGO_STRICT=1 turns that
+warning into an error instead. A compile that fails with the policy's flags is done again
+plainly: if that passes, the flags broke it (a plugin that does not load, a compiler that is
+not clang), which is one warning; under MLGO_STRICT the failure stands, as clang reported it.
 
 Environment: MLGO_CC / MLGO_CXX (default clang-22 / clang++-22), MLGO_POLICY (policy
 directories, ':'-separated, for a service started on demand; default: the shipped

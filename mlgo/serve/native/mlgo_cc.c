@@ -97,7 +97,7 @@ static const char *suffix_language(const char *name, int cxx) {
   return one_of(dot, cxx_suffixes) ? "c++" : NULL;
 }
 
-/* Same rule as mlgo.llvm.driver.source_language: the sources' language by the last -x
+/* Same rule as mlgo.llvm.driver.compile_language: the sources' language by the last -x
  * before each, else by suffix; NULL when mixed or neither C nor C++. */
 static const char *source_language(int argc, char **argv, int cxx) {
   const char *x = "none", *found = NULL;
