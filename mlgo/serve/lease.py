@@ -1,9 +1,6 @@
-"""What a lease may carry: the rules both wrappers hold the service's answer to before any of
-it reaches the compiler. Whatever answers on the socket must not get to choose what the
-compiler runs: only the channel options of the served problems, on a FIFO in this user's
-runtime directory, their base switches with a number, and a plugin from this user's cache of
-built plugins that no other user could have written (mlgo.runtime.trust). The native wrapper
-is built with the same allow-list (mlgo.serve.native_wrapper).
+"""The rules both wrappers hold a lease to before any of its flags reaches the compiler:
+whatever answers on the socket must not get to choose what the compiler runs. The native
+wrapper is built with the same allow-list (mlgo.serve.native_wrapper).
 """
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ def native_lists() -> dict[str, list[str]]:
 
 
 def suffixes_of(language: str) -> list[str]:
-    """The source suffixes of LANGUAGE (mlgo.llvm.languages), as the C driver reads them."""
+    """The source suffixes of LANGUAGE (mlgo.llvm.languages): the C wrapper's table of
+    `driver.suffix_language`."""
     return [s for s, kind in SOURCE_TYPES.items() if TYPE_LANGUAGES.get(kind) == language]
 
 
