@@ -223,17 +223,25 @@ def opt_level(args: list[str]) -> str | None:
     return level if level in LEVELS else None
 
 
-def link_stage(args: list[str]) -> str | None:
-    """The stage of an LTO link (no source compiled, the last -flto switch not -fno-lto):
-    "link" for full LTO, whose link optimizes the whole program's bitcode once more, or
-    "thin-link" for ThinLTO, whose backends optimize each module again after import. A
-    link-time policy answers there; None for anything else."""
-    if NO_CODEGEN.intersection(args) or {"-c", "-S"}.intersection(args) or source_files(args):
-        return None
+def lto(args: list[str]) -> str | None:
+    """The LTO clang compiles (to bitcode, not an ELF object) or links with: "thin" when the
+    last -flto switch is -flto=thin, "full" for another, None when there is none or it is
+    -fno-lto."""
     switches = [a for a in args if a in ("-flto", "-fno-lto") or a.startswith("-flto=")]
     if not switches or switches[-1] == "-fno-lto":
         return None
-    return "thin-link" if switches[-1] == "-flto=thin" else "link"
+    return "thin" if switches[-1] == "-flto=thin" else "full"
+
+
+def link_stage(args: list[str]) -> str | None:
+    """The stage of an LTO link (no source compiled, an -flto switch not undone): "link" for
+    full LTO, whose link optimizes the whole program's bitcode once more, or "thin-link" for
+    ThinLTO, whose backends optimize each module again after import. A link-time policy
+    answers there; None for anything else."""
+    if NO_CODEGEN.intersection(args) or {"-c", "-S"}.intersection(args) or source_files(args):
+        return None
+    mode = lto(args)
+    return None if mode is None else "thin-link" if mode == "thin" else "link"
 
 
 def links_with_lld(args: list[str]) -> bool:
