@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mlgo.corpus.extract import Invocation
+from mlgo.llvm.cmdline import SIDE_OUTPUTS_WITH_VALUE
 from mlgo.llvm.driver import (
     ASSEMBLY,
     LEVELS,
@@ -87,6 +88,8 @@ def test_a_recorded_calls_inputs_are_no_options_values():
     for option in (*SEPARATE_VALUE_OPTIONS, "-x", "-Xclang", "-Xlinker"):
         call = Invocation(Path("."), ["cc", "-c", "a.c", option, "v.c", "b.o"])
         assert call.inputs() == ["a.c", "b.o"], option
+    # what a second compile leaves out with its value is a value the driver knows of
+    assert SIDE_OUTPUTS_WITH_VALUE <= SEPARATE_VALUE_OPTIONS
 
 
 @pytest.fixture(scope="module")
