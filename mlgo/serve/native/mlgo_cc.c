@@ -48,7 +48,7 @@
     !defined(MLGO_PLUGIN_FLAG) || !defined(MLGO_SOURCE_SUFFIXES) || !defined(MLGO_C_SUFFIXES) || \
     !defined(MLGO_CXX_SUFFIXES) || !defined(MLGO_LANGUAGES) || !defined(MLGO_NO_CODEGEN) ||      \
     !defined(MLGO_LEVELS) || !defined(MLGO_NOT_LEVELS) || !defined(MLGO_OUTPUT_OPTIONS)
-#error "build with mlgo.serve.native_wrapper.build_native_wrapper: it defines MLGO_PYTHON and the lists"
+#error "build with mlgo.serve.native_wrapper: it defines MLGO_PYTHON and the lists"
 #endif
 
 #define MAX_FLAGS 64
