@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mlgo.corpus.extract import Invocation
+from mlgo.corpus.extract import Compile, Invocation, surviving
 from mlgo.llvm.cmdline import SIDE_OUTPUTS_WITH_VALUE
 from mlgo.llvm.driver import (
     ASSEMBLY,
@@ -180,3 +180,21 @@ def test_the_native_wrapper_reads_command_lines_as_python_does(checker, tmp_path
             continue
         assert native + "\n" == python_reading(args), args
     assert len(lines) > 500 and 0 < handed < len(lines) / 4, (len(lines), handed)
+
+
+def test_a_recorded_compile_is_of_the_object_clang_wrote(tc, tmp_path):
+    """The object of a recorded compile is the output clang writes: the last one named, in
+    any spelling (it once was the first `-o` alone)."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "x.c").write_text("int f(void) { return 1; }\n")
+    r = subprocess.run([tc.clang, "-c", "x.c", "-o", "out/x.o"], cwd=tmp_path)
+    assert r.returncode == 0
+    for args in (
+        ["-c", "x.c", "-o", "gone.o", "-o", "out/x.o"],
+        ["-c", "x.c", "-oout/x.o"],
+        ["-c", "x.c", "--output", "out/x.o"],
+    ):
+        assert surviving([(tmp_path, args, "x.c")]) == [
+            Compile(tmp_path / "x.c", tmp_path / "out/x.o")
+        ], args
+    assert surviving([(tmp_path, ["-c", "x.c"], "x.c")]) == []  # x.o: not written

@@ -190,9 +190,9 @@ def joined_output(arg: str) -> bool:
     return arg.startswith("-o") and len(arg) > 2 and not arg.startswith("-obj")
 
 
-def link_output(args: list[str]) -> str:
-    """What a link with ARGS writes: its last -o (or --output, -oFILE), or a.out."""
-    output = "a.out"
+def named_output(args: list[str]) -> str | None:
+    """The output ARGS name: the last -o (or --output, -oFILE); None when none does."""
+    output = None
     rest = iter(args)
     for a in rest:
         if a in OUTPUT_OPTIONS:
@@ -200,6 +200,12 @@ def link_output(args: list[str]) -> str:
         elif joined_output(a):
             output = a[2:]
     return output
+
+
+def link_output(args: list[str]) -> str:
+    """What a link with ARGS writes: the output they name, or a.out."""
+    output = named_output(args)
+    return "a.out" if output is None else output
 
 
 def opt_level(args: list[str]) -> str | None:
