@@ -14,22 +14,21 @@ from pathlib import Path
 import pytest
 
 import mlgo.serve.cc as cc_module
-from mlgo.llvm.cmdline import link_output
-from mlgo.serve.cc import (
+from mlgo.llvm.driver import (
     RESPONSE_FILE_DEPTH,
     SEPARATE_VALUE_OPTIONS,
-    build_native_wrapper,
     compile_language,
     expand_response_files,
+    link_output,
     link_stage,
     links_with_lld,
     opt_level,
-    optimizes,
-    run,
     source_files,
     split_response_file,
     typed_sources,
 )
+from mlgo.serve.cc import optimizes, run
+from mlgo.serve.native_wrapper import build_native_wrapper
 from tests import test_service
 from tests.test_service import SOURCES
 

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from mlgo.llvm.cmdline import SIDE_OUTPUT_PREFIXES, SIDE_OUTPUTS, SIDE_OUTPUTS_WITH_VALUE
+from mlgo.llvm.driver import compile_language, source_files
 from mlgo.llvm.sizes import text_size
 from mlgo.problems.policy_files import load_policy, save_policy
-from mlgo.serve.cc import build_native_wrapper, compile_language, optimizes, source_files
+from mlgo.serve.cc import optimizes
 from mlgo.serve.guard import (
     GUARD_SCRATCH,
     UNGUARDED,
@@ -25,6 +26,7 @@ from mlgo.serve.guard import (
     default_args,
     guarded_object,
 )
+from mlgo.serve.native_wrapper import build_native_wrapper
 from tests import test_service
 from tests.test_service import CXX_SOURCE, MLGO_CC, SHIPPED, SOURCES, Service
 

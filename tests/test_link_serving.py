@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from mlgo.corpus.record import record
-from mlgo.llvm.cmdline import link_output
+from mlgo.llvm.driver import link_output, link_stage, links_with_lld
 from mlgo.llvm.sizes import text_size
 from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
-from mlgo.serve.cc import at_link, link_stage, links_with_lld
 from mlgo.serve.client import ServiceError
 from mlgo.serve.guard import guarded_link
+from mlgo.serve.lease import at_link
 from tests import test_service
 from tests.conftest import MLGO, run_mlgo
 from tests.test_guard import save_inline_all

@@ -19,8 +19,9 @@ import pytest
 
 from mlgo.problems import get_problem, problems
 from mlgo.runtime.files import cache_subdir
-from mlgo.serve.cc import check_lease_flags
 from mlgo.serve.client import ServiceError, request
+from mlgo.serve.lease import check_lease_flags, lease_allow_list
+from mlgo.serve.native_wrapper import build_native_wrapper
 from tests import fake_problem, test_service
 from tests.conftest import MLGO
 from tests.test_service import SHIPPED, SOURCES, Service, mlgo_cc
@@ -161,20 +162,19 @@ def test_a_new_problem_is_allowed_its_flags_by_one_line(tmp_path, monkeypatch):
     """The lease allow-list comes from the registered problems alone: a third problem's
     channel passes both wrappers' checks once its module is in MODULES, and not before."""
     import mlgo.problems
-    from mlgo.serve import cc as wrapper
 
     (tmp_path / "channels").mkdir()
     flags = fake_problem.channel_flags(str(tmp_path / "channels" / "1-1-fake-choice"))
 
     def accepted() -> tuple[bool, bool]:
-        wrapper.lease_allow_list.cache_clear()
+        lease_allow_list.cache_clear()
         try:
             check_lease_flags(flags, tmp_path)
             python = True
         except ServiceError:
             python = False
         checker = tmp_path / "checker"
-        wrapper.build_native_wrapper(checker, "-DMLGO_GUARD_CHECK")
+        build_native_wrapper(checker, "-DMLGO_GUARD_CHECK")
         native = subprocess.run([checker, "lease", str(tmp_path), *flags], capture_output=True)
         return python, native.stdout == b"1\n"
 
@@ -184,17 +184,16 @@ def test_a_new_problem_is_allowed_its_flags_by_one_line(tmp_path, monkeypatch):
         monkeypatch.setattr(mlgo.problems, "MODULES", registered)
         assert accepted() == (True, True)
     finally:
-        wrapper.lease_allow_list.cache_clear()
+        lease_allow_list.cache_clear()
 
 
 def test_a_policys_base_passes_both_checks_as_a_number_alone(tmp_path):
     """A policy's base (inlining-speed's inline threshold) reaches the compiler as its switch
     and digits; anything else after the switch is refused by both wrappers."""
-    from mlgo.serve import cc as wrapper
 
     (tmp_path / "channels").mkdir()
     checker = tmp_path / "checker"
-    wrapper.build_native_wrapper(checker, "-DMLGO_GUARD_CHECK")
+    build_native_wrapper(checker, "-DMLGO_GUARD_CHECK")
     for value, ok in (("400", True), ("0400", True), ("4e2", False), ("400x", False)):
         flags = ["-mllvm", f"-inline-threshold={value}"]
         native = subprocess.run([checker, "lease", str(tmp_path), *flags], capture_output=True)

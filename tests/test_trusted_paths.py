@@ -21,8 +21,8 @@ import pytest
 from mlgo.corpus.record import work_dir
 from mlgo.runtime.files import cache_dir, content_cached
 from mlgo.runtime.trust import UntrustedPathError, private_dir
-from mlgo.serve.cc import build_native_wrapper
 from mlgo.serve.guard import GUARD_SCRATCH, put_in_place
+from mlgo.serve.native_wrapper import build_native_wrapper
 from tests import test_guard, test_security, test_service, test_trust
 from tests.cli_helpers import mlgo, one_line_error
 from tests.test_security import NOBODY, start_fake

@@ -18,6 +18,7 @@ import pytest
 from mlgo.corpus.format import CorpusError, Module
 from mlgo.data import ir2vec_vocabulary
 from mlgo.errors import UsageError
+from mlgo.llvm.driver import opt_level
 from mlgo.llvm.log_format import (
     Header,
     LogFormatError,
@@ -35,7 +36,6 @@ from mlgo.problems.normalizer import Normalizer
 from mlgo.problems.policy_files import load_policy
 from mlgo.problems.regalloc_eviction import VIRT_REG, spill_costs
 from mlgo.runtime.commands import BuildError
-from mlgo.serve.cc import opt_level
 from mlgo.serve.guard import default_args, guarded_object
 from mlgo.train import Adam
 from mlgo.train.es import _ranks

@@ -27,7 +27,7 @@ from rich.table import Table
 from mlgo.data import shipped_policy
 from mlgo.programs.build import policy_service
 from mlgo.programs.measure import paired_change
-from mlgo.serve.cc import build_native_wrapper
+from mlgo.serve.native_wrapper import build_native_wrapper
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 

@@ -80,8 +80,9 @@ def channel(
     starts the service (as mlgo-cc would) when none is running. When the policy needs more
     than the base (a gated one needs the compiler's own answer), a note says which flags."""
     from mlgo.problems import get_problem
-    from mlgo.serve.cc import by_hand, check_lease_flags
+    from mlgo.serve.cc import by_hand
     from mlgo.serve.client import socket_path
+    from mlgo.serve.lease import check_lease_flags
 
     path = socket or socket_path()
     reply = by_hand(path, socket is None, {"op": "channel", "problem": problem, "ttl_s": ttl})
@@ -113,8 +114,9 @@ def flags(
     only link-time policies of that kind answer. Nothing when CFLAGS select a level (or
     --language one) no policy serves. Starts the service (as mlgo-cc would) when none is
     running."""
+    from mlgo.llvm.driver import link_stage
     from mlgo.llvm.languages import LANGUAGES
-    from mlgo.serve.cc import flags_by_hand, link_stage
+    from mlgo.serve.cc import flags_by_hand
     from mlgo.serve.client import socket_path
 
     if language not in LANGUAGES:
@@ -131,7 +133,7 @@ def flags(
 def install_wrappers() -> None:
     """Install the native mlgo-cc/mlgo-c++ (C; no interpreter start-up per compile) over
     the Python entry points, which they hand every uncommon case to. tools/setup.sh runs it."""
-    from mlgo.serve.cc import install_native_wrappers
+    from mlgo.serve.native_wrapper import install_native_wrappers
 
     for path in install_native_wrappers(Path(sys.executable).parent):
         console.print(f"installed {path}")

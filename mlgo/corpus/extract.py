@@ -21,6 +21,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from mlgo.corpus.format import DESCRIPTION, CorpusError, read_stage, write_description
+from mlgo.llvm.driver import COMPILED_SUFFIXES, named_output, takes_value
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_write_text
@@ -158,18 +159,6 @@ def kept_compiles(recorded: Path) -> list[Compile]:
     return keep
 
 
-# What a compiler driver compiles, by suffix: C, C++, Objective-C, preprocessed, assembly.
-COMPILED_SUFFIXES = (
-    *(".c", ".cc", ".cpp", ".cxx", ".c++", ".cp", ".C", ".CPP"),
-    *(".m", ".mm", ".i", ".ii", ".s", ".S", ".sx"),
-)
-# Options whose value is the next argument and may look like an input.
-_NAMES_A_FILE = {
-    *("-o", "-MF", "-MT", "-MQ", "-MJ", "-include", "-imacros", "-Xclang", "-x"),
-    *("-Xlinker", "-T", "-L", "-l"),
-}
-
-
 @dataclass(frozen=True)
 class Invocation:
     """One call of a recording wrapper: its working directory and the command it ran, the
@@ -184,7 +173,7 @@ class Invocation:
         return [
             a
             for i, a in enumerate(args)
-            if not a.startswith("-") and (i == 0 or args[i - 1] not in _NAMES_A_FILE)
+            if not a.startswith("-") and (i == 0 or not takes_value(args[i - 1]))
         ]
 
 
@@ -238,16 +227,17 @@ def objects_without_bitcode(tree: Path, since: float, known: set[Path]) -> list[
 
 def surviving(steps: list[tuple[Path, list[str], str]]) -> list[Compile]:
     """The (directory, arguments, source) compile STEPS whose object is a relocatable object
-    file that survived the build, one per object. A `cc -c dir/x.c` without `-o` writes x.o
-    in its working directory. An object its source was compiled to twice (with other flags
+    file that survived the build, one per object: the output its arguments name, as clang
+    reads them (mlgo.llvm.driver); a `cc -c dir/x.c` without `-o` writes x.o in its working
+    directory. An object its source was compiled to twice (with other flags
     the second time) holds the last compile's bitcode, and is one module; one that several
     sources claim (a compile-and-link step's program) is none."""
     compiles: dict[Path, Compile] = {}
     sources: dict[Path, set[Path]] = {}
     for directory, args, file in steps:
         source = directory / file
-        if "-o" in args[:-1]:
-            obj = directory / args[args.index("-o") + 1]
+        if (output := named_output(args)) is not None:
+            obj = directory / output
         elif "-c" in args:
             obj = directory / source.with_suffix(".o").name
         else:

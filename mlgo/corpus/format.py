@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlgo.errors import MlgoError
-from mlgo.llvm.languages import suffix_language
+from mlgo.llvm.driver import suffix_language
 from mlgo.problems import LTO_STAGES, STAGES
 
 if TYPE_CHECKING:

@@ -28,9 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from mlgo.corpus.extract import COMPILED_SUFFIXES, Invocation
+from mlgo.corpus.extract import Invocation
 from mlgo.corpus.format import Corpus
-from mlgo.llvm.cmdline import link_output, without_outputs
+from mlgo.llvm.cmdline import without_outputs
+from mlgo.llvm.driver import COMPILED_SUFFIXES, link_output
 from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import STAGE_FLAGS

@@ -48,13 +48,12 @@ from mlgo.corpus.format import DESCRIPTION, write_description
 from mlgo.corpus.lto import Link, logged_links, lto_flags, write_link_modules
 from mlgo.corpus.wrappers import RECORD_FLAGS, build_env
 from mlgo.llvm.cmdline import without_outputs
+from mlgo.llvm.driver import suffix_language
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_directory, cache_subdir
 from mlgo.runtime.messages import error_line
 
-C_SUFFIXES = {".c"}
-CXX_SUFFIXES = {".cc", ".cpp", ".cxx", ".c++", ".cp", ".C", ".CPP"}
 # A database written for gcc may carry warning options clang lacks, and -Werror with them.
 _FROM_FLAGS = ["-Wno-error", "-Wno-unknown-warning-option"]
 
@@ -157,10 +156,11 @@ def record_from(
             skipped.append(f"{where}: no 'file' and command line, not recorded")
             continue
         source = Path(entry["directory"]) / entry["file"]
-        if source.suffix not in C_SUFFIXES | CXX_SUFFIXES:
+        language = suffix_language(source.name)
+        if language is None:
             skipped.append(f"{source}: not C or C++, not recorded")
             continue
-        clang = tc.clangxx if source.suffix in CXX_SUFFIXES else tc.clang
+        clang = tc.clangxx if language == "c++" else tc.clang
         obj = objects / f"{i}.o"
         # Nothing written into the user's build tree: no -o there, no dependency file.
         kept = [a for a in without_outputs(argv[1:]) if a != "-c"]

@@ -5,6 +5,8 @@ write only its own output."""
 
 from __future__ import annotations
 
+from mlgo.llvm.driver import joined_output
+
 # What MLGO_GUARD, or a policy's own `guard`, may name: `size`, the smaller of the policy's
 # and the default's output kept (mlgo.serve.guard does it).
 GUARDS = ("size",)
@@ -37,23 +39,6 @@ SIDE_OUTPUT_PREFIXES = (
     "-save-stats",
     "--save-stats",
 )
-
-
-def joined_output(arg: str) -> bool:
-    """-oFILE (not -objcmt-..., -object: other options that start alike)."""
-    return arg.startswith("-o") and len(arg) > 2 and not arg.startswith("-obj")
-
-
-def link_output(args: list[str]) -> str:
-    """What a link with ARGS writes: its last -o (or --output, -oFILE), or a.out."""
-    output = "a.out"
-    rest = iter(args)
-    for a in rest:
-        if a in ("-o", "--output"):
-            output = next(rest, output)
-        elif joined_output(a):
-            output = a[2:]
-    return output
 
 
 # lld options that write a file besides the program, or keep state between links (a ThinLTO

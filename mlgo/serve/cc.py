@@ -6,22 +6,23 @@ anything else (preprocessing, `--version`, pure links) runs the compiler as is. 
 serves only compiles at the -O level it was trained for (the last -O flag, as clang reads
 it): the others run the compiler as is, and the first of each level in the service's
 lifetime prints one note saying so. What the wrapper reads to decide this is what clang's
-driver reads: `@file` response files expanded (the compiler still gets them as they are), and
-an input without a C or C++ suffix that `-x c` or `-x c++` makes a source (an existing file,
-not an option's value); the native wrapper hands both cases to this module.
+driver reads (mlgo.llvm.driver): `@file` response files expanded (the compiler still gets
+them as they are), and an input without a C or C++ suffix that `-x c` or `-x c++` makes a
+source (an existing file, not an option's value); the native wrapper hands both cases to this
+module.
 
 A build must never fail or hang because of the policy. If the service is down or cannot
 start, if a channel fails (policy crash, garbage answer, unknown feature layout), if the
 service dies mid-compilation or the compile outlives MLGO_TIMEOUT, the compiler is killed
 and the file is compiled again with the default heuristic, with a one-line warning.
 The same happens when the socket is not this user's (mlgo.serve.client) or the lease carries a
-flag no lease may carry: only the channel options of the served problems, on a FIFO in
-this user's runtime directory, and a plugin from this user's cache of built plugins that no
-other user could have written (mlgo.runtime.trust), given to the compiler by the resolved
-path that was checked. MLGO_STRICT=1 turns that warning into
-an error instead. A compile that fails with the policy's flags is done again plainly: if
-that passes, the flags broke it (a plugin that does not load, a compiler that is not
-clang), which is one warning; under MLGO_STRICT the failure stands, as clang reported it.
+flag no lease may carry (mlgo.serve.lease): only the channel options of the served problems,
+on a FIFO in this user's runtime directory, and a plugin from this user's cache of built
+plugins that no other user could have written (mlgo.runtime.trust), given to the compiler by
+the resolved path that was checked. MLGO_STRICT=1 turns that warning into an error instead.
+A compile that fails with the policy's flags is done again plainly: if that passes, the flags
+broke it (a plugin that does not load, a compiler that is not clang), which is one warning;
+under MLGO_STRICT the failure stands, as clang reported it.
 
 Environment: MLGO_CC / MLGO_CXX (default clang-22 / clang++-22), MLGO_POLICY (policy
 directories, ':'-separated, for a service started on demand; default: the shipped
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import json
 import math
 import os
 import select
@@ -48,24 +48,26 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
-from functools import cache
 from pathlib import Path
 
 from mlgo.data import default_policies
 from mlgo.errors import UsageError
 from mlgo.llvm.cmdline import (
-    ADVISED,
-    DEPARTED,
     DEPARTURES_ENV,
     DEPARTURES_PREFIX,
-    link_output,
     made_default_object,
 )
-from mlgo.llvm.languages import LANGUAGES, source_language
-from mlgo.runtime.csource import c_string
-from mlgo.runtime.files import cache_dir
+from mlgo.llvm.driver import (
+    NO_CODEGEN,
+    compile_language,
+    expand_response_files,
+    link_output,
+    link_stage,
+    links_with_lld,
+    opt_level,
+    source_files,
+)
 from mlgo.runtime.messages import error_line
-from mlgo.runtime.trust import UntrustedPathError, path_problem
 from mlgo.serve.client import (
     Connection,
     ServiceError,
@@ -75,16 +77,14 @@ from mlgo.serve.client import (
     socket_path,
 )
 from mlgo.serve.guard import (
-    GUARD_SCRATCH,
     GUARDS,
     guard_from_env,
     guarded_link,
     guarded_object,
     keep_smaller,
 )
+from mlgo.serve.lease import PLUGIN_FLAG, at_link, check_lease_flags
 
-SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".c++", ".C", ".i", ".ii", ".m", ".mm")
-NO_CODEGEN = {"-E", "-M", "-MM", "-fsyntax-only", "-###", "--version", "--help", "-"}
 # LLVM options of a user's own (-mllvm X) that only report what the compiler did, so a
 # compile with them is still served: the block address map's frequencies (block_costs).
 # Any other -mllvm option leaves the compile to clang, whose options it may be setting.
@@ -94,89 +94,7 @@ TIMED_OUT = "no result within MLGO_TIMEOUT"
 START_TIMEOUT_S = 180.0  # the first start may AOT-compile the policy (about 20 s)
 START_RETRY_S = 60.0  # after a failed start, fall back at once for this long (same policies)
 DEFAULT_TIMEOUT_S = 900.0
-# What a lease may carry: the -mllvm switches and channel options of the registered problems'
-# serving flags (`lease_allow_list`; a channel's FIFO base must lie in the runtime directory's
-# channels/), their base switches with a number, and -fpass-plugin= (a plugin in the cache of
-# built ones, trusted).
-PLUGIN_FLAG = "-fpass-plugin="
 DEFAULT_POLICY = os.pathsep.join(str(p) for p in default_policies())
-LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Oz", "-Og", "-Ofast")
-# Nested response files deeper than this stay unexpanded (clang stops only at a cycle).
-RESPONSE_FILE_DEPTH = 8
-# Driver options whose value is the next argument (clang's Separate and JoinedOrSeparate ones,
-# and GCC's long spellings): that value is never an input, whatever -x says. Every -X option
-# (-Xclang, -Xlinker, ...) takes one too. The native wrapper skips -o, -MF, -MT, -MQ, -MJ,
-# --serialize-diagnostics and -X* alike (a subset: what it does not skip, it hands over).
-SEPARATE_VALUE_OPTIONS = frozenset({
-    "-o", "--output", "-MF", "-MT", "-MQ", "-MJ", "--serialize-diagnostics",
-    "-serialize-diagnostics", "-dependency-file", "-dependency-dot", "-include", "--include",
-    "-include-pch", "-imacros", "--imacros", "-idirafter", "-iprefix", "-iquote", "-isysroot",
-    "-isystem", "-isystem-after", "-iwithprefix", "-iwithprefixbefore", "-iwithsysroot",
-    "-iframework", "-iframeworkwithsysroot", "-ivfsoverlay", "-vfsoverlay", "-cxx-isystem",
-    "-stdlib++-isystem", "-iapinotes-modules", "-I", "--include-directory", "-L",
-    "--library-directory", "-F", "-B", "-D", "--define-macro", "-U", "--undefine-macro", "-A",
-    "--assert", "-T", "-G", "-b", "-z", "-l", "-u", "-e", "-mllvm", "-mmlir", "-arch", "-target",
-    "--sysroot", "--config", "--language", "-resource-dir", "-working-directory", "-dumpdir",
-    "-dsym-dir", "-ccc-gcc-name", "-ccc-install-dir", "-module-dependency-dir",
-    "-gen-cdb-fragment-path", "-meabi", "-mthread-model", "-darwin-target-variant",
-    "-darwin-target-variant-triple", "-hlsl-entry", "-fmodules-user-build-path",
-    "--analyzer-output", "-filelist", "-framework", "-rpath", "--param",
-})  # fmt: skip
-
-
-def split_response_file(text: str) -> list[str]:
-    """The arguments in a response file, split as clang splits them on Unix (LLVM's
-    TokenizeGNUCommandLine, which differs from a shell's): whitespace separates, '...' and
-    "..." quote, a backslash escapes the next character even inside quotes, an unclosed quote
-    ends at the end, and a quoted empty string is no argument."""
-    words: list[str] = []
-    token: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == "\\" and i + 1 < n:
-            token.append(text[i + 1])
-            i += 1
-        elif c in "'\"":
-            i += 1
-            while i < n and text[i] != c:
-                if text[i] == "\\" and i + 1 < n:
-                    i += 1
-                token.append(text[i])
-                i += 1
-        elif c in " \t\r\n":
-            if token:
-                words.append("".join(token))
-                token = []
-        else:
-            token.append(c)
-        i += 1
-    if token:
-        words.append("".join(token))
-    return words
-
-
-def expand_response_files(args: list[str], depth: int = 0) -> list[str]:
-    """ARGS as clang's driver reads them: each `@FILE` replaced by the arguments in FILE,
-    nested ones too (named relative to the working directory, as clang does), up to
-    RESPONSE_FILE_DEPTH. A FILE that cannot be read stays as the literal argument, as in
-    clang, and so does one that is not a regular file: reading a pipe (`@<(...)`) would take
-    its arguments from the compiler. For what the wrapper decides only: the compiler is given
-    ARGS as they are."""
-    expanded: list[str] = []
-    for a in args:
-        if not a.startswith("@") or depth >= RESPONSE_FILE_DEPTH or not os.path.isfile(a[1:]):
-            expanded.append(a)
-            continue
-        try:
-            with open(a[1:], "rb") as f:
-                data = f.read()
-        except OSError:
-            expanded.append(a)
-            continue
-        text = data.removeprefix(b"\xef\xbb\xbf").decode(errors="surrogateescape")
-        expanded += expand_response_files(split_response_file(text), depth + 1)
-    return expanded
 
 
 def sets_llvm_options(args: list[str]) -> bool:
@@ -194,91 +112,6 @@ def optimizes(args: list[str]) -> bool:
     if NO_CODEGEN.intersection(args) or sets_llvm_options(args):
         return False
     return bool(source_files(args))
-
-
-def link_stage(args: list[str]) -> str | None:
-    """The stage of an LTO link (no source compiled, the last -flto switch not -fno-lto):
-    "link" for full LTO, whose link optimizes the whole program's bitcode once more, or
-    "thin-link" for ThinLTO, whose backends optimize each module again after import. A
-    link-time policy answers there; None for anything else."""
-    if NO_CODEGEN.intersection(args) or {"-c", "-S"}.intersection(args) or source_files(args):
-        return None
-    switches = [a for a in args if a in ("-flto", "-fno-lto") or a.startswith("-flto=")]
-    if not switches or switches[-1] == "-fno-lto":
-        return None
-    return "thin-link" if switches[-1] == "-flto=thin" else "link"
-
-
-def links_with_lld(args: list[str]) -> bool:
-    """Does clang's driver run lld (the last -fuse-ld or --ld-path names it)? Only lld loads
-    a pass plugin into its LTO backend; GNU ld's LLVM gold plugin cannot."""
-    linker = ""
-    for a in args:
-        if a.startswith(("-fuse-ld=", "--ld-path=")):
-            linker = a.partition("=")[2]
-    return linker == "lld" or Path(linker).name.startswith(("ld.lld", "lld"))
-
-
-def at_link(flags: list[str]) -> list[str]:
-    """A link lease's flags (checked) as clang hands them to lld: the plugin as
-    --load-pass-plugin, through -Xlinker, which splits no commas (unlike -Wl). A link is
-    served by a plugin only (`ServedPolicy.why_not`): lld's full-LTO inliner opens no
-    channel, and its ThinLTO backends would share one."""
-    if not all(f.startswith(PLUGIN_FLAG) for f in flags):
-        raise ServiceError(f"a link's lease carries a flag lld cannot take: {flags}")
-    return [a for f in flags for a in ("-Xlinker", f"--load-pass-plugin={f[len(PLUGIN_FLAG) :]}")]
-
-
-def is_source(arg: str) -> bool:
-    """Is ARG a source file the driver compiles (by its suffix)?"""
-    return arg.endswith(SOURCE_SUFFIXES) and not arg.startswith("-")
-
-
-def typed_sources(args: list[str]) -> set[int]:
-    """The positions in ARGS of inputs without a source suffix that clang compiles as C or
-    C++ because `-x c` or `-x c++` comes before them (until `-x none`): existing regular
-    files that are not an option's value. Those clang cannot read are its errors to report."""
-    found: set[int] = set()
-    x = "none"
-    rest = iter(enumerate(args))
-    for i, a in rest:
-        if a == "-x":
-            x = next(rest, (i, "none"))[1]
-        elif a.startswith("-x") and len(a) > 2:
-            x = a[2:]
-        elif a in SEPARATE_VALUE_OPTIONS or (a.startswith("-X") and len(a) > 2):
-            next(rest, None)
-        elif x in LANGUAGES and not a.startswith("-") and not is_source(a) and os.path.isfile(a):
-            found.add(i)
-    return found
-
-
-def source_files(args: list[str]) -> list[str]:
-    """The source files among ARGS, by suffix or by -x (the guard compares only a compile of
-    one)."""
-    typed = typed_sources(args)
-    return [a for i, a in enumerate(args) if is_source(a) or i in typed]
-
-
-def opt_level(args: list[str]) -> str | None:
-    """The -O level clang compiles at, read as its driver reads it: the last -O flag wins, -O
-    alone is -O1, -O4 and up are -O3, none is -O0; None for a level clang refuses (and says
-    so). An argument handed on to another tool (-Xclang X, -Xlinker X) is not the driver's."""
-    level = "-O0"
-    rest = iter(args)
-    for a in rest:
-        if a.startswith("-X") and len(a) > 2:
-            next(rest, None)
-        elif a == "--optimize" or a.startswith("--optimize="):
-            level = "-O" + a.removeprefix("--optimize").removeprefix("=")
-        elif a.startswith("-O") and a not in ("-ObjC", "-ObjC++"):
-            level = a
-    digits = level[2:]
-    if not digits:
-        return "-O1"
-    if digits.isascii() and digits.isdigit():
-        return f"-O{min(int(digits), 3)}"
-    return level if level in LEVELS else None
 
 
 def _warn(message: str) -> None:
@@ -391,88 +224,6 @@ def flags_by_hand(
     note = reply.get("note")
     linked = at_link(flags) if stage != "compile" else flags
     return linked, note if isinstance(note, str) else None
-
-
-@cache
-def lease_allow_list() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
-    """The -mllvm switches, channel options (names, without `=BASE`) and numbered switches
-    (names, without `=N`: a policy's base, `MLPPolicy.base`) that a lease may carry:
-    exactly what the registered problems serve with, with and without the compiler's own
-    decision. The one source of them: the native wrapper is built with the same lists
-    (`build_native_wrapper`). Read only for a lease with -mllvm flags: the problems' modules
-    cost this process about 0.1 s to import."""
-    from mlgo.problems import problems
-
-    mark = "/\0base"  # no real option ends so
-    switches: set[str] = set()
-    channels: set[str] = set()
-    for problem in problems():
-        for default in (False, True):
-            flags = problem.flags_for_serving(mark, default)
-            if flags[0::2] != ["-mllvm"] * (len(flags) // 2) or len(flags) % 2:
-                raise ValueError(f"{problem.name}: serving flags must be -mllvm pairs: {flags}")
-            for option in flags[1::2]:
-                if option.endswith("=" + mark):
-                    channels.add(option.removesuffix("=" + mark))
-                else:
-                    switches.add(option)
-    numbered = frozenset(p.base_switch for p in problems() if p.base_switch)
-    return frozenset(switches), frozenset(channels), numbered
-
-
-def check_lease_flags(flags: list[str], runtime: Path) -> list[str]:
-    """FLAGS as the compiler gets them, each plugin by its resolved path (the one checked:
-    a link on the way could be pointed elsewhere after the check). Refuses any flag a lease
-    may not carry (see lease_allow_list), saying which rule it breaks: whatever answers on
-    the socket must not get to choose what the compiler runs; nor a plugin that another user
-    could have written (mlgo.runtime.trust)."""
-    channels = (runtime / "channels").resolve()
-    try:
-        plugins = cache_dir() / "plugin"  # resolved: mlgo.runtime.files.cache_dir
-    except UntrustedPathError as e:  # nothing from that cache is loaded
-        raise UntrustedError(str(e)) from e
-    checked = []
-    rest = iter(flags)
-    for flag in rest:
-        if flag == "-mllvm":
-            option = next(rest, "")
-            name, eq, base = option.partition("=")
-            fifo = Path(base)
-            switches, channel_options, numbered = lease_allow_list()
-            if (
-                option in switches
-                or (eq and name in numbered and base.isascii() and base.isdigit())
-                or (
-                    eq
-                    and name in channel_options
-                    and fifo.name not in ("", ".", "..")
-                    and fifo.parent.resolve() == channels
-                )
-            ):
-                checked += [flag, option]
-                continue
-            if eq and name in channel_options:
-                why = f"a channel must be a FIFO directly in {channels}"
-            elif eq and name in numbered:
-                why = "a policy's base must be digits alone"
-            else:
-                why = "not one of the served problems' options"
-            raise ServiceError(f"the lease carries -mllvm {option[:160]!r}: {why}")
-        if not flag.startswith(PLUGIN_FLAG):
-            raise ServiceError(
-                f"the lease carries {flag[:160]!r}: a lease may carry only the served "
-                f"problems' -mllvm options and {PLUGIN_FLAG} with a plugin mlgo built"
-            )
-        plugin = Path(os.path.realpath(flag.removeprefix(PLUGIN_FLAG)))
-        if plugins not in plugin.parents:
-            raise ServiceError(
-                f"the lease carries {flag[:160]!r}: {plugin} is not in {plugins}, "
-                "and a lease may load only a plugin mlgo built there"
-            )
-        if problem := path_problem(plugin):  # checked as it is loaded, not only as built
-            raise UntrustedError(f"refusing the plugin {plugin}: {problem}")
-        checked.append(PLUGIN_FLAG + str(plugin))
-    return checked
 
 
 def check_policies(served: object) -> str | None:
@@ -596,12 +347,6 @@ def _compile_plain_after(
     return plain
 
 
-def compile_language(args: list[str], cxx_driver: bool) -> str | None:
-    """The language the sources among ARGS compile as, None if mixed or neither C nor C++."""
-    typed = {args[i] for i in typed_sources(args)}
-    return source_language(args, cxx_driver, lambda a: is_source(a) or a in typed)
-
-
 def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
     if os.environ.get("MLGO_DISABLE"):
         os.execvp(compiler, [compiler, *args])
@@ -705,72 +450,6 @@ def main_c() -> None:
 
 def main_cxx() -> None:
     sys.exit(run(os.environ.get("MLGO_CXX", "clang++-22"), sys.argv[1:], cxx_driver=True))
-
-
-NATIVE_SOURCE = Path(__file__).parent / "native" / "mlgo_cc.c"
-
-
-def native_lists() -> dict[str, list[str]]:
-    """The string lists the native wrapper is built with (-D options): the lease allow-list
-    of the registered problems, the LLVM options that only report, how a plugin's compile
-    tells the size guard that it made clang's own object, the flag that names a plugin and
-    the prefix of the guard's scratch directories."""
-    switches, channels, numbered = lease_allow_list()
-    return {
-        "MLGO_LEASE_SWITCHES": sorted(switches),
-        "MLGO_LEASE_CHANNELS": sorted(f"{c}=" for c in channels),
-        "MLGO_LEASE_NUMBERED": sorted(f"{n}=" for n in numbered),
-        "MLGO_REPORTING_LLVM_OPTIONS": list(REPORTING_LLVM_OPTIONS),
-        "MLGO_DEPARTURES_ENV": [DEPARTURES_ENV],
-        "MLGO_DEPARTURES_PREFIX": [DEPARTURES_PREFIX],
-        "MLGO_DEPARTED": [DEPARTED],
-        "MLGO_ADVISED": [ADVISED],
-        "MLGO_PLUGIN_FLAG": [PLUGIN_FLAG],
-        "MLGO_GUARD_SCRATCH": [GUARD_SCRATCH],
-    }
-
-
-@cache
-def native_build_id(source: Path = NATIVE_SOURCE) -> str:
-    """What a native wrapper built from SOURCE by this mlgo is: its source and its lists,
-    hashed. It sends it with every compile, so that the service can say when the one
-    installed is another mlgo's (it then hands every compile to the slower Python one)."""
-    facts = source.read_bytes() + json.dumps(native_lists(), sort_keys=True).encode()
-    return hashlib.sha256(facts).hexdigest()[:16]
-
-
-def build_native_wrapper(
-    out: Path, *defines: str, python: str = sys.executable, source: Path = NATIVE_SOURCE
-) -> None:
-    """Compiles SOURCE (the native wrapper; another revision's, for a benchmark) to OUT,
-    handing uncommon cases to PYTHON, with DEFINES (-D options: tests build its checking
-    entry point so), `native_lists` and its `native_build_id`."""
-    cmd = ["cc", "-O2", "-Wall", "-Werror", f"-DMLGO_PYTHON={c_string(python)}", *defines]
-    cmd += [f"-DMLGO_BUILD_ID={c_string(native_build_id(source))}"]
-    cmd += [f"-D{name}={', '.join(map(c_string, v))}" for name, v in native_lists().items()]
-    proc = subprocess.run([*cmd, str(source), "-o", str(out)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise OSError(f"cannot build {source.name}: {error_line(proc.stderr)}")
-
-
-def install_native_wrappers(bindir: Path) -> list[Path]:
-    """Builds mlgo/serve/native/mlgo_cc.c and installs it as BINDIR/mlgo-cc and mlgo-c++ (over the
-    Python entry points it hands uncommon cases to), each renamed into place."""
-    fd, tmp = tempfile.mkstemp(prefix=".mlgo-cc.", dir=bindir)
-    os.close(fd)
-    try:
-        build_native_wrapper(Path(tmp))
-        installed = []
-        for name in ("mlgo-cc", "mlgo-c++"):
-            staged = bindir / f".{name}.new"
-            staged.unlink(missing_ok=True)
-            os.link(tmp, staged)
-            os.chmod(staged, 0o755)
-            os.replace(staged, bindir / name)
-            installed.append(bindir / name)
-        return installed
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":  # the native wrapper hands over: python -m mlgo.serve.cc cc|c++ ARGS

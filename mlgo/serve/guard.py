@@ -34,14 +34,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from mlgo.llvm.cmdline import (
-    GUARDS,
-    LINKER_SIDE_OUTPUTS,
-    joined_output,
-    link_output,
-    linker_options,
-    without_outputs,
-)
+from mlgo.llvm.cmdline import GUARDS, LINKER_SIDE_OUTPUTS, linker_options, without_outputs
+from mlgo.llvm.driver import joined_output, link_output, lto
 from mlgo.runtime.trust import UntrustedPathError, path_problem
 
 # The object is not plain ELF code, or its bytes name files of its own (split DWARF's .dwo,
@@ -60,15 +54,9 @@ def guard_from_env() -> tuple[str | None, str | None]:
     return None, f"MLGO_GUARD={value!r} is not one of: {', '.join(GUARDS)}"
 
 
-def _lto(args: list[str]) -> bool:
-    """Does clang write LLVM bitcode instead of an ELF object (the last -flto or -fno-lto)?"""
-    switches = [a for a in args if a in ("-flto", "-fno-lto") or a.startswith("-flto=")]
-    return bool(switches) and switches[-1] != "-fno-lto"
-
-
 def guarded_object(args: list[str], sources: list[str]) -> Path | None:
     """The object this compile writes, if the guard can compare it; None if it cannot."""
-    if "-c" not in args or len(sources) != 1 or _lto(args):
+    if "-c" not in args or len(sources) != 1 or lto(args):
         return None
     if any(a in UNGUARDED or a.startswith(UNGUARDED_PREFIXES) for a in args):
         return None

@@ -264,7 +264,7 @@ def _stale_native(build_id: object) -> str | None:
     another mlgo than this service's: its lists may refuse what this one serves, and every
     compile it refuses goes through the Python wrapper, much slower. None when it is this
     mlgo's, or the request is not from a native wrapper."""
-    from mlgo.serve.cc import native_build_id
+    from mlgo.serve.native_wrapper import native_build_id
 
     if build_id is None or build_id == native_build_id():
         return None

@@ -7,7 +7,7 @@
  * understood, or anything else unusual happens, this program execs `python -m mlgo.serve.cc`
  * with the same arguments, so messages and fallbacks live in one place. That includes all
  * it does not trust: a socket or directory not this user's alone, a peer of another uid
- * (SO_PEERCRED), a lease flag outside what mlgo.serve.cc.check_lease_flags allows, policies
+ * (SO_PEERCRED), a lease flag outside what mlgo.serve.lease.check_lease_flags allows, policies
  * other than MLGO_POLICY names, and an MLGO_TIMEOUT that is not a plain positive number.
  * MLGO_GUARD=size is done here too (see `guard` below) unless anything about it is unusual:
  * another MLGO_GUARD value, an object this does not read (ELF32, the other byte order), a
@@ -18,8 +18,9 @@
  * Response files (@FILE) go to Python, which reads them as clang does, and so do inputs that
  * -x c or -x c++ may make sources without a source suffix and LTO links by another linker
  * than lld (see `for_python`), and a guarded LTO link (Python links it twice).
- * Built by `mlgo install-wrappers` (mlgo.serve.cc.build_native_wrapper), which defines the venv's
- * python and the lease allow-list. */
+ * Built by `mlgo install-wrappers` (mlgo.serve.native_wrapper), which defines the venv's python,
+ * the lease allow-list and the lists of clang's command line (mlgo.llvm.driver's: suffixes,
+ * languages, levels, options), so no list here is a copy of one Python owns. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <elf.h>
@@ -44,17 +45,25 @@
     !defined(MLGO_LEASE_NUMBERED) || !defined(MLGO_REPORTING_LLVM_OPTIONS) ||             \
     !defined(MLGO_BUILD_ID) || !defined(MLGO_DEPARTURES_ENV) ||                           \
     !defined(MLGO_DEPARTURES_PREFIX) || !defined(MLGO_DEPARTED) || !defined(MLGO_ADVISED) || \
-    !defined(MLGO_PLUGIN_FLAG) || !defined(MLGO_GUARD_SCRATCH)
-#error "build with mlgo.serve.cc.build_native_wrapper: it defines MLGO_PYTHON and the allow-list"
+    !defined(MLGO_PLUGIN_FLAG) || !defined(MLGO_GUARD_SCRATCH) ||                           \
+    !defined(MLGO_SOURCE_SUFFIXES) || !defined(MLGO_C_SUFFIXES) ||                           \
+    !defined(MLGO_CXX_SUFFIXES) || !defined(MLGO_LANGUAGES) || !defined(MLGO_NO_CODEGEN) ||  \
+    !defined(MLGO_LEVELS) || !defined(MLGO_NOT_LEVELS) || !defined(MLGO_OUTPUT_OPTIONS)
+#error "build with mlgo.serve.native_wrapper: it defines MLGO_PYTHON and the lists"
 #endif
 
 #define MAX_FLAGS 64
 #define LINE_MAX_BYTES 65536
 
-static const char *source_suffixes[] = {".c", ".cc", ".cpp", ".cxx", ".c++", ".C",
-                                        ".i", ".ii", ".m",   ".mm",  NULL};
-static const char *no_codegen[] = {"-E",  "-M",        "-MM",    "-fsyntax-only", "-###",
-                                   "--version", "--help", "-", NULL};
+/* mlgo.llvm.driver's lists, defined when this is built. */
+static const char *source_suffixes[] = {MLGO_SOURCE_SUFFIXES, NULL};
+static const char *c_suffixes[] = {MLGO_C_SUFFIXES, NULL};
+static const char *cxx_suffixes[] = {MLGO_CXX_SUFFIXES, NULL};
+static const char *languages[] = {MLGO_LANGUAGES, NULL};
+static const char *no_codegen[] = {MLGO_NO_CODEGEN, NULL};
+static const char *levels[] = {MLGO_LEVELS, NULL};
+static const char *not_levels[] = {MLGO_NOT_LEVELS, NULL};
+static const char *output_options[] = {MLGO_OUTPUT_OPTIONS, NULL};
 
 static int ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), m = strlen(suffix);
@@ -73,7 +82,7 @@ static int starts_with_one_of(const char *s, const char **prefixes) {
   return 0;
 }
 
-/* A source file, as mlgo.serve.cc.source_files tells them. */
+/* A source file by its suffix, as mlgo.llvm.driver.is_source tells them. */
 static int is_source(const char *arg) {
   if (arg[0] == '-') return 0;
   for (const char **s = source_suffixes; *s; s++)
@@ -81,18 +90,15 @@ static int is_source(const char *arg) {
   return 0;
 }
 
-/* Same rule as mlgo.llvm.languages.suffix_language: "c", "c++" or NULL. */
+/* Same rule as mlgo.llvm.driver.suffix_language: "c", "c++" or NULL. */
 static const char *suffix_language(const char *name, int cxx) {
-  static const char *c[] = {".c", ".i", NULL};
-  static const char *cxx_suffixes[] = {".ii", ".C", ".cc", ".cp", ".cpp", ".cxx", ".c++", ".CPP",
-                                       NULL};
   const char *dot = strrchr(name, '.');
   if (!dot || dot == name) return NULL;
-  if (one_of(dot, c)) return cxx ? "c++" : "c";
+  if (one_of(dot, c_suffixes)) return cxx ? "c++" : "c";
   return one_of(dot, cxx_suffixes) ? "c++" : NULL;
 }
 
-/* Same rule as mlgo.llvm.languages.source_language: the sources' language by the last -x
+/* Same rule as mlgo.llvm.driver.compile_language: the sources' language by the last -x
  * before each, else by suffix; NULL when mixed or neither C nor C++. */
 static const char *source_language(int argc, char **argv, int cxx) {
   const char *x = "none", *found = NULL;
@@ -106,7 +112,7 @@ static const char *source_language(int argc, char **argv, int cxx) {
       const char *language = NULL; /* -x other than C and C++: neither */
       if (strcmp(x, "none") == 0)
         language = suffix_language(a, cxx);
-      else if (strcmp(x, "c") == 0 || strcmp(x, "c++") == 0)
+      else if (one_of(x, languages))
         language = x;
       if (!language || (found && strcmp(found, language) != 0)) return NULL;
       found = language;
@@ -140,11 +146,10 @@ static int optimizes(int argc, char **argv) {
   return source;
 }
 
-/* Same rule as mlgo.serve.cc.opt_level: the last -O flag as clang's driver reads it, NULL for
- * a level clang refuses. BUF holds an --optimize=X level. */
+/* Same rule as mlgo.llvm.driver.opt_level: the last -O flag as clang's driver reads it, NULL
+ * for a level clang refuses. BUF holds an --optimize=X level. */
 static const char *opt_level(int argc, char **argv, char *buf, size_t cap) {
-  static const char *named[] = {"-Os", "-Oz", "-Og", "-Ofast", NULL};
-  static const char *numbered[] = {"-O0", "-O1", "-O2", "-O3"};
+  char numbered[4];
   const char *level = "-O0";
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -154,32 +159,34 @@ static const char *opt_level(int argc, char **argv, char *buf, size_t cap) {
       level = "-O";
     else if (strncmp(a, "--optimize=", 11) == 0)
       snprintf(buf, cap, "-O%s", a + 11), level = buf;
-    else if (strncmp(a, "-O", 2) == 0 && strcmp(a, "-ObjC") && strcmp(a, "-ObjC++"))
+    else if (strncmp(a, "-O", 2) == 0 && !one_of(a, not_levels))
       level = a;
   }
   const char *digits = level + 2;
-  if (!*digits) return numbered[1];
-  if (strspn(digits, "0123456789") == strlen(digits)) {
+  if (!*digits) {
+    level = "-O1";
+  } else if (strspn(digits, "0123456789") == strlen(digits)) {
     while (digits[0] == '0' && digits[1]) digits++;
-    return digits[1] || digits[0] > '3' ? numbered[3] : numbered[digits[0] - '0'];
+    snprintf(numbered, sizeof numbered, "-O%c", digits[1] || digits[0] > '3' ? '3' : digits[0]);
+    level = numbered;
   }
-  for (const char **n = named; *n; n++)
-    if (strcmp(level, *n) == 0) return *n;
+  for (const char **l = levels; *l; l++)
+    if (strcmp(level, *l) == 0) return *l;
   return NULL;
 }
 
-/* mlgo.llvm.cmdline.joined_output: -oFILE (not -objcmt-..., -object). */
+/* mlgo.llvm.driver.joined_output: -oFILE (not -objcmt-..., -object). */
 static int joined_output(const char *arg) {
   return strncmp(arg, "-o", 2) == 0 && arg[2] && strncmp(arg, "-obj", 4) != 0;
 }
 
 /* What mlgo.serve.cc names in its messages: the first source file, or what a link writes
- * (mlgo.llvm.cmdline.link_output: its last -o, or a.out). */
+ * (mlgo.llvm.driver.link_output: its last -o, or a.out). */
 static const char *first_source(int argc, char **argv) {
   const char *output = "a.out";
   for (int i = 1; i < argc; i++) {
     if (is_source(argv[i])) return argv[i];
-    if ((!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) && i + 1 < argc)
+    if (one_of(argv[i], output_options) && i + 1 < argc)
       output = argv[++i];
     else if (joined_output(argv[i]))
       output = argv[i] + 2;
@@ -187,7 +194,7 @@ static const char *first_source(int argc, char **argv) {
   return output;
 }
 
-/* Same rule as mlgo.serve.cc.link_stage: "link" for a full-LTO link, "thin-link" for a ThinLTO
+/* Same rule as mlgo.llvm.driver.link_stage: "link" for a full-LTO link, "thin-link" for a ThinLTO
  * one (no -c or -S, nothing that stops code generation, no source, the last -flto switch not
  * -fno-lto), NULL for anything else. */
 static const char *link_stage(int argc, char **argv) {
@@ -203,7 +210,7 @@ static const char *link_stage(int argc, char **argv) {
   return stage;
 }
 
-/* Same rule as mlgo.serve.cc.links_with_lld: the last -fuse-ld or --ld-path names lld. */
+/* Same rule as mlgo.llvm.driver.links_with_lld: the last -fuse-ld or --ld-path names lld. */
 static int links_with_lld(int argc, char **argv) {
   const char *linker = "";
   for (int i = 1; i < argc; i++) {
@@ -218,7 +225,7 @@ static int links_with_lld(int argc, char **argv) {
  * (@FILE), after a -x c or -x c++ an existing regular file without a source suffix (clang
  * compiles it as C or C++ unless it is an option's value, which Python tells apart), and an
  * LTO link by another linker than lld (Python says why it runs plain). A superset of what
- * mlgo.serve.cc.typed_sources finds: no option's value is skipped here. */
+ * mlgo.llvm.driver.typed_sources finds: no option's value is skipped here. */
 static int for_python(int argc, char **argv) {
   struct stat st;
   int typed = 0;
@@ -227,8 +234,8 @@ static int for_python(int argc, char **argv) {
     if (argv[i][0] == '@') return 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : "";
-    if (!strcmp(a, "-xc") || !strcmp(a, "-xc++") ||
-        (!strcmp(a, "-x") && (!strcmp(next, "c") || !strcmp(next, "c++"))))
+    if ((!strcmp(a, "-x") && one_of(next, languages)) ||
+        (!strncmp(a, "-x", 2) && one_of(a + 2, languages)))
       typed = 1;
     else if (typed && a[0] != '-' && !is_source(a) && stat(a, &st) == 0 && S_ISREG(st.st_mode))
       return 1;
@@ -435,7 +442,7 @@ static int plugin_cache(char *out) {
   return snprintf(out, PATH_MAX, "%s/plugin", real) < PATH_MAX;
 }
 
-/* The plugin FLAG names (mlgo.serve.cc.PLUGIN_FLAG, defined when this is built), or NULL
+/* The plugin FLAG names (mlgo.serve.lease.PLUGIN_FLAG, defined when this is built), or NULL
  * when it is not one. */
 static const char *plugin_of(const char *flag) {
   size_t len = sizeof MLGO_PLUGIN_FLAG - 1;
@@ -454,9 +461,9 @@ static int numbered(const char *flag, const char **names) {
   return 0;
 }
 
-/* Same rule as mlgo.serve.cc.check_lease_flags: the switches of the problems' serving flags, a
+/* Same rule as mlgo.serve.lease.check_lease_flags: the switches of the problems' serving flags, a
  * base switch with a number, a channel option on a FIFO base directly in RUNTIME/channels (the
- * lists are mlgo.serve.cc.lease_allow_list, defined when this is built), or a trusted plugin
+ * lists are mlgo.serve.lease.lease_allow_list, defined when this is built), or a trusted plugin
  * inside the cache of built plugins, which the compiler then gets by the resolved path that
  * was checked (a link on the way could point elsewhere a moment later). */
 static int lease_flags_ok(char **flags, int n, const char *runtime) {
@@ -495,7 +502,7 @@ static int lease_flags_ok(char **flags, int n, const char *runtime) {
   return 1;
 }
 
-/* mlgo.serve.cc.at_link: a link lease's flags (checked) as clang hands them to lld, each
+/* mlgo.serve.lease.at_link: a link lease's flags (checked) as clang hands them to lld, each
  * plugin as -Xlinker --load-pass-plugin=PATH, in place in FLAGS (room for MAX_FLAGS); 0 when
  * one is not a plugin (Python says why). */
 static int at_link(char **flags, int *n) {
@@ -831,9 +838,25 @@ static int compile_plain_after(int rc, int err_fd, int argc, char **argv, const 
  * text_size on a line; `language cc|c++ ARGS...` the sources' language (or none);
  * `python ARGS...` whether the wrapper hands ARGS to Python before reading them (1 or 0);
  * `link ARGS...` a link's stage (or none), whether lld links it (1 or 0), and its output;
- * `optimizes ARGS...` whether a policy may serve the compile (1 or 0). */
+ * `optimizes ARGS...` whether a policy may serve the compile (1 or 0); `read ARGS...` all this
+ * wrapper reads of ARGS, a line each (tests/test_driver.py): the sources' positions, the level,
+ * the language for mlgo-cc and for mlgo-c++, optimizes, the link's stage, lld, what messages
+ * name, and whether Python reads ARGS instead. */
 static int check(int argc, char **argv) {
   char obj[PATH_MAX];
+  if (argc > 1 && strcmp(argv[1], "read") == 0) {
+    int n = argc - 1; /* ARGS after the subcommand, which stands for the program's name */
+    char **args = argv + 1, buf[64];
+    printf("sources");
+    for (int i = 1; i < n; i++)
+      if (is_source(args[i])) printf(" %d", i - 1);
+    const char *level = opt_level(n, args, buf, sizeof buf), *stage = link_stage(n, args);
+    const char *c = source_language(n, args, 0), *cxx = source_language(n, args, 1);
+    printf("\n%s\n%s\n%s\n%d\n%s\n%d\n%s\n%d\n", level ? level : "none", c ? c : "none",
+           cxx ? cxx : "none", optimizes(n, args), stage ? stage : "none", links_with_lld(n, args),
+           first_source(n, args), for_python(n, args));
+    return 0;
+  }
   if (argc > 2 && strcmp(argv[1], "lease") == 0) {
     printf("%d\n", lease_flags_ok(argv + 3, argc - 3, argv[2]));
     return 0;
