@@ -304,10 +304,10 @@ def compare_workload(
     base, other = trees
     out: dict = {v: {} for v in trees}
     outputs = {}
-    for v, tree in trees.items():
+    for v, tree in trees.items():  # run plainly first: one that never ends is killed sooner
+        outputs[v] = workload_output(workload, tree)
         if callgrind:
             out[v]["instructions"] = instructions(workload, tree)
-        outputs[v] = workload_output(workload, tree)
     if outputs[base] != outputs[other]:
         raise BuildError(f"{workload.recipe}: {first_difference(outputs[base], outputs[other])}")
     if callgrind:

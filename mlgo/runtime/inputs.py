@@ -23,8 +23,9 @@ import numpy as np
 
 from mlgo.errors import MlgoError, UsageError
 
-# A compile database of a 100,000-file build (bear writes every argument) is under this;
-# parsed, a JSON file takes several times its size in memory.
+# The largest JSON mlgo reads is a build's compile database (bear writes every argument,
+# about 2 KB a file): this holds a 100,000-file build's. Parsed, JSON takes several times
+# its size in memory.
 MAX_JSON_BYTES = 256 << 20
 # No record mlgo writes nests deeper than a handful of levels; Python's parser recurses once
 # per level and dies of it (RecursionError) near a thousand.
