@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from mlgo.corpus.format import load_corpus
+from mlgo.corpus.splits import load_splits
 from mlgo.errors import UsageError
+from mlgo.packages.recipes import load_recipe
 from mlgo.programs.measure import Workload, run_workload
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import output_dir
@@ -225,3 +227,11 @@ def test_a_refused_option_is_not_kept_and_a_bench_that_never_ends_is_killed(tmp_
     (out / "tune.json").write_text("[" * 100_000 + "]" * 100_000)
     r = mlgo(*args, "--bench", never, env=env)
     one_line_error(r, f"{out / 'tune.json'}: nested more than")
+
+
+def test_a_recipe_or_splits_file_nested_without_end_is_one_line(tmp_path):
+    (tmp_path / "deep.toml").write_text("a = " + "[" * 5000 + "]" * 5000)  # tomllib recurses
+    with pytest.raises(BuildError, match=r"deep.toml: bad recipe \(maximum recursion"):
+        load_recipe("deep", tmp_path)
+    with pytest.raises(BuildError, match=r"deep.toml: bad splits file \(maximum recursion"):
+        load_splits(tmp_path / "deep.toml")

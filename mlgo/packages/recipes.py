@@ -75,5 +75,5 @@ def load_recipe(name: str, recipes_dir: Path = RECIPES) -> Recipe:
             bench_check=str(d.get("bench_check", "true")),
             bench_timeout_s=float(d.get("bench_timeout_s", BENCH_TIMEOUT_S)),
         )
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+    except (ValueError, RecursionError, KeyError, TypeError) as e:  # tomllib recurses per level
         raise BuildError(f"{path}: bad recipe ({e})") from e
