@@ -4,6 +4,7 @@ fails at parse time (exit 2, one line) rather than running nothing or failing ev
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import typer
 
@@ -14,19 +15,33 @@ from mlgo.runtime.workers import parse_workers
 LARGEST = 1e9
 
 
-def _bounded(value: float, ok: bool, rule: str) -> float:
-    if not (ok and math.isfinite(value) and value <= LARGEST):  # also refuses NaN and inf
-        raise typer.BadParameter(f"{value:g} is not a number {rule} and at most {LARGEST:g}")
+def _in_range(value: float, low: float, high: float, low_too: bool) -> float:
+    """VALUE if it is a number in (LOW, HIGH], or [LOW, HIGH] with LOW_TOO; else the one
+    line typer prints with the option's name (NaN and inf are never in range)."""
+    above = value >= low if low_too else value > low
+    if not (math.isfinite(value) and above and value <= high):
+        interval = f"{'[' if low_too else '('}{low:g}, {high:g}]"
+        raise typer.BadParameter(f"{value:g} is not a number in {interval}")
     return value
 
 
 def positive(value: float) -> float:
     """A duration or step size: zero or less would fail or do nothing."""
-    return _bounded(value, value > 0, "> 0")
+    return _in_range(value, 0, LARGEST, low_too=False)
 
 
 def non_negative(value: float) -> float:
-    return _bounded(value, value >= 0, ">= 0")
+    return _in_range(value, 0, LARGEST, low_too=True)
+
+
+def positive_up_to(high: float) -> Callable[[float], float]:
+    """`positive`, for an option with a bound of its own below LARGEST (a value past it would
+    run for days, not fail)."""
+
+    def check(value: float) -> float:
+        return _in_range(value, 0, high, low_too=False)
+
+    return check
 
 
 def workers_spec(value: str) -> str:

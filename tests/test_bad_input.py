@@ -5,16 +5,26 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
 from mlgo.corpus.format import load_corpus
+from mlgo.corpus.splits import load_splits
+from mlgo.errors import UsageError
+from mlgo.packages.recipes import load_recipe
+from mlgo.programs.measure import Workload, run_workload
+from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import output_dir
+from mlgo.runtime.inputs import MAX_JSON_DEPTH, json_depth, read_json
 from tests.cli_helpers import POLICIES, mlgo, one_line_error, user_cache
-from tests.conftest import MLGO, copy_corpus
+from tests.conftest import DATA, MLGO, copy_corpus
 
 # -- item 9: numeric options are range-checked when parsed ----------------------------
+TUNE = ["tune", "--source", "s", "--build", "true", "--bench", "true", "--out", "o"]
 BAD_OPTIONS = [
     (["collect", "--problem", "inlining-size", "--corpus", "c", "--out", "o"], "--timeout", "0"),
     (["collect", "--problem", "inlining-size", "--corpus", "c", "--out", "o"], "--timeout", "-5"),
@@ -44,6 +54,11 @@ BAD_OPTIONS = [
     (["xla", "train", "--data", "d", "--out", "o"], "--lr", "0"),
     (["xla", "train", "--data", "d", "--out", "o"], "--folds", "1"),
     (["xla", "tune", "f.py:g"], "--top-k", "0"),
+    (TUNE, "--bench-seconds", "nan"),  # issue 61: it ran every stage, then a traceback
+    (TUNE, "--bench-seconds", "inf"),
+    (TUNE, "--bench-seconds", "1e300"),  # it hung in the workload stage
+    (TUNE, "--bench-timeout", "nan"),
+    (TUNE, "--bench-timeout", "0"),
 ]
 
 
@@ -141,3 +156,82 @@ def test_output_dir_removes_only_what_a_failed_run_left_empty(tmp_path):
     with pytest.raises(RuntimeError), output_dir(tmp_path / "old"):
         raise RuntimeError
     assert (tmp_path / "old").is_dir()  # not this run's to remove
+
+
+# -- issue 61: inputs bounded before they are read; a workload that never ends is killed --
+def test_json_nesting_is_counted_without_parsing_and_bounded(tmp_path):
+    assert json_depth(b'{"a": [1, {"b": "]]]}}[[["}], "c": "\\"["}') == 3
+    (tmp_path / "deep.json").write_text("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH)
+    deep = read_json(tmp_path / "deep.json")  # as deep as allowed: read
+    assert json_depth(json.dumps(deep).encode()) == MAX_JSON_DEPTH
+    (tmp_path / "deeper.json").write_text("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1))
+    with pytest.raises(UsageError, match=f"deeper.json: nested more than {MAX_JSON_DEPTH} levels"):
+        read_json(tmp_path / "deeper.json")
+    (tmp_path / "big.json").write_text(json.dumps(["x" * 2000]))
+    with pytest.raises(UsageError, match="big.json: larger than 1 KiB"):
+        read_json(tmp_path / "big.json", limit=1 << 10)
+    os.mkfifo(tmp_path / "fifo.json")  # no writer: an open that waited would hang here
+    with pytest.raises(UsageError, match="fifo.json: not a regular file"):
+        read_json(tmp_path / "fifo.json")
+
+
+def test_a_nested_corpus_description_is_one_line(mini_corpus, tmp_path):
+    corpus = copy_corpus(mini_corpus, tmp_path / "c")
+    (corpus / "corpus_description.json").write_text("[" * 100_000 + "]" * 100_000)
+    r = mlgo("train", "--corpus", str(corpus), "--out", str(tmp_path / "run"))
+    one_line_error(r, f"{corpus / 'corpus_description.json'}: nested more than")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_workload_past_its_timeout_is_killed_with_its_children(tmp_path):
+    sleeper = tmp_path / "sleeper"
+    never = Workload(
+        "never", (), (("sh", "-c", f"sleep 1000 & echo $! > {sleeper}; wait"),), timeout_s=1
+    )
+    start = time.monotonic()
+    with pytest.raises(BuildError, match="the workload `sh -c .*` did not finish in 1 s in"):
+        run_workload(never, tmp_path)
+    assert time.monotonic() - start < 30
+    assert_killed(int(sleeper.read_text()))
+
+
+def assert_killed(pid: int) -> None:
+    """PID is gone, or dead and not yet reaped by init."""
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        stat = Path(f"/proc/{pid}/stat").read_text() if Path(f"/proc/{pid}").exists() else ""
+        if stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]:
+            return
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists(), f"process {pid} still runs"
+
+
+def test_a_refused_option_is_not_kept_and_a_bench_that_never_ends_is_killed(tmp_path):
+    """--bench-seconds nan is refused before OUT is made, so a rerun with a sane value runs;
+    a --bench that never ends is killed past --bench-timeout, in one line (it was waited on
+    for ever)."""
+    src = shutil.copytree(DATA / "minipkg", tmp_path / "wordcount")
+    out = tmp_path / "out"
+    build = 'for f in *.c; do "$CC" -c "$f" || exit 1; done && "$CC" -o wordcount *.o'
+    args = ["tune", "--source", str(src), "--build", build, "--out", str(out)]
+    env = user_cache(tmp_path)
+    r = mlgo(*args, "--bench", "./wordcount < main.c", "--bench-seconds", "nan", env=env)
+    one_line_error(r, "Invalid value for '--bench-seconds': nan is not a number in (0, 600]")
+    assert not out.exists()
+    sleeper = tmp_path / "sleeper"
+    never = f"./wordcount < main.c; sleep 1000 & echo $! > {sleeper}; wait"
+    r = mlgo(*args, "--bench", never, "--bench-seconds", "0.5", "--bench-timeout", "2", env=env)
+    one_line_error(r, "did not finish in 2 s in", "its processes were killed")
+    assert json.loads((out / "tune.json").read_text())["bench_seconds"] == 0.5
+    assert_killed(int(sleeper.read_text()))
+    (out / "tune.json").write_text("[" * 100_000 + "]" * 100_000)
+    r = mlgo(*args, "--bench", never, env=env)
+    one_line_error(r, f"{out / 'tune.json'}: nested more than")
+
+
+def test_a_recipe_or_splits_file_nested_without_end_is_one_line(tmp_path):
+    (tmp_path / "deep.toml").write_text("a = " + "[" * 5000 + "]" * 5000)  # tomllib recurses
+    with pytest.raises(BuildError, match=r"deep.toml: bad recipe \(maximum recursion"):
+        load_recipe("deep", tmp_path)
+    with pytest.raises(BuildError, match=r"deep.toml: bad splits file \(maximum recursion"):
+        load_splits(tmp_path / "deep.toml")

@@ -4,7 +4,11 @@ one line naming its file, in eval, export and serve alike (issue 19, items 7 and
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import tempfile
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +17,8 @@ import pytest
 
 from mlgo.problems.policy_files import load_policy, save_policy
 from tests.cli_helpers import POLICIES, mlgo, one_line_error
+from tests.conftest import MLGO
+from tests.test_service import MLGO_CC, SOURCES, mlgo_cc
 
 
 def _policy_copy(tmp_path: Path, name: str = "inlining-size") -> Path:
@@ -59,6 +65,29 @@ def _column_missing(d):
     d["quantiles"].pop()
 
 
+def _nested(file: Path) -> None:
+    """FILE nested 10,000 levels deep (20 KB, within the size a policy.json may have):
+    Python's parser dies of it (RecursionError)."""
+    file.write_text("[" * 10_000 + "]" * 10_000)
+
+
+def _too_wide(w):
+    """A first layer of 3,000 units: 342,000 weights, as no trained policy has."""
+    w[0], w[1] = np.zeros((w[0].shape[0], 3000), np.float32), np.zeros(3000, np.float32)
+
+
+NESTED_META = (
+    "policy.json",
+    "nested more than 64 levels deep",
+    lambda p: _nested(p / "policy.json"),
+)
+NESTED_NORM = (
+    "normalization.json",
+    "nested more than 64 levels deep",
+    lambda p: _nested(p / "normalization.json"),
+)
+
+
 BAD_POLICIES = [
     ("policy.npz", "NaN or infinite", lambda p: _rewrite_weights(p, _nan_weight)),
     ("policy.npz", "NaN or infinite", lambda p: _rewrite_weights(p, _inf_bias)),
@@ -68,16 +97,24 @@ BAD_POLICIES = [
     ("normalization.json", "boundary lists", lambda p: _rewrite_norm(p, _column_missing)),
     (
         "policy.npz",
-        "not a policy",
+        "not an array archive",
         lambda p: (p / "policy.npz").write_bytes((p / "policy.npz").read_bytes()[:3000]),
     ),
-    ("policy.json", "not a policy", lambda p: (p / "policy.json").write_text('{"problem": ')),
+    ("policy.json", "not valid JSON", lambda p: (p / "policy.json").write_text('{"problem": ')),
     ("policy.json", "not in \\[0.5, 1\\]", lambda p: _rewrite_meta(p, departure_threshold=0.3)),
     ("policy.json", "not in \\[0.5, 1\\]", lambda p: _rewrite_meta(p, departure_threshold="x")),
     ("policy.json", "are not some of", lambda p: _rewrite_meta(p, languages="c")),
     ("policy.json", "are not some of", lambda p: _rewrite_meta(p, languages=["c", ["c++"]])),
     ("policy.json", "languages is empty", lambda p: _rewrite_meta(p, languages=[])),
     ("policy.json", "guard 'speed' is not one of: size", lambda p: _rewrite_meta(p, guard="speed")),
+    NESTED_META,
+    NESTED_NORM,
+    ("policy.json", "larger than 64 KiB", lambda p: _rewrite_meta(p, notes="x" * (64 << 10))),
+    (
+        "policy.npz",
+        "342,000 numbers or more; at most 250,000",
+        lambda p: _rewrite_weights(p, _too_wide),
+    ),
 ]
 
 
@@ -149,7 +186,11 @@ def test_the_shipped_policies_load_nan_boundaries_included():
     assert load_policy(POLICIES / "inlining-size").problem.name == "inlining-size"
 
 
-@pytest.mark.parametrize("spoil", [BAD_POLICIES[0], BAD_POLICIES[6]], ids=["nan", "truncated"])
+@pytest.mark.parametrize(
+    "spoil",
+    [BAD_POLICIES[0], BAD_POLICIES[6], NESTED_META, NESTED_NORM],
+    ids=["nan", "truncated", "nested-policy.json", "nested-normalization.json"],
+)
 def test_eval_export_and_serve_refuse_a_spoilt_policy_in_one_line(mini_corpus, tmp_path, spoil):
     file, why, change = spoil
     policy = _policy_copy(tmp_path)
@@ -194,3 +235,61 @@ def test_a_base_is_saved_with_the_policy_and_only_where_its_problem_has_one(tmp_
     _rewrite_meta(sized, base=400)
     with pytest.raises(ValueError, match="inlining-size has no base to set"):
         load_policy(sized)
+
+
+def _declare_huge(npz: Path, count: int) -> None:
+    """NPZ made an archive whose one array is COUNT float32 zeros, compressed: a small file
+    that would take 4 x COUNT bytes of memory to read."""
+    with (
+        zipfile.ZipFile(npz, "w", zipfile.ZIP_DEFLATED) as z,
+        z.open("arr_0.npy", "w", force_zip64=True) as member,
+    ):
+        header = {"descr": "<f4", "fortran_order": False, "shape": (count,)}
+        np.lib.format.write_array_header_1_0(member, header)
+        zeros = bytes(1 << 24)
+        for _ in range(4 * count // len(zeros)):
+            member.write(zeros)
+
+
+def test_an_archive_declaring_a_huge_array_is_refused_before_it_is_read(tmp_path):
+    """A 600 KB policy.npz holding a 600 MB array: refused from its header, in the memory
+    the command takes anyway (it took 645 MB before the header was read first)."""
+    policy = _policy_copy(tmp_path)
+    _declare_huge(policy / "policy.npz", 150_000_000)
+    assert (policy / "policy.npz").stat().st_size < 2 << 20
+    cmd = [*MLGO, "export", "--policy", str(policy), "--out", str(tmp_path / "exp"), "--no-aot"]
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        err.seek(0)
+        stderr = err.read().decode()
+    refused = subprocess.CompletedProcess(cmd, os.waitstatus_to_exitcode(status), "", stderr)
+    one_line_error(refused, str(policy / "policy.npz"), "150,000,000 numbers or more")
+    assert usage.ru_maxrss < 300 << 10, usage.ru_maxrss  # KiB: far below the array's 600 MB
+    assert not (tmp_path / "exp").exists()
+
+
+@pytest.mark.parametrize(
+    "spoil", [NESTED_META, NESTED_NORM], ids=["policy.json", "normalization.json"]
+)
+def test_mlgo_cc_names_a_spoilt_policy_and_its_reason_in_full(tc, tmp_path, spoil):
+    """A service that cannot start on MLGO_POLICY costs no compile, and mlgo-cc's one
+    warning names the file and why, however long its path (it was cut at 200 characters)."""
+    file, why, change = spoil
+    policy = tmp_path / ("a-long-directory-name-" * 10) / "policy"
+    shutil.copytree(
+        POLICIES / "inlining-size", policy, ignore=shutil.ignore_patterns("saved_model")
+    )
+    change(policy)
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime), MLGO_BACKEND="python")
+    env.update(MLGO_POLICY=str(policy), MLGO_CACHE=str(tmp_path / "cache"))
+    env.pop("MLGO_SOCKET", None)
+    r = mlgo_cc(MLGO_CC, SOURCES[0], tmp_path / "a.o", env, timeout=300)
+    assert r.returncode == 0 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("mlgo-cc: warning: the mlgo service did not start:")
+    assert f"{policy / file}: {why}" in r.stderr and "default heuristic" in r.stderr
+    plain = tmp_path / "plain.o"
+    subprocess.run([tc.clang, "-Oz", "-c", str(SOURCES[0]), "-o", str(plain)], check=True)
+    assert (tmp_path / "a.o").read_bytes() == plain.read_bytes()

@@ -222,7 +222,7 @@ def test_an_out_that_is_not_a_corpus_is_refused_untouched(tmp_path):
     "content, message",
     [
         (None, "compile_commands.json: not found"),
-        ("{not json", "not a compilation database (Expecting property name"),
+        ("{not json", "compile_commands.json: not valid JSON (Expecting property name"),
         ('{"file": "a.c"}', "not a compilation database (needs a non-empty list)"),
     ],
 )

@@ -67,7 +67,7 @@ from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.report import throughput_change
 from mlgo.programs.tune import TuneOptions, project, tune
 from mlgo.runtime.files import atomic_write_text
-from mlgo.runtime.messages import error_line
+from mlgo.runtime.messages import WHOLE_LINE, error_line
 
 console = Console()
 SIZE = "inlining-size"  # the problem tuned unless --problem says another
@@ -384,7 +384,7 @@ def try_project(
     try:
         return tune_project(name, work, minutes, lto, problem)
     except USER_ERRORS as e:
-        console.print(f"[red]{name}: {error_line(e, limit=2000)}", highlight=False)
+        console.print(f"[red]{name}: {error_line(e, WHOLE_LINE)}", highlight=False)
         return {"language": PROJECTS[name].language, "error": error_line(e)}
 
 

@@ -14,7 +14,7 @@ from rich.markup import escape
 from mlgo.cli import corpus, programs, serve, ship, train
 from mlgo.cli.options import err
 from mlgo.errors import MlgoError
-from mlgo.runtime.messages import error_line
+from mlgo.runtime.messages import WHOLE_LINE, error_line
 from mlgo.xla.cli import xla_app
 
 app = typer.Typer(
@@ -69,5 +69,5 @@ def main() -> None:
     except click.Abort:
         _fail("aborted", 1)
     except USER_ERRORS as e:  # our messages end with where to look (a log): keep it
-        _fail(error_line(e, limit=2000), 2)
+        _fail(error_line(e, WHOLE_LINE), 2)
     sys.exit(code if isinstance(code, int) else 0)

@@ -10,11 +10,14 @@ import typer
 
 from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console, lto_mode
 from mlgo.llvm.toolchain import find_toolchain
-from mlgo.options import positive
+from mlgo.options import positive, positive_up_to
+from mlgo.packages.recipes import BENCH_TIMEOUT_S
 from mlgo.programs.demo import DEMO_PACKAGE, DemoOptions
 from mlgo.programs.tune import TuneOptions
 
 BENCH_ROUNDS = 5  # mlgo build: a modest default, a few seconds per package
+# mlgo tune: a sample of --bench longer than this would make its rounds take days
+MOST_BENCH_SECONDS = 600.0
 
 
 def build(
@@ -124,9 +127,15 @@ def tune(
         typer.Option(
             help="CPU seconds per timed sample of --bench (it loops to fill them; longer: "
             "less noise in each round)",
-            min=0.01,
+            callback=positive_up_to(MOST_BENCH_SECONDS),
         ),
     ] = TuneOptions.bench_seconds,
+    bench_timeout: Annotated[
+        float,
+        typer.Option(
+            help="seconds one run of --bench may take; past them it is killed", callback=positive
+        ),
+    ] = BENCH_TIMEOUT_S,
     minutes: Annotated[
         float, typer.Option(help="minutes of training (only)", min=0.01, callback=positive)
     ] = 10.0,
@@ -160,7 +169,9 @@ def tune(
 
     if lto:
         problem = at_link(problem, lto).name
-    recipe = project(source.resolve().name, configure or [], build, test or [], bench)
+    recipe = project(
+        source.resolve().name, configure or [], build, test or [], bench, bench_timeout
+    )
     opts = TuneOptions(
         problem=problem,
         policy=policy,

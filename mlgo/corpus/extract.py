@@ -25,6 +25,7 @@ from mlgo.llvm.driver import COMPILED_SUFFIXES, named_output, takes_value
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.inputs import read_json
 
 MLGO_UTILS_DIR = Path(sys.prefix) / "mlgo-utils"  # installed by tools/setup.sh
 
@@ -146,7 +147,7 @@ def kept_compiles(recorded: Path) -> list[Compile]:
     the linked program as output; none of those is a module.
     """
     steps = []
-    for entry in json.loads(recorded.read_text()):
+    for entry in read_json(recorded, BuildError):
         args = entry.get("arguments") or shlex.split(entry.get("command", ""))
         if "-cc1" not in args:
             steps.append((Path(entry["directory"]), args, entry["file"]))
@@ -253,7 +254,7 @@ def _extracted_modules(corpus_dir: Path) -> list[str]:
     """The modules whose bitcode was really extracted (extract_ir lists failures too)."""
     desc = corpus_dir / DESCRIPTION
     return [
-        n for n in json.loads(desc.read_text())["modules"] if (corpus_dir / f"{n}.bc").is_file()
+        n for n in read_json(desc, CorpusError)["modules"] if (corpus_dir / f"{n}.bc").is_file()
     ]
 
 
@@ -267,8 +268,8 @@ def combine(out: Path) -> list[str]:
         if pkg.startswith("."):
             continue
         try:
-            names += [f"{pkg}/{m}" for m in json.loads(desc.read_text())["modules"]]
-        except (ValueError, KeyError) as e:
+            names += [f"{pkg}/{m}" for m in read_json(desc, CorpusError)["modules"]]
+        except (KeyError, TypeError) as e:
             raise CorpusError(f"{desc}: malformed ({e})") from e
         stages[pkg] = read_stage(desc.parent)
     if len(set(stages.values())) > 1:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from mlgo.errors import MlgoError
 from mlgo.llvm.driver import suffix_language
 from mlgo.problems import LTO_STAGES, STAGES
+from mlgo.runtime.inputs import read_json
 
 if TYPE_CHECKING:
     from mlgo.problems import Problem
@@ -188,11 +189,11 @@ def load_corpus(root: str | Path) -> Corpus:
     root = Path(root)
     desc_path = root / DESCRIPTION
     try:
-        desc = json.loads(desc_path.read_text())
+        desc = read_json(desc_path, CorpusError)
     except FileNotFoundError as e:
         raise CorpusError(f"{desc_path}: not found (is {root} a corpus?)") from e
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CorpusError(f"{desc_path}: not valid JSON ({e})") from e
+    except OSError as e:
+        raise CorpusError(f"{desc_path}: cannot read ({e})") from e
     if not isinstance(desc, dict) or not isinstance(desc.get("modules"), list):
         raise CorpusError(f"{desc_path}: needs a 'modules' list")
     names = desc["modules"]
@@ -234,9 +235,9 @@ def read_stage(root: Path) -> str:
     """The stage a corpus description at ROOT names (compile when it names none)."""
     desc_path = root / DESCRIPTION
     try:
-        desc = json.loads(desc_path.read_text())
-    except (OSError, ValueError) as e:
-        raise CorpusError(f"{desc_path}: malformed ({e})") from e
+        desc = read_json(desc_path, CorpusError)
+    except OSError as e:
+        raise CorpusError(f"{desc_path}: cannot read ({e})") from e
     if not isinstance(desc, dict):
         raise CorpusError(f"{desc_path}: malformed (not a JSON object)")
     return _stage(desc, desc_path)

@@ -24,7 +24,6 @@ corpus of that stage.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import shlex
@@ -52,6 +51,7 @@ from mlgo.llvm.driver import suffix_language
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_directory, cache_subdir
+from mlgo.runtime.inputs import read_json
 from mlgo.runtime.messages import error_line
 
 # A database written for gcc may carry warning options clang lacks, and -Werror with them.
@@ -195,10 +195,10 @@ def record_from(
 
 def _read_database(database: Path) -> list:
     try:
-        entries = json.loads(database.read_text())
+        entries = read_json(database, BuildError)
     except FileNotFoundError as e:
         raise BuildError(f"{database}: not found") from e
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except OSError as e:
         raise BuildError(f"{database}: not a compilation database ({error_line(e)})") from e
     if not isinstance(entries, list) or not entries:
         raise BuildError(f"{database}: not a compilation database (needs a non-empty list)")

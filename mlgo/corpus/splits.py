@@ -37,7 +37,7 @@ def load_splits(path: Path | None = None) -> dict[str, list[Package]]:
     try:
         d = tomllib.loads(path.read_text())
         out = {s: [_package(n, s, v) for n, v in d[s].items()] for s in SPLITS}
-    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+    except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError) as e:
         raise BuildError(f"{path}: bad splits file ({e})") from e
     if unknown := set(d) - set(SPLITS):
         raise BuildError(f"{path}: bad splits file (unknown split {', '.join(sorted(unknown))})")

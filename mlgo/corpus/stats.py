@@ -26,6 +26,7 @@ from mlgo.corpus.compile import compile_object, measure_object
 from mlgo.corpus.format import Corpus, Module
 from mlgo.llvm.sizes import TextParts, text_once, text_parts
 from mlgo.runtime.files import atomic_write_text, cache_dir
+from mlgo.runtime.inputs import read_json
 from mlgo.runtime.workers import Failed, Workers
 
 # What a cached entry holds; a cache of another version is measured again.
@@ -110,7 +111,7 @@ def corpus_stats(
     path = cache_file(corpus)
     cache: dict = {}
     with suppress(OSError, ValueError):  # no cache yet, or an unreadable one: measure again
-        cache = json.loads(path.read_text())
+        cache = read_json(path)
     if (
         not isinstance(cache, dict)
         or cache.get("toolchain") != clang_desc

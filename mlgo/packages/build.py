@@ -11,7 +11,6 @@ the others go on.
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from mlgo.packages.debian import ensure_build_depends, fetch_source
 from mlgo.packages.recipes import Recipe
 from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_directory, atomic_write_text
+from mlgo.runtime.inputs import read_json
 from mlgo.runtime.messages import copy_error
 
 
@@ -97,7 +97,7 @@ def extract_package(
         atomic_write_text(stamp, key)
     with atomic_directory(out.resolve() / recipe.name) as staged:
         shutil.copytree(finished / recipe.name, staged, dirs_exist_ok=True)
-    modules = json.loads((finished / recipe.name / DESCRIPTION).read_text())["modules"]
+    modules = read_json(finished / recipe.name / DESCRIPTION)["modules"]
     return Built(len(modules), reused, tuple(skipped))
 
 

@@ -15,6 +15,8 @@ from mlgo import data as shipped
 from mlgo.runtime.commands import BuildError
 
 RECIPES = shipped.recipes_dir()
+# How long one run of a workload command may take, as a test may: past it, it never ends
+BENCH_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class Recipe:
     bench_prepare: tuple[str, ...] = ()
     bench: tuple[str, ...] = ()
     bench_check: str = "true"
+    bench_timeout_s: float = BENCH_TIMEOUT_S  # one run of a bench command, killed past it
 
 
 def available_recipes() -> list[str]:
@@ -70,6 +73,7 @@ def load_recipe(name: str, recipes_dir: Path = RECIPES) -> Recipe:
             bench_prepare=tuple(d.get("bench_prepare", ())),
             bench=tuple(d.get("bench", ())),
             bench_check=str(d.get("bench_check", "true")),
+            bench_timeout_s=float(d.get("bench_timeout_s", BENCH_TIMEOUT_S)),
         )
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+    except (ValueError, RecursionError, KeyError, TypeError) as e:  # tomllib recurses per level
         raise BuildError(f"{path}: bad recipe ({e})") from e

@@ -7,7 +7,6 @@ send each other: a truncated, corrupt, diverged or crafted one is one line namin
 from __future__ import annotations
 
 import json
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -21,11 +20,22 @@ from mlgo.problems import get_problem
 from mlgo.problems.normalizer import Normalizer
 from mlgo.problems.policy import MLPPolicy, policy_class
 from mlgo.runtime.files import atomic_path, atomic_write_text
+from mlgo.runtime.inputs import read_arrays, read_json
 
 T = TypeVar("T")
 # The largest base a policy may carry: its switch's value reaches the compiler's command
 # line, and clang's thresholds live far below it
 MAX_BASE = 1_000_000
+# The most weights and biases a policy may hold, counted from the arrays' headers before any
+# is read. The plugin build writes each into a C++ header: a crafted 66 MB policy made it
+# take 5.2 GB. The largest policy `mlgo train` makes holds 15,650 (inlining-size-ir2vec's;
+# the shipped ones 9,506 at most), and its plugin builds in 6.7 s and 106 MB; at this bound,
+# 16 times that, in 10.6 s and 116 MB (a million: 26 s and 347 MB).
+MAX_PARAMETERS = 250_000
+# The largest policy.json (a few fields) and normalization.json (at most 256 boundaries a
+# column: under 0.5 MB for inlining-size-ir2vec's 70 columns; the shipped ones' 10 to 40 KB).
+MAX_META_BYTES = 64 << 10
+MAX_NORMALIZATION_BYTES = 4 << 20
 
 
 def save_policy(policy: MLPPolicy, directory: Path) -> None:
@@ -56,12 +66,12 @@ def load_policy(directory: Path) -> MLPPolicy:
     """The policy of the problem policy.json names, in that problem's policy class,
     checked whole (see `check_policy`): a truncated, corrupt or diverged policy is one line
     naming its file, never a traceback or a served NaN."""
-    meta = _read(directory / "policy.json", lambda p: json.loads(p.read_text()))
+    meta = _read(directory / "policy.json", lambda p: read_json(p, PolicyError, MAX_META_BYTES))
     norm = _read(
         directory / "normalization.json",
-        lambda p: Normalizer.from_json(json.loads(p.read_text())),
+        lambda p: Normalizer.from_json(read_json(p, PolicyError, MAX_NORMALIZATION_BYTES)),
     )
-    weights = _read(directory / "policy.npz", _read_weights)
+    weights = _read(directory / "policy.npz", lambda p: read_arrays(p, MAX_PARAMETERS, PolicyError))
     where = directory / "policy.json"
     try:
         problem = get_problem(meta["problem"])
@@ -161,13 +171,7 @@ def _read(path: Path, parse: Callable[[Path], T]) -> T:
         return parse(path)
     except FileNotFoundError as e:
         raise PolicyError(f"{path}: missing (not a policy directory)") from e
-    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+    except PolicyError:  # read_json's and read_arrays': one line naming PATH already
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise PolicyError(f"{path}: not a policy ({type(e).__name__}: {e})") from e
-
-
-def _read_weights(path: Path) -> list[np.ndarray]:
-    with np.load(path) as z:
-        weights = [z[f"arr_{i}"] for i in range(len(z.files))]
-    if not all(np.issubdtype(w.dtype, np.floating) for w in weights):
-        raise ValueError("weights are not floating point")
-    return weights

@@ -13,8 +13,10 @@ from __future__ import annotations
 import os
 import re
 import resource
+import select
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -23,10 +25,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from mlgo.llvm.block_costs import CALLGRIND_OPTIONS, executions
-from mlgo.packages.recipes import Recipe
+from mlgo.packages.recipes import BENCH_TIMEOUT_S, Recipe
 from mlgo.runtime.commands import BuildError, run_logged
 
 CLOCKS = ("wall", "cpu")
@@ -41,6 +43,37 @@ class Workload:
     commands: tuple[tuple[str, ...], ...]  # argv lists, measured
     check: str = "true"  # shell, after the workload ran: its result is right
     volatile: str = r"$^"  # what may differ between two builds' output (timings)
+    timeout_s: float = BENCH_TIMEOUT_S  # a command's run, killed past it (`run_bounded`)
+
+
+# How much slower a program runs under callgrind than on its own (valgrind's manual: 20 to
+# 100 times): a counted run's timeout is this many of a timed run's.
+CALLGRIND_SLOWDOWN = 100
+
+
+def run_bounded(
+    argv: Sequence[str], tree: Path, timeout_s: float, command: Sequence[str], **popen: Any
+) -> tuple[int, resource.struct_rusage]:
+    """ARGV, which runs the workload's COMMAND, run in TREE in a process group of its own:
+    its exit code and rusage (as `wait4` reaps it). Past TIMEOUT_S, or if this process is
+    interrupted, the whole group is killed (a shell's children too, which would otherwise
+    run on, and hold a pipe open); a timeout is a BuildError naming COMMAND."""
+    proc = subprocess.Popen(argv, cwd=tree, stdin=subprocess.DEVNULL, process_group=0, **popen)
+    pidfd, finished = os.pidfd_open(proc.pid), False
+    try:
+        finished = bool(select.select([pidfd], [], [], timeout_s)[0])
+    finally:
+        os.close(pidfd)
+        if not finished:  # its leader is not reaped yet, so the group's id is still its own
+            os.killpg(proc.pid, signal.SIGKILL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if not finished:
+        raise BuildError(
+            f"the workload `{shlex.join(command)}` did not finish in {timeout_s:g} s in {tree}; "
+            "its processes were killed"
+        )
+    return proc.returncode, usage
 
 
 def children_cpu() -> float:
@@ -86,7 +119,9 @@ def run_workload(
 ) -> Run:
     """Runs every workload command LOOPS times. CPU is user+sys of the workload's own
     processes (their rusage, reaped with wait4), so other jobs on the machine do not count
-    in it, only slow it."""
+    in it, only slow it. Under callgrind (a PREFIX that runs valgrind), each run may take
+    CALLGRIND_SLOWDOWN times the workload's timeout."""
+    timeout_s = workload.timeout_s * (CALLGRIND_SLOWDOWN if prefix[:1] == ("valgrind",) else 1)
     wall = cpu = user = 0.0
     errors: list[str] = []
     for _ in range(loops):
@@ -94,25 +129,20 @@ def run_workload(
         for argv in workload.commands:
             with tempfile.TemporaryFile() as err:
                 start = time.perf_counter()
-                proc = subprocess.Popen(
-                    [*prefix, *argv],
-                    cwd=tree,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=err,
+                returncode, usage = run_bounded(
+                    [*prefix, *argv], tree, timeout_s, argv, stdout=subprocess.DEVNULL, stderr=err
                 )
-                _, status, usage = os.wait4(proc.pid, 0)
                 wall += time.perf_counter() - start
-                proc.returncode = os.waitstatus_to_exitcode(status)
                 cpu += usage.ru_utime + usage.ru_stime
                 user += usage.ru_utime
                 err.seek(0)
                 stderr = err.read().decode(errors="replace")
-            if proc.returncode != 0:
+            if returncode != 0:
                 raise BuildError(f"{shlex.join(argv)} failed in {tree}: {stderr.strip()[-200:]}")
             errors.append(stderr)
-    check = subprocess.run(workload.check, shell=True, cwd=tree, capture_output=True)
-    if check.returncode != 0:
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    check = ["sh", "-c", workload.check]
+    if run_bounded(check, tree, workload.timeout_s, check, **quiet)[0] != 0:
         raise BuildError(f"{workload.recipe}: the workload's result is wrong in {tree}")
     return Run(wall, cpu, user, "".join(errors))
 
@@ -244,11 +274,15 @@ def first_difference(base: str, other: str, runs: str = "the two builds") -> str
 
 def workload_output(workload: Workload, tree: Path) -> str:
     """What the workload's first command prints in TREE, less what may differ (timings)."""
-    proc = subprocess.run(workload.commands[0], cwd=tree, capture_output=True, text=True)
-    if proc.returncode != 0:
-        argv = shlex.join(workload.commands[0])
-        raise BuildError(f"{argv} failed in {tree}: {proc.stderr.strip()[-200:]}")
-    return re.sub(workload.volatile, "", proc.stdout)
+    argv = workload.commands[0]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        returncode, _ = run_bounded(argv, tree, workload.timeout_s, argv, stdout=out, stderr=err)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = (f.read().decode(errors="replace") for f in (out, err))
+    if returncode != 0:
+        raise BuildError(f"{shlex.join(argv)} failed in {tree}: {stderr.strip()[-200:]}")
+    return re.sub(workload.volatile, "", stdout)
 
 
 AGAIN = " again"  # the A/A control's name: the baseline's own build, timed a second time
@@ -270,10 +304,10 @@ def compare_workload(
     base, other = trees
     out: dict = {v: {} for v in trees}
     outputs = {}
-    for v, tree in trees.items():
+    for v, tree in trees.items():  # run plainly first: one that never ends is killed sooner
+        outputs[v] = workload_output(workload, tree)
         if callgrind:
             out[v]["instructions"] = instructions(workload, tree)
-        outputs[v] = workload_output(workload, tree)
     if outputs[base] != outputs[other]:
         raise BuildError(f"{workload.recipe}: {first_difference(outputs[base], outputs[other])}")
     if callgrind:
@@ -311,6 +345,7 @@ def recipe_workload(recipe: Recipe) -> Workload:
         recipe.bench_prepare,
         tuple(tuple(shlex.split(cmd)) for cmd in recipe.bench),
         recipe.bench_check,
+        timeout_s=recipe.bench_timeout_s,
     )
 
 
@@ -326,19 +361,22 @@ def prepare_workload(recipe: Recipe, tree: Path, what: str) -> None:
 DID_NOT_RUN = {126, 127, *(128 + s for s in (4, 6, 7, 8, 11))}
 
 
-def check_pipeline_ran(argv: tuple[str, ...], tree: Path) -> None:
+def check_pipeline_ran(argv: tuple[str, ...], tree: Path, timeout_s: float) -> None:
     """Every command of ARGV's last pipeline ran to an exit of its own, in TREE: the shell
     reports only a pipeline's last status, so 'prog | md5sum' with a PROG that cannot load
     its shared library would print the checksum of nothing, the same on both builds, and
-    be measured as a workload. ARGV is a command, or a shell line as 'sh -c LINE'."""
+    be measured as a workload. ARGV is a command, or a shell line as 'sh -c LINE'; it is
+    killed past TIMEOUT_S."""
     line = argv[2] if len(argv) == 3 and argv[:2] == ("sh", "-c") else shlex.join(argv)
     with tempfile.TemporaryFile() as statuses:
         fd = statuses.fileno()
-        subprocess.run(
+        run_bounded(
             ["bash", "-c", f'{line}\necho "${{PIPESTATUS[*]}}" >&{fd}'],
-            cwd=tree,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
+            tree,
+            timeout_s,
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             pass_fds=(fd,),
         )
         statuses.seek(0)
@@ -360,7 +398,7 @@ def check_repeatable(recipe: Recipe, tree: Path) -> None:
     bench = recipe_workload(recipe)
     for argv in bench.commands:
         try:
-            check_pipeline_ran(argv, tree)
+            check_pipeline_ran(argv, tree, bench.timeout_s)
         except BuildError as e:
             raise BuildError(f"{recipe.name}: --bench: {e}") from None
     first, second = (workload_output(bench, tree) for _ in range(2))

@@ -17,6 +17,7 @@ from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.plots import STYLE, img, png, pyplot
 from mlgo.problems import get_problem
 from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.inputs import read_json
 
 LARGEST_CHANGES = 20  # files in the per-file size plot
 REPORT_KEYS = {"package", "policy", "size", "tests"}
@@ -88,12 +89,16 @@ def load_report(path: Path) -> dict | None:
     path = path / "report.json" if path.is_dir() else path
     named = path.name == "report.json"
     try:
-        report = json.loads(path.read_text())
+        report = read_json(path)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
+    except OSError as e:
         if named:
             raise UsageError(f"{path}: not a program report ({e})") from e
+        return None
+    except UsageError:
+        if named:
+            raise
         return None
     if isinstance(report, dict) and report.keys() >= REPORT_KEYS:
         return report

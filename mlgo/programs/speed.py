@@ -47,6 +47,7 @@ from mlgo.programs.measure import (
 )
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.inputs import read_json
 
 if TYPE_CHECKING:
     from mlgo.corpus.format import Module
@@ -188,9 +189,11 @@ def _key(policy: MLPPolicy) -> str:
 def read_costs(path: Path) -> dict[str, float]:
     """A WorkloadReward's kept costs; what is not a table of numbers is refused, naming it."""
     try:
-        costs = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        costs = read_json(path, BuildError)
+    except OSError as e:
         raise BuildError(f"{path}: unreadable ({e}); remove it to cost every build again") from e
+    except BuildError as e:
+        raise BuildError(f"{e}; remove it to cost every build again") from e
     if not isinstance(costs, dict) or not all(
         isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) and c > 0
         for c in costs.values()

@@ -45,7 +45,7 @@ from mlgo.errors import UsageError
 from mlgo.llvm.languages import label
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.build import run_tests
-from mlgo.packages.recipes import Recipe
+from mlgo.packages.recipes import BENCH_TIMEOUT_S, Recipe
 from mlgo.problems import Problem, get_problem
 from mlgo.problems.policy_files import save_policy
 from mlgo.programs.build import ProgramBuild, baseline_label, policy_service, problem_flags
@@ -54,6 +54,7 @@ from mlgo.programs.measure import check_fixed_work, check_repeatable, recipe_thr
 from mlgo.programs.report import program_report, write_report
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_directory, atomic_write_text
+from mlgo.runtime.inputs import read_json
 from mlgo.runtime.messages import copy_error, naming
 from mlgo.runtime.workers import Workers, make_workers
 
@@ -109,14 +110,22 @@ def project(
     build: list[str],
     test: list[str],
     bench: str | None,
+    bench_timeout_s: float = BENCH_TIMEOUT_S,
 ) -> Recipe:
     """A user's project as a recipe without a Debian source: its shell lines, and its
-    workload (a shell line whose output must be the same on both builds)."""
+    workload (a shell line whose output must be the same on both builds, each run killed
+    past BENCH_TIMEOUT_S)."""
     if not build:
         raise BuildError("no build command: give --build, e.g. --build 'make -j2'")
     workload = (shlex.join(["sh", "-c", bench]),) if bench else ()
     return Recipe(
-        name, "", tuple(build), configure=tuple(configure), test=tuple(test), bench=workload
+        name,
+        "",
+        tuple(build),
+        configure=tuple(configure),
+        test=tuple(test),
+        bench=workload,
+        bench_timeout_s=bench_timeout_s,
     )
 
 
@@ -462,7 +471,7 @@ class Stages:
             raise BuildError(f"{out}: exists and is not a tune directory; choose another --out")
         self.finished = [line.split("\t")[0] for line in self._lines()]
         if record.is_file():
-            before = json.loads(record.read_text())
+            before = read_json(record, BuildError)
             if self._train_longer(before, args):
                 say(f"training on from {before['minutes']:g} to {args['minutes']:g} minutes")
             used = [a for s in self.finished for a in STAGES.get(s, ())]
@@ -646,8 +655,8 @@ def tune(
             atomic_write_text(work / "builds.json", json.dumps([b.to_json() for b in built]))
         stages.finish("build")
     if stages.done("report"):
-        return json.loads((out / "report.json").read_text())
-    plain, ml = (ProgramBuild(**b) for b in json.loads((work / "builds.json").read_text()))
+        return read_json(out / "report.json")
+    plain, ml = (ProgramBuild(**b) for b in read_json(work / "builds.json"))
     trees = {b.variant: work / b.variant for b in (plain, ml)}
     if not stages.done("bench"):  # finished without a workload too: --bench is its argument
         if recipe.bench:
@@ -656,8 +665,8 @@ def tune(
                 speed = recipe_throughput(recipe, trees, opts.bench_rounds, opts.bench_seconds)
                 atomic_write_text(out / "throughput.json", json.dumps(speed, indent=1))
         stages.finish("bench")
-    speed = json.loads((out / "throughput.json").read_text()) if recipe.bench else None
-    training = json.loads((out / "training.json").read_text())
+    speed = read_json(out / "throughput.json") if recipe.bench else None
+    training = read_json(out / "training.json")
     with _stage("report", out):
         report = program_report((plain, ml), trees, [policy.resolve()], speed)
         report.update(problem=problem.name, level=problem.opt_level, training=training)

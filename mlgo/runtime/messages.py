@@ -30,6 +30,9 @@ _MAKE_ERROR = re.compile(r"^\S*make(?:\[\d+\])?: \*\*\* ")
 # Colours (clang's -fdiagnostics-color=always, which CMake and Meson pass under Ninja).
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _ERRNO = re.compile(r"^\[Errno (\d+)\] ([^:]+)")
+# How much of an mlgo error's own line is shown: all of it (a path can be long, and the reason
+# follows it), where a tool's output line is cut at error_line's default.
+WHOLE_LINE = 2000
 
 
 def error_line(what: str | BaseException, limit: int = 300) -> str:

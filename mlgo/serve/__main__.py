@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from mlgo.errors import MlgoError
-from mlgo.runtime.messages import error_line
+from mlgo.runtime.messages import WHOLE_LINE, error_line
 from mlgo.serve.server import run_service
 
 
@@ -23,7 +23,7 @@ def main() -> None:
     try:
         run_service(args.policy, args.backend, args.socket, args.idle_exit)
     except (MlgoError, OSError) as e:  # as `mlgo` catches them: anything else is a bug
-        print(f"error: {error_line(e, limit=2000)}", file=sys.stderr, flush=True)
+        print(f"error: {error_line(e, WHOLE_LINE)}", file=sys.stderr, flush=True)
         sys.exit(2)
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from mlgo.errors import MlgoError
 from mlgo.runtime.lifetime import die_with_parent
-from mlgo.runtime.messages import error_line
+from mlgo.runtime.messages import WHOLE_LINE, error_line
 from mlgo.runtime.trust import UntrustedPathError, private_dir
 
 RUNTIME_WAY_OUT = "set XDG_RUNTIME_DIR to a directory of yours (or MLGO_SOCKET)"
@@ -197,4 +197,4 @@ def launch_service(
         proc.kill()
         proc.wait()
     output = log.read_bytes()[start:].decode(errors="replace")
-    raise ServiceError(f"the mlgo service did not start: {error_line(output, 200)}")
+    raise ServiceError(f"the mlgo service did not start: {error_line(output, WHOLE_LINE)}")

@@ -3,12 +3,12 @@ corpus, the budget spent, and every evaluation saved next to the run."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mlgo.corpus.format import CorpusError, load_corpus
 from mlgo.llvm.languages import LANGUAGES, label
 from mlgo.problems.policy import MLPPolicy
+from mlgo.runtime.inputs import read_json
 from mlgo.train import policy_dir
 from mlgo.train.evaluate import Evaluation
 
@@ -66,7 +66,7 @@ def policy_run(pdir: Path) -> Path:
     if (run / "state.json").exists():
         return run
     try:
-        source = Path(json.loads((pdir / "calibration.json").read_text())["source"])
+        source = Path(read_json(pdir / "calibration.json")["source"])
     except (OSError, ValueError, KeyError, TypeError):
         return run
     source_run = policy_dir(source).parent
@@ -91,7 +91,7 @@ def _chain(
     while init := chain[-1][1].get("extra", {}).get("config", {}).get("init"):
         start = Path(init)
         try:
-            before = json.loads((start / "state.json").read_text())
+            before = read_json(start / "state.json")
         except (OSError, ValueError):  # a policy, or a run gone or unreadable
             break
         if start.resolve() in seen or not isinstance(before, dict):
@@ -158,7 +158,7 @@ def _reproduce(
 def model_card(policy: MLPPolicy, run: Path, calibrated: bool = False) -> str:
     """POLICY's card from what its RUN recorded; CALIBRATED adds the calibration to what
     reproduces it."""
-    state = json.loads((run / "state.json").read_text()) if (run / "state.json").exists() else {}
+    state = read_json(run / "state.json") if (run / "state.json").exists() else {}
     problem = policy.problem
     lines = [
         f"# {problem.name} policy",

@@ -28,6 +28,7 @@ from mlgo.llvm.log_format import TensorSpec
 from mlgo.problems import Problem, get_problem
 from mlgo.records import ModuleRun
 from mlgo.runtime.files import atomic_path, atomic_write_text
+from mlgo.runtime.inputs import read_json
 from mlgo.runtime.tfutil import import_tf
 
 FORMAT = "mlgo-traces"
@@ -74,10 +75,10 @@ class Manifest:
     def load(cls, out: Path) -> Manifest:
         path = out / "manifest.json"
         try:
-            d = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            d = read_json(path, TraceError)
+        except OSError as e:
             raise TraceError(f"{path}: cannot read ({e})") from e
-        if d.get("format") != FORMAT or d.get("version") != VERSION:
+        if not isinstance(d, dict) or d.get("format") != FORMAT or d.get("version") != VERSION:
             raise TraceError(f"{path}: not an {FORMAT} v{VERSION} manifest")
         try:
             problem = get_problem(d["problem"])

@@ -20,6 +20,7 @@ import numpy as np
 from mlgo.errors import UsageError
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.files import atomic_path, atomic_write_text
+from mlgo.runtime.inputs import read_json
 from mlgo.runtime.tfutil import import_tf
 
 
@@ -69,7 +70,7 @@ class RunDir:
         state_path, ckpt = self.root / "state.json", self.root / "checkpoint.npz"
         if not (state_path.exists() and ckpt.exists()):
             return None
-        d = json.loads(state_path.read_text())
+        d = read_json(state_path)
         if d.get("algo") != self.algo:
             raise UsageError(f"{self.root} holds a {d.get('algo')} run, not {self.algo}")
         with np.load(ckpt) as z:

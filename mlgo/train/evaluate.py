@@ -22,6 +22,7 @@ from mlgo.llvm.sizes import GUARD_METRIC
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem, get_problem
 from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.inputs import read_json
 from mlgo.runtime.workers import Failed, Workers
 
 
@@ -189,7 +190,7 @@ class Evaluation:
     def load(cls, directory: Path) -> Evaluation:
         path = directory / "eval.json" if directory.is_dir() else directory
         try:
-            d = json.loads(path.read_text())
+            d = read_json(path)
             problem = get_problem(d["problem"])
             ev = cls(problem, d["toolchain"], d["corpus"], d["modules"], d["failed"])
             keys = {ev.metric, f"default_{ev.metric}"}

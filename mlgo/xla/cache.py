@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.inputs import read_json
 from mlgo.xla.config import parse_config
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class TuningCache:
 
     def _read(self, path: Path) -> dict | None:
         try:
-            data = json.loads(path.read_text())
+            data = read_json(path)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:

@@ -23,6 +23,7 @@ from rich.progress import Progress
 
 from mlgo.errors import MlgoError
 from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.inputs import read_json
 from mlgo.xla.config import parse_config
 from mlgo.xla.extract import HloGraph
 from mlgo.xla.measure import MeasureSpec, measure_isolated
@@ -80,13 +81,6 @@ def _record(data: dict, where: Path) -> Record:
         raise DatasetError(f"{where}: not a program record ({e})") from e
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except ValueError as e:
-        raise DatasetError(f"{path}: invalid JSON ({e})") from e
-
-
 @dataclass
 class Dataset:
     root: Path
@@ -101,13 +95,15 @@ def load_dataset(root: Path) -> Dataset:
     manifest_path = root / "manifest.json"
     if not manifest_path.is_file():
         raise DatasetError(f"{root}: not a dataset (no manifest.json; run `mlgo xla collect`)")
-    manifest = _read_json(manifest_path)
+    manifest = read_json(manifest_path, DatasetError)
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise DatasetError(
             f"{manifest_path}: format {manifest.get('format')} v{manifest.get('version')}, "
             f"expected {FORMAT} v{VERSION}"
         )
-    records = [_record(_read_json(p), p) for p in sorted((root / "programs").glob("*.json"))]
+    records = [
+        _record(read_json(p, DatasetError), p) for p in sorted((root / "programs").glob("*.json"))
+    ]
     if not records:
         raise DatasetError(f"{root}: no measured programs")
     configs = [c for c in manifest["configs"] if _usable(c)]
@@ -144,7 +140,7 @@ def collect(
         "failed": {},
     }
     if manifest_path.exists():
-        old = _read_json(manifest_path)
+        old = read_json(manifest_path, DatasetError)
         if old.get("configs") != configs or old.get("version") != VERSION:
             raise DatasetError(f"{out}: measured with other configs; use a new --out")
         manifest["failed"] = old.get("failed", {})

@@ -25,6 +25,7 @@ import optax
 
 from mlgo.errors import UsageError
 from mlgo.runtime.files import atomic_path, atomic_write_text
+from mlgo.runtime.inputs import read_arrays, read_json
 from mlgo.xla.config import DEFAULT
 from mlgo.xla.extract import HloGraph
 from mlgo.xla.features import (
@@ -246,15 +247,14 @@ class CostModel:
         meta_path = root / "model.json"
         if not meta_path.is_file():
             raise FileNotFoundError(f"{root}: not a cost model (no model.json)")
-        meta = json.loads(meta_path.read_text())
+        meta = read_json(meta_path)
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
             raise UsageError(f"{meta_path}: not a {FORMAT} v{VERSION} model")
         hyper = Hyper(**meta["hyper"])
-        _, tree = jax.tree_util.tree_flatten(
-            [init_params(hyper, hyper.seed + i) for i in range(hyper.ensemble)]
-        )
-        with np.load(root / "params.npz") as z:
-            leaves = [jnp.asarray(z[f"arr_{i}"]) for i in range(len(z.files))]
+        init = [init_params(hyper, hyper.seed + i) for i in range(hyper.ensemble)]
+        _, tree = jax.tree_util.tree_flatten(init)
+        expected = sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(init))
+        leaves = [jnp.asarray(a) for a in read_arrays(root / "params.npz", expected)]
         return cls(jax.tree_util.tree_unflatten(tree, leaves), meta["configs"], hyper, meta["info"])
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import random
 import time
 import warnings
@@ -42,6 +41,7 @@ import numpy as np
 
 from mlgo.errors import UsageError
 from mlgo.runtime.files import cache_dir as user_cache_dir
+from mlgo.runtime.inputs import read_json
 from mlgo.xla.cache import TuningCache, digest
 from mlgo.xla.config import DEFAULT, compiler_options, parse_config
 from mlgo.xla.extract import HloGraph, fingerprint, hlo_fingerprint, optimized_hlo, parse_hlo
@@ -158,8 +158,8 @@ def _model_meta(model: CostModel | Path) -> dict:
         return {"configs": model.configs, "hyper": model.hyper.__dict__, "info": model.info}
     path = model / "model.json"
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        meta = read_json(path)
+    except OSError as e:
         raise UsageError(f"{path}: not a cost model ({e})") from e
     return {k: meta.get(k) for k in ("configs", "hyper", "info")}
 
