@@ -317,6 +317,7 @@ def test_inlining_for_speed_without_a_workload_is_refused_before_anything_is_wri
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
     out, args = wordcount_args(tmp_path, "--problem", "regalloc-eviction", "--minutes", "0.02")
     r = run_mlgo(*args, timeout=600)
