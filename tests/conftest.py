@@ -26,7 +26,7 @@ MLGO = [sys.executable, "-m", "mlgo.cli"]
 TOOLCHAIN_FIXTURES = {"tc", "mini_corpus", "mini_corpus_o2"}
 # Whole files that belong to a tier: a Ray cluster, trust and bad input (what another user
 # could plant, what a user could get wrong), the policy service and its AOT server, Debian
-# sources fetched and built.
+# sources fetched and built. The long tier (`slow`) is marked test by test.
 FILE_MARKS = {
     "test_ray.py": ("ray",),
     "test_security.py": ("security",),
@@ -39,7 +39,7 @@ FILE_MARKS = {
     "test_service.py": ("toolchain",),
     "test_guard.py": ("toolchain",),
     "test_aot.py": ("toolchain",),
-    "test_debian_package.py": ("toolchain", "slow"),
+    "test_debian_package.py": ("toolchain",),
 }
 
 

@@ -286,6 +286,7 @@ def test_a_slow_module_is_compiled_with_the_policy_not_searched(
     assert all(c <= default_sizes[n] for c, n in zip(arrays["traj_cost"], names, strict=True))
 
 
+@pytest.mark.slow
 def test_killed_bcmax_resumes_from_its_search(mini_corpus, tmp_path):
     out = tmp_path / "bcmax"
     init = str(shipped_policy("inlining-size"))

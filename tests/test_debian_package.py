@@ -1,6 +1,7 @@
 """A real Debian source package end to end: apt-get source, build, extract, replay; and
 `mlgo demo`'s whole loop on it (`mlgo tune` on its source): record, train, build twice,
-test, measure, report."""
+test, measure, report. Those are the long tier (marked slow); the refusals run in the
+default one."""
 
 import json
 import shutil
@@ -37,6 +38,7 @@ def zlib_corpus(zlib_demo):
     return load_corpus(root / "corpus")
 
 
+@pytest.mark.slow
 def test_the_demo_collects_and_reports_the_package(zlib_demo):
     root, out = zlib_demo
     traces = list((root / "traces" / "modules" / "zlib").glob("*.tfrecord"))
@@ -52,6 +54,7 @@ def elf_text_total(tree: Path) -> int:
     )
 
 
+@pytest.mark.slow
 def test_the_demo_reports_size_throughput_and_tests_of_both_builds(zlib_demo):
     root, out = zlib_demo
     report = json.loads((root / "report.json").read_text())
@@ -79,6 +82,7 @@ def test_the_demo_reports_size_throughput_and_tests_of_both_builds(zlib_demo):
     assert "trained on" in out
 
 
+@pytest.mark.slow
 def test_the_demo_says_where_its_page_of_plots_is(zlib_demo):
     root, out = zlib_demo
     assert str(root / "report.html") in " ".join(out.split())
@@ -92,6 +96,7 @@ def test_the_demo_says_where_its_page_of_plots_is(zlib_demo):
     assert page.count('<img src="data:image/png;base64,') == 2 + changed
 
 
+@pytest.mark.slow
 def test_build_measures_the_workload_of_lua(tmp_path):
     """`mlgo build lua`: both builds run the recipe's Lua script (its check passes on
     both, and both print the same), and the table, build.json and lua's report hold the
@@ -113,12 +118,14 @@ def test_the_demo_refuses_an_unknown_package_before_building(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow
 def test_zlib_builds_and_extracts(zlib_corpus):
     names = {m.name for m in zlib_corpus.modules}
     assert {"zlib/deflate.c", "zlib/inflate.c", "zlib/trees.c"} <= names
     assert len(names) >= 15
 
 
+@pytest.mark.slow
 def test_default_replay_reproduces_plain_oz_byte_for_byte(zlib_corpus, tc):
     problem = get_problem("inlining-size")
     mismatched = [
@@ -142,6 +149,7 @@ def test_unknown_recipe_fails_alone(tmp_path):
     assert "failed no-such-pkg: no recipe no-such-pkg.toml" in " ".join(r.stderr.split())
 
 
+@pytest.mark.slow
 def test_a_split_builds_its_packages_names_a_failure_and_reuses_what_was_built(tmp_path):
     """`corpus build --split` reads splits.toml; a failing package is named and the others
     go on; a second run reuses the finished package instead of building it again."""

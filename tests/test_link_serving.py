@@ -291,6 +291,7 @@ def test_a_thin_link_is_answered_by_a_thin_link_policy_in_every_backend(
     )
 
 
+@pytest.mark.slow
 def test_mlgo_build_lto_full_links_a_debian_program_with_the_link_policy(link_policy, tmp_path):
     """`mlgo build --lto full`: a real package built twice with -Oz -flto by lld, its own
     tests passing on both, the link-time policy answering in the mlgo build's links."""

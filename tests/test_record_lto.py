@@ -189,6 +189,7 @@ def test_a_cmake_build_archives_bitcode_with_this_llvm(tc: Toolchain, tmp_path):
     assert [m.name for m in load_corpus(out).modules] == ["p/build/summarize"]
 
 
+@pytest.mark.slow
 def test_corpus_build_lto_full_records_a_debian_package_s_links(tmp_path):
     """`mlgo corpus build --lto full`: a recipe's Debian build, its links' merged modules a
     package of a corpus of the link stage, as for a split to train a link-time policy on."""

@@ -255,6 +255,7 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
     )
 
 
+@pytest.mark.slow
 def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
     mini_corpus, tmp_path
 ):

@@ -96,6 +96,7 @@ def elf_text(tree: Path) -> dict[str, int]:
     }
 
 
+@pytest.mark.slow
 def test_tune_reports_size_over_every_elf_file_tests_and_throughput(tuned):
     src, out, _, _, _, _, done = tuned
     report = json.loads((out / "report.json").read_text())
@@ -126,6 +127,7 @@ def test_tune_reports_size_over_every_elf_file_tests_and_throughput(tuned):
     ).exists()
 
 
+@pytest.mark.slow
 def test_a_killed_tune_resumes_training_where_it_stopped(tuned):
     _, out, _, killed, _, _, _ = tuned
     curve = json.loads((out / "report.json").read_text())["training"]["curve"]
@@ -137,6 +139,7 @@ def test_a_killed_tune_resumes_training_where_it_stopped(tuned):
     ]
 
 
+@pytest.mark.slow
 def test_a_failing_test_stops_with_one_line_naming_its_log(tuned):
     _, out, _, _, failing, after_failing, _ = tuned
     assert failing.returncode == 2, failing.stderr
@@ -146,6 +149,7 @@ def test_a_failing_test_stops_with_one_line_naming_its_log(tuned):
     assert after_failing == ["snapshot", "record", "rehearse", "collect", "train"]
 
 
+@pytest.mark.slow
 def test_a_rerun_redoes_nothing_and_other_arguments_are_refused(tuned):
     _, out, args, _, _, _, _ = tuned
     log, report = (out / "stages.log").read_text(), (out / "report.json").read_text()
@@ -225,6 +229,7 @@ def wordcount_args(tmp_path: Path, *options: str) -> tuple[Path, list[str]]:
     return out, args
 
 
+@pytest.mark.slow
 def test_with_a_workload_eviction_trains_and_is_judged_on_its_block_cost(cache, tmp_path):
     """A speed problem with --bench: evolution strategies score each policy by its build's
     blocks costed on the workload's callgrind counts, the candidates are judged so, the
@@ -268,6 +273,7 @@ def kept_by_the_clock(training: dict, out: Path) -> None:
     assert not trees & {"plain", "served", "clock"}
 
 
+@pytest.mark.slow
 def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_workload(
     cache, tmp_path
 ):
@@ -311,6 +317,7 @@ def test_inlining_for_speed_without_a_workload_is_refused_before_anything_is_wri
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
     out, args = wordcount_args(tmp_path, "--problem", "regalloc-eviction", "--minutes", "0.02")
     r = run_mlgo(*args, timeout=600)
@@ -328,6 +335,7 @@ def test_regalloc_eviction_tunes_at_o2(cache, tmp_path):
     assert again.returncode == 2 and "tuned before with bench [], not" in again.stderr
 
 
+@pytest.mark.slow
 def test_lto_full_tunes_the_link_against_plain_full_lto(cache, tmp_path):
     """`--lto full`: a corpus of the link's merged module, a policy started from the
     per-file one, both builds linked by lld with full LTO, the policy's in lld's LTO."""
@@ -354,6 +362,7 @@ def test_lto_full_tunes_the_link_against_plain_full_lto(cache, tmp_path):
     assert "no served policy is trained for the compile step" in log  # only the link's
 
 
+@pytest.mark.slow
 def test_lto_thin_tunes_the_backends_against_plain_thinlto(cache, tmp_path):
     """`--lto thin`: a corpus of the link's backend modules, candidates judged on the
     programs as lld's ThinLTO backends make them, both builds linked by lld with ThinLTO,
