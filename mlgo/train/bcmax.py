@@ -40,7 +40,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import ClassVar, TypeAlias
+from typing import TypeAlias
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from mlgo.corpus.format import Module
 from mlgo.corpus.stats import corpus_stats
 from mlgo.errors import UsageError
 from mlgo.llvm.log_format import Observation, element_column
+from mlgo.options import positive
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy, policy_class
 from mlgo.records import Decisions, ModuleRun
@@ -56,6 +57,7 @@ from mlgo.runtime.workers import Failed
 from mlgo.train import RunDir
 from mlgo.train.bc import train_bc
 from mlgo.train.loop import Candidate, Session, Step, Trainer
+from mlgo.train.options import option
 from mlgo.train.rollouts import scored_pool
 
 Group = tuple[int, ...]  # a decision's values of its problem's group_features
@@ -318,22 +320,24 @@ def search_module(task: SearchTask) -> SearchResult:
 
 @dataclass(frozen=True)
 class BCMaxConfig:
-    OPTIONS: ClassVar[tuple[str, ...]] = (  # the TrainOptions it takes, by name
-        "steps",
-        "search_budget",
-        "clone_epochs",
-        "clone_lr",
-        "max_module_seconds",
-        "init",
-        "max_seconds",
-    )
-
     steps: int = 3  # iterations: search every pool module, then clone
-    search_budget: int = 24  # compiles per module per iteration
+    search_budget: int = field(
+        default=24, metadata=option("compiles per module per iteration's search", min=2)
+    )
     temperature: float = 1.0  # of the trajectories sampled from the policy
-    clone_epochs: int = 10  # of behavioral cloning per iteration
-    clone_lr: float = 1e-3  # of behavioral cloning
-    max_module_seconds: float = 2.0  # modules slower than this are compiled, not searched
+    clone_epochs: int = field(
+        default=10, metadata=option("behavioral cloning epochs per iteration", min=1)
+    )
+    clone_lr: float = field(
+        default=1e-3, metadata=option("behavioral cloning step size", check=positive)
+    )
+    max_module_seconds: float = field(
+        default=2.0,
+        metadata=option(
+            "modules that compile slower are compiled with the policy each iteration, not searched",
+            check=positive,
+        ),
+    )
     seed: int = 0
     init: str = ""  # the --init run or policy, as given: its model card's starting point
     max_seconds: float = 0.0  # training time budget over all resumes (0: none)

@@ -11,43 +11,40 @@ is scored on it as well. The best one seen is the run's policy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from mlgo.options import non_negative, positive
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.train import Adam
 from mlgo.train.loop import Candidate, Session, Step, Trainer
+from mlgo.train.options import option
 from mlgo.train.rollouts import scored_pool
 
 
 @dataclass(frozen=True)
 class ESConfig:
-    OPTIONS: ClassVar[tuple[str, ...]] = (  # the TrainOptions it takes, by name
-        "steps",
-        "sigma",
-        "directions",
-        "lr",
-        "regression_penalty",
-        "batch",
-        "max_module_seconds",
-        "init",
-        "max_seconds",
-    )
-
     steps: int = 40
-    directions: int = 8
-    batch: int = 24
-    sigma: float = 0.05
-    lr: float = 0.02
+    directions: int = field(default=8, metadata=option("perturbations per step", min=1))
+    batch: int = field(default=24, metadata=option("modules compiled per step", min=1))
+    sigma: float = field(
+        default=0.05, metadata=option("perturbation scale of the weights", check=positive)
+    )
+    lr: float = field(default=0.02, metadata=option("Adam step size", check=positive))
     eval_every: int = 5
-    max_module_seconds: float = 2.0  # modules slower than this stay out of ES batches
+    max_module_seconds: float = field(
+        default=2.0,
+        metadata=option("modules that compile slower stay out of training", check=positive),
+    )
     seed: int = 0
     # 0: reward the total reduction; > 0: the mean over packages of each package's
     # reduction, a package made worse counting (1 + penalty) times its loss
-    regression_penalty: float = 0.0
+    regression_penalty: float = field(
+        default=0.0,
+        metadata=option("reward per package, a package's loss x (1 + this)", check=non_negative),
+    )
     init: str = ""  # the --init run or policy, as given: its model card's starting point
     max_seconds: float = 0.0  # training time budget over all resumes (0: none)
 

@@ -84,7 +84,7 @@ class Trainer(ABC, Generic[ConfigT]):
 
     name: ClassVar[str]  # --algo, the run's algo, its metrics' prefix
     title: ClassVar[str]  # its progress bar's
-    Config: ClassVar[type]  # its config dataclass; its OPTIONS name the TrainOptions it takes
+    Config: ClassVar[type]  # its config dataclass, declaring its options (mlgo.train.options)
     uses_start: ClassVar[bool] = True  # trains from a start policy (--init)
 
     def __init__(self, config: ConfigT):
@@ -143,7 +143,7 @@ class Trainer(ABC, Generic[ConfigT]):
         """Trains (or resumes) from START in RUN_DIR until the steps or the time budget are
         spent, scoring by REWARD if given (else the corpus's metric); the best policy so
         far is in run_dir.policy_dir at every moment."""
-        assert start is not None and start.problem is problem  # as run.start_policy checks
+        assert start is not None and start.problem is problem  # as run.start_policy makes it
         with Progress() as bar:
             return Session(self, start, run_dir, corpus, tc, workers, bar, reward).train()
 

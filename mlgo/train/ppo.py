@@ -12,19 +12,20 @@ the mask a last observation column that rules slots out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 
 from mlgo.corpus.compile import CompileError, compile_module
 from mlgo.corpus.format import Module
+from mlgo.options import positive
 from mlgo.problems.policy import MASKED, MLPPolicy
 from mlgo.runtime.files import atomic_directory
 from mlgo.runtime.tfutil import import_quietly, import_tf
 from mlgo.runtime.workers import Failed
 from mlgo.train.loop import Candidate, Session, Step, Trainer
+from mlgo.train.options import option
 from mlgo.train.rollouts import scored_pool
 
 REWARD_SCALE = 100.0  # rewards in percent of the default's cost: the scale PPO's defaults expect
@@ -33,22 +34,17 @@ REWARD_FLOOR = -1.0
 
 @dataclass(frozen=True)
 class PPOConfig:
-    OPTIONS: ClassVar[tuple[str, ...]] = (  # the TrainOptions it takes, by name
-        "steps",
-        "batch",
-        "max_module_seconds",
-        "init",
-        "max_seconds",
-    )
-
     steps: int = 40
-    batch: int = 24
+    batch: int = field(default=24, metadata=option("modules compiled per step", min=1))
     epochs: int = 4
     lr: float = 3e-4
     clip: float = 0.2
     entropy: float = 0.01
     eval_every: int = 5
-    max_module_seconds: float = 2.0
+    max_module_seconds: float = field(
+        default=2.0,
+        metadata=option("modules that compile slower stay out of training", check=positive),
+    )
     seed: int = 0
     init: str = ""  # the --init run or policy, as given: its model card's starting point
     max_seconds: float = 0.0  # training time budget over all resumes (0: none)
