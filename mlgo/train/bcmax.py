@@ -56,7 +56,7 @@ from mlgo.records import Decisions, ModuleRun
 from mlgo.runtime.workers import Failed
 from mlgo.train import RunDir
 from mlgo.train.bc import train_bc
-from mlgo.train.loop import Candidate, Session, Step, Trainer
+from mlgo.train.loop import Candidate, Session, Step, Trainer, require_compiled
 from mlgo.train.options import option
 from mlgo.train.rollouts import scored_pool
 
@@ -402,7 +402,8 @@ class _Best:
         self.modules = modules
         self.cost = np.full(len(modules), np.nan)
         self.actions: list[np.ndarray] = [np.zeros(0, np.int64)] * len(modules)
-        self.x: list[np.ndarray] = [np.zeros((0, 0))] * len(modules)
+        # a module none found (its search failed) has no rows, of the features' width
+        self.x: list[np.ndarray] = [np.zeros((0, len(init.normalizer.features)))] * len(modules)
         self.answerers: list[Answerer | None] = [None] * len(modules)
         if arrays is not None:
             self.cost = arrays["traj_cost"]
@@ -494,7 +495,7 @@ class BCMax(Trainer[BCMaxConfig]):
         self.seconds = np.array([stats[n].get("seconds", 0.0) for n in names])
         self.slow = self.seconds > self.config.max_module_seconds
         costs = self.scorer.default_costs()
-        self.base_total = sum(costs[n] for n in names)
+        self.base = np.array([costs[n] for n in names])
         self.theta = init.flat()
         self.trajectories = _Best(names, init)
         if arrays is not None:
@@ -560,23 +561,31 @@ class BCMax(Trainer[BCMaxConfig]):
         searching, compiled, policy_total = time.monotonic(), 0.0, 0.0
         modules = run.bar.add_task(f"searching {len(self.pool)} modules", total=len(tasks))
         names = extra["modules"]
+        searched = np.zeros(len(names), bool)  # a module whose search failed is left out
+        failures = []
         for task, r in run.workers.imap(search_module, tasks):
+            run.bar.advance(modules)
             if isinstance(r, Failed):
-                raise CompileError(f"BC-Max search failed: {r.message}")
+                failures.append(r.message)
+                continue
             i = names.index(task.module.name)
+            searched[i] = True
             self.trajectories.offer(i, r.best)
             policy_total += r.starts["policy"]
             run.state.compiles += r.compiles
             compiled += r.compiles * self.seconds[i]
-            run.bar.advance(modules)
         run.bar.remove_task(modules)
         if compiled > 0:
             extra["wall_per_second"] = (time.monotonic() - searching) / compiled
-        found = float(self.trajectories.cost.sum())
+        run.dropped(failures)
+        require_compiled(int(searched.sum()), len(names), "module searches")
+        base = self.base[searched].sum()
+        known = ~np.isnan(self.trajectories.cost)  # modules some search found a trajectory for
+        found, known_base = float(self.trajectories.cost[known].sum()), self.base[known].sum()
         return {
             "bcmax/search_budget": budget,
-            "bcmax/pool_reward": (self.base_total - policy_total) / self.base_total,
-            "bcmax/trajectory_reward": (self.base_total - found) / self.base_total,
+            "bcmax/pool_reward": (base - policy_total) / base,
+            "bcmax/trajectory_reward": (known_base - found) / known_base,
         }
 
     def finish(self, run: Session) -> Candidate | None:

@@ -3,7 +3,9 @@
 Each step samples a batch of training modules and K random directions, compiles the
 batch with the policy moved +sigma and -sigma along each direction, and moves the weights
 along the directions that lowered the batch's total cost the most (the problem's reward
-metric, or a reward the run brings; rank-shaped fitness, Adam). Every `eval_every` steps
+metric, or a reward the run brings; rank-shaped fitness, Adam). A direction whose +sigma or
+-sigma compile failed is left out of the step (a module that fails for every direction is
+left out of their scores instead). Every `eval_every` steps
 the current policy compiles the whole training pool; where a batch is the whole pool (a
 small corpus, or a reward that scores the whole program, a workload's), each moved policy
 is scored on it as well. The best one seen is the run's policy.
@@ -19,7 +21,7 @@ from mlgo.options import non_negative, positive
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.train import Adam
-from mlgo.train.loop import Candidate, Session, Step, Trainer
+from mlgo.train.loop import Candidate, Session, Step, Trainer, require_compiled
 from mlgo.train.options import option
 from mlgo.train.rollouts import scored_pool
 
@@ -94,17 +96,24 @@ class ES(Trainer[ESConfig]):
             for e in eps
             for sign in (1.0, -1.0)
         ]
-        r = self.scorer.rewards(candidates, batch)
-        shaped = _ranks(r).reshape(cfg.directions, 2)
-        grad = ((shaped[:, 0] - shaped[:, 1])[:, None] * eps).sum(0) / (
-            2 * cfg.directions * cfg.sigma
+        r = self.scorer.rewards(candidates, batch)  # NaN: a compile of that one failed
+        # a pair is the estimate of one direction: it counts whole or not at all
+        whole = ~np.isnan(r.reshape(cfg.directions, 2)).any(1)
+        require_compiled(int(whole.sum()), cfg.directions, "perturbation pairs")
+        kept = r.reshape(cfg.directions, 2)[whole]
+        shaped = _ranks(kept.ravel()).reshape(-1, 2)
+        grad = ((shaped[:, 0] - shaped[:, 1])[:, None] * eps[whole]).sum(0) / (
+            2 * len(kept) * cfg.sigma
         )
         self.theta = self.adam.step(self.theta, grad)
-        metrics = {"es/batch_reward_mean": float(r.mean()), "es/batch_reward_max": float(r.max())}
+        metrics = {
+            "es/batch_reward_mean": float(kept.mean()),
+            "es/batch_reward_max": float(kept.max()),
+        }
         scored = None
         if len(batch) == len(self.pool) or not self.scorer.per_module:
             # the batch's rewards are the pool's: its best policy is a candidate as it is
-            best = int(np.argmax(r))
+            best = int(np.nanargmax(r))
             scored = Candidate(candidates[best], float(r[best]))
         if run.due(cfg.eval_every):
             current = self.init.with_flat(self.theta)

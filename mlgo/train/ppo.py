@@ -17,14 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from mlgo.corpus.compile import CompileError, compile_module
+from mlgo.corpus.compile import compile_module
 from mlgo.corpus.format import Module
 from mlgo.options import positive
 from mlgo.problems.policy import MASKED, MLPPolicy
 from mlgo.runtime.files import atomic_directory
 from mlgo.runtime.tfutil import import_quietly, import_tf
 from mlgo.runtime.workers import Failed
-from mlgo.train.loop import Candidate, Session, Step, Trainer
+from mlgo.train.loop import Candidate, Session, Step, Trainer, require_compiled
 from mlgo.train.options import option
 from mlgo.train.rollouts import scored_pool
 
@@ -214,10 +214,11 @@ class PPO(Trainer[PPOConfig]):
             RolloutTask(m, self.clang, replace(current, temperature=1.0, seed=seed + i))
             for i, m in enumerate(batch)
         ]
-        xs, acts, rews, sizes = [], [], [], []
+        xs, acts, rews, sizes, failures = [], [], [], [], []
         for task, r in self.workers.imap(rollout_one, tasks):
-            if isinstance(r, Failed):
-                raise CompileError(f"PPO rollout failed: {r.message}")
+            if isinstance(r, Failed):  # the module is left out of this step
+                failures.append(r.message)
+                continue
             base = self.scorer.base[task.module.name][self.scorer.metric]
             # A sampled compile can cost several times the default (regalloc: one batch
             # averaged -305%); floored at -100%, such modules cannot swamp the batch.
@@ -227,18 +228,21 @@ class PPO(Trainer[PPOConfig]):
                 xs.append(r["x"])
                 acts.append(r["actions"])
                 rews.append(np.full(len(r["actions"]), reward * REWARD_SCALE))
+        run.state.compiles += len(tasks)
+        run.dropped(failures)
+        require_compiled(len(sizes), len(tasks), "rollouts")
         metrics = {"ppo/batch_reward_mean": float(np.mean(sizes))}
         if xs:  # a batch whose modules asked nothing has nothing to learn from
             obs, logits = current.observations(np.concatenate(xs))
             acts_all, rews_all = np.concatenate(acts), np.concatenate(rews)
             metrics["ppo/loss"] = self.agent.train(obs, acts_all, rews_all, logits)
+        self.agent.save(self.agent_dir)  # before scoring it: a skipped scoring keeps the update
         scored = None
         if run.due(cfg.eval_every):
             trained = replace(self.init, weights=self.agent.weights())
             scored = Candidate(trained, self.scorer.reward(trained, self.pool))
             metrics["ppo/pool_reward"] = scored.reward
-        run.state.compiles += len(tasks) + self.scorer.take_compiles()
-        self.agent.save(self.agent_dir)
+        run.state.compiles += self.scorer.take_compiles()
         return Step(metrics, scored)
 
     def arrays(self) -> dict[str, np.ndarray]:
