@@ -144,7 +144,7 @@ def run_stage(
         "bc": TrainOptions(),
         "es": TrainOptions(init=out / "bc", max_seconds=60 * args.es_minutes),
         "es-mix": TrainOptions(
-            init=out / "es", max_seconds=60 * args.mix_minutes, regression_penalty=1.0
+            init=out / "es", max_seconds=60 * args.mix_minutes, trainer={"regression_penalty": 1.0}
         ),
         "bcmax": TrainOptions(
             init=out / ("es-mix" if args.mix_packages else "es"),
