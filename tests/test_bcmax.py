@@ -29,7 +29,7 @@ from mlgo.train.bcmax import (
     search_module,
 )
 from mlgo.train.evaluate import baseline
-from mlgo.train.run import TrainOptions, run
+from mlgo.train.run import load_start, run
 from tests.conftest import MLGO, run_mlgo
 
 PROBLEM = get_problem("inlining-size")
@@ -319,10 +319,10 @@ def test_killed_bcmax_resumes_from_its_search(mini_corpus, tmp_path):
 
 
 def test_bcmax_refuses_a_problem_it_cannot_flip(mini_corpus, tc, tmp_path):
-    opts = TrainOptions(init=shipped_policy("regalloc-eviction"))
+    regalloc = get_problem("regalloc-eviction")
+    start = load_start(shipped_policy("regalloc-eviction"), regalloc)
     with pytest.raises(ValueError, match="bcmax searches yes/no decisions"):
-        run("bcmax", mini_corpus, get_problem("regalloc-eviction"), tmp_path / "r", tc,
-            LocalPool(1), opts)  # fmt: skip
+        run("bcmax", mini_corpus, regalloc, tmp_path / "r", tc, LocalPool(1), start=start)
     assert not (tmp_path / "r").exists()
 
 

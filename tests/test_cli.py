@@ -11,12 +11,17 @@ import textwrap
 from pathlib import Path
 
 import click
+import numpy as np
 import pytest
 import typer.main
+from typer.testing import CliRunner
 
 from mlgo.cli import app
+from mlgo.cli.train import train_command
 from mlgo.llvm.sizes import SizeRow, linked_rows, tree_report, tree_totals
 from mlgo.problems import get_problem
+from mlgo.problems.policy_files import load_policy
+from mlgo.train import registry
 from mlgo.train.run import load_start, start_policy
 from tests.conftest import MLGO, run_mlgo
 
@@ -86,13 +91,45 @@ def test_start_policy_checks_algo_and_init_before_training(tmp_path):
     with pytest.raises(ValueError, match="--algo ppo needs --init"):
         start_policy("ppo", None, inlining)
     with pytest.raises(ValueError, match="is a regalloc-eviction policy, not inlining-size"):
-        start_policy("es", POLICIES / "regalloc-eviction", inlining)
-    assert start_policy("es", POLICIES / "inlining-size", inlining).problem is inlining
+        load_start(POLICIES / "regalloc-eviction", inlining)
+    regalloc = load_policy(POLICIES / "regalloc-eviction")  # a library caller's, loaded
+    with pytest.raises(ValueError, match="is a regalloc-eviction policy, not inlining-size"):
+        start_policy("es", regalloc, inlining)
+    shipped = load_policy(POLICIES / "inlining-size")
+    assert start_policy("bc", shipped, inlining) is None  # BC starts from nothing
+    assert start_policy("es", shipped, inlining).problem is inlining
     link = get_problem("inlining-size-link")  # the same decision, at the link: a warm start
-    assert start_policy("bcmax", POLICIES / "inlining-size", link).problem is link
+    assert start_policy("bcmax", shipped, link).problem is link
     taken_over = load_start(POLICIES / "inlining-size", link)  # for every link, not C only
     assert taken_over.problem is link and taken_over.languages is None
     assert load_start(POLICIES / "inlining-size", inlining).languages == ("c",)
+
+
+def test_a_trainer_registered_with_one_line_brings_its_option_to_mlgo_train(
+    mini_corpus, monkeypatch, tmp_path
+):
+    """tests/fake_trainer.py declares --stride in its config alone; `mlgo train` offers it,
+    checks it when parsed, and hands it to the trainer, which starts from --init."""
+    monkeypatch.setattr(registry, "MODULES", (*registry.MODULES, "tests.fake_trainer"))
+    cli = typer.Typer()
+    cli.command()(train_command())  # `mlgo train`, made as `mlgo` makes it
+    runner = CliRunner()
+    shown = runner.invoke(cli, ["--help"])
+    assert shown.exit_code == 0 and "--stride" in shown.output and "walk" in shown.output
+    start = POLICIES / "inlining-size"
+    args = ["--algo", "walk", "--init", str(start), "--corpus", str(mini_corpus.root)]
+    refused = runner.invoke(cli, [*args, "--out", str(tmp_path / "bad"), "--stride", "0"])
+    assert refused.exit_code == 2 and "Invalid value for '--stride'" in refused.output
+    assert not (tmp_path / "bad").exists()
+    out = tmp_path / "walk"
+    r = runner.invoke(cli, [*args, "--out", str(out), "--steps", "2", "--stride", "0.5"])
+    assert r.exit_code == 0, r.output
+    state = json.loads((out / "state.json").read_text())
+    assert state["extra"]["config"]["stride"] == 0.5
+    # its best policy is step 2's (tests/fake_trainer.py's rewards): two strides from --init
+    walked = load_policy(out / "policy").flat()
+    assert np.allclose(walked, load_policy(start).flat() + 2 * 0.5)
+    assert "training corpus text_once" in r.output
 
 
 @pytest.mark.unit

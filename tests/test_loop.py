@@ -1,18 +1,17 @@
-"""The training loop's mechanics with a made-up trainer (no compiles): the time budget,
-resuming after a kill, keeping the best policy; and the registry a trainer joins with one
-line."""
+"""The training loop's mechanics with a made-up trainer (tests/fake_trainer.py, no
+compiles): the time budget, resuming after a kill, keeping the best policy; and the registry
+a trainer joins with one line, its options with it."""
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import pytest
 
 from mlgo.corpus.format import Corpus
+from mlgo.options import positive
 from mlgo.problems import get_problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import load_policy
@@ -21,71 +20,15 @@ from mlgo.train.bc import BCConfig
 from mlgo.train.bcmax import BCMaxConfig
 from mlgo.train.es import ESConfig
 from mlgo.train.evaluate import Evaluation
-from mlgo.train.loop import Candidate, Session, Step, Trainer
+from mlgo.train.options import option
 from mlgo.train.ppo import PPOConfig
 from mlgo.train.run import UNTIL_BUDGET, TrainOptions, configure, run
 from tests.cli_helpers import POLICIES
+from tests.fake_trainer import Killed, Walk, WalkConfig
 
 pytestmark = pytest.mark.unit
 
 PROBLEM = get_problem("inlining-size")
-
-
-class Killed(Exception):
-    """What a kill -9 does to a step, as far as the run directory can tell."""
-
-
-@dataclass(frozen=True)
-class WalkConfig:
-    OPTIONS: ClassVar[tuple[str, ...]] = ("steps", "max_seconds")
-
-    steps: int = 4
-    max_seconds: float = 0.0
-    rewards: tuple[float, ...] = (0.0, 0.1, 0.3, 0.2, 0.25)  # the start's, then each step's
-    eval_every: int = 1
-    killed_in: int = 0  # the step a kill stops halfway (0: none)
-    seconds_per_step: float = 0.0
-    expected_seconds: float = 0.0  # what it says each step will take (0: it cannot tell)
-
-
-class Walk(Trainer[WalkConfig]):
-    """A made-up search: each step adds 1 to every weight and scores the result with the
-    next of its config's rewards; its checkpoint is its weights."""
-
-    name = "walk"
-    title = "walking"
-    Config = WalkConfig
-
-    def start(
-        self, run: Session, init: MLPPolicy, arrays: dict[str, np.ndarray] | None
-    ) -> float | None:
-        self.init = init
-        if arrays is not None:
-            self.theta = arrays["theta"]
-            return None
-        self.theta = init.flat()
-        return self.config.rewards[0]
-
-    def step(self, run: Session) -> Step:
-        number = run.state.step + 1
-        self.theta = self.theta + 1
-        time.sleep(self.config.seconds_per_step)
-        if number == self.config.killed_in:
-            raise Killed
-        run.state.compiles += 2
-        if not run.due(self.config.eval_every):
-            return Step({"walk/moved": 1.0})
-        scored = Candidate(self.init.with_flat(self.theta), self.config.rewards[number])
-        return Step({"walk/moved": 1.0, "walk/pool_reward": scored.reward}, scored)
-
-    def next_step_seconds(self, run: Session, steps_done: int) -> float:
-        return self.config.expected_seconds
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {"theta": self.theta}
-
-
-TRAINER = Walk  # what `registry.MODULES` finds in this module
 
 
 @pytest.fixture
@@ -168,28 +111,51 @@ def test_a_step_expected_to_end_past_the_budget_is_not_begun_but_the_first_alway
 
 
 def test_a_trainer_registered_with_one_line_is_run_by_name(start, monkeypatch, tmp_path):
-    monkeypatch.setattr(registry, "MODULES", (*registry.MODULES, "tests.test_loop"))
+    monkeypatch.setattr(registry, "MODULES", (*registry.MODULES, "tests.fake_trainer"))
     evaluated = Evaluation(PROBLEM, "made-up clang", "made-up corpus")
     monkeypatch.setattr("mlgo.train.run.evaluate", lambda *_: evaluated)
     monkeypatch.setattr(RunDir, "scalars", lambda *_: None)
     with pytest.raises(ValueError, match="use bc, es, ppo, bcmax or walk"):
         registry.get_trainer("sgd")
-    opts = TrainOptions(steps=2, init=POLICIES / "inlining-size", lr=0.5)
-    trained = run("walk", Corpus(tmp_path, []), PROBLEM, tmp_path / "walk", None, None, opts)
+    opts = TrainOptions(steps=2, trainer={"lr": 0.5, "stride": 0.5})
+    corpus = Corpus(tmp_path, [])
+    trained = run("walk", corpus, PROBLEM, tmp_path / "walk", None, None, opts, start=start)
     assert trained.evaluation is evaluated and (tmp_path / "walk" / "eval" / "eval.json").exists()
     assert [h["step"] for h in trained.state.history] == [1, 2]
-    # the options its config names (not --lr), and its own defaults for the rest
-    assert trained.state.extra["config"] == asdict(replace(WalkConfig(), steps=2))
+    # the options its config declares (not --lr), and its own defaults for the rest
+    assert trained.state.extra["config"] == asdict(replace(WalkConfig(), steps=2, stride=0.5))
+    with pytest.raises(ValueError, match="no trainer takes the option 'strides'"):
+        run("walk", corpus, PROBLEM, tmp_path / "typo", None, None,
+            TrainOptions(trainer={"strides": 2}), start=start)  # fmt: skip
+    assert not (tmp_path / "typo").exists()
 
 
-def test_each_trainer_takes_the_options_its_config_names_by_name():
-    options = {f.name for f in fields(TrainOptions)}
-    assert all(set(t.Config.OPTIONS) <= options for t in registry.trainers().values())
-    opts = TrainOptions(lr=0.5, batch=3, init=Path("runs/bc"))
+def test_each_trainer_takes_the_options_its_config_declares_by_name():
+    opts = TrainOptions(init=Path("runs/bc"), trainer={"lr": 0.5, "batch": 3})
     es, ppo = configure(ESConfig, opts), configure(PPOConfig, opts)
     assert (es.lr, es.batch, es.init, es.steps) == (0.5, 3, "runs/bc", ESConfig.steps)
     assert (ppo.lr, ppo.batch, ppo.init) == (PPOConfig.lr, 3, "runs/bc")  # --lr is ES's
-    assert configure(BCConfig, TrainOptions(steps=7, derived=True)) == BCConfig(7, True)
+    derived = TrainOptions(steps=7, trainer={"derived": True})
+    assert configure(BCConfig, derived) == BCConfig(7, True)
+
+
+def test_the_registry_gives_each_option_once_with_the_trainers_that_take_it(monkeypatch):
+    known = registry.options()
+    assert known["batch"].help == "es, ppo: modules compiled per step"
+    slow = known["max_module_seconds"].help
+    assert slow.startswith("es, ppo: modules that compile slower stay out of training; bcmax: ")
+    assert (known["sigma"].default, known["sigma"].check) == (0.05, positive)
+    assert (known["directions"].type, known["directions"].min) == (int, 1)
+
+    @dataclass(frozen=True)
+    class OtherBatch:  # a made-up trainer's --batch with another default
+        steps: int = 1
+        batch: int = field(default=3, metadata=option("modules per step", min=1))
+
+    es, other = registry.get_trainer("es"), type("Other", (), {"Config": OtherBatch})
+    monkeypatch.setattr(registry, "trainers", lambda: {"es": es, "other": other})
+    with pytest.raises(TypeError, match="other declares the option batch unlike another"):
+        registry.options()
 
 
 def test_a_time_budget_without_steps_trains_until_the_time_is_spent():

@@ -28,7 +28,7 @@ from mlgo.train.calibrate import GRID, NEVER, choose
 from mlgo.train.es import ES, ESConfig
 from mlgo.train.evaluate import Evaluation, evaluate
 from mlgo.train.report import render_html, summary
-from mlgo.train.run import start_policy
+from mlgo.train.run import load_start, start_policy
 from tests.cli_helpers import POLICIES
 from tests.conftest import MLGO, assert_saved_best_is_best_evaluated, run_mlgo
 
@@ -314,7 +314,7 @@ def test_a_policy_for_another_language_leaves_every_module_to_the_default(mini_c
 def test_training_from_a_calibrated_policy_starts_without_its_gate(tmp_path):
     gated = replace(load_policy(POLICIES / "inlining-size"), departure_threshold=0.9)
     save_policy(gated, tmp_path / "gated")
-    start = start_policy("es", tmp_path / "gated", PROBLEM)
+    start = start_policy("es", load_start(tmp_path / "gated", PROBLEM), PROBLEM)
     assert start is not None and start.departure_threshold is None
 
 
@@ -377,8 +377,9 @@ def test_train_run_is_one_entry_point_over_bc_and_es(mini_corpus, tc, tmp_path):
     assert bc.accuracy["accuracy"] > 0.5 and bc.decisions > 0 and bc.left_out == 0
     assert Evaluation.load(tmp_path / "bc" / "eval").totals() == bc.evaluation.totals()
     assert bc.evaluation.totals()["modules"] == len(mini_corpus.modules)
-    opts = TrainOptions(steps=1, init=tmp_path / "bc", directions=2, batch=3, lr=0.005)
-    es = run("es", mini_corpus, PROBLEM, tmp_path / "es", tc, LocalPool(2), opts)
+    knobs = {"directions": 2, "batch": 3, "lr": 0.005}
+    opts = TrainOptions(steps=1, init=tmp_path / "bc", trainer=knobs)
+    es = run("es", mini_corpus, PROBLEM, tmp_path / "es", tc, LocalPool(2), opts, start=bc.policy)
     state, _ = RunDir(tmp_path / "es", "es").load_state()
     assert state.step == 1 and state.compiles >= 2 * 2 * 3
     assert_saved_best_is_best_evaluated(RunDir(tmp_path / "es", "es"), bc.policy)
@@ -391,7 +392,7 @@ def test_train_run_is_one_entry_point_over_bc_and_es(mini_corpus, tc, tmp_path):
     assert "- with the runs it started from (bc): " in card
     with pytest.raises(ValueError, match="is a inlining-size policy, not regalloc-eviction"):
         run("ppo", mini_corpus, get_problem("regalloc-eviction"), tmp_path / "ppo", tc,
-            LocalPool(1), TrainOptions(init=tmp_path / "bc"))  # fmt: skip
+            LocalPool(1), start=bc.policy)  # fmt: skip
     assert not (tmp_path / "ppo").exists()
 
 
@@ -403,12 +404,11 @@ def test_a_time_budget_stops_training_after_a_whole_evaluated_step(
     # that step evaluated (not only every eval_every steps); a rerun trains no further
     from mlgo.train.run import TrainOptions, run
 
-    bc_dir, _, _, _ = bc_run
-    opts = TrainOptions(
-        steps=50, init=bc_dir.root, directions=2, batch=3, max_module_seconds=60, max_seconds=1e-3
-    )
+    bc_dir, _, policy, _ = bc_run
+    knobs = {"directions": 2, "batch": 3, "max_module_seconds": 60}
+    opts = TrainOptions(steps=50, init=bc_dir.root, max_seconds=1e-3, trainer=knobs)
     for _ in range(2):
-        run(algo, mini_corpus, PROBLEM, tmp_path / algo, tc, LocalPool(2), opts)
+        run(algo, mini_corpus, PROBLEM, tmp_path / algo, tc, LocalPool(2), opts, start=policy)
         state, _ = RunDir(tmp_path / algo, algo).load_state()
         assert state.step == 1 and state.seconds >= 1e-3
         assert f"{algo}/pool_reward" in state.history[-1]

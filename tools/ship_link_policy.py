@@ -167,10 +167,12 @@ def main() -> None:
         steps=UNTIL_BUDGET,
         init=start_dir,
         max_seconds=60 * args.minutes,
-        max_module_seconds=MAX_MODULE_SECONDS,
+        trainer={"max_module_seconds": MAX_MODULE_SECONDS},
     )
     with closing(make_workers("local")) as pool:
-        trained = run("bcmax", corpus("train"), problem, args.out / "train", tc, pool, opts)
+        trained = run(
+            "bcmax", corpus("train"), problem, args.out / "train", tc, pool, opts, start=start
+        )
     candidates = {"shipped per-file policy": start, "trained": trained.policy}
     candidates |= {
         f"trained, gated at {t:g}": replace(trained.policy, departure_threshold=t)
@@ -214,7 +216,7 @@ def main() -> None:
                 result["test, the policy alone"] = judged(test)
         if args.release:
             card = model_card(kept, result, args.minutes, sorted(corpus("train").packages()))
-            release(chosen_dir, args.release, aot=False, card=card)
+            release(kept, args.release, card, aot=False)
     atomic_write_text(record, json.dumps(result, indent=1))
     title = "linked by lld's LTO" + (", guarded" if args.guard else "")
     table = Table("candidate", "validation", "packages larger", title=title)

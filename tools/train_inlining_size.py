@@ -48,7 +48,7 @@ from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Workers, make_workers
 from mlgo.train import policy_dir
 from mlgo.train.calibrate import calibrate_policy, options
-from mlgo.train.run import TrainOptions, run
+from mlgo.train.run import TrainOptions, load_start, run
 
 PROBLEM = "inlining-size"
 STAGES = ("bc", "es", "es-mix", "bcmax", "calibrate")
@@ -144,7 +144,7 @@ def run_stage(
         "bc": TrainOptions(),
         "es": TrainOptions(init=out / "bc", max_seconds=60 * args.es_minutes),
         "es-mix": TrainOptions(
-            init=out / "es", max_seconds=60 * args.mix_minutes, regression_penalty=1.0
+            init=out / "es", max_seconds=60 * args.mix_minutes, trainer={"regression_penalty": 1.0}
         ),
         "bcmax": TrainOptions(
             init=out / ("es-mix" if args.mix_packages else "es"),
@@ -153,7 +153,9 @@ def run_stage(
     }
     algo = "es" if stage == "es-mix" else stage
     problem, opts = get_problem(PROBLEM), options[stage]
-    run(algo, corpora[stage], problem, out / stage, tc, pool, opts, evaluate_on_corpus=False)
+    start = load_start(opts.init, problem) if opts.init else None
+    run(algo, corpora[stage], problem, out / stage, tc, pool, opts,
+        evaluate_on_corpus=False, start=start)  # fmt: skip
 
 
 def main() -> None:

@@ -23,9 +23,14 @@ def export(
     """Write a policy as a TF SavedModel (LLVM's feature names) beside its numpy form,
     with a model card drawn from its run (budget) and its evaluations; then AOT-compile
     it into OUT/aot (model.h + objects, what LLVM's release mode embeds)."""
+    from mlgo.problems.policy_files import load_policy
+    from mlgo.ship.modelcard import run_card
     from mlgo.ship.release import release
+    from mlgo.train import policy_dir
 
-    shipped = release(policy, out, aot)
+    pdir = policy_dir(policy)
+    loaded = load_policy(pdir)  # once: what is released is what was read
+    shipped = release(loaded, out, run_card(loaded, pdir), aot)
     console.print(f"wrote {shipped.saved_model} and {shipped.model_card}")
     if shipped.aot:
         console.print(f"wrote {shipped.aot} (model.h and objects)")

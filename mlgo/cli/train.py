@@ -3,10 +3,12 @@ evaluation."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -60,76 +62,45 @@ def collect(
 def train(
     corpus: Annotated[Path, typer.Option(help="training corpus (held-out packages not in it)")],
     out: Annotated[Path, typer.Option(help="run directory; an existing run resumes")],
-    algo: Annotated[str, typer.Option(help="bc, es, ppo or bcmax")] = "bc",
+    algo: str = "bc",  # its help names the registered trainers (`train_command`)
     problem: Annotated[str, typer.Option(help="the decision to learn")] = "inlining-size",
     init: Annotated[
-        Path | None, typer.Option(help="run or policy to start from (es, ppo, bcmax)")
+        Path | None, typer.Option(help="run or policy a search (every trainer but bc) starts from")
     ] = None,
     packages: PackagesOpt = "",
     steps: Annotated[
         int,
         typer.Option(
-            help="epochs (bc), steps (es, ppo) or iterations (bcmax); 0: the algorithm's "
-            "default, or with --minutes as many as the time allows",
+            help="the trainer's steps (bc: epochs, bcmax: iterations); 0: its own number, or "
+            "with --minutes as many as the time allows",
             min=0,
         ),
     ] = 0,
-    sigma: Annotated[
-        float, typer.Option(help="ES: perturbation scale of the weights", callback=positive)
-    ] = 0.05,
-    derived: Annotated[bool, typer.Option(help="BC: also feed the default's cost rule")] = False,
-    batch: Annotated[int, typer.Option(help="es, ppo: modules compiled per step", min=1)] = 24,
-    directions: Annotated[int, typer.Option(help="ES: perturbations per step", min=1)] = 8,
-    lr: Annotated[float, typer.Option(help="ES: Adam step size", callback=positive)] = 0.02,
-    regression_penalty: Annotated[
-        float,
-        typer.Option(
-            help="ES: reward per package, a package's loss x (1 + this)", callback=non_negative
-        ),
-    ] = 0.0,
-    max_module_seconds: Annotated[
-        float,
-        typer.Option(
-            help="es, ppo: modules that compile slower stay out of training; bcmax: they are "
-            "compiled with the policy each iteration, not searched",
-            callback=positive,
-        ),
-    ] = 2.0,
-    search_budget: Annotated[
-        int, typer.Option(help="bcmax: compiles per module per iteration's search", min=2)
-    ] = 24,
-    clone_epochs: Annotated[
-        int, typer.Option(help="bcmax: behavioral cloning epochs per iteration", min=1)
-    ] = 10,
-    clone_lr: Annotated[
-        float, typer.Option(help="bcmax: behavioral cloning step size", callback=positive)
-    ] = 1e-3,
     minutes: Annotated[
         float,
         typer.Option(
-            help="es, ppo, bcmax: stop between steps after this much training, over all resumes "
-            "(0: no limit), or before a BC-Max search that would end past it; the best policy "
-            "so far is kept",
+            help="a search's budget: stop between steps after this much training, over all "
+            "resumes (0: no limit), or before a BC-Max search that would end past it; the "
+            "best policy so far is kept",
             callback=non_negative,
         ),
     ] = 0.0,
     workers: WorkersOpt = "local",
     clang: ClangOpt = None,
+    **trainer_options: Any,
 ) -> None:
     """Train a policy; prints its size change on the training corpus."""
-    from mlgo.train.run import TrainOptions, run
+    from mlgo.train.registry import get_trainer
+    from mlgo.train.run import TrainOptions, load_start, run
 
     spec = get_problem(problem)
     tc = find_toolchain(clang)
     chosen = selected(corpus, packages, spec)  # every input is checked before OUT is made
-    opts = TrainOptions(
-        steps=steps, init=init, derived=derived, sigma=sigma, directions=directions, lr=lr,
-        regression_penalty=regression_penalty, batch=batch, search_budget=search_budget,
-        max_module_seconds=max_module_seconds, clone_epochs=clone_epochs, clone_lr=clone_lr,
-        max_seconds=60 * minutes,
-    )  # fmt: skip
+    # the start is read once, here: the run trains from it as loaded
+    start = load_start(init, spec) if init and get_trainer(algo).uses_start else None
+    opts = TrainOptions(steps=steps, max_seconds=60 * minutes, init=init, trainer=trainer_options)
     with closing(make_workers(workers)) as pool:
-        result = run(algo, chosen, spec, out, tc, pool, opts)
+        result = run(algo, chosen, spec, out, tc, pool, opts, start=start)
     if result.left_out:
         err.print(f"[yellow]{result.left_out} modules failed to compile and are left out")
     if result.accuracy:
@@ -143,6 +114,38 @@ def train(
         f"{out / 'policy'}: training corpus {spec.reward_metric} {t['delta']:+.2%} vs "
         f"the default at {spec.opt_level} ({t['modules']} modules)"
     )
+
+
+def train_command() -> Callable[..., None]:
+    """`train` with a flag for each registered trainer's option (`registry.options`), after
+    the run's own: a new trainer brings its flags with it."""
+    from mlgo.train.registry import options, trainers
+
+    *others, last = trainers()
+    algo = Annotated[str, typer.Option(help=f"{', '.join(others)} or {last}")]
+    own = inspect.signature(train, eval_str=True).parameters.values()
+    fixed = [
+        p.replace(annotation=algo) if p.name == "algo" else p
+        for p in own
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    at = [p.name for p in fixed].index("workers")
+    derived = [
+        inspect.Parameter(
+            o.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=o.default,
+            annotation=Annotated[o.type, typer.Option(help=o.help, min=o.min, callback=o.check)],
+        )
+        for o in options().values()
+    ]
+
+    def command(**given: Any) -> None:
+        train(**given)
+
+    functools.update_wrapper(command, train)
+    command.__signature__ = inspect.Signature([*fixed[:at], *derived, *fixed[at:]])  # type: ignore[attr-defined]
+    return command
 
 
 def eval_cmd(

@@ -263,9 +263,9 @@ def choose_policy(
             keep_gate = problem.aim == "speed"
             opts = TrainOptions(
                 steps=steps, init=start, max_seconds=max_seconds, keep_gate=keep_gate,
-                **OWN_CODE, **search,
+                trainer={**OWN_CODE, **search},
             )  # fmt: skip
-            trained = run(algo, corpus, problem, out / "train", tc, pool, opts, reward)
+            trained = run(algo, corpus, problem, out / "train", tc, pool, opts, reward, start=first)
             candidates["trained"] = (trained.policy, trained.evaluation.totals()["delta"])
             state = trained.state or state  # a search reports its run
             headroom = search_headroom(state, trained.evaluation)
@@ -438,9 +438,12 @@ def gated_candidates(policy: MLPPolicy, sweep: list[dict]) -> dict[str, tuple[ML
 
 def export(chosen: Path, out: Path) -> Path:
     """The chosen policy released (numpy and SavedModel) into OUT/policy."""
+    from mlgo.problems.policy_files import load_policy
+    from mlgo.ship.modelcard import run_card
     from mlgo.ship.release import release
 
-    return release(chosen, out / "policy", aot=False).saved_model.parent
+    policy = load_policy(chosen)
+    return release(policy, out / "policy", run_card(policy, chosen), aot=False).saved_model.parent
 
 
 def build_twice(

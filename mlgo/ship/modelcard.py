@@ -11,6 +11,8 @@ from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.inputs import read_json
 from mlgo.train import policy_dir
 from mlgo.train.evaluate import Evaluation
+from mlgo.train.options import declared
+from mlgo.train.registry import trainers
 
 
 def _evaluations(run: Path) -> list[tuple[str, Evaluation]]:
@@ -51,11 +53,10 @@ def _profiled(corpus: str) -> bool:
         return False
 
 
-OPTIONS = {
-    "es": ("sigma", "lr", "batch", "directions", "regression_penalty", "max_module_seconds"),
-    "ppo": ("batch", "max_module_seconds"),
-    "bcmax": ("search_budget", "max_module_seconds", "clone_epochs", "clone_lr"),
-}
+def run_card(policy: MLPPolicy, pdir: Path) -> str:
+    """The card of POLICY, as loaded from PDIR, from what its run recorded (`policy_run`)
+    and its calibration, if PDIR holds one."""
+    return model_card(policy, policy_run(pdir), (pdir / "calibration.json").exists())
 
 
 def policy_run(pdir: Path) -> Path:
@@ -106,9 +107,9 @@ def _train_line(name: str, state: dict, init: str, flags: str) -> str:
     algo, config = state.get("algo", "bc"), state.get("extra", {}).get("config", {})
     if algo == "bc":
         return f"mlgo train --algo bc --corpus data/corpus{flags} --out runs/{name}"
-    options = "".join(
-        f" --{k.replace('_', '-')} {config[k]}" for k in OPTIONS.get(algo, ()) if config.get(k)
-    )
+    trainer = trainers().get(algo)
+    taken = declared(trainer.Config) if trainer else {}
+    options = "".join(f" --{k.replace('_', '-')} {config[k]}" for k in taken if config.get(k))
     if config.get("max_seconds"):  # a time budget: it sized the searches too
         options += f" --minutes {config['max_seconds'] / 60:g}"
     return (

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlgo.problems.policy_files import load_policy
+from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.policy_files import save_policy
 from mlgo.runtime.files import atomic_write_text, output_dir
-from mlgo.train import policy_dir
 
 
 @dataclass
@@ -20,22 +19,16 @@ class Release:
     plugin: Path | None = None  # only for a problem the plugin serves
 
 
-def release(policy: Path, out: Path, aot: bool = True, card: str | None = None) -> Release:
-    """Writes the policy at POLICY (a run or its policy/) into OUT: its numpy form, a TF
-    SavedModel with LLVM's feature names and a model card (CARD, or one from its run);
-    with AOT also the AOT-compiled model, the native policy server and, where the problem
-    has one, the clang plugin."""
+def release(policy: MLPPolicy, out: Path, card: str, aot: bool = True) -> Release:
+    """Writes POLICY into OUT: its numpy form, a TF SavedModel with LLVM's feature names and
+    CARD, its model card (`modelcard.run_card` draws one from its run); with AOT also the
+    AOT-compiled model, the native policy server and, where the problem has one, the clang
+    plugin."""
     from mlgo.ship.export import export_saved_model
-    from mlgo.ship.modelcard import model_card, policy_run
 
-    pdir = policy_dir(policy)
-    loaded = load_policy(pdir)
     with output_dir(out):
-        saved = export_saved_model(loaded, out)
-        for name in ("policy.npz", "normalization.json", "policy.json"):
-            shutil.copyfile(pdir / name, out / name)
-        calibrated = (pdir / "calibration.json").exists()
-        card = card or model_card(loaded, policy_run(pdir), calibrated)
+        saved = export_saved_model(policy, out)
+        save_policy(policy, out)
         atomic_write_text(out / "MODEL_CARD.md", card)
     result = Release(saved, out / "MODEL_CARD.md")
     if aot:
@@ -44,7 +37,7 @@ def release(policy: Path, out: Path, aot: bool = True, card: str | None = None) 
         from mlgo.ship.plugin import inliner_plugin
 
         result.aot = aot_compile(saved, out / "aot")
-        result.native_server = native_server(loaded)
-        if loaded.problem.plugin:
-            result.plugin = inliner_plugin(loaded, find_toolchain())
+        result.native_server = native_server(policy)
+        if policy.problem.plugin:
+            result.plugin = inliner_plugin(policy, find_toolchain())
     return result

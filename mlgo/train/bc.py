@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.progress import Progress
@@ -25,6 +25,7 @@ from mlgo.problems.policy_files import save_policy
 from mlgo.records import Decisions
 from mlgo.runtime.workers import Workers
 from mlgo.train import Adam, Outcome, RunDir, RunState
+from mlgo.train.options import option
 
 if TYPE_CHECKING:
     from mlgo.train.loop import Reward
@@ -130,10 +131,8 @@ def train_bc(
 
 @dataclass(frozen=True)
 class BCConfig:
-    OPTIONS: ClassVar[tuple[str, ...]] = ("steps", "derived")  # the TrainOptions it takes
-
     steps: int = 30  # epochs
-    derived: bool = False  # also feed the default's cost rule (see `train_bc`)
+    derived: bool = field(default=False, metadata=option("also feed the default's cost rule"))
 
 
 class BC:

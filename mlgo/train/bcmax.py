@@ -40,7 +40,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import ClassVar, TypeAlias
+from typing import TypeAlias
 
 import numpy as np
 
@@ -49,13 +49,15 @@ from mlgo.corpus.format import Module
 from mlgo.corpus.stats import corpus_stats
 from mlgo.errors import UsageError
 from mlgo.llvm.log_format import Observation, element_column
+from mlgo.options import positive
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy, policy_class
 from mlgo.records import Decisions, ModuleRun
 from mlgo.runtime.workers import Failed
 from mlgo.train import RunDir
 from mlgo.train.bc import train_bc
-from mlgo.train.loop import Candidate, Session, Step, Trainer
+from mlgo.train.loop import Candidate, Session, Step, Trainer, require_compiled
+from mlgo.train.options import option
 from mlgo.train.rollouts import scored_pool
 
 Group = tuple[int, ...]  # a decision's values of its problem's group_features
@@ -318,22 +320,24 @@ def search_module(task: SearchTask) -> SearchResult:
 
 @dataclass(frozen=True)
 class BCMaxConfig:
-    OPTIONS: ClassVar[tuple[str, ...]] = (  # the TrainOptions it takes, by name
-        "steps",
-        "search_budget",
-        "clone_epochs",
-        "clone_lr",
-        "max_module_seconds",
-        "init",
-        "max_seconds",
-    )
-
     steps: int = 3  # iterations: search every pool module, then clone
-    search_budget: int = 24  # compiles per module per iteration
+    search_budget: int = field(
+        default=24, metadata=option("compiles per module per iteration's search", min=2)
+    )
     temperature: float = 1.0  # of the trajectories sampled from the policy
-    clone_epochs: int = 10  # of behavioral cloning per iteration
-    clone_lr: float = 1e-3  # of behavioral cloning
-    max_module_seconds: float = 2.0  # modules slower than this are compiled, not searched
+    clone_epochs: int = field(
+        default=10, metadata=option("behavioral cloning epochs per iteration", min=1)
+    )
+    clone_lr: float = field(
+        default=1e-3, metadata=option("behavioral cloning step size", check=positive)
+    )
+    max_module_seconds: float = field(
+        default=2.0,
+        metadata=option(
+            "modules that compile slower are compiled with the policy each iteration, not searched",
+            check=positive,
+        ),
+    )
     seed: int = 0
     init: str = ""  # the --init run or policy, as given: its model card's starting point
     max_seconds: float = 0.0  # training time budget over all resumes (0: none)
@@ -398,7 +402,8 @@ class _Best:
         self.modules = modules
         self.cost = np.full(len(modules), np.nan)
         self.actions: list[np.ndarray] = [np.zeros(0, np.int64)] * len(modules)
-        self.x: list[np.ndarray] = [np.zeros((0, 0))] * len(modules)
+        # a module none found (its search failed) has no rows, of the features' width
+        self.x: list[np.ndarray] = [np.zeros((0, len(init.normalizer.features)))] * len(modules)
         self.answerers: list[Answerer | None] = [None] * len(modules)
         if arrays is not None:
             self.cost = arrays["traj_cost"]
@@ -490,7 +495,7 @@ class BCMax(Trainer[BCMaxConfig]):
         self.seconds = np.array([stats[n].get("seconds", 0.0) for n in names])
         self.slow = self.seconds > self.config.max_module_seconds
         costs = self.scorer.default_costs()
-        self.base_total = sum(costs[n] for n in names)
+        self.base = np.array([costs[n] for n in names])
         self.theta = init.flat()
         self.trajectories = _Best(names, init)
         if arrays is not None:
@@ -556,23 +561,31 @@ class BCMax(Trainer[BCMaxConfig]):
         searching, compiled, policy_total = time.monotonic(), 0.0, 0.0
         modules = run.bar.add_task(f"searching {len(self.pool)} modules", total=len(tasks))
         names = extra["modules"]
+        searched = np.zeros(len(names), bool)  # a module whose search failed is left out
+        failures = []
         for task, r in run.workers.imap(search_module, tasks):
+            run.bar.advance(modules)
             if isinstance(r, Failed):
-                raise CompileError(f"BC-Max search failed: {r.message}")
+                failures.append(r.message)
+                continue
             i = names.index(task.module.name)
+            searched[i] = True
             self.trajectories.offer(i, r.best)
             policy_total += r.starts["policy"]
             run.state.compiles += r.compiles
             compiled += r.compiles * self.seconds[i]
-            run.bar.advance(modules)
         run.bar.remove_task(modules)
         if compiled > 0:
             extra["wall_per_second"] = (time.monotonic() - searching) / compiled
-        found = float(self.trajectories.cost.sum())
+        run.dropped(failures)
+        require_compiled(int(searched.sum()), len(names), "module searches")
+        base = self.base[searched].sum()
+        known = ~np.isnan(self.trajectories.cost)  # modules some search found a trajectory for
+        found, known_base = float(self.trajectories.cost[known].sum()), self.base[known].sum()
         return {
             "bcmax/search_budget": budget,
-            "bcmax/pool_reward": (self.base_total - policy_total) / self.base_total,
-            "bcmax/trajectory_reward": (self.base_total - found) / self.base_total,
+            "bcmax/pool_reward": (base - policy_total) / base,
+            "bcmax/trajectory_reward": (known_base - found) / known_base,
         }
 
     def finish(self, run: Session) -> Candidate | None:

@@ -3,7 +3,9 @@
 Each step samples a batch of training modules and K random directions, compiles the
 batch with the policy moved +sigma and -sigma along each direction, and moves the weights
 along the directions that lowered the batch's total cost the most (the problem's reward
-metric, or a reward the run brings; rank-shaped fitness, Adam). Every `eval_every` steps
+metric, or a reward the run brings; rank-shaped fitness, Adam). A direction whose +sigma or
+-sigma compile failed is left out of the step (a module that fails for every direction is
+left out of their scores instead). Every `eval_every` steps
 the current policy compiles the whole training pool; where a batch is the whole pool (a
 small corpus, or a reward that scores the whole program, a workload's), each moved policy
 is scored on it as well. The best one seen is the run's policy.
@@ -11,43 +13,40 @@ is scored on it as well. The best one seen is the run's policy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from mlgo.options import non_negative, positive
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.train import Adam
-from mlgo.train.loop import Candidate, Session, Step, Trainer
+from mlgo.train.loop import Candidate, Session, Step, Trainer, require_compiled
+from mlgo.train.options import option
 from mlgo.train.rollouts import scored_pool
 
 
 @dataclass(frozen=True)
 class ESConfig:
-    OPTIONS: ClassVar[tuple[str, ...]] = (  # the TrainOptions it takes, by name
-        "steps",
-        "sigma",
-        "directions",
-        "lr",
-        "regression_penalty",
-        "batch",
-        "max_module_seconds",
-        "init",
-        "max_seconds",
-    )
-
     steps: int = 40
-    directions: int = 8
-    batch: int = 24
-    sigma: float = 0.05
-    lr: float = 0.02
+    directions: int = field(default=8, metadata=option("perturbations per step", min=1))
+    batch: int = field(default=24, metadata=option("modules compiled per step", min=1))
+    sigma: float = field(
+        default=0.05, metadata=option("perturbation scale of the weights", check=positive)
+    )
+    lr: float = field(default=0.02, metadata=option("Adam step size", check=positive))
     eval_every: int = 5
-    max_module_seconds: float = 2.0  # modules slower than this stay out of ES batches
+    max_module_seconds: float = field(
+        default=2.0,
+        metadata=option("modules that compile slower stay out of training", check=positive),
+    )
     seed: int = 0
     # 0: reward the total reduction; > 0: the mean over packages of each package's
     # reduction, a package made worse counting (1 + penalty) times its loss
-    regression_penalty: float = 0.0
+    regression_penalty: float = field(
+        default=0.0,
+        metadata=option("reward per package, a package's loss x (1 + this)", check=non_negative),
+    )
     init: str = ""  # the --init run or policy, as given: its model card's starting point
     max_seconds: float = 0.0  # training time budget over all resumes (0: none)
 
@@ -97,17 +96,24 @@ class ES(Trainer[ESConfig]):
             for e in eps
             for sign in (1.0, -1.0)
         ]
-        r = self.scorer.rewards(candidates, batch)
-        shaped = _ranks(r).reshape(cfg.directions, 2)
-        grad = ((shaped[:, 0] - shaped[:, 1])[:, None] * eps).sum(0) / (
-            2 * cfg.directions * cfg.sigma
+        r = self.scorer.rewards(candidates, batch)  # NaN: a compile of that one failed
+        # a pair is the estimate of one direction: it counts whole or not at all
+        whole = ~np.isnan(r.reshape(cfg.directions, 2)).any(1)
+        require_compiled(int(whole.sum()), cfg.directions, "perturbation pairs")
+        kept = r.reshape(cfg.directions, 2)[whole]
+        shaped = _ranks(kept.ravel()).reshape(-1, 2)
+        grad = ((shaped[:, 0] - shaped[:, 1])[:, None] * eps[whole]).sum(0) / (
+            2 * len(kept) * cfg.sigma
         )
         self.theta = self.adam.step(self.theta, grad)
-        metrics = {"es/batch_reward_mean": float(r.mean()), "es/batch_reward_max": float(r.max())}
+        metrics = {
+            "es/batch_reward_mean": float(kept.mean()),
+            "es/batch_reward_max": float(kept.max()),
+        }
         scored = None
         if len(batch) == len(self.pool) or not self.scorer.per_module:
             # the batch's rewards are the pool's: its best policy is a candidate as it is
-            best = int(np.argmax(r))
+            best = int(np.nanargmax(r))
             scored = Candidate(candidates[best], float(r[best]))
         if run.due(cfg.eval_every):
             current = self.init.with_flat(self.theta)

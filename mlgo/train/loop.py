@@ -5,8 +5,11 @@ around the steps: it resumes from the run directory's checkpoint, counts the ste
 training time against the budget (summed over resumes, checked between steps: a step the
 trainer expects to end past it is not begun), keeps the best policy the steps scored on the
 training pool (saved as soon as it is found, so that a stopped run keeps its best), records
-the history and TensorBoard scalars, and draws the progress bar. A new trainer is a
-`Trainer` subclass in a module of its own, registered in mlgo.train.registry.
+the history and TensorBoard scalars, and draws the progress bar. A compile that fails drops
+its candidate (a policy, a module) from the step, said in the log and in the step's
+`<trainer>/failed_compiles`; a step where too few compiled is skipped (`TooFewCompiled`), so
+that one flaky module does not end a long run. A new trainer is a `Trainer` subclass in a
+module of its own, registered in mlgo.train.registry.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from pathlib import Path
 from typing import ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
+from rich.markup import escape
 from rich.progress import Progress
 
+from mlgo.corpus.compile import CompileError
 from mlgo.corpus.format import Corpus, Module
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
@@ -29,11 +34,30 @@ from mlgo.problems.policy_files import save_policy
 from mlgo.runtime.workers import Workers
 from mlgo.train import Outcome, RunDir, RunState
 
+# A step goes on with the candidates that compiled (ES's antithetic pairs, the modules of a
+# batch, a search or a scoring) while at least this share of them did, as ml-compiler-opt's
+# learner does; below it the step is skipped: a gradient from a few directions is mostly
+# noise, and so many failures are more likely a broken corpus or compiler than bad luck.
+MIN_COMPILED = 0.4
+
+
+class TooFewCompiled(CompileError):
+    """Fewer than MIN_COMPILED of a step's candidates compiled: the loop skips the step."""
+
+
+def require_compiled(compiled: int, total: int, what: str) -> None:
+    """Raises TooFewCompiled unless COMPILED of TOTAL candidates (WHAT they are) is enough."""
+    if compiled < MIN_COMPILED * total:
+        raise TooFewCompiled(
+            f"only {compiled} of {total} {what} compiled (fewer than {MIN_COMPILED:.0%})"
+        )
+
 
 class Reward(Protocol):
     """What a search scores policies by: the relative reduction of a cost against the
     default's (higher is better). `rollouts.Scorer` is the corpus's, module by module; another
-    (mlgo.programs.speed's) may not look at the modules at all."""
+    (mlgo.programs.speed's) may not look at the modules at all. A policy some of whose
+    compiles failed may be scored NaN (`Scorer.rewards`)."""
 
     def rewards(self, policies: list[MLPPolicy], modules: list[Module]) -> np.ndarray: ...
 
@@ -84,7 +108,7 @@ class Trainer(ABC, Generic[ConfigT]):
 
     name: ClassVar[str]  # --algo, the run's algo, its metrics' prefix
     title: ClassVar[str]  # its progress bar's
-    Config: ClassVar[type]  # its config dataclass; its OPTIONS name the TrainOptions it takes
+    Config: ClassVar[type]  # its config dataclass, declaring its options (mlgo.train.options)
     uses_start: ClassVar[bool] = True  # trains from a start policy (--init)
 
     def __init__(self, config: ConfigT):
@@ -114,7 +138,10 @@ class Trainer(ABC, Generic[ConfigT]):
 
     @abstractmethod
     def step(self, run: Session) -> Step:
-        """One step; it counts its compiles in run.state.compiles."""
+        """One step; it counts its compiles in run.state.compiles and tells `run.dropped`
+        the failed ones. It raises TooFewCompiled where too few compiled: the loop then
+        skips it, keeping what the trainer changed before (ES and PPO raise before they
+        learn from a batch that failed)."""
 
     @abstractmethod
     def arrays(self) -> dict[str, np.ndarray]:
@@ -143,7 +170,7 @@ class Trainer(ABC, Generic[ConfigT]):
         """Trains (or resumes) from START in RUN_DIR until the steps or the time budget are
         spent, scoring by REWARD if given (else the corpus's metric); the best policy so
         far is in run_dir.policy_dir at every moment."""
-        assert start is not None and start.problem is problem  # as run.start_policy checks
+        assert start is not None and start.problem is problem  # as run.start_policy makes it
         with Progress() as bar:
             return Session(self, start, run_dir, corpus, tc, workers, bar, reward).train()
 
@@ -170,6 +197,12 @@ class Session:
         self.state = RunState(trainer.name, extra={"best_reward": -math.inf})
         self.best = init.flat()  # the best policy's weights
         self._since = time.monotonic()  # training time not in state.seconds yet
+        self._failed: list[str] = []  # the failed compiles not reported yet
+
+    def dropped(self, failures: list[str]) -> None:
+        """Compiles that failed (each its error line), their candidates left out: reported
+        with the step, or with the start or the finish."""
+        self._failed += failures
 
     def elapsed(self) -> float:
         """Seconds of training so far, over all resumes and this step's too."""
@@ -198,21 +231,31 @@ class Session:
         self.bar.update(job, completed=self.state.step)
         self._since = time.monotonic()  # setting up is not training
         while not self._stops_after(self.state.step, self.state.seconds):
-            step = trainer.step(self)
+            skipped: dict[str, str] = {}
+            try:
+                step = trainer.step(self)
+            except TooFewCompiled as e:  # nothing to learn from: the next step tries anew
+                step, skipped = Step({f"{trainer.name}/skipped": 1.0}), {"skipped": str(e)}
             last = self.ends_here()
             self.state.step += 1
             if step.candidate is not None:
                 self._keep(step.candidate)
             self._book_time()
+            metrics = {**step.metrics, **self._failures(f"step {self.state.step}", skipped)}
             self.state.history.append(
-                {"step": self.state.step, "compiles": self.state.compiles, **step.metrics}
+                {"step": self.state.step, "compiles": self.state.compiles, **metrics, **skipped}
             )
             self.checkpoint()
-            self.run_dir.scalars(self.state.step, step.metrics)
+            self.run_dir.scalars(self.state.step, metrics)
             self.bar.update(job, completed=self.state.step, description=self._progress())
             if last:
                 break
-        if (final := trainer.finish(self)) is not None:
+        try:
+            final = trainer.finish(self)
+        except TooFewCompiled as e:  # the steps' best stands
+            final = None
+            self._failures("the last scoring", {"skipped": str(e)})
+        if final is not None:
             self._keep(final)
             self._book_time()
             self.checkpoint()
@@ -231,6 +274,7 @@ class Session:
             self.best = arrays["best"]
         self.state.extra["config"] = asdict(trainer.config)
         init_reward = trainer.start(self, init, arrays)
+        self._failures("the start", {})
         if saved is None:  # the start is the best policy until one beats it
             save_policy(init, self.run_dir.policy_dir)
         if init_reward is not None:
@@ -260,6 +304,20 @@ class Session:
         ahead = self.trainer.next_step_seconds(self, steps_done) if steps_done else 0.0
         return config.max_seconds <= seconds + ahead
 
+    def _failures(self, when: str, skipped: dict[str, str]) -> dict[str, float]:
+        """The failed compiles since the last report, said in one line with WHEN they
+        happened (and why it was SKIPPED, if it was), as the step's metric."""
+        failed, self._failed = self._failed, []
+        if failed or skipped:
+            why = f"; skipped: {skipped['skipped']}" if skipped else ""
+            example = f", e.g. {failed[0]}" if failed else ""
+            self.bar.console.print(
+                f"[yellow]{when}: {len(failed)} compiles failed, left out{escape(example)}"
+                f"{escape(why)}",
+                highlight=False,
+            )
+        return {f"{self.trainer.name}/failed_compiles": float(len(failed))} if failed else {}
+
     def _book_time(self) -> None:
         now = time.monotonic()
         self.state.seconds += now - self._since
@@ -272,4 +330,6 @@ class Session:
         problem = self.init.problem
         label = self.trainer.reward_label(problem) if self.reward is None else self.reward.label
         best = self.state.extra["best_reward"]
+        if best == -math.inf:  # every step so far skipped, and the start not scored
+            return f"{self.trainer.title} (nothing scored yet)"
         return f"{self.trainer.title} (best so far: {label} {-best:+.2%} against the default)"

@@ -12,19 +12,20 @@ the mask a last observation column that rules slots out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 
-from mlgo.corpus.compile import CompileError, compile_module
+from mlgo.corpus.compile import compile_module
 from mlgo.corpus.format import Module
+from mlgo.options import positive
 from mlgo.problems.policy import MASKED, MLPPolicy
 from mlgo.runtime.files import atomic_directory
 from mlgo.runtime.tfutil import import_quietly, import_tf
 from mlgo.runtime.workers import Failed
-from mlgo.train.loop import Candidate, Session, Step, Trainer
+from mlgo.train.loop import Candidate, Session, Step, Trainer, require_compiled
+from mlgo.train.options import option
 from mlgo.train.rollouts import scored_pool
 
 REWARD_SCALE = 100.0  # rewards in percent of the default's cost: the scale PPO's defaults expect
@@ -33,22 +34,17 @@ REWARD_FLOOR = -1.0
 
 @dataclass(frozen=True)
 class PPOConfig:
-    OPTIONS: ClassVar[tuple[str, ...]] = (  # the TrainOptions it takes, by name
-        "steps",
-        "batch",
-        "max_module_seconds",
-        "init",
-        "max_seconds",
-    )
-
     steps: int = 40
-    batch: int = 24
+    batch: int = field(default=24, metadata=option("modules compiled per step", min=1))
     epochs: int = 4
     lr: float = 3e-4
     clip: float = 0.2
     entropy: float = 0.01
     eval_every: int = 5
-    max_module_seconds: float = 2.0
+    max_module_seconds: float = field(
+        default=2.0,
+        metadata=option("modules that compile slower stay out of training", check=positive),
+    )
     seed: int = 0
     init: str = ""  # the --init run or policy, as given: its model card's starting point
     max_seconds: float = 0.0  # training time budget over all resumes (0: none)
@@ -218,10 +214,11 @@ class PPO(Trainer[PPOConfig]):
             RolloutTask(m, self.clang, replace(current, temperature=1.0, seed=seed + i))
             for i, m in enumerate(batch)
         ]
-        xs, acts, rews, sizes = [], [], [], []
+        xs, acts, rews, sizes, failures = [], [], [], [], []
         for task, r in self.workers.imap(rollout_one, tasks):
-            if isinstance(r, Failed):
-                raise CompileError(f"PPO rollout failed: {r.message}")
+            if isinstance(r, Failed):  # the module is left out of this step
+                failures.append(r.message)
+                continue
             base = self.scorer.base[task.module.name][self.scorer.metric]
             # A sampled compile can cost several times the default (regalloc: one batch
             # averaged -305%); floored at -100%, such modules cannot swamp the batch.
@@ -231,18 +228,21 @@ class PPO(Trainer[PPOConfig]):
                 xs.append(r["x"])
                 acts.append(r["actions"])
                 rews.append(np.full(len(r["actions"]), reward * REWARD_SCALE))
+        run.state.compiles += len(tasks)
+        run.dropped(failures)
+        require_compiled(len(sizes), len(tasks), "rollouts")
         metrics = {"ppo/batch_reward_mean": float(np.mean(sizes))}
         if xs:  # a batch whose modules asked nothing has nothing to learn from
             obs, logits = current.observations(np.concatenate(xs))
             acts_all, rews_all = np.concatenate(acts), np.concatenate(rews)
             metrics["ppo/loss"] = self.agent.train(obs, acts_all, rews_all, logits)
+        self.agent.save(self.agent_dir)  # before scoring it: a skipped scoring keeps the update
         scored = None
         if run.due(cfg.eval_every):
             trained = replace(self.init, weights=self.agent.weights())
             scored = Candidate(trained, self.scorer.reward(trained, self.pool))
             metrics["ppo/pool_reward"] = scored.reward
-        run.state.compiles += len(tasks) + self.scorer.take_compiles()
-        self.agent.save(self.agent_dir)
+        run.state.compiles += self.scorer.take_compiles()
         return Step(metrics, scored)
 
     def arrays(self) -> dict[str, np.ndarray]:

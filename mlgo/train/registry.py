@@ -2,11 +2,13 @@
 
 ES, PPO and BC-Max are searches stepped by the one loop (mlgo.train.loop.Trainer); BC fits
 the default's own traces and has no search loop. A new algorithm is one module and one line
-in `MODULES`.
+in `MODULES`: its options are its config's (mlgo.train.options), and `mlgo train`'s flags
+are drawn from every registered trainer's (`options`).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -17,6 +19,7 @@ from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.workers import Workers
 from mlgo.train import Outcome, RunDir
+from mlgo.train.options import Option, declared
 
 if TYPE_CHECKING:
     from mlgo.train.loop import Reward
@@ -34,7 +37,7 @@ class Algorithm(Protocol):
     """What `run` asks of a registered trainer (a class, made from its Config)."""
 
     name: ClassVar[str]
-    Config: ClassVar[type]  # a frozen dataclass; its OPTIONS name the TrainOptions it takes
+    Config: ClassVar[type]  # a frozen dataclass declaring its options (mlgo.train.options)
     uses_start: ClassVar[bool]  # trains from a start policy (--init)
 
     def __init__(self, config: Any) -> None: ...
@@ -66,3 +69,21 @@ def get_trainer(name: str) -> type[Algorithm]:
         *others, last = known
         raise UsageError(f"unknown --algo {name!r}: use {', '.join(others)} or {last}")
     return known[name]
+
+
+def options() -> dict[str, Option]:
+    """Every registered trainer's options by name, each once, its help saying which trainers
+    take it (per help, where theirs differ). Trainers that share a name share its type,
+    default and checks: one flag cannot have two defaults."""
+    merged: dict[str, Option] = {}
+    takers: dict[str, dict[str, list[str]]] = {}  # option -> its help -> the trainers saying it
+    for name, trainer in trainers().items():
+        for o in declared(trainer.Config).values():
+            first = merged.setdefault(o.name, o)
+            if replace(first, help="") != replace(o, help=""):
+                raise TypeError(f"{name} declares the option {o.name} unlike another trainer")
+            takers.setdefault(o.name, {}).setdefault(o.help, []).append(name)
+    return {
+        n: replace(o, help="; ".join(f"{', '.join(who)}: {h}" for h, who in takers[n].items()))
+        for n, o in merged.items()
+    }

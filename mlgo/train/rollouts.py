@@ -6,11 +6,11 @@ A run may bring a reward of its own instead (`Reward`: a user's program on its w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mlgo.corpus.compile import CompileError
 from mlgo.corpus.format import Corpus, Module
 from mlgo.errors import UsageError
 from mlgo.llvm.toolchain import Toolchain
@@ -18,6 +18,7 @@ from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.workers import Failed, Workers
 from mlgo.train.evaluate import EvalTask, baseline, eval_one
+from mlgo.train.loop import require_compiled
 
 if TYPE_CHECKING:
     from mlgo.train.loop import Reward, Session
@@ -27,7 +28,8 @@ class Scorer:
     """Compiles modules with policies and scores each policy by the reduction of the
     problem's metric against the default heuristic: summed over the modules, or, with a
     regression penalty, per package (a package stands for a program: a policy that wins
-    big in one and loses in others should not look good)."""
+    big in one and loses in others should not look good). It tells DROPPED every compile
+    that failed."""
 
     def __init__(
         self,
@@ -35,6 +37,7 @@ class Scorer:
         tc: Toolchain,
         workers: Workers,
         problem: Problem,
+        dropped: Callable[[list[str]], None],
         regression_penalty: float = 0.0,
     ):
         self.tc, self.workers, self.problem = tc, workers, problem
@@ -44,6 +47,7 @@ class Scorer:
         self.base, self.unmeasured = default.costs, default.unmeasured
         self.corpus = default.corpus  # its modules are the ones to compile
         self.penalty = regression_penalty
+        self.dropped = dropped
         self.compiles = 0
 
     per_module = True  # a policy's reward on a batch is on those modules alone
@@ -63,24 +67,35 @@ class Scorer:
 
     def rewards(self, policies: list[MLPPolicy], modules: list[Module]) -> np.ndarray:
         """Per policy: (sum default - sum policy) / sum default over `modules`, or with a
-        penalty the mean over their packages of that reduction, losses scaled up."""
-        groups = sorted({m.package for m in modules}) if self.penalty else [""]
-        group = [groups.index(m.package) if self.penalty else 0 for m in modules]
-        costs = np.zeros(len(policies) * len(groups))  # [policy, group], flat as the tags
+        penalty the mean over their packages of that reduction, losses scaled up. A module
+        no policy compiled is left out for all (its fault, not theirs); a policy that failed
+        on another is NaN. Raises TooFewCompiled where too few modules are left."""
+        failed = np.zeros((len(policies), len(modules)), bool)
+        costs = np.zeros((len(policies), len(modules)))
         tasks = [
-            EvalTask(self.problem, m, self.tc.clang, p, tag=i * len(groups) + g)
+            EvalTask(self.problem, m, self.tc.clang, p, tag=i * len(modules) + j)
             for i, p in enumerate(policies)
-            for m, g in zip(modules, group, strict=True)
+            for j, m in enumerate(modules)
         ]
+        failures = []
         for task, r in self.workers.imap(eval_one, tasks):
+            at = divmod(task.tag, len(modules))
             if isinstance(r, Failed):
-                raise CompileError(f"ES compile failed: {r.message}")
-            costs[task.tag] += r[self.metric]
+                failed[at] = True
+                failures.append(r.message)
+            else:
+                costs[at] = r[self.metric]
         self.compiles += len(tasks)
-        base = np.zeros(len(groups))
-        for m, g in zip(modules, group, strict=True):
-            base[g] += self.base[m.name][self.metric]
-        return penalized_reduction(base, costs.reshape(len(policies), len(groups)), self.penalty)
+        self.dropped(failures)
+        kept = ~failed.all(0)
+        require_compiled(int(kept.sum()), len(modules), "modules")
+        left = [m for m, k in zip(modules, kept, strict=True) if k]
+        groups = sorted({m.package for m in left}) if self.penalty else [""]
+        # [group, module]: each package's modules, or with no penalty one group of all
+        in_group = np.array([[m.package == g or not self.penalty for m in left] for g in groups])
+        base = in_group @ np.array([self.base[m.name][self.metric] for m in left])
+        reward = penalized_reduction(base, costs[:, kept] @ in_group.T, self.penalty)
+        return np.where(failed[:, kept].any(1), np.nan, reward)
 
 
 def penalized_reduction(base: np.ndarray, costs: np.ndarray, penalty: float) -> np.ndarray:
@@ -126,7 +141,7 @@ def scored_pool(
     it, over every module (which it may not look at)."""
     if run.reward is not None:
         return run.reward, list(run.corpus.modules)
-    scorer = Scorer(run.corpus, run.tc, run.workers, problem, regression_penalty)
+    scorer = Scorer(run.corpus, run.tc, run.workers, problem, run.dropped, regression_penalty)
     pool = training_pool(
         scorer.corpus, run.tc, run.workers, max_module_seconds, scorer.default_costs()
     )
