@@ -24,7 +24,9 @@ from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
 from mlgo.programs.measure import Workload
 from mlgo.records import ModuleRun
+from mlgo.train import calibrate
 from mlgo.train.evaluate import Evaluation
+from mlgo.train.stages import Stages
 from tools import (
     bench_collect,
     bench_guard,
@@ -242,17 +244,19 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
         {"threshold": 0.6, "change": -0.004, "packages_larger": ["pp"], "failed": [],
          "by_language": {"c": {"change": -0.002, "packages_larger": []}}},
     ]}  # fmt: skip
-    kept = train_inlining_size.kept(calibration)
+    kept = calibrate.kept(calibration)
     assert (kept["change_pct"], kept["packages_larger"]) == (-0.2, [])
-    never = train_inlining_size.kept({**calibration, "threshold": 1.0, "languages": None})
+    never = calibrate.kept({**calibration, "threshold": 1.0, "languages": None})
     assert (never["change_pct"], never["packages_larger"]) == (0.0, [])
-    record = train_inlining_size.summary({"calibrate": 60.0, "bc": 120.0}, ["calibrate"], kept)
+    stages = Stages.timed(
+        tmp_path / "recipe.json", train_inlining_size.STAGES, {"validation": kept}
+    )
+    stages.seconds, stages.finished = {"calibrate": 60.0, "bc": 120.0}, ["calibrate"]
+    record = stages.summary()
     assert list(record["seconds"]) == ["bc", "calibrate"] and record["total_minutes"] == 3.0
     (tmp_path / "recipe.json").write_text(json.dumps(record))
-    assert train_inlining_size.read_record(tmp_path / "recipe.json") == (
-        {"bc": 120.0, "calibrate": 60.0},
-        ["calibrate"],
-    )
+    again = Stages.timed(tmp_path / "recipe.json", train_inlining_size.STAGES, {})
+    assert (again.seconds, again.finished) == ({"bc": 120.0, "calibrate": 60.0}, ["calibrate"])
 
 
 def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(

@@ -32,7 +32,6 @@ import json
 import math
 import shlex
 import shutil
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, closing
 from dataclasses import asdict, dataclass, replace
@@ -56,6 +55,7 @@ from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.messages import copy_error, naming
 from mlgo.runtime.workers import Workers, make_workers
+from mlgo.train.stages import Stages
 
 if TYPE_CHECKING:
     from mlgo.problems.policy import MLPPolicy
@@ -451,52 +451,6 @@ def build_twice(
         return build_pair(recipe, work, tc, pair, True, problem_flags(problem), pristine)
 
 
-class Stages:
-    """OUT/stages.log (a finished stage per line, with its time) and OUT/tune.json (the
-    arguments); refuses arguments that differ in one a finished stage depended on."""
-
-    def __init__(self, out: Path, args: dict, say: Callable[[str], None] = print):
-        self.out, self.log = out, out / "stages.log"
-        record = out / "tune.json"
-        if out.exists() and any(out.iterdir()) and not record.is_file():
-            raise BuildError(f"{out}: exists and is not a tune directory; choose another --out")
-        self.finished = [line.split("\t")[0] for line in self._lines()]
-        if record.is_file():
-            before = json.loads(record.read_text())
-            if self._train_longer(before, args):
-                say(f"training on from {before['minutes']:g} to {args['minutes']:g} minutes")
-            used = [a for s in self.finished for a in STAGES.get(s, ())]
-            for arg in used:
-                if before.get(arg) != args.get(arg):
-                    raise BuildError(
-                        f"{out}: tuned before with {arg} {before.get(arg)!r}, not "
-                        f"{args.get(arg)!r}; rerun with it, or choose another --out"
-                    )
-        atomic_write_text(record, json.dumps(args, indent=1))
-
-    def _train_longer(self, before: dict, args: dict) -> bool:
-        """A larger budget, all else the same, reopens training (it resumes from its
-        checkpoint) and what follows it, rather than being refused."""
-        differ = {k for k in set(before) | set(args) if before.get(k) != args.get(k)}
-        longer = differ == {"minutes"} and args["minutes"] > before["minutes"]
-        if longer and "train" in self.finished:
-            self.finished = self.finished[: self.finished.index("train")]
-            kept = [line for line in self._lines() if line.split("\t")[0] in self.finished]
-            atomic_write_text(self.log, "".join(f"{line}\n" for line in kept))
-        return longer
-
-    def _lines(self) -> list[str]:
-        return self.log.read_text().splitlines() if self.log.is_file() else []
-
-    def done(self, stage: str) -> bool:
-        return stage in self.finished
-
-    def finish(self, stage: str) -> None:
-        self.finished.append(stage)
-        lines = [*self._lines(), f"{stage}\t{time.strftime('%Y-%m-%dT%H:%M:%S')}"]
-        atomic_write_text(self.log, "".join(f"{line}\n" for line in lines))
-
-
 def snapshot(source: Path, out: Path) -> Path:
     """SOURCE copied to OUT/pristine in one rename, without OUT if it lies inside."""
     inner = out.resolve()
@@ -597,7 +551,7 @@ def tune(
         "bench": list(recipe.bench),
         "clang": tc.describe(),
     }
-    stages = Stages(out, args, say)
+    stages = Stages.logged(out, STAGES, args, say)
     if not stages.done("snapshot"):
         say(f"copying {source} to {out / 'pristine'}")
         with _stage("snapshot", out / "pristine"):
