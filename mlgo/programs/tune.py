@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING
 from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.data import shipped_policy
 from mlgo.errors import UsageError
-from mlgo.llvm.languages import label
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.build import run_tests
 from mlgo.packages.recipes import Recipe
@@ -55,6 +54,15 @@ from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.messages import copy_error, naming
 from mlgo.runtime.workers import Workers, make_workers
+from mlgo.train.candidates import (
+    FINALISTS,
+    GATES,
+    cheapest,
+    cheapest_distinct,
+    gated_candidates,
+    none_larger,
+    surely_faster,
+)
 from mlgo.train.stages import Stages
 
 if TYPE_CHECKING:
@@ -76,7 +84,6 @@ OWN_CODE = {
 }
 # The start of a problem with no shipped policy, as a tune's candidates name it
 CLONED = "clang's own, cloned"
-GATES = (0.6, 0.8, 0.95)  # departure thresholds tried on the trained policy (an evaluation each)
 
 # Each stage, and the arguments its result depends on besides its predecessors' ones.
 STAGES: dict[str, tuple[str, ...]] = {
@@ -183,9 +190,6 @@ class Judge:
     clock: Callable[[dict[str, MLPPolicy]], tuple[dict[str, dict], dict]] | None = None
 
 
-FINALISTS = 3  # the candidates cheapest by a judge with a clock, timed by it
-
-
 def choose_policy(
     corpus_dir: Path,
     problem: Problem,
@@ -268,7 +272,7 @@ def choose_policy(
         policies = {n: p for n, (p, _) in candidates.items() if n != "default"}
         judged = {n: c for n, c in judged.items() if n == "default"}  # 0, by definition
         judged |= judge.changes(policies)
-    chosen = min(judged, key=lambda name: judged[name])
+    chosen = cheapest(judged)
     timed = None
     if judge is not None and judge.clock is not None:
         if finalists := cheapest_distinct(judged, FINALISTS):
@@ -310,27 +314,6 @@ def choose_policy(
         if headroom < 0:  # the chosen policy's share of what the search found
             training["headroom_captured"] = min(candidates[chosen][1], 0.0) / headroom
     return out / "chosen", training
-
-
-def cheapest_distinct(judged: dict[str, float], n: int) -> list[str]:
-    """The N candidates of JUDGED cheaper than the default (0), cheapest first, and of
-    equals only the first (a policy and its C-only gate, in a project of C alone)."""
-    kept: dict[float, str] = {}
-    for name in sorted(judged, key=judged.__getitem__):
-        if judged[name] < 0 and len(kept) < n:
-            kept.setdefault(judged[name], name)
-    return list(kept.values())
-
-
-def surely_faster(timed: dict[str, dict]) -> str | None:
-    """Of the TIMED candidates (`WorkloadReward.clock`), the one whose CPU time's median
-    change is lowest among those whose whole IQR is below zero; None where none is: a cost
-    that ranked changes of 1 to 11% well does not rank candidates a point or two apart (on
-    serd, -2.1% by it was +1.2% by the clock; on cmark its cheapest, -2.2%, lost to clang's
-    own at threshold 400, -1.3% on the clock), so a speed tune serves only what the clock
-    says is faster."""
-    faster = {n: t["change_pct"] for n, t in timed.items() if t["iqr_pct"][1] < 0}
-    return min(faster, key=faster.__getitem__) if faster else None
 
 
 def based_start(at: MLPPolicy, corpus: Corpus, out: Path, tc: Toolchain, pool: Workers) -> Path:
@@ -397,7 +380,7 @@ def linked_changes(policies: dict[str, MLPPolicy], corpus: Corpus, tc: Toolchain
     judged = {}
     for name, policy in policies.items():
         ev = linked_evaluation(policy.problem, inliner_plugin(policy, tc), corpus, tc, plain)
-        judged[name] = math.inf if ev.modules_larger() else ev.totals()["delta"]
+        judged[name] = none_larger(ev.totals()["delta"], ev.modules_larger())
     return judged
 
 
@@ -410,21 +393,6 @@ def rank_correlation(on_corpus: dict[str, float], linked: dict[str, float]) -> d
     rho = spearmanr([on_corpus[n] for n in both], [linked[n] for n in both]).statistic
     valid = len(both) >= 3 and math.isfinite(rho)
     return {"spearman": float(rho) if valid else None, "candidates": len(both)}
-
-
-def gated_candidates(policy: MLPPolicy, sweep: list[dict]) -> dict[str, tuple[MLPPolicy, float]]:
-    """POLICY at each of a calibration SWEEP's `options` on the user's corpus: every
-    compile and, in a code base of C and C++, each language alone (the other left to the
-    default), so that a project whose C++ grows under the policy can still have its C
-    served."""
-    from mlgo.train.calibrate import options
-
-    candidates = {}
-    for t, languages, judged in options(sweep):
-        name = f"trained, gated at {t:g}" + (f", {label(languages[0])} only" if languages else "")
-        gated = replace(policy, departure_threshold=t, languages=languages)
-        candidates[name] = (gated, judged["change"])
-    return candidates
 
 
 def export(chosen: Path, out: Path) -> Path:
