@@ -48,6 +48,7 @@ from mlgo.problems import Problem, get_problem
 from mlgo.problems.policy_files import save_policy
 from mlgo.programs.build import ProgramBuild, baseline_label, policy_service, problem_flags
 from mlgo.programs.compare import build_pair, variants
+from mlgo.programs.judges import Judge, candidate_judge, rank_correlation
 from mlgo.programs.measure import check_fixed_work, check_repeatable, recipe_throughput
 from mlgo.programs.report import program_report, write_report
 from mlgo.runtime.commands import BuildError
@@ -60,7 +61,6 @@ from mlgo.train.candidates import (
     cheapest,
     cheapest_distinct,
     gated_candidates,
-    none_larger,
     surely_faster,
 )
 from mlgo.train.stages import Stages
@@ -178,16 +178,6 @@ def search_headroom(state: RunState, evaluation: Evaluation) -> float | None:
         evaluation.modules[m][default] for m in state.extra["modules"] if m in evaluation.modules
     )
     return -found[-1] * searched / evaluation.totals()[default]
-
-
-@dataclass(frozen=True)
-class Judge:
-    """What judges a tune's candidate policies other than the corpus's own cost."""
-
-    label: str  # what it is
-    changes: Callable[[dict[str, MLPPolicy]], dict[str, float]]  # each one's; the default's 0
-    # where a workload runs, its clock has the last word over the cheapest few (`surely_faster`)
-    clock: Callable[[dict[str, MLPPolicy]], tuple[dict[str, dict], dict]] | None = None
 
 
 def choose_policy(
@@ -341,58 +331,6 @@ def workload_reward(
         timing = (opts.bench_rounds, opts.bench_seconds)
         return WorkloadReward(recipe, pristine, out / "judged", tc, problem, *timing)
     return None
-
-
-LINK_JUDGE = "lld's LTO of each program"
-
-
-def candidate_judge(
-    problem: Problem, out: Path, tc: Toolchain, reward: WorkloadReward | None
-) -> Judge | None:
-    """What judges a tune's candidates where the corpus's cost would mislead: for a
-    link-time problem, the link itself (`linked_changes`); for a speed problem given a
-    workload, the workload's cost (REWARD). None: the corpus's cost."""
-    from mlgo.programs.speed import JUDGE
-
-    if problem.stage != "compile":
-        corpus = out / "corpus"
-        return Judge(
-            LINK_JUDGE, lambda ps: linked_changes(ps, load_corpus(corpus).require(problem), tc)
-        )
-    if reward is not None:
-        return Judge(JUDGE, reward.changes, reward.clock)
-    return None
-
-
-def linked_changes(policies: dict[str, MLPPolicy], corpus: Corpus, tc: Toolchain) -> dict:
-    """Each of the link-time POLICIES judged as the link judges it: the change of the
-    programs' `.text` when lld's own LTO makes them with the policy's plugin
-    (`evaluate.linked_evaluation`). A `clang -Oz` compile of a link's module runs another
-    pipeline, where a policy's change can even have the other sign (GNU units: -0.12% there,
-    +0.41% in the real full-LTO link), and a ThinLTO module alone counts inline functions
-    the program keeps once. A policy that makes any program larger is never kept
-    (infinite); clang's own decisions are the baseline (0)."""
-    from mlgo.corpus.lto import linked_texts
-    from mlgo.ship.plugin import inliner_plugin
-    from mlgo.train.evaluate import linked_evaluation
-
-    plain = linked_texts(tc, corpus)
-    judged = {}
-    for name, policy in policies.items():
-        ev = linked_evaluation(policy.problem, inliner_plugin(policy, tc), corpus, tc, plain)
-        judged[name] = none_larger(ev.totals()["delta"], ev.modules_larger())
-    return judged
-
-
-def rank_correlation(on_corpus: dict[str, float], linked: dict[str, float]) -> dict:
-    """How well the corpus's reward ranks the candidates as the link does: Spearman's rho
-    over those the link judged with a size (None with fewer than three, or no spread)."""
-    from scipy.stats import spearmanr
-
-    both = [n for n in linked if n in on_corpus and math.isfinite(linked[n])]
-    rho = spearmanr([on_corpus[n] for n in both], [linked[n] for n in both]).statistic
-    valid = len(both) >= 3 and math.isfinite(rho)
-    return {"spearman": float(rho) if valid else None, "candidates": len(both)}
 
 
 def export(chosen: Path, out: Path) -> Path:
