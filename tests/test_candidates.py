@@ -1,11 +1,14 @@
 """A chain's candidates and its keep rule: the gates, the cheapest distinct, the surely
 faster, none larger."""
 
+import json
 import math
 
 import pytest
 
+from mlgo.corpus.format import Corpus
 from mlgo.problems.policy_files import load_policy
+from mlgo.programs.chain import choice_table, linked_choice, outcome_line
 from mlgo.train.candidates import (
     cheapest,
     cheapest_distinct,
@@ -71,3 +74,42 @@ def test_a_candidate_that_makes_anything_larger_is_never_kept_and_the_earliest_o
     gates = gated(policy, (0.6, 0.99))
     assert list(gates) == ["trained, gated at 0.6", "trained, gated at 0.99"]
     assert [p.departure_threshold for p in gates.values()] == [0.6, 0.99]
+
+
+def judgement(change: float, larger: tuple[str, ...] = ()) -> dict:
+    return {
+        "change_pct": change,
+        "packages_larger": list(larger),
+        "packages_over_0.1pct": list(larger),
+        "packages": {"zlib": change},
+        "by_language_pct": {"C": change},
+    }
+
+
+@pytest.mark.unit
+def test_a_link_recipe_rerun_keeps_its_judgements_and_its_one_test(tmp_path):
+    """`linked_choice` on a record that judged the same candidates: nothing is linked
+    again (the corpora are never read), the smallest with no package larger is kept, and
+    its test is the one recorded; a candidate that made a package larger is never kept."""
+    policy = load_policy(POLICIES / "inlining-size")
+    candidates = {"shipped": policy, **gated(policy, (0.6,))}
+    record = tmp_path / "ship.json"
+    validation = {"shipped": judgement(-0.5), "trained, gated at 0.6": judgement(-0.9, ["a"])}
+    test = judgement(-0.3)
+    record.write_text(json.dumps({"validation": validation, "chosen": "shipped", "test": test}))
+
+    def unread() -> Corpus:
+        raise AssertionError("a corpus was read")
+
+    choice = linked_choice(candidates, unread, unread, None, record)
+    assert choice == {"validation": validation, "chosen": "shipped", "test": test}
+    assert "shipped (kept)" in "".join(
+        str(cell) for column in choice_table(choice, "t").columns for cell in column.cells
+    )
+    assert outcome_line(choice) == "test: -0.300% (C -0.300%); larger: none; >0.1%: none"
+    grown = {n: judgement(0.1, ["a"]) for n in validation}
+    record.write_text(json.dumps({"validation": grown}))
+    assert linked_choice(candidates, unread, unread, None, record) == {
+        "validation": grown,
+        "chosen": None,
+    }

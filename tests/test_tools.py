@@ -581,3 +581,38 @@ def test_a_measured_change_is_paired_by_round_and_split_in_halves():
     assert change["cpu"]["halves"] == pytest.approx([0.1, -0.1])
     assert change["cpu"]["median"] == pytest.approx(0.0)
     assert change["user"]["median"] == 0.0 and change["user"]["halves"] == [0.0, 0.0]
+
+
+@pytest.mark.unit
+def test_link_recipe_card_shows_every_candidate_the_test_and_the_commands_that_rebuild_it():
+    """The shipped link-time policy's card, from its recipe's record and data
+    (`modelcard.chosen_card`): the kept candidate marked, each package's test change, the
+    links without the guard, and the run with the options it was made with."""
+    from dataclasses import replace
+
+    from mlgo.ship.modelcard import chosen_card
+    from tools import ship_link_policy as recipe
+
+    policy = replace(load_policy(shipped_policy("inlining-size-link")), guard="size")
+
+    def judged(change: float, larger: list[str]) -> dict:
+        packages = {"zlib": change}
+        return {"change_pct": change, "packages_larger": larger, "packages": packages,
+                "by_language_pct": {"C": change}}  # fmt: skip
+
+    result = {
+        "validation": {"shipped per-file policy": judged(-1.0, []), "trained": judged(-2, ["a"])},
+        "chosen": "shipped per-file policy",
+        "test": judged(-0.773, []),
+        "test, the policy alone": judged(-0.736, ["cmark"]),
+    }
+    fields = {"packages": "bzip2 zlib", "minutes": 55.0, "guard": " --guard"}
+    how = {"spent": 56.0, "train": -0.494, "guarded": ", served guarded"}
+    card = chosen_card(policy, result, recipe.HOW, recipe.REPRODUCE, problem="p", **fields, **how)
+    assert "BC-Max trained 56 minutes" in card and "each program, served guarded;" in card
+    assert "| shipped per-file policy (kept) | -1.000% | - |" in card
+    assert "| trained | -2.000% | a |" in card
+    assert "| all | -0.773% |\n| all C | -0.773% |\n| zlib | -0.773% |" in card
+    assert "without the guard: -0.736%, larger: cmark." in card
+    assert "mlgo corpus build --lto full bzip2 zlib --out data/lto/train" in card
+    assert "--minutes 55 --guard --release policies/p\n```\n" in card

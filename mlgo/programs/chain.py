@@ -1,25 +1,32 @@
-"""The chain a tune runs on a user's own code: train from a start, make candidates, judge
-them, keep one. Clang's own decisions, the start and the trained policy at a few
-departure thresholds (`train/candidates.py`) are each weighed on the recorded corpus, and
-where the corpus's cost would mislead by a `Judge` (`judges.py`: the real link, a
-workload's cost and its clock); the cheapest is kept, the earliest of equals, so that a
-policy that does not beat clang's own on the code it will build is not served.
+"""The chain: train from a start, make candidates, judge them, keep one.
+
+A tune runs it on a user's own code (`choose_policy`): clang's own decisions, the start and
+the trained policy at a few departure thresholds (`train/candidates.py`) are each weighed
+on the recorded corpus, and where the corpus's cost would mislead by a `Judge`
+(`judges.py`: the real link, a workload's cost and its clock); the cheapest is kept, the
+earliest of equals, so that a policy that does not beat clang's own on the code it will
+build is not served. A shipped link-time policy's recipe runs it on held-out code
+(`linked_choice`): judged on validation by the link, tested once.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from rich.table import Table
 
 from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.data import shipped_policy
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
 from mlgo.problems.policy_files import save_policy
-from mlgo.programs.judges import Judge, rank_correlation
+from mlgo.programs.judges import Judge, judgement, linked_evaluations, rank_correlation
 from mlgo.runtime.workers import Workers, make_workers
 from mlgo.train.candidates import (
     FINALISTS,
@@ -27,13 +34,15 @@ from mlgo.train.candidates import (
     cheapest,
     cheapest_distinct,
     gated_candidates,
+    none_larger,
+    smaller,
     surely_faster,
 )
+from mlgo.train.evaluate import Evaluation
 
 if TYPE_CHECKING:
     from mlgo.problems.policy import MLPPolicy
     from mlgo.train import RunState
-    from mlgo.train.evaluate import Evaluation
     from mlgo.train.loop import Reward
 
 ON_TRAINING_CODE = "measured on the modules it trained on, not on held-out code"
@@ -240,3 +249,63 @@ def based_start(at: MLPPolicy, corpus: Corpus, out: Path, tc: Toolchain, pool: W
     collect(at.problem, corpus, where / "traces", tc, pool, at_base=at)
     cloned_start(at.problem, where / "traces", where / "policy", at.base)
     return where / "policy"
+
+
+def linked_choice(
+    candidates: dict[str, MLPPolicy],
+    validation: Callable[[], Corpus],
+    test: Callable[[], Corpus],
+    tc: Toolchain,
+    record: Path,
+    guard: bool = False,
+) -> dict:
+    """The chain a shipped link-time policy's recipe runs on held-out code: each of
+    CANDIDATES judged on the corpus VALIDATION gives as lld's LTO links each program
+    (`judges.linked_evaluations`; with GUARD, as MLGO_GUARD=size serves it), the smallest
+    with no package larger kept (`candidates.smaller`; None: clang's own stays), and it
+    alone evaluated once on TEST (with GUARD, also as the policy alone, from the same
+    links). The judgements its RECORD holds (if any) are taken where they are of the same
+    candidates (the test, of the same choice): a rerun links nothing again. Each judgement
+    is `judges.judgement`'s."""
+    serve = Evaluation.guarded if guard else (lambda ev: ev)
+    before = json.loads(record.read_text()) if record.exists() else {}
+    judged = before.get("validation", {})
+    if set(judged) != set(candidates):
+        linked = linked_evaluations(candidates, validation(), tc)
+        judged = {name: judgement(serve(ev)) for name, ev in linked.items()}
+    chosen = smaller(
+        {n: none_larger(v["change_pct"], v["packages_larger"]) for n, v in judged.items()}
+    )
+    choice: dict = {"validation": judged, "chosen": chosen}
+    if chosen is None:
+        return choice
+    if before.get("chosen") == chosen and "test" in before:  # test is evaluated once
+        return choice | {k: v for k, v in before.items() if k.startswith("test")}
+    linked_test = linked_evaluations({chosen: candidates[chosen]}, test(), tc)[chosen]
+    choice["test"] = judgement(serve(linked_test))
+    if guard:
+        choice["test, the policy alone"] = judgement(linked_test)
+    return choice
+
+
+def choice_table(choice: dict, title: str) -> Table:
+    """A `linked_choice`'s candidates for the terminal: each one's change on validation
+    and the packages it made larger, the kept one marked."""
+    table = Table("candidate", "validation", "packages larger", title=title)
+    for name, v in choice["validation"].items():
+        larger = ", ".join(v["packages_larger"]) or "-"
+        kept = " (kept)" if name == choice["chosen"] else ""
+        table.add_row(name + kept, f"{v['change_pct']:+.3f}%", larger)
+    return table
+
+
+def outcome_line(choice: dict) -> str | None:
+    """A `linked_choice`'s test, in a line: its change, each language's, the packages it
+    made larger and those by more than 0.1% (None: nothing was kept to test)."""
+    if "test" not in choice:
+        return None
+    t = choice["test"]
+    langs = ", ".join(f"{x} {v:+.3f}%" for x, v in t["by_language_pct"].items())
+    larger = ", ".join(t["packages_larger"]) or "none"
+    over = ", ".join(t["packages_over_0.1pct"]) or "none"
+    return f"test: {t['change_pct']:+.3f}% ({langs}); larger: {larger}; >0.1%: {over}"
