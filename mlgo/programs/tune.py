@@ -1,8 +1,8 @@
 """`mlgo tune`: a user's own code base to a trained policy and a size-and-throughput report.
 
 The stages, each writing its result into OUT atomically and then its name into
-OUT/stages.log, so that a rerun of the same command skips what is finished (training
-resumes from its checkpoint):
+OUT/stages.log (`train.stages.Stages`), so that a rerun of the same command skips what is
+finished (training resumes from its checkpoint):
 
     snapshot  the source copied once to OUT/pristine (OUT left out if it lies inside)
     record    configure and build a scratch copy with the recording compiler, at the
@@ -10,9 +10,9 @@ resumes from its checkpoint):
     rehearse  the tests and the workload (twice: its output must repeat) in that copy,
               so that a wrong --test or --bench stops before training, not after it
     collect   the default heuristic's decisions: OUT/traces
-    train     from the start policy until the budget is spent (`trainer`), then the
-              cheapest on the corpus of the default, the start and the trained policy
-              (`choose_policy`), exported to OUT/policy
+    train     the chain (`chain.choose_policy`): from the start policy until the budget
+              is spent, then the cheapest on the corpus (or by its judge) of the
+              default, the start and the trained policy, exported to OUT/policy
     build     configure, build and test two copies of the snapshot: plain clang at the
               level, and mlgo-cc serving OUT/policy (OUT/programs/plain, OUT/programs/mlgo)
     bench     the workload on both builds in paired rounds: OUT/throughput.json
