@@ -175,9 +175,9 @@ def run_in_turn(
     tc: Toolchain,
     workers: Workers,
 ) -> None:
-    """Each stage of RECIPE that STAGES has not finished, timed, from the stage before it
-    (the first from nothing), a training into OUT/NAME. No training is evaluated on its
-    corpus (`mlgo train` would): the time goes to training."""
+    """Each stage of RECIPE that STAGES has not finished, timed, from the policy of the
+    stage before it (the first from nothing), a training into OUT/NAME. No training is
+    evaluated on its corpus (`mlgo train` would): the time goes to training."""
     from mlgo.train.calibrate import calibrate_policy
     from mlgo.train.run import TrainOptions, run
 
@@ -196,4 +196,4 @@ def run_in_turn(
                     opts = TrainOptions(init=before, max_seconds=budget, **stage.options)
                     run(stage.algo, stage.corpus, problem, out / name, tc, workers, opts,
                         evaluate_on_corpus=False)  # fmt: skip
-        before = out / name
+        before = stage.out if isinstance(stage, Calibrating) else out / name
