@@ -167,7 +167,7 @@ def test_a_time_budget_without_steps_trains_until_the_time_is_spent():
 
 
 def test_tune_trains_with_bcmax_where_it_can_and_es_elsewhere():
-    from mlgo.programs.tune import trainer
+    from mlgo.programs.chain import trainer
 
     assert trainer(get_problem("inlining-size")) == "bcmax"
     assert trainer(get_problem("regalloc-eviction")) == "es"

@@ -24,7 +24,9 @@ from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
 from mlgo.programs.measure import Workload
 from mlgo.records import ModuleRun
+from mlgo.train import calibrate
 from mlgo.train.evaluate import Evaluation
+from mlgo.train.stages import Stages
 from tools import (
     bench_collect,
     bench_guard,
@@ -242,17 +244,19 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
         {"threshold": 0.6, "change": -0.004, "packages_larger": ["pp"], "failed": [],
          "by_language": {"c": {"change": -0.002, "packages_larger": []}}},
     ]}  # fmt: skip
-    kept = train_inlining_size.kept(calibration)
+    kept = calibrate.kept(calibration)
     assert (kept["change_pct"], kept["packages_larger"]) == (-0.2, [])
-    never = train_inlining_size.kept({**calibration, "threshold": 1.0, "languages": None})
+    never = calibrate.kept({**calibration, "threshold": 1.0, "languages": None})
     assert (never["change_pct"], never["packages_larger"]) == (0.0, [])
-    record = train_inlining_size.summary({"calibrate": 60.0, "bc": 120.0}, ["calibrate"], kept)
+    stages = Stages.timed(
+        tmp_path / "recipe.json", train_inlining_size.STAGES, {"validation": kept}
+    )
+    stages.seconds, stages.finished = {"calibrate": 60.0, "bc": 120.0}, ["calibrate"]
+    record = stages.summary()
     assert list(record["seconds"]) == ["bc", "calibrate"] and record["total_minutes"] == 3.0
     (tmp_path / "recipe.json").write_text(json.dumps(record))
-    assert train_inlining_size.read_record(tmp_path / "recipe.json") == (
-        {"bc": 120.0, "calibrate": 60.0},
-        ["calibrate"],
-    )
+    again = Stages.timed(tmp_path / "recipe.json", train_inlining_size.STAGES, {})
+    assert (again.seconds, again.finished) == ({"bc": 120.0, "calibrate": 60.0}, ["calibrate"])
 
 
 @pytest.mark.slow
@@ -578,3 +582,38 @@ def test_a_measured_change_is_paired_by_round_and_split_in_halves():
     assert change["cpu"]["halves"] == pytest.approx([0.1, -0.1])
     assert change["cpu"]["median"] == pytest.approx(0.0)
     assert change["user"]["median"] == 0.0 and change["user"]["halves"] == [0.0, 0.0]
+
+
+@pytest.mark.unit
+def test_link_recipe_card_shows_every_candidate_the_test_and_the_commands_that_rebuild_it():
+    """The shipped link-time policy's card, from its recipe's record and data
+    (`modelcard.chosen_card`): the kept candidate marked, each package's test change, the
+    links without the guard, and the run with the options it was made with."""
+    from dataclasses import replace
+
+    from mlgo.ship.modelcard import chosen_card
+    from tools import ship_link_policy as recipe
+
+    policy = replace(load_policy(shipped_policy("inlining-size-link")), guard="size")
+
+    def judged(change: float, larger: list[str]) -> dict:
+        packages = {"zlib": change}
+        return {"change_pct": change, "packages_larger": larger, "packages": packages,
+                "by_language_pct": {"C": change}}  # fmt: skip
+
+    result = {
+        "validation": {"shipped per-file policy": judged(-1.0, []), "trained": judged(-2, ["a"])},
+        "chosen": "shipped per-file policy",
+        "test": judged(-0.773, []),
+        "test, the policy alone": judged(-0.736, ["cmark"]),
+    }
+    fields = {"packages": "bzip2 zlib", "minutes": 55.0, "guard": " --guard"}
+    how = {"spent": 56.0, "train": -0.494, "guarded": ", served guarded"}
+    card = chosen_card(policy, result, recipe.HOW, recipe.REPRODUCE, problem="p", **fields, **how)
+    assert "BC-Max trained 56 minutes" in card and "each program, served guarded;" in card
+    assert "| shipped per-file policy (kept) | -1.000% | - |" in card
+    assert "| trained | -2.000% | a |" in card
+    assert "| all | -0.773% |\n| all C | -0.773% |\n| zlib | -0.773% |" in card
+    assert "without the guard: -0.736%, larger: cmark." in card
+    assert "mlgo corpus build --lto full bzip2 zlib --out data/lto/train" in card
+    assert "--minutes 55 --guard --release policies/p\n```\n" in card

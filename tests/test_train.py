@@ -16,7 +16,6 @@ from mlgo.problems import get_problem
 from mlgo.problems.normalizer import Normalizer
 from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.programs.speed import read_costs
-from mlgo.programs.tune import cheapest_distinct, gated_candidates, surely_faster
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.workers import LocalPool, make_workers
 from mlgo.ship.modelcard import model_card
@@ -183,43 +182,6 @@ def test_calibration_keeps_the_smallest_safe_threshold_the_higher_of_equals():
     assert choose([{**row(0.5, -0.03, ["cxxpkg"]), "by_language": alone}]) == (0.5, ("c",))
     alone = {"c": row(0.9, -0.01), "c++": row(0.9, 0.0)}
     assert choose([{**row(0.9, -0.01), "by_language": alone}]) == (0.9, None)
-
-
-@pytest.mark.unit
-def test_tune_weighs_each_threshold_for_every_language_and_each_alone():
-    """`mlgo tune`'s candidates: a failed threshold is none; C alone is a policy for C."""
-    policy = load_policy(POLICIES / "inlining-size")
-    alone = {"c": {"change": -0.02}, "c++": {"change": 0.01}}
-    sweep = [
-        {"threshold": 0.6, "change": -0.01, "failed": [], "by_language": alone},
-        {"threshold": 0.8, "change": -0.03, "failed": ["p/m.c"]},
-    ]
-    candidates = gated_candidates(policy, sweep)
-    assert {k: c for k, (_, c) in candidates.items()} == {
-        "trained, gated at 0.6": -0.01,
-        "trained, gated at 0.6, C only": -0.02,
-        "trained, gated at 0.6, C++ only": 0.01,
-    }
-    gates = {(p.departure_threshold, p.languages) for p, _ in candidates.values()}
-    assert gates == {(0.6, None), (0.6, ("c",)), (0.6, ("c++",))}
-
-
-@pytest.mark.unit
-def test_a_speed_tune_times_the_cheapest_few_and_keeps_only_what_is_surely_faster():
-    """The clock's finalists: cheaper than the default by the judge, cheapest first, one of
-    equal costs (the same build); of them, the lowest median whose IQR is below zero."""
-    judged = {"default": 0.0, "a": -0.02, "a, C only": -0.02, "b": -0.01, "c": 0.01, "d": -0.03}
-    assert cheapest_distinct(judged, 3) == ["d", "a", "b"]
-    assert cheapest_distinct(judged, 1) == ["d"]
-    assert cheapest_distinct({"default": 0.0, "c": 0.01}, 3) == []
-
-    def timed(median: float, q3: float) -> dict:
-        return {"change_pct": median, "iqr_pct": [median - 1, q3]}
-
-    # the lowest median loses where its IQR reaches zero
-    clock = {"d": timed(-3.0, 0.5), "a": timed(-1.0, -0.2), "b": timed(-1.5, -0.1)}
-    assert surely_faster(clock) == "b"
-    assert surely_faster({"d": timed(-3.0, 0.0), "a": timed(1.0, 2.0)}) is None
 
 
 @pytest.mark.unit

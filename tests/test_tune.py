@@ -385,19 +385,22 @@ def test_lto_thin_tunes_the_backends_against_plain_thinlto(cache, tmp_path):
 
 
 def test_a_larger_budget_alone_reopens_training_and_what_follows(tmp_path):
-    from mlgo.programs.tune import STAGES, Stages
+    from mlgo.programs.tune import STAGES
     from mlgo.runtime.commands import BuildError
+    from mlgo.train.stages import Stages
 
     args = {"minutes": 8.0, "policy": "p", "source": "s"}
-    Stages(tmp_path, args)
+    Stages.logged(tmp_path, STAGES, args)
     for stage in STAGES:
-        Stages(tmp_path, args).finish(stage)
+        Stages.logged(tmp_path, STAGES, args).finish(stage)
     said: list[str] = []
-    longer = Stages(tmp_path, {**args, "minutes": 60.0}, said.append)
+    longer = Stages.logged(tmp_path, STAGES, {**args, "minutes": 60.0}, said.append)
     assert longer.finished == ["snapshot", "record", "rehearse", "collect"]
     assert said == ["training on from 8 to 60 minutes"]
     assert [line.split("\t")[0] for line in (tmp_path / "stages.log").read_text().splitlines()] == [
         "snapshot", "record", "rehearse", "collect",
     ]  # fmt: skip
     with pytest.raises(BuildError, match="tuned before with source 's', not 't'"):
-        Stages(tmp_path, {**args, "minutes": 90.0, "source": "t"})  # more than the budget
+        Stages.logged(
+            tmp_path, STAGES, {**args, "minutes": 90.0, "source": "t"}
+        )  # more than the budget

@@ -6,7 +6,7 @@ heuristic inlines far more, and the aim is speed. Nothing in a module says how o
 call sites run (LLVM's features carry no profile), so no corpus cost stands for speed: a
 policy is trained and judged only on a workload, each candidate built whole and costed on
 its run (`mlgo tune --bench`, `mlgo.programs.speed`). Its start is clang's own -O2
-decisions on that code, cloned (`tune.cloned_start`), so that a search departs from the
+decisions on that code, cloned (`chain.cloned_start`), so that a search departs from the
 heuristic the user builds with; its corpus cost is the code's size, reported beside.
 
 Which heuristic: clang's inline threshold moves every call site one way, and on cmark 400
@@ -14,7 +14,7 @@ made the program 1.3% faster where every other value tried made it slower
 (docs/inlining-speed.md). A search of network weights around clang's answers did not find
 that, so a policy carries its threshold (`MLPPolicy.base`), and a tune judges clang's own
 decisions at each of THRESHOLDS on the workload, and trains departures from the fastest
-(`tune.based_start`). Tuned so on three programs, none was faster with confidence: the
+(`chain.based_start`). Tuned so on three programs, none was faster with confidence: the
 reward prefers more inlining than the clock does (docs/inlining-speed.md).
 """
 

@@ -1,8 +1,8 @@
 """`mlgo tune`: a user's own code base to a trained policy and a size-and-throughput report.
 
 The stages, each writing its result into OUT atomically and then its name into
-OUT/stages.log, so that a rerun of the same command skips what is finished (training
-resumes from its checkpoint):
+OUT/stages.log (`train.stages.Stages`), so that a rerun of the same command skips what is
+finished (training resumes from its checkpoint):
 
     snapshot  the source copied once to OUT/pristine (OUT left out if it lies inside)
     record    configure and build a scratch copy with the recording compiler, at the
@@ -10,9 +10,9 @@ resumes from its checkpoint):
     rehearse  the tests and the workload (twice: its output must repeat) in that copy,
               so that a wrong --test or --bench stops before training, not after it
     collect   the default heuristic's decisions: OUT/traces
-    train     from the start policy until the budget is spent (`trainer`), then the
-              cheapest on the corpus of the default, the start and the trained policy
-              (`choose_policy`), exported to OUT/policy
+    train     the chain (`chain.choose_policy`): from the start policy until the budget
+              is spent, then the cheapest on the corpus (or by its judge) of the
+              default, the start and the trained policy, exported to OUT/policy
     build     configure, build and test two copies of the snapshot: plain clang at the
               level, and mlgo-cc serving OUT/policy (OUT/programs/plain, OUT/programs/mlgo)
     bench     the workload on both builds in paired rounds: OUT/throughput.json
@@ -29,55 +29,35 @@ from where training stopped, and builds, measures and reports again.
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import shutil
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, closing
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlgo.corpus.format import Corpus, load_corpus
-from mlgo.data import shipped_policy
+from mlgo.corpus.format import load_corpus
 from mlgo.errors import UsageError
-from mlgo.llvm.languages import label
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.build import run_tests
 from mlgo.packages.recipes import BENCH_TIMEOUT_S, Recipe
 from mlgo.problems import Problem, get_problem
-from mlgo.problems.policy_files import save_policy
 from mlgo.programs.build import ProgramBuild, baseline_label, policy_service, problem_flags
+from mlgo.programs.chain import CLONED, choose_policy, cloned_start, shipped_start
 from mlgo.programs.compare import build_pair, variants
+from mlgo.programs.judges import candidate_judge
 from mlgo.programs.measure import check_fixed_work, check_repeatable, recipe_throughput
 from mlgo.programs.report import program_report, write_report
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.inputs import read_json
 from mlgo.runtime.messages import copy_error, naming
-from mlgo.runtime.workers import Workers, make_workers
+from mlgo.runtime.workers import make_workers
+from mlgo.train.stages import Stages
 
 if TYPE_CHECKING:
-    from mlgo.problems.policy import MLPPolicy
     from mlgo.programs.speed import WorkloadReward
-    from mlgo.train import RunState
-    from mlgo.train.evaluate import Evaluation
-    from mlgo.train.loop import Reward
-
-ON_TRAINING_CODE = "measured on the modules it trained on, not on held-out code"
-# Training on the code it will build: every module is searched however slowly it compiles,
-# more compiles per module, and the best trajectories cloned until the policy has them
-# (a held-out corpus would want fewer epochs; here the training code is the shipped code).
-OWN_CODE = {
-    "max_module_seconds": 600.0,
-    "search_budget": 48,
-    "clone_epochs": 400,
-    "clone_lr": 3e-3,
-}
-# The start of a problem with no shipped policy, as a tune's candidates name it
-CLONED = "clang's own, cloned"
-GATES = (0.6, 0.8, 0.95)  # departure thresholds tried on the trained policy (an evaluation each)
 
 # Each stage, and the arguments its result depends on besides its predecessors' ones.
 STAGES: dict[str, tuple[str, ...]] = {
@@ -129,232 +109,6 @@ def project(
     )
 
 
-def shipped_start(problem: Problem) -> Path | None:
-    """The shipped policy tuning PROBLEM starts from: its own, or where none is shipped, that
-    of the problem it `starts_from` (the link-time inliner from the per-file one); None
-    where there is neither (the start is then `cloned_start`)."""
-    own = shipped_policy(problem.name)
-    if own.is_dir():
-        return own
-    return shipped_policy(problem.starts_from) if problem.starts_from else None
-
-
-def cloned_start(problem: Problem, traces: Path, start: Path, base: int | None = None) -> None:
-    """Clang's own decisions on the recorded code (TRACES; made at BASE where given) cloned
-    into a policy at START (its cloning run beside it): the start of a problem with none
-    shipped. Gated so that it departs from none of them (`agreeing_gate`): on cmark the
-    clone alone disagreed with 2.9% of clang's -O2 decisions, and its build cost 7.4% more
-    on the workload; a search that keeps the gate (`TrainOptions.keep_gate`) moves only
-    departures from clang's heuristic."""
-    from mlgo.traces.dataset import load_decisions
-    from mlgo.train import RunDir
-    from mlgo.train.bc import train_bc
-    from mlgo.train.calibrate import agreeing_gate
-
-    if not start.is_dir():  # the clone resumes from its checkpoint if killed
-        data = load_decisions(traces, problem)
-        clone, _ = train_bc(data, problem, RunDir(start.parent / "clone", "bc"))
-        save_policy(replace(agreeing_gate(clone, data), base=base), start)
-
-
-def trainer(problem: Problem, reward: Reward | None = None) -> str:
-    """BC-Max where the answers are yes/no and each module is scored alone: on a user's own
-    code it searches these very modules for smaller decision trajectories and clones them,
-    so the policy learns the code it will build. ES otherwise, and for a REWARD that
-    scores whole programs (a workload's), which no module's search can see."""
-    from mlgo.train.registry import get_trainer
-
-    per_module = reward is None or reward.per_module
-    return "bcmax" if per_module and get_trainer("bcmax").refuses(problem) is None else "es"
-
-
-def search_headroom(state: RunState, evaluation: Evaluation) -> float | None:
-    """The change of the whole corpus had every module the BC-Max search tried taken the
-    smallest trajectory it found (a ceiling found on the way, not a policy); None for a
-    trainer that does not search."""
-    found = [r["bcmax/trajectory_reward"] for r in state.history if "bcmax/trajectory_reward" in r]
-    if not found:
-        return None
-    default = f"default_{evaluation.metric}"
-    searched = sum(
-        evaluation.modules[m][default] for m in state.extra["modules"] if m in evaluation.modules
-    )
-    return -found[-1] * searched / evaluation.totals()[default]
-
-
-@dataclass(frozen=True)
-class Judge:
-    """What judges a tune's candidate policies other than the corpus's own cost."""
-
-    label: str  # what it is
-    changes: Callable[[dict[str, MLPPolicy]], dict[str, float]]  # each one's; the default's 0
-    # where a workload runs, its clock has the last word over the cheapest few (`surely_faster`)
-    clock: Callable[[dict[str, MLPPolicy]], tuple[dict[str, dict], dict]] | None = None
-
-
-FINALISTS = 3  # the candidates cheapest by a judge with a clock, timed by it
-
-
-def choose_policy(
-    corpus_dir: Path,
-    problem: Problem,
-    start: Path,
-    out: Path,
-    tc: Toolchain,
-    steps: int,
-    max_seconds: float = 0.0,
-    judge: Judge | None = None,
-    reward: Reward | None = None,
-    start_name: str = "shipped",
-) -> tuple[Path, dict]:
-    """Trains from START into OUT/train (see `trainer`; scoring by REWARD if given, else
-    the corpus's cost) for STEPS steps or MAX_SECONDS of training, whichever ends first
-    (STEPS 0: no training), and keeps the candidate that is
-    cheapest on the corpus, or by JUDGE (`candidate_judge`), saved in OUT/chosen: the
-    compiler's default (START gated never to depart), START (named START_NAME), the
-    trained policy, and the trained policy at each departure threshold of GATES (each
-    language alone too: `gated_candidates`); where a workload's REWARD judges, the
-    compiler's default at each of the problem's bases as well (`Problem.base_grid`: on
-    cmark, clang's inline threshold at 400 was faster than any departure a search of the
-    network found), and training starts from the fastest of them where it beats the
-    default (`based_start`). The earliest of equals wins, so a policy that does not beat
-    the default on the code it will build is not served; where the JUDGE has a clock, its
-    cheapest FINALISTS are timed, and only one surely faster is (`surely_faster`). Returns
-    it and what training did."""
-    from mlgo.programs.speed import WORKLOAD_SEARCH
-    from mlgo.train import RunState
-    from mlgo.train.calibrate import NEVER, calibrate
-    from mlgo.train.evaluate import evaluate
-    from mlgo.train.run import TrainOptions, load_start, run
-
-    corpus = load_corpus(corpus_dir).require(problem)
-    first = load_start(start, problem)
-    candidates: dict[str, tuple[MLPPolicy, float]] = {}
-    if first.can_gate:  # the default's own decisions: no change, by definition
-        candidates["default"] = (replace(first, departure_threshold=NEVER), 0.0)
-    algo = trainer(problem, reward) if steps else "none"
-    state = RunState(algo)  # what training did: nothing until it runs
-    headroom = None
-    with closing(make_workers("local")) as pool:
-
-        def on_corpus(policy: MLPPolicy) -> float:
-            return evaluate(policy, corpus, tc, pool, problem).totals()["delta"]
-
-        candidates[start_name] = (first, on_corpus(first))
-        if reward is not None and first.can_gate and problem.base_grid:
-            # where builds judge: clang's own at each base, and departures from the fastest
-            bases = {
-                f"clang's own, {problem.base_switch}={b}": replace(
-                    first, departure_threshold=NEVER, base=b
-                )
-                for b in problem.base_grid
-            }
-            candidates |= {name: (at, on_corpus(at)) for name, at in bases.items()}
-            fastest = min(bases.values(), key=reward.change)
-            if steps and reward.change(fastest) < 0:
-                start = based_start(fastest, corpus, out, tc, pool)
-                first = load_start(start, problem)
-                cloned = f"{start_name}, {problem.base_switch}={fastest.base}"
-                candidates[cloned] = (first, on_corpus(first))
-        if steps:
-            search = WORKLOAD_SEARCH if reward is not None else {}
-            # for speed, every departure from the compiler is judged by a build: a
-            # search from a gated start moves only those (a clone alone is slower)
-            keep_gate = problem.aim == "speed"
-            opts = TrainOptions(
-                steps=steps, init=start, max_seconds=max_seconds, keep_gate=keep_gate,
-                trainer={**OWN_CODE, **search},
-            )  # fmt: skip
-            trained = run(algo, corpus, problem, out / "train", tc, pool, opts, reward, start=first)
-            candidates["trained"] = (trained.policy, trained.evaluation.totals()["delta"])
-            state = trained.state or state  # a search reports its run
-            headroom = search_headroom(state, trained.evaluation)
-            if trained.policy.can_gate:
-                sweep = calibrate(trained.policy, corpus, tc, pool, GATES).sweep
-                candidates.update(gated_candidates(trained.policy, sweep))
-    judged = {name: c for name, (_, c) in candidates.items()}
-    if judge is not None:
-        policies = {n: p for n, (p, _) in candidates.items() if n != "default"}
-        judged = {n: c for n, c in judged.items() if n == "default"}  # 0, by definition
-        judged |= judge.changes(policies)
-    chosen = min(judged, key=lambda name: judged[name])
-    timed = None
-    if judge is not None and judge.clock is not None:
-        if finalists := cheapest_distinct(judged, FINALISTS):
-            timed = judge.clock({n: candidates[n][0] for n in finalists})
-        # else, or where none is surely faster: clang's own (a problem that cannot gate has
-        # none; the judge's choice stands there)
-        surely = surely_faster(timed[0]) if timed else None
-        chosen = surely or ("default" if "default" in candidates else chosen)
-    save_policy(candidates[chosen][0], out / "chosen")
-    change = {name: 100 * c for name, (_, c) in candidates.items()}
-    training = {
-        "algorithm": algo,
-        "steps": len(state.history),
-        "seconds": state.seconds,
-        "metric": f"{problem.reward_metric} against {problem.opt_level}",
-        "chosen": chosen,
-        "corpus_change_pct": {
-            name: change[name]
-            for name in dict.fromkeys(["default", start_name, "trained", chosen])
-            if name in change
-        },
-        "candidates_change_pct": change,
-        "note": ON_TRAINING_CODE,
-        "curve": state.history,  # the trainer's history: step, compiles and its rewards
-    }
-    if judge is not None:
-        training["judged_by"] = judge.label
-        # null: it made some program larger in the link, and was never a choice
-        training["judged_change_pct"] = {
-            n: 100 * c if math.isfinite(c) else None for n, c in judged.items()
-        }
-        training["rank_correlation"] = rank_correlation(
-            {n: c for n, (_, c) in candidates.items()}, judged
-        )
-    if timed is not None:  # CPU time's change: median and IQR
-        training["clock_change_pct"], training["clock_control_pct"] = timed
-    if headroom is not None:
-        training["headroom_pct"] = 100 * headroom
-        if headroom < 0:  # the chosen policy's share of what the search found
-            training["headroom_captured"] = min(candidates[chosen][1], 0.0) / headroom
-    return out / "chosen", training
-
-
-def cheapest_distinct(judged: dict[str, float], n: int) -> list[str]:
-    """The N candidates of JUDGED cheaper than the default (0), cheapest first, and of
-    equals only the first (a policy and its C-only gate, in a project of C alone)."""
-    kept: dict[float, str] = {}
-    for name in sorted(judged, key=judged.__getitem__):
-        if judged[name] < 0 and len(kept) < n:
-            kept.setdefault(judged[name], name)
-    return list(kept.values())
-
-
-def surely_faster(timed: dict[str, dict]) -> str | None:
-    """Of the TIMED candidates (`WorkloadReward.clock`), the one whose CPU time's median
-    change is lowest among those whose whole IQR is below zero; None where none is: a cost
-    that ranked changes of 1 to 11% well does not rank candidates a point or two apart (on
-    serd, -2.1% by it was +1.2% by the clock; on cmark its cheapest, -2.2%, lost to clang's
-    own at threshold 400, -1.3% on the clock), so a speed tune serves only what the clock
-    says is faster."""
-    faster = {n: t["change_pct"] for n, t in timed.items() if t["iqr_pct"][1] < 0}
-    return min(faster, key=faster.__getitem__) if faster else None
-
-
-def based_start(at: MLPPolicy, corpus: Corpus, out: Path, tc: Toolchain, pool: Workers) -> Path:
-    """Clang's own decisions at AT's base (AT never departs), traced on CORPUS and cloned
-    (`cloned_start`) into OUT/start-BASE/policy, which departs from none of them: where a
-    base is faster than clang's own, a search of departures starts there, not from -O2's
-    answers (whose clone, served at that base, would depart back to them)."""
-    from mlgo.traces.collect import collect
-
-    where = out / f"start-{at.base}"
-    collect(at.problem, corpus, where / "traces", tc, pool, at_base=at)
-    cloned_start(at.problem, where / "traces", where / "policy", at.base)
-    return where / "policy"
-
-
 def workload_reward(
     problem: Problem, recipe: Recipe, pristine: Path, out: Path, tc: Toolchain, opts: TuneOptions
 ) -> WorkloadReward | None:
@@ -367,73 +121,6 @@ def workload_reward(
         timing = (opts.bench_rounds, opts.bench_seconds)
         return WorkloadReward(recipe, pristine, out / "judged", tc, problem, *timing)
     return None
-
-
-LINK_JUDGE = "lld's LTO of each program"
-
-
-def candidate_judge(
-    problem: Problem, out: Path, tc: Toolchain, reward: WorkloadReward | None
-) -> Judge | None:
-    """What judges a tune's candidates where the corpus's cost would mislead: for a
-    link-time problem, the link itself (`linked_changes`); for a speed problem given a
-    workload, the workload's cost (REWARD). None: the corpus's cost."""
-    from mlgo.programs.speed import JUDGE
-
-    if problem.stage != "compile":
-        corpus = out / "corpus"
-        return Judge(
-            LINK_JUDGE, lambda ps: linked_changes(ps, load_corpus(corpus).require(problem), tc)
-        )
-    if reward is not None:
-        return Judge(JUDGE, reward.changes, reward.clock)
-    return None
-
-
-def linked_changes(policies: dict[str, MLPPolicy], corpus: Corpus, tc: Toolchain) -> dict:
-    """Each of the link-time POLICIES judged as the link judges it: the change of the
-    programs' `.text` when lld's own LTO makes them with the policy's plugin
-    (`evaluate.linked_evaluation`). A `clang -Oz` compile of a link's module runs another
-    pipeline, where a policy's change can even have the other sign (GNU units: -0.12% there,
-    +0.41% in the real full-LTO link), and a ThinLTO module alone counts inline functions
-    the program keeps once. A policy that makes any program larger is never kept
-    (infinite); clang's own decisions are the baseline (0)."""
-    from mlgo.corpus.lto import linked_texts
-    from mlgo.ship.plugin import inliner_plugin
-    from mlgo.train.evaluate import linked_evaluation
-
-    plain = linked_texts(tc, corpus)
-    judged = {}
-    for name, policy in policies.items():
-        ev = linked_evaluation(policy.problem, inliner_plugin(policy, tc), corpus, tc, plain)
-        judged[name] = math.inf if ev.modules_larger() else ev.totals()["delta"]
-    return judged
-
-
-def rank_correlation(on_corpus: dict[str, float], linked: dict[str, float]) -> dict:
-    """How well the corpus's reward ranks the candidates as the link does: Spearman's rho
-    over those the link judged with a size (None with fewer than three, or no spread)."""
-    from scipy.stats import spearmanr
-
-    both = [n for n in linked if n in on_corpus and math.isfinite(linked[n])]
-    rho = spearmanr([on_corpus[n] for n in both], [linked[n] for n in both]).statistic
-    valid = len(both) >= 3 and math.isfinite(rho)
-    return {"spearman": float(rho) if valid else None, "candidates": len(both)}
-
-
-def gated_candidates(policy: MLPPolicy, sweep: list[dict]) -> dict[str, tuple[MLPPolicy, float]]:
-    """POLICY at each of a calibration SWEEP's `options` on the user's corpus: every
-    compile and, in a code base of C and C++, each language alone (the other left to the
-    default), so that a project whose C++ grows under the policy can still have its C
-    served."""
-    from mlgo.train.calibrate import options
-
-    candidates = {}
-    for t, languages, judged in options(sweep):
-        name = f"trained, gated at {t:g}" + (f", {label(languages[0])} only" if languages else "")
-        gated = replace(policy, departure_threshold=t, languages=languages)
-        candidates[name] = (gated, judged["change"])
-    return candidates
 
 
 def export(chosen: Path, out: Path) -> Path:
@@ -461,52 +148,6 @@ def build_twice(
     with policy_service([policy], work / "service") as env:
         pair = variants(tc, env, guard=guard)
         return build_pair(recipe, work, tc, pair, True, problem_flags(problem), pristine)
-
-
-class Stages:
-    """OUT/stages.log (a finished stage per line, with its time) and OUT/tune.json (the
-    arguments); refuses arguments that differ in one a finished stage depended on."""
-
-    def __init__(self, out: Path, args: dict, say: Callable[[str], None] = print):
-        self.out, self.log = out, out / "stages.log"
-        record = out / "tune.json"
-        if out.exists() and any(out.iterdir()) and not record.is_file():
-            raise BuildError(f"{out}: exists and is not a tune directory; choose another --out")
-        self.finished = [line.split("\t")[0] for line in self._lines()]
-        if record.is_file():
-            before = read_json(record, BuildError)
-            if self._train_longer(before, args):
-                say(f"training on from {before['minutes']:g} to {args['minutes']:g} minutes")
-            used = [a for s in self.finished for a in STAGES.get(s, ())]
-            for arg in used:
-                if before.get(arg) != args.get(arg):
-                    raise BuildError(
-                        f"{out}: tuned before with {arg} {before.get(arg)!r}, not "
-                        f"{args.get(arg)!r}; rerun with it, or choose another --out"
-                    )
-        atomic_write_text(record, json.dumps(args, indent=1))
-
-    def _train_longer(self, before: dict, args: dict) -> bool:
-        """A larger budget, all else the same, reopens training (it resumes from its
-        checkpoint) and what follows it, rather than being refused."""
-        differ = {k for k in set(before) | set(args) if before.get(k) != args.get(k)}
-        longer = differ == {"minutes"} and args["minutes"] > before["minutes"]
-        if longer and "train" in self.finished:
-            self.finished = self.finished[: self.finished.index("train")]
-            kept = [line for line in self._lines() if line.split("\t")[0] in self.finished]
-            atomic_write_text(self.log, "".join(f"{line}\n" for line in kept))
-        return longer
-
-    def _lines(self) -> list[str]:
-        return self.log.read_text().splitlines() if self.log.is_file() else []
-
-    def done(self, stage: str) -> bool:
-        return stage in self.finished
-
-    def finish(self, stage: str) -> None:
-        self.finished.append(stage)
-        lines = [*self._lines(), f"{stage}\t{time.strftime('%Y-%m-%dT%H:%M:%S')}"]
-        atomic_write_text(self.log, "".join(f"{line}\n" for line in lines))
 
 
 def snapshot(source: Path, out: Path) -> Path:
@@ -609,7 +250,7 @@ def tune(
         "bench": list(recipe.bench),
         "clang": tc.describe(),
     }
-    stages = Stages(out, args, say)
+    stages = Stages.logged(out, STAGES, args, say)
     if not stages.done("snapshot"):
         say(f"copying {source} to {out / 'pristine'}")
         with _stage("snapshot", out / "pristine"):

@@ -1,8 +1,10 @@
-"""A shipped policy's model card, written from what its run recorded: the training
-corpus, the budget spent, and every evaluation saved next to the run."""
+"""A shipped policy's model card: written from what its run recorded (the training corpus,
+the budget spent, and every evaluation saved next to the run: `model_card`), or, for a
+policy a recipe kept of its candidates, from the recipe's record (`chosen_card`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from mlgo.corpus.format import CorpusError, load_corpus
@@ -128,10 +130,6 @@ def _reproduce(
     problem_flag = f" --problem {policy.problem.name}"
     profile_flag = " --profile" if last and _profiled(last.corpus) else ""
     lines = [
-        "",
-        "## Reproduce",
-        "",
-        "```sh",
         f"mlgo corpus build {' '.join(packages) or 'PACKAGES'} --opt-level "
         f"{policy.problem.opt_level}{profile_flag} --out data/corpus",
     ]
@@ -153,7 +151,12 @@ def _reproduce(
             f"mlgo calibrate --policy {init} --corpus data/corpus-validation "
             f"--out {init}-calibrated{' --guard' if policy.guard else ''}"
         )
-    return [*lines, "```"]
+    return _commands(lines)
+
+
+def _commands(lines: list[str]) -> list[str]:
+    """The card's section of the shell LINES that reproduce the policy."""
+    return ["", "## Reproduce", "", "```sh", *lines, "```"]
 
 
 def model_card(policy: MLPPolicy, run: Path, calibrated: bool = False) -> str:
@@ -212,3 +215,52 @@ def model_card(policy: MLPPolicy, run: Path, calibrated: bool = False) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _rows(judgement: dict) -> list[str]:
+    """A judgement's total, each language's, and each package's, as table rows."""
+    rows = [f"| all | {judgement['change_pct']:+.3f}% |"]
+    rows += [f"| all {x} | {v:+.3f}% |" for x, v in judgement["by_language_pct"].items()]
+    return rows + [f"| {p} | {v:+.3f}% |" for p, v in judgement["packages"].items()]
+
+
+def chosen_card(
+    policy: MLPPolicy, result: dict, how: str, reproduce: Sequence[str], **fields: object
+) -> str:
+    """The card of POLICY, which a recipe kept of its candidates: what it is, HOW it was
+    trained and judged, every candidate's judgement on validation (RESULT's, each by
+    `programs.judges.judgement`, as the recipe's record holds them), its one evaluation on
+    test (guarded as it is served, and the same links without the guard), and the shell
+    lines that REPRODUCE it; HOW and REPRODUCE are templates of FIELDS."""
+    lines = [
+        f"# {policy.problem.name} policy",
+        "",
+        f"Decides {policy.problem.summary}.",
+        "",
+        policy.describe(),
+        "",
+        "## How it was chosen",
+        "",
+        how.format(**fields),
+        "",
+        "| candidate | validation | packages larger |",
+        "|---|---|---|",
+    ]
+    for name, v in result["validation"].items():
+        kept = " (kept)" if name == result["chosen"] else ""
+        larger = ", ".join(v["packages_larger"]) or "-"
+        lines.append(f"| {name}{kept} | {v['change_pct']:+.3f}% | {larger} |")
+    lines += ["", "## Test split, evaluated once", "", "| package | change |", "|---|---|"]
+    lines += _rows(result["test"])
+    alone = result.get("test, the policy alone")
+    if alone:
+        larger = ", ".join(alone["packages_larger"]) or "none"
+        lines += [
+            "",
+            f"The same links without the guard: {alone['change_pct']:+.3f}%, larger: {larger}. "
+            "So it ships guarded: each program or library it links is linked a second time "
+            "with lld's own inliner and the one with less `.text` kept, which doubles the "
+            "link's time.",
+        ]
+    commands = [line.format(**fields) for line in reproduce]
+    return "\n".join([*lines, *_commands(commands), ""])

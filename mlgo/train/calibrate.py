@@ -115,6 +115,24 @@ def choose(sweep: list[dict]) -> tuple[float, tuple[str, ...] | None]:
     return (best[0], best[1]) if best else (NEVER, None)
 
 
+def kept(calibration: dict) -> dict:
+    """A calibration.json's judgement of the threshold it kept, for the languages it
+    answers (one of its `options`); where none was safe, the gate that never departs,
+    which is clang's own object everywhere."""
+    threshold, languages = calibration["threshold"], calibration["languages"]
+    answers = tuple(languages) if languages else None
+    never = {"change": 0.0, "packages_larger": []}
+    judged = next(
+        (j for t, x, j in options(calibration["sweep"]) if (t, x) == (threshold, answers)), never
+    )
+    return {
+        "threshold": threshold,
+        "languages": languages,
+        "change_pct": 100 * judged["change"],
+        "packages_larger": judged["packages_larger"],
+    }
+
+
 def calibrate_policy(
     source: Path,
     corpus: Corpus,

@@ -1,0 +1,311 @@
+"""The chain: train from a start, make candidates, judge them, keep one.
+
+A tune runs it on a user's own code (`choose_policy`): clang's own decisions, the start and
+the trained policy at a few departure thresholds (`train/candidates.py`) are each weighed
+on the recorded corpus, and where the corpus's cost would mislead by a `Judge`
+(`judges.py`: the real link, a workload's cost and its clock); the cheapest is kept, the
+earliest of equals, so that a policy that does not beat clang's own on the code it will
+build is not served. A shipped link-time policy's recipe runs it on held-out code
+(`linked_choice`): judged on validation by the link, tested once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from mlgo.corpus.format import Corpus, load_corpus
+from mlgo.data import shipped_policy
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.problems import Problem
+from mlgo.problems.policy_files import save_policy
+from mlgo.programs.judges import Judge, judgement, linked_evaluations, rank_correlation
+from mlgo.runtime.inputs import read_json
+from mlgo.runtime.workers import Workers, make_workers
+from mlgo.train.candidates import (
+    FINALISTS,
+    GATES,
+    cheapest,
+    cheapest_distinct,
+    gated_candidates,
+    none_larger,
+    smaller,
+    surely_faster,
+)
+from mlgo.train.evaluate import Evaluation
+
+if TYPE_CHECKING:
+    from mlgo.problems.policy import MLPPolicy
+    from mlgo.train import RunState
+    from mlgo.train.loop import Reward
+
+ON_TRAINING_CODE = "measured on the modules it trained on, not on held-out code"
+# Training on the code it will build: every module is searched however slowly it compiles,
+# more compiles per module, and the best trajectories cloned until the policy has them
+# (a held-out corpus would want fewer epochs; here the training code is the shipped code).
+OWN_CODE = {
+    "max_module_seconds": 600.0,
+    "search_budget": 48,
+    "clone_epochs": 400,
+    "clone_lr": 3e-3,
+}
+# The start of a problem with no shipped policy, as a tune's candidates name it
+CLONED = "clang's own, cloned"
+
+
+def shipped_start(problem: Problem) -> Path | None:
+    """The shipped policy tuning PROBLEM starts from: its own, or where none is shipped, that
+    of the problem it `starts_from` (the link-time inliner from the per-file one); None
+    where there is neither (the start is then `cloned_start`)."""
+    own = shipped_policy(problem.name)
+    if own.is_dir():
+        return own
+    return shipped_policy(problem.starts_from) if problem.starts_from else None
+
+
+def cloned_start(problem: Problem, traces: Path, start: Path, base: int | None = None) -> None:
+    """Clang's own decisions on the recorded code (TRACES; made at BASE where given) cloned
+    into a policy at START (its cloning run beside it): the start of a problem with none
+    shipped. Gated so that it departs from none of them (`agreeing_gate`): on cmark the
+    clone alone disagreed with 2.9% of clang's -O2 decisions, and its build cost 7.4% more
+    on the workload; a search that keeps the gate (`TrainOptions.keep_gate`) moves only
+    departures from clang's heuristic."""
+    from mlgo.traces.dataset import load_decisions
+    from mlgo.train import RunDir
+    from mlgo.train.bc import train_bc
+    from mlgo.train.calibrate import agreeing_gate
+
+    if not start.is_dir():  # the clone resumes from its checkpoint if killed
+        data = load_decisions(traces, problem)
+        clone, _ = train_bc(data, problem, RunDir(start.parent / "clone", "bc"))
+        save_policy(replace(agreeing_gate(clone, data), base=base), start)
+
+
+def trainer(problem: Problem, reward: Reward | None = None) -> str:
+    """BC-Max where the answers are yes/no and each module is scored alone: on a user's own
+    code it searches these very modules for smaller decision trajectories and clones them,
+    so the policy learns the code it will build. ES otherwise, and for a REWARD that
+    scores whole programs (a workload's), which no module's search can see."""
+    from mlgo.train.registry import get_trainer
+
+    per_module = reward is None or reward.per_module
+    return "bcmax" if per_module and get_trainer("bcmax").refuses(problem) is None else "es"
+
+
+def search_headroom(state: RunState, evaluation: Evaluation) -> float | None:
+    """The change of the whole corpus had every module the BC-Max search tried taken the
+    smallest trajectory it found (a ceiling found on the way, not a policy); None for a
+    trainer that does not search."""
+    found = [r["bcmax/trajectory_reward"] for r in state.history if "bcmax/trajectory_reward" in r]
+    if not found:
+        return None
+    default = f"default_{evaluation.metric}"
+    searched = sum(
+        evaluation.modules[m][default] for m in state.extra["modules"] if m in evaluation.modules
+    )
+    return -found[-1] * searched / evaluation.totals()[default]
+
+
+def choose_policy(
+    corpus_dir: Path,
+    problem: Problem,
+    start: Path,
+    out: Path,
+    tc: Toolchain,
+    steps: int,
+    max_seconds: float = 0.0,
+    judge: Judge | None = None,
+    reward: Reward | None = None,
+    start_name: str = "shipped",
+) -> tuple[Path, dict]:
+    """Trains from START into OUT/train (see `trainer`; scoring by REWARD if given, else
+    the corpus's cost) for STEPS steps or MAX_SECONDS of training, whichever ends first
+    (STEPS 0: no training), and keeps the candidate that is
+    cheapest on the corpus, or by JUDGE (`candidate_judge`), saved in OUT/chosen: the
+    compiler's default (START gated never to depart), START (named START_NAME), the
+    trained policy, and the trained policy at each departure threshold of GATES (each
+    language alone too: `gated_candidates`); where a workload's REWARD judges, the
+    compiler's default at each of the problem's bases as well (`Problem.base_grid`: on
+    cmark, clang's inline threshold at 400 was faster than any departure a search of the
+    network found), and training starts from the fastest of them where it beats the
+    default (`based_start`). The earliest of equals wins, so a policy that does not beat
+    the default on the code it will build is not served; where the JUDGE has a clock, its
+    cheapest FINALISTS are timed, and only one surely faster is (`surely_faster`). Returns
+    it and what training did."""
+    from mlgo.programs.speed import WORKLOAD_SEARCH
+    from mlgo.train import RunState
+    from mlgo.train.calibrate import NEVER, calibrate
+    from mlgo.train.evaluate import evaluate
+    from mlgo.train.run import TrainOptions, load_start, run
+
+    corpus = load_corpus(corpus_dir).require(problem)
+    first = load_start(start, problem)
+    candidates: dict[str, tuple[MLPPolicy, float]] = {}
+    if first.can_gate:  # the default's own decisions: no change, by definition
+        candidates["default"] = (replace(first, departure_threshold=NEVER), 0.0)
+    algo = trainer(problem, reward) if steps else "none"
+    state = RunState(algo)  # what training did: nothing until it runs
+    headroom = None
+    with closing(make_workers("local")) as pool:
+
+        def on_corpus(policy: MLPPolicy) -> float:
+            return evaluate(policy, corpus, tc, pool, problem).totals()["delta"]
+
+        candidates[start_name] = (first, on_corpus(first))
+        if reward is not None and first.can_gate and problem.base_grid:
+            # where builds judge: clang's own at each base, and departures from the fastest
+            bases = {
+                f"clang's own, {problem.base_switch}={b}": replace(
+                    first, departure_threshold=NEVER, base=b
+                )
+                for b in problem.base_grid
+            }
+            candidates |= {name: (at, on_corpus(at)) for name, at in bases.items()}
+            fastest = min(bases.values(), key=reward.change)
+            if steps and reward.change(fastest) < 0:
+                start = based_start(fastest, corpus, out, tc, pool)
+                first = load_start(start, problem)
+                cloned = f"{start_name}, {problem.base_switch}={fastest.base}"
+                candidates[cloned] = (first, on_corpus(first))
+        if steps:
+            search = WORKLOAD_SEARCH if reward is not None else {}
+            # for speed, every departure from the compiler is judged by a build: a
+            # search from a gated start moves only those (a clone alone is slower)
+            keep_gate = problem.aim == "speed"
+            opts = TrainOptions(
+                steps=steps, init=start, max_seconds=max_seconds, keep_gate=keep_gate,
+                trainer={**OWN_CODE, **search},
+            )  # fmt: skip
+            trained = run(algo, corpus, problem, out / "train", tc, pool, opts, reward, start=first)
+            candidates["trained"] = (trained.policy, trained.evaluation.totals()["delta"])
+            state = trained.state or state  # a search reports its run
+            headroom = search_headroom(state, trained.evaluation)
+            if trained.policy.can_gate:
+                sweep = calibrate(trained.policy, corpus, tc, pool, GATES).sweep
+                candidates.update(gated_candidates(trained.policy, sweep))
+    judged = {name: c for name, (_, c) in candidates.items()}
+    if judge is not None:
+        policies = {n: p for n, (p, _) in candidates.items() if n != "default"}
+        judged = {n: c for n, c in judged.items() if n == "default"}  # 0, by definition
+        judged |= judge.changes(policies)
+    chosen = cheapest(judged)
+    timed = None
+    if judge is not None and judge.clock is not None:
+        if finalists := cheapest_distinct(judged, FINALISTS):
+            timed = judge.clock({n: candidates[n][0] for n in finalists})
+        # else, or where none is surely faster: clang's own (a problem that cannot gate has
+        # none; the judge's choice stands there)
+        surely = surely_faster(timed[0]) if timed else None
+        chosen = surely or ("default" if "default" in candidates else chosen)
+    save_policy(candidates[chosen][0], out / "chosen")
+    change = {name: 100 * c for name, (_, c) in candidates.items()}
+    training = {
+        "algorithm": algo,
+        "steps": len(state.history),
+        "seconds": state.seconds,
+        "metric": f"{problem.reward_metric} against {problem.opt_level}",
+        "chosen": chosen,
+        "corpus_change_pct": {
+            name: change[name]
+            for name in dict.fromkeys(["default", start_name, "trained", chosen])
+            if name in change
+        },
+        "candidates_change_pct": change,
+        "note": ON_TRAINING_CODE,
+        "curve": state.history,  # the trainer's history: step, compiles and its rewards
+    }
+    if judge is not None:
+        training["judged_by"] = judge.label
+        # null: it made some program larger in the link, and was never a choice
+        training["judged_change_pct"] = {
+            n: 100 * c if math.isfinite(c) else None for n, c in judged.items()
+        }
+        training["rank_correlation"] = rank_correlation(
+            {n: c for n, (_, c) in candidates.items()}, judged
+        )
+    if timed is not None:  # CPU time's change: median and IQR
+        training["clock_change_pct"], training["clock_control_pct"] = timed
+    if headroom is not None:
+        training["headroom_pct"] = 100 * headroom
+        if headroom < 0:  # the chosen policy's share of what the search found
+            training["headroom_captured"] = min(candidates[chosen][1], 0.0) / headroom
+    return out / "chosen", training
+
+
+def based_start(at: MLPPolicy, corpus: Corpus, out: Path, tc: Toolchain, pool: Workers) -> Path:
+    """Clang's own decisions at AT's base (AT never departs), traced on CORPUS and cloned
+    (`cloned_start`) into OUT/start-BASE/policy, which departs from none of them: where a
+    base is faster than clang's own, a search of departures starts there, not from -O2's
+    answers (whose clone, served at that base, would depart back to them)."""
+    from mlgo.traces.collect import collect
+
+    where = out / f"start-{at.base}"
+    collect(at.problem, corpus, where / "traces", tc, pool, at_base=at)
+    cloned_start(at.problem, where / "traces", where / "policy", at.base)
+    return where / "policy"
+
+
+def linked_choice(
+    candidates: dict[str, MLPPolicy],
+    validation: Callable[[], Corpus],
+    test: Callable[[], Corpus],
+    tc: Toolchain,
+    record: Path,
+    guard: bool = False,
+) -> dict:
+    """The chain a shipped link-time policy's recipe runs on held-out code: each of
+    CANDIDATES judged on the corpus VALIDATION gives as lld's LTO links each program
+    (`judges.linked_evaluations`; with GUARD, as MLGO_GUARD=size serves it), the smallest
+    with no package larger kept (`candidates.smaller`; None: clang's own stays), and it
+    alone evaluated once on TEST (with GUARD, also as the policy alone, from the same
+    links). The judgements its RECORD holds (if any) are taken where they are of the same
+    candidates (the test, of the same choice): a rerun links nothing again. Each judgement
+    is `judges.judgement`'s."""
+    serve = Evaluation.guarded if guard else (lambda ev: ev)
+    before = read_json(record) if record.exists() else {}
+    judged = before.get("validation", {})
+    if set(judged) != set(candidates):
+        linked = linked_evaluations(candidates, validation(), tc)
+        judged = {name: judgement(serve(ev)) for name, ev in linked.items()}
+    chosen = smaller(
+        {n: none_larger(v["change_pct"], v["packages_larger"]) for n, v in judged.items()}
+    )
+    choice: dict = {"validation": judged, "chosen": chosen}
+    if chosen is None:
+        return choice
+    if before.get("chosen") == chosen and "test" in before:  # test is evaluated once
+        return choice | {k: v for k, v in before.items() if k.startswith("test")}
+    linked_test = linked_evaluations({chosen: candidates[chosen]}, test(), tc)[chosen]
+    choice["test"] = judgement(serve(linked_test))
+    if guard:
+        choice["test, the policy alone"] = judgement(linked_test)
+    return choice
+
+
+def choice_table(choice: dict, title: str) -> Table:
+    """A `linked_choice`'s candidates for the terminal: each one's change on validation
+    and the packages it made larger, the kept one marked."""
+    table = Table("candidate", "validation", "packages larger", title=title)
+    for name, v in choice["validation"].items():
+        larger = ", ".join(v["packages_larger"]) or "-"
+        kept = " (kept)" if name == choice["chosen"] else ""
+        table.add_row(name + kept, f"{v['change_pct']:+.3f}%", larger)
+    return table
+
+
+def outcome_line(choice: dict) -> str | None:
+    """A `linked_choice`'s test, in a line: its change, each language's, the packages it
+    made larger and those by more than 0.1% (None: nothing was kept to test)."""
+    if "test" not in choice:
+        return None
+    t = choice["test"]
+    langs = ", ".join(f"{x} {v:+.3f}%" for x, v in t["by_language_pct"].items())
+    larger = ", ".join(t["packages_larger"]) or "none"
+    over = ", ".join(t["packages_over_0.1pct"]) or "none"
+    return f"test: {t['change_pct']:+.3f}% ({langs}); larger: {larger}; >0.1%: {over}"
