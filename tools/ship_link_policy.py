@@ -3,9 +3,8 @@ trains from the shipped per-file policy on CORPORA/train for --minutes (a rerun 
 that start, the trained policy and it at each of LINK_GATES are the candidates of
 `chain.linked_choice`: chosen on validation, tested once (--guard: judged as MLGO_GUARD=size
 serves them). Writes OUT/chosen (--guard: OUT/chosen-guard, which asks for the guard) and
-OUT/ship.json (OUT/ship-guard.json), whose judgements a rerun takes. --release DIR: also
-written to DIR as it ships, with its model card (`modelcard.chosen_card`; DIR =
-policies/inlining-size-link). The commands: REPRODUCE.
+OUT/ship.json (OUT/ship-guard.json), whose judgements a rerun takes. --release DIR: it as it
+ships, with its model card (`modelcard.chosen_card`), into DIR. The commands: REPRODUCE.
 """
 
 from __future__ import annotations
