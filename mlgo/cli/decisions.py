@@ -1,0 +1,57 @@
+"""`mlgo decisions show|diff|check`: a build's inlining decisions kept as data that plain
+clang replays (mlgo.ship.decisions)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlgo.cli.options import console
+
+app = typer.Typer(
+    help="Inlining decisions as data: what a decisions directory holds, what changed, "
+    "what still matches the sources.",
+    no_args_is_help=True,
+)
+DirArg = Annotated[Path, typer.Argument(help="a decisions directory")]
+
+
+@app.command()
+def show(
+    directory: DirArg,
+    functions: Annotated[bool, typer.Option(help="also per function")] = False,
+) -> None:
+    """Per file and linked program (and function): decisions, how many inline, how many
+    depart from clang's own, conflicting sites dropped."""
+    from mlgo.ship.decisions import read, show
+
+    for line in show(read(directory), functions):
+        console.print(line, highlight=False)
+
+
+@app.command()
+def diff(old: DirArg, new: DirArg) -> None:
+    """What changed from OLD to NEW, per file and function: decisions added (+), removed (-),
+    answered the other way (~)."""
+    from mlgo.ship.decisions import diff, read
+
+    for line in diff(read(old), read(new)):
+        console.print(line, highlight=False)
+
+
+@app.command()
+def check(
+    directory: DirArg,
+    root: Annotated[
+        Path | None, typer.Option(help="the project's root (default: as DIR/FORMAT says)")
+    ] = None,
+) -> None:
+    """Per file: whether its source is still the one decided (all decisions match), changed
+    (stale ones get clang's own decisions) or gone."""
+    from mlgo.ship.decisions import check, read
+
+    artifact = read(directory)
+    for line in check(artifact, root or directory / artifact.root_from_dir):
+        console.print(line, highlight=False)

@@ -1,0 +1,191 @@
+"""Decisions as data: what a policy decided, recorded by our plugin, replayed by plain clang
+through the decisions directory's wrappers, gives the policy's objects; unseen, stale, corrupt
+and foreign inputs get clang's own decisions and never fail a compile."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from mlgo.data import shipped_policy
+from mlgo.llvm.replay import Decision
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.problems.policy_files import load_policy
+from mlgo.ship import decisions
+from mlgo.ship.decisions import DecisionsError
+from mlgo.ship.plugin import inliner_plugin
+
+DATA = Path(__file__).parent / "data"
+# tests/data/minipkg's C and tests/data/cxx's C++: the policy departs from clang on the latter
+SOURCES = ["hash.c", "strbuf.c", "main.c", "inventory.cc"]
+EDITED = "strbuf.c"
+
+
+def _decision(key: str, inline: bool, callee: str = "leaf") -> Decision:
+    return Decision("top", key, callee, inline)
+
+
+@pytest.mark.unit
+def test_a_site_answered_both_ways_is_dropped_and_counted():
+    lines = [_decision("top:1:3", True), _decision("top:1:3", False), _decision("top:2:3", True)]
+    text = "\n".join(d.line() for d in [*lines, lines[2]]) + "\n"
+    kept, conflicts = decisions.from_recorder(text, "rec")
+    assert (kept, conflicts) == ([lines[2]], 1)
+    with pytest.raises(DecisionsError, match=r"^rec:2: not a recorded decision"):
+        decisions.from_recorder(lines[0].line() + "\nremark: something else\n", "rec")
+
+
+@pytest.mark.unit
+def test_a_file_is_its_header_then_replay_lines_sorted(tmp_path: Path):
+    ds = [_decision("top:9:3", False), Decision("a", "a:1:1", "leaf", True)]
+    inl = tmp_path / "x.inl"
+    inl.write_text(decisions.inl_text(ds))
+    assert inl.read_text().splitlines()[0] == decisions.HEADER
+    assert decisions.read_inl(inl) == sorted(ds)
+    assert decisions.departures(ds, [_decision("top:9:3", True)]) == {"top": 1}
+
+
+@pytest.mark.unit
+@pytest.mark.security
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("", r"x\.inl:1: not a decisions file of mlgo-decisions 1"),
+        (_decision("f:1:1", True).line() + "\n", r"x\.inl:1: not a decisions file"),
+        (decisions.HEADER + "\n#comment\n", r"x\.inl:2: not a decision line: '#comment'"),
+        (decisions.HEADER + "\nmlgo: 'a' inlined into 'b' at callsite\n", r"x\.inl:2: "),
+    ],
+)
+def test_a_foreign_or_corrupt_file_is_refused_in_one_line(tmp_path: Path, text, error):
+    inl = tmp_path / "x.inl"
+    inl.write_text(text)
+    with pytest.raises(DecisionsError, match=error):
+        decisions.read_inl(inl)
+
+
+@pytest.mark.unit
+def test_a_g0_build_gets_locations_and_a_g_build_nothing():
+    assert decisions.compile_flags(["-Oz"]) == list(decisions.LOCATION_FLAGS)
+    assert decisions.compile_flags(["-g", "-Oz", "-g0"]) == list(decisions.LOCATION_FLAGS)
+    assert decisions.compile_flags(["-Oz", "-gline-tables-only"]) == []
+
+
+# --- with clang-22: a policy that departs from clang, recorded and replayed ---------------
+
+
+@pytest.fixture(scope="module")
+def plugin(tc: Toolchain) -> Path:
+    """The shipped inlining policy, ungated: it departs from clang's own on these sources."""
+    policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
+    return inliner_plugin(policy, tc)
+
+
+def _project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    shutil.copytree(DATA / "minipkg", root / "src")
+    shutil.copy(DATA / "cxx" / "inventory.cc", root / "src")
+    return root
+
+
+def _compiler(drivers: tuple[str, str], name: str) -> str:
+    """Of the C and C++ DRIVERS, the one for source NAME."""
+    return drivers[name.endswith(".cc")]
+
+
+def _clang(tc: Toolchain) -> tuple[str, str]:
+    return tc.clang, tc.clangxx
+
+
+def _wrappers(root: Path) -> tuple[str, str]:
+    return str(root / "decisions" / "cc"), str(root / "decisions" / "c++")
+
+
+def _objects(drivers: tuple[str, str], root: Path, cflags: list[str], out: Path) -> dict:
+    """Each source compiled by DRIVERS from ROOT, as a build would: relative paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    objs = {}
+    for name in SOURCES:
+        obj = out / f"{name}.o"
+        cmd = [_compiler(drivers, name), *cflags, "-c", f"src/{name}", "-o", str(obj)]
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
+        assert proc.stderr == "", proc.stderr
+        objs[name] = obj.read_bytes()
+    return objs
+
+
+def _recorded(tc: Toolchain, plugin: Path, root: Path, cflags: list[str], out: Path):
+    """The decisions of the policy's build, written to ROOT/decisions, and its objects."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        f"src/{name}": decisions.record_source(
+            _compiler(_clang(tc), name), plugin, root, f"src/{name}", cflags, out / f"{name}.o"
+        )
+        for name in SOURCES
+    }
+    decisions.write(root / "decisions", root, files, {}, cflags, tc.major)
+    return files, {name: (out / f"{name}.o").read_bytes() for name in SOURCES}
+
+
+@pytest.mark.parametrize("debug", ["-g", "-g0"])
+def test_clang_alone_replays_the_policys_objects(
+    tc: Toolchain, plugin: Path, tmp_path: Path, debug: str
+):
+    root, cflags = _project(tmp_path), ["-Oz", debug]
+    files, policys = _recorded(tc, plugin, root, cflags, tmp_path / "policy")
+    plain = _objects(_clang(tc), root, cflags, tmp_path / "plain")
+    assert sum(sum((u.departures or {}).values()) for u in files.values()) > 0
+    assert any(policys[n] != plain[n] for n in SOURCES), "the policy must change an object"
+    replayed = _objects(_wrappers(root), root, cflags, tmp_path / "replayed")
+    assert replayed == policys
+    # a -g0 build's location flags leave its objects as plain -g0 makes them
+    if debug == "-g0":
+        policy_g0 = {}
+        for name in SOURCES:
+            obj = tmp_path / f"{name}.g0.o"
+            cmd = [_compiler(_clang(tc), name), *cflags, f"-fpass-plugin={plugin}", "-c"]
+            cmd += [f"src/{name}", "-o", obj]
+            subprocess.run(cmd, cwd=root, check=True)
+            policy_g0[name] = obj.read_bytes()
+        assert replayed == policy_g0
+
+
+@pytest.mark.security
+def test_unseen_stale_corrupt_and_foreign_files_get_clangs_own(
+    tc: Toolchain, plugin: Path, tmp_path: Path
+):
+    root, cflags = _project(tmp_path), ["-Oz", "-g0"]
+    _recorded(tc, plugin, root, cflags, tmp_path / "policy")
+    cc, files = str(root / "decisions" / "cc"), root / "decisions" / "files" / "src"
+    plain = _objects(_clang(tc), root, cflags, tmp_path / "plain")
+
+    def through(compiler: str, name: str) -> tuple[bytes, str]:
+        obj = tmp_path / "out.o"
+        cmd = [compiler, *cflags, "-c", f"src/{name}", "-o", str(obj)]
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return obj.read_bytes(), proc.stderr
+
+    # a file never recorded: clang's own, silently
+    shutil.copy(root / "src" / "hash.c", root / "src" / "unseen.c")
+    assert through(cc, "unseen.c") == (through(tc.clang, "unseen.c")[0], "")
+    # corrupt and foreign files: one line each, clang's own decisions, the file untouched
+    corrupt, foreign = files / "hash.c.inl", files / "main.c.inl"
+    corrupt.write_text(corrupt.read_text() + "garbage\n")
+    foreign.write_text("\n".join(foreign.read_text().splitlines()[1:]) + "\n")
+    before = {p: p.read_bytes() for p in (corrupt, foreign)}
+    for name, inl in (("hash.c", corrupt), ("main.c", foreign)):
+        note = f"mlgo: {inl} is not a decisions file of mlgo-decisions 1; clang's own decisions\n"
+        assert through(cc, name) == (plain[name], note)
+    assert {p: p.read_bytes() for p in before} == before
+    # a stale edit, a line added inside a function: compiles, and `check` says so
+    text = (root / "src" / EDITED).read_text()
+    brace = text.index("{", text.index(")"))
+    (root / "src" / EDITED).write_text(text[: brace + 1] + "\n  ;" + text[brace + 1 :])
+    assert through(cc, EDITED)[1] == ""
+    report = decisions.check(decisions.read(root / "decisions"), root)
+    assert f"src/{EDITED}: changed since recorded" in "\n".join(report)
+    assert "src/hash.c: unchanged, all" in "\n".join(report)
