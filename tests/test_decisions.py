@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mlgo.data import shipped_policy
-from mlgo.llvm.replay import Decision
+from mlgo.llvm.replay import CLANG_ADVISOR, Decision
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy_files import load_policy
 from mlgo.ship import decisions
@@ -189,3 +189,29 @@ def test_unseen_stale_corrupt_and_foreign_files_get_clangs_own(
     report = decisions.check(decisions.read(root / "decisions"), root)
     assert f"src/{EDITED}: changed since recorded" in "\n".join(report)
     assert "src/hash.c: unchanged, all" in "\n".join(report)
+
+
+def test_a_full_lto_link_replays_from_its_programs_decisions(
+    tc: Toolchain, plugin: Path, tmp_path: Path
+):
+    """The link's decisions are recorded from clang's own advisor at another threshold: a
+    decision-maker whose program differs from plain clang's, as a policy's would."""
+    root, cflags = _project(tmp_path), ["-Oz", "-g0", "-flto"]
+    c_sources = [n for n in SOURCES if n.endswith(".c")]
+    objects = [f"{n}.o" for n in c_sources]
+    for name in c_sources:
+        compile_ = [tc.clang, *cflags, *decisions.compile_flags(cflags), "-c", f"src/{name}"]
+        subprocess.run([*compile_, "-o", f"{name}.o"], cwd=root, check=True)
+    link = ["-flto", "-fuse-ld=lld", "-Oz", *objects, "-o"]
+    threshold = ["-Wl,-mllvm,-inline-threshold=60"]
+    recorded = [tc.clang, *link, "recorded", *threshold]
+    unit = decisions.record_link(recorded, plugin, root, CLANG_ADVISOR)
+    decisions.write(root / "decisions", root, {}, {"prog": unit}, cflags, tc.major)
+    subprocess.run([tc.clang, *link, "plain"], cwd=root, check=True)
+    proc = subprocess.run([_wrappers(root)[0], *link, "prog"], cwd=root, capture_output=True)
+    assert (proc.returncode, proc.stderr) == (0, b"")
+    program = (root / "prog").read_bytes()
+    assert program == (root / "recorded").read_bytes() != (root / "plain").read_bytes()
+    assert decisions.show(decisions.read(root / "decisions"))[0].startswith(
+        f"links/prog: {len(unit.decisions)} decisions"
+    )

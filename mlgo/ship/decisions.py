@@ -151,6 +151,15 @@ def record_source(
     return UnitDecisions(ours, conflicts, departures(ours, clangs), digest)
 
 
+def record_link(
+    command: list[str], plugin: Path, cwd: Path, advisor: str | None = None
+) -> UnitDecisions:
+    """Runs COMMAND, a full-LTO link by lld of objects compiled with `compile_flags`, with
+    PLUGIN's recorder on (ADVISOR's answers, as for `record`): the program's decisions."""
+    ours, conflicts = record([*command, f"-Wl,--load-pass-plugin={plugin}"], cwd, advisor)
+    return UnitDecisions(ours, conflicts)
+
+
 def departures(ours: Iterable[Decision], clangs: Iterable[Decision]) -> dict[str, int]:
     """Per caller, the sites where OURS answer otherwise than clang's own did."""
     own = {d.site: d.inline for d in clangs}
