@@ -4,6 +4,7 @@ and foreign inputs get clang's own decisions and never fail a compile."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from dataclasses import replace
@@ -22,7 +23,7 @@ from mlgo.ship.plugin import inliner_plugin
 DATA = Path(__file__).parent / "data"
 # tests/data/minipkg's C and tests/data/cxx's C++: the policy departs from clang on the latter
 SOURCES = ["hash.c", "strbuf.c", "main.c", "inventory.cc"]
-EDITED = "strbuf.c"
+EDITED, EDITED_FUNCTION = "strbuf.c", "int strbuf_hex("
 
 
 def _decision(key: str, inline: bool, callee: str = "leaf") -> Decision:
@@ -183,12 +184,18 @@ def test_unseen_stale_corrupt_and_foreign_files_get_clangs_own(
     assert {p: p.read_bytes() for p in before} == before
     # a stale edit, a line added inside a function: compiles, and `check` says so
     text = (root / "src" / EDITED).read_text()
-    brace = text.index("{", text.index(")"))
+    brace = text.index("{", text.index(EDITED_FUNCTION))
     (root / "src" / EDITED).write_text(text[: brace + 1] + "\n  ;" + text[brace + 1 :])
     assert through(cc, EDITED)[1] == ""
+    recheck = [tc.clang, *cflags, *decisions.compile_flags(cflags), f"-fpass-plugin={plugin}"]
+    artifact = decisions.read(root / "decisions")
+    for name, edited in (("inventory.cc", False), (EDITED, True)):
+        command = [_compiler(_clang(tc), name), *recheck[1:], "-c", f"src/{name}", "-o", os.devnull]
+        matched, total = decisions.still_matching(artifact, f"src/{name}", command, root)
+        assert 0 < matched < total if edited else matched == total > 0, (name, matched, total)
     report = decisions.check(decisions.read(root / "decisions"), root)
     assert f"src/{EDITED}: changed since recorded" in "\n".join(report)
-    assert "src/hash.c: unchanged, all" in "\n".join(report)
+    assert "src/inventory.cc: unchanged, all" in "\n".join(report)
 
 
 def test_a_full_lto_link_replays_from_its_programs_decisions(

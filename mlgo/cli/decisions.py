@@ -47,11 +47,17 @@ def check(
     root: Annotated[
         Path | None, typer.Option(help="the project's root (default: as DIR/FORMAT says)")
     ] = None,
+    cflags: Annotated[
+        list[str] | None,
+        typer.Argument(help="after --, the recorded compile flags: count what still matches"),
+    ] = None,
 ) -> None:
     """Per file: whether its source is still the one decided (all decisions match), changed
-    (stale ones get clang's own decisions) or gone."""
-    from mlgo.ship.decisions import check, read
+    (stale ones get clang's own decisions) or gone. With CFLAGS, a changed file is compiled
+    once to count the decisions that still match."""
+    from mlgo.ship.decisions import check, read, recheck_command
 
     artifact = read(directory)
-    for line in check(artifact, root or directory / artifact.root_from_dir):
+    recheck = recheck_command(cflags) if cflags else None
+    for line in check(artifact, root or directory / artifact.root_from_dir, recheck):
         console.print(line, highlight=False)

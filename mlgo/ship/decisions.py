@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlgo.data import shipped_policy
 from mlgo.errors import UsageError
 from mlgo.llvm.driver import SOURCE_SUFFIXES, named_output
 from mlgo.llvm.replay import (
@@ -42,14 +43,18 @@ from mlgo.llvm.replay import (
     KEY_FORMAT,
     LINE_PREFIX,
     NOT_INLINED_INTO,
+    REPLAY_ADVISOR_PREFIX,
     SCOPE,
     Decision,
     parse_line,
     replay_flags,
 )
+from mlgo.llvm.toolchain import find_toolchain
+from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.files import atomic_directory
 from mlgo.runtime.messages import error_line
 from mlgo.runtime.trust import private_temp_dir
+from mlgo.ship.plugin import inliner_plugin
 
 FORMAT_NAME, FORMAT_VERSION = "mlgo-decisions", 1
 # A line clang parses and that matches no call site (no function has this name): a
@@ -377,20 +382,34 @@ def _counts(c: Counter) -> str:
     return " ".join(f"{mark}{c[mark]}" for mark in "+-~" if c[mark])
 
 
-def check(artifact: Artifact, root: Path) -> list[str]:
+def check(artifact: Artifact, root: Path, recheck: list[str] | None = None) -> list[str]:
     """Per file: whether its source is still the one decided (by digest: all its decisions
-    still meet their call sites), changed (some may be stale: clang's own decide there), or
-    gone. Headers a source includes are not digested: `check_exact` counts the sites."""
+    still meet their call sites), changed, or gone. For a changed one, with RECHECK (a
+    compiler, its flags and our plugin's -fpass-plugin), how many still match
+    (`still_matching`); else that they need a recheck. Headers are not digested."""
     out = []
     for name, unit in artifact.files.items():
-        source = root / name
+        source, total = root / name, unit["decisions"]
         if not source.is_file():
-            out.append(f"{name}: gone ({unit['decisions']} decisions unused)")
+            out.append(f"{name}: gone ({total} decisions unused)")
         elif unit.get("sha256") == source_digest(source):
-            out.append(f"{name}: unchanged, all {unit['decisions']} decisions match")
+            out.append(f"{name}: unchanged, all {total} decisions match")
+        elif recheck is None:
+            out.append(f"{name}: changed since recorded, {total} decisions to recheck")
         else:
-            out.append(f"{name}: changed since recorded, {unit['decisions']} decisions to recheck")
+            command = [*recheck, "-c", str(source.resolve()), "-o", os.devnull]
+            matched, total = still_matching(artifact, name, command, root)
+            out.append(f"{name}: changed, {matched} of {total} decisions still match")
     return out
+
+
+def recheck_command(cflags: list[str]) -> list[str]:
+    """What `check` recompiles a changed file with: clang with CFLAGS, as recorded, and the
+    plugin of the shipped size policy, for its recorder (any policy's plugin has one)."""
+    tc = find_toolchain()
+    policy = load_policy(shipped_policy("inlining-size"))
+    plugin = inliner_plugin(policy, tc)
+    return [tc.clang, *cflags, *compile_flags(cflags), f"-fpass-plugin={plugin}"]
 
 
 def build_flags(artifact: Artifact, cflags: list[str], link: bool) -> tuple[list[str], str]:
@@ -411,3 +430,14 @@ def build_flags(artifact: Artifact, cflags: list[str], link: bool) -> tuple[list
         known = ", ".join(artifact.links) or "none"
         raise DecisionsError(f"{artifact.path}: name the program with -o (programs: {known})")
     return link_flags(artifact.path, programs[0]), f"replays links/{programs[0]}.inl"
+
+
+def still_matching(artifact: Artifact, name: str, command: list[str], cwd: Path) -> tuple[int, int]:
+    """Of file NAME's decisions, how many still meet their call site when COMMAND (its
+    compile, loading our plugin) replays them, and how many there are: the recorder around
+    clang's replay sees which sites the inliner visits. The rest are stale: clang's own
+    heuristic decides there."""
+    inl = artifact.path / "files" / f"{name}.inl"
+    decided = {d.site for d in read_inl(inl)}
+    visited, _ = record(command, cwd, REPLAY_ADVISOR_PREFIX + str(inl.resolve()))
+    return len(decided & {d.site for d in visited}), len(decided)
