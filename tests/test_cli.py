@@ -51,7 +51,7 @@ def test_every_command_lives_in_the_cli_package_but_the_xla_wing():
     assert modules == {
         f"mlgo.cli.{m}" for m in ("corpus", "train", "ship", "programs", "serve", "decisions")
     }
-    assert len(CLI_COMMANDS) == 23
+    assert len(CLI_COMMANDS) == 24
 
 
 @pytest.mark.unit

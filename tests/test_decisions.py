@@ -18,6 +18,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy_files import load_policy
 from mlgo.ship import decisions
 from mlgo.ship.decisions import DecisionsError
+from mlgo.ship.decisions_record import record_build
 from mlgo.ship.plugin import inliner_plugin
 
 DATA = Path(__file__).parent / "data"
@@ -127,7 +128,8 @@ def _recorded(tc: Toolchain, plugin: Path, root: Path, cflags: list[str], out: P
         )
         for name in SOURCES
     }
-    decisions.write(root / "decisions", root, files, {}, cflags, tc.major)
+    flags = decisions.compile_flags(cflags)
+    decisions.write(root / "decisions", root, files, {}, flags, tc.major)
     return files, {name: (out / f"{name}.o").read_bytes() for name in SOURCES}
 
 
@@ -213,7 +215,8 @@ def test_a_full_lto_link_replays_from_its_programs_decisions(
     threshold = ["-Wl,-mllvm,-inline-threshold=60"]
     recorded = [tc.clang, *link, "recorded", *threshold]
     unit = decisions.record_link(recorded, plugin, root, CLANG_ADVISOR)
-    decisions.write(root / "decisions", root, {}, {"prog": unit}, cflags, tc.major)
+    flags = decisions.compile_flags(cflags)
+    decisions.write(root / "decisions", root, {}, {"prog": unit}, flags, tc.major)
     subprocess.run([tc.clang, *link, "plain"], cwd=root, check=True)
     proc = subprocess.run([_wrappers(root)[0], *link, "prog"], cwd=root, capture_output=True)
     assert (proc.returncode, proc.stderr) == (0, b"")
@@ -222,3 +225,32 @@ def test_a_full_lto_link_replays_from_its_programs_decisions(
     assert decisions.show(decisions.read(root / "decisions"))[0].startswith(
         f"links/prog: {len(unit.decisions)} decisions"
     )
+
+
+MAKEFILE = """\
+OBJS = src/hash.o src/strbuf.o src/main.o src/inventory.o
+all: $(OBJS)
+src/%.o: src/%.c
+\t$(CC) $(CFLAGS) -c $< -o $@
+src/%.o: src/%.cc
+\t$(CXX) $(CFLAGS) -c $< -o $@
+"""
+
+
+def test_a_recorded_make_build_is_rebuilt_by_the_wrappers(tc: Toolchain, tmp_path: Path):
+    root = _project(tmp_path)
+    (root / "Makefile").write_text(MAKEFILE)
+    policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
+    out = root / "decisions"
+    _, skipped = record_build(policy, out, root, ["make", "CFLAGS=-Oz -g0"], tc)
+    assert skipped == []
+    kept = {n: (root / "src" / n).with_suffix(".o").read_bytes() for n in SOURCES}
+    summary = decisions.read(out).files
+    assert sorted(summary) == sorted(f"src/{n}" for n in SOURCES)
+    assert summary["src/inventory.cc"]["departures"] > 0
+    assert (out / "flags").read_text().split() == list(decisions.LOCATION_FLAGS)
+    for obj in (root / "src").glob("*.o"):
+        obj.unlink()
+    wrappers = [f"CC={out / 'cc'}", f"CXX={out / 'c++'}"]
+    subprocess.run(["make", *wrappers, "CFLAGS=-Oz -g0"], cwd=root, check=True)
+    assert {n: (root / "src" / n).with_suffix(".o").read_bytes() for n in SOURCES} == kept

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mlgo.cli.options import console
+from mlgo.cli.options import PolicyOpt, console, err
 
 app = typer.Typer(
     help="Inlining decisions as data: what a decisions directory holds, what changed, "
@@ -61,3 +61,23 @@ def check(
     recheck = recheck_command(cflags) if cflags else None
     for line in check(artifact, root or directory / artifact.root_from_dir, recheck):
         console.print(line, highlight=False)
+
+
+@app.command()
+def record(
+    policy: PolicyOpt,
+    out: Annotated[Path, typer.Option(help="the decisions directory to write")],
+    build: Annotated[list[str], typer.Argument(help="after --, your build command (clean)")],
+    root: Annotated[Path, typer.Option(help="the project's root: where the build runs")] = Path(),
+) -> None:
+    """Run your build with POLICY served by the clang plugin and keep what it decided, per
+    source and per full-LTO program, as OUT: then build with OUT/cc and OUT/c++, plain
+    clang only."""
+    from mlgo.llvm.toolchain import find_toolchain
+    from mlgo.problems.policy_files import load_policy
+    from mlgo.ship.decisions_record import record_build
+
+    written, skipped = record_build(load_policy(policy), out, root, build, find_toolchain())
+    for line in skipped:
+        err.print(f"mlgo: note: {line}", highlight=False)
+    console.print(f"wrote {written}: build with CC={written}/cc CXX={written}/c++")

@@ -278,12 +278,12 @@ def write(
     root: Path,
     files: Mapping[str, UnitDecisions],
     links: Mapping[str, UnitDecisions],
-    cflags: Iterable[str],
+    flags: list[str],
     clang_major: int,
 ) -> Path:
-    """Writes the decisions of a build of the project at ROOT with CFLAGS (FILES by source
-    path from ROOT, LINKS by program) as DIR, whole or not at all."""
-    flags = compile_flags(cflags)
+    """Writes the decisions of a build of the project at ROOT (FILES by source path from
+    ROOT, LINKS by program) whose compiles add FLAGS (`compile_flags`) as DIR, whole or not
+    at all."""
     root_from_dir = _relative_root(directory, root)
     with atomic_directory(directory) as staging:
         (staging / "FORMAT").write_text(
