@@ -17,9 +17,10 @@ from mlgo.llvm.replay import CLANG_ADVISOR, Decision
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy_files import load_policy
 from mlgo.ship import decisions
-from mlgo.ship.decisions import DecisionsError
+from mlgo.ship.decisions import DecisionsError, UnitDecisions
 from mlgo.ship.decisions_record import record_build
 from mlgo.ship.plugin import inliner_plugin
+from tests.conftest import run_mlgo
 
 DATA = Path(__file__).parent / "data"
 # tests/data/minipkg's C and tests/data/cxx's C++: the policy departs from clang on the latter
@@ -74,6 +75,42 @@ def test_a_g0_build_gets_locations_and_a_g_build_nothing():
     assert decisions.compile_flags(["-Oz"]) == list(decisions.LOCATION_FLAGS)
     assert decisions.compile_flags(["-g", "-Oz", "-g0"]) == list(decisions.LOCATION_FLAGS)
     assert decisions.compile_flags(["-Oz", "-gline-tables-only"]) == []
+
+
+def _written(directory: Path, root: Path, inline: bool) -> Path:
+    """A decisions directory for ROOT/src/a.c of two decisions, the second one INLINE."""
+    ds = [_decision("top:1:3", True), _decision("top:2:3", inline, "other")]
+    unit = UnitDecisions(ds, departures={"top": 1}, digest=decisions.source_digest(root / "a.c"))
+    return decisions.write(directory, root, {"a.c": unit}, {}, [], 22)
+
+
+@pytest.mark.unit
+def test_the_commands_show_diff_check_and_print_the_flags(tmp_path: Path):
+    (tmp_path / "a.c").write_text("int a;\n")
+    old = _written(tmp_path / "old", tmp_path, False)
+    new = _written(tmp_path / "new", tmp_path, True)
+    shown = run_mlgo("decisions", "show", "--functions", str(new), timeout=60)
+    assert shown.stdout.splitlines() == [
+        "files/a.c: 2 decisions, 2 inline, 1 departing from clang's own, "
+        "0 conflicting sites dropped",
+        "  top: 2 decisions, 2 inline, 1 departing",
+    ]
+    changed = run_mlgo("decisions", "diff", str(old), str(new), timeout=60)
+    assert changed.stdout.splitlines() == ["files/a.c: ~1", "  top: ~1"]
+    (tmp_path / "a.c").write_text("int a, b;\n")
+    checked = run_mlgo("decisions", "check", str(new), timeout=60)
+    assert checked.stdout == "a.c: changed since recorded, 2 decisions to recheck\n"
+    flags = run_mlgo("flags", "--decisions", str(new), "--", "-Oz", "-g", timeout=60)
+    assert (flags.returncode, flags.stdout) == (0, "")  # a -g build adds nothing
+    assert flags.stderr == f"mlgo: note: compile with CC={new}/cc CXX={new}/c++\n"
+    refused = run_mlgo("flags", "--decisions", str(new), "--", "-Oz", timeout=60)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(f"error: {new / 'flags'}: recorded for a build with debug")
+    (new / "files" / "a.c.inl").write_text("garbage\n")
+    corrupt = run_mlgo("decisions", "diff", str(old), str(new), timeout=60)
+    assert corrupt.returncode == 2
+    inl = new / "files" / "a.c.inl"
+    assert corrupt.stderr == f"error: {inl}:1: not a decisions file of mlgo-decisions 1\n"
 
 
 # --- with clang-22: a policy that departs from clang, recorded and replayed ---------------
