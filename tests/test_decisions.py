@@ -259,14 +259,21 @@ def test_a_full_lto_link_replays_from_its_programs_decisions(
     assert (proc.returncode, proc.stderr) == (0, b"")
     program = (root / "prog").read_bytes()
     assert program == (root / "recorded").read_bytes() != (root / "plain").read_bytes()
+    # by hand: plain clang with the link flags `mlgo flags --decisions DIR --link` prints
+    artifact = decisions.read(root / "decisions")
+    by_hand, _ = decisions.build_flags(artifact, [*cflags, "-o", "prog"], link=True)
+    subprocess.run([tc.clang, *link, "by-hand", *by_hand], cwd=root, check=True)
+    assert (root / "by-hand").read_bytes() == program
     assert decisions.show(decisions.read(root / "decisions"))[0].startswith(
         f"links/prog: {len(unit.decisions)} decisions"
     )
 
 
 MAKEFILE = """\
-OBJS = src/hash.o src/strbuf.o src/main.o src/inventory.o
-all: $(OBJS)
+OBJS = src/hash.o src/strbuf.o src/main.o
+all: prog src/inventory.o
+prog: $(OBJS)
+\t$(CC) $(CFLAGS) -fuse-ld=lld $(OBJS) -o $@
 src/%.o: src/%.c
 \t$(CC) $(CFLAGS) -c $< -o $@
 src/%.o: src/%.cc
@@ -274,20 +281,23 @@ src/%.o: src/%.cc
 """
 
 
-def test_a_recorded_make_build_is_rebuilt_by_the_wrappers(tc: Toolchain, tmp_path: Path):
+@pytest.mark.parametrize("lto", [False, True], ids=["per-file", "full-lto"])
+def test_a_recorded_make_build_is_rebuilt_by_the_wrappers(tc: Toolchain, tmp_path: Path, lto: bool):
     root = _project(tmp_path)
     (root / "Makefile").write_text(MAKEFILE)
     policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
-    out = root / "decisions"
-    _, skipped = record_build(policy, out, root, ["make", "CFLAGS=-Oz -g0"], tc)
+    out, cflags = root / "decisions", "CFLAGS=-Oz -g0" + " -flto" * lto
+    _, skipped = record_build(policy, out, root, ["make", cflags], tc)
     assert skipped == []
-    kept = {n: (root / "src" / n).with_suffix(".o").read_bytes() for n in SOURCES}
-    summary = decisions.read(out).files
-    assert sorted(summary) == sorted(f"src/{n}" for n in SOURCES)
-    assert summary["src/inventory.cc"]["departures"] > 0
+    outputs = [*(f"src/{Path(n).stem}.o" for n in SOURCES), "prog"]
+    kept = {o: (root / o).read_bytes() for o in outputs}
+    artifact = decisions.read(out)
+    assert sorted(artifact.files) == sorted(f"src/{n}" for n in SOURCES)
+    assert sorted(artifact.links) == (["prog"] if lto else [])
+    assert artifact.files["src/inventory.cc"]["departures"] > 0
     assert (out / "flags").read_text().split() == list(decisions.LOCATION_FLAGS)
-    for obj in (root / "src").glob("*.o"):
-        obj.unlink()
+    for o in outputs:
+        (root / o).unlink()
     wrappers = [f"CC={out / 'cc'}", f"CXX={out / 'c++'}"]
-    subprocess.run(["make", *wrappers, "CFLAGS=-Oz -g0"], cwd=root, check=True)
-    assert {n: (root / "src" / n).with_suffix(".o").read_bytes() for n in SOURCES} == kept
+    subprocess.run(["make", *wrappers, cflags], cwd=root, check=True)
+    assert {o: (root / o).read_bytes() for o in outputs} == kept
