@@ -53,8 +53,10 @@ def test_every_command_lives_in_the_cli_package_but_the_xla_wing():
     elsewhere = {fn.__module__ for fn in ALL_COMMANDS} - {fn.__module__ for fn in CLI_COMMANDS}
     assert elsewhere == {"mlgo.xla.cli"}
     modules = {fn.__module__ for fn in CLI_COMMANDS}
-    assert modules == {f"mlgo.cli.{m}" for m in ("corpus", "train", "ship", "programs", "serve")}
-    assert len(CLI_COMMANDS) == 20
+    assert modules == {
+        f"mlgo.cli.{m}" for m in ("corpus", "train", "ship", "programs", "serve", "decisions")
+    }
+    assert len(CLI_COMMANDS) == 24
 
 
 @pytest.mark.unit

@@ -11,7 +11,7 @@ import click
 import typer
 from rich.markup import escape
 
-from mlgo.cli import corpus, programs, serve, ship, train
+from mlgo.cli import corpus, decisions, programs, serve, ship, train
 from mlgo.cli.options import err
 from mlgo.errors import MlgoError
 from mlgo.runtime.messages import WHOLE_LINE, error_line
@@ -26,6 +26,7 @@ app = typer.Typer(
 app.command()(corpus.doctor)
 app.add_typer(corpus.app, name="corpus")
 app.add_typer(xla_app, name="xla")
+app.add_typer(decisions.app, name="decisions")
 app.command()(train.collect)
 app.command()(train.train_command())
 app.command("eval")(train.eval_cmd)

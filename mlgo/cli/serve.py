@@ -107,23 +107,30 @@ def flags(
         bool, typer.Option(help="for an LTO link by lld (-flto[=thin] -fuse-ld=lld): LDFLAGS")
     ] = False,
     socket: SocketOpt = None,
+    decisions: Annotated[
+        Path | None, typer.Option(help="instead, the flags that replay this decisions directory")
+    ] = None,
 ) -> None:
     """Print the flags that bring the served policies to your own clang command, each by its
     fastest route (the plugin; a channel, for one compilation, where a problem has none);
     with --link, those for the link of an LTO build (full or thin, as CFLAGS say), which
     only link-time policies of that kind answer. Nothing when CFLAGS select a level (or
     --language one) no policy serves. Starts the service (as mlgo-cc would) when none is
-    running."""
+    running. With --decisions, those that replay a decisions directory, and no service."""
     from mlgo.llvm.driver import link_stage
     from mlgo.llvm.languages import LANGUAGES
     from mlgo.serve.cc import flags_by_hand
     from mlgo.serve.client import socket_path
+    from mlgo.ship.decisions import build_flags, read
 
     if language not in LANGUAGES:
         raise UsageError(f"--language {language!r} is not one of {', '.join(LANGUAGES)}")
-    path = socket or socket_path()
-    stage = (link_stage(cflags or []) or "link") if link else "compile"
-    found, note = flags_by_hand(path, socket is None, problem, cflags or [], language, stage)
+    if decisions:
+        found, note = build_flags(read(decisions), cflags or [], link)
+    else:
+        stage = (link_stage(cflags or []) or "link") if link else "compile"
+        path = socket or socket_path()
+        found, note = flags_by_hand(path, socket is None, problem, cflags or [], language, stage)
     if note:
         err.print(f"mlgo: note: {note}", highlight=False)
     if found:

@@ -163,10 +163,11 @@ def kept_compiles(recorded: Path) -> list[Compile]:
 @dataclass(frozen=True)
 class Invocation:
     """One call of a recording wrapper: its working directory and the command it ran, the
-    compiler (as the wrapper names it) and then the build's own arguments."""
+    compiler (as the wrapper names it) and then the build's own arguments; the log's name."""
 
     cwd: Path
     argv: list[str]
+    log_name: str = ""
 
     def inputs(self) -> list[str]:
         """The arguments that are no option nor an option's value: sources and objects."""
@@ -189,7 +190,7 @@ def logged_invocations(log_dir: Path) -> list[Invocation]:
             continue
         started = (log.stat().st_mtime_ns, log.name)
         argv = [os.fsdecode(a) for a in fields[1:-1]]
-        found.append((started, Invocation(Path(os.fsdecode(fields[0])), argv)))
+        found.append((started, Invocation(Path(os.fsdecode(fields[0])), argv, log.name)))
     return [i for _, i in sorted(found, key=lambda f: f[0])]
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlgo.llvm import replay
 from mlgo.llvm.cmdline import ADVISED, DEPARTED, DEPARTURES_ENV, DEPARTURES_PREFIX
 from mlgo.llvm.log_format import column_of
 from mlgo.llvm.toolchain import Toolchain, ToolchainError
@@ -80,6 +81,18 @@ def policy_constants(policy: MLPPolicy) -> str:
     out += f"const char *const kDeparturesEnv = {c_string(DEPARTURES_ENV)};\n"
     out += f"const char *const kDeparturesPrefix = {c_string(DEPARTURES_PREFIX)};\n"
     out += f"const char kDeparted = '{DEPARTED}', kAdvised = '{ADVISED}';\n"
+    recorder = {
+        "kDecisionsOutEnv": replay.DECISIONS_OUT_ENV,
+        "kDecisionsAdvisorEnv": replay.DECISIONS_ADVISOR_ENV,
+        "kClangAdvisor": replay.CLANG_ADVISOR,
+        "kReplayAdvisorPrefix": replay.REPLAY_ADVISOR_PREFIX,
+        "kDecisionsLinePrefix": replay.LINE_PREFIX,
+        "kInlinedInto": replay.INLINED_INTO,
+        "kNotInlinedInto": replay.NOT_INLINED_INTO,
+        "kAtCallsite": replay.AT_CALLSITE,
+    }
+    for name, value in recorder.items():
+        out += f"const char *const {name} = {c_string(value)};\n"
     return out
 
 

@@ -20,6 +20,15 @@
 // vocabulary, which the problem's feature flags do).
 // If the policy needs a feature this clang does not send, the plugin says so in one line
 // on stderr and uses LLVM's default inliner for the compilation: never a failed build.
+//
+// The decisions recorder (mlgo/ship/decisions.py reads what it writes): with
+// kDecisionsOutEnv naming a file, every non-mandatory advice is appended to it as a line of
+// clang's own -cgscc-inline-replay format, keyed by LLVM's formatCallSiteLocation, so that
+// plain clang can replay the compile. kDecisionsAdvisorEnv chooses whose advice: the
+// policy's (unset), clang's own (kClangAdvisor), or clang's replay of a file
+// (kReplayAdvisorPrefix + path), which tells which of the file's decisions still meet a
+// site. Environment variables, not cl::opts: clang parses -mllvm before it loads a
+// -fpass-plugin, so an option of the plugin's would be an unknown argument there.
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -37,6 +46,7 @@
 #include "llvm/Analysis/InlineAdvisor.h"
 #include "llvm/Analysis/MLInlineAdvisor.h"
 #include "llvm/Analysis/MLModelRunner.h"
+#include "llvm/Analysis/ReplayInlineAdvisor.h"
 #include "llvm/Analysis/TensorSpec.h"
 #include "llvm/IR/Module.h"
 #include "llvm/Passes/PassBuilder.h"
@@ -169,6 +179,44 @@ class GatedAdvisor final : public MLInlineAdvisor {
   bool Departed = false;
 };
 
+// Another advisor's advice, each non-mandatory one also written as a replay line: the
+// lines of one advisor are appended to the file at its end, in one write.
+class Recorder final : public InlineAdvisor {
+ public:
+  Recorder(Module &M, FunctionAnalysisManager &FAM, InlineContext IC,
+           std::unique_ptr<InlineAdvisor> Inner, const char *Out)
+      : InlineAdvisor(M, FAM, IC), Inner(std::move(Inner)), Out(Out) {}
+  ~Recorder() override {
+    int Fd = open(Out, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (Fd < 0 || write(Fd, Lines.data(), Lines.size()) != static_cast<ssize_t>(Lines.size()))
+      errs() << "mlgo: cannot write the decisions to " << Out << "\n";
+    if (Fd >= 0) close(Fd);
+  }
+  void onPassEntry(LazyCallGraph::SCC *SCC) override { Inner->onPassEntry(SCC); }
+  void onPassExit(LazyCallGraph::SCC *SCC) override { Inner->onPassExit(SCC); }
+
+ protected:
+  std::unique_ptr<InlineAdvice> getAdviceImpl(CallBase &CB) override {
+    auto Advice = Inner->getAdvice(CB, false);
+    const Function *Callee = CB.getCalledFunction();
+    std::string Key = formatCallSiteLocation(
+        CB.getDebugLoc(), {CallSiteFormat::Format::LineColumnDiscriminator});
+    if (Callee && !Key.empty())  // a site without a location cannot be replayed
+      Lines += std::string(kDecisionsLinePrefix) + Callee->getName().str() +
+               (Advice->isInliningRecommended() ? kInlinedInto : kNotInlinedInto) +
+               CB.getCaller()->getName().str() + kAtCallsite + Key + ";\n";
+    return Advice;
+  }
+  std::unique_ptr<InlineAdvice> getMandatoryAdvice(CallBase &CB, bool) override {
+    return Inner->getAdvice(CB, true);  // replay never consults these: not recorded
+  }
+
+ private:
+  std::unique_ptr<InlineAdvisor> Inner;
+  const char *Out;
+  std::string Lines;
+};
+
 // Whether clang was given -ir2vec-vocab-path: reading no vocabulary is an error in LLVM.
 bool VocabularyGiven() {
   auto &Options = cl::getRegisteredOptions();
@@ -176,8 +224,8 @@ bool VocabularyGiven() {
   return It != Options.end() && It->second->getNumOccurrences() > 0;
 }
 
-InlineAdvisor *makeAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams Params,
-                           InlineContext IC) {
+InlineAdvisor *makePolicyAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams Params,
+                                 InlineContext IC) {
   if (!CompilationMAM) return new DefaultInlineAdvisor(M, FAM, Params, IC);
   auto Default = std::make_shared<DefaultInlineAdvisor>(M, FAM, Params, IC);
   // LLVM's own advisor factories read IR2Vec's vocabulary first when asked to (it is what
@@ -205,6 +253,30 @@ InlineAdvisor *makeAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams
          << (Runner ? Runner->Problem : std::string("no model runner"))
          << "; using the default heuristic\n";
   return new DefaultInlineAdvisor(M, FAM, Params, IC);
+}
+
+// The policy's advisor, or with kDecisionsOutEnv set, the recorder around the advisor
+// kDecisionsAdvisorEnv names.
+InlineAdvisor *makeAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams Params,
+                           InlineContext IC) {
+  const char *Out = getenv(kDecisionsOutEnv);
+  if (!Out || !*Out) return makePolicyAdvisor(M, FAM, Params, IC);
+  const char *Whose = getenv(kDecisionsAdvisorEnv);
+  const size_t Prefix = strlen(kReplayAdvisorPrefix);
+  std::unique_ptr<InlineAdvisor> Inner;
+  if (Whose && strcmp(Whose, kClangAdvisor) == 0) {
+    Inner = std::make_unique<DefaultInlineAdvisor>(M, FAM, Params, IC);
+  } else if (Whose && strncmp(Whose, kReplayAdvisorPrefix, Prefix) == 0) {
+    ReplayInlinerSettings Replay{Whose + Prefix, ReplayInlinerSettings::Scope::Module,
+                                 ReplayInlinerSettings::Fallback::Original,
+                                 {CallSiteFormat::Format::LineColumnDiscriminator}};
+    Inner = getReplayInlineAdvisor(M, FAM, M.getContext(),
+                                   std::make_unique<DefaultInlineAdvisor>(M, FAM, Params, IC),
+                                   Replay, false, IC);
+  } else {
+    Inner.reset(makePolicyAdvisor(M, FAM, Params, IC));
+  }
+  return new Recorder(M, FAM, IC, std::move(Inner), Out);
 }
 
 }  // namespace

@@ -18,3 +18,8 @@ extern const bool kGated;        // see MLPPolicy.gate
 extern const float kDepartureMargin;
 extern const char *const kDeparturesEnv, *const kDeparturesPrefix;
 extern const char kDeparted, kAdvised;
+// The decisions recorder (mlgo.ship.decisions): its environment and its line's parts.
+extern const char *const kDecisionsOutEnv, *const kDecisionsAdvisorEnv;
+extern const char *const kClangAdvisor, *const kReplayAdvisorPrefix;
+extern const char *const kDecisionsLinePrefix, *const kInlinedInto, *const kNotInlinedInto;
+extern const char *const kAtCallsite;

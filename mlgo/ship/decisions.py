@@ -1,0 +1,443 @@
+"""Decisions as data: a build's inlining decisions in a directory that plain clang replays,
+with no policy, plugin or Python at build time (docs/usage.md, "Decisions as data").
+
+The directory DIR holds:
+- `FORMAT`: the format's name and version, the clang that recorded it, the key format, scope;
+- `flags`: what every compile adds so that call sites have the recorded keys (a -g0 build
+  needs locations: `-Rpass=` with a regex no pass matches, and `-gcolumn-info`, leave its
+  object as it was); `link.flags`: for a full-LTO link by lld (its program's file named);
+- `cc`, `c++`: POSIX sh wrappers (native/decisions_cc.sh) that replay a source's file;
+- `files/<source path from the project root>.inl`, `links/<program>.inl`: replay lines
+  (mlgo.llvm.replay), a no-op header first, sorted by caller and key;
+- `summary.json`: per file and per function, counts and departures from clang's own, and
+  each source's digest for a cheap `check`.
+
+The recorder (the plugin's, mlgo/ship/native/inline_plugin.cc) writes every answer the
+inliner got. A site answered both ways (the inliner visits some again) cannot be replayed as
+one answer, so it is dropped, and counted: clang's own heuristic decides it in the replay,
+which is why the replayed build, not the recorded one, is the build these decisions give.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlgo.data import shipped_policy
+from mlgo.errors import UsageError
+from mlgo.llvm.driver import SOURCE_SUFFIXES, named_output
+from mlgo.llvm.replay import (
+    AT_CALLSITE,
+    CLANG_ADVISOR,
+    DECISIONS_ADVISOR_ENV,
+    DECISIONS_OUT_ENV,
+    INLINED_INTO,
+    KEY_FORMAT,
+    LINE_PREFIX,
+    NOT_INLINED_INTO,
+    REPLAY_ADVISOR_PREFIX,
+    SCOPE,
+    Decision,
+    parse_line,
+    replay_flags,
+)
+from mlgo.llvm.toolchain import find_toolchain
+from mlgo.problems.policy_files import load_policy
+from mlgo.runtime.files import atomic_directory
+from mlgo.runtime.messages import error_line
+from mlgo.runtime.trust import private_temp_dir
+from mlgo.ship.plugin import inliner_plugin
+
+FORMAT_NAME, FORMAT_VERSION = "mlgo-decisions", 1
+# A line clang parses and that matches no call site (no function has this name): a
+# decisions file names its format on its first line, where a `#` comment is a compile error.
+HEADER = Decision("mlgo", "mlgo:0:0", f"{FORMAT_NAME} {FORMAT_VERSION}", False).line()
+# Makes clang keep call-site locations in a -g0 build without emitting any; the regex is
+# meant to match no pass. The object is byte-identical to plain -g0's.
+LOCATION_FLAGS = ("-Rpass=mlgo-locations-only", "-gcolumn-info")
+WRAPPER = Path(__file__).parent / "native" / "decisions_cc.sh"
+_ERE_SPECIAL = set(".[]()*+?{}|^$\\")
+
+
+class DecisionsError(UsageError):
+    """A decisions directory or file mlgo cannot use; the message names it."""
+
+
+@dataclass
+class UnitDecisions:
+    """What one compile (a source) or one LTO link (a program) decided."""
+
+    decisions: list[Decision]
+    conflicts: int = 0  # sites answered both ways, dropped
+    departures: dict[str, int] | None = None  # per caller, from clang's own; None: unknown
+    digest: str | None = None  # the source's sha256, for `check`
+
+    def summary(self) -> dict:
+        functions: dict[str, dict[str, int]] = {}
+        for d in self.decisions:
+            f = functions.setdefault(d.caller, {"decisions": 0, "inlined": 0})
+            f["decisions"] += 1
+            f["inlined"] += d.inline
+        for caller, n in (self.departures or {}).items():
+            functions.setdefault(caller, {"decisions": 0, "inlined": 0})["departures"] = n
+        departed = None if self.departures is None else sum(self.departures.values())
+        return {
+            "decisions": len(self.decisions),
+            "inlined": sum(d.inline for d in self.decisions),
+            "conflicts": self.conflicts,
+            "departures": departed,
+            "sha256": self.digest,
+            "functions": dict(sorted(functions.items())),
+        }
+
+
+@dataclass
+class Artifact:
+    """A decisions directory as read back: its units' summaries, by file and by program."""
+
+    path: Path
+    files: dict[str, dict] = field(default_factory=dict)
+    links: dict[str, dict] = field(default_factory=dict)
+    root_from_dir: str = ".."
+
+
+def from_recorder(text: str, where: str) -> tuple[list[Decision], int]:
+    """The replayable decisions in what the recorder wrote (WHERE names it), and how many
+    sites were dropped for getting both answers."""
+    answers: dict[tuple[str, str], set[Decision]] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        decision = parse_line(line)
+        if decision is None:
+            raise DecisionsError(f"{where}:{number}: not a recorded decision: {line[:120]!r}")
+        answers.setdefault(decision.site, set()).add(decision)
+    kept = [next(iter(a)) for a in answers.values() if len({d.inline for d in a}) == 1]
+    return sorted(kept), len(answers) - len(kept)
+
+
+def record(
+    command: list[str], cwd: Path | None = None, advisor: str | None = None
+) -> tuple[list[Decision], int]:
+    """Runs COMMAND (a compile or link that loads our plugin) with its recorder on, recording
+    ADVISOR's answers (mlgo.llvm.replay: None for the policy's); the replayable decisions and
+    the sites dropped for conflicts, as `from_recorder` gives them."""
+    with tempfile.TemporaryDirectory(prefix="mlgo-decisions-", dir=private_temp_dir()) as d:
+        out = Path(d) / "recorded"
+        env = {**os.environ, DECISIONS_OUT_ENV: str(out)}
+        env.pop(DECISIONS_ADVISOR_ENV, None)
+        if advisor is not None:
+            env[DECISIONS_ADVISOR_ENV] = advisor
+        proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise DecisionsError(
+                f"recording {shlex.join(command[:3])} ... failed (exit {proc.returncode}): "
+                f"{error_line(proc.stderr)}"
+            )
+        text = out.read_text() if out.exists() else ""
+    return from_recorder(text, shlex.join(command[:3]))
+
+
+def record_source(
+    compiler: str, plugin: Path, root: Path, source: str, cflags: list[str], obj: Path
+) -> UnitDecisions:
+    """Compiles SOURCE (a path from ROOT, in ROOT) to OBJ with PLUGIN's policy, recording
+    its decisions, and once more to nowhere with clang's own, for the departures."""
+    command = [compiler, *cflags, *compile_flags(cflags), f"-fpass-plugin={plugin}", "-c", source]
+    ours, conflicts = record([*command, "-o", str(obj)], root)
+    clangs, _ = record([*command, "-o", os.devnull], root, CLANG_ADVISOR)
+    digest = source_digest(root / source)
+    return UnitDecisions(ours, conflicts, departures(ours, clangs), digest)
+
+
+def record_link(
+    command: list[str], plugin: Path, cwd: Path, advisor: str | None = None
+) -> UnitDecisions:
+    """Runs COMMAND, a full-LTO link by lld of objects compiled with `compile_flags`, with
+    PLUGIN's recorder on (ADVISOR's answers, as for `record`): the program's decisions."""
+    ours, conflicts = record([*command, f"-Wl,--load-pass-plugin={plugin}"], cwd, advisor)
+    return UnitDecisions(ours, conflicts)
+
+
+def departures(ours: Iterable[Decision], clangs: Iterable[Decision]) -> dict[str, int]:
+    """Per caller, the sites where OURS answer otherwise than clang's own did."""
+    own = {d.site: d.inline for d in clangs}
+    return dict(Counter(d.caller for d in ours if own.get(d.site, d.inline) != d.inline))
+
+
+def source_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def inl_text(decisions: Iterable[Decision]) -> str:
+    return "\n".join([HEADER, *(d.line() for d in sorted(decisions))]) + "\n"
+
+
+def read_inl(path: Path) -> list[Decision]:
+    """The decisions of a `.inl` file, checked as the wrappers check it: its format's header
+    first, then only replay lines. A foreign or corrupt file is refused in one line."""
+    try:
+        lines = path.read_bytes().decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        raise DecisionsError(f"{path}: not a decisions file (not UTF-8 text)") from None
+    if lines[-1] == "":
+        lines.pop()
+    if not lines or lines[0] != HEADER:
+        raise DecisionsError(f"{path}:1: not a decisions file of {FORMAT_NAME} {FORMAT_VERSION}")
+    found = []
+    for number, line in enumerate(lines[1:], 2):
+        decision = parse_line(line)
+        if decision is None:
+            raise DecisionsError(f"{path}:{number}: not a decision line: {line[:120]!r}")
+        found.append(decision)
+    return found
+
+
+def needs_locations(cflags: Iterable[str]) -> bool:
+    """Whether a build with CFLAGS has no debug info (the last -g option says), so that its
+    call sites have locations only with LOCATION_FLAGS."""
+    level = "-g0"
+    for a in cflags:
+        if a.startswith("-g") and a not in ("-gcolumn-info", "-gno-column-info"):
+            level = a
+    return level == "-g0"
+
+
+def compile_flags(cflags: Iterable[str]) -> list[str]:
+    """What a build with CFLAGS adds to every compile: the recording's and the replay's."""
+    return list(LOCATION_FLAGS) if needs_locations(cflags) else []
+
+
+def link_flags(directory: Path, program: str) -> list[str]:
+    """What lld's full-LTO link of PROGRAM adds to replay DIR's decisions for it."""
+    inl = directory.resolve() / "links" / f"{program}.inl"
+    return [f"-Wl,{a}" for a in _pairs(replay_flags(str(inl)))]
+
+
+def _pairs(flags: list[str]) -> list[str]:
+    """`-mllvm X` pairs as lld's `-mllvm,X`."""
+    return [f"{flags[i]},{flags[i + 1]}" for i in range(0, len(flags), 2)]
+
+
+def _ere(text: str) -> str:
+    return "".join("\\" + c if c in _ERE_SPECIAL else c for c in text)
+
+
+def _double_quoted(text: str) -> str:
+    """TEXT as one sh word, in double quotes: readable where it holds single quotes."""
+    return '"' + "".join("\\" + c if c in '"$`\\' else c for c in text) + '"'
+
+
+def wrapper_text(compiler: str, root_from_dir: str, flags: list[str]) -> str:
+    """The `cc`/`c++` wrapper for COMPILER (a name on PATH, as on any machine with clang)."""
+    name = "[^']+"  # as mlgo.llvm.replay.LINE reads a name (grep reads no newline)
+    line_ere = (
+        f"^{_ere(LINE_PREFIX)}{name}({_ere(INLINED_INTO)}|{_ere(NOT_INLINED_INTO)})"
+        f"{name}{_ere(AT_CALLSITE)}[^;]+;$"
+    )
+    marker = "\0"
+
+    def with_path(words: list[str]) -> str:
+        return " ".join(
+            '"' + w.replace(marker, "$decisions") + '"' if marker in w else shlex.quote(w)
+            for w in words
+        )
+
+    fills = {
+        "@COMPILER@": shlex.quote(compiler),
+        "@ROOT_FROM_DIR@": shlex.quote(root_from_dir),
+        "@HEADER@": _double_quoted(HEADER),
+        "@LINE_ERE@": _double_quoted(line_ere),
+        "@SUFFIX_FACT@": "mlgo.llvm.driver.SOURCE_SUFFIXES",
+        "@SUFFIX_PATTERN@": " | ".join(f"*{s}" for s in SOURCE_SUFFIXES),
+        "@REPLAY_FLAGS@": with_path(replay_flags(marker)),
+        "@LINK_REPLAY_FLAGS@": with_path([f"-Wl,{a}" for a in _pairs(replay_flags(marker))]),
+        "@VERSION@": str(FORMAT_VERSION),
+        "@FLAGS@": " ".join(shlex.quote(f) for f in flags),
+    }
+    text = WRAPPER.read_text()
+    for placeholder, value in fills.items():
+        text = text.replace(placeholder, value)
+    return text
+
+
+def _relative_root(directory: Path, root: Path) -> str:
+    """The project root as the wrappers find it from DIR: relative if it can be, so that
+    the directory moves with the project."""
+    return os.path.relpath(root.resolve(), directory.resolve())
+
+
+def write(
+    directory: Path,
+    root: Path,
+    files: Mapping[str, UnitDecisions],
+    links: Mapping[str, UnitDecisions],
+    flags: list[str],
+    clang_major: int,
+) -> Path:
+    """Writes the decisions of a build of the project at ROOT (FILES by source path from
+    ROOT, LINKS by program) whose compiles add FLAGS (`compile_flags`) as DIR, whole or not
+    at all."""
+    root_from_dir = _relative_root(directory, root)
+    with atomic_directory(directory) as staging:
+        (staging / "FORMAT").write_text(
+            f"{FORMAT_NAME} {FORMAT_VERSION}\nclang {clang_major}\n"
+            f"key {KEY_FORMAT}\nscope {SCOPE}\nroot {root_from_dir}\n"
+        )
+        (staging / "flags").write_text(" ".join(flags) + "\n")
+        programs = sorted(links)
+        link_lines = [" ".join(link_flags(directory, p)) for p in programs]
+        (staging / "link.flags").write_text("".join(f"{line}\n" for line in link_lines))
+        for name, compiler in (("cc", f"clang-{clang_major}"), ("c++", f"clang++-{clang_major}")):
+            (staging / name).write_text(wrapper_text(compiler, root_from_dir, flags))
+            (staging / name).chmod(0o755)
+        for kind, units in (("files", files), ("links", links)):
+            for name, unit in units.items():
+                inl = staging / kind / f"{name}.inl"
+                inl.parent.mkdir(parents=True, exist_ok=True)
+                inl.write_text(inl_text(unit.decisions))
+        summary = {
+            "format": FORMAT_VERSION,
+            "files": {n: u.summary() for n, u in sorted(files.items())},
+            "links": {n: u.summary() for n, u in sorted(links.items())},
+        }
+        (staging / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return directory
+
+
+def read(directory: Path) -> Artifact:
+    """DIR's summary, after its FORMAT says it is one mlgo reads."""
+    fmt = directory / "FORMAT"
+    try:
+        head = fmt.read_text().splitlines()
+        summary = json.loads((directory / "summary.json").read_text())
+    except FileNotFoundError as e:
+        raise DecisionsError(f"{directory}: not a decisions directory (no {e.filename})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DecisionsError(f"{directory}: its summary.json is not JSON: {e}") from None
+    if not head or head[0] != f"{FORMAT_NAME} {FORMAT_VERSION}":
+        raise DecisionsError(f"{fmt}:1: not {FORMAT_NAME} {FORMAT_VERSION}")
+    roots = [line.split(" ", 1)[1] for line in head if line.startswith("root ")]
+    files, links = summary.get("files"), summary.get("links")
+    if not isinstance(files, dict) or not isinstance(links, dict):
+        raise DecisionsError(f"{directory / 'summary.json'}: no files and links in it")
+    return Artifact(directory, files, links, roots[0] if roots else "..")
+
+
+def _departed(unit: Mapping) -> str:
+    n = unit.get("departures")
+    return "departures unknown" if n is None else f"{n} departing from clang's own"
+
+
+def show(artifact: Artifact, by_function: bool = False) -> list[str]:
+    """Per file and program (and per function): its decisions, how many inline, how many
+    depart from clang's own, how many sites were dropped for conflicting answers."""
+    out = []
+    for kind, units in (("files", artifact.files), ("links", artifact.links)):
+        for name, unit in units.items():
+            out.append(
+                f"{kind}/{name}: {unit['decisions']} decisions, {unit['inlined']} inline, "
+                f"{_departed(unit)}, {unit['conflicts']} conflicting sites dropped"
+            )
+            for caller, f in unit["functions"].items() if by_function else ():
+                out.append(f"  {caller}: {f['decisions']} decisions, {f['inlined']} inline, "
+                           f"{f.get('departures', 0)} departing")  # fmt: skip
+    return out
+
+
+def _unit_decisions(artifact: Artifact, kind: str, name: str) -> dict[tuple[str, str], Decision]:
+    inl = artifact.path / kind / f"{name}.inl"
+    return {d.site: d for d in read_inl(inl)} if inl.exists() else {}
+
+
+def diff(old: Artifact, new: Artifact) -> list[str]:
+    """What changed from OLD to NEW, per file or program and per function: decisions added
+    (+), removed (-) and answered the other way (~)."""
+    out = []
+    for kind in ("files", "links"):
+        names = sorted(set(getattr(old, kind)) | set(getattr(new, kind)))
+        for name in names:
+            a, b = _unit_decisions(old, kind, name), _unit_decisions(new, kind, name)
+            changes: dict[str, Counter] = {}
+            for site in a.keys() | b.keys():
+                was, now = a.get(site), b.get(site)
+                if was == now:
+                    continue
+                mark = "+" if was is None else "-" if now is None else "~"
+                changes.setdefault((now or was).caller, Counter())[mark] += 1  # type: ignore[union-attr]
+            if changes:
+                total = sum(changes.values(), Counter())
+                out.append(f"{kind}/{name}: {_counts(total)}")
+                out += [f"  {caller}: {_counts(c)}" for caller, c in sorted(changes.items())]
+    return out or ["no decision changed"]
+
+
+def _counts(c: Counter) -> str:
+    return " ".join(f"{mark}{c[mark]}" for mark in "+-~" if c[mark])
+
+
+def check(artifact: Artifact, root: Path, recheck: list[str] | None = None) -> list[str]:
+    """Per file: whether its source is still the one decided (by digest: all its decisions
+    still meet their call sites), changed, or gone. For a changed one, with RECHECK (a
+    compiler, its flags and our plugin's -fpass-plugin), how many still match
+    (`still_matching`); else that they need a recheck. Headers are not digested."""
+    out = []
+    for name, unit in artifact.files.items():
+        source, total = root / name, unit["decisions"]
+        if not source.is_file():
+            out.append(f"{name}: gone ({total} decisions unused)")
+        elif unit.get("sha256") == source_digest(source):
+            out.append(f"{name}: unchanged, all {total} decisions match")
+        elif recheck is None:
+            out.append(f"{name}: changed since recorded, {total} decisions to recheck")
+        else:
+            command = [*recheck, "-c", str(source.resolve()), "-o", os.devnull]
+            matched, total = still_matching(artifact, name, command, root)
+            out.append(f"{name}: changed, {matched} of {total} decisions still match")
+    return out
+
+
+def recheck_command(cflags: list[str]) -> list[str]:
+    """What `check` recompiles a changed file with: clang with CFLAGS, as recorded, and the
+    plugin of the shipped size policy, for its recorder (any policy's plugin has one)."""
+    tc = find_toolchain()
+    policy = load_policy(shipped_policy("inlining-size"))
+    plugin = inliner_plugin(policy, tc)
+    return [tc.clang, *cflags, *compile_flags(cflags), f"-fpass-plugin={plugin}"]
+
+
+def build_flags(artifact: Artifact, cflags: list[str], link: bool) -> tuple[list[str], str]:
+    """The flags a build with CFLAGS adds (the link's, with LINK: for the program CFLAGS
+    name with -o, or DIR's only one), and a note on the compiler to use."""
+    recorded = (artifact.path / "flags").read_text().split()
+    if recorded != compile_flags(cflags):
+        raise DecisionsError(
+            f"{artifact.path / 'flags'}: recorded for a build "
+            f"{'without' if recorded else 'with'} debug info, unlike these flags: "
+            "call-site keys would not match"
+        )
+    if not link:
+        return recorded, f"compile with CC={artifact.path}/cc CXX={artifact.path}/c++"
+    named = named_output(cflags)
+    programs = [Path(named).name] if named else list(artifact.links)
+    if len(programs) != 1 or programs[0] not in artifact.links:
+        known = ", ".join(artifact.links) or "none"
+        raise DecisionsError(f"{artifact.path}: name the program with -o (programs: {known})")
+    return link_flags(artifact.path, programs[0]), f"replays links/{programs[0]}.inl"
+
+
+def still_matching(artifact: Artifact, name: str, command: list[str], cwd: Path) -> tuple[int, int]:
+    """Of file NAME's decisions, how many still meet their call site when COMMAND (its
+    compile, loading our plugin) replays them, and how many there are: the recorder around
+    clang's replay sees which sites the inliner visits. The rest are stale: clang's own
+    heuristic decides there."""
+    inl = artifact.path / "files" / f"{name}.inl"
+    decided = {d.site for d in read_inl(inl)}
+    visited, _ = record(command, cwd, REPLAY_ADVISOR_PREFIX + str(inl.resolve()))
+    return len(decided & {d.site for d in visited}), len(decided)

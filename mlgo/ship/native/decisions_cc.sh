@@ -1,0 +1,61 @@
+#!/bin/sh
+# @COMPILER@ replaying the inlining decisions of this directory (written by mlgo's decisions,
+# mlgo/ship/decisions.py, which fills in the @NAMES@): for a compile of one source under the
+# project root, DIR/files/<its path>.inl; for a link that writes PROGRAM, DIR/links/PROGRAM.inl.
+# A source or program with no file gets clang's own decisions; a file that is not a decisions
+# file of this format gets them too, said in one line. A compile also gets DIR/flags, as the
+# recorded build had them (call-site locations in a -g0 build: keys must match). Builtins
+# only, but one grep to check a file before clang reads it (clang stops a compile at a line
+# it cannot parse).
+compiler=@COMPILER@
+root_from_dir=@ROOT_FROM_DIR@
+header=@HEADER@
+line=@LINE_ERE@
+here=$PWD
+case $0 in */*) dir=${0%/*} ;; *) dir=. ;; esac
+case $dir in /*) ;; *) dir=$here/$dir ;; esac
+
+# The one source compiled (by suffix: @SUFFIX_FACT@), and the output.
+src= sources=0 out= prev=
+for arg do
+  case $prev in -o | --output) out=$arg ;; esac
+  case $arg in
+    -obj*) ;;
+    -o?*) out=${arg#-o} ;;
+    -*) ;;
+    @SUFFIX_PATTERN@) src=$arg sources=$((sources + 1)) ;;
+  esac
+  prev=$arg
+done
+
+decisions=
+if [ "$sources" = 1 ]; then
+  case $src in */*) sdir=${src%/*} ;; *) sdir=. ;; esac
+  case $root_from_dir in /*) root=$root_from_dir ;; *) root=$dir/$root_from_dir ;; esac
+  if CDPATH= cd -P -- "${sdir:-/}" 2>/dev/null; then
+    source=$PWD/${src##*/}
+    if CDPATH= cd -P -- "$root" 2>/dev/null; then
+      case $source in "$PWD"/*) decisions=$dir/files/${source#"$PWD"/}.inl ;; esac
+    fi
+  fi
+  CDPATH= cd -- "$here" || exit 1
+elif [ "$sources" = 0 ] && [ -n "$out" ]; then
+  decisions=$dir/links/${out##*/}.inl
+fi
+
+if [ -n "$decisions" ] && [ -f "$decisions" ]; then
+  first=
+  IFS= read -r first <"$decisions"
+  LC_ALL=C grep -qvE -e "$line" -- "$decisions" 2>/dev/null
+  if [ $? = 1 ] && [ "$first" = "$header" ]; then
+    if [ "$sources" = 1 ]; then
+      set -- "$@" @REPLAY_FLAGS@
+    else
+      set -- "$@" @LINK_REPLAY_FLAGS@
+    fi
+  else
+    echo "mlgo: $decisions is not a decisions file of mlgo-decisions @VERSION@; clang's own decisions" >&2
+  fi
+fi
+[ "$sources" = 0 ] || set -- "$@" @FLAGS@
+exec "$compiler" "$@"

@@ -1,0 +1,303 @@
+"""Decisions as data: what a policy decided, recorded by our plugin, replayed by plain clang
+through the decisions directory's wrappers, gives the policy's objects; unseen, stale, corrupt
+and foreign inputs get clang's own decisions and never fail a compile."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from mlgo.data import shipped_policy
+from mlgo.llvm.replay import CLANG_ADVISOR, Decision
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.problems.policy_files import load_policy
+from mlgo.ship import decisions
+from mlgo.ship.decisions import DecisionsError, UnitDecisions
+from mlgo.ship.decisions_record import record_build
+from mlgo.ship.plugin import inliner_plugin
+from tests.conftest import run_mlgo
+
+DATA = Path(__file__).parent / "data"
+# tests/data/minipkg's C and tests/data/cxx's C++: the policy departs from clang on the latter
+SOURCES = ["hash.c", "strbuf.c", "main.c", "inventory.cc"]
+EDITED, EDITED_FUNCTION = "strbuf.c", "int strbuf_hex("
+
+
+def _decision(key: str, inline: bool, callee: str = "leaf") -> Decision:
+    return Decision("top", key, callee, inline)
+
+
+@pytest.mark.unit
+def test_a_site_answered_both_ways_is_dropped_and_counted():
+    lines = [_decision("top:1:3", True), _decision("top:1:3", False), _decision("top:2:3", True)]
+    text = "\n".join(d.line() for d in [*lines, lines[2]]) + "\n"
+    kept, conflicts = decisions.from_recorder(text, "rec")
+    assert (kept, conflicts) == ([lines[2]], 1)
+    with pytest.raises(DecisionsError, match=r"^rec:2: not a recorded decision"):
+        decisions.from_recorder(lines[0].line() + "\nremark: something else\n", "rec")
+
+
+@pytest.mark.unit
+def test_a_file_is_its_header_then_replay_lines_sorted(tmp_path: Path):
+    ds = [_decision("top:9:3", False), Decision("a", "a:1:1", "leaf", True)]
+    inl = tmp_path / "x.inl"
+    inl.write_text(decisions.inl_text(ds))
+    assert inl.read_text().splitlines()[0] == decisions.HEADER
+    assert decisions.read_inl(inl) == sorted(ds)
+    assert decisions.departures(ds, [_decision("top:9:3", True)]) == {"top": 1}
+
+
+@pytest.mark.unit
+@pytest.mark.security
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("", r"x\.inl:1: not a decisions file of mlgo-decisions 1"),
+        (_decision("f:1:1", True).line() + "\n", r"x\.inl:1: not a decisions file"),
+        (decisions.HEADER + "\n#comment\n", r"x\.inl:2: not a decision line: '#comment'"),
+        (decisions.HEADER + "\nmlgo: 'a' inlined into 'b' at callsite\n", r"x\.inl:2: "),
+    ],
+)
+def test_a_foreign_or_corrupt_file_is_refused_in_one_line(tmp_path: Path, text, error):
+    inl = tmp_path / "x.inl"
+    inl.write_text(text)
+    with pytest.raises(DecisionsError, match=error):
+        decisions.read_inl(inl)
+
+
+@pytest.mark.unit
+def test_a_g0_build_gets_locations_and_a_g_build_nothing():
+    assert decisions.compile_flags(["-Oz"]) == list(decisions.LOCATION_FLAGS)
+    assert decisions.compile_flags(["-g", "-Oz", "-g0"]) == list(decisions.LOCATION_FLAGS)
+    assert decisions.compile_flags(["-Oz", "-gline-tables-only"]) == []
+
+
+def _written(directory: Path, root: Path, inline: bool) -> Path:
+    """A decisions directory for ROOT/src/a.c of two decisions, the second one INLINE."""
+    ds = [_decision("top:1:3", True), _decision("top:2:3", inline, "other")]
+    unit = UnitDecisions(ds, departures={"top": 1}, digest=decisions.source_digest(root / "a.c"))
+    return decisions.write(directory, root, {"a.c": unit}, {}, [], 22)
+
+
+@pytest.mark.unit
+def test_the_commands_show_diff_check_and_print_the_flags(tmp_path: Path):
+    (tmp_path / "a.c").write_text("int a;\n")
+    old = _written(tmp_path / "old", tmp_path, False)
+    new = _written(tmp_path / "new", tmp_path, True)
+    shown = run_mlgo("decisions", "show", "--functions", str(new), timeout=60)
+    assert shown.stdout.splitlines() == [
+        "files/a.c: 2 decisions, 2 inline, 1 departing from clang's own, "
+        "0 conflicting sites dropped",
+        "  top: 2 decisions, 2 inline, 1 departing",
+    ]
+    changed = run_mlgo("decisions", "diff", str(old), str(new), timeout=60)
+    assert changed.stdout.splitlines() == ["files/a.c: ~1", "  top: ~1"]
+    (tmp_path / "a.c").write_text("int a, b;\n")
+    checked = run_mlgo("decisions", "check", str(new), timeout=60)
+    assert checked.stdout == "a.c: changed since recorded, 2 decisions to recheck\n"
+    flags = run_mlgo("flags", "--decisions", str(new), "--", "-Oz", "-g", timeout=60)
+    assert (flags.returncode, flags.stdout) == (0, "")  # a -g build adds nothing
+    assert flags.stderr == f"mlgo: note: compile with CC={new}/cc CXX={new}/c++\n"
+    refused = run_mlgo("flags", "--decisions", str(new), "--", "-Oz", timeout=60)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(f"error: {new / 'flags'}: recorded for a build with debug")
+    (new / "files" / "a.c.inl").write_text("garbage\n")
+    corrupt = run_mlgo("decisions", "diff", str(old), str(new), timeout=60)
+    assert corrupt.returncode == 2
+    inl = new / "files" / "a.c.inl"
+    assert corrupt.stderr == f"error: {inl}:1: not a decisions file of mlgo-decisions 1\n"
+
+
+# --- with clang-22: a policy that departs from clang, recorded and replayed ---------------
+
+
+@pytest.fixture(scope="module")
+def plugin(tc: Toolchain) -> Path:
+    """The shipped inlining policy, ungated: it departs from clang's own on these sources."""
+    policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
+    return inliner_plugin(policy, tc)
+
+
+def _project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    shutil.copytree(DATA / "minipkg", root / "src")
+    shutil.copy(DATA / "cxx" / "inventory.cc", root / "src")
+    return root
+
+
+def _compiler(drivers: tuple[str, str], name: str) -> str:
+    """Of the C and C++ DRIVERS, the one for source NAME."""
+    return drivers[name.endswith(".cc")]
+
+
+def _clang(tc: Toolchain) -> tuple[str, str]:
+    return tc.clang, tc.clangxx
+
+
+def _wrappers(root: Path) -> tuple[str, str]:
+    return str(root / "decisions" / "cc"), str(root / "decisions" / "c++")
+
+
+def _objects(drivers: tuple[str, str], root: Path, cflags: list[str], out: Path) -> dict:
+    """Each source compiled by DRIVERS from ROOT, as a build would: relative paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    objs = {}
+    for name in SOURCES:
+        obj = out / f"{name}.o"
+        cmd = [_compiler(drivers, name), *cflags, "-c", f"src/{name}", "-o", str(obj)]
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
+        assert proc.stderr == "", proc.stderr
+        objs[name] = obj.read_bytes()
+    return objs
+
+
+def _recorded(tc: Toolchain, plugin: Path, root: Path, cflags: list[str], out: Path):
+    """The decisions of the policy's build, written to ROOT/decisions, and its objects."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        f"src/{name}": decisions.record_source(
+            _compiler(_clang(tc), name), plugin, root, f"src/{name}", cflags, out / f"{name}.o"
+        )
+        for name in SOURCES
+    }
+    flags = decisions.compile_flags(cflags)
+    decisions.write(root / "decisions", root, files, {}, flags, tc.major)
+    return files, {name: (out / f"{name}.o").read_bytes() for name in SOURCES}
+
+
+@pytest.mark.parametrize("debug", ["-g", "-g0"])
+def test_clang_alone_replays_the_policys_objects(
+    tc: Toolchain, plugin: Path, tmp_path: Path, debug: str
+):
+    root, cflags = _project(tmp_path), ["-Oz", debug]
+    files, policys = _recorded(tc, plugin, root, cflags, tmp_path / "policy")
+    plain = _objects(_clang(tc), root, cflags, tmp_path / "plain")
+    assert sum(sum((u.departures or {}).values()) for u in files.values()) > 0
+    assert any(policys[n] != plain[n] for n in SOURCES), "the policy must change an object"
+    replayed = _objects(_wrappers(root), root, cflags, tmp_path / "replayed")
+    assert replayed == policys
+    # a -g0 build's location flags leave its objects as plain -g0 makes them
+    if debug == "-g0":
+        policy_g0 = {}
+        for name in SOURCES:
+            obj = tmp_path / f"{name}.g0.o"
+            cmd = [_compiler(_clang(tc), name), *cflags, f"-fpass-plugin={plugin}", "-c"]
+            cmd += [f"src/{name}", "-o", obj]
+            subprocess.run(cmd, cwd=root, check=True)
+            policy_g0[name] = obj.read_bytes()
+        assert replayed == policy_g0
+
+
+@pytest.mark.security
+def test_unseen_stale_corrupt_and_foreign_files_get_clangs_own(
+    tc: Toolchain, plugin: Path, tmp_path: Path
+):
+    root, cflags = _project(tmp_path), ["-Oz", "-g0"]
+    _recorded(tc, plugin, root, cflags, tmp_path / "policy")
+    cc, files = str(root / "decisions" / "cc"), root / "decisions" / "files" / "src"
+    plain = _objects(_clang(tc), root, cflags, tmp_path / "plain")
+
+    def through(compiler: str, name: str) -> tuple[bytes, str]:
+        obj = tmp_path / "out.o"
+        cmd = [compiler, *cflags, "-c", f"src/{name}", "-o", str(obj)]
+        proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return obj.read_bytes(), proc.stderr
+
+    # a file never recorded: clang's own, silently
+    shutil.copy(root / "src" / "hash.c", root / "src" / "unseen.c")
+    assert through(cc, "unseen.c") == (through(tc.clang, "unseen.c")[0], "")
+    # corrupt and foreign files: one line each, clang's own decisions, the file untouched
+    corrupt, foreign = files / "hash.c.inl", files / "main.c.inl"
+    corrupt.write_text(corrupt.read_text() + "garbage\n")
+    foreign.write_text("\n".join(foreign.read_text().splitlines()[1:]) + "\n")
+    before = {p: p.read_bytes() for p in (corrupt, foreign)}
+    for name, inl in (("hash.c", corrupt), ("main.c", foreign)):
+        note = f"mlgo: {inl} is not a decisions file of mlgo-decisions 1; clang's own decisions\n"
+        assert through(cc, name) == (plain[name], note)
+    assert {p: p.read_bytes() for p in before} == before
+    # a stale edit, a line added inside a function: compiles, and `check` says so
+    text = (root / "src" / EDITED).read_text()
+    brace = text.index("{", text.index(EDITED_FUNCTION))
+    (root / "src" / EDITED).write_text(text[: brace + 1] + "\n  ;" + text[brace + 1 :])
+    assert through(cc, EDITED)[1] == ""
+    recheck = [tc.clang, *cflags, *decisions.compile_flags(cflags), f"-fpass-plugin={plugin}"]
+    artifact = decisions.read(root / "decisions")
+    for name, edited in (("inventory.cc", False), (EDITED, True)):
+        command = [_compiler(_clang(tc), name), *recheck[1:], "-c", f"src/{name}", "-o", os.devnull]
+        matched, total = decisions.still_matching(artifact, f"src/{name}", command, root)
+        assert 0 < matched < total if edited else matched == total > 0, (name, matched, total)
+    report = decisions.check(decisions.read(root / "decisions"), root)
+    assert f"src/{EDITED}: changed since recorded" in "\n".join(report)
+    assert "src/inventory.cc: unchanged, all" in "\n".join(report)
+
+
+def test_a_full_lto_link_replays_from_its_programs_decisions(
+    tc: Toolchain, plugin: Path, tmp_path: Path
+):
+    """The link's decisions are recorded from clang's own advisor at another threshold: a
+    decision-maker whose program differs from plain clang's, as a policy's would."""
+    root, cflags = _project(tmp_path), ["-Oz", "-g0", "-flto"]
+    c_sources = [n for n in SOURCES if n.endswith(".c")]
+    objects = [f"{n}.o" for n in c_sources]
+    for name in c_sources:
+        compile_ = [tc.clang, *cflags, *decisions.compile_flags(cflags), "-c", f"src/{name}"]
+        subprocess.run([*compile_, "-o", f"{name}.o"], cwd=root, check=True)
+    link = ["-flto", "-fuse-ld=lld", "-Oz", *objects, "-o"]
+    threshold = ["-Wl,-mllvm,-inline-threshold=60"]
+    recorded = [tc.clang, *link, "recorded", *threshold]
+    unit = decisions.record_link(recorded, plugin, root, CLANG_ADVISOR)
+    flags = decisions.compile_flags(cflags)
+    decisions.write(root / "decisions", root, {}, {"prog": unit}, flags, tc.major)
+    subprocess.run([tc.clang, *link, "plain"], cwd=root, check=True)
+    proc = subprocess.run([_wrappers(root)[0], *link, "prog"], cwd=root, capture_output=True)
+    assert (proc.returncode, proc.stderr) == (0, b"")
+    program = (root / "prog").read_bytes()
+    assert program == (root / "recorded").read_bytes() != (root / "plain").read_bytes()
+    # by hand: plain clang with the link flags `mlgo flags --decisions DIR --link` prints
+    artifact = decisions.read(root / "decisions")
+    by_hand, _ = decisions.build_flags(artifact, [*cflags, "-o", "prog"], link=True)
+    subprocess.run([tc.clang, *link, "by-hand", *by_hand], cwd=root, check=True)
+    assert (root / "by-hand").read_bytes() == program
+    assert decisions.show(decisions.read(root / "decisions"))[0].startswith(
+        f"links/prog: {len(unit.decisions)} decisions"
+    )
+
+
+MAKEFILE = """\
+OBJS = src/hash.o src/strbuf.o src/main.o
+all: prog src/inventory.o
+prog: $(OBJS)
+\t$(CC) $(CFLAGS) -fuse-ld=lld $(OBJS) -o $@
+src/%.o: src/%.c
+\t$(CC) $(CFLAGS) -c $< -o $@
+src/%.o: src/%.cc
+\t$(CXX) $(CFLAGS) -c $< -o $@
+"""
+
+
+@pytest.mark.parametrize("lto", [False, True], ids=["per-file", "full-lto"])
+def test_a_recorded_make_build_is_rebuilt_by_the_wrappers(tc: Toolchain, tmp_path: Path, lto: bool):
+    root = _project(tmp_path)
+    (root / "Makefile").write_text(MAKEFILE)
+    policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
+    out, cflags = root / "decisions", "CFLAGS=-Oz -g0" + " -flto" * lto
+    _, skipped = record_build(policy, out, root, ["make", cflags], tc)
+    assert skipped == []
+    outputs = [*(f"src/{Path(n).stem}.o" for n in SOURCES), "prog"]
+    kept = {o: (root / o).read_bytes() for o in outputs}
+    artifact = decisions.read(out)
+    assert sorted(artifact.files) == sorted(f"src/{n}" for n in SOURCES)
+    assert sorted(artifact.links) == (["prog"] if lto else [])
+    assert artifact.files["src/inventory.cc"]["departures"] > 0
+    assert (out / "flags").read_text().split() == list(decisions.LOCATION_FLAGS)
+    for o in outputs:
+        (root / o).unlink()
+    wrappers = [f"CC={out / 'cc'}", f"CXX={out / 'c++'}"]
+    subprocess.run(["make", *wrappers, cflags], cwd=root, check=True)
+    assert {o: (root / o).read_bytes() for o in outputs} == kept

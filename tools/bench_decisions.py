@@ -1,0 +1,124 @@
+"""What a build from decisions costs against plain clang (issue 59, a first figure).
+
+    .venv/bin/python -m tools.bench_decisions SRC_DIR [--rounds 9] [--callgrind lparser.c]
+
+SRC_DIR is a small real C project's source directory (every *.c in it compiles alone with
+-I SRC_DIR, as lua's src/ does). For -g0 and for -g, each file is compiled once with the
+shipped size policy (ungated) in the plugin, its decisions recorded into a decisions directory
+(mlgo.ship.decisions); then every round builds all files three ways in the order
+`round_order` gives: plain clang-22, plain again (the A/A control) and through the
+directory's `cc` wrapper (plain clang replaying the policy's decisions, with the location
+flags for -g0). A build's CPU is the user + system seconds of its compiles (wait4's rusage,
+wrapper included). Also said: how many objects the decisions build made identical to the
+policy's. Reported per debug level: the median and interquartile range over rounds
+of each variant's change against plain. With --callgrind FILE, also the instructions
+valgrind counts for one compile of FILE each way (deterministic: the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from mlgo.data import shipped_policy
+from mlgo.llvm.toolchain import find_toolchain
+from mlgo.problems.policy_files import load_policy
+from mlgo.programs.measure import paired_change, round_order
+from mlgo.ship import decisions
+from mlgo.ship.plugin import inliner_plugin
+
+VARIANTS = ("plain", "plain A/A", "decisions")
+DEBUG_LEVELS = ("-g0", "-g")
+console = Console()
+
+
+def build_cpu_s(compiler: str, root: Path, names: list[str], cflags: list[str], out: Path) -> float:
+    """CPU seconds of compiling every file NAMES in ROOT with COMPILER, one at a time."""
+    total = 0.0
+    for name in names:
+        cmd = [compiler, *cflags, "-I.", "-c", name, "-o", str(out / f"{name}.o")]
+        proc = subprocess.Popen(cmd, cwd=root, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(proc.pid, 0)
+        stderr = proc.stderr.read() if proc.stderr else b""
+        if os.waitstatus_to_exitcode(status) != 0 or stderr:
+            raise RuntimeError(f"{compiler} on {name}: {stderr[:300]!r}")
+        total += usage.ru_utime + usage.ru_stime
+    return total
+
+
+def instructions(command: list[str], cwd: Path) -> int:
+    """Guest instructions of COMMAND and every program it executes, by callgrind."""
+    with tempfile.TemporaryDirectory(prefix="bench-decisions-cg-") as d:
+        cg = ["valgrind", "--tool=callgrind", "--trace-children=yes"]
+        cg.append(f"--callgrind-out-file={d}/cg.%p")
+        proc = subprocess.run([*cg, *command], cwd=cwd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"callgrind: {proc.stderr[-300:]}")
+        return sum(
+            int(n.replace(",", "")) for n in re.findall(r"Collected : ([\d,]+)", proc.stderr)
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("src", type=Path, help="a directory of C files that compile alone")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--callgrind", help="one file of SRC to count instructions on")
+    args = ap.parse_args()
+    tc, root = find_toolchain(), args.src.resolve()
+    policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
+    plugin = inliner_plugin(policy, tc)
+    names = sorted(p.name for p in root.glob("*.c"))
+    table = Table("debug", "variant", "median", "IQR", "rounds")
+    with tempfile.TemporaryDirectory(prefix="bench-decisions-") as d:
+        work = Path(d)
+        for debug in DEBUG_LEVELS:
+            cflags = ["-Oz", debug]
+            directory, policys, built = (work / f"{k}{debug}" for k in ("dir", "policy", "out"))
+            policys.mkdir()
+            built.mkdir()
+            files = {
+                n: decisions.record_source(tc.clang, plugin, root, n, cflags, policys / f"{n}.o")
+                for n in names
+            }
+            flags = decisions.compile_flags(cflags)
+            decisions.write(directory, root, files, {}, flags, tc.major)
+            compilers = dict(
+                zip(VARIANTS, (tc.clang, tc.clang, str(directory / "cc")), strict=True)
+            )
+            cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            for r in range(args.rounds):
+                for v in round_order(r, VARIANTS):
+                    cpu[v].append(build_cpu_s(compilers[v], root, names, cflags, built))
+            build_cpu_s(compilers["decisions"], root, names, cflags, built)
+            same = sum(
+                (policys / f"{n}.o").read_bytes() == (built / f"{n}.o").read_bytes() for n in names
+            )
+            console.print(
+                f"{debug}: {same}/{len(names)} objects from decisions identical to the policy's"
+            )
+            for v in VARIANTS[1:]:
+                change = paired_change(cpu[v], cpu["plain"])
+                iqr = f"{change['q1']:+.1%}..{change['q3']:+.1%}"
+                table.add_row(debug, v, f"{change['median']:+.1%}", iqr, str(args.rounds))
+            if args.callgrind:
+                command = [*cflags, "-I.", "-c", args.callgrind, "-o", os.devnull]
+                plain = instructions([tc.clang, *command], root)
+                ours = instructions([compilers["decisions"], *command], root)
+                console.print(
+                    f"{debug} {args.callgrind}: plain {plain:,} instructions, through the "
+                    f"decisions {ours:,} ({ours / plain - 1:+.2%})"
+                )
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
