@@ -4,6 +4,7 @@ smaller of the policy's and the default's object. Real clang, a real service, bo
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -330,7 +331,7 @@ class Rebuild:
         self.wrapper, self.service, self.directory = wrapper, service, directory
         self.counting, self.log = counting_clang(tc, directory)
         (directory / "x.c").write_text(source)
-        self.args = ["-Oz", "-c", "x.c", "-o", "x.o"]
+        self.args = ["-Oz", "-c", str(directory / "x.c"), "-o", "x.o"]
         plain(tc, self.args, cwd=directory)
         self.default = (directory / "x.o").read_bytes()
         (directory / "x.o").unlink()
@@ -347,10 +348,12 @@ class Rebuild:
     def object(self) -> bytes:
         return (self.directory / "x.o").read_bytes()
 
-
-def memory() -> set[Path]:
-    directory = cache_dir() / GUARD_CACHE
-    return set(directory.iterdir()) if directory.exists() else set()
+    def memory(self) -> set[Path]:
+        """The guard's memory's entries for this source (they name it by its path), whatever
+        other tests running beside this one remember (an entry being written has a dot)."""
+        mine = f" {self.directory}/x.c\n"
+        entries = (cache_dir() / GUARD_CACHE).iterdir()
+        return {e for e in entries if "." not in e.name and mine in e.read_text()}
 
 
 @pytest.mark.parametrize("name", ["hash.c", "shrinks.c"])
@@ -362,11 +365,10 @@ def test_a_guarded_file_rebuilt_unchanged_is_compiled_once(
     the guard kept (clang's for hash.c, the policy's for shrinks.c)."""
     text, policy_larger, _, _ = GUARD_CASES[name]
     build = Rebuild(native_cc, departing, tc, tmp_path, text)
-    before = memory()
     assert build.compiles() == 2
     first = build.object()
     assert (first == build.default) == policy_larger
-    assert len(memory() - before) == 1  # one entry, for this compile
+    assert len(build.memory()) == 1  # one entry, for this compile
     assert build.compiles() == 1
     assert build.object() == first
 
@@ -378,9 +380,8 @@ def test_the_guards_memory_misses_when_what_decides_the_object_changed(
     may write: each is a miss, guarded again into the right object, and remembered anew."""
     (tmp_path / "params.h").write_text("#define SEED 1\n")
     build = Rebuild(native_cc, departing, tc, tmp_path, '#include "params.h"\n' + HASH.read_text())
-    before = memory()
     assert build.compiles() == 2
-    (entry,) = memory() - before
+    (entry,) = build.memory()
     assert build.compiles() == 1
     with (tmp_path / "params.h").open("a") as header:
         header.write("/* edited */\n")
@@ -400,6 +401,23 @@ def test_the_guards_memory_misses_when_what_decides_the_object_changed(
     entry.chmod(0o666)
     assert build.compiles() == 2
     assert build.compiles() == 1
+
+
+def test_a_file_changed_during_the_build_is_not_remembered(departing, native_cc, tc, tmp_path):
+    """A header whose time is after the compile began (an edit during the build: the
+    compile may have read it before) leaves nothing remembered: the rebuild is guarded
+    again, until the header is older than the compile that remembers it."""
+    (tmp_path / "params.h").write_text("#define SEED 1\n")
+    build = Rebuild(native_cc, departing, tc, tmp_path, '#include "params.h"\n' + HASH.read_text())
+    later = time.time() + 3600
+    os.utime(tmp_path / "params.h", (later, later))
+    assert build.compiles() == 2
+    assert not build.memory()
+    assert build.compiles() == 2
+    os.utime(tmp_path / "params.h", (later - 7200, later - 7200))
+    assert build.compiles() == 2
+    assert build.compiles() == 1
+    assert build.object() == build.default
 
 
 def test_the_guards_memory_is_per_policy(departing, native_cc, tc, tmp_path):

@@ -42,6 +42,7 @@
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #if !defined(MLGO_PYTHON) || !defined(MLGO_LEASE_SWITCHES) || !defined(MLGO_LEASE_CHANNELS) || \
@@ -648,6 +649,13 @@ static const char *memo_env[] = {"CPATH",          "C_INCLUDE_PATH",    "CPLUS_I
                                  "OBJC_INCLUDE_PATH", "SOURCE_DATE_EPOCH", "CCC_OVERRIDE_OPTIONS",
                                  NULL};
 static char memo[PATH_MAX]; /* this compile's entry, "" when it is not remembered */
+static struct timespec memo_since; /* when it was named: a file changed since is not remembered */
+
+static int before(struct timespec a, struct timespec b) {
+  return a.tv_sec < b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec < b.tv_nsec);
+}
+
+static struct timespec later(struct timespec a, struct timespec b) { return before(a, b) ? b : a; }
 
 /* S with its NUL, so that ("ab", "c") and ("a", "bc") differ. */
 static void hash_string(struct sha256_ctx *ctx, const char *s) {
@@ -660,8 +668,9 @@ static void hex_digest(struct sha256_ctx *ctx, char out[HEX_DIGEST + 1]) {
   for (int i = 0; i < SHA256_DIGEST_SIZE; i++) sprintf(out + 2 * i, "%02x", digest[i]);
 }
 
-/* The hex SHA-256 of the regular file at PATH into OUT; 0 on success. */
-static int hash_file(const char *path, char out[HEX_DIGEST + 1]) {
+/* The hex SHA-256 of the regular file at PATH into OUT, and into CHANGED (if not NULL) the
+ * later of its modification and status change times; 0 on success. */
+static int hash_file(const char *path, char out[HEX_DIGEST + 1], struct timespec *changed) {
   static uint8_t buf[65536];
   struct sha256_ctx ctx;
   struct stat st;
@@ -675,6 +684,7 @@ static int hash_file(const char *path, char out[HEX_DIGEST + 1]) {
   close(fd);
   if (n < 0) return -1;
   hex_digest(&ctx, out);
+  if (changed) *changed = later(st.st_mtim, st.st_ctim);
   return 0;
 }
 
@@ -712,6 +722,7 @@ static int memo_name(int argc, char **argv, char **flags, int n_flags) {
   if ((mkdir(dir, 0700) != 0 && errno != EEXIST) || lstat(dir, &st) != 0 ||
       !S_ISDIR(st.st_mode) || !trusted_path(dir, 1))
     return 0;
+  clock_gettime(CLOCK_REALTIME, &memo_since);
   sha256_init(&ctx);
   hash_string(&ctx, MEMO_VERSION);
   hash_string(&ctx, identity);
@@ -742,7 +753,7 @@ static int memo_check(char *text) {
   while (winner != MEMO_MISS && (line = strtok_r(NULL, "\n", &save))) {
     if (strcmp(line, MEMO_END) == 0) return files && !strtok_r(NULL, "\n", &save) ? winner : MEMO_MISS;
     if (strlen(line) <= HEX_DIGEST + 1 || line[HEX_DIGEST] != ' ' ||
-        hash_file(line + HEX_DIGEST + 1, digest) != 0 || strncmp(line, digest, HEX_DIGEST) != 0)
+        hash_file(line + HEX_DIGEST + 1, digest, NULL) != 0 || strncmp(line, digest, HEX_DIGEST) != 0)
       return MEMO_MISS;
     files++;
   }
@@ -768,10 +779,13 @@ static int memo_lookup(void) {
   return winner;
 }
 
-/* Appends "HASH NAME" for the file NAME to the entry ENTRY (LEN bytes so far); 0 on success. */
+/* Appends "HASH NAME" for the file NAME to the entry ENTRY (LEN bytes so far); 0 on success,
+ * -1 if it cannot be hashed or changed after the compile began (an edit during the build: the
+ * compile may have read it before, as ccache's direct mode says of a file "too new"). */
 static int memo_add_file(char *entry, size_t *len, const char *name) {
   char digest[HEX_DIGEST + 1];
-  if (hash_file(name, digest) != 0) return -1;
+  struct timespec changed;
+  if (hash_file(name, digest, &changed) != 0 || !before(changed, memo_since)) return -1;
   int n = snprintf(entry + *len, MEMO_MAX_BYTES - *len, "%s %s\n", digest, name);
   if (n < 0 || (size_t)n >= MEMO_MAX_BYTES - *len) return -1;
   *len += (size_t)n;
