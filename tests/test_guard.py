@@ -4,6 +4,7 @@ smaller of the policy's and the default's object. Real clang, a real service, bo
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -18,8 +19,10 @@ from mlgo.llvm.cmdline import SIDE_OUTPUT_PREFIXES, SIDE_OUTPUTS, SIDE_OUTPUTS_W
 from mlgo.llvm.driver import compile_language, source_files
 from mlgo.llvm.sizes import text_size
 from mlgo.problems.policy_files import load_policy, save_policy
+from mlgo.runtime.files import cache_dir
 from mlgo.serve.cc import optimizes
 from mlgo.serve.guard import (
+    GUARD_CACHE,
     GUARD_SCRATCH,
     UNGUARDED,
     UNGUARDED_PREFIXES,
@@ -267,6 +270,14 @@ def test_a_policy_shipped_guarded_is_guarded_without_asking(inline_all, tc, tmp_
         service.stop()
 
 
+def counting_clang(tc, directory: Path) -> tuple[Path, Path]:
+    """An MLGO_CC in DIRECTORY that runs clang and counts its runs, a line each in its log."""
+    log, counting = directory / "compiles.log", directory / "clang"
+    counting.write_text(f'#!/bin/sh\necho x >> {log}\nexec {tc.clang} "$@"\n')
+    counting.chmod(0o755)
+    return counting, log
+
+
 @pytest.mark.parametrize("departs", [False, True])
 def test_a_plugin_compile_that_made_clangs_object_is_not_compiled_again(cc, departs, tc, tmp_path):
     """Served by the plugin, a gated policy's compile says whether it departed from LLVM's
@@ -278,10 +289,7 @@ def test_a_plugin_compile_that_made_clangs_object_is_not_compiled_again(cc, depa
     save_policy(replace(load_policy(policy), departure_threshold=gate), policy)
     (tmp_path / "service").mkdir()
     service = Service(tmp_path / "service", "--policy", str(policy), "--backend", "plugin")
-    log = tmp_path / "compiles.log"
-    counting = tmp_path / "clang"  # MLGO_CC: clang, counting its runs
-    counting.write_text(f'#!/bin/sh\necho x >> {log}\nexec {tc.clang} "$@"\n')
-    counting.chmod(0o755)
+    counting, log = counting_clang(tc, tmp_path)
     args = ["-Oz", "-c", str(HASH), "-o", "hash.o"]
     plain(tc, args, cwd=tmp_path)
     default = (tmp_path / "hash.o").read_bytes()
@@ -295,6 +303,137 @@ def test_a_plugin_compile_that_made_clangs_object_is_not_compiled_again(cc, depa
     assert len(log.read_text().split()) == (2 if departs else 1)
     assert (tmp_path / "hash.o").read_bytes() == default
     assert set(Path("/tmp").glob("mlgo-departures-*")) == before
+
+
+def gated_policy(out: Path, gate: float) -> Path:
+    """The inline-everything policy gated at GATE, saved to OUT: served by the plugin, it
+    departs from clang on HASH and on SHRINKS."""
+    policy = save_inline_all(out, languages=None)
+    save_policy(replace(load_policy(policy), departure_threshold=gate), policy)
+    return policy
+
+
+@pytest.fixture(scope="module")
+def departing(tmp_path_factory: pytest.TempPathFactory):
+    """A service whose plugin departs from clang, for the guard's memory."""
+    work = tmp_path_factory.mktemp("departing")
+    policy = gated_policy(work / "policy", 0.5)
+    service = Service(work, "--policy", str(policy), "--backend", "plugin")
+    yield service
+    service.stop()
+
+
+class Rebuild:
+    """A source in DIRECTORY compiled by the native wrapper under the guard, as a build
+    would, counting clang's runs; `entries` are the guard's memory's files."""
+
+    def __init__(self, wrapper: list[str], service: Service, tc, directory: Path, source: str):
+        self.wrapper, self.service, self.directory = wrapper, service, directory
+        self.counting, self.log = counting_clang(tc, directory)
+        (directory / "x.c").write_text(source)
+        self.args = ["-Oz", "-c", str(directory / "x.c"), "-o", "x.o"]
+        plain(tc, self.args, cwd=directory)
+        self.default = (directory / "x.o").read_bytes()
+        (directory / "x.o").unlink()
+
+    def compiles(self, *more: str) -> int:
+        """Compiles x.c (with MORE arguments) afresh; how many times clang ran."""
+        (self.directory / "x.o").unlink(missing_ok=True)
+        before = len(self.log.read_text().split()) if self.log.exists() else 0
+        env = self.service.env(MLGO_GUARD="size", MLGO_CC=str(self.counting))
+        r = run([*self.wrapper, *self.args, *more], env, cwd=self.directory)
+        assert r.returncode == 0 and not r.stderr, r.stderr
+        return len(self.log.read_text().split()) - before
+
+    def object(self) -> bytes:
+        return (self.directory / "x.o").read_bytes()
+
+    def memory(self) -> set[Path]:
+        """The guard's memory's entries for this source (they name it by its path), whatever
+        other tests running beside this one remember (an entry being written has a dot)."""
+        mine = f" {self.directory}/x.c\n"
+        entries = (cache_dir() / GUARD_CACHE).iterdir()
+        return {e for e in entries if "." not in e.name and mine in e.read_text()}
+
+
+@pytest.mark.parametrize("name", ["hash.c", "shrinks.c"])
+def test_a_guarded_file_rebuilt_unchanged_is_compiled_once(
+    name, departing, native_cc, tc, tmp_path
+):
+    """The guard's memory: compiled twice where the policy departs, the file is compiled
+    once when rebuilt unchanged (after `make clean`), into the same bytes, whichever object
+    the guard kept (clang's for hash.c, the policy's for shrinks.c)."""
+    text, policy_larger, _, _ = GUARD_CASES[name]
+    build = Rebuild(native_cc, departing, tc, tmp_path, text)
+    assert build.compiles() == 2
+    first = build.object()
+    assert (first == build.default) == policy_larger
+    assert len(build.memory()) == 1  # one entry, for this compile
+    assert build.compiles() == 1
+    assert build.object() == first
+
+
+def test_the_guards_memory_misses_when_what_decides_the_object_changed(
+    departing, native_cc, tc, tmp_path
+):
+    """A changed header, source or flag, a corrupt or cut-short entry, or one that others
+    may write: each is a miss, guarded again into the right object, and remembered anew."""
+    (tmp_path / "params.h").write_text("#define SEED 1\n")
+    build = Rebuild(native_cc, departing, tc, tmp_path, '#include "params.h"\n' + HASH.read_text())
+    assert build.compiles() == 2
+    (entry,) = build.memory()
+    assert build.compiles() == 1
+    with (tmp_path / "params.h").open("a") as header:
+        header.write("/* edited */\n")
+    assert build.compiles() == 2
+    assert build.compiles() == 1
+    with (tmp_path / "x.c").open("a") as source:
+        source.write("/* edited */\n")
+    assert build.compiles() == 2
+    assert build.compiles("-DUNUSED=1") == 2
+    assert build.compiles() == 1
+    whole = entry.read_bytes()
+    for damaged in (b"garbage\n", whole[: len(whole) // 2], whole.replace(b"winner", b"wiener")):
+        entry.write_bytes(damaged)
+        assert build.compiles() == 2
+        assert build.object() == build.default
+        assert entry.read_bytes() == whole
+    entry.chmod(0o666)
+    assert build.compiles() == 2
+    assert build.compiles() == 1
+
+
+def test_a_file_changed_during_the_build_is_not_remembered(departing, native_cc, tc, tmp_path):
+    """A header whose time is after the compile began (an edit during the build: the
+    compile may have read it before) leaves nothing remembered: the rebuild is guarded
+    again, until the header is older than the compile that remembers it."""
+    (tmp_path / "params.h").write_text("#define SEED 1\n")
+    build = Rebuild(native_cc, departing, tc, tmp_path, '#include "params.h"\n' + HASH.read_text())
+    later = time.time() + 3600
+    os.utime(tmp_path / "params.h", (later, later))
+    assert build.compiles() == 2
+    assert not build.memory()
+    assert build.compiles() == 2
+    os.utime(tmp_path / "params.h", (later - 7200, later - 7200))
+    assert build.compiles() == 2
+    assert build.compiles() == 1
+    assert build.object() == build.default
+
+
+def test_the_guards_memory_is_per_policy(departing, native_cc, tc, tmp_path):
+    """Another policy, served by its own plugin, is another entry: guarded again."""
+    build = Rebuild(native_cc, departing, tc, tmp_path, SHRINKS)
+    assert build.compiles() == 2
+    assert build.compiles() == 1
+    (tmp_path / "other").mkdir()
+    policy = gated_policy(tmp_path / "other" / "policy", 0.6)
+    other = Service(tmp_path / "other", "--policy", str(policy), "--backend", "plugin")
+    try:
+        build.service = other
+        assert build.compiles() == 2
+        assert build.compiles() == 1
+    finally:
+        other.stop()
 
 
 def test_a_stopped_guard_leaves_nothing_behind(cc, eager, tmp_path):

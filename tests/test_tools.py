@@ -20,6 +20,7 @@ from mlgo.corpus.format import Module, load_corpus, write_description
 from mlgo.data import shipped_policy
 from mlgo.llvm.log_format import TensorSpec
 from mlgo.llvm.sizes import TextParts
+from mlgo.packages.recipes import Recipe
 from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
 from mlgo.programs.measure import Workload
@@ -30,6 +31,7 @@ from mlgo.train.stages import Stages
 from tools import (
     bench_collect,
     bench_guard,
+    bench_guard_rebuild,
     bench_inline_reach,
     bench_inlining,
     bench_regalloc,
@@ -130,6 +132,22 @@ def test_inlining_bench_figures_from_an_evaluation_builds_and_runs(tmp_path):
         "+0.00% (worst package lua +10.00%)",
     )
     assert ("linked lua:lua", "-5.00% (tests ok/ok)") in rows and rows[-1][1] == "2.00 h"
+
+
+@pytest.mark.unit
+def test_the_rebuild_bench_cleans_as_make_clean_does(tmp_path):
+    """Objects, archives and the recipe's programs go; sources and the rest stay."""
+    recipe = Recipe("lua", "lua5.4", ("make",), programs=("src/lua",))
+    made = ["src/lapi.o", "src/liblua.a", "src/lua"]
+    kept = ["src/lapi.c", "src/Makefile", "src/lua.h"]
+    for name in made + kept:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x")
+    bench_guard_rebuild.cleaned(recipe, tmp_path)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.*")) == sorted(
+        ["src/lapi.c", "src/lua.h"]
+    )
+    assert (tmp_path / "src/Makefile").exists() and not (tmp_path / "src/lua").exists()
 
 
 @pytest.mark.unit

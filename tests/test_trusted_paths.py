@@ -37,6 +37,7 @@ nobodys_dir = test_security.nobodys_dir
 root_only = test_trust.root_only
 inline_all = test_guard.inline_all
 eager = test_guard.eager
+departing = test_guard.departing
 
 # A pass plugin that clang-22 loads and that changes nothing: the object stays plain clang's
 # (llvm/Plugins/PassPlugin.h's PassPluginLibraryInfo, API version 2).
@@ -342,3 +343,19 @@ def test_a_planted_bitcode_file_is_never_used(root_only, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(squatted))
     with pytest.raises(UntrustedPathError, match=f"uid {NOBODY}.*TMPDIR"):
         content_cached("ray-bitcode", digest, ".bc", fetch)
+
+
+def test_an_entry_of_the_guards_memory_of_another_user_is_a_miss(
+    root_only, departing, native_cc, tc, tmp_path
+):
+    """An entry of the guard's memory that uid 65534 owns (who could have written anything
+    in it) is not read: the file is guarded again, into the right object, and the entry
+    written anew, the user's."""
+    build = test_guard.Rebuild(native_cc, departing, tc, tmp_path, test_guard.HASH.read_text())
+    assert build.compiles() == 2
+    (entry,) = build.memory()
+    os.lchown(entry, NOBODY, NOBODY)
+    assert build.compiles() == 2
+    assert build.object() == build.default
+    assert entry.stat().st_uid == os.getuid()
+    assert build.compiles() == 1

@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(clang-22 llvm-22 llvm-22-dev lld-22 bear dpkg-dev g++
+  # SHA-256 for the native mlgo-cc's memory of the size guard
+  nettle-dev
   # the build systems that the `mlgo corpus record` tests drive
   cmake ninja-build meson autoconf automake
   # instruction and block counts of a program's workload

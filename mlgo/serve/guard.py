@@ -20,7 +20,11 @@ The native mlgo-cc hands a guarded link to Python: it costs a second link, not a
 interpreter's start.
 
 The native mlgo-cc (mlgo/serve/native/mlgo_cc.c) guards by these same rules without starting
-Python, running the two compiles at once; tests/test_guard.py holds both to agree.
+Python, running the two compiles at once; tests/test_guard.py holds both to agree. It also
+remembers, in the user's cache (GUARD_CACHE), which object a compile served by the plugin
+kept, by the hashes of the files it read: a rebuild of unchanged sources compiles each file
+once, with that one. This module does not: it guards what the native one hands it, the
+uncommon cases, every time.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ UNGUARDED = {"-S", "-emit-llvm", "-save-temps", "--coverage", "-ftest-coverage",
 UNGUARDED_PREFIXES = ("-save-temps=", "-gsplit-dwarf")
 # The scratch directories' prefix, in the runtime directory; the native wrapper is built with it.
 GUARD_SCRATCH = "guard-"
+# The native wrapper's memory of what it kept, per compile, in the user's cache (its `memo`).
+GUARD_CACHE = "guard"
 
 
 def guard_from_env() -> tuple[str | None, str | None]:

@@ -30,18 +30,19 @@ from mlgo.llvm.languages import LANGUAGES
 from mlgo.runtime.csource import c_string
 from mlgo.runtime.messages import error_line
 from mlgo.serve.cc import REPORTING_LLVM_OPTIONS
-from mlgo.serve.guard import GUARD_SCRATCH
+from mlgo.serve.guard import GUARD_CACHE, GUARD_SCRATCH
 from mlgo.serve.lease import PLUGIN_FLAG, lease_allow_list
 
 NATIVE_SOURCE = Path(__file__).parent / "native" / "mlgo_cc.c"
+NETTLE = "-l:libnettle.a"  # Debian's nettle-dev
 
 
 def native_lists() -> dict[str, list[str]]:
     """The string lists the native wrapper is built with (-D options): the lease allow-list
     of the registered problems, the LLVM options that only report, how a plugin's compile
     tells the size guard that it made clang's own object, the flag that names a plugin, the
-    prefix of the guard's scratch directories, and how clang's driver reads a command line
-    (mlgo.llvm.driver)."""
+    prefix of the guard's scratch directories and the cache directory of its memory, and
+    how clang's driver reads a command line (mlgo.llvm.driver)."""
     switches, channels, numbered = lease_allow_list()
     return {
         "MLGO_SOURCE_SUFFIXES": list(SOURCE_SUFFIXES),
@@ -62,6 +63,7 @@ def native_lists() -> dict[str, list[str]]:
         "MLGO_ADVISED": [ADVISED],
         "MLGO_PLUGIN_FLAG": [PLUGIN_FLAG],
         "MLGO_GUARD_SCRATCH": [GUARD_SCRATCH],
+        "MLGO_GUARD_CACHE": [GUARD_CACHE],
     }
 
 
@@ -89,7 +91,9 @@ def build_native_wrapper(
     cmd = ["cc", "-O2", "-Wall", "-Werror", f"-DMLGO_PYTHON={c_string(python)}", *defines]
     cmd += [f"-DMLGO_BUILD_ID={c_string(native_build_id(source))}"]
     cmd += [f"-D{name}={', '.join(map(c_string, v))}" for name, v in native_lists().items()]
-    proc = subprocess.run([*cmd, str(source), "-o", str(out)], capture_output=True, text=True)
+    # nettle's SHA-256 (the guard's memory), linked in: no library to load at each compile
+    cmd += [str(source), NETTLE, "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise OSError(f"cannot build {source.name}: {error_line(proc.stderr)}")
 

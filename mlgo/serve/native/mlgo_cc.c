@@ -12,6 +12,8 @@
  * MLGO_GUARD=size is done here too (see `guard` below) unless anything about it is unusual:
  * another MLGO_GUARD value, an object this does not read (ELF32, the other byte order), a
  * default compile that fails. Then Python does the whole compile again and says what is wrong.
+ * What the guard kept is remembered (see `memo` below): a rebuild of unchanged sources compiles
+ * each file once.
  * A compile at an -O level no served policy was trained for gets a reply without a lease: it
  * runs the compiler as is, after the service's note if the reply has one (the first compile
  * at that level).
@@ -28,6 +30,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <nettle/sha2.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -39,13 +42,14 @@
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #if !defined(MLGO_PYTHON) || !defined(MLGO_LEASE_SWITCHES) || !defined(MLGO_LEASE_CHANNELS) || \
     !defined(MLGO_LEASE_NUMBERED) || !defined(MLGO_REPORTING_LLVM_OPTIONS) ||             \
     !defined(MLGO_BUILD_ID) || !defined(MLGO_DEPARTURES_ENV) ||                           \
     !defined(MLGO_DEPARTURES_PREFIX) || !defined(MLGO_DEPARTED) || !defined(MLGO_ADVISED) || \
-    !defined(MLGO_PLUGIN_FLAG) || !defined(MLGO_GUARD_SCRATCH) ||                           \
+    !defined(MLGO_PLUGIN_FLAG) || !defined(MLGO_GUARD_SCRATCH) || !defined(MLGO_GUARD_CACHE) ||                           \
     !defined(MLGO_SOURCE_SUFFIXES) || !defined(MLGO_C_SUFFIXES) ||                           \
     !defined(MLGO_CXX_SUFFIXES) || !defined(MLGO_LANGUAGES) || !defined(MLGO_NO_CODEGEN) ||  \
     !defined(MLGO_LEVELS) || !defined(MLGO_NOT_LEVELS) || !defined(MLGO_OUTPUT_OPTIONS)
@@ -422,9 +426,9 @@ static int foreign_link(const char *given) {
   }
 }
 
-/* Where the lease's plugins must come from: mlgo.runtime.files.cache_dir()/plugin, resolved
- * once (a relative MLGO_CACHE, or one through another user's link, is Python's to refuse). */
-static int plugin_cache(char *out) {
+/* mlgo.runtime.files.cache_dir()/PART into OUT, resolved once (a relative MLGO_CACHE, or one
+ * through another user's link, is Python's to refuse). */
+static int cache_subdir(const char *part, char *out) {
   const char *root = getenv("MLGO_CACHE"), *xdg = getenv("XDG_CACHE_HOME");
   const char *home = getenv("HOME");
   char given[PATH_MAX], real[PATH_MAX];
@@ -439,8 +443,11 @@ static int plugin_cache(char *out) {
     return 0;
   if (n >= (int)sizeof given || foreign_link(given) || !realpath(given, real))
     return 0;
-  return snprintf(out, PATH_MAX, "%s/plugin", real) < PATH_MAX;
+  return snprintf(out, PATH_MAX, "%s/%s", real, part) < PATH_MAX;
 }
+
+/* Where the lease's plugins must come from: the cache's plugin/. */
+static int plugin_cache(char *out) { return cache_subdir("plugin", out); }
 
 /* The plugin FLAG names (mlgo.serve.lease.PLUGIN_FLAG, defined when this is built), or NULL
  * when it is not one. */
@@ -560,6 +567,7 @@ static struct {
   char dir[PATH_MAX]; /* the scratch directory, "" when there is none */
   char obj[PATH_MAX]; /* the object the command line writes */
   char out[PATH_MAX]; /* the default compile's, in DIR */
+  char deps[PATH_MAX]; /* its dependency list, in DIR, when the outcome is to be remembered */
 } guard;
 
 /* -Wp,-MD,FILE and the like: dependency options handed to the preprocessor. */
@@ -600,9 +608,10 @@ static int guarded_object(int argc, char **argv, char *obj, size_t cap) {
 }
 
 /* mlgo.serve.guard.default_args: the command line compiling to OUT and writing nothing else
- * (mlgo.llvm.cmdline.without_outputs), the compiler first, NULL-terminated. */
-static char **default_args(int argc, char **argv, const char *out) {
-  char **args = calloc((size_t)argc + 3, sizeof *args);
+ * (mlgo.llvm.cmdline.without_outputs), the compiler first, NULL-terminated; with DEPS, it
+ * also writes the dependency list there, for the guard's memory. */
+static char **default_args(int argc, char **argv, const char *out, const char *deps) {
+  char **args = calloc((size_t)argc + 6, sizeof *args);
   int n = 0;
   args[n++] = (char *)compiler;
   for (int i = 1; i < argc; i++) {
@@ -615,7 +624,214 @@ static char **default_args(int argc, char **argv, const char *out) {
   }
   args[n++] = "-o";
   args[n++] = (char *)out;
+  if (deps) args[n++] = "-MD", args[n++] = "-MF", args[n++] = (char *)deps;
   return args;
+}
+
+/* The guard's memory, in the user's cache (mlgo.serve.guard.GUARD_CACHE): a guarded compile
+ * whose policy departed from clang remembers which object it kept, the policy's or the
+ * default's, so that a rebuild of unchanged sources compiles the file once, with that one,
+ * and gets the same object. An entry is named by what decides the object besides the files
+ * read (the command line without its outputs, the directory it runs in, the compiler, the
+ * lease's flags, whose plugin's path is a hash of the policy and LLVM's version, and the
+ * environment clang finds headers by) and lists the hash of every file the compile read (its
+ * dependency list, as ccache's direct mode does): a hit needs them all unchanged. Anything
+ * else is a miss, and the file is guarded again: an entry that is stale, corrupt, too large,
+ * not this user's or writable by another. A wrong winner could cost bytes, never a wrong
+ * object: either way the object is a real compile of the sources as they are. */
+#define MEMO_VERSION "mlgo-guard-cache 1"
+#define MEMO_END "end"
+#define MEMO_MAX_BYTES (1 << 20)
+#define HEX_DIGEST (2 * SHA256_DIGEST_SIZE)
+enum { MEMO_MISS, MEMO_POLICY, MEMO_DEFAULT };
+static const char *memo_winners[] = {"", "winner policy", "winner default"};
+static const char *memo_env[] = {"CPATH",          "C_INCLUDE_PATH",    "CPLUS_INCLUDE_PATH",
+                                 "OBJC_INCLUDE_PATH", "SOURCE_DATE_EPOCH", "CCC_OVERRIDE_OPTIONS",
+                                 NULL};
+static char memo[PATH_MAX]; /* this compile's entry, "" when it is not remembered */
+static struct timespec memo_since; /* when it was named: a file changed since is not remembered */
+
+static int before(struct timespec a, struct timespec b) {
+  return a.tv_sec < b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec < b.tv_nsec);
+}
+
+static struct timespec later(struct timespec a, struct timespec b) { return before(a, b) ? b : a; }
+
+/* S with its NUL, so that ("ab", "c") and ("a", "bc") differ. */
+static void hash_string(struct sha256_ctx *ctx, const char *s) {
+  sha256_update(ctx, strlen(s) + 1, (const uint8_t *)s);
+}
+
+static void hex_digest(struct sha256_ctx *ctx, char out[HEX_DIGEST + 1]) {
+  uint8_t digest[SHA256_DIGEST_SIZE];
+  sha256_digest(ctx, sizeof digest, digest);
+  for (int i = 0; i < SHA256_DIGEST_SIZE; i++) sprintf(out + 2 * i, "%02x", digest[i]);
+}
+
+/* The hex SHA-256 of the regular file at PATH into OUT, and into CHANGED (if not NULL) the
+ * later of its modification and status change times; 0 on success. */
+static int hash_file(const char *path, char out[HEX_DIGEST + 1], struct timespec *changed) {
+  static uint8_t buf[65536];
+  struct sha256_ctx ctx;
+  struct stat st;
+  ssize_t n = -1;
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return -1;
+  sha256_init(&ctx);
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    while ((n = read(fd, buf, sizeof buf)) > 0) sha256_update(&ctx, (size_t)n, buf);
+  }
+  close(fd);
+  if (n < 0) return -1;
+  hex_digest(&ctx, out);
+  if (changed) *changed = later(st.st_mtim, st.st_ctim);
+  return 0;
+}
+
+/* The compiler execvp runs, as its resolved path, size and modification time (another clang,
+ * or this one upgraded, is another key) into OUT; 0 when it is not found. */
+static int compiler_identity(char *out, size_t cap) {
+  char candidate[PATH_MAX], real[PATH_MAX];
+  struct stat st;
+  const char *dirs = strchr(compiler, '/') ? NULL : getenv("PATH");
+  if (!dirs && !strchr(compiler, '/')) return 0;
+  for (const char *d = dirs;;) {
+    size_t len = dirs ? strcspn(d, ":") : 0;
+    if (dirs)
+      snprintf(candidate, sizeof candidate, "%.*s/%s", (int)(len ? len : 1), len ? d : ".",
+               compiler);
+    else
+      snprintf(candidate, sizeof candidate, "%s", compiler);
+    if (access(candidate, X_OK) == 0 && realpath(candidate, real) && stat(real, &st) == 0)
+      return snprintf(out, cap, "%s %lld %lld.%09ld", real, (long long)st.st_size,
+                      (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec) < (int)cap;
+    if (!dirs || !d[len]) return 0;
+    d += len + 1;
+  }
+}
+
+/* Names this compile's entry in MEMO: in the cache's guard directory (made 0700), if it is
+ * this user's alone (mlgo.runtime.trust). 0 when it cannot be remembered. */
+static int memo_name(int argc, char **argv, char **flags, int n_flags) {
+  char dir[PATH_MAX], cwd[PATH_MAX], identity[PATH_MAX + 64], key[HEX_DIGEST + 1];
+  struct sha256_ctx ctx;
+  struct stat st;
+  if (!cache_subdir(MLGO_GUARD_CACHE, dir) || !getcwd(cwd, sizeof cwd) ||
+      !compiler_identity(identity, sizeof identity))
+    return 0;
+  if ((mkdir(dir, 0700) != 0 && errno != EEXIST) || lstat(dir, &st) != 0 ||
+      !S_ISDIR(st.st_mode) || !trusted_path(dir, 1))
+    return 0;
+  clock_gettime(CLOCK_REALTIME, &memo_since);
+  sha256_init(&ctx);
+  hash_string(&ctx, MEMO_VERSION);
+  hash_string(&ctx, identity);
+  hash_string(&ctx, cwd);
+  char **args = default_args(argc, argv, "", NULL);
+  for (char **a = args + 1; *a; a++) hash_string(&ctx, *a);
+  free(args);
+  for (const char **name = memo_env; *name; name++) {
+    const char *value = getenv(*name);
+    hash_string(&ctx, *name);
+    hash_string(&ctx, value ? "set" : "unset");
+    if (value) hash_string(&ctx, value);
+  }
+  for (int i = 0; i < n_flags; i++) hash_string(&ctx, flags[i]);
+  hex_digest(&ctx, key);
+  return snprintf(memo, sizeof memo, "%s/%s", dir, key) < (int)sizeof memo;
+}
+
+/* The winner the entry TEXT names, if it is whole (its version first, its end last) and every
+ * file it lists still hashes as it did; MEMO_MISS otherwise. */
+static int memo_check(char *text) {
+  char digest[HEX_DIGEST + 1], *save = NULL, *line = strtok_r(text, "\n", &save);
+  int winner = MEMO_MISS, files = 0;
+  if (!line || strcmp(line, MEMO_VERSION) != 0 || !(line = strtok_r(NULL, "\n", &save)))
+    return MEMO_MISS;
+  for (int w = MEMO_POLICY; w <= MEMO_DEFAULT; w++)
+    if (strcmp(line, memo_winners[w]) == 0) winner = w;
+  while (winner != MEMO_MISS && (line = strtok_r(NULL, "\n", &save))) {
+    if (strcmp(line, MEMO_END) == 0) return files && !strtok_r(NULL, "\n", &save) ? winner : MEMO_MISS;
+    if (strlen(line) <= HEX_DIGEST + 1 || line[HEX_DIGEST] != ' ' ||
+        hash_file(line + HEX_DIGEST + 1, digest, NULL) != 0 || strncmp(line, digest, HEX_DIGEST) != 0)
+      return MEMO_MISS;
+    files++;
+  }
+  return MEMO_MISS;
+}
+
+/* The winner MEMO remembers, read only from a regular file of this user's that no one else
+ * may write, at most MEMO_MAX_BYTES; MEMO_MISS otherwise. */
+static int memo_lookup(void) {
+  struct stat st;
+  char *text = NULL;
+  int winner = MEMO_MISS, fd = open(memo, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return MEMO_MISS;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid() &&
+      !(st.st_mode & 022) && st.st_size <= MEMO_MAX_BYTES &&
+      (text = malloc((size_t)st.st_size + 1)) &&
+      pread(fd, text, (size_t)st.st_size, 0) == st.st_size) {
+    text[st.st_size] = 0;
+    winner = memo_check(text);
+  }
+  free(text);
+  close(fd);
+  return winner;
+}
+
+/* Appends "HASH NAME" for the file NAME to the entry ENTRY (LEN bytes so far); 0 on success,
+ * -1 if it cannot be hashed or changed after the compile began (an edit during the build: the
+ * compile may have read it before, as ccache's direct mode says of a file "too new"). */
+static int memo_add_file(char *entry, size_t *len, const char *name) {
+  char digest[HEX_DIGEST + 1];
+  struct timespec changed;
+  if (hash_file(name, digest, &changed) != 0 || !before(changed, memo_since)) return -1;
+  int n = snprintf(entry + *len, MEMO_MAX_BYTES - *len, "%s %s\n", digest, name);
+  if (n < 0 || (size_t)n >= MEMO_MAX_BYTES - *len) return -1;
+  *len += (size_t)n;
+  return 0;
+}
+
+/* Remembers WINNER in MEMO with the hash of each file the dependency list DEPS names (make's
+ * rule as clang writes it: escaped spaces, continued lines). Written beside the entry and
+ * renamed over it: never half of one. Nothing is remembered if a file cannot be hashed. */
+static void memo_store(int winner, const char *deps) {
+  static char rule[MEMO_MAX_BYTES], entry[MEMO_MAX_BYTES];
+  char name[PATH_MAX], tmp[PATH_MAX];
+  size_t len = 0, n = 0;
+  int fd = open(deps, O_RDONLY | O_CLOEXEC), ok = 1;
+  ssize_t got = fd < 0 ? -1 : read(fd, rule, sizeof rule - 1);
+  if (fd >= 0) close(fd);
+  if (got <= 0 || got == (ssize_t)sizeof rule - 1) return;
+  rule[got] = 0;
+  const char *p = strstr(rule, ": ");
+  if (!p) return;
+  len = (size_t)snprintf(entry, sizeof entry, "%s\n%s\n", MEMO_VERSION, memo_winners[winner]);
+  for (p++; ok; p++) {
+    char c = *p;
+    int escaped = 0;
+    if (c == '\\' && p[1] == '\n') /* a continued line */
+      c = ' ', p++;
+    else if ((c == '\\' && (p[1] == ' ' || p[1] == '#')) || (c == '$' && p[1] == '$'))
+      c = *++p, escaped = 1; /* a character of a name */
+    if (!escaped && (c == ' ' || c == '\t' || c == '\n' || !c)) {
+      name[n] = 0;
+      ok = !n || memo_add_file(entry, &len, name) == 0;
+      n = 0;
+      if (c == '\n' || !c) break;
+    } else if (n + 1 < sizeof name) {
+      name[n++] = c;
+    } else {
+      ok = 0;
+    }
+  }
+  int end = snprintf(entry + len, sizeof entry - len, "%s\n", MEMO_END);
+  if (!ok || end < 0 || (size_t)end >= sizeof entry - len) return;
+  len += (size_t)end;
+  if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", memo) >= (int)sizeof tmp || (fd = mkstemp(tmp)) < 0)
+    return;
+  ok = write(fd, entry, len) == (ssize_t)len;
+  if (close(fd) != 0 || !ok || rename(tmp, memo) != 0) unlink(tmp);
 }
 
 /* mlgo.llvm.sizes.text_size of the ELF64 object at PATH: the sizes of its sections flagged
@@ -692,9 +908,10 @@ static int guard_spawn(int argc, char **argv, const char *runtime, const sigset_
     guard.dir[0] = 0;
     return -1;
   }
-  if (snprintf(guard.out, sizeof guard.out, "%s/%s", guard.dir, name) >= (int)sizeof guard.out)
+  if (snprintf(guard.out, sizeof guard.out, "%s/%s", guard.dir, name) >= (int)sizeof guard.out ||
+      snprintf(guard.deps, sizeof guard.deps, "%s.d", guard.out) >= (int)sizeof guard.deps)
     return guard_stop(), -1;
-  char **args = default_args(argc, argv, guard.out);
+  char **args = default_args(argc, argv, guard.out, memo[0] ? guard.deps : NULL);
   pid_t pid = fork();
   if (pid == 0) {
     int null = open("/dev/null", O_RDWR);
@@ -771,7 +988,9 @@ static int guard_keep_smaller(void) {
     return -1;
   long long policy = text_size(guard.obj), fallback = text_size(guard.out);
   if (policy < 0 || fallback < 0) return -1;
-  return fallback <= policy && put_in_place(guard.out, guard.obj) != 0 ? -1 : 0;
+  if (fallback <= policy && put_in_place(guard.out, guard.obj) != 0) return -1;
+  if (memo[0]) memo_store(fallback <= policy ? MEMO_DEFAULT : MEMO_POLICY, guard.deps);
+  return 0;
 }
 
 /* mlgo.llvm.cmdline.made_default_object: did the plugin's compile, which wrote its marks in
@@ -886,7 +1105,8 @@ static int check(int argc, char **argv) {
   }
   if (!guarded_object(argc - 1, argv + 1, obj, sizeof obj)) return 0;
   printf("%s%c", obj, 0);
-  for (char **a = default_args(argc - 1, argv + 1, "OUT") + 1; *a; a++) printf("%s%c", *a, 0);
+  for (char **a = default_args(argc - 1, argv + 1, "OUT", NULL) + 1; *a; a++)
+    printf("%s%c", *a, 0);
   return 0;
 }
 #endif
@@ -962,6 +1182,16 @@ int main(int argc, char **argv) {
       exec_python(argc, argv);
     }
     guarding = 1; /* a compile: guarded here, as MLGO_GUARD=size is */
+  }
+
+  /* Guarded before by the plugin, its files unchanged: compiled once, as the guard chose. */
+  int by_plugin = 0;
+  for (int i = 0; i < n_flags; i++) by_plugin |= plugin_of(flags[i]) != NULL;
+  if (guarding && !stage && by_plugin && guarded_object(argc, argv, guard.obj, sizeof guard.obj) &&
+      memo_name(argc, argv, flags, n_flags)) {
+    int winner = memo_lookup();
+    if (winner != MEMO_MISS) guarding = 0, memo[0] = 0;
+    if (winner == MEMO_DEFAULT) n_flags = 0; /* clang's own, under the lease all the same */
   }
 
   char err_path[] = "/tmp/mlgo-cc-XXXXXX";
