@@ -101,6 +101,7 @@ def test_the_links_to_replay_are_the_last_link_of_each_program_left_in_the_tree(
         Invocation(tree, ["cc", "x.o", "-o", "gone"]),  # its output removed by the build
         Invocation(tree, ["cc", "probe.c", "-o", "CMakeFiles/probe"]),  # a probe
         Invocation(tmp_path, ["cc", "x.o", "-o", "outside"]),  # not in the tree
+        Invocation(tmp_path, ["cc", "x.o", "-o", "tree/prog"]),  # linked from outside it
         Invocation(tree, ["cc", "x.o", "z.o", "-o", "prog"]),  # prog linked again: this one
         Invocation(tree, ["cc", "main.c"]),  # compiled and linked in one call, to a.out
     ]
@@ -108,8 +109,8 @@ def test_the_links_to_replay_are_the_last_link_of_each_program_left_in_the_tree(
     links = program_links(calls, tree)
     assert [(link.output, link.argv) for link in links] == [
         (tree / "sub/libx.so", calls[2].argv),
-        (tree / "prog", calls[6].argv),
-        (tree / "a.out", calls[7].argv),
+        (tree / "prog", calls[7].argv),
+        (tree / "a.out", calls[8].argv),
     ]
 
 

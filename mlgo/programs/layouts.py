@@ -23,7 +23,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from mlgo.corpus.extract import logged_invocations
+from mlgo.corpus.extract import Invocation, logged_invocations
 from mlgo.corpus.lto import NOT_LINKS, PROBES, Link, replay_command
 from mlgo.llvm.driver import link_output
 from mlgo.llvm.toolchain import Toolchain
@@ -53,9 +53,9 @@ def shuffle_flags(seed: int) -> list[str]:
     return ["-fuse-ld=lld", f"-Wl,--shuffle-sections=.text*={seed}"]
 
 
-def program_links(invocations: list, tree: Path) -> list[Link]:
-    """The calls among a build's logged INVOCATIONS that linked a program or a shared
-    library still in TREE, in the order of their last run (an output linked twice is
+def program_links(invocations: list[Invocation], tree: Path) -> list[Link]:
+    """The calls among a build's logged INVOCATIONS that linked, in TREE, a program or a
+    shared library still there, in the order of their last run (an output linked twice is
     the last link's); the build system's probes are none."""
     links: dict[Path, Link] = {}
     for call in invocations:
@@ -63,7 +63,7 @@ def program_links(invocations: list, tree: Path) -> list[Link]:
         output = Path(os.path.normpath(call.cwd / link_output(args)))
         if NOT_LINKS & set(args) or PROBES & set(output.parts) or not output.is_file():
             continue
-        if output.is_relative_to(tree):
+        if output.is_relative_to(tree) and call.cwd.is_relative_to(tree):
             links.pop(output, None)
             links[output] = Link(call.cwd, call.argv, output)
     return list(links.values())
