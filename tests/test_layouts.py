@@ -4,6 +4,7 @@ own copy of the tree, and a change timed over them beside the change as built.""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -148,12 +149,13 @@ def placed(tc, tmp_path_factory):
     built = build_program(
         WORDCOUNT, pristine, work / "plain", tc, "plain", plain.compilers, {}, False, FLAGS
     )
+    relative = Path(os.path.relpath(work))  # as a tool's --work may be given
     return (
         work,
         pristine,
         plain,
         built,
-        layout_trees(WORDCOUNT, pristine, work, tc, plain, FLAGS, 2),
+        layout_trees(WORDCOUNT, pristine, relative, tc, plain, FLAGS, 2),
     )
 
 

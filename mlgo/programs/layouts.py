@@ -82,8 +82,8 @@ def layout_trees(
     and LAYOUTS copies of it, WORK/<variant>-layout-SEED, in which every link the build ran
     was run again with `shuffle_flags(SEED)`, by seed. VARIANT's compilers must still answer
     (a served policy's service running): a link that also compiles runs them again."""
-    sections = (work / f"{variant.name}-sections").resolve()
-    logs = work / f".{variant.name}-calls"
+    work = work.resolve()  # the wrappers log from inside the tree
+    sections, logs = work / f"{variant.name}-sections", work / f".{variant.name}-calls"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
     built = [*flags, *SECTIONS_FLAGS]
