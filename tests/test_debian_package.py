@@ -100,8 +100,9 @@ def test_the_demo_says_where_its_page_of_plots_is(zlib_demo):
 def test_build_measures_the_workload_of_lua(tmp_path):
     """`mlgo build lua`: both builds run the recipe's Lua script (its check passes on
     both, and both print the same), and the table, build.json and lua's report hold the
-    paired change of its CPU time."""
-    r = run_mlgo("build", "lua", "--out", str(tmp_path), "--bench-rounds", "2", timeout=900)
+    paired change of its CPU time, as built and over two shuffled layouts of each build."""
+    args = ["--bench-rounds", "2", "--layouts", "2"]
+    r = run_mlgo("build", "lua", "--out", str(tmp_path), *args, timeout=900)
     assert r.returncode == 0, r.stderr + r.stdout
     assert "CPU time" in r.stdout and "IQR" in r.stdout
     speed = json.loads((tmp_path / "build.json").read_text())["throughput"]["lua"]
@@ -109,6 +110,11 @@ def test_build_measures_the_workload_of_lua(tmp_path):
     report = json.loads((tmp_path / "lua" / "report.json").read_text())
     assert report["throughput"] == speed and report["tests"]["policy"] == "passed"
     assert "<h2 id='throughput'>" in (tmp_path / "lua" / "report.html").read_text()
+    over = speed["layouts"]
+    assert over["layouts"] == 2 and over["rounds"] == 2 and len(over["per_layout_pct"]) == 2
+    assert over["iqr_pct"][0] <= over["change_pct"] <= over["iqr_pct"][1]
+    layouts = tmp_path / "lua" / "layouts"
+    assert {"plain-layout-1", "mlgo-layout-2"} <= {p.name for p in layouts.iterdir()}
 
 
 def test_the_demo_refuses_an_unknown_package_before_building(tmp_path):

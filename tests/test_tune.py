@@ -261,9 +261,10 @@ def kept_by_the_clock(training: dict, out: Path) -> None:
     judged, timed = training["judged_change_pct"], training.get("clock_change_pct", {})
     cheaper = sorted({c for c in judged.values() if c < 0})[:3]
     assert sorted(judged[n] for n in timed) == cheaper
-    if timed:
+    if timed:  # over the layouts of each (`--layouts`, 4 by default)
         control = training["clock_control_pct"]
         assert control["iqr_pct"][0] <= control["change_pct"] <= control["iqr_pct"][1]
+        assert control["layouts"] == 4 and all(t["layouts"] == 4 for t in timed.values())
     faster = {n: t["change_pct"] for n, t in timed.items() if t["iqr_pct"][1] < 0}
     fallback = "default" if "default" in judged else min(judged, key=judged.__getitem__)
     assert training["chosen"] == (min(faster, key=faster.__getitem__) if faster else fallback)
@@ -298,6 +299,10 @@ def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_w
     bases = [f"clang's own, -inline-threshold={t}" for t in THRESHOLDS]  # the earliest wins
     assert {"default", "clang's own, cloned", "trained", *bases} <= set(changes)
     kept_by_the_clock(training, out)
+    over = report["throughput"]["layouts"]  # both builds timed over 4 shuffled layouts too
+    assert over["layouts"] == 4 and len(over["per_layout_pct"]) == 4
+    assert over["iqr_pct"][0] <= over["change_pct"] <= over["iqr_pct"][1]
+    assert "CPU time over 4 layouts" in r.stdout
     assert all(math.isfinite(changes[b]) for b in bases)
     # more inlining makes this workload cheaper: the search starts from clang's own at the
     # fastest threshold, traced and cloned there, which builds what that threshold builds

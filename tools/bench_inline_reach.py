@@ -10,7 +10,9 @@ the block address map (which changes no instruction) and its tests run. Each bui
 costed on the project's workload by the reward a speed tune trains on (`block_costs.
 workload_cost`: llvm-mca's cycles plus the lines fetched, on callgrind's counts), and timed
 against the baseline in paired rounds run by run, with the A/A control beside
-(`recipe_throughput`). A threshold given on the command line is not quite -O2's own at
+(`recipe_throughput`); with --layouts N, both also relinked at N shuffled function orders
+each and timed over them (`programs.layouts`), so that a change that is only where the code
+happened to lie shows as one. A threshold given on the command line is not quite -O2's own at
 225: clang then drops the lower threshold of cold callees (-inlinecold-threshold), so 225
 given is the control of that regime. A threshold moves every call site one way; a
 per-call-site policy can do better than the best of them, so their best is a floor on the
@@ -33,8 +35,15 @@ from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, Code
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe
-from mlgo.programs.build import build_program, level_flags, plain_compilers, pristine_source
-from mlgo.programs.measure import recipe_throughput
+from mlgo.programs.build import (
+    Variant,
+    build_program,
+    level_flags,
+    plain_compilers,
+    pristine_source,
+)
+from mlgo.programs.layouts import layout_trees, layouts_throughput
+from mlgo.programs.measure import AGAIN, recipe_throughput
 from mlgo.programs.report import throughput_change
 from mlgo.programs.speed import tree_cost
 from mlgo.runtime.files import atomic_write_text
@@ -64,22 +73,40 @@ def build_costed(
     return result
 
 
-def reach(name: str, thresholds: list[int], work: Path, rounds: int, seconds: float) -> dict:
+def reach(
+    name: str, thresholds: list[int], work: Path, rounds: int, seconds: float, layouts: int = 0
+) -> dict:
     """NAME's baseline and one build per threshold in WORK/NAME/inline-reach, each against
-    the baseline: .text, the workload cost, instructions and CPU time, in percent."""
+    the baseline: .text, the workload cost, instructions and CPU time, in percent (with
+    LAYOUTS, over that many layouts too)."""
     recipe = project_recipe(name)
     source = pristine_source(recipe, work / name)
     tc = find_toolchain()
     where = work / name / "inline-reach"
     known: dict[Code, float] = {}
     base = build_costed(recipe, source, where / BASELINE, tc, [], known)
+
+    def placed(variant: str, extra: list[str]) -> dict[int, Path]:  # its layouts, by seed
+        plain = Variant(variant, plain_compilers(tc), {})
+        flags = [*level_flags(LEVEL), *extra]
+        return layout_trees(recipe, source, where / "layouts", tc, plain, flags, layouts)
+
+    base_layouts = placed(BASELINE, []) if layouts else {}
     rows = {}
     for t in thresholds:
         tree = where / f"threshold-{t}"
-        built = build_costed(recipe, source, tree, tc, ["-mllvm", f"-inline-threshold={t}"], known)
+        extra = ["-mllvm", f"-inline-threshold={t}"]
+        built = build_costed(recipe, source, tree, tc, extra, known)
         timed = recipe_throughput(
             recipe, {BASELINE: where / BASELINE, tree.name: tree}, rounds, seconds
         )
+        if layouts:
+            both = {BASELINE: base_layouts, tree.name: placed(tree.name, extra)}
+            over = layouts_throughput(recipe, both, rounds, seconds)
+            control = over[BASELINE + AGAIN]
+            timed["layouts"] = over[tree.name] | {
+                f"control_{k}": control[k] for k in ("change_pct", "iqr_pct")
+            }
         rows[t] = {
             **built,
             # every ELF file the build made: a project's recipe names no programs
@@ -89,7 +116,11 @@ def reach(name: str, thresholds: list[int], work: Path, rounds: int, seconds: fl
             "cost_pct": 100 * (built["cost"] / base["cost"] - 1),
             "throughput": timed,
         }
-        console.print(f"{name}: threshold {t}: {throughput_change(timed)}", highlight=False)
+        line = f"{name}: threshold {t}: {throughput_change(timed)}"
+        if layouts:
+            line += f", over {layouts} layouts {throughput_change(timed['layouts'])}"
+            line += f" (A/A {throughput_change(timed['layouts'], 'control_')})"
+        console.print(line, highlight=False)
     costs = [r["cost_pct"] for r in rows.values()]
     times = [r["throughput"]["change_pct"] for r in rows.values()]
     rho = spearmanr(costs, times).statistic if len(rows) >= 3 else None
@@ -98,7 +129,11 @@ def reach(name: str, thresholds: list[int], work: Path, rounds: int, seconds: fl
 
 def table(name: str, result: dict) -> Table:
     t = Table(title=f"{name}: inlining's reach at {LEVEL} (against plain clang {LEVEL})")
-    for column in ("threshold", ".text", "workload cost", "instructions", "CPU time", "A/A"):
+    columns = ["threshold", ".text", "workload cost", "instructions", "CPU time", "A/A"]
+    over = next((r["throughput"].get("layouts") for r in result["thresholds"].values()), None)
+    if over:
+        columns += [f"CPU time over {over['layouts']} layouts", "A/A over them"]
+    for column in columns:
         t.add_column(column)
     for threshold, r in result["thresholds"].items():
         speed = r["throughput"]
@@ -109,6 +144,14 @@ def table(name: str, result: dict) -> Table:
             f"{speed['instructions_change_pct']:+.2f}%" if "instructions" in speed else "n/a",
             throughput_change(speed),
             throughput_change(speed, "control_"),
+            *(
+                [
+                    throughput_change(speed["layouts"]),
+                    throughput_change(speed["layouts"], "control_"),
+                ]
+                if over
+                else []
+            ),
         )
     return t
 
@@ -120,12 +163,14 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("data/bench-tune"))
     parser.add_argument("--rounds", type=int, default=RETIMED[0])
     parser.add_argument("--seconds", type=float, default=RETIMED[1], help="CPU s a build a round")
+    parser.add_argument("--layouts", type=int, default=0, help="shuffled layouts also timed")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results = {}
     for name in args.projects:
         try:
-            results[name] = reach(name, args.thresholds, args.work, args.rounds, args.seconds)
+            timing = (args.rounds, args.seconds, args.layouts)
+            results[name] = reach(name, args.thresholds, args.work, *timing)
         except USER_ERRORS as e:
             console.print(f"[red]{name}: {error_line(e)}", highlight=False)
             continue

@@ -13,11 +13,21 @@ from mlgo.llvm.toolchain import find_toolchain
 from mlgo.options import positive, positive_up_to
 from mlgo.packages.recipes import BENCH_TIMEOUT_S
 from mlgo.programs.demo import DEMO_PACKAGE, DemoOptions
+from mlgo.programs.layouts import LAYOUTS
 from mlgo.programs.tune import TuneOptions
 
 BENCH_ROUNDS = 5  # mlgo build: a modest default, a few seconds per package
 # mlgo tune: a sample of --bench longer than this would make its rounds take days
 MOST_BENCH_SECONDS = 600.0
+LayoutsOpt = Annotated[
+    int,
+    typer.Option(
+        help="also time the workload over this many relinks of each build, its functions "
+        "shuffled (lld --shuffle-sections); a speed tune keeps only what is faster over "
+        "them; 0: as built only",
+        min=0,
+    ),
+]
 
 
 def build(
@@ -37,6 +47,7 @@ def build(
     bench_rounds: Annotated[
         int, typer.Option(help="paired rounds of each recipe's workload; 0: not measured", min=0)
     ] = BENCH_ROUNDS,
+    layouts: LayoutsOpt = LAYOUTS,
     lto: Annotated[
         str | None,
         typer.Option(
@@ -59,8 +70,9 @@ def build(
     recipes = [load_recipe(name) for name in packages]  # a misspelt name fails before any build
     problem = at_link("inlining-size", lto) if lto else get_problem("inlining-size")
     result = compare_programs(
-        recipes, policy, out, tc, tests, backend, guard, bench_rounds, problem=problem
-    )
+        recipes, policy, out, tc, tests, backend, guard, bench_rounds, problem=problem,
+        layouts=layouts,
+    )  # fmt: skip
     console.print(comparison_table(result))
     console.print(f"wrote {out / 'build.json'}")
     for error in result.failed.values():
@@ -136,6 +148,7 @@ def tune(
             help="seconds one run of --bench may take; past them it is killed", callback=positive
         ),
     ] = BENCH_TIMEOUT_S,
+    layouts: LayoutsOpt = LAYOUTS,
     minutes: Annotated[
         float, typer.Option(help="minutes of training (only)", min=0.01, callback=positive)
     ] = 10.0,
@@ -179,6 +192,7 @@ def tune(
         guard=guard,
         bench_rounds=bench_rounds,
         bench_seconds=bench_seconds,
+        layouts=layouts,
     )
     report = run_tune(source, recipe, out, find_toolchain(clang), opts, console.print)
     console.print(report_table(report))

@@ -48,10 +48,10 @@ THIN_BACKEND = ["-passes=thinlto<O2>"]
 THIN_CODEGEN = ["-O2", "-filetype=obj", "-function-sections", "-data-sections"]
 THIN_CODEGEN += ["-relocation-model=pic"]
 # A driver call with one of these compiles, preprocesses or links relocatably: no program.
-_NOT_LINKS = {"-c", "-S", "-E", "-M", "-MM", "-fsyntax-only", "-r"}
+NOT_LINKS = {"-c", "-S", "-E", "-M", "-MM", "-fsyntax-only", "-r"}
 # Where CMake and Meson keep the programs they build to probe the compiler (CompilerIdC/a.out,
 # sanitycheckc.exe): not the project's.
-_PROBES = {"CMakeFiles", "meson-private"}
+PROBES = {"CMakeFiles", "meson-private"}
 # Raw LLVM bitcode, and bitcode in its wrapper header.
 _BITCODE_MAGIC = (b"BC\xc0\xde", b"\xde\xc0\x17\x0b")
 _ARCHIVE_MAGIC = b"!<arch>\n"
@@ -82,7 +82,7 @@ def logged_links(invocations: list[Invocation], stage: str) -> list[Link]:
     compile only nor preprocess and link at least one LLVM bitcode object that survived the
     build; for full LTO also a program compiled and linked in one call, whose sources and
     output survived it (replayed, it compiles them again; a ThinLTO backend's temporaries
-    would land beside the driver's own). The build system's own probes are none (_PROBES).
+    would land beside the driver's own). The build system's own probes are none (PROBES).
     An output linked twice is the last link's."""
     links: dict[Path, Link] = {}
     for call in invocations:
@@ -92,8 +92,8 @@ def logged_links(invocations: list[Invocation], stage: str) -> list[Link]:
         sources = [p for p in inputs if p.name.endswith(COMPILED_SUFFIXES)]
         in_one = stage == "link" and output.is_file() and all(p.is_file() for p in sources)
         if (
-            _NOT_LINKS & set(args)
-            or _PROBES & set(output.parts)
+            NOT_LINKS & set(args)
+            or PROBES & set(output.parts)
             or not ((sources and in_one) or (not sources and any(map(_is_bitcode, inputs))))
         ):
             continue

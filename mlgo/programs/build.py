@@ -49,6 +49,16 @@ def baseline_label(problem: Problem) -> str:
     return " ".join([problem.opt_level, *STAGE_FLAGS[problem.stage]])
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One side of a comparison: its name, its (CC, CXX) and what they need in the
+    environment."""
+
+    name: str
+    compilers: tuple[str, str]
+    env: dict[str, str]
+
+
 @dataclass
 class ProgramBuild:
     package: str
@@ -86,9 +96,11 @@ def build_program(
     env_extra: dict[str, str] | None = None,
     run_tests: bool = True,
     flags: list[str] | None = None,
+    log_dir: Path | None = None,
 ) -> ProgramBuild:
     """Configures, builds (timed) and tests a fresh copy of PRISTINE at TREE with the
-    (CC, CXX) COMPILERS, which get FLAGS (default: -Oz) after the package's own."""
+    (CC, CXX) COMPILERS, which get FLAGS (default: -Oz) after the package's own; with
+    LOG_DIR, each compiler call is logged there (`wrappers.write_wrapper`)."""
     tree = tree.resolve()
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(pristine, tree, symlinks=True)
@@ -97,7 +109,8 @@ def build_program(
     log = tree.parent / f"{tree.name}.log"
     log.write_text("")
     cc, cxx = compilers
-    env = dict(build_env(tc, wrappers, flags or SIZE_FLAGS, cc=cc, cxx=cxx), **(env_extra or {}))
+    env = build_env(tc, wrappers, flags or SIZE_FLAGS, cc=cc, cxx=cxx, log_dir=log_dir)
+    env.update(env_extra or {})
     name = f"{recipe.name} ({variant})"
     for cmd in recipe.configure:
         run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: configure")

@@ -17,6 +17,7 @@ from mlgo.packages.recipes import Recipe
 from mlgo.problems import Problem, get_problem
 from mlgo.programs.build import (
     ProgramBuild,
+    Variant,
     baseline_label,
     build_program,
     mlgo_compilers,
@@ -25,6 +26,7 @@ from mlgo.programs.build import (
     pristine_source,
     problem_flags,
 )
+from mlgo.programs.layouts import LAYOUTS, policy_over_layouts
 from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.report import (
     baseline_flags,
@@ -37,16 +39,6 @@ from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
 
 INLINING = get_problem("inlining-size")
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One side of a comparison: its name, its (CC, CXX) and what they need in the
-    environment."""
-
-    name: str
-    compilers: tuple[str, str]
-    env: dict[str, str]
 
 
 def variants(
@@ -123,13 +115,15 @@ def compare_programs(
     bench_rounds: int = 0,
     bench_seconds: float = 1.0,
     problem: Problem = INLINING,
+    layouts: int = LAYOUTS,
 ) -> Comparison:
     """Builds every recipe plain and with the POLICIES served (PROBLEM's flags on both:
     -Oz, or for a link-time problem -Oz with full LTO by lld) under OUT, saving
     OUT/build.json after each and OUT/<package>/report.json and .html; a failed package is
     recorded and skipped. GUARD: mlgo-cc keeps the smaller of the policy's and the
     default's object per file. BENCH_ROUNDS: paired rounds of the workload of each recipe
-    that has one, about BENCH_SECONDS of CPU each (0: not measured)."""
+    that has one, about BENCH_SECONDS of CPU each (0: not measured), also over LAYOUTS
+    shuffled layouts of both builds (`layouts.policy_over_layouts`; 0: as built only)."""
     result = Comparison(policies)
     flags, label = problem_flags(problem), baseline_label(problem)
     with policy_service(policies, out / "service", backend) as service_env:
@@ -141,6 +135,12 @@ def compare_programs(
                 speed = None
                 if bench_rounds and recipe.bench:
                     speed = recipe_throughput(recipe, trees, bench_rounds, bench_seconds)
+                    if layouts:
+                        where, timing = out / recipe.name, (layouts, bench_rounds, bench_seconds)
+                        pristine = pristine_source(recipe, where)
+                        speed["layouts"] = policy_over_layouts(
+                            recipe, pristine, where / "layouts", tc, pair, flags, *timing
+                        )
                 report = program_report(built, trees, policies, speed)
                 report["flags"] = label
                 write_report(report, out / recipe.name)

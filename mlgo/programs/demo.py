@@ -25,6 +25,9 @@ class DemoOptions:
     minutes: float = 2.0  # of training from the shipped policy
     train_steps: int = 0  # stop after this many iterations as well (0: only the minutes)
     bench_rounds: int = 10  # paired ABBA rounds of the workload
+    # as built only: a size tune's speed is a side figure, and the demo's time is README's
+    # (`mlgo tune --layouts` times over shuffled layouts too)
+    layouts: int = 0
 
 
 def run_demo(
@@ -38,5 +41,6 @@ def run_demo(
         minutes=opts.minutes,
         train_steps=opts.train_steps,
         bench_rounds=opts.bench_rounds,
+        layouts=opts.layouts,
     )
     return tune(source, recipe, out / "tune", tc, tuning, say)

@@ -23,6 +23,7 @@ import math
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ from mlgo.problems import Problem
 from mlgo.problems.policy_files import save_policy
 from mlgo.programs.build import build_program, policy_service, problem_flags
 from mlgo.programs.compare import Variant, variants
+from mlgo.programs.layouts import LAYOUTS, layout_trees, layouts_throughput
 from mlgo.programs.measure import (
     AGAIN,
     executed,
@@ -76,7 +78,8 @@ class WorkloadReward:
     workload cost against the plain build at the problem's level. Builds from PRISTINE in
     WORK, each tree removed once costed (its log kept); the costs are kept in
     WORK/costs.json, so that a tune killed while judging does not build them again. `clock`
-    times the best of them, in ROUNDS paired rounds of SECONDS of CPU a build."""
+    times the best of them over LAYOUTS shuffled layouts, in ROUNDS paired rounds of
+    SECONDS of CPU a build and layout."""
 
     per_module = False  # every score is the whole program's
     label = LABEL
@@ -90,10 +93,11 @@ class WorkloadReward:
         problem: Problem,
         rounds: int = 10,
         seconds: float = 1.0,
+        layouts: int = LAYOUTS,
     ):
         self.recipe, self.pristine, self.work, self.tc = recipe, pristine, work, tc
         self.flags = problem_flags(problem)
-        self.rounds, self.seconds = rounds, seconds
+        self.rounds, self.seconds, self.layouts = rounds, seconds, layouts
         self.known: dict[Code, float] = {}  # llvm-mca's cycles of code an earlier build had
         self.costs: dict[str, float] = {}  # by `_key`; "plain": the plain build's
         if (work / COSTS).is_file():
@@ -139,29 +143,42 @@ class WorkloadReward:
         """Each of POLICIES' `change`: a tune's judge of its candidates."""
         return {name: self.change(policy) for name, policy in policies.items()}
 
+    def _timed_trees(self, variant: Variant, name: str) -> dict[int, Path]:
+        """VARIANT built for the clock as a user's build serves it (no block map) under
+        NAME, its workload prepared: at each of its layouts (`layout_trees`), by seed, or
+        with no layouts as built (seed 0)."""
+        where, named = self.work / "clock", replace(variant, name=name)
+        if self.layouts:
+            return layout_trees(
+                self.recipe, self.pristine, where, self.tc, named, self.flags, self.layouts
+            )
+        tree = self._build(named, where / name, self.flags)
+        prepare_workload(self.recipe, tree, f"{self.recipe.name} ({name}): bench")
+        return {0: tree}
+
     def clock(self, policies: dict[str, MLPPolicy]) -> tuple[dict[str, dict], dict]:
-        """POLICIES built as a user's build serves them (no block map) and timed on the
-        workload against the plain build, in paired rounds with the A/A control
-        (`rounds_against_control`): each one's CPU time change in percent (median and IQR),
-        and the control's. A build whose workload prints another result than the
+        """POLICIES and the plain build timed on the workload over the reward's layouts
+        (`layouts_throughput`; with none, as built: `rounds_against_control`), in paired
+        rounds with the A/A control: each one's CPU time change in percent (median and
+        IQR), and the control's. A build whose workload prints another result than the
         plain build's is left out (a policy that changes what the program does is never
         kept). The trees are removed once timed."""
-        where = self.work / "clock"
-        plain = self._build(variants(self.tc, {}, ("plain", ""))[0], where / "plain", self.flags)
         workload = recipe_workload(self.recipe)
-        prepare_workload(self.recipe, plain, f"{self.recipe.name} (plain): bench")
-        expected = workload_output(workload, plain)
-        trees = {"plain": plain}
+        trees = {"plain": self._timed_trees(variants(self.tc, {}, ("", ""))[0], "plain")}
+        expected = workload_output(workload, next(iter(trees["plain"].values())))
         for i, (name, policy) in enumerate(policies.items()):
             with self._served(policy) as served:
-                tree = self._build(served, where / f"candidate-{i}", self.flags)
-            prepare_workload(self.recipe, tree, f"{self.recipe.name} ({name}): bench")
-            if workload_output(workload, tree) == expected:
-                trees[name] = tree
-        _, times = rounds_against_control(workload, trees, self.rounds, self.seconds)
-        shutil.rmtree(where)
-        cpu = times["cpu"]
-        changes = {n: in_percent(paired_change(cpu[n], cpu["plain"])) for n in cpu}
+                placed = self._timed_trees(served, f"candidate-{i}")
+            if workload_output(workload, next(iter(placed.values()))) == expected:
+                trees[name] = placed
+        if self.layouts:
+            changes = layouts_throughput(self.recipe, trees, self.rounds, self.seconds)
+        else:
+            as_built = {n: placed[0] for n, placed in trees.items()}
+            _, times = rounds_against_control(workload, as_built, self.rounds, self.seconds)
+            cpu = times["cpu"]
+            changes = {n: in_percent(paired_change(cpu[n], cpu["plain"])) for n in cpu}
+        shutil.rmtree(self.work / "clock")
         return {n: changes[n] for n in trees if n != "plain"}, changes["plain" + AGAIN]
 
     def rewards(self, policies: list[MLPPolicy], modules: list[Module]) -> np.ndarray:

@@ -47,6 +47,7 @@ from mlgo.programs.build import ProgramBuild, baseline_label, policy_service, pr
 from mlgo.programs.chain import CLONED, choose_policy, cloned_start, shipped_start
 from mlgo.programs.compare import build_pair, variants
 from mlgo.programs.judges import candidate_judge
+from mlgo.programs.layouts import LAYOUTS, policy_over_layouts
 from mlgo.programs.measure import check_fixed_work, check_repeatable, recipe_throughput
 from mlgo.programs.report import program_report, write_report
 from mlgo.runtime.commands import BuildError
@@ -59,6 +60,8 @@ from mlgo.train.stages import Stages
 if TYPE_CHECKING:
     from mlgo.programs.speed import WorkloadReward
 
+# What the workload's timing depends on (as built, and over shuffled layouts).
+TIMING = ("bench", "bench_rounds", "bench_seconds", "layouts")
 # Each stage, and the arguments its result depends on besides its predecessors' ones.
 STAGES: dict[str, tuple[str, ...]] = {
     "snapshot": ("source",),
@@ -66,9 +69,9 @@ STAGES: dict[str, tuple[str, ...]] = {
     "rehearse": (),  # a check, not a result: a later --test or --bench may differ
     "collect": (),
     # a workload judges speed, its clock the last (`surely_faster`)
-    "train": ("policy", "minutes", "train_steps", "bench", "bench_rounds", "bench_seconds"),
+    "train": ("policy", "minutes", "train_steps", *TIMING),
     "build": ("test", "guard"),
-    "bench": ("bench", "bench_rounds", "bench_seconds"),
+    "bench": TIMING,
     "report": (),
 }
 
@@ -82,6 +85,7 @@ class TuneOptions:
     guard: bool = False  # mlgo-cc keeps the smaller of the policy's and the default's object
     bench_rounds: int = 10  # paired ABBA rounds of the workload
     bench_seconds: float = 1.0  # CPU seconds per timed sample (the workload loops to it)
+    layouts: int = LAYOUTS  # shuffled layouts each build is also timed over (0: none)
 
 
 def project(
@@ -118,9 +122,21 @@ def workload_reward(
     from mlgo.programs.speed import WorkloadReward
 
     if problem.aim == "speed" and recipe.bench:
-        timing = (opts.bench_rounds, opts.bench_seconds)
+        timing = (opts.bench_rounds, opts.bench_seconds, opts.layouts)
         return WorkloadReward(recipe, pristine, out / "judged", tc, problem, *timing)
     return None
+
+
+def over_layouts(
+    recipe: Recipe, pristine: Path, work: Path, tc: Toolchain, problem: Problem, opts: TuneOptions
+) -> dict:
+    """Both builds' workload over OPTS.layouts shuffled layouts (`policy_over_layouts`, in
+    WORK/layouts), the policy served again for the links that compile."""
+    with policy_service([work.parent / "policy"], work / "service") as env:
+        pair = variants(tc, env, guard=opts.guard)
+        timing = (opts.layouts, opts.bench_rounds, opts.bench_seconds)
+        flags = problem_flags(problem)
+        return policy_over_layouts(recipe, pristine, work / "layouts", tc, pair, flags, *timing)
 
 
 def export(chosen: Path, out: Path) -> Path:
@@ -307,6 +323,9 @@ def tune(
             say(f"measuring the workload on both builds ({opts.bench_rounds} rounds)")
             with _stage("bench", work):
                 speed = recipe_throughput(recipe, trees, opts.bench_rounds, opts.bench_seconds)
+                if opts.layouts:
+                    say(f"and over {opts.layouts} shuffled layouts of each")
+                    speed["layouts"] = over_layouts(recipe, pristine, work, tc, problem, opts)
                 atomic_write_text(out / "throughput.json", json.dumps(speed, indent=1))
         stages.finish("bench")
     speed = read_json(out / "throughput.json") if recipe.bench else None
