@@ -8,7 +8,8 @@
 # only, but one grep to check a file before clang reads it (clang stops a compile at a line
 # it cannot parse).
 compiler=@COMPILER@
-root_from_dir=@ROOT_FROM_DIR@
+# the project's root: as recorded (from this directory), or @ROOT_ENV@ (absolute) for a copy
+root_from_dir=${@ROOT_ENV@:-@ROOT_FROM_DIR@}
 header=@HEADER@
 line=@LINE_ERE@
 here=$PWD
