@@ -184,8 +184,14 @@ def test_clang_alone_replays_the_policys_objects(
     assert any(policys[n] != plain[n] for n in SOURCES), "the policy must change an object"
     replayed = _objects(_wrappers(root), root, cflags, tmp_path / "replayed")
     assert replayed == policys
-    # a -g0 build's location flags leave its objects as plain -g0 makes them
+    # a -g0 build's location flags leave its objects as plain -g0 makes them, and only a
+    # file replayed pays for them
     if debug == "-g0":
+        (root / "src" / "unseen.c").write_text("int f(void) { return 0; }\n")
+        for name, replays in (("unseen.c", False), ("hash.c", True)):
+            cmd = [_wrappers(root)[0], *cflags, "-###", "-c", f"src/{name}"]
+            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
+            assert (decisions.LOCATION_FLAGS[0] in proc.stderr) == replays, name
         policy_g0 = {}
         for name in SOURCES:
             obj = tmp_path / f"{name}.g0.o"

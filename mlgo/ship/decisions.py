@@ -276,8 +276,11 @@ def _double_quoted(text: str) -> str:
     return '"' + "".join("\\" + c if c in '"$`\\' else c for c in text) + '"'
 
 
-def wrapper_text(compiler: str, root_from_dir: str, flags: list[str]) -> str:
-    """The `cc`/`c++` wrapper for COMPILER (a name on PATH, as on any machine with clang)."""
+def wrapper_text(
+    compiler: str, root_from_dir: str, flags: list[str], every_compile: bool = False
+) -> str:
+    """The `cc`/`c++` wrapper for COMPILER (a name on PATH, as on any machine with clang),
+    adding FLAGS to the compiles that replay a file (EVERY_COMPILE: to all of them)."""
     name = "[^']+"  # as mlgo.llvm.replay.LINE reads a name (grep reads no newline)
     line_ere = (
         f"^{_ere(LINE_PREFIX)}{name}({_ere(INLINED_INTO)}|{_ere(NOT_INLINED_INTO)})"
@@ -303,6 +306,7 @@ def wrapper_text(compiler: str, root_from_dir: str, flags: list[str]) -> str:
         "@LINK_REPLAY_FLAGS@": with_path(link_replay_flags(marker)),
         "@VERSION@": str(FORMAT_VERSION),
         "@FLAGS@": " ".join(shlex.quote(f) for f in flags),
+        "@LOCATE_EVERY_COMPILE@": "1" if every_compile else "''",
     }
     text = WRAPPER.read_text()
     for placeholder, value in fills.items():
@@ -340,7 +344,8 @@ def write(
         link_lines = [" ".join(link_flags(directory, p)) for p in programs]
         (staging / "link.flags").write_text("".join(f"{line}\n" for line in link_lines))
         for name, compiler in (("cc", f"clang-{clang_major}"), ("c++", f"clang++-{clang_major}")):
-            (staging / name).write_text(wrapper_text(compiler, root_from_dir, flags))
+            text = wrapper_text(compiler, root_from_dir, flags, every_compile=bool(links))
+            (staging / name).write_text(text)
             (staging / name).chmod(0o755)
         for kind, units in (("files", files), ("links", links)):
             for name, unit in units.items():

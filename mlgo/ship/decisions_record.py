@@ -141,7 +141,7 @@ def record_units(
                 if at_compile:
                     texts.setdefault(("files", name), []).append(text)
                 compiles[name] = call
-            elif link_stage(args) == "link" and links_with_lld(args):
+            elif link_stage(args) is not None and links_with_lld(args):  # full or thin
                 program = Path(link_output(args)).name
                 if at_link:
                     texts.setdefault(("links", program), []).append(text)
