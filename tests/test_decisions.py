@@ -20,7 +20,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy_files import load_policy
 from mlgo.ship import decisions
 from mlgo.ship.decisions import DecisionsError, UnitDecisions
-from mlgo.ship.decisions_kept import keep
+from mlgo.ship.decisions_kept import built_both_ways, keep
 from mlgo.ship.decisions_record import record_build, record_units
 from mlgo.ship.plugin import inliner_plugin
 from tests.conftest import run_mlgo
@@ -374,3 +374,30 @@ def test_a_file_whose_decisions_build_larger_keeps_none(tc: Toolchain, tmp_path:
     assert text_size((root / loser).with_suffix(".o")) == loser_text["clang"]
     shown = decisions.show(decisions.read(out))
     assert f"files/{loser}: clang's own decisions (its " in "\n".join(shown)
+
+
+@pytest.mark.parametrize("lto", ["full", "thin"])
+def test_a_configures_probes_are_left_out_and_a_link_replays_its_program(
+    tc: Toolchain, tmp_path: Path, lto: str
+):
+    """CMake's configure compiles and links probes in directories it deletes: recorded at an
+    LTO link from configure on, only the project's program is kept (at ThinLTO, every
+    backend's decisions, as the program's), and its decisions, replayed by plain clang
+    through lld, rebuild the recorded program byte for byte."""
+    root = shutil.copytree(DATA / "record" / "cmake", tmp_path / "cmake")
+    policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
+    flags = f"-Oz -g0 -flto={lto} -fuse-ld=lld"
+    script = (
+        f"cmake -B build -DCMAKE_C_FLAGS='{flags}' -DCMAKE_CXX_FLAGS='{flags}' "
+        f"-DCMAKE_EXE_LINKER_FLAGS='{flags}' && cmake --build build"
+    )
+    stage = {"full": "link", "thin": "thin-link"}[lto]
+    found = record_units(policy, root, ["sh", "-c", script], tc, tmp_path / "log", stage=stage)
+    assert (found.files, set(found.links)) == ({}, {"summarize"})
+    unit = found.links["summarize"]
+    assert len({d.caller for d in unit.decisions}) > 1
+    inl = tmp_path / "program.inl"
+    inl.write_text(decisions.inl_text(unit.decisions))
+    replay = decisions.link_replay_flags(str(inl))
+    built_both_ways(found.link_calls["summarize"], [], replay, tmp_path)
+    assert (tmp_path / "decisions").read_bytes() == (root / "build" / "summarize").read_bytes()

@@ -142,6 +142,8 @@ def record_units(
                     texts.setdefault(("files", name), []).append(text)
                 compiles[name] = call
             elif link_stage(args) is not None and links_with_lld(args):  # full or thin
+                if not (call.cwd / link_output(args)).is_file():
+                    continue  # a configure's probe, deleted since
                 program = Path(link_output(args)).name
                 if at_link:
                     texts.setdefault(("links", program), []).append(text)
