@@ -139,6 +139,8 @@ def test_a_tune_keeps_its_decisions_and_its_report_is_the_build_from_them(tuned)
     artifact = decisions.read(out / "decisions")
     summary = report["decisions"]
     assert (summary["files"], summary["links"], summary["stale"]) == (len(artifact.files), 0, 0)
+    saved = f"{summary['text_saved']} bytes of .text saved against clang's own"
+    assert saved in done.stdout and "changed since decided" not in done.stdout
     inl = out / "decisions" / "files"
     assert {str(p.relative_to(inl))[: -len(".inl")] for p in inl.rglob("*.inl")} == set(
         artifact.files

@@ -10,6 +10,7 @@ builds with the policy service, as its report says (`built_from`).
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from mlgo.llvm.toolchain import Toolchain
@@ -72,12 +73,15 @@ def from_decisions(tc: Toolchain, directory: Path, work: Path) -> tuple[Variant,
     return Variant("plain", plain_compilers(tc), {}), Variant("mlgo", compilers, root)
 
 
-def built_from(directory: Path | None, tree: Path) -> dict:
+def built_from(directory: Path | None, tree: Path, say: Callable[[str], None]) -> dict:
     """What a tune's report says its "mlgo" build at TREE was built from: the decisions
-    in DIRECTORY (`decisions_summary`), or (None) the policy service, for eviction."""
+    in DIRECTORY (`decisions_summary`, also said in a line), or (None) the policy service,
+    for eviction."""
     if directory is None:  # clang cannot read eviction decisions from a file
         return {"built_from": "service"}
-    return {"built_from": "decisions", "decisions": decisions_summary(directory, tree)}
+    summary = decisions_summary(directory, tree)
+    say(summary_line(summary))
+    return {"built_from": "decisions", "decisions": summary}
 
 
 def decisions_summary(directory: Path, tree: Path) -> dict:
@@ -100,3 +104,19 @@ def decisions_summary(directory: Path, tree: Path) -> dict:
         "text_saved": sum(u["text"]["saved"] for u in units if "text" in u),
         "stale": sum(state != "unchanged" for state in states.values()),
     }
+
+
+def summary_line(summary: dict) -> str:
+    """A `decisions_summary` in the line a build's notes say once."""
+    line = (
+        f"{summary['directory']}: {summary['kept']} of {summary['departing_units']} units "
+        f"where the policy departs kept ({summary['files']} files, {summary['links']} "
+        f"programs), {summary['decisions']} decisions, {summary['text_saved']} bytes of "
+        ".text saved against clang's own"
+    )
+    if summary["stale"]:
+        line += (
+            f"; {summary['stale']} files changed since decided: clang's own decide where their "
+            "sites moved (`mlgo decisions check DIR -- FLAGS` counts what still matches)"
+        )
+    return line

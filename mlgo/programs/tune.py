@@ -336,7 +336,7 @@ def tune(
         report = program_report((plain, ml), trees, [policy.resolve()], speed)
         report.update(problem=problem.name, level=problem.opt_level, training=training)
         report.update(stage=problem.stage, flags=at)
-        report.update(built_from(decisions, trees["mlgo"]))
+        report.update(built_from(decisions, trees["mlgo"], say))
         write_report(report, out)
     stages.finish("report")
     return report
