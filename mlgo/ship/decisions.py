@@ -415,7 +415,8 @@ def show(artifact: Artifact, by_function: bool = False) -> list[str]:
                 out.append(f"  {caller}: {f['decisions']} decisions, {f['inlined']} inline, "
                            f"{f.get('departures', 0)} departing{saved}")  # fmt: skip
     for name, left in artifact.clangs_own.items():
-        out.append(f"{name}: clang's own decisions ({left.get('why', 'not kept')})")
+        why = left.get("why") if isinstance(left, Mapping) else None
+        out.append(f"{name}: clang's own decisions ({why or 'not kept'})")
     return out
 
 
