@@ -14,7 +14,7 @@ finished (training resumes from its checkpoint):
               is spent, then the cheapest on the corpus (or by its judge) of the
               default, the start and the trained policy, exported to OUT/policy
     decisions an inlining problem's: the policy's decisions on a build of the snapshot,
-              kept per file (and per LTO-linked program) where not larger than clang's
+              kept per file (and per LTO-linked program) where smaller than clang's
               own, in OUT/decisions (`decide.py`), which plain clang builds from
     build     configure, build and test two copies of the snapshot: plain clang at the
               level, and from OUT/decisions by plain clang (eviction: mlgo-cc serving

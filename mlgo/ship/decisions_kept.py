@@ -2,9 +2,10 @@
 build (a source's compile, a program's LTO link) where the policy departs from clang's
 own is built again by plain clang, from its decisions (as the directory's wrappers replay
 them) and with clang's own heuristic, and its decisions are kept where the replayed
-`.text` is not larger (for size; for speed, a workload judged the policy, and every
-departing unit is kept). A unit that departs nowhere, or loses, carries no decisions
-file: clang's own decide there, and only the departing files pay for -g0's locations.
+`.text` is smaller (for size; for speed, a workload judged the policy, and every departing
+unit is kept). A unit that departs nowhere, loses or ties carries no decisions file:
+clang's own decide there, and only the files that gain pay for -g0's locations (a tie
+would pay them for nothing).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def built_both_ways(call: Invocation, flags: list[str], replay: list[str], work:
 def keep(found: Recorded, aim: str) -> Kept:
     """Of FOUND's units, those to ship (files, links), each with its sizes measured, and
     those left to clang's own, by `files/NAME` or `links/NAME`, with why (and the bytes
-    where measured). AIM "size" keeps a unit only where its .text is not larger."""
+    where measured). AIM "size" keeps a unit only where its .text is smaller."""
     kept: dict[str, dict[str, UnitDecisions]] = {"files": {}, "links": {}}
     left: dict[str, dict] = {}
     calls = {"files": found.compiles, "links": found.link_calls}
@@ -72,9 +73,10 @@ def keep(found: Recorded, aim: str) -> Kept:
                 else:
                     flags, replay = [], link_replay_flags(str(inl))
                 sizes = built_both_ways(calls[kind][name], flags, replay, work)
-                if aim == "size" and sizes.saved < 0:
+                if aim == "size" and sizes.saved <= 0:
+                    more = f"{-sizes.saved} bytes more" if sizes.saved else "the same bytes"
                     left[f"{kind}/{name}"] = {
-                        "why": f"its {departed} departures build {-sizes.saved} bytes more",
+                        "why": f"its {departed} departures build {more}",
                         "departures": departed,
                         "text": sizes.totals(),
                     }
