@@ -13,12 +13,15 @@ from pathlib import Path
 import pytest
 
 from mlgo.data import shipped_policy
+from mlgo.llvm.cmdline import without_outputs
 from mlgo.llvm.replay import CLANG_ADVISOR, Decision
+from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy_files import load_policy
 from mlgo.ship import decisions
 from mlgo.ship.decisions import DecisionsError, UnitDecisions
-from mlgo.ship.decisions_record import record_build
+from mlgo.ship.decisions_kept import built_both_ways, keep
+from mlgo.ship.decisions_record import record_build, record_units
 from mlgo.ship.plugin import inliner_plugin
 from tests.conftest import run_mlgo
 
@@ -181,8 +184,14 @@ def test_clang_alone_replays_the_policys_objects(
     assert any(policys[n] != plain[n] for n in SOURCES), "the policy must change an object"
     replayed = _objects(_wrappers(root), root, cflags, tmp_path / "replayed")
     assert replayed == policys
-    # a -g0 build's location flags leave its objects as plain -g0 makes them
+    # a -g0 build's location flags leave its objects as plain -g0 makes them, and only a
+    # file replayed pays for them
     if debug == "-g0":
+        (root / "src" / "unseen.c").write_text("int f(void) { return 0; }\n")
+        for name, replays in (("unseen.c", False), ("hash.c", True)):
+            cmd = [_wrappers(root)[0], *cflags, "-###", "-c", f"src/{name}"]
+            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
+            assert (decisions.LOCATION_FLAGS[0] in proc.stderr) == replays, name
         policy_g0 = {}
         for name in SOURCES:
             obj = tmp_path / f"{name}.g0.o"
@@ -301,3 +310,94 @@ def test_a_recorded_make_build_is_rebuilt_by_the_wrappers(tc: Toolchain, tmp_pat
     wrappers = [f"CC={out / 'cc'}", f"CXX={out / 'c++'}"]
     subprocess.run(["make", *wrappers, cflags], cwd=root, check=True)
     assert {o: (root / o).read_bytes() for o in outputs} == kept
+
+
+@pytest.mark.unit
+def test_show_and_diff_say_what_the_decisions_bought(tmp_path: Path):
+    (tmp_path / "a.c").write_text("int a;\n")
+    ds = [_decision("top:1:3", True), _decision("top:2:3", False, "other")]
+
+    def written(name: str, saved: int) -> decisions.Artifact:
+        sizes = decisions.Sizes(100 - saved, 100, {"top": 50 - saved, "leaf": 0}, {"top": 50})
+        unit = UnitDecisions(ds, departures={"top": 1}, sizes=sizes)
+        left = {"files/b.c": {"why": "its 2 departures build 4 bytes more"}}
+        return decisions.read(decisions.write(tmp_path / name, tmp_path, {"a.c": unit}, {},
+                                              [], 22, left))  # fmt: skip
+
+    old, new = written("old", 2), written("new", 6)
+    assert new.files["a.c"]["text"] == {"decisions": 94, "clang": 100, "saved": 6}
+    assert decisions.show(new, by_function=True) == [
+        "files/a.c: 2 decisions, 1 inline, 1 departing from clang's own, "
+        "0 conflicting sites dropped, 6 bytes saved",
+        "  top: 2 decisions, 1 inline, 1 departing, 6 bytes saved",
+        "files/b.c: clang's own decisions (its 2 departures build 4 bytes more)",
+    ]
+    (new.path / "files" / "a.c.inl").write_text(decisions.inl_text([ds[0]]))
+    assert decisions.diff(old, new) == [
+        "files/a.c: -1; .text saved 2 -> 6 bytes",
+        "  top: -1; .text saved 2 -> 6 bytes",
+    ]
+
+
+def test_a_file_whose_decisions_build_larger_keeps_none(tc: Toolchain, tmp_path: Path):
+    """The guard's choice made once: a make build recorded with the policy, one file's
+    decisions swapped for clang's own at a high inline threshold (real decisions that build
+    a larger object). Kept are the departing files that build smaller, each with the bytes it saves;
+    the loser has no file, and the build from the directory gives the measured objects."""
+    root = _project(tmp_path)
+    (root / "Makefile").write_text(MAKEFILE)
+    policy = load_policy(shipped_policy("inlining-size"))  # gated: it wins on inventory.cc
+    build = ["make", "CFLAGS=-Oz -g0"]
+    found = record_units(policy, root, build, tc, tmp_path / "build.log", stage="compile")
+    loser = f"src/{EDITED}"
+    call, loads = found.compiles[loser], [f"-fpass-plugin={inliner_plugin(policy, tc)}"]
+    command = [*without_outputs(call.argv), *loads, *decisions.LOCATION_FLAGS, "-o", os.devnull]
+    more, conflicts = decisions.record([*command, "-mllvm", "-inline-threshold=200"], call.cwd,
+                                       CLANG_ADVISOR)  # fmt: skip
+    clangs, _ = decisions.record(command, call.cwd, CLANG_ADVISOR)
+    found.files[loser] = UnitDecisions(more, conflicts, decisions.departures(more, clangs))
+    files, links, left = keep(found, "size")
+    assert links == {} and set(files) | {n.removeprefix("files/") for n in left} == set(found.files)
+    assert f"files/{loser}" in left and left[f"files/{loser}"]["text"]["saved"] < 0
+    assert set(files) == {"src/inventory.cc"}
+    for unit in files.values():
+        assert sum((unit.departures or {}).values()) > 0 and unit.sizes.saved > 0
+    out = decisions.write(root / "decisions", root, files, links, found.flags, tc.major, left)
+    assert not (out / "files" / f"{loser}.inl").exists()
+    for name in found.files:
+        (root / name).with_suffix(".o").unlink()
+    subprocess.run(["make", f"CC={out / 'cc'}", f"CXX={out / 'c++'}", *build[1:]], cwd=root,
+                   check=True, capture_output=True)  # fmt: skip
+    for name, unit in files.items():
+        assert text_size((root / name).with_suffix(".o")) == unit.sizes.decisions
+    loser_text = left[f"files/{loser}"]["text"]
+    assert text_size((root / loser).with_suffix(".o")) == loser_text["clang"]
+    shown = decisions.show(decisions.read(out))
+    assert f"files/{loser}: clang's own decisions (its " in "\n".join(shown)
+
+
+@pytest.mark.parametrize("lto", ["full", "thin"])
+def test_a_configures_probes_are_left_out_and_a_link_replays_its_program(
+    tc: Toolchain, tmp_path: Path, lto: str
+):
+    """CMake's configure compiles and links probes in directories it deletes: recorded at an
+    LTO link from configure on, only the project's program is kept (at ThinLTO, every
+    backend's decisions, as the program's), and its decisions, replayed by plain clang
+    through lld, rebuild the recorded program byte for byte."""
+    root = shutil.copytree(DATA / "record" / "cmake", tmp_path / "cmake")
+    policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
+    flags = f"-Oz -g0 -flto={lto} -fuse-ld=lld"
+    script = (
+        f"cmake -B build -DCMAKE_C_FLAGS='{flags}' -DCMAKE_CXX_FLAGS='{flags}' "
+        f"-DCMAKE_EXE_LINKER_FLAGS='{flags}' && cmake --build build"
+    )
+    stage = {"full": "link", "thin": "thin-link"}[lto]
+    found = record_units(policy, root, ["sh", "-c", script], tc, tmp_path / "log", stage=stage)
+    assert (found.files, set(found.links)) == ({}, {"summarize"})
+    unit = found.links["summarize"]
+    assert len({d.caller for d in unit.decisions}) > 1
+    inl = tmp_path / "program.inl"
+    inl.write_text(decisions.inl_text(unit.decisions))
+    replay = decisions.link_replay_flags(str(inl))
+    built_both_ways(found.link_calls["summarize"], [], replay, tmp_path)
+    assert (tmp_path / "decisions").read_bytes() == (root / "build" / "summarize").read_bytes()

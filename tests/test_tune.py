@@ -17,6 +17,7 @@ import pytest
 from mlgo.corpus.format import load_corpus
 from mlgo.llvm.sizes import text_size
 from mlgo.problems.inlining_speed import THRESHOLDS
+from mlgo.ship import decisions
 from tests.conftest import DATA, MLGO, run_mlgo
 
 pytestmark = pytest.mark.toolchain
@@ -128,6 +129,37 @@ def test_tune_reports_size_over_every_elf_file_tests_and_throughput(tuned):
 
 
 @pytest.mark.slow
+def test_a_tune_keeps_its_decisions_and_its_report_is_the_build_from_them(tuned):
+    """OUT/decisions: a file only where the policy departs from clang and builds smaller;
+    the user's own build of the source through its `cc` and `c++` gives every object and
+    program the report measured."""
+    src, out, _, _, _, _, done = tuned
+    report = json.loads((out / "report.json").read_text())
+    assert report["built_from"] == "decisions" and "from " + str(out / "decisions") in done.stdout
+    artifact = decisions.read(out / "decisions")
+    summary = report["decisions"]
+    assert (summary["files"], summary["links"], summary["stale"]) == (len(artifact.files), 0, 0)
+    saved = f"{summary['text_saved']} bytes of .text saved against clang's own"
+    assert saved in done.stdout and "changed since decided" not in done.stdout
+    inl = out / "decisions" / "files"
+    assert {str(p.relative_to(inl))[: -len(".inl")] for p in inl.rglob("*.inl")} == set(
+        artifact.files
+    )
+    for unit in artifact.files.values():
+        assert unit["departures"] > 0 and unit["text"]["saved"] > 0
+    judged = set(artifact.files) | {n.removeprefix("files/") for n in artifact.clangs_own}
+    assert judged == {"lib/stats.c", "app/summarize.cpp"}
+    flags = "-Oz -g0"
+    env = dict(os.environ, CC=str(out / "decisions" / "cc"), CXX=str(out / "decisions" / "c++"))
+    env |= {"CFLAGS": flags, "CXXFLAGS": flags}
+    for command in (["cmake", "-B", "build"], ["cmake", "--build", "build"]):
+        subprocess.run(command, cwd=src, env=env, check=True, capture_output=True)
+    assert elf_text(src / "build") == elf_text(out / "programs" / "mlgo" / "build")
+    shown = run_mlgo("decisions", "show", "--functions", str(out / "decisions"), timeout=60)
+    assert shown.returncode == 0 and len(shown.stdout.splitlines()) >= len(judged)
+
+
+@pytest.mark.slow
 def test_a_killed_tune_resumes_training_where_it_stopped(tuned):
     _, out, _, killed, _, _, _ = tuned
     curve = json.loads((out / "report.json").read_text())["training"]["curve"]
@@ -135,7 +167,7 @@ def test_a_killed_tune_resumes_training_where_it_stopped(tuned):
     assert [c["step"] for c in curve] == list(range(1, len(curve) + 1))
     assert stages(out) == [
         *["snapshot", "record", "rehearse", "collect"],
-        *["train", "build", "bench", "report"],
+        *["train", "decisions", "build", "bench", "report"],
     ]
 
 
@@ -146,7 +178,7 @@ def test_a_failing_test_stops_with_one_line_naming_its_log(tuned):
     assert "Traceback" not in failing.stderr
     (line,) = [x for x in failing.stderr.splitlines() if x.startswith("error:")]
     assert "its own tests failed" in line and f"log: {out / 'programs' / 'plain.log'}" in line
-    assert after_failing == ["snapshot", "record", "rehearse", "collect", "train"]
+    assert after_failing == ["snapshot", "record", "rehearse", "collect", "train", "decisions"]
 
 
 @pytest.mark.slow
@@ -156,6 +188,7 @@ def test_a_rerun_redoes_nothing_and_other_arguments_are_refused(tuned):
     again = run_mlgo(*args, timeout=120)
     assert again.returncode == 0 and "ELF files" in again.stdout
     assert "training" not in again.stdout and "building" not in again.stdout
+    assert "keeping the policy's decisions" not in again.stdout  # the stage is done
     assert (out / "stages.log").read_text() == log and (out / "report.json").read_text() == report
     changed = [*args[:-3], "0.01", *args[-2:]]  # --minutes 0.01, not 0.05: less is refused
     r = run_mlgo(*changed, timeout=120)
@@ -363,8 +396,11 @@ def test_lto_full_tunes_the_link_against_plain_full_lto(cache, tmp_path):
     assert linked["default"] == 0.0 and report["training"]["chosen"] in linked
     chosen = linked[report["training"]["chosen"]]
     assert chosen is not None and chosen <= 0.0
-    log = (out / "programs" / "mlgo.log").read_text()
-    assert "no served policy is trained for the compile step" in log  # only the link's
+    # built from its decisions: the program's where they are smaller, no file's
+    assert report["built_from"] == "decisions" and report["decisions"]["files"] == 0
+    artifact = decisions.read(out / "decisions")
+    assert set(artifact.links) | set(artifact.clangs_own) <= {"wordcount", "links/wordcount"}
+    assert len(artifact.links) + len(artifact.clangs_own) == 1
 
 
 @pytest.mark.slow
@@ -387,6 +423,10 @@ def test_lto_thin_tunes_the_backends_against_plain_thinlto(cache, tmp_path):
     assert training["judged_change_pct"][training["chosen"]] <= 0.0
     assert training["rank_correlation"]["candidates"] >= 2
     assert report["size"]["policy"] <= report["size"]["baseline"]
+    # the backends' decisions, all of them, recorded at the link as the program's
+    assert report["built_from"] == "decisions" and report["decisions"]["files"] == 0
+    artifact = decisions.read(out / "decisions")
+    assert len(artifact.links) + len(artifact.clangs_own) == 1
 
 
 def test_a_larger_budget_alone_reopens_training_and_what_follows(tmp_path):

@@ -40,6 +40,26 @@ def text_size(path: str | Path) -> int:
     return _text_and_type(path)[0]
 
 
+def function_sizes(path: str | Path) -> dict[str, int]:
+    """The bytes of each function PATH defines (its symbol's size, in an executable
+    section): what a change of .text is made of, function by function. A local name
+    defined twice counts once per definition, summed."""
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            symbols = elf.get_section_by_name(".symtab")
+            sizes: dict[str, int] = defaultdict(int)
+            for sym in symbols.iter_symbols() if symbols is not None else ():
+                index = sym["st_shndx"]
+                if sym["st_info"]["type"] != "STT_FUNC" or not isinstance(index, int):
+                    continue
+                if _is_text(elf.get_section(index)):
+                    sizes[sym.name] += sym["st_size"]
+            return dict(sizes)
+    except ELFError as e:
+        raise UsageError(f"{path}: not an ELF object ({e})") from e
+
+
 @dataclass(frozen=True)
 class TextParts:
     """An object's executable bytes: its own, and those in each COMDAT group by the group's

@@ -13,8 +13,12 @@ finished (training resumes from its checkpoint):
     train     the chain (`chain.choose_policy`): from the start policy until the budget
               is spent, then the cheapest on the corpus (or by its judge) of the
               default, the start and the trained policy, exported to OUT/policy
+    decisions an inlining problem's: the policy's decisions on a build of the snapshot,
+              kept per file (and per LTO-linked program) where smaller than clang's
+              own, in OUT/decisions (`decide.py`), which plain clang builds from
     build     configure, build and test two copies of the snapshot: plain clang at the
-              level, and mlgo-cc serving OUT/policy (OUT/programs/plain, OUT/programs/mlgo)
+              level, and from OUT/decisions by plain clang (eviction: mlgo-cc serving
+              OUT/policy) (OUT/programs/plain, OUT/programs/mlgo)
     bench     the workload on both builds in paired rounds: OUT/throughput.json
     report    OUT/report.json
 
@@ -46,6 +50,7 @@ from mlgo.problems import Problem, get_problem
 from mlgo.programs.build import ProgramBuild, baseline_label, policy_service, problem_flags
 from mlgo.programs.chain import CLONED, choose_policy, cloned_start, shipped_start
 from mlgo.programs.compare import build_pair, variants
+from mlgo.programs.decide import DECISIONS, built_from, decide, from_decisions, writes_decisions
 from mlgo.programs.judges import candidate_judge
 from mlgo.programs.layouts import LAYOUTS, policy_over_layouts
 from mlgo.programs.measure import check_fixed_work, check_repeatable, recipe_throughput
@@ -70,6 +75,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "collect": (),
     # a workload judges speed, its clock the last (`surely_faster`)
     "train": ("policy", "minutes", "train_steps", *TIMING),
+    "decisions": (),
     "build": ("test", "guard"),
     "bench": TIMING,
     "report": (),
@@ -82,7 +88,7 @@ class TuneOptions:
     policy: Path | None = None  # the start policy; None: the shipped one for the problem
     minutes: float = 10.0  # training budget (wall clock of training alone)
     train_steps: int = 0  # ES steps; 0: as many as the budget allows
-    guard: bool = False  # mlgo-cc keeps the smaller of the policy's and the default's object
+    guard: bool = False  # eviction: mlgo-cc keeps the smaller of the policy's and the default's
     bench_rounds: int = 10  # paired ABBA rounds of the workload
     bench_seconds: float = 1.0  # CPU seconds per timed sample (the workload loops to it)
     layouts: int = LAYOUTS  # shuffled layouts each build is also timed over (0: none)
@@ -157,13 +163,20 @@ def build_twice(
     tc: Toolchain,
     problem: Problem,
     guard: bool = False,
+    decisions: Path | None = None,
 ) -> tuple[ProgramBuild, ProgramBuild]:
     """RECIPE configured, built and tested from PRISTINE twice, in WORK/plain (clang at
-    the problem's level) and WORK/mlgo (mlgo-cc serving POLICY; GUARD: MLGO_GUARD=size).
-    A failing build or test raises BuildError naming its log."""
+    the problem's level) and WORK/mlgo (from DECISIONS by plain clang; without them,
+    mlgo-cc serving POLICY, GUARD: MLGO_GUARD=size). A failing build or test raises
+    BuildError naming its log."""
+    flags = problem_flags(problem)
+    if decisions is not None:
+        return build_pair(
+            recipe, work, tc, from_decisions(tc, decisions, work), True, flags, pristine
+        )
     with policy_service([policy], work / "service") as env:
         pair = variants(tc, env, guard=guard)
-        return build_pair(recipe, work, tc, pair, True, problem_flags(problem), pristine)
+        return build_pair(recipe, work, tc, pair, True, flags, pristine)
 
 
 def snapshot(source: Path, out: Path) -> Path:
@@ -306,12 +319,20 @@ def tune(
             atomic_write_text(out / "training.json", json.dumps(training, indent=1))
         stages.finish("train")
     policy = out / "policy"
+    decisions = out / DECISIONS if writes_decisions(problem) else None
+    if not stages.done("decisions"):
+        if decisions is not None:
+            say(f"keeping the policy's decisions where they pay, in {decisions}")
+            with _stage("decisions", decisions):
+                decide(recipe, pristine, policy, out, source, tc, problem)
+        stages.finish("decisions")
     work = out / "programs"
     if not stages.done("build"):
         tests = ", with tests" if recipe.test else " (no --test: tests not run)"
-        say(f"building {recipe.name} twice (clang {at}, and mlgo-cc){tests}")
+        ours = f"plain clang from {decisions}" if decisions else "mlgo-cc"
+        say(f"building {recipe.name} twice (clang {at}, and {ours}){tests}")
         with _stage("build", work):
-            built = build_twice(recipe, pristine, policy, work, tc, problem, opts.guard)
+            built = build_twice(recipe, pristine, policy, work, tc, problem, opts.guard, decisions)
             atomic_write_text(work / "builds.json", json.dumps([b.to_json() for b in built]))
         stages.finish("build")
     if stages.done("report"):
@@ -334,6 +355,7 @@ def tune(
         report = program_report((plain, ml), trees, [policy.resolve()], speed)
         report.update(problem=problem.name, level=problem.opt_level, training=training)
         report.update(stage=problem.stage, flags=at)
+        report.update(built_from(decisions, trees["mlgo"], say))
         write_report(report, out)
     stages.finish("report")
     return report

@@ -64,6 +64,9 @@ HEADER = Decision("mlgo", "mlgo:0:0", f"{FORMAT_NAME} {FORMAT_VERSION}", False).
 # meant to match no pass. The object is byte-identical to plain -g0's.
 LOCATION_FLAGS = ("-Rpass=mlgo-locations-only", "-gcolumn-info")
 WRAPPER = Path(__file__).parent / "native" / "decisions_cc.sh"
+# Where the wrappers find the project's root when it is not where DIR/FORMAT says: a copy
+# of the project built elsewhere (a CI checkout, the tune's own build from the decisions).
+ROOT_ENV = "MLGO_DECISIONS_ROOT"
 _ERE_SPECIAL = set(".[]()*+?{}|^$\\")
 
 
@@ -79,24 +82,58 @@ class UnitDecisions:
     conflicts: int = 0  # sites answered both ways, dropped
     departures: dict[str, int] | None = None  # per caller, from clang's own; None: unknown
     digest: str | None = None  # the source's sha256, for `check`
+    sizes: Sizes | None = None  # .text from these decisions and from clang's own, if measured
 
     def summary(self) -> dict:
         functions: dict[str, dict[str, int]] = {}
+
+        def function(name: str) -> dict[str, int]:
+            return functions.setdefault(name, {"decisions": 0, "inlined": 0})
+
         for d in self.decisions:
-            f = functions.setdefault(d.caller, {"decisions": 0, "inlined": 0})
-            f["decisions"] += 1
-            f["inlined"] += d.inline
+            function(d.caller)["decisions"] += 1
+            function(d.caller)["inlined"] += d.inline
         for caller, n in (self.departures or {}).items():
-            functions.setdefault(caller, {"decisions": 0, "inlined": 0})["departures"] = n
+            function(caller)["departures"] = n
+        for name, saved in (self.sizes.saved_by_function() if self.sizes else {}).items():
+            function(name)["text_saved"] = saved
         departed = None if self.departures is None else sum(self.departures.values())
+        measured = {"text": self.sizes.totals()} if self.sizes else {}
         return {
             "decisions": len(self.decisions),
             "inlined": sum(d.inline for d in self.decisions),
             "conflicts": self.conflicts,
             "departures": departed,
             "sha256": self.digest,
+            **measured,
             "functions": dict(sorted(functions.items())),
         }
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The .text of a unit's output (object or program) built from its decisions and by
+    clang's own, in all and per function (`mlgo.llvm.sizes.function_sizes`)."""
+
+    decisions: int
+    clang: int
+    decisions_functions: dict[str, int]
+    clang_functions: dict[str, int]
+
+    @property
+    def saved(self) -> int:
+        """Bytes fewer than clang's own (negative: more)."""
+        return self.clang - self.decisions
+
+    def totals(self) -> dict[str, int]:
+        return {"decisions": self.decisions, "clang": self.clang, "saved": self.saved}
+
+    def saved_by_function(self) -> dict[str, int]:
+        """Per function whose bytes differ, those fewer than clang's own (a function gone,
+        inlined everywhere, saves all of its bytes)."""
+        ours, clangs = self.decisions_functions, self.clang_functions
+        saved = {f: clangs.get(f, 0) - ours.get(f, 0) for f in ours.keys() | clangs.keys()}
+        return {f: n for f, n in sorted(saved.items()) if n}
 
 
 @dataclass
@@ -107,6 +144,7 @@ class Artifact:
     files: dict[str, dict] = field(default_factory=dict)
     links: dict[str, dict] = field(default_factory=dict)
     root_from_dir: str = ".."
+    clangs_own: dict[str, dict] = field(default_factory=dict)  # judged, and not kept
 
 
 def from_recorder(text: str, where: str) -> tuple[list[Decision], int]:
@@ -216,8 +254,12 @@ def compile_flags(cflags: Iterable[str]) -> list[str]:
 
 def link_flags(directory: Path, program: str) -> list[str]:
     """What lld's full-LTO link of PROGRAM adds to replay DIR's decisions for it."""
-    inl = directory.resolve() / "links" / f"{program}.inl"
-    return [f"-Wl,{a}" for a in _pairs(replay_flags(str(inl)))]
+    return link_replay_flags(str(directory.resolve() / "links" / f"{program}.inl"))
+
+
+def link_replay_flags(inl: str) -> list[str]:
+    """clang's options for an lld LTO link that replay the decisions in the file INL."""
+    return [f"-Wl,{a}" for a in _pairs(replay_flags(inl))]
 
 
 def _pairs(flags: list[str]) -> list[str]:
@@ -234,8 +276,11 @@ def _double_quoted(text: str) -> str:
     return '"' + "".join("\\" + c if c in '"$`\\' else c for c in text) + '"'
 
 
-def wrapper_text(compiler: str, root_from_dir: str, flags: list[str]) -> str:
-    """The `cc`/`c++` wrapper for COMPILER (a name on PATH, as on any machine with clang)."""
+def wrapper_text(
+    compiler: str, root_from_dir: str, flags: list[str], every_compile: bool = False
+) -> str:
+    """The `cc`/`c++` wrapper for COMPILER (a name on PATH, as on any machine with clang),
+    adding FLAGS to the compiles that replay a file (EVERY_COMPILE: to all of them)."""
     name = "[^']+"  # as mlgo.llvm.replay.LINE reads a name (grep reads no newline)
     line_ere = (
         f"^{_ere(LINE_PREFIX)}{name}({_ere(INLINED_INTO)}|{_ere(NOT_INLINED_INTO)})"
@@ -252,14 +297,16 @@ def wrapper_text(compiler: str, root_from_dir: str, flags: list[str]) -> str:
     fills = {
         "@COMPILER@": shlex.quote(compiler),
         "@ROOT_FROM_DIR@": shlex.quote(root_from_dir),
+        "@ROOT_ENV@": ROOT_ENV,
         "@HEADER@": _double_quoted(HEADER),
         "@LINE_ERE@": _double_quoted(line_ere),
         "@SUFFIX_FACT@": "mlgo.llvm.driver.SOURCE_SUFFIXES",
         "@SUFFIX_PATTERN@": " | ".join(f"*{s}" for s in SOURCE_SUFFIXES),
         "@REPLAY_FLAGS@": with_path(replay_flags(marker)),
-        "@LINK_REPLAY_FLAGS@": with_path([f"-Wl,{a}" for a in _pairs(replay_flags(marker))]),
+        "@LINK_REPLAY_FLAGS@": with_path(link_replay_flags(marker)),
         "@VERSION@": str(FORMAT_VERSION),
         "@FLAGS@": " ".join(shlex.quote(f) for f in flags),
+        "@LOCATE_EVERY_COMPILE@": "1" if every_compile else "''",
     }
     text = WRAPPER.read_text()
     for placeholder, value in fills.items():
@@ -280,10 +327,12 @@ def write(
     links: Mapping[str, UnitDecisions],
     flags: list[str],
     clang_major: int,
+    clangs_own: Mapping[str, dict] | None = None,
 ) -> Path:
     """Writes the decisions of a build of the project at ROOT (FILES by source path from
     ROOT, LINKS by program) whose compiles add FLAGS (`compile_flags`) as DIR, whole or not
-    at all."""
+    at all. CLANGS_OWN: the units judged and left to clang's own decisions (each `files/`
+    or `links/` and its name: why, and the bytes measured), kept in the summary only."""
     root_from_dir = _relative_root(directory, root)
     with atomic_directory(directory) as staging:
         (staging / "FORMAT").write_text(
@@ -295,7 +344,8 @@ def write(
         link_lines = [" ".join(link_flags(directory, p)) for p in programs]
         (staging / "link.flags").write_text("".join(f"{line}\n" for line in link_lines))
         for name, compiler in (("cc", f"clang-{clang_major}"), ("c++", f"clang++-{clang_major}")):
-            (staging / name).write_text(wrapper_text(compiler, root_from_dir, flags))
+            text = wrapper_text(compiler, root_from_dir, flags, every_compile=bool(links))
+            (staging / name).write_text(text)
             (staging / name).chmod(0o755)
         for kind, units in (("files", files), ("links", links)):
             for name, unit in units.items():
@@ -306,6 +356,7 @@ def write(
             "format": FORMAT_VERSION,
             "files": {n: u.summary() for n, u in sorted(files.items())},
             "links": {n: u.summary() for n, u in sorted(links.items())},
+            "clangs_own": dict(sorted((clangs_own or {}).items())),
         }
         (staging / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return directory
@@ -327,7 +378,10 @@ def read(directory: Path) -> Artifact:
     files, links = summary.get("files"), summary.get("links")
     if not isinstance(files, dict) or not isinstance(links, dict):
         raise DecisionsError(f"{directory / 'summary.json'}: no files and links in it")
-    return Artifact(directory, files, links, roots[0] if roots else "..")
+    left = summary.get("clangs_own", {})
+    if not isinstance(left, dict):
+        raise DecisionsError(f"{directory / 'summary.json'}: its clangs_own is not a mapping")
+    return Artifact(directory, files, links, roots[0] if roots else "..", left)
 
 
 def _departed(unit: Mapping) -> str:
@@ -335,19 +389,34 @@ def _departed(unit: Mapping) -> str:
     return "departures unknown" if n is None else f"{n} departing from clang's own"
 
 
+def _saved(saved: int) -> str:
+    return f"{saved} bytes saved" if saved >= 0 else f"{-saved} bytes more"
+
+
+def _bought(unit: Mapping) -> str:
+    """What a unit's decisions bought in .text against clang's own, where measured."""
+    text = unit.get("text")
+    return f", {_saved(text['saved'])}" if isinstance(text, Mapping) else ""
+
+
 def show(artifact: Artifact, by_function: bool = False) -> list[str]:
     """Per file and program (and per function): its decisions, how many inline, how many
-    depart from clang's own, how many sites were dropped for conflicting answers."""
+    depart from clang's own, how many sites were dropped for conflicting answers, and the
+    .text they save against clang's own where measured; then the units left to clang."""
     out = []
     for kind, units in (("files", artifact.files), ("links", artifact.links)):
         for name, unit in units.items():
             out.append(
                 f"{kind}/{name}: {unit['decisions']} decisions, {unit['inlined']} inline, "
-                f"{_departed(unit)}, {unit['conflicts']} conflicting sites dropped"
+                f"{_departed(unit)}, {unit['conflicts']} conflicting sites dropped" + _bought(unit)
             )
             for caller, f in unit["functions"].items() if by_function else ():
+                saved = f", {_saved(f['text_saved'])}" if "text_saved" in f else ""
                 out.append(f"  {caller}: {f['decisions']} decisions, {f['inlined']} inline, "
-                           f"{f.get('departures', 0)} departing")  # fmt: skip
+                           f"{f.get('departures', 0)} departing{saved}")  # fmt: skip
+    for name, left in artifact.clangs_own.items():
+        why = left.get("why") if isinstance(left, Mapping) else None
+        out.append(f"{name}: clang's own decisions ({why or 'not kept'})")
     return out
 
 
@@ -373,31 +442,62 @@ def diff(old: Artifact, new: Artifact) -> list[str]:
                 changes.setdefault((now or was).caller, Counter())[mark] += 1  # type: ignore[union-attr]
             if changes:
                 total = sum(changes.values(), Counter())
-                out.append(f"{kind}/{name}: {_counts(total)}")
-                out += [f"  {caller}: {_counts(c)}" for caller, c in sorted(changes.items())]
+                units = getattr(old, kind).get(name, {}), getattr(new, kind).get(name, {})
+                out.append(f"{kind}/{name}: {_counts(total)}{_bought_change(*units)}")
+                functions = [u.get("functions", {}) for u in units]
+                out += [
+                    f"  {caller}: {_counts(c)}"
+                    + _bought_change(*(f.get(caller, {}) for f in functions), "text_saved")
+                    for caller, c in sorted(changes.items())
+                ]
     return out or ["no decision changed"]
+
+
+def _bought_change(old: Mapping, new: Mapping, key: str = "text") -> str:
+    """The .text OLD's and NEW's decisions save against clang's own, where both measured."""
+    was, now = old.get(key), new.get(key)
+    if was is None or now is None:
+        return ""
+    if key == "text":
+        was, now = was["saved"], now["saved"]
+    return f"; .text saved {was} -> {now} bytes"
 
 
 def _counts(c: Counter) -> str:
     return " ".join(f"{mark}{c[mark]}" for mark in "+-~" if c[mark])
 
 
-def check(artifact: Artifact, root: Path, recheck: list[str] | None = None) -> list[str]:
-    """Per file: whether its source is still the one decided (by digest: all its decisions
-    still meet their call sites), changed, or gone. For a changed one, with RECHECK (a
-    compiler, its flags and our plugin's -fpass-plugin), how many still match
-    (`still_matching`); else that they need a recheck. Headers are not digested."""
-    out = []
+def file_states(artifact: Artifact, root: Path) -> dict[str, str]:
+    """Per file of ARTIFACT, its source under ROOT: "unchanged" since decided (by digest:
+    all its decisions still meet their call sites), "changed" or "gone"."""
+    states = {}
     for name, unit in artifact.files.items():
-        source, total = root / name, unit["decisions"]
+        source = root / name
         if not source.is_file():
-            out.append(f"{name}: gone ({total} decisions unused)")
+            states[name] = "gone"
         elif unit.get("sha256") == source_digest(source):
+            states[name] = "unchanged"
+        else:
+            states[name] = "changed"
+    return states
+
+
+def check(artifact: Artifact, root: Path, recheck: list[str] | None = None) -> list[str]:
+    """Per file (`file_states`): unchanged, changed or gone. For a changed one, with
+    RECHECK (a compiler, its flags and our plugin's -fpass-plugin), how many decisions
+    still match (`still_matching`); else that they need a recheck. Headers are not
+    digested."""
+    out = []
+    for name, state in file_states(artifact, root).items():
+        total = artifact.files[name]["decisions"]
+        if state == "gone":
+            out.append(f"{name}: gone ({total} decisions unused)")
+        elif state == "unchanged":
             out.append(f"{name}: unchanged, all {total} decisions match")
         elif recheck is None:
             out.append(f"{name}: changed since recorded, {total} decisions to recheck")
         else:
-            command = [*recheck, "-c", str(source.resolve()), "-o", os.devnull]
+            command = [*recheck, "-c", str((root / name).resolve()), "-o", os.devnull]
             matched, total = still_matching(artifact, name, command, root)
             out.append(f"{name}: changed, {matched} of {total} decisions still match")
     return out

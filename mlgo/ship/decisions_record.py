@@ -16,14 +16,15 @@ import hashlib
 import os
 import shlex
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from mlgo.corpus.extract import logged_invocations
+from mlgo.corpus.extract import Invocation, logged_invocations
 from mlgo.corpus.wrappers import build_env
 from mlgo.errors import UsageError
 from mlgo.llvm.cmdline import without_outputs
 from mlgo.llvm.driver import link_output, link_stage, links_with_lld, source_files
-from mlgo.llvm.replay import CLANG_ADVISOR, DECISIONS_OUT_ENV
+from mlgo.llvm.replay import CLANG_ADVISOR, DECISIONS_OUT_ENV, Decision
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.commands import run_logged
@@ -66,56 +67,115 @@ def _log(out: Path) -> Path:
     return log
 
 
+@dataclass
+class Recorded:
+    """What a recorded build decided (per source path from its root, and per program), and
+    the calls that decided it, still runnable in the build's tree."""
+
+    files: dict[str, UnitDecisions]
+    links: dict[str, UnitDecisions]
+    compiles: dict[str, Invocation]
+    link_calls: dict[str, Invocation]
+    skipped: list[str]  # what was compiled but not kept, one line each
+    flags: list[str]  # what every compile of a build replaying them adds (`compile_flags`)
+
+
 def record_build(
     policy: MLPPolicy, out: Path, root: Path, build: list[str], tc: Toolchain
 ) -> tuple[Path, list[str]]:
     """Runs BUILD in ROOT with POLICY served by the plugin and writes the decisions of its
     compiles and full-LTO links to OUT; also the lines that say what it could not keep."""
+    found = record_units(policy, root, build, tc, _log(out))
+    write(out, root, found.files, found.links, found.flags, tc.major)
+    return out.resolve(), found.skipped
+
+
+def record_units(
+    policy: MLPPolicy,
+    root: Path,
+    build: list[str],
+    tc: Toolchain,
+    log: Path,
+    flags: list[str] | None = None,
+    stage: str | None = None,
+) -> Recorded:
+    """Runs BUILD in ROOT (its output in LOG), its compiles given FLAGS after their own,
+    with POLICY served by the plugin and recorded: at the compiles and at lld's LTO links,
+    or only at the STAGE the policy serves (`Problem.stage`: the compiles, or the link of a
+    full-LTO or ThinLTO build). Each recorded unit's departures from clang's own are
+    counted by running its call once more with clang's own advisor."""
     if not build:
         raise UsageError("no build command to record (give it after `--`)")
     plugin = inliner_plugin(policy, tc)
+    at_compile, at_link = stage in (None, "compile"), stage != "compile"
     root = root.resolve()
-    flags = [f"-fpass-plugin={plugin}", f"-Wl,--load-pass-plugin={plugin}", *LOCATION_FLAGS]
-    flags.append("-Qunused-arguments")  # the plugin for a compile is unused at a link
+    loads = [f"-fpass-plugin={plugin}"] * at_compile
+    loads += [f"-Wl,--load-pass-plugin={plugin}"] * at_link
+    # the plugin for a compile is unused at a link
+    common = [*loads, *LOCATION_FLAGS, "-Qunused-arguments"]
+    # as the service serves it: the advisor's own flags, and the base of clang's it departs from
+    served = [*common, *policy.problem.advisor_flags, *policy.base_flags]
     with tempfile.TemporaryDirectory(prefix="mlgo-decisions-", dir=private_temp_dir()) as d:
         work, calls, recorded = Path(d), Path(d) / "calls", Path(d) / "recorded"
         calls.mkdir()
         recorded.mkdir()
-        cc = _recording_wrapper(work / "rec-cc", tc.clang, calls, recorded, flags)
-        cxx = _recording_wrapper(work / "rec-c++", tc.clangxx, calls, recorded, flags)
-        env = build_env(tc, work, [], str(cc), str(cxx))
-        run_logged(build, root, _log(out), None, env, shlex.join(build))
+        cc = _recording_wrapper(work / "rec-cc", tc.clang, calls, recorded, served)
+        cxx = _recording_wrapper(work / "rec-c++", tc.clangxx, calls, recorded, served)
+        env = build_env(tc, work, flags or [], str(cc), str(cxx))
+        run_logged(build, root, log, None, env, shlex.join(build))
         texts: dict[tuple[str, str], list[str]] = {}
-        compiles: dict[str, tuple[Path, list[str]]] = {}
+        compiles: dict[str, Invocation] = {}
+        linked: dict[str, Invocation] = {}
         skipped = []
         for call in logged_invocations(calls):
             args, rec = call.argv[1:], recorded / call.log_name
             text = rec.read_text() if rec.exists() else ""
             sources = source_files(args)
             if "-c" in args and len(sources) == 1:
+                if not (call.cwd / sources[0]).is_file():
+                    continue  # a configure's probe, deleted since: nothing to replay
                 name = os.path.relpath((call.cwd / sources[0]).resolve(), root)
                 if name.startswith(".."):
                     skipped.append(f"{sources[0]}: outside {root}, not kept")
                     continue
-                texts.setdefault(("files", name), []).append(text)
-                compiles[name] = (call.cwd, call.argv)
-            elif link_stage(args) == "link" and links_with_lld(args):
-                texts.setdefault(("links", Path(link_output(args)).name), []).append(text)
+                if at_compile:
+                    texts.setdefault(("files", name), []).append(text)
+                compiles[name] = call
+            elif link_stage(args) is not None and links_with_lld(args):  # full or thin
+                if not (call.cwd / link_output(args)).is_file():
+                    continue  # a configure's probe, deleted since
+                program = Path(link_output(args)).name
+                if at_link:
+                    texts.setdefault(("links", program), []).append(text)
+                    linked[program] = call
             elif sources:
                 skipped.append(f"{shlex.join(call.argv[:4])} ...: not one source, not kept")
-    if not texts:
+    if not compiles and not linked:
         raise UsageError(f"{shlex.join(build)} compiled nothing in {root}: record a clean build")
     units: dict[str, dict[str, UnitDecisions]] = {"files": {}, "links": {}}
     for (kind, name), parts in texts.items():
         ours, conflicts = from_recorder("".join(parts), f"{kind}/{name}")
         units[kind][name] = UnitDecisions(ours, conflicts)
-    for name, (cwd, argv) in compiles.items():
-        clangs, _ = record([*without_outputs(argv), *flags, "-o", os.devnull], cwd, CLANG_ADVISOR)
-        unit = units["files"][name]
+    for name, unit in units["files"].items():
+        call = compiles[name]
+        command = [*without_outputs(call.argv), *common, "-o", os.devnull]
+        clangs, _ = record(command, call.cwd, CLANG_ADVISOR)
         unit.departures, unit.digest = (
             departures(unit.decisions, clangs),
             source_digest(root / name),
         )
-    g0 = any(needs_locations(argv) for _, argv in compiles.values())
-    write(out, root, units["files"], units["links"], list(LOCATION_FLAGS) if g0 else [], tc.major)
-    return out.resolve(), skipped
+    for program, unit in units["links"].items():
+        unit.departures = departures(unit.decisions, clangs_link(linked[program], common))
+    g0 = any(needs_locations(call.argv) for call in compiles.values())
+    return Recorded(
+        units["files"], units["links"], compiles if at_compile else {}, linked, skipped,
+        list(LOCATION_FLAGS) if g0 else [],
+    )  # fmt: skip
+
+
+def clangs_link(call: Invocation, flags: list[str]) -> list[Decision]:
+    """The decisions clang's own advisor makes at CALL's link (given FLAGS, which load
+    our plugin), linked again to a scratch file."""
+    with tempfile.TemporaryDirectory(prefix="mlgo-link-", dir=private_temp_dir()) as d:
+        command = [*without_outputs(call.argv), *flags, "-o", str(Path(d) / "program")]
+        return record(command, call.cwd, CLANG_ADVISOR)[0]

@@ -3,13 +3,17 @@
 # mlgo/ship/decisions.py, which fills in the @NAMES@): for a compile of one source under the
 # project root, DIR/files/<its path>.inl; for a link that writes PROGRAM, DIR/links/PROGRAM.inl.
 # A source or program with no file gets clang's own decisions; a file that is not a decisions
-# file of this format gets them too, said in one line. A compile also gets DIR/flags, as the
-# recorded build had them (call-site locations in a -g0 build: keys must match). Builtins
+# file of this format gets them too, said in one line. A compile that replays a file also
+# gets DIR/flags, as the recorded build had them (call-site locations in a -g0 build: keys
+# must match), and so does every compile where DIR holds a program's decisions (its link
+# replays them on the compiles' bitcode); the others pay nothing for locations. Builtins
 # only, but one grep to check a file before clang reads it (clang stops a compile at a line
 # it cannot parse).
 compiler=@COMPILER@
-root_from_dir=@ROOT_FROM_DIR@
+# the project's root: as recorded (from this directory), or @ROOT_ENV@ (absolute) for a copy
+root_from_dir=${@ROOT_ENV@:-@ROOT_FROM_DIR@}
 header=@HEADER@
+locate_every_compile=@LOCATE_EVERY_COMPILE@
 line=@LINE_ERE@
 here=$PWD
 case $0 in */*) dir=${0%/*} ;; *) dir=. ;; esac
@@ -28,7 +32,7 @@ for arg do
   prev=$arg
 done
 
-decisions=
+decisions= replayed=
 if [ "$sources" = 1 ]; then
   case $src in */*) sdir=${src%/*} ;; *) sdir=. ;; esac
   case $root_from_dir in /*) root=$root_from_dir ;; *) root=$dir/$root_from_dir ;; esac
@@ -50,6 +54,7 @@ if [ -n "$decisions" ] && [ -f "$decisions" ]; then
   if [ $? = 1 ] && [ "$first" = "$header" ]; then
     if [ "$sources" = 1 ]; then
       set -- "$@" @REPLAY_FLAGS@
+      replayed=1
     else
       set -- "$@" @LINK_REPLAY_FLAGS@
     fi
@@ -57,5 +62,7 @@ if [ -n "$decisions" ] && [ -f "$decisions" ]; then
     echo "mlgo: $decisions is not a decisions file of mlgo-decisions @VERSION@; clang's own decisions" >&2
   fi
 fi
-[ "$sources" = 0 ] || set -- "$@" @FLAGS@
+if [ "$sources" != 0 ] && [ -n "$replayed$locate_every_compile" ]; then
+  set -- "$@" @FLAGS@
+fi
 exec "$compiler" "$@"

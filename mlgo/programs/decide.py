@@ -1,0 +1,122 @@
+"""A tune's `decisions` stage: the chosen policy's inlining decisions on the project's own
+build, recorded, judged once (`ship.decisions_kept`) and written to OUT/decisions, a
+directory plain clang builds the project from; the tune's "mlgo" build is that build
+(`decisions_variant`), so its report measures exactly what ships.
+
+Register-allocation eviction has no replay in clang: a tune of it writes no decisions and
+builds with the policy service, as its report says (`built_from`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.packages.recipes import Recipe
+from mlgo.problems import Problem
+from mlgo.problems.policy_files import load_policy
+from mlgo.programs.build import plain_compilers, problem_flags
+from mlgo.programs.compare import Variant
+from mlgo.runtime.messages import copy_error
+from mlgo.ship.decisions import ROOT_ENV, file_states, read, write
+from mlgo.ship.decisions_kept import keep
+from mlgo.ship.decisions_record import record_units
+
+DECISIONS = "decisions"  # OUT/decisions
+
+
+def writes_decisions(problem: Problem) -> bool:
+    """Whether PROBLEM's decisions are the inliner's, which clang replays from a file (the
+    problems our clang plugin serves, and records)."""
+    return problem.plugin
+
+
+def decide(
+    recipe: Recipe,
+    pristine: Path,
+    policy: Path,
+    out: Path,
+    root: Path,
+    tc: Toolchain,
+    problem: Problem,
+) -> Path:
+    """RECIPE configured and built from a copy of PRISTINE with the POLICY served by our
+    plugin at PROBLEM's stage and recorded; its kept decisions written to OUT/decisions for
+    the project at ROOT (where `CC=OUT/decisions/cc` builds it), the copy removed."""
+    scratch = (out / "decide" / recipe.name).resolve()
+    shutil.rmtree(scratch.parent, ignore_errors=True)
+    try:
+        shutil.copytree(pristine, scratch, symlinks=True)
+    except shutil.Error as e:  # its message is the list of every file that failed
+        raise copy_error(e) from e
+    script = " && ".join([*recipe.configure, *recipe.build])
+    flags = problem_flags(problem)
+    log = scratch.parent / "build.log"
+    found = record_units(
+        load_policy(policy), scratch, ["sh", "-c", script], tc, log, flags, problem.stage
+    )
+    files, links, left = keep(found, problem.aim)
+    write(out / DECISIONS, root, files, links, found.flags, tc.major, left)
+    shutil.rmtree(scratch.parent)
+    return out / DECISIONS
+
+
+def from_decisions(tc: Toolchain, directory: Path, work: Path) -> tuple[Variant, Variant]:
+    """The two builds of a tune in WORK: plain clang, and the build of the copy at
+    WORK/mlgo from DIRECTORY's decisions by its `cc` and `c++` over plain clang, told
+    where this copy's root is."""
+    directory = directory.resolve()
+    compilers = (str(directory / "cc"), str(directory / "c++"))
+    root = {ROOT_ENV: str((work / "mlgo").resolve())}
+    return Variant("plain", plain_compilers(tc), {}), Variant("mlgo", compilers, root)
+
+
+def built_from(directory: Path | None, tree: Path, say: Callable[[str], None]) -> dict:
+    """What a tune's report says its "mlgo" build at TREE was built from: the decisions
+    in DIRECTORY (`decisions_summary`, also said in a line), or (None) the policy service,
+    for eviction."""
+    if directory is None:  # clang cannot read eviction decisions from a file
+        return {"built_from": "service"}
+    summary = decisions_summary(directory, tree)
+    say(summary_line(summary))
+    return {"built_from": "decisions", "decisions": summary}
+
+
+def decisions_summary(directory: Path, tree: Path) -> dict:
+    """What a report says of the decisions a build at TREE was built from: units kept
+    (files and programs), their decisions and departures from clang's own, the units
+    judged, the .text they save where measured, and the files whose source is no longer
+    the one decided (stale: clang's own decide at the sites that moved)."""
+    artifact = read(directory)
+    units = [*artifact.files.values(), *artifact.links.values()]
+    judged = [u for u in artifact.clangs_own.values() if u.get("departures")]
+    states = file_states(artifact, tree)
+    return {
+        "directory": str(directory.resolve()),
+        "files": len(artifact.files),
+        "links": len(artifact.links),
+        "decisions": sum(u["decisions"] for u in units),
+        "departures": sum(u["departures"] or 0 for u in units),
+        "kept": len(units),
+        "departing_units": len(units) + len(judged),
+        "text_saved": sum(u["text"]["saved"] for u in units if "text" in u),
+        "stale": sum(state != "unchanged" for state in states.values()),
+    }
+
+
+def summary_line(summary: dict) -> str:
+    """A `decisions_summary` in the line a build's notes say once."""
+    line = (
+        f"{summary['directory']}: {summary['kept']} of {summary['departing_units']} units "
+        f"where the policy departs kept ({summary['files']} files, {summary['links']} "
+        f"programs), {summary['decisions']} decisions, {summary['text_saved']} bytes of "
+        ".text saved against clang's own"
+    )
+    if summary["stale"]:
+        line += (
+            f"; {summary['stale']} files changed since decided: clang's own decide where their "
+            "sites moved (`mlgo decisions check DIR -- FLAGS` counts what still matches)"
+        )
+    return line

@@ -1,0 +1,86 @@
+"""The guard's choice made once, so that what ships is decided: each unit of a recorded
+build (a source's compile, a program's LTO link) where the policy departs from clang's
+own is built again by plain clang, from its decisions (as the directory's wrappers replay
+them) and with clang's own heuristic, and its decisions are kept where the replayed
+`.text` is smaller (for size; for speed, a workload judged the policy, and every departing
+unit is kept). A unit that departs nowhere, loses or ties carries no decisions file:
+clang's own decide there, and only the files that gain pay for -g0's locations (a tie
+would pay them for nothing).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import tempfile
+from pathlib import Path
+
+from mlgo.corpus.extract import Invocation
+from mlgo.llvm.cmdline import without_outputs
+from mlgo.llvm.replay import replay_flags
+from mlgo.llvm.sizes import function_sizes, text_size
+from mlgo.runtime.messages import error_line
+from mlgo.runtime.trust import private_temp_dir
+from mlgo.ship.decisions import (
+    DecisionsError,
+    Sizes,
+    UnitDecisions,
+    inl_text,
+    link_replay_flags,
+)
+from mlgo.ship.decisions_record import Recorded
+
+Kept = tuple[dict[str, UnitDecisions], dict[str, UnitDecisions], dict[str, dict]]
+
+
+def built_both_ways(call: Invocation, flags: list[str], replay: list[str], work: Path) -> Sizes:
+    """CALL run again by plain clang to WORK, with FLAGS and then REPLAY (the options that
+    apply its decisions) added, and with FLAGS alone: both outputs' .text."""
+    outputs = {}
+    for side, added in (("decisions", [*flags, *replay]), ("clang", flags)):
+        output = work / side
+        command = [*without_outputs(call.argv), *added, "-o", str(output)]
+        proc = subprocess.run(command, cwd=call.cwd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise DecisionsError(
+                f"rebuilding {shlex.join(call.argv[:3])} ... in {call.cwd} "
+                f"(exit {proc.returncode}): {error_line(proc.stderr)}"
+            )
+        outputs[side] = output
+    mine, clangs = outputs["decisions"], outputs["clang"]
+    return Sizes(text_size(mine), text_size(clangs), function_sizes(mine), function_sizes(clangs))
+
+
+def keep(found: Recorded, aim: str) -> Kept:
+    """Of FOUND's units, those to ship (files, links), each with its sizes measured, and
+    those left to clang's own, by `files/NAME` or `links/NAME`, with why (and the bytes
+    where measured). AIM "size" keeps a unit only where its .text is smaller."""
+    kept: dict[str, dict[str, UnitDecisions]] = {"files": {}, "links": {}}
+    left: dict[str, dict] = {}
+    calls = {"files": found.compiles, "links": found.link_calls}
+    with tempfile.TemporaryDirectory(prefix="mlgo-keep-", dir=private_temp_dir()) as d:
+        work = Path(d)
+        for kind, units in (("files", found.files), ("links", found.links)):
+            for name, unit in units.items():
+                departed = sum((unit.departures or {}).values())
+                if not departed:
+                    left[f"{kind}/{name}"] = {"why": "no departure from clang's own"}
+                    continue
+                inl = work / "unit.inl"
+                inl.write_text(inl_text(unit.decisions))
+                if kind == "files":
+                    flags, replay = found.flags, replay_flags(str(inl))
+                else:
+                    flags, replay = [], link_replay_flags(str(inl))
+                sizes = built_both_ways(calls[kind][name], flags, replay, work)
+                if aim == "size" and sizes.saved <= 0:
+                    more = f"{-sizes.saved} bytes more" if sizes.saved else "the same bytes"
+                    left[f"{kind}/{name}"] = {
+                        "why": f"its {departed} departures build {more}",
+                        "departures": departed,
+                        "text": sizes.totals(),
+                    }
+                    continue
+                unit.sizes = sizes
+                kept[kind][name] = unit
+    return kept["files"], kept["links"], left
