@@ -100,7 +100,7 @@ def test_the_demo_says_where_its_page_of_plots_is(zlib_demo):
 def test_build_measures_the_workload_of_lua(tmp_path):
     """`mlgo build lua`: both builds run the recipe's Lua script (its check passes on
     both, and both print the same), and the table, build.json and lua's report hold the
-    paired change of its CPU time."""
+    paired change of its CPU time, and that of lua built with the script's profile."""
     r = run_mlgo("build", "lua", "--out", str(tmp_path), "--bench-rounds", "2", timeout=900)
     assert r.returncode == 0, r.stderr + r.stdout
     assert "CPU time" in r.stdout and "IQR" in r.stdout
@@ -109,6 +109,10 @@ def test_build_measures_the_workload_of_lua(tmp_path):
     report = json.loads((tmp_path / "lua" / "report.json").read_text())
     assert report["throughput"] == speed and report["tests"]["policy"] == "passed"
     assert "<h2 id='throughput'>" in (tmp_path / "lua" / "report.html").read_text()
+    pgo = speed["pgo"]
+    assert pgo["tests"] == "passed" and len(pgo["ratios_pct"]) == 2
+    assert pgo["profile"] == str((tmp_path / "lua" / "profile" / "default.profdata").resolve())
+    assert "lua: PGO from your workload" in r.stdout
 
 
 def test_the_demo_refuses_an_unknown_package_before_building(tmp_path):

@@ -18,6 +18,13 @@ from mlgo.programs.tune import TuneOptions
 BENCH_ROUNDS = 5  # mlgo build: a modest default, a few seconds per package
 # mlgo tune: a sample of --bench longer than this would make its rounds take days
 MOST_BENCH_SECONDS = 600.0
+PGORowOpt = Annotated[
+    bool,
+    typer.Option(
+        help="with a workload, time beside the others the build with its profile "
+        "(instrumented, the workload run once, -fprofile-instr-use); off: a quicker run"
+    ),
+]
 
 
 def build(
@@ -44,6 +51,7 @@ def build(
             callback=lto_mode,
         ),
     ] = None,
+    pgo_row: PGORowOpt = True,
     clang: ClangOpt = None,
 ) -> None:
     """Build real programs from their Debian source packages twice, with plain clang and
@@ -59,8 +67,9 @@ def build(
     recipes = [load_recipe(name) for name in packages]  # a misspelt name fails before any build
     problem = at_link("inlining-size", lto) if lto else get_problem("inlining-size")
     result = compare_programs(
-        recipes, policy, out, tc, tests, backend, guard, bench_rounds, problem=problem
-    )
+        recipes, policy, out, tc, tests, backend, guard, bench_rounds, problem=problem,
+        with_pgo=pgo_row,
+    )  # fmt: skip
     console.print(comparison_table(result))
     console.print(f"wrote {out / 'build.json'}")
     for error in result.failed.values():
@@ -153,6 +162,7 @@ def tune(
         ),
     ] = None,
     guard: Annotated[bool, typer.Option(help="MLGO_GUARD=size on the policy build")] = False,
+    pgo_row: PGORowOpt = TuneOptions.pgo_row,
     policy: Annotated[Path | None, typer.Option(help="start policy (default: shipped)")] = None,
     clang: ClangOpt = None,
 ) -> None:
@@ -179,6 +189,7 @@ def tune(
         guard=guard,
         bench_rounds=bench_rounds,
         bench_seconds=bench_seconds,
+        pgo_row=pgo_row,
     )
     report = run_tune(source, recipe, out, find_toolchain(clang), opts, console.print)
     console.print(report_table(report))

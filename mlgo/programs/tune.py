@@ -15,7 +15,11 @@ finished (training resumes from its checkpoint):
               default, the start and the trained policy, exported to OUT/policy
     build     configure, build and test two copies of the snapshot: plain clang at the
               level, and mlgo-cc serving OUT/policy (OUT/programs/plain, OUT/programs/mlgo)
-    bench     the workload on both builds in paired rounds: OUT/throughput.json
+    pgo       with a workload, the build a performance engineer makes anyway (`pgo`):
+              instrumented, the workload run once, its profile in
+              OUT/programs/profile/default.profdata, and the build with it, tested
+              (OUT/programs/pgo); or the line saying why there is none (OUT/programs/pgo.json)
+    bench     the workload on the builds in paired rounds: OUT/throughput.json
     report    OUT/report.json
 
 The budget (`minutes`) counts training only: the trainer's own clock, summed over resumes,
@@ -48,6 +52,7 @@ from mlgo.programs.chain import CLONED, choose_policy, cloned_start, shipped_sta
 from mlgo.programs.compare import build_pair, variants
 from mlgo.programs.judges import candidate_judge
 from mlgo.programs.measure import check_fixed_work, check_repeatable, recipe_throughput
+from mlgo.programs.pgo import PGORow, pgo_row
 from mlgo.programs.report import program_report, write_report
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_directory, atomic_write_text
@@ -68,6 +73,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     # a workload judges speed, its clock the last (`surely_faster`)
     "train": ("policy", "minutes", "train_steps", "bench", "bench_rounds", "bench_seconds"),
     "build": ("test", "guard"),
+    "pgo": ("bench", "pgo_row"),
     "bench": ("bench", "bench_rounds", "bench_seconds"),
     "report": (),
 }
@@ -82,6 +88,7 @@ class TuneOptions:
     guard: bool = False  # mlgo-cc keeps the smaller of the policy's and the default's object
     bench_rounds: int = 10  # paired ABBA rounds of the workload
     bench_seconds: float = 1.0  # CPU seconds per timed sample (the workload loops to it)
+    pgo_row: bool = True  # with a workload, its PGO build timed beside (`pgo.pgo_row`)
 
 
 def project(
@@ -302,12 +309,25 @@ def tune(
         return read_json(out / "report.json")
     plain, ml = (ProgramBuild(**b) for b in read_json(work / "builds.json"))
     trees = {b.variant: work / b.variant for b in (plain, ml)}
+    if not stages.done("pgo"):  # finished without one too: --bench and --pgo-row are its own
+        row = PGORow()
+        if recipe.bench and opts.pgo_row:
+            say(f"building {recipe.name} with a profile of the workload, for the PGO row")
+            with _stage("pgo", work):
+                flags = problem_flags(problem)
+                row = pgo_row(recipe, pristine, trees["plain"], tc, flags, True)
+            if row.left_out:
+                say(row.left_out)
+        atomic_write_text(work / "pgo.json", json.dumps(asdict(row)))
+        stages.finish("pgo")
+    row = PGORow(**read_json(work / "pgo.json"))
     if not stages.done("bench"):  # finished without a workload too: --bench is its argument
         if recipe.bench:
-            say(f"measuring the workload on both builds ({opts.bench_rounds} rounds)")
+            timed = {**trees, **row.timed()}
+            say(f"measuring the workload on {len(timed)} builds ({opts.bench_rounds} rounds)")
             with _stage("bench", work):
-                speed = recipe_throughput(recipe, trees, opts.bench_rounds, opts.bench_seconds)
-                atomic_write_text(out / "throughput.json", json.dumps(speed, indent=1))
+                speed = recipe_throughput(recipe, timed, opts.bench_rounds, opts.bench_seconds)
+                atomic_write_text(out / "throughput.json", json.dumps(row.into(speed), indent=1))
         stages.finish("bench")
     speed = read_json(out / "throughput.json") if recipe.bench else None
     training = read_json(out / "training.json")
