@@ -16,6 +16,12 @@ given is the control of that regime. A threshold moves every call site one way; 
 per-call-site policy can do better than the best of them, so their best is a floor on the
 ceiling, and the rank of the reward against the time over these builds checks it on
 inlining's changes.
+
+With --pgo, the same on top of profile-guided optimization, the build a performance
+engineer makes anyway: the baseline is -O2 with the workload's profile (`programs.pgo`:
+an instrumented build, the workload run once apart from the timed runs, the profile
+merged), each threshold is built with that profile too, and plain -O2 without it is one
+more row ("no profile"), so PGO's own change stands beside inlining's reach over it.
 """
 
 from __future__ import annotations
@@ -30,11 +36,13 @@ from scipy.stats import spearmanr
 
 from mlgo.cli import USER_ERRORS
 from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, Code
+from mlgo.llvm.profiles import use_flags
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe
 from mlgo.programs.build import build_program, level_flags, plain_compilers, pristine_source
 from mlgo.programs.measure import recipe_throughput
+from mlgo.programs.pgo import MERGED, PROFILE, instrumented_profile
 from mlgo.programs.report import throughput_change
 from mlgo.programs.speed import tree_cost
 from mlgo.runtime.files import atomic_write_text
@@ -44,6 +52,7 @@ from tools.bench_tune import PROJECTS, RETIMED, project_recipe
 console = Console()
 LEVEL = "-O2"
 BASELINE = "plain"
+NO_PROFILE = "no profile"  # with --pgo: plain -O2, timed against the PGO build
 
 
 def build_costed(
@@ -64,23 +73,38 @@ def build_costed(
     return result
 
 
-def reach(name: str, thresholds: list[int], work: Path, rounds: int, seconds: float) -> dict:
-    """NAME's baseline and one build per threshold in WORK/NAME/inline-reach, each against
-    the baseline: .text, the workload cost, instructions and CPU time, in percent."""
+def profile_flags(recipe: Recipe, source: Path, where: Path, tc: Toolchain) -> list[str]:
+    """The flags that build RECIPE with its workload's profile, made once in WHERE/profile."""
+    profile = where / PROFILE / MERGED
+    if not profile.is_file():
+        profile = instrumented_profile(recipe, source, where / PROFILE, tc, level_flags(LEVEL))
+    return use_flags(profile)
+
+
+def reach(
+    name: str, thresholds: list[int], work: Path, rounds: int, seconds: float, pgo: bool = False
+) -> dict:
+    """NAME's baseline and one build per threshold in WORK/NAME/inline-reach (with PGO:
+    inline-reach-pgo, all with the workload's profile, and plain -O2 as one more row), each
+    against the baseline: .text, the workload cost, instructions and CPU time, in percent."""
     recipe = project_recipe(name)
     source = pristine_source(recipe, work / name)
     tc = find_toolchain()
-    where = work / name / "inline-reach"
+    where = work / name / ("inline-reach-pgo" if pgo else "inline-reach")
     known: dict[Code, float] = {}
-    base = build_costed(recipe, source, where / BASELINE, tc, [], known)
+    profiled = profile_flags(recipe, source, where, tc) if pgo else []
+    base = build_costed(recipe, source, where / BASELINE, tc, profiled, known)
+    builds = {str(t): [*profiled, "-mllvm", f"-inline-threshold={t}"] for t in thresholds}
+    if pgo:
+        builds[NO_PROFILE] = []
     rows = {}
-    for t in thresholds:
-        tree = where / f"threshold-{t}"
-        built = build_costed(recipe, source, tree, tc, ["-mllvm", f"-inline-threshold={t}"], known)
+    for label, extra in builds.items():
+        tree = where / (f"threshold-{label}" if label != NO_PROFILE else "no-profile")
+        built = build_costed(recipe, source, tree, tc, extra, known)
         timed = recipe_throughput(
             recipe, {BASELINE: where / BASELINE, tree.name: tree}, rounds, seconds
         )
-        rows[t] = {
+        rows[label] = {
             **built,
             # every ELF file the build made: a project's recipe names no programs
             "text_pct": tree_totals(linked_rows(compare_trees(tree, where / BASELINE)))[
@@ -89,15 +113,18 @@ def reach(name: str, thresholds: list[int], work: Path, rounds: int, seconds: fl
             "cost_pct": 100 * (built["cost"] / base["cost"] - 1),
             "throughput": timed,
         }
-        console.print(f"{name}: threshold {t}: {throughput_change(timed)}", highlight=False)
+        console.print(f"{name}: {label}: {throughput_change(timed)}", highlight=False)
     costs = [r["cost_pct"] for r in rows.values()]
     times = [r["throughput"]["change_pct"] for r in rows.values()]
     rho = spearmanr(costs, times).statistic if len(rows) >= 3 else None
-    return {"baseline": base, "thresholds": rows, "spearman_cost_vs_cpu": rho}
+    return {"baseline": base, "thresholds": rows, "spearman_cost_vs_cpu": rho, "pgo": pgo}
 
 
 def table(name: str, result: dict) -> Table:
-    t = Table(title=f"{name}: inlining's reach at {LEVEL} (against plain clang {LEVEL})")
+    against = (
+        "clang -O2 with the workload's profile" if result.get("pgo") else f"plain clang {LEVEL}"
+    )
+    t = Table(title=f"{name}: inlining's reach at {LEVEL} (against {against})")
     for column in ("threshold", ".text", "workload cost", "instructions", "CPU time", "A/A"):
         t.add_column(column)
     for threshold, r in result["thresholds"].items():
@@ -121,11 +148,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=RETIMED[0])
     parser.add_argument("--seconds", type=float, default=RETIMED[1], help="CPU s a build a round")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--pgo", action="store_true", help="on top of the workload's PGO build")
     args = parser.parse_args()
     results = {}
     for name in args.projects:
         try:
-            results[name] = reach(name, args.thresholds, args.work, args.rounds, args.seconds)
+            timing = (args.rounds, args.seconds)
+            results[name] = reach(name, args.thresholds, args.work, *timing, args.pgo)
         except USER_ERRORS as e:
             console.print(f"[red]{name}: {error_line(e)}", highlight=False)
             continue
