@@ -100,7 +100,8 @@ def test_the_demo_says_where_its_page_of_plots_is(zlib_demo):
 def test_build_measures_the_workload_of_lua(tmp_path):
     """`mlgo build lua`: both builds run the recipe's Lua script (its check passes on
     both, and both print the same), and the table, build.json and lua's report hold the
-    paired change of its CPU time, as built and over two shuffled layouts of each build."""
+    paired change of its CPU time, as built and over two shuffled layouts of each build,
+    and that of lua built with the script's profile."""
     args = ["--bench-rounds", "2", "--layouts", "2"]
     r = run_mlgo("build", "lua", "--out", str(tmp_path), *args, timeout=900)
     assert r.returncode == 0, r.stderr + r.stdout
@@ -115,6 +116,10 @@ def test_build_measures_the_workload_of_lua(tmp_path):
     assert over["iqr_pct"][0] <= over["change_pct"] <= over["iqr_pct"][1]
     layouts = tmp_path / "lua" / "layouts"
     assert {"plain-layout-1", "mlgo-layout-2"} <= {p.name for p in layouts.iterdir()}
+    pgo = speed["pgo"]
+    assert pgo["tests"] == "passed" and len(pgo["ratios_pct"]) == 2
+    assert pgo["profile"] == str((tmp_path / "lua" / "profile" / "default.profdata").resolve())
+    assert "lua: PGO from your workload" in r.stdout
 
 
 def test_the_demo_refuses_an_unknown_package_before_building(tmp_path):

@@ -200,6 +200,16 @@ def test_inline_reach_sets_each_threshold_beside_its_a_a_control():
     cells = [c._cells[0] for c in table.columns]
     assert cells == ["500", "+4.00%", "-2.50%", "-3.00%", "-1.50% (IQR -2.00..-1.00%)",
                      "+0.20% (IQR -0.30..+0.40%)"]  # fmt: skip
+    assert table.title == "cmark: inlining's reach at -O2 (against plain clang -O2)"
+    # on top of PGO: plain -O2 without the profile is one more row, against the PGO build
+    row = result["thresholds"][500]
+    pgo = {"thresholds": {"500": row, "no profile": row}, "pgo": True}
+    table = bench_inline_reach.table("cmark", pgo)
+    assert [c._cells[1] for c in table.columns][0] == "no profile"
+    assert (
+        table.title
+        == "cmark: inlining's reach at -O2 (against clang -O2 with the workload's profile)"
+    )
 
 
 @pytest.mark.unit

@@ -345,6 +345,11 @@ def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_w
     based = json.loads((out / f"start-{threshold}" / "policy" / "policy.json").read_text())
     assert based["base"] == threshold and "departure_threshold" in based
     assert changes[f"clang's own, cloned, -inline-threshold={threshold}"] == changes[fastest]
+    # the PGO row: the build with the workload's profile, tested and timed beside
+    pgo = report["throughput"]["pgo"]
+    assert pgo["tests"] == "passed" and len(pgo["ratios_pct"]) == 2
+    assert pgo["profile"] == str((out / "programs" / "profile" / "default.profdata").resolve())
+    assert "PGO from your workload" in r.stdout and "measuring the workload on 3 builds" in r.stdout
 
 
 def test_inlining_for_speed_without_a_workload_is_refused_before_anything_is_written(tmp_path):

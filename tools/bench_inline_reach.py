@@ -18,6 +18,12 @@ given is the control of that regime. A threshold moves every call site one way; 
 per-call-site policy can do better than the best of them, so their best is a floor on the
 ceiling, and the rank of the reward against the time over these builds checks it on
 inlining's changes.
+
+With --pgo, the same on top of profile-guided optimization, the build a performance
+engineer makes anyway: the baseline is -O2 with the workload's profile (`programs.pgo`:
+an instrumented build, the workload run once apart from the timed runs, the profile
+merged), each threshold is built with that profile too, and plain -O2 without it is one
+more row ("no profile"), so PGO's own change stands beside inlining's reach over it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from scipy.stats import spearmanr
 
 from mlgo.cli import USER_ERRORS
 from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, Code
+from mlgo.llvm.profiles import use_flags
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe
@@ -44,6 +51,7 @@ from mlgo.programs.build import (
 )
 from mlgo.programs.layouts import layout_trees, layouts_throughput
 from mlgo.programs.measure import AGAIN, recipe_throughput
+from mlgo.programs.pgo import MERGED, PROFILE, instrumented_profile
 from mlgo.programs.report import throughput_change
 from mlgo.programs.speed import tree_cost
 from mlgo.runtime.files import atomic_write_text
@@ -53,6 +61,7 @@ from tools.bench_tune import PROJECTS, RETIMED, project_recipe
 console = Console()
 LEVEL = "-O2"
 BASELINE = "plain"
+NO_PROFILE = "no profile"  # with --pgo: plain -O2, timed against the PGO build
 
 
 def build_costed(
@@ -73,29 +82,47 @@ def build_costed(
     return result
 
 
+def profile_flags(recipe: Recipe, source: Path, where: Path, tc: Toolchain) -> list[str]:
+    """The flags that build RECIPE with its workload's profile, made once in WHERE/profile."""
+    profile = where / PROFILE / MERGED
+    if not profile.is_file():
+        profile = instrumented_profile(recipe, source, where / PROFILE, tc, level_flags(LEVEL))
+    return use_flags(profile)
+
+
 def reach(
-    name: str, thresholds: list[int], work: Path, rounds: int, seconds: float, layouts: int = 0
+    name: str,
+    thresholds: list[int],
+    work: Path,
+    rounds: int,
+    seconds: float,
+    layouts: int = 0,
+    pgo: bool = False,
 ) -> dict:
-    """NAME's baseline and one build per threshold in WORK/NAME/inline-reach, each against
-    the baseline: .text, the workload cost, instructions and CPU time, in percent (with
-    LAYOUTS, over that many layouts too)."""
+    """NAME's baseline and one build per threshold in WORK/NAME/inline-reach (with PGO:
+    inline-reach-pgo, all with the workload's profile, and plain -O2 as one more row), each
+    against the baseline: .text, the workload cost, instructions and CPU time, in percent
+    (with LAYOUTS, over that many layouts too)."""
     recipe = project_recipe(name)
     source = pristine_source(recipe, work / name)
     tc = find_toolchain()
-    where = work / name / "inline-reach"
+    where = work / name / ("inline-reach-pgo" if pgo else "inline-reach")
     known: dict[Code, float] = {}
-    base = build_costed(recipe, source, where / BASELINE, tc, [], known)
+    profiled = profile_flags(recipe, source, where, tc) if pgo else []
+    base = build_costed(recipe, source, where / BASELINE, tc, profiled, known)
 
     def placed(variant: str, extra: list[str]) -> dict[int, Path]:  # its layouts, by seed
         plain = Variant(variant, plain_compilers(tc), {})
         flags = [*level_flags(LEVEL), *extra]
         return layout_trees(recipe, source, where / "layouts", tc, plain, flags, layouts)
 
-    base_layouts = placed(BASELINE, []) if layouts else {}
+    base_layouts = placed(BASELINE, profiled) if layouts else {}
+    builds = {str(t): [*profiled, "-mllvm", f"-inline-threshold={t}"] for t in thresholds}
+    if pgo:
+        builds[NO_PROFILE] = []
     rows = {}
-    for t in thresholds:
-        tree = where / f"threshold-{t}"
-        extra = ["-mllvm", f"-inline-threshold={t}"]
+    for label, extra in builds.items():
+        tree = where / (f"threshold-{label}" if label != NO_PROFILE else "no-profile")
         built = build_costed(recipe, source, tree, tc, extra, known)
         timed = recipe_throughput(
             recipe, {BASELINE: where / BASELINE, tree.name: tree}, rounds, seconds
@@ -107,7 +134,7 @@ def reach(
             timed["layouts"] = over[tree.name] | {
                 f"control_{k}": control[k] for k in ("change_pct", "iqr_pct")
             }
-        rows[t] = {
+        rows[label] = {
             **built,
             # every ELF file the build made: a project's recipe names no programs
             "text_pct": tree_totals(linked_rows(compare_trees(tree, where / BASELINE)))[
@@ -116,7 +143,7 @@ def reach(
             "cost_pct": 100 * (built["cost"] / base["cost"] - 1),
             "throughput": timed,
         }
-        line = f"{name}: threshold {t}: {throughput_change(timed)}"
+        line = f"{name}: {label}: {throughput_change(timed)}"
         if layouts:
             line += f", over {layouts} layouts {throughput_change(timed['layouts'])}"
             line += f" (A/A {throughput_change(timed['layouts'], 'control_')})"
@@ -124,11 +151,14 @@ def reach(
     costs = [r["cost_pct"] for r in rows.values()]
     times = [r["throughput"]["change_pct"] for r in rows.values()]
     rho = spearmanr(costs, times).statistic if len(rows) >= 3 else None
-    return {"baseline": base, "thresholds": rows, "spearman_cost_vs_cpu": rho}
+    return {"baseline": base, "thresholds": rows, "spearman_cost_vs_cpu": rho, "pgo": pgo}
 
 
 def table(name: str, result: dict) -> Table:
-    t = Table(title=f"{name}: inlining's reach at {LEVEL} (against plain clang {LEVEL})")
+    against = (
+        "clang -O2 with the workload's profile" if result.get("pgo") else f"plain clang {LEVEL}"
+    )
+    t = Table(title=f"{name}: inlining's reach at {LEVEL} (against {against})")
     columns = ["threshold", ".text", "workload cost", "instructions", "CPU time", "A/A"]
     over = next((r["throughput"].get("layouts") for r in result["thresholds"].values()), None)
     if over:
@@ -165,12 +195,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=RETIMED[1], help="CPU s a build a round")
     parser.add_argument("--layouts", type=int, default=0, help="shuffled layouts also timed")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--pgo", action="store_true", help="on top of the workload's PGO build")
     args = parser.parse_args()
     results = {}
     for name in args.projects:
         try:
             timing = (args.rounds, args.seconds, args.layouts)
-            results[name] = reach(name, args.thresholds, args.work, *timing)
+            results[name] = reach(name, args.thresholds, args.work, *timing, args.pgo)
         except USER_ERRORS as e:
             console.print(f"[red]{name}: {error_line(e)}", highlight=False)
             continue

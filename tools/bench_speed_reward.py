@@ -52,8 +52,8 @@ from rich.table import Table
 from scipy.stats import spearmanr
 
 from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, workload_cost
+from mlgo.llvm.profiles import INSTRUMENT_FLAGS, use_flags
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
-from mlgo.packages.build import PROFILE_USE_FLAGS
 from mlgo.packages.recipes import load_recipe
 from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.programs.build import build_program, plain_compilers, policy_service, pristine_source
@@ -66,6 +66,7 @@ from mlgo.programs.measure import (
     timed_rounds,
     workload_output,
 )
+from mlgo.programs.pgo import MERGED, profile_workload
 from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_path, atomic_write_text
 from tools.bench_regalloc import FLAGS, PROGRAMS, prepare_workload, save_json
@@ -131,20 +132,13 @@ def build(prog_name: str, tc: Toolchain, work: Path, v: Variant, flags: list[str
 
 
 def workload_profile(prog_name: str, tc: Toolchain, work: Path) -> Path:
-    """WORK/workload.profdata: the workload's profile, run once on an instrumented build."""
-    merged = work / "workload.profdata"
-    if merged.exists():
+    """WORK/default.profdata: the workload's profile, run once on an instrumented build."""
+    if (merged := work / MERGED).exists():
         return merged
     instrumented = Variant("instrumented", plain_compilers(tc), {})
-    tree = build(prog_name, tc, work, instrumented, [*FLAGS, "-fprofile-instr-generate"])
-    raw = work / "profraw"
-    shutil.rmtree(raw, ignore_errors=True)
-    raw.mkdir()
+    tree = build(prog_name, tc, work, instrumented, [*FLAGS, *INSTRUMENT_FLAGS])
     with console.status(f"{prog_name}: the workload, instrumented"):
-        run_workload(PROGRAMS[prog_name], tree, ("env", f"LLVM_PROFILE_FILE={raw}/%p.profraw"))
-    merge = [tc.tool("llvm-profdata"), "merge", "-o", str(merged), *map(str, raw.iterdir())]
-    run_logged(merge, work, work / "profile.log", 600, what=f"{prog_name}: llvm-profdata merge")
-    return merged
+        return profile_workload(PROGRAMS[prog_name], tree, work, tc)
 
 
 def build_all(name: str, tc: Toolchain, work: Path, policies: dict[str, Path]) -> dict[str, Path]:
@@ -152,7 +146,7 @@ def build_all(name: str, tc: Toolchain, work: Path, policies: dict[str, Path]) -
     pwork = work / name
     pwork.mkdir(parents=True, exist_ok=True)
     profile = workload_profile(name, tc, pwork)
-    flags = [*FLAGS, *BLOCK_MAP_FLAGS, f"-fprofile-instr-use={profile}", *PROFILE_USE_FLAGS]
+    flags = [*FLAGS, *BLOCK_MAP_FLAGS, *use_flags(profile)]
     trees = {"default": build(name, tc, pwork, variants(tc, {}, ("default", ""))[0], flags)}
     for pname, policy in policies.items():
         with policy_service([policy], pwork / f"service-{pname}") as env:

@@ -28,6 +28,13 @@ LayoutsOpt = Annotated[
         min=0,
     ),
 ]
+PGORowOpt = Annotated[
+    bool,
+    typer.Option(
+        help="with a workload, time beside the others the build with its profile "
+        "(instrumented, the workload run once, -fprofile-instr-use); off: a quicker run"
+    ),
+]
 
 
 def build(
@@ -55,6 +62,7 @@ def build(
             callback=lto_mode,
         ),
     ] = None,
+    pgo_row: PGORowOpt = True,
     clang: ClangOpt = None,
 ) -> None:
     """Build real programs from their Debian source packages twice, with plain clang and
@@ -72,6 +80,7 @@ def build(
     result = compare_programs(
         recipes, policy, out, tc, tests, backend, guard, bench_rounds, problem=problem,
         layouts=layouts,
+        with_pgo=pgo_row,
     )  # fmt: skip
     console.print(comparison_table(result))
     console.print(f"wrote {out / 'build.json'}")
@@ -166,6 +175,7 @@ def tune(
         ),
     ] = None,
     guard: Annotated[bool, typer.Option(help="MLGO_GUARD=size on the policy build")] = False,
+    pgo_row: PGORowOpt = TuneOptions.pgo_row,
     policy: Annotated[Path | None, typer.Option(help="start policy (default: shipped)")] = None,
     clang: ClangOpt = None,
 ) -> None:
@@ -193,6 +203,7 @@ def tune(
         bench_rounds=bench_rounds,
         bench_seconds=bench_seconds,
         layouts=layouts,
+        pgo_row=pgo_row,
     )
     report = run_tune(source, recipe, out, find_toolchain(clang), opts, console.print)
     console.print(report_table(report))

@@ -19,6 +19,7 @@ from mlgo.corpus.extract import distinct_modules, extract_modules, kept_compiles
 from mlgo.corpus.format import DESCRIPTION, load_corpus, write_description
 from mlgo.corpus.record import record
 from mlgo.corpus.wrappers import RECORD_FLAGS, build_env
+from mlgo.llvm.profiles import INSTRUMENT_FLAGS, merge_profiles, raw_pattern, use_flags
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.debian import ensure_build_depends, fetch_source
 from mlgo.packages.recipes import Recipe
@@ -122,10 +123,6 @@ def record_links(
     return got.skipped
 
 
-# clang's warnings that some functions have no counts (the tests never ran them) are expected.
-PROFILE_USE_FLAGS = ["-Wno-profile-instr-unprofiled", "-Wno-profile-instr-out-of-date"]
-
-
 def profile_own_tests(recipe: Recipe, src: Path, tc: Toolchain, work: Path, opt_level: str) -> Path:
     """The merged profile (WORK/profile.profdata) of the recipe's own tests, run on a copy
     of SRC built instrumented at OPT_LEVEL.
@@ -150,23 +147,19 @@ def profile_own_tests(recipe: Recipe, src: Path, tc: Toolchain, work: Path, opt_
     bin_dir.mkdir(parents=True, exist_ok=True)
     log = work / "profile.log"
     log.write_text("")
-    flags = [opt_level, "-g0", "-fprofile-instr-generate", "-Qunused-arguments"]
+    flags = [opt_level, "-g0", *INSTRUMENT_FLAGS, "-Qunused-arguments"]
     env = build_env(tc, bin_dir, flags)
     what = f"{recipe.name} (instrumented)"
     for cmd in recipe.configure:
         run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{what}: configure")
     for cmd in recipe.build:
         run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{what}: build")
-    env["LLVM_PROFILE_FILE"] = str(raw / "%m-%p.profraw")
+    env["LLVM_PROFILE_FILE"] = raw_pattern(raw)
     run_tests(recipe, tree, log, env, f"{what}: its own tests")
     profiles = sorted(raw.glob("*.profraw"))
     if not profiles:
         raise BuildError(f"{what}: its tests ran no instrumented code (log: {log})")
-    merged, tmp = work / "profile.profdata", work / ".profile.profdata.tmp"
-    merge = [tc.tool("llvm-profdata"), "merge", "-o", str(tmp), *map(str, profiles)]
-    run_logged(merge, work, log, 600, what=f"{what}: llvm-profdata merge")
-    tmp.replace(merged)
-    return merged
+    return merge_profiles(tc, profiles, work / "profile.profdata", log, what)
 
 
 def build_corpus(
@@ -194,7 +187,7 @@ def build_corpus(
     log = work / "build.log"
     flags = [opt_level, *RECORD_FLAGS]
     if profile:
-        flags += [f"-fprofile-instr-use={profile.resolve()}", *PROFILE_USE_FLAGS]
+        flags += use_flags(profile)
     env = build_env(tc, work, flags)
     for cmd in configure:
         run_logged(cmd, src, log, timeout_s, env, f"{name}: configure")

@@ -28,8 +28,11 @@ from mlgo.programs.build import (
 )
 from mlgo.programs.layouts import LAYOUTS, policy_over_layouts
 from mlgo.programs.measure import recipe_throughput
+from mlgo.programs.pgo import PGO, PGORow, pgo_row
 from mlgo.programs.report import (
+    PGO_ROW,
     baseline_flags,
+    left_out,
     program_report,
     slower_but_smaller,
     throughput_change,
@@ -116,6 +119,7 @@ def compare_programs(
     bench_seconds: float = 1.0,
     problem: Problem = INLINING,
     layouts: int = LAYOUTS,
+    with_pgo: bool = True,
 ) -> Comparison:
     """Builds every recipe plain and with the POLICIES served (PROBLEM's flags on both:
     -Oz, or for a link-time problem -Oz with full LTO by lld) under OUT, saving
@@ -123,7 +127,9 @@ def compare_programs(
     recorded and skipped. GUARD: mlgo-cc keeps the smaller of the policy's and the
     default's object per file. BENCH_ROUNDS: paired rounds of the workload of each recipe
     that has one, about BENCH_SECONDS of CPU each (0: not measured), also over LAYOUTS
-    shuffled layouts of both builds (`layouts.policy_over_layouts`; 0: as built only)."""
+    shuffled layouts of both builds (`layouts.policy_over_layouts`; 0: as built only),
+    and WITH_PGO the build with the workload's profile timed beside them, as built
+    (`pgo.pgo_row`)."""
     result = Comparison(policies)
     flags, label = problem_flags(problem), baseline_label(problem)
     with policy_service(policies, out / "service", backend) as service_env:
@@ -134,7 +140,12 @@ def compare_programs(
                 built = build_pair(recipe, out / recipe.name, tc, pair, tests, flags)
                 speed = None
                 if bench_rounds and recipe.bench:
-                    speed = recipe_throughput(recipe, trees, bench_rounds, bench_seconds)
+                    row = PGORow()
+                    if with_pgo:
+                        source = pristine_source(recipe, out / recipe.name)
+                        row = pgo_row(recipe, source, trees["plain"], tc, flags, tests)
+                    timed = {**trees, **row.timed()}
+                    speed = row.into(recipe_throughput(recipe, timed, bench_rounds, bench_seconds))
                     if layouts:
                         where, timing = out / recipe.name, (layouts, bench_rounds, bench_seconds)
                         pristine = pristine_source(recipe, where)
@@ -154,7 +165,8 @@ def compare_programs(
 
 def comparison_table(result: Comparison) -> Table:
     """`mlgo build`'s table: each linked program's .text, and each package's workload CPU
-    time (flagged when the package got smaller but measurably slower), build time, tests."""
+    time (flagged when the package got smaller but measurably slower), build time, tests;
+    the PGO build's CPU time beside, or why it was left out (in the caption)."""
     flags = next((baseline_flags(r) for r in result.reports.values()), "-Oz")
     columns = ("program", f"clang {flags} .text", "mlgo .text", "delta", "CPU time", "build s")
     table = Table(*columns, "tests")
@@ -174,6 +186,11 @@ def comparison_table(result: Comparison) -> Table:
                 f"{plain.tests} / {ml.tests}",
             )
             speed = ""  # once per package
+        if pgo := report.get("throughput", {}).get(PGO):
+            change = throughput_change(pgo)
+            table.add_row(f"{plain.package}: {PGO_ROW}", "", "", "", change, "", pgo["tests"])
     base_total, ml_total, delta = result.totals()
     table.add_row("total", f"{base_total:,}", f"{ml_total:,}", f"{delta:+.2f}%", style="bold")
+    lines = [f"{name}: {left_out(r)}" for name, r in result.reports.items() if left_out(r)]
+    table.caption = "\n".join(lines) or None
     return table

@@ -17,8 +17,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import Recipe
 from mlgo.problems import Problem
 from mlgo.problems.policy_files import load_policy
-from mlgo.programs.build import plain_compilers, problem_flags
-from mlgo.programs.compare import Variant
+from mlgo.programs.build import Variant, plain_compilers, problem_flags
 from mlgo.runtime.messages import copy_error
 from mlgo.ship.decisions import ROOT_ENV, file_states, read, write
 from mlgo.ship.decisions_kept import keep
@@ -63,14 +62,14 @@ def decide(
     return out / DECISIONS
 
 
-def from_decisions(tc: Toolchain, directory: Path, work: Path) -> tuple[Variant, Variant]:
-    """The two builds of a tune in WORK: plain clang, and the build of the copy at
-    WORK/mlgo from DIRECTORY's decisions by its `cc` and `c++` over plain clang, told
-    where this copy's root is."""
+def from_decisions(tc: Toolchain, directory: Path, root: Path) -> tuple[Variant, Variant]:
+    """The two builds of a tune: plain clang, and the build of the project's copy at ROOT
+    from DIRECTORY's decisions by its `cc` and `c++` over plain clang, told where this
+    copy's root is."""
     directory = directory.resolve()
     compilers = (str(directory / "cc"), str(directory / "c++"))
-    root = {ROOT_ENV: str((work / "mlgo").resolve())}
-    return Variant("plain", plain_compilers(tc), {}), Variant("mlgo", compilers, root)
+    env = {ROOT_ENV: str(root.resolve())}
+    return Variant("plain", plain_compilers(tc), {}), Variant("mlgo", compilers, env)
 
 
 def built_from(directory: Path | None, tree: Path, say: Callable[[str], None]) -> dict:

@@ -69,6 +69,12 @@ def program_links(invocations: list[Invocation], tree: Path) -> list[Link]:
     return list(links.values())
 
 
+def sections_tree(work: Path, variant: str) -> Path:
+    """Where VARIANT's build with function sections is made in WORK (`layout_trees`): the
+    root a build from decisions is told it builds."""
+    return work.resolve() / f"{variant}-sections"
+
+
 def layout_trees(
     recipe: Recipe,
     pristine: Path,
@@ -83,7 +89,7 @@ def layout_trees(
     was run again with `shuffle_flags(SEED)`, by seed. VARIANT's compilers must still answer
     (a served policy's service running): a link that also compiles runs them again."""
     work = work.resolve()  # the wrappers log from inside the tree
-    sections, logs = work / f"{variant.name}-sections", work / f".{variant.name}-calls"
+    sections, logs = sections_tree(work, variant.name), work / f".{variant.name}-calls"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
     built = [*flags, *SECTIONS_FLAGS]

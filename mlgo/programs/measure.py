@@ -295,21 +295,22 @@ def compare_workload(
     min_seconds: float = 1.0,
     callgrind: bool = True,
 ) -> dict:
-    """Both builds of a program (TREES: the baseline first) run WORKLOAD: instruction
-    counts (if CALLGRIND) and REPEATS timed rounds (if any) in which the builds take turns
-    run by run, each build's round about MIN_SECONDS of CPU, with an A/A control: the
-    baseline is timed twice a round, and the change between its two timings
-    (`<clock>_control_paired`) is what this machine's noise alone shows. The builds must
-    print the same results."""
-    base, other = trees
+    """Both builds of a program (TREES: the baseline first; any further ones are timed
+    beside them) run WORKLOAD: instruction counts (if CALLGRIND) and REPEATS timed rounds
+    (if any) in which the builds take turns run by run, each build's round about
+    MIN_SECONDS of CPU, with an A/A control: the baseline is timed twice a round, and the
+    change between its two timings (`<clock>_control_paired`) is what this machine's noise
+    alone shows. The builds must print the same results."""
+    base, other, *_ = trees
     out: dict = {v: {} for v in trees}
     outputs = {}
     for v, tree in trees.items():  # run plainly first: one that never ends is killed sooner
         outputs[v] = workload_output(workload, tree)
         if callgrind:
             out[v]["instructions"] = instructions(workload, tree)
-    if outputs[base] != outputs[other]:
-        raise BuildError(f"{workload.recipe}: {first_difference(outputs[base], outputs[other])}")
+    for v in trees:
+        if outputs[v] != outputs[base]:
+            raise BuildError(f"{workload.recipe}: {first_difference(outputs[base], outputs[v])}")
     if callgrind:
         out["instructions_delta"] = out[other]["instructions"] / out[base]["instructions"] - 1
     if repeats:
@@ -433,7 +434,8 @@ def recipe_throughput(
     """The recipe's workload on both build trees (the baseline first), ROUNDS paired rounds
     of about SECONDS of CPU each: the change of its CPU time (median and IQR, in percent;
     positive is slower), the A/A control's beside it, and, where valgrind is installed, the
-    change of callgrind's instruction count."""
+    change of callgrind's instruction count. A further tree (a PGO build) is timed in the
+    same rounds, its change against the baseline under its name (`beside`)."""
     bench = recipe_workload(recipe)
     for name, tree in trees.items():
         prepare_workload(recipe, tree, f"{recipe.name} ({name}): bench")
@@ -451,7 +453,21 @@ def recipe_throughput(
         "loops": m["loops"],
     }
     if callgrind:
-        base, ours = (m[v]["instructions"] for v in trees)
+        base, ours, *_ = (m[v]["instructions"] for v in trees)
         result["instructions"] = {"baseline": base, "policy": ours}
         result["instructions_change_pct"] = 100 * m["instructions_delta"]
+    for name in list(trees)[2:]:
+        result[name] = beside(m, name, next(iter(trees)))
     return result
+
+
+def beside(measured: dict, name: str, base: str) -> dict:
+    """The change of variant NAME against BASE, timed in the same rounds of a
+    `compare_workload` (MEASURED), in percent: CPU time and instructions where counted."""
+    runs = [measured[v]["cpu_seconds"]["runs"] for v in (name, base)]
+    cpu = paired_change(*runs)
+    change = {**in_percent(cpu), "ratios_pct": [100 * r for r in cpu["runs"]]}
+    if "instructions" in measured[name]:
+        counts = [measured[v]["instructions"] for v in (name, base)]
+        change["instructions_change_pct"] = 100 * (counts[0] / counts[1] - 1)
+    return change

@@ -211,7 +211,20 @@ def throughput_rows(report: dict) -> list[Row]:
         rows.append((f"{over}, A/A control", "", "", throughput_change(layouts, "control_"), ""))
     if "instructions_change_pct" in speed:
         rows.append(("instructions", "", "", f"{speed['instructions_change_pct']:+.2f}%", ""))
+    if pgo := speed.get("pgo"):  # against the baseline too, in the same rounds
+        change = throughput_change(pgo)
+        if "instructions_change_pct" in pgo:
+            change += f", instructions {pgo['instructions_change_pct']:+.2f}%"
+        rows.append((PGO_ROW, "", "", change, ""))
     return rows
+
+
+PGO_ROW = "PGO from your workload"
+
+
+def left_out(report: dict) -> str:
+    """Why the report has no PGO row, where its workload could have had one."""
+    return (report.get("throughput") or {}).get("pgo_left_out", "")
 
 
 def baseline_flags(report: dict) -> str:
@@ -226,6 +239,7 @@ def report_table(report: dict) -> Table:
     table = Table("", f"clang {baseline_flags(report)}", "mlgo-cc", "change", title=title)
     for *cells, style in table_rows(report):
         table.add_row(*cells, style=style or None)
+    table.caption = left_out(report) or None
     return table
 
 
@@ -313,5 +327,6 @@ def render_html(report: dict) -> str:
 <p>policy: <code>{esc(report["policy"])}</code>; size counts {esc(counts)}</p>
 <table><tr><th></th><th>clang {esc(baseline_flags(report))}</th><th>mlgo-cc</th>
 <th>change</th></tr>{cells}</table>
+{f"<p>{esc(left_out(report))}</p>" if left_out(report) else ""}
 {"".join(sections)}
 </body></html>"""

@@ -19,7 +19,12 @@ finished (training resumes from its checkpoint):
     build     configure, build and test two copies of the snapshot: plain clang at the
               level, and from OUT/decisions by plain clang (eviction: mlgo-cc serving
               OUT/policy) (OUT/programs/plain, OUT/programs/mlgo)
-    bench     the workload on both builds in paired rounds: OUT/throughput.json
+    pgo       with a workload, the build a performance engineer makes anyway (`pgo`):
+              instrumented, the workload run once, its profile in
+              OUT/programs/profile/default.profdata, and the build with it, tested
+              (OUT/programs/pgo); or the line saying why there is none (OUT/programs/pgo.json)
+    bench     the workload on the builds in paired rounds, and over shuffled layouts:
+              OUT/throughput.json
     report    OUT/report.json
 
 The budget (`minutes`) counts training only: the trainer's own clock, summed over resumes,
@@ -47,14 +52,15 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.build import run_tests
 from mlgo.packages.recipes import BENCH_TIMEOUT_S, Recipe
 from mlgo.problems import Problem, get_problem
-from mlgo.programs.build import ProgramBuild, baseline_label, policy_service, problem_flags
+from mlgo.programs.build import ProgramBuild, baseline_label
 from mlgo.programs.chain import CLONED, choose_policy, cloned_start, shipped_start
-from mlgo.programs.compare import build_pair, variants
-from mlgo.programs.decide import DECISIONS, built_from, decide, from_decisions, writes_decisions
+from mlgo.programs.decide import DECISIONS, built_from, decide, writes_decisions
 from mlgo.programs.judges import candidate_judge
-from mlgo.programs.layouts import LAYOUTS, policy_over_layouts
-from mlgo.programs.measure import check_fixed_work, check_repeatable, recipe_throughput
+from mlgo.programs.layouts import LAYOUTS
+from mlgo.programs.measure import check_fixed_work, check_repeatable
+from mlgo.programs.pgo import PGORow
 from mlgo.programs.report import program_report, write_report
+from mlgo.programs.tuned import build_twice, pgo_build, timed_builds
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.inputs import read_json
@@ -77,6 +83,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "train": ("policy", "minutes", "train_steps", *TIMING),
     "decisions": (),
     "build": ("test", "guard"),
+    "pgo": ("bench", "pgo_row"),
     "bench": TIMING,
     "report": (),
 }
@@ -92,6 +99,7 @@ class TuneOptions:
     bench_rounds: int = 10  # paired ABBA rounds of the workload
     bench_seconds: float = 1.0  # CPU seconds per timed sample (the workload loops to it)
     layouts: int = LAYOUTS  # shuffled layouts each build is also timed over (0: none)
+    pgo_row: bool = True  # with a workload, its PGO build timed beside (`pgo.pgo_row`)
 
 
 def project(
@@ -133,18 +141,6 @@ def workload_reward(
     return None
 
 
-def over_layouts(
-    recipe: Recipe, pristine: Path, work: Path, tc: Toolchain, problem: Problem, opts: TuneOptions
-) -> dict:
-    """Both builds' workload over OPTS.layouts shuffled layouts (`policy_over_layouts`, in
-    WORK/layouts), the policy served again for the links that compile."""
-    with policy_service([work.parent / "policy"], work / "service") as env:
-        pair = variants(tc, env, guard=opts.guard)
-        timing = (opts.layouts, opts.bench_rounds, opts.bench_seconds)
-        flags = problem_flags(problem)
-        return policy_over_layouts(recipe, pristine, work / "layouts", tc, pair, flags, *timing)
-
-
 def export(chosen: Path, out: Path) -> Path:
     """The chosen policy released (numpy and SavedModel) into OUT/policy."""
     from mlgo.problems.policy_files import load_policy
@@ -153,30 +149,6 @@ def export(chosen: Path, out: Path) -> Path:
 
     policy = load_policy(chosen)
     return release(policy, out / "policy", run_card(policy, chosen), aot=False).saved_model.parent
-
-
-def build_twice(
-    recipe: Recipe,
-    pristine: Path,
-    policy: Path,
-    work: Path,
-    tc: Toolchain,
-    problem: Problem,
-    guard: bool = False,
-    decisions: Path | None = None,
-) -> tuple[ProgramBuild, ProgramBuild]:
-    """RECIPE configured, built and tested from PRISTINE twice, in WORK/plain (clang at
-    the problem's level) and WORK/mlgo (from DECISIONS by plain clang; without them,
-    mlgo-cc serving POLICY, GUARD: MLGO_GUARD=size). A failing build or test raises
-    BuildError naming its log."""
-    flags = problem_flags(problem)
-    if decisions is not None:
-        return build_pair(
-            recipe, work, tc, from_decisions(tc, decisions, work), True, flags, pristine
-        )
-    with policy_service([policy], work / "service") as env:
-        pair = variants(tc, env, guard=guard)
-        return build_pair(recipe, work, tc, pair, True, flags, pristine)
 
 
 def snapshot(source: Path, out: Path) -> Path:
@@ -339,14 +311,20 @@ def tune(
         return read_json(out / "report.json")
     plain, ml = (ProgramBuild(**b) for b in read_json(work / "builds.json"))
     trees = {b.variant: work / b.variant for b in (plain, ml)}
+    if not stages.done("pgo"):  # finished without one too: --bench and --pgo-row are its own
+        row = PGORow()
+        if recipe.bench and opts.pgo_row:
+            say(f"building {recipe.name} with a profile of the workload, for the PGO row")
+            with _stage("pgo", work):
+                row = pgo_build(recipe, pristine, work, tc, problem, say)
+        atomic_write_text(work / "pgo.json", json.dumps(asdict(row)))
+        stages.finish("pgo")
     if not stages.done("bench"):  # finished without a workload too: --bench is its argument
         if recipe.bench:
-            say(f"measuring the workload on both builds ({opts.bench_rounds} rounds)")
+            row, ours = PGORow(**read_json(work / "pgo.json")), (policy, decisions, opts.guard)
+            timing = (opts.bench_rounds, opts.bench_seconds, opts.layouts)
             with _stage("bench", work):
-                speed = recipe_throughput(recipe, trees, opts.bench_rounds, opts.bench_seconds)
-                if opts.layouts:
-                    say(f"and over {opts.layouts} shuffled layouts of each")
-                    speed["layouts"] = over_layouts(recipe, pristine, work, tc, problem, opts)
+                speed = timed_builds(recipe, pristine, work, tc, problem, ours, row, timing, say)
                 atomic_write_text(out / "throughput.json", json.dumps(speed, indent=1))
         stages.finish("bench")
     speed = read_json(out / "throughput.json") if recipe.bench else None

@@ -1,0 +1,55 @@
+"""Clang's instrumentation profiles (`-fprofile-instr-generate`): the flags that make and use
+one, where each process writes its raw profile, and `llvm-profdata` merging and reading them.
+
+A profile is made by a run of an instrumented build; what uses it (a corpus recorded with
+its counts, a PGO build) compiles the same source with `-fprofile-instr-use`.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.runtime.commands import BuildError, run_logged
+
+INSTRUMENT_FLAGS = ["-fprofile-instr-generate"]
+# clang's warnings that some functions have no counts (the run never reached them) or
+# counts of another version of their code are expected of a profile from one run.
+PROFILE_USE_FLAGS = ["-Wno-profile-instr-unprofiled", "-Wno-profile-instr-out-of-date"]
+
+
+def use_flags(profile: Path) -> list[str]:
+    """What a compile adds to be optimized with PROFILE's counts."""
+    return [f"-fprofile-instr-use={profile.resolve()}", *PROFILE_USE_FLAGS]
+
+
+def raw_pattern(raw: Path) -> str:
+    """LLVM_PROFILE_FILE for an instrumented run: each process (%p) and each instrumented
+    program or library in it (%m) writes a raw profile of its own into the directory RAW,
+    so that a workload of several processes loses none."""
+    return str(raw.resolve() / "%m-%p.profraw")
+
+
+def merge_profiles(tc: Toolchain, raws: list[Path], merged: Path, log: Path, what: str) -> Path:
+    """RAWS merged by llvm-profdata into MERGED, which appears whole or not at all; a
+    failure is a BuildError naming WHAT and LOG."""
+    tmp = merged.with_name(f".{merged.name}.tmp")
+    merge = [tc.tool("llvm-profdata"), "merge", "-o", str(tmp), *map(str, raws)]
+    run_logged(merge, merged.parent, log, 600, what=f"{what}: llvm-profdata merge")
+    tmp.replace(merged)
+    return merged
+
+
+def most_counted(tc: Toolchain, profile: Path) -> int:
+    """The largest count of any function entry or block in the merged PROFILE: 0 when the
+    run reached none of the instrumented code (a library loaded and never called)."""
+    cmd = [tc.tool("llvm-profdata"), "show", str(profile)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"{profile}: llvm-profdata show failed: {proc.stderr.strip()[-200:]}")
+    counts = re.findall(r"^Maximum (?:function|internal block) count: (\d+)$", proc.stdout, re.M)
+    if not counts:
+        raise BuildError(f"{profile}: llvm-profdata show printed no maximum count")
+    return max(map(int, counts))

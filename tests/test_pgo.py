@@ -1,0 +1,165 @@
+"""The PGO row: the build a performance engineer makes anyway (instrumented, the workload
+run once apart from the timed runs, the profile merged, the build with it tested), timed
+beside the plain build and the policy's; left out in one line when the workload reaches
+none of the project's code."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.problems import STAGE_FLAGS
+from mlgo.programs.build import ProgramBuild, build_program, level_flags, plain_compilers
+from mlgo.programs.measure import recipe_throughput
+from mlgo.programs.pgo import PGORow, pgo_row
+from mlgo.programs.report import PGO_ROW, program_report, render_html, report_table, table_rows
+from mlgo.programs.tune import project
+from tests.conftest import DATA
+
+FLAGS = level_flags("-O2")
+# the program, and the library of its hash map and buffer (which a program may load)
+BUILD = (
+    'for f in *.c; do "$CC" -fPIC -c "$f" || exit 1; done && "$CC" -o wordcount *.o && '
+    '"$CC" -shared -o libwc.so hash.o strbuf.o'
+)
+TEST = "echo 'a b a' | ./wordcount | grep -qx 'words: 3 distinct: 2'"
+WORKLOAD = "./wordcount < main.c"
+
+
+def built(recipe, pristine: Path, tree: Path, tc: Toolchain, flags: list[str]) -> ProgramBuild:
+    compilers = plain_compilers(tc)
+    return build_program(recipe, pristine, tree, tc, tree.name, compilers, None, True, flags)
+
+
+@pytest.fixture(scope="module")
+def wordcount(tc, tmp_path_factory):
+    """The word counter built plain at -O2, and its PGO row from a workload that counts
+    the words of its own main.c."""
+    root = tmp_path_factory.mktemp("pgo")
+    pristine = shutil.copytree(DATA / "minipkg", root / "pristine")
+    recipe = project("wordcount", [], [BUILD], [TEST], WORKLOAD)
+    work = root / "programs"
+    plain = built(recipe, pristine, work / "plain", tc, FLAGS)
+    return recipe, pristine, work, plain, pgo_row(recipe, pristine, work / "plain", tc, FLAGS, True)
+
+
+def entry_counts(tc: Toolchain, profile: Path) -> dict[str, int]:
+    """How often each function was entered in the run PROFILE is of, by its profile name
+    (a static one's prefixed with its file's name)."""
+    show = [tc.tool("llvm-profdata"), "show", "--all-functions", "--counts", profile]
+    shown = subprocess.run(show, capture_output=True, text=True, check=True).stdout
+    return {
+        f: int(n)
+        for f, n in re.findall(r"^  (\S+):\n(?:    .*\n)*?    Function count: (\d+)", shown, re.M)
+    }
+
+
+def sections(tc: Toolchain, obj: Path) -> set[str]:
+    shown = subprocess.run(
+        [tc.tool("llvm-readelf"), "-S", "-W", obj], capture_output=True, text=True, check=True
+    ).stdout
+    return set(re.findall(r"\] (\.text\S*)", shown))
+
+
+def test_the_profile_is_of_one_run_of_the_workload_apart_from_the_timed_ones(tc, wordcount):
+    _, pristine, work, _, row = wordcount
+    assert not row.left_out, row.left_out
+    assert Path(row.profile) == (work / "profile" / "default.profdata").resolve()
+    # one run, one process: main entered once, map_incr once per word of main.c
+    words = re.findall(r"[A-Za-z0-9_]+", (pristine / "main.c").read_text())
+    counts = entry_counts(tc, Path(row.profile))
+    assert counts["main"] == 1 and counts["map_incr"] == len(words)
+    assert counts["main.c:is_word"] > len(words)  # a static function, by its file's name
+    # the instrumented build and the raw profiles are gone, their logs kept
+    kept = {p.name for p in (work / "profile").iterdir() if not p.name.startswith(".")}
+    assert kept == {"default.profdata", "instrumented.log", "profile.log"}
+
+
+def test_the_pgo_build_is_built_with_the_profile_and_tested(tc, wordcount):
+    _, _, work, _, row = wordcount
+    assert row.tests == "passed" and Path(row.tree) == work / "pgo"
+    assert row.flags == (
+        f"-fprofile-instr-use={row.profile}",
+        *("-Wno-profile-instr-unprofiled", "-Wno-profile-instr-out-of-date"),
+    )
+    # the profile sends what the run never entered to cold text, the hot loop to hot text
+    assert ".text.unlikely." in sections(tc, work / "pgo" / "strbuf.o")
+    assert ".text.hot." in sections(tc, work / "pgo" / "main.o")
+    assert sections(tc, work / "plain" / "strbuf.o") == sections(tc, work / "plain" / "main.o")
+    assert sections(tc, work / "plain" / "main.o") == {".text"}
+
+
+def test_the_report_times_the_pgo_build_beside_plain_and_the_policy(tc, wordcount):
+    recipe, pristine, work, plain, row = wordcount
+    # the policy's build stands in: clang's own decisions at another inline threshold
+    ml = built(recipe, pristine, work / "mlgo", tc, [*FLAGS, "-mllvm", "-inline-threshold=500"])
+    trees = {"plain": work / "plain", "mlgo": work / "mlgo"}
+    speed = row.into(recipe_throughput(recipe, {**trees, **row.timed()}, 2, 0.05))
+    pgo = speed["pgo"]
+    q1, q3 = pgo["iqr_pct"]
+    assert q1 <= pgo["change_pct"] <= q3 and len(pgo["ratios_pct"]) == 2
+    assert "instructions_change_pct" in pgo  # valgrind is installed here
+    assert (pgo["profile"], pgo["tests"], pgo["flags"]) == (row.profile, "passed", [*row.flags])
+    assert speed["ratios_pct"] != pgo["ratios_pct"]  # the policy's change is its own
+    report = program_report((plain, ml), trees, [Path("policy")], speed)
+    rows = {label: change for label, _, _, change, _ in table_rows(report)}
+    assert rows[PGO_ROW].startswith(f"{pgo['change_pct']:+.2f}% (IQR {q1:+.2f}..{q3:+.2f}%)")
+    assert PGO_ROW in render_html(report) and "pgo_left_out" not in speed
+
+
+@pytest.mark.parametrize(
+    ("bench", "why"),
+    [
+        ("echo a b a | md5sum", "the workload ran none of its code (no raw profile)"),
+        # the library is loaded, and none of its functions called
+        (
+            "LD_PRELOAD=./libwc.so /bin/true",
+            "the workload reached none of its functions (no count in its profile)",
+        ),
+    ],
+)
+def test_a_workload_that_reaches_none_of_the_project_leaves_the_row_out_in_one_line(
+    tc, tmp_path, bench, why
+):
+    pristine = shutil.copytree(DATA / "minipkg", tmp_path / "pristine")
+    recipe = project("wordcount", [], [BUILD], [TEST], bench)
+    work = tmp_path / "programs"
+    plain = built(recipe, pristine, work / "plain", tc, FLAGS)
+    row = pgo_row(recipe, pristine, work / "plain", tc, FLAGS, True)
+    assert row.left_out == f"the PGO row is left out: wordcount: {why}"
+    assert row.timed() == {} and not (work / "pgo").exists()
+    assert not (work / "profile" / "default.profdata").exists()
+    trees = {"plain": work / "plain", "mlgo": work / "plain"}
+    speed = row.into(recipe_throughput(recipe, trees, 1, 0.01))
+    assert "pgo" not in speed and speed["pgo_left_out"] == row.left_out
+    report = program_report((plain, plain), trees, [Path("policy")], speed)
+    assert PGO_ROW not in {label for label, *_ in table_rows(report)}
+    console = Console(width=300, record=True)
+    console.print(report_table(report))
+    assert row.left_out in " ".join(console.export_text().split())  # its caption, wrapped
+
+
+def test_under_full_lto_the_profile_is_made_and_used_there(tc, tmp_path):
+    pristine = shutil.copytree(DATA / "minipkg", tmp_path / "pristine")
+    recipe = project("wordcount", [], [BUILD], [TEST], WORKLOAD)
+    flags = [*FLAGS, *STAGE_FLAGS["link"]]
+    built(recipe, pristine, tmp_path / "plain", tc, flags)
+    row = pgo_row(recipe, pristine, tmp_path / "plain", tc, flags, True)
+    assert not row.left_out and row.tests == "passed", row.left_out
+    # the objects are bitcode for the link, and carry the profile's counts into it
+    ir = subprocess.run(
+        [tc.tool("llvm-dis"), tmp_path / "pgo" / "hash.o", "-o", "-"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "function_entry_count" in ir
+
+
+@pytest.mark.unit
+def test_a_row_left_out_or_never_made_adds_nothing_to_time():
+    assert PGORow().timed() == {} and PGORow().into({"change_pct": 1.0}) == {"change_pct": 1.0}
