@@ -26,7 +26,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-from scipy.stats import spearmanr
 
 from mlgo.cli import USER_ERRORS
 from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, Code
@@ -92,6 +91,8 @@ def reach(name: str, thresholds: list[int], work: Path, rounds: int, seconds: fl
         console.print(f"{name}: threshold {t}: {throughput_change(timed)}", highlight=False)
     costs = [r["cost_pct"] for r in rows.values()]
     times = [r["throughput"]["change_pct"] for r in rows.values()]
+    from scipy.stats import spearmanr  # over a second to import: only where it ranks
+
     rho = spearmanr(costs, times).statistic if len(rows) >= 3 else None
     return {"baseline": base, "thresholds": rows, "spearman_cost_vs_cpu": rho}
 
