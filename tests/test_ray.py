@@ -21,7 +21,6 @@ from mlgo.corpus.format import load_corpus
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
-from mlgo.runtime import ray_workers
 from mlgo.runtime.workers import Failed, LocalPool, make_workers
 from mlgo.traces.collect import CollectTask, collect, collect_one
 from mlgo.traces.format import Manifest
@@ -163,6 +162,8 @@ def _hang(item: _Slow) -> None:
 
 
 def test_tasks_that_never_finish_stop_the_run_with_a_clear_error(cluster, monkeypatch):
+    from mlgo.runtime import ray_workers  # imports ray: only in the tests that start it
+
     monkeypatch.setattr(ray_workers, "STALL_MARGIN_S", 2.0)
     start = time.monotonic()
     stalled = pytest.raises(TimeoutError, match=r"no Ray task finished in 3 s \(2 waiting")

@@ -34,7 +34,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-from scipy.stats import spearmanr
 
 from mlgo.cli import USER_ERRORS
 from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, Code
@@ -150,6 +149,8 @@ def reach(
         console.print(line, highlight=False)
     costs = [r["cost_pct"] for r in rows.values()]
     times = [r["throughput"]["change_pct"] for r in rows.values()]
+    from scipy.stats import spearmanr  # over a second to import: only where it ranks
+
     rho = spearmanr(costs, times).statistic if len(rows) >= 3 else None
     return {"baseline": base, "thresholds": rows, "spearman_cost_vs_cpu": rho, "pgo": pgo}
 

@@ -44,7 +44,6 @@ from mlgo.problems import get_problem
 from mlgo.programs.measure import median_and_range, paired_change
 from mlgo.records import ModuleRun
 from mlgo.runtime.files import atomic_write_text
-from mlgo.runtime.ray_workers import RayWorkers
 from mlgo.runtime.workers import Failed, LocalPool, Workers
 from mlgo.traces.collect import CollectTask, collect
 from mlgo.traces.format import Manifest, trace_file, write_module_trace
@@ -82,6 +81,8 @@ def _same_traces(a: Path, b: Path, manifest: Manifest) -> bool:
 
 def overhead(corpus, tc: Toolchain, repeats: int, scratch: Path) -> dict:
     """(a): modules/s of real collection, local pool against a 2-core Ray node."""
+    from mlgo.runtime.ray_workers import RayWorkers  # imports ray, as _cluster does
+
     cluster = _cluster(head_cpus=2)
     rates: dict[str, list[float]] = {"local": [], "ray": []}
     # Summed per-module compile seconds: slower compiles in the workers, as opposed to
@@ -207,6 +208,8 @@ def scale_out(
         ]
 
     rows = []
+    from mlgo.runtime.ray_workers import RayWorkers  # imports ray, as _cluster does
+
     cluster = _cluster(head_cpus=0)
     try:
         workers_total = 0

@@ -49,7 +49,6 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
-from scipy.stats import spearmanr
 
 from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, workload_cost
 from mlgo.llvm.profiles import INSTRUMENT_FLAGS, use_flags
@@ -325,6 +324,8 @@ def rank(rows: list[tuple[float, float]]) -> float | None:
     rewards, measured = [r for r, _ in rows], [m for _, m in rows]
     if len(rows) < 3 or len(set(rewards)) < 2 or len(set(measured)) < 2:
         return None
+    from scipy.stats import spearmanr  # over a second to import: only where it ranks
+
     return float(spearmanr(rewards, measured).statistic)
 
 
