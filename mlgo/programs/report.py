@@ -233,10 +233,17 @@ def baseline_flags(report: dict) -> str:
     return report.get("flags") or report.get("level", "-Oz")
 
 
+def ours_label(report: dict) -> str:
+    """What the policy's column is built with: a tune's decisions by plain clang, or
+    mlgo-cc serving the policy."""
+    return "from decisions" if report.get("built_from") == "decisions" else "mlgo-cc"
+
+
 def report_table(report: dict) -> Table:
     """Size and throughput, baseline against policy, as the terminal shows them."""
     title = f"{report['package']}: .text bytes, workload CPU time, tests"
-    table = Table("", f"clang {baseline_flags(report)}", "mlgo-cc", "change", title=title)
+    ours = ours_label(report)
+    table = Table("", f"clang {baseline_flags(report)}", ours, "change", title=title)
     for *cells, style in table_rows(report):
         table.add_row(*cells, style=style or None)
     table.caption = left_out(report) or None
@@ -325,7 +332,7 @@ def render_html(report: dict) -> str:
 {STYLE}<style>tr.bold td{{font-weight:bold}} tr.red td{{color:#cc3311}}</style>
 </head><body><h1>{esc(title)}</h1>
 <p>policy: <code>{esc(report["policy"])}</code>; size counts {esc(counts)}</p>
-<table><tr><th></th><th>clang {esc(baseline_flags(report))}</th><th>mlgo-cc</th>
+<table><tr><th></th><th>clang {esc(baseline_flags(report))}</th><th>{ours_label(report)}</th>
 <th>change</th></tr>{cells}</table>
 {f"<p>{esc(left_out(report))}</p>" if left_out(report) else ""}
 {"".join(sections)}
