@@ -6,16 +6,19 @@ import shutil
 import subprocess
 import sys
 from dataclasses import replace
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from mlgo.corpus.compile import compile_module
 from mlgo.corpus.extract import combine
 from mlgo.corpus.format import Corpus, load_corpus
+from mlgo.llvm.log_format import TensorSpec, element_column
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.build import build_corpus
-from mlgo.problems import Problem
+from mlgo.problems import Problem, get_problem
 from mlgo.problems.normalizer import Normalizer
 from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import load_policy, save_policy
@@ -108,6 +111,29 @@ def save_inline_all(out: Path, **changes: object) -> Path:
     policy.weights[-1] = np.array([0.0, 1e30], np.float32)
     save_policy(policy, out)
     return out
+
+
+Recording = tuple[Problem, tuple[TensorSpec, ...], dict[str, np.ndarray], np.ndarray]
+
+
+@pytest.fixture(scope="session")
+def recordings(mini_corpus: Corpus, tc: Toolchain):
+    """Real feature rows from real compilations of the small corpus, per problem name: the
+    problem, LLVM's tensor specs, its tensors by name [decisions, ...], and the policy's raw
+    feature rows [decisions, features]."""
+
+    @cache
+    def record(name: str) -> Recording:
+        problem = get_problem(name)
+        runs = [compile_module(problem, m, tc.clang) for m in mini_corpus.modules]
+        runs = [r for r in runs if r.num_decisions]
+        specs = runs[0].specs
+        features = {s.name: np.concatenate([r.features[s.name] for r in runs]) for s in specs}
+        n = len(features[problem.default_feature])
+        x = np.stack([element_column(features, f, n) for f in problem.feature_names], 1)
+        return problem, specs, features, x.astype(np.float64)
+
+    return record
 
 
 def random_policy(problem: Problem, x: np.ndarray, default: np.ndarray | None) -> MLPPolicy:

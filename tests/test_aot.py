@@ -6,15 +6,12 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mlgo.corpus.compile import compile_module
-from mlgo.llvm.log_format import Header, LogWriter, TensorSpec, element_column, tensor_of
-from mlgo.problems import Problem, get_problem
+from mlgo.llvm.log_format import Header, LogWriter, TensorSpec, tensor_of
 from mlgo.problems.policy import MLPPolicy
 from mlgo.ship.aot import AotError, aot_compile, native_server, replay
 from tests.conftest import random_policy
@@ -24,31 +21,12 @@ CASES = [("inlining-size", "argmax"), ("inlining-size", "gated"), ("inlining-siz
 TF_TYPES = {"int64_t": "int64", "float": "float32"}
 
 
-@pytest.fixture(scope="module")
-def recordings(mini_corpus, tc):
-    """Real feature rows from real compilations of the small corpus, per problem."""
-
-    @cache
-    def record(name: str) -> tuple[Problem, tuple[TensorSpec, ...], dict[str, np.ndarray]]:
-        problem = get_problem(name)
-        runs = [compile_module(problem, m, tc.clang) for m in mini_corpus.modules]
-        runs = [r for r in runs if r.num_decisions]
-        specs = runs[0].specs
-        features = {s.name: np.concatenate([r.features[s.name] for r in runs]) for s in specs}
-        return problem, specs, features
-
-    return record
-
-
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
 def exported(request, recordings, tmp_path_factory):
     """A random policy (tests.conftest.random_policy), argmax or gated, exported."""
     from mlgo.ship.export import export_saved_model
 
-    problem, specs, features = recordings(request.param[0])
-    names = problem.feature_names
-    n = len(features[problem.default_feature])
-    x = np.stack([element_column(features, f, n) for f in names], 1).astype(np.float64)
+    problem, specs, features, x = recordings(request.param[0])
     default = features[problem.default_feature].reshape(-1)
     policy = random_policy(problem, x, default if request.param[1] == "gated" else None)
     out = tmp_path_factory.mktemp("policy")

@@ -170,21 +170,22 @@ def test_the_plugin_decides_as_the_policy_does(cc, plugin, mini_corpus, tc, tmp_
     assert plugin.status()["failed_compilations"] == 0
 
 
-def test_every_backend_applies_a_departure_gate_alike(native_cc, tc, tmp_path):
-    """A gated policy (an eager one that departs towards "inline", gated so that only its
-    surest departures stay) gives the same objects from the numpy policy, the native AOT
-    server and the plugin, on C and on C++; and the gate keeps some departures, not all."""
+def test_every_backend_applies_a_departure_gate_alike(native_cc, recordings, tc, tmp_path):
+    """A gated policy (tests/test_aot.py's random one, gated so that only its surer half of
+    departures stay; its native server is built once for both) gives the same objects from
+    the numpy policy, the native AOT server and the plugin, on C and on C++; and the gate
+    keeps some departures, not all."""
     from mlgo.llvm.channel import compile_interactive
     from mlgo.ship.export import export_saved_model
 
-    eager = replace(load_policy(SHIPPED), departure_threshold=None, languages=None)
-    eager.weights[-1] = eager.weights[-1] + np.array([0.0, 6.0], np.float32)
-    gated = replace(eager, departure_threshold=0.87)  # a logit margin of 1.9
+    problem, _, features, x = recordings("inlining-size")
+    gated = random_policy(problem, x, features[problem.default_feature].reshape(-1))
+    eager = replace(gated, departure_threshold=None)
     save_policy(gated, tmp_path / "gated")
     export_saved_model(gated, tmp_path / "gated")
-    problem = get_problem("inlining-size")
     mlgo_cxx = str(Path(native_cc[0]).with_name("mlgo-c++"))
-    sources = [(SOURCES[-1], native_cc[0], tc.clang), (CXX_SOURCE, mlgo_cxx, tc.clangxx)]
+    c_source = DATA / "minipkg" / "hash.c"  # where this gate keeps some departures, not all
+    sources = [(c_source, native_cc[0], tc.clang), (CXX_SOURCE, mlgo_cxx, tc.clangxx)]
     objects: dict[str, list[bytes]] = {}
     for backend in ("python", "native", "plugin"):
         (tmp_path / backend).mkdir()
@@ -201,8 +202,8 @@ def test_every_backend_applies_a_departure_gate_alike(native_cc, tc, tmp_path):
                 note = r.stderr.partition("this policy's channel needs: ")[2].split()
                 assert "-inliner-interactive-include-default" in note, r.stderr
                 hand = tmp_path / "hand.o"
-                subprocess.run([tc.clang, "-Oz", "-c", SOURCES[-1], "-o", hand, *note], check=True)
-                objects[SOURCES[-1].name].append(hand.read_bytes())
+                subprocess.run([tc.clang, "-Oz", "-c", c_source, "-o", hand, *note], check=True)
+                objects[c_source.name].append(hand.read_bytes())
         finally:
             service.stop()
     for src, _, compiler in sources:
