@@ -5,21 +5,28 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from mlgo.corpus.compile import compile_module
 from mlgo.corpus.extract import combine
 from mlgo.corpus.format import Corpus, load_corpus
+from mlgo.llvm.log_format import TensorSpec, element_column
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.build import build_corpus
+from mlgo.problems import Problem, get_problem
+from mlgo.problems.normalizer import Normalizer
 from mlgo.problems.policy import MLPPolicy
-from mlgo.problems.policy_files import load_policy
+from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.train import RunDir
 
 DATA = Path(__file__).parent / "data"
 MLGO = [sys.executable, "-m", "mlgo.cli"]
+SHIPPED = Path(__file__).parent.parent / "policies" / "inlining-size"
 
 # Fixtures that run the real toolchain: a test using any of them (directly or through
 # another fixture) is marked `toolchain`, so new tests get the mark without asking.
@@ -95,6 +102,54 @@ def mini_corpus(tc: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Corp
 def mini_corpus_o2(tc: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Corpus:
     """The same package recorded at -O2, the register allocator's level."""
     return _build_minipkg(tc, tmp_path_factory.mktemp("mini-o2"), "-O2")
+
+
+def save_inline_all(out: Path, **changes: object) -> Path:
+    """The shipped policy, ungated, made to always say "inline" (its objects differ visibly
+    from clang's), with CHANGES, saved to OUT."""
+    policy = replace(load_policy(SHIPPED), departure_threshold=None, **changes)
+    policy.weights[-1] = np.array([0.0, 1e30], np.float32)
+    save_policy(policy, out)
+    return out
+
+
+Recording = tuple[Problem, tuple[TensorSpec, ...], dict[str, np.ndarray], np.ndarray]
+
+
+@pytest.fixture(scope="session")
+def recordings(mini_corpus: Corpus, tc: Toolchain):
+    """Real feature rows from real compilations of the small corpus, per problem name: the
+    problem, LLVM's tensor specs, its tensors by name [decisions, ...], and the policy's raw
+    feature rows [decisions, features]."""
+
+    @cache
+    def record(name: str) -> Recording:
+        problem = get_problem(name)
+        runs = [compile_module(problem, m, tc.clang) for m in mini_corpus.modules]
+        runs = [r for r in runs if r.num_decisions]
+        specs = runs[0].specs
+        features = {s.name: np.concatenate([r.features[s.name] for r in runs]) for s in specs}
+        n = len(features[problem.default_feature])
+        x = np.stack([element_column(features, f, n) for f in problem.feature_names], 1)
+        return problem, specs, features, x.astype(np.float64)
+
+    return record
+
+
+def random_policy(problem: Problem, x: np.ndarray, default: np.ndarray | None) -> MLPPolicy:
+    """A randomly initialised policy on the raw feature rows X, centred so that its answers
+    are mixed (a trained one's mostly are not); given clang's DEFAULT decisions, gated to
+    keep about half of its departures, those with the larger margin. The same rows give the
+    same policy, so every test that serves it natively shares one cached policy server."""
+    x = x.astype(np.float64)
+    policy = MLPPolicy.init(problem, Normalizer.fit(problem.feature_names, x), hidden=(16,), seed=3)
+    margin = np.diff(policy.logits(x), axis=1)[:, 0]
+    policy.weights[-1][1] -= np.median(margin) + 1e-3  # centred: about half inline
+    if default is not None:
+        logits = policy.logits(x)
+        departs = np.abs(np.diff(logits, axis=1)[:, 0])[np.argmax(logits, 1) != default]
+        policy.departure_threshold = float(1 / (1 + np.exp(-np.median(departs))))
+    return policy
 
 
 def copy_corpus(corpus: Corpus, dest: Path) -> Path:

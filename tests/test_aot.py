@@ -6,58 +6,29 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mlgo.corpus.compile import compile_module
-from mlgo.llvm.log_format import Header, LogWriter, TensorSpec, element_column, tensor_of
-from mlgo.problems import Problem, get_problem
-from mlgo.problems.normalizer import Normalizer
+from mlgo.llvm.log_format import Header, LogWriter, TensorSpec, tensor_of
 from mlgo.problems.policy import MLPPolicy
 from mlgo.ship.aot import AotError, aot_compile, native_server, replay
+from tests.conftest import random_policy
 
 # (problem, gate): the embeddings' problem exported gated, its float vectors beside int64s
 CASES = [("inlining-size", "argmax"), ("inlining-size", "gated"), ("inlining-size-ir2vec", "gated")]
 TF_TYPES = {"int64_t": "int64", "float": "float32"}
 
 
-@pytest.fixture(scope="module")
-def recordings(mini_corpus, tc):
-    """Real feature rows from real compilations of the small corpus, per problem."""
-
-    @cache
-    def record(name: str) -> tuple[Problem, tuple[TensorSpec, ...], dict[str, np.ndarray]]:
-        problem = get_problem(name)
-        runs = [compile_module(problem, m, tc.clang) for m in mini_corpus.modules]
-        runs = [r for r in runs if r.num_decisions]
-        specs = runs[0].specs
-        features = {s.name: np.concatenate([r.features[s.name] for r in runs]) for s in specs}
-        return problem, specs, features
-
-    return record
-
-
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
 def exported(request, recordings, tmp_path_factory):
-    """A randomly initialised policy (its answers are mixed, unlike a trained one's); gated,
-    it keeps about half of its departures from the default, those with the larger margin."""
+    """A random policy (tests.conftest.random_policy), argmax or gated, exported."""
     from mlgo.ship.export import export_saved_model
 
-    problem, specs, features = recordings(request.param[0])
-    names = problem.feature_names
-    n = len(features[problem.default_feature])
-    x = np.stack([element_column(features, f, n) for f in names], 1).astype(np.float64)
-    policy = MLPPolicy.init(problem, Normalizer.fit(names, x), hidden=(16,), seed=3)
-    margin = np.diff(policy.logits(x), axis=1)[:, 0]
-    policy.weights[-1][1] -= np.median(margin) + 1e-3  # centred: about half inline
-    if request.param[1] == "gated":
-        default = features[problem.default_feature].reshape(-1)
-        logits = policy.logits(x)
-        departs = np.abs(np.diff(logits, axis=1)[:, 0])[np.argmax(logits, 1) != default]
-        policy.departure_threshold = float(1 / (1 + np.exp(-np.median(departs))))
+    problem, specs, features, x = recordings(request.param[0])
+    default = features[problem.default_feature].reshape(-1)
+    policy = random_policy(problem, x, default if request.param[1] == "gated" else None)
     out = tmp_path_factory.mktemp("policy")
     return Exported(specs, features, policy, export_saved_model(policy, out), x)
 
@@ -121,12 +92,15 @@ def test_native_server_decides_like_saved_model_and_policy(exported, tmp_path):
     assert np.array_equal(native, tf_model)
 
 
-def test_aot_artifacts_are_what_llvm_embeds(exported, tmp_path):
-    out = aot_compile(exported.saved, tmp_path / "aot")
+def test_aot_artifacts_are_what_llvm_embeds(exported):
+    """Read from the native server's build of the same policy (cached, so no second
+    saved_model_cli run): it AOT-compiles the policy's SavedModel into its own aot/."""
+    built = native_server(exported.policy).parent
+    out = built / "aot"
     assert {p.name for p in out.iterdir()} >= {"model.h", "model.o", "tf_version"}
     header = (out / "model.h").read_text()
     assert "class Model" in header and '"feed_callee_users"' in header
-    assert not list(tmp_path.glob(".aot.*")), "no staging dir left behind"
+    assert not list(built.glob(".aot.*")), "no staging dir left behind"
 
 
 def test_not_a_saved_model_is_a_clear_error(tmp_path):

@@ -12,7 +12,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from mlgo.llvm.cmdline import SIDE_OUTPUT_PREFIXES, SIDE_OUTPUTS, SIDE_OUTPUTS_WITH_VALUE
@@ -31,6 +30,7 @@ from mlgo.serve.guard import (
 )
 from mlgo.serve.native_wrapper import build_native_wrapper
 from tests import test_service
+from tests.conftest import save_inline_all
 from tests.test_service import CXX_SOURCE, MLGO_CC, SHIPPED, SOURCES, Service
 
 cc = test_service.cc  # both wrappers, as the service's own tests run them
@@ -79,15 +79,6 @@ GUARD_CASES = {
     "shrinks.cpp": (SHRINKS, False, ["-oout/shrinks.o"], "out/shrinks.o"),
     "elf32.c": (SHRINKS, False, ["-m32"], "elf32.o"),
 }
-
-
-def save_inline_all(out: Path, **changes: object) -> Path:
-    """The shipped policy, ungated, made to always say "inline" (its objects differ visibly
-    from clang's), with CHANGES, saved to OUT."""
-    policy = replace(load_policy(SHIPPED), departure_threshold=None, **changes)
-    policy.weights[-1] = np.array([0.0, 1e30], np.float32)
-    save_policy(policy, out)
-    return out
 
 
 @pytest.fixture(scope="module")

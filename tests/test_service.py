@@ -25,9 +25,8 @@ from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.programs.measure import live_children
 from mlgo.serve.client import ServiceError, request, runtime_dir
 from mlgo.serve.native_wrapper import NATIVE_SOURCE, build_native_wrapper, install_native_wrappers
-from tests.conftest import DATA, MLGO
+from tests.conftest import DATA, MLGO, SHIPPED, random_policy, save_inline_all
 
-SHIPPED = Path(__file__).parent.parent / "policies" / "inlining-size"
 MLGO_CC = [sys.executable, "-c", "from mlgo.serve.cc import main_c; main_c()"]
 SOURCES = sorted((DATA / "minipkg").glob("*.c"))
 CXX_SOURCE = DATA / "cxx" / "inventory.cc"
@@ -148,9 +147,7 @@ def test_the_plugin_decides_as_the_policy_does(cc, plugin, mini_corpus, tc, tmp_
     for call site; and a policy that departs from the default visibly does so."""
     status = plugin.status()
     assert status["policies"][0]["backend"] == "plugin"
-    inline_all = replace(load_policy(SHIPPED), departure_threshold=None, languages=None)
-    inline_all.weights[-1] = np.array([0.0, 1e30], np.float32)  # always "inline"
-    save_policy(inline_all, tmp_path / "inline-all")
+    inline_all = load_policy(save_inline_all(tmp_path / "inline-all", languages=None))
     eager = Service(tmp_path, "--policy", str(tmp_path / "inline-all"), "--backend", "plugin")
     try:
         departed = 0
@@ -173,21 +170,22 @@ def test_the_plugin_decides_as_the_policy_does(cc, plugin, mini_corpus, tc, tmp_
     assert plugin.status()["failed_compilations"] == 0
 
 
-def test_every_backend_applies_a_departure_gate_alike(native_cc, tc, tmp_path):
-    """A gated policy (an eager one that departs towards "inline", gated so that only its
-    surest departures stay) gives the same objects from the numpy policy, the native AOT
-    server and the plugin, on C and on C++; and the gate keeps some departures, not all."""
+def test_every_backend_applies_a_departure_gate_alike(native_cc, recordings, tc, tmp_path):
+    """A gated policy (tests/test_aot.py's random one, gated so that only its surer half of
+    departures stay; its native server is built once for both) gives the same objects from
+    the numpy policy, the native AOT server and the plugin, on C and on C++; and the gate
+    keeps some departures, not all."""
     from mlgo.llvm.channel import compile_interactive
     from mlgo.ship.export import export_saved_model
 
-    eager = replace(load_policy(SHIPPED), departure_threshold=None, languages=None)
-    eager.weights[-1] = eager.weights[-1] + np.array([0.0, 6.0], np.float32)
-    gated = replace(eager, departure_threshold=0.87)  # a logit margin of 1.9
+    problem, _, features, x = recordings("inlining-size")
+    gated = random_policy(problem, x, features[problem.default_feature].reshape(-1))
+    eager = replace(gated, departure_threshold=None)
     save_policy(gated, tmp_path / "gated")
     export_saved_model(gated, tmp_path / "gated")
-    problem = get_problem("inlining-size")
     mlgo_cxx = str(Path(native_cc[0]).with_name("mlgo-c++"))
-    sources = [(SOURCES[-1], native_cc[0], tc.clang), (CXX_SOURCE, mlgo_cxx, tc.clangxx)]
+    c_source = DATA / "minipkg" / "hash.c"  # where this gate keeps some departures, not all
+    sources = [(c_source, native_cc[0], tc.clang), (CXX_SOURCE, mlgo_cxx, tc.clangxx)]
     objects: dict[str, list[bytes]] = {}
     for backend in ("python", "native", "plugin"):
         (tmp_path / backend).mkdir()
@@ -204,8 +202,8 @@ def test_every_backend_applies_a_departure_gate_alike(native_cc, tc, tmp_path):
                 note = r.stderr.partition("this policy's channel needs: ")[2].split()
                 assert "-inliner-interactive-include-default" in note, r.stderr
                 hand = tmp_path / "hand.o"
-                subprocess.run([tc.clang, "-Oz", "-c", SOURCES[-1], "-o", hand, *note], check=True)
-                objects[SOURCES[-1].name].append(hand.read_bytes())
+                subprocess.run([tc.clang, "-Oz", "-c", c_source, "-o", hand, *note], check=True)
+                objects[c_source.name].append(hand.read_bytes())
         finally:
             service.stop()
     for src, _, compiler in sources:
@@ -219,7 +217,11 @@ def test_every_backend_applies_a_departure_gate_alike(native_cc, tc, tmp_path):
         assert served[0] != ungated.read_bytes(), f"{src.name}: the gate let every one through"
 
 
-def test_every_backend_serves_a_policys_base(native_cc, tc, tmp_path):
+# The native backend builds a policy server of this policy's own: the long tier.
+@pytest.mark.parametrize(
+    "backend", ["python", pytest.param("native", marks=pytest.mark.slow), "plugin"]
+)
+def test_every_backend_serves_a_policys_base(backend, native_cc, tc, tmp_path):
     """An inlining-speed policy that never departs, with its base at inline threshold 0,
     builds through mlgo-cc what clang -O2 builds with that threshold, whichever backend
     serves it: the base reaches the compiler, through both wrappers' lease checks."""
@@ -232,19 +234,15 @@ def test_every_backend_serves_a_policys_base(native_cc, tc, tmp_path):
     subprocess.run([tc.clang, "-O2", "-c", src, "-o", want, *policy.base_flags], check=True)
     subprocess.run([tc.clang, "-O2", "-c", src, "-o", plain], check=True)
     assert want.read_bytes() != plain.read_bytes()  # the threshold moves this file
-    for backend in ("python", "native", "plugin"):
-        (tmp_path / backend).mkdir()
-        service = Service(
-            tmp_path / backend, "--policy", str(tmp_path / "based"), "--backend", backend
-        )
-        try:
-            got = tmp_path / f"{backend}.o"
-            cmd = [*native_cc, "-O2", "-c", str(src), "-o", str(got)]
-            r = subprocess.run(cmd, env=service.env(), capture_output=True, text=True, timeout=300)
-            assert r.returncode == 0 and not r.stderr, r.stderr
-            assert got.read_bytes() == want.read_bytes(), backend
-        finally:
-            service.stop()
+    service = Service(tmp_path, "--policy", str(tmp_path / "based"), "--backend", backend)
+    try:
+        got = tmp_path / f"{backend}.o"
+        cmd = [*native_cc, "-O2", "-c", str(src), "-o", str(got)]
+        r = subprocess.run(cmd, env=service.env(), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and not r.stderr, r.stderr
+        assert got.read_bytes() == want.read_bytes(), backend
+    finally:
+        service.stop()
 
 
 def test_the_plugin_falls_back_on_an_unknown_feature_layout(cc, mismatched_policy, tc, tmp_path):
@@ -302,9 +300,7 @@ def test_a_plugin_policy_without_a_saved_model_answers_channels_natively(tmp_pat
     """A policy directory's SavedModel is never what gets AOT-compiled: the native server is
     built from the policy's weights, so a policy without one answers channels by hand
     natively, with the plugin's decisions (here, departing from clang's default)."""
-    inline_all = replace(load_policy(SHIPPED), departure_threshold=None, languages=None)
-    inline_all.weights[-1] = np.array([0.0, 1e30], np.float32)  # always "inline"
-    save_policy(inline_all, tmp_path / "inline-all")
+    save_inline_all(tmp_path / "inline-all", languages=None)
     service = Service(tmp_path, "--policy", str(tmp_path / "inline-all"))
     try:
         departed = 0
@@ -492,6 +488,7 @@ def mismatched(mismatched_policy):
     service.stop()
 
 
+@pytest.mark.slow  # a native policy server of the mismatched policy's own
 def test_unknown_feature_layout_falls_back(cc, mismatched, tmp_path):
     """The channel fails at its header, the compile is redone with the default, and the
     warning says why."""
@@ -606,21 +603,20 @@ def test_every_backend_serves_an_embeddings_policy_as_numpy_decides(
 ):
     """An inlining-size-ir2vec policy reads float vectors (the callee's and caller's
     embeddings) beside int64s: served by the numpy policy, the native AOT server and the
-    plugin, through mlgo-cc, each object is the numpy reference's; and it departs."""
+    plugin, through mlgo-cc, each object is the numpy reference's; and it departs. It is
+    tests/test_aot.py's gated ir2vec policy, so its native server is built once."""
     from mlgo.llvm.log_format import element_column
-    from mlgo.problems.normalizer import Normalizer
-    from mlgo.problems.policy import MLPPolicy
     from mlgo.ship.export import export_saved_model
 
     problem = get_problem("inlining-size-ir2vec")
     runs = [compile_module(problem, m, tc.clang) for m in mini_corpus.modules]
+    runs = [r for r in runs if r.num_decisions]
     names = problem.feature_names
     x = np.concatenate(
-        [np.stack([element_column(r.features, f, r.num_decisions) for f in names], 1)
-         for r in runs if r.num_decisions]
-    )  # fmt: skip
-    policy = MLPPolicy.init(problem, Normalizer.fit(names, x), hidden=(16,), seed=3)
-    policy.weights[-1][1] -= np.median(np.diff(policy.logits(x), axis=1)) + 1e-3
+        [np.stack([element_column(r.features, f, r.num_decisions) for f in names], 1) for r in runs]
+    )
+    default = np.concatenate([r.features[problem.default_feature].reshape(-1) for r in runs])
+    policy = random_policy(problem, x, default)
     save_policy(policy, tmp_path / "ir2vec")
     export_saved_model(policy, tmp_path / "ir2vec")
     departed = 0
