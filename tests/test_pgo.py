@@ -15,7 +15,14 @@ from rich.console import Console
 
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import STAGE_FLAGS
-from mlgo.programs.build import ProgramBuild, build_program, level_flags, plain_compilers
+from mlgo.programs.build import (
+    ProgramBuild,
+    Variant,
+    build_program,
+    level_flags,
+    plain_compilers,
+)
+from mlgo.programs.layouts import policy_over_layouts
 from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.pgo import PGORow, pgo_row
 from mlgo.programs.report import PGO_ROW, program_report, render_html, report_table, table_rows
@@ -111,6 +118,35 @@ def test_the_report_times_the_pgo_build_beside_plain_and_the_policy(tc, wordcoun
     rows = {label: change for label, _, _, change, _ in table_rows(report)}
     assert rows[PGO_ROW].startswith(f"{pgo['change_pct']:+.2f}% (IQR {q1:+.2f}..{q3:+.2f}%)")
     assert PGO_ROW in render_html(report) and "pgo_left_out" not in speed
+
+
+def test_the_pgo_build_is_timed_over_the_same_layouts_as_plain_and_the_policy(tc, wordcount):
+    recipe, pristine, work, plain, row = wordcount
+    # clang's own decisions stand in for the policy's
+    pair = (Variant("plain", plain_compilers(tc), {}), Variant("mlgo", plain_compilers(tc), {}))
+    at = work / "layouts"
+    trees = {"plain": work / "plain", "mlgo": work / "plain"}
+    speed = recipe_throughput(recipe, {**trees, **row.timed()}, 2, 0.05)
+    speed["layouts"] = policy_over_layouts(
+        recipe, pristine, at, tc, pair, FLAGS, 2, 2, 0.05, profiled=row.over_layouts()
+    )
+    speed = row.into(speed)
+    over = speed["pgo"]["layouts"]
+    q1, q3 = over["iqr_pct"]
+    assert q1 <= over["change_pct"] <= q3 and over["layouts"] == 2
+    assert len(over["per_layout_pct"]) == 2 and "pgo" not in speed["layouts"]
+    assert speed["layouts"]["layouts"] == 2  # the policy's figures stay where they were
+    # the PGO layouts were built with the profile, at the same seeds as the others
+    assert (at / "pgo-layout-1" / "wordcount").is_file()
+    assert ".text.hot.main" in sections(tc, at / "pgo-sections" / "main.o")
+    assert ".text.hot.main" not in sections(tc, at / "plain-sections" / "main.o")
+    report = program_report((plain, plain), trees, [Path("policy")], speed)
+    rows = {label: change for label, _, _, change, _ in table_rows(report)}
+    assert (
+        rows[f"{PGO_ROW}, over 2 layouts"]
+        == f"{over['change_pct']:+.2f}% (IQR {q1:+.2f}..{q3:+.2f}%)"
+    )
+    assert rows[PGO_ROW].startswith(f"{speed['pgo']['change_pct']:+.2f}%")
 
 
 @pytest.mark.parametrize(

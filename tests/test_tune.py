@@ -350,6 +350,8 @@ def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_w
     assert pgo["tests"] == "passed" and len(pgo["ratios_pct"]) == 2
     assert pgo["profile"] == str((out / "programs" / "profile" / "default.profdata").resolve())
     assert "PGO from your workload" in r.stdout and "measuring the workload on 3 builds" in r.stdout
+    over = pgo["layouts"]  # and over the same 4 layouts, in the same rounds
+    assert over["layouts"] == 4 and over["iqr_pct"][0] <= over["change_pct"] <= over["iqr_pct"][1]
 
 
 def test_inlining_for_speed_without_a_workload_is_refused_before_anything_is_written(tmp_path):

@@ -129,7 +129,7 @@ def compare_programs(
     that has one, about BENCH_SECONDS of CPU each (0: not measured), also over LAYOUTS
     shuffled layouts of both builds (`layouts.policy_over_layouts`; 0: as built only),
     and WITH_PGO the build with the workload's profile timed beside them, as built
-    (`pgo.pgo_row`)."""
+    (`pgo.pgo_row`) and over the same layouts."""
     result = Comparison(policies)
     flags, label = problem_flags(problem), baseline_label(problem)
     with policy_service(policies, out / "service", backend) as service_env:
@@ -145,13 +145,21 @@ def compare_programs(
                         source = pristine_source(recipe, out / recipe.name)
                         row = pgo_row(recipe, source, trees["plain"], tc, flags, tests)
                     timed = {**trees, **row.timed()}
-                    speed = row.into(recipe_throughput(recipe, timed, bench_rounds, bench_seconds))
+                    speed = recipe_throughput(recipe, timed, bench_rounds, bench_seconds)
                     if layouts:
                         where, timing = out / recipe.name, (layouts, bench_rounds, bench_seconds)
                         pristine = pristine_source(recipe, where)
                         speed["layouts"] = policy_over_layouts(
-                            recipe, pristine, where / "layouts", tc, pair, flags, *timing
+                            recipe,
+                            pristine,
+                            where / "layouts",
+                            tc,
+                            pair,
+                            flags,
+                            *timing,
+                            profiled=row.over_layouts(),
                         )
+                    speed = row.into(speed)
                 report = program_report(built, trees, policies, speed)
                 report["flags"] = label
                 write_report(report, out / recipe.name)
@@ -188,6 +196,8 @@ def comparison_table(result: Comparison) -> Table:
             speed = ""  # once per package
         if pgo := report.get("throughput", {}).get(PGO):
             change = throughput_change(pgo)
+            if over := pgo.get("layouts"):
+                change += f", over {over['layouts']} layouts {throughput_change(over)}"
             table.add_row(f"{plain.package}: {PGO_ROW}", "", "", "", change, "", pgo["tests"])
     base_total, ml_total, delta = result.totals()
     table.add_row("total", f"{base_total:,}", f"{ml_total:,}", f"{delta:+.2f}%", style="bold")

@@ -174,16 +174,30 @@ def policy_over_layouts(
     layouts: int,
     rounds: int,
     seconds: float = 1.0,
+    profiled: tuple[str, tuple[str, ...]] | None = None,
 ) -> dict:
     """A report's `throughput.layouts`: the PAIR (baseline, policy) of RECIPE built from
     PRISTINE with FLAGS at LAYOUTS layouts each in WORK (`layout_trees`) and timed
     there in ROUNDS rounds (`layouts_throughput`): the policy's change over layouts, and
-    the A/A control's."""
-    placed = {v.name: layout_trees(recipe, pristine, work, tc, v, flags, layouts) for v in pair}
-    changes = layouts_throughput(recipe, placed, rounds, seconds)
-    control = changes[pair[0].name + AGAIN]
-    return changes[pair[1].name] | {
-        "control_change_pct": control["change_pct"],
-        "control_iqr_pct": control["iqr_pct"],
-        "rounds": rounds,
+    the A/A control's. PROFILED (a name, and the flags a profile adds): also the baseline's
+    compilers with those flags added, timed in the same rounds, its change under that name."""
+    base = pair[0]
+    builds = [(v, flags) for v in pair]
+    if profiled is not None:
+        name, added = profiled
+        builds.append((Variant(name, base.compilers, base.env), [*flags, *added]))
+    placed = {
+        v.name: layout_trees(recipe, pristine, work, tc, v, built, layouts) for v, built in builds
     }
+    changes = layouts_throughput(recipe, placed, rounds, seconds)
+    control = changes[base.name + AGAIN]
+    extra = {profiled[0]: changes[profiled[0]]} if profiled is not None else {}
+    return (
+        changes[pair[1].name]
+        | {
+            "control_change_pct": control["change_pct"],
+            "control_iqr_pct": control["iqr_pct"],
+            "rounds": rounds,
+        }
+        | extra
+    )

@@ -101,13 +101,21 @@ class PGORow:
         """The tree to time beside the others, by its name; none when the row is left out."""
         return {PGO: Path(self.tree)} if self.tree else {}
 
+    def over_layouts(self) -> tuple[str, tuple[str, ...]] | None:
+        """What `layouts.policy_over_layouts` builds and times beside plain and the policy
+        for this row (its name and the flags the profile adds); none when left out."""
+        return (PGO, self.flags) if self.tree else None
+
     def into(self, throughput: dict) -> dict:
-        """THROUGHPUT, timed with `timed`'s tree among the others, with the build behind
-        its PGO row, or with the line saying why it has none."""
+        """THROUGHPUT, timed with `timed`'s tree among the others (and over layouts with
+        `over_layouts`'s), with the build behind its PGO row and its change over layouts
+        moved into it (`pgo.layouts`), or with the line saying why it has none."""
         if self.left_out:
             throughput["pgo_left_out"] = self.left_out
         elif PGO in throughput:
             throughput[PGO].update(profile=self.profile, flags=list(self.flags), tests=self.tests)
+            if PGO in throughput.get("layouts", {}):
+                throughput[PGO]["layouts"] = throughput["layouts"].pop(PGO)
         return throughput
 
 

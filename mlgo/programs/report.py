@@ -216,6 +216,10 @@ def throughput_rows(report: dict) -> list[Row]:
         if "instructions_change_pct" in pgo:
             change += f", instructions {pgo['instructions_change_pct']:+.2f}%"
         rows.append((PGO_ROW, "", "", change, ""))
+        if over := pgo.get("layouts"):
+            rows.append(
+                (f"{PGO_ROW}, over {over['layouts']} layouts", "", "", throughput_change(over), "")
+            )
     return rows
 
 

@@ -78,16 +78,19 @@ def timed_builds(
 ) -> dict:
     """The workload's clock on WORK's builds (plain, mlgo and the PGO ROW's) in ROUNDS
     paired rounds of SECONDS each (TIMING: rounds, seconds, layouts), and over LAYOUTS
-    shuffled layouts of plain and OURS (policy, decisions, guard) in WORK/layouts."""
+    shuffled layouts of plain, OURS (policy, decisions, guard) and the ROW's in
+    WORK/layouts."""
     rounds, seconds, layouts = timing
     timed = {name: work / name for name in ("plain", "mlgo")} | row.timed()
     say(f"measuring the workload on {len(timed)} builds ({rounds} rounds)")
     speed = recipe_throughput(recipe, timed, rounds, seconds)
     if layouts:
-        say(f"and over {layouts} shuffled layouts of plain and the policy")
+        say(f"and over {layouts} shuffled layouts of plain, the policy and the PGO build")
         at, (policy, decisions, guard) = work / "layouts", ours
         root = sections_tree(at, "mlgo")
         with plain_and_ours(tc, policy, decisions, root, work / "service", guard) as pair:
             flags, timing_ = problem_flags(problem), (layouts, rounds, seconds)
-            speed["layouts"] = policy_over_layouts(recipe, pristine, at, tc, pair, flags, *timing_)
+            speed["layouts"] = policy_over_layouts(
+                recipe, pristine, at, tc, pair, flags, *timing_, profiled=row.over_layouts()
+            )
     return row.into(speed)
