@@ -309,7 +309,7 @@ def kept_by_the_clock(training: dict, out: Path) -> None:
 
 @pytest.mark.slow
 def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_workload(
-    cache, tmp_path
+    cache, tmp_path, monkeypatch
 ):
     """inlining-speed has no shipped policy: clang's own -O2 decisions on the project are
     cloned for a start, gated to depart from none of them; evolution strategies (not
@@ -318,6 +318,7 @@ def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_w
     where one is faster, the search departs from it."""
     bench = "./wordcount < main.c"
     out, args = wordcount_args(tmp_path, "--problem", "inlining-speed", "--bench", bench)
+    monkeypatch.setenv("COLUMNS", "160")  # the table's rows each on one line, to be read
     r = run_mlgo(*args, "--minutes", "0.02", "--bench-rounds", "2", timeout=900)
     assert r.returncode == 0, r.stderr + r.stdout
     assert "training inlining-speed from clang's own, cloned (-O2)" in r.stdout
@@ -336,6 +337,7 @@ def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_w
     assert over["layouts"] == 4 and len(over["per_layout_pct"]) == 4
     assert over["iqr_pct"][0] <= over["change_pct"] <= over["iqr_pct"][1]
     assert "CPU time over 4 layouts" in r.stdout
+    assert "PGO from your workload, over 4 layouts" in r.stdout
     assert all(math.isfinite(changes[b]) for b in bases)
     # more inlining makes this workload cheaper: the search starts from clang's own at the
     # fastest threshold, traced and cloned there, which builds what that threshold builds
