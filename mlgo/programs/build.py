@@ -26,6 +26,7 @@ from mlgo.problems import STAGE_FLAGS, Problem
 from mlgo.programs.measure import children_cpu
 from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_directory
+from mlgo.runtime.messages import copy_error
 from mlgo.serve.client import ServiceError, launch_service
 
 
@@ -70,6 +71,16 @@ class ProgramBuild:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def scratch_copy(pristine: Path, scratch: Path) -> None:
+    """PRISTINE copied to SCRATCH, for a build of its own, after whatever an earlier one
+    left in SCRATCH's parent is gone; a failed copy names every file that failed."""
+    shutil.rmtree(scratch.parent, ignore_errors=True)
+    try:
+        shutil.copytree(pristine, scratch, symlinks=True)
+    except shutil.Error as e:  # its message is the list of every file that failed
+        raise copy_error(e) from e
 
 
 def pristine_source(recipe: Recipe, work: Path) -> Path:

@@ -17,8 +17,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import Recipe
 from mlgo.problems import Problem
 from mlgo.problems.policy_files import load_policy
-from mlgo.programs.build import Variant, plain_compilers, problem_flags
-from mlgo.runtime.messages import copy_error
+from mlgo.programs.build import Variant, plain_compilers, problem_flags, scratch_copy
 from mlgo.ship.decisions import ROOT_ENV, file_states, read, write
 from mlgo.ship.decisions_kept import keep
 from mlgo.ship.decisions_record import record_units
@@ -45,11 +44,7 @@ def decide(
     plugin at PROBLEM's stage and recorded; its kept decisions written to OUT/decisions for
     the project at ROOT (where `CC=OUT/decisions/cc` builds it), the copy removed."""
     scratch = (out / "decide" / recipe.name).resolve()
-    shutil.rmtree(scratch.parent, ignore_errors=True)
-    try:
-        shutil.copytree(pristine, scratch, symlinks=True)
-    except shutil.Error as e:  # its message is the list of every file that failed
-        raise copy_error(e) from e
+    scratch_copy(pristine, scratch)
     script = " && ".join([*recipe.configure, *recipe.build])
     flags = problem_flags(problem)
     log = scratch.parent / "build.log"

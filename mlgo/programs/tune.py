@@ -52,7 +52,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.build import run_tests
 from mlgo.packages.recipes import BENCH_TIMEOUT_S, Recipe
 from mlgo.problems import Problem, get_problem
-from mlgo.programs.build import ProgramBuild, baseline_label
+from mlgo.programs.build import ProgramBuild, baseline_label, scratch_copy
 from mlgo.programs.chain import CLONED, choose_policy, cloned_start, shipped_start
 from mlgo.programs.decide import DECISIONS, built_from, decide, writes_decisions
 from mlgo.programs.judges import candidate_judge
@@ -64,7 +64,7 @@ from mlgo.programs.tuned import build_twice, pgo_build, timed_builds
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.inputs import read_json
-from mlgo.runtime.messages import copy_error, naming
+from mlgo.runtime.messages import naming
 from mlgo.runtime.workers import make_workers
 from mlgo.train.stages import Stages
 
@@ -178,11 +178,7 @@ def record_corpus(
     from mlgo.corpus.record import record
 
     scratch = scratch_tree(recipe, out)
-    shutil.rmtree(scratch.parent, ignore_errors=True)
-    try:
-        shutil.copytree(pristine, scratch, symlinks=True)
-    except shutil.Error as e:  # its message is the list of every file that failed
-        raise copy_error(e) from e
+    scratch_copy(pristine, scratch)
     script = " && ".join([*recipe.configure, *recipe.build])
     level = problem.opt_level
     record(["sh", "-c", script], out / "corpus", tc, scratch, opt_level=level, stage=problem.stage)
