@@ -26,9 +26,8 @@ from mlgo.programs.build import (
     pristine_source,
     problem_flags,
 )
-from mlgo.programs.layouts import LAYOUTS, policy_over_layouts
-from mlgo.programs.measure import recipe_throughput
-from mlgo.programs.pgo import PGO, PGORow, pgo_row
+from mlgo.programs.layouts import LAYOUTS
+from mlgo.programs.pgo import PGO, PGORow, pgo_row, timed_beside_row
 from mlgo.programs.report import (
     PGO_ROW,
     baseline_flags,
@@ -140,26 +139,14 @@ def compare_programs(
                 built = build_pair(recipe, out / recipe.name, tc, pair, tests, flags)
                 speed = None
                 if bench_rounds and recipe.bench:
-                    row = PGORow()
+                    where = out / recipe.name
+                    source, row = pristine_source(recipe, where), PGORow()
                     if with_pgo:
-                        source = pristine_source(recipe, out / recipe.name)
                         row = pgo_row(recipe, source, trees["plain"], tc, flags, tests)
-                    timed = {**trees, **row.timed()}
-                    speed = recipe_throughput(recipe, timed, bench_rounds, bench_seconds)
-                    if layouts:
-                        where, timing = out / recipe.name, (layouts, bench_rounds, bench_seconds)
-                        pristine = pristine_source(recipe, where)
-                        speed["layouts"] = policy_over_layouts(
-                            recipe,
-                            pristine,
-                            where / "layouts",
-                            tc,
-                            pair,
-                            flags,
-                            *timing,
-                            profiled=row.over_layouts(),
-                        )
-                    speed = row.into(speed)
+                    timing, at = (bench_rounds, bench_seconds, layouts), where / "layouts"
+                    speed = timed_beside_row(
+                        recipe, source, trees, row, pair, flags, at, tc, timing
+                    )
                 report = program_report(built, trees, policies, speed)
                 report["flags"] = label
                 write_report(report, out / recipe.name)

@@ -18,6 +18,7 @@ line saying why (`throughput.pgo_left_out`).
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,11 +31,13 @@ from mlgo.llvm.profiles import (
 )
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import Recipe
-from mlgo.programs.build import build_program, plain_compilers
+from mlgo.programs.build import Variant, build_program, plain_compilers
+from mlgo.programs.layouts import policy_over_layouts
 from mlgo.programs.measure import (
     Workload,
     first_difference,
     prepare_workload,
+    recipe_throughput,
     recipe_workload,
     run_workload,
     workload_output,
@@ -144,3 +147,28 @@ def pgo_row(
         shutil.rmtree(tree, ignore_errors=True)
         return PGORow(left_out=f"the PGO row is left out: {e}")
     return PGORow(str(tree), str(profile), tuple(added), built.tests)
+
+
+def timed_beside_row(
+    recipe: Recipe,
+    pristine: Path,
+    trees: dict[str, Path],
+    row: PGORow,
+    pair: Sequence[Variant],
+    flags: list[str],
+    at: Path,
+    tc: Toolchain,
+    timing: tuple[int, float, int],
+) -> dict:
+    """A report's `throughput`: the workload's clock on TREES (the plain build first, then
+    the policy's) and the ROW's build, in ROUNDS paired rounds of about SECONDS of CPU each
+    (`recipe_throughput`), and over LAYOUTS shuffled layouts of the PAIR's builds and the
+    row's, built in AT (`layouts.policy_over_layouts`; TIMING: rounds, seconds, layouts);
+    the row's figures in it (`PGORow.into`)."""
+    rounds, seconds, layouts = timing
+    speed = recipe_throughput(recipe, trees | row.timed(), rounds, seconds)
+    if layouts:
+        speed["layouts"] = policy_over_layouts(
+            recipe, pristine, at, tc, pair, flags, layouts, rounds, seconds, row.over_layouts()
+        )
+    return row.into(speed)

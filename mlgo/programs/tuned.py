@@ -8,7 +8,7 @@ of ours is built the same way as ours, so that every figure is of the build that
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from mlgo.llvm.toolchain import Toolchain
@@ -17,9 +17,8 @@ from mlgo.problems import Problem
 from mlgo.programs.build import ProgramBuild, Variant, policy_service, problem_flags
 from mlgo.programs.compare import build_pair, variants
 from mlgo.programs.decide import from_decisions
-from mlgo.programs.layouts import policy_over_layouts, sections_tree
-from mlgo.programs.measure import recipe_throughput
-from mlgo.programs.pgo import PGORow, pgo_row
+from mlgo.programs.layouts import sections_tree
+from mlgo.programs.pgo import PGORow, pgo_row, timed_beside_row
 
 
 @contextmanager
@@ -80,17 +79,13 @@ def timed_builds(
     paired rounds of SECONDS each (TIMING: rounds, seconds, layouts), and over LAYOUTS
     shuffled layouts of plain, OURS (policy, decisions, guard) and the ROW's in
     WORK/layouts."""
-    rounds, seconds, layouts = timing
-    timed = {name: work / name for name in ("plain", "mlgo")} | row.timed()
-    say(f"measuring the workload on {len(timed)} builds ({rounds} rounds)")
-    speed = recipe_throughput(recipe, timed, rounds, seconds)
-    if layouts:
-        say(f"and over {layouts} shuffled layouts of plain, the policy and the PGO build")
-        at, (policy, decisions, guard) = work / "layouts", ours
-        root = sections_tree(at, "mlgo")
-        with plain_and_ours(tc, policy, decisions, root, work / "service", guard) as pair:
-            flags, timing_ = problem_flags(problem), (layouts, rounds, seconds)
-            speed["layouts"] = policy_over_layouts(
-                recipe, pristine, at, tc, pair, flags, *timing_, profiled=row.over_layouts()
-            )
-    return row.into(speed)
+    layouts = timing[2]
+    trees = {name: work / name for name in ("plain", "mlgo")}
+    over = f", and over {layouts} shuffled layouts of each" if layouts else ""
+    say(f"measuring the workload on {len(trees | row.timed())} builds ({timing[0]} rounds){over}")
+    at, (policy, decisions, guard) = work / "layouts", ours
+    root = sections_tree(at, "mlgo")
+    ours_for_layouts = plain_and_ours(tc, policy, decisions, root, work / "service", guard)
+    with ours_for_layouts if layouts else nullcontext(()) as pair:
+        flags = problem_flags(problem)
+        return timed_beside_row(recipe, pristine, trees, row, pair, flags, at, tc, timing)
