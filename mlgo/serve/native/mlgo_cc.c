@@ -49,7 +49,8 @@
     !defined(MLGO_LEASE_NUMBERED) || !defined(MLGO_REPORTING_LLVM_OPTIONS) ||             \
     !defined(MLGO_BUILD_ID) || !defined(MLGO_DEPARTURES_ENV) ||                           \
     !defined(MLGO_DEPARTURES_PREFIX) || !defined(MLGO_DEPARTED) || !defined(MLGO_ADVISED) || \
-    !defined(MLGO_PLUGIN_FLAG) || !defined(MLGO_GUARD_SCRATCH) || !defined(MLGO_GUARD_CACHE) ||                           \
+    !defined(MLGO_PLUGIN_FLAG) || !defined(MLGO_GUARD_SCRATCH) ||                         \
+    !defined(MLGO_GUARD_CACHE) ||                                                         \
     !defined(MLGO_SOURCE_SUFFIXES) || !defined(MLGO_C_SUFFIXES) ||                           \
     !defined(MLGO_CXX_SUFFIXES) || !defined(MLGO_LANGUAGES) || !defined(MLGO_NO_CODEGEN) ||  \
     !defined(MLGO_LEVELS) || !defined(MLGO_NOT_LEVELS) || !defined(MLGO_OUTPUT_OPTIONS)
