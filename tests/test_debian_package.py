@@ -97,12 +97,13 @@ def test_the_demo_says_where_its_page_of_plots_is(zlib_demo):
 
 
 @pytest.mark.slow
-def test_build_measures_the_workload_of_lua(tmp_path):
+def test_build_measures_the_workload_of_lua(tmp_path, monkeypatch):
     """`mlgo build lua`: both builds run the recipe's Lua script (its check passes on
     both, and both print the same), and the table, build.json and lua's report hold the
     paired change of its CPU time, as built and over two shuffled layouts of each build,
     and that of lua built with the script's profile."""
     args = ["--bench-rounds", "2", "--layouts", "2"]
+    monkeypatch.setenv("COLUMNS", "200")  # the table's rows each on one line, to be read
     r = run_mlgo("build", "lua", "--out", str(tmp_path), *args, timeout=900)
     assert r.returncode == 0, r.stderr + r.stdout
     assert "CPU time" in r.stdout and "IQR" in r.stdout
