@@ -167,7 +167,7 @@ def test_a_killed_tune_resumes_training_where_it_stopped(tuned):
     assert [c["step"] for c in curve] == list(range(1, len(curve) + 1))
     assert stages(out) == [
         *["snapshot", "record", "rehearse", "collect"],
-        *["train", "decisions", "build", "bench", "report"],
+        *["train", "decisions", "build", "pgo", "bench", "report"],
     ]
 
 
