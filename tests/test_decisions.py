@@ -87,7 +87,6 @@ def _written(directory: Path, root: Path, inline: bool) -> Path:
     return decisions.write(directory, root, {"a.c": unit}, {}, [], 22)
 
 
-@pytest.mark.unit
 def test_the_commands_show_diff_check_and_print_the_flags(tmp_path: Path):
     (tmp_path / "a.c").write_text("int a;\n")
     old = _written(tmp_path / "old", tmp_path, False)

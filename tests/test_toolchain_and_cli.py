@@ -3,7 +3,7 @@
 import click
 import pytest
 import typer.main
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from mlgo.cli import app
 from mlgo.corpus.stats import cache_file
@@ -75,7 +75,8 @@ def _command_paths(command: click.Command, path: tuple[str, ...] = ()) -> list[t
     return [path, *(p for name, sub in subs for p in _command_paths(sub, (*path, name)))]
 
 
-COMMANDS = _command_paths(typer.main.get_command(app))
+MLGO = typer.main.get_command(app)  # built once: typer builds the whole tree at each call
+COMMANDS = _command_paths(MLGO)
 
 
 @pytest.mark.unit
@@ -87,10 +88,10 @@ def test_the_command_walk_sees_the_sub_apps():
 @pytest.mark.unit
 @pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "mlgo")
 def test_every_command_has_help(path):
-    r = CliRunner().invoke(app, [*path, "--help"], prog_name="mlgo")
+    r = CliRunner().invoke(MLGO, [*path, "--help"], prog_name="mlgo")
     assert r.exit_code == 0, r.output
     assert f"Usage: mlgo {' '.join(path)}".rstrip() in r.output
-    doc = typer.main.get_command(app)
+    doc = MLGO
     for name in path:
         doc = doc.commands[name]
     assert doc.help or doc.short_help, f"mlgo {' '.join(path)} has no help text"

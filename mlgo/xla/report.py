@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import kendalltau
 
 from mlgo.errors import UsageError
 from mlgo.xla.dataset import Record
@@ -51,6 +50,8 @@ def roofline_scores(graph: HloGraph, configs: list[str]) -> np.ndarray:
 
 
 def _tau(predicted: list[float], measured: np.ndarray) -> float:
+    from scipy.stats import kendalltau  # here: scipy.stats takes a second and a half to import
+
     tau = kendalltau(predicted, measured).statistic
     return float(tau) if tau == tau else 0.0  # constant predictions: no order at all
 
