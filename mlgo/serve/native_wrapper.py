@@ -16,7 +16,15 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from mlgo.llvm.cmdline import ADVISED, DEPARTED, DEPARTURES_ENV, DEPARTURES_PREFIX
+from mlgo.llvm.cmdline import (
+    ADVISED,
+    DEPARTED,
+    DEPARTURES_ENV,
+    DEPARTURES_PREFIX,
+    SIDE_OUTPUT_PREFIXES,
+    SIDE_OUTPUTS,
+    SIDE_OUTPUTS_WITH_VALUE,
+)
 from mlgo.llvm.driver import (
     LEVELS,
     NO_CODEGEN,
@@ -30,7 +38,7 @@ from mlgo.llvm.languages import LANGUAGES
 from mlgo.runtime.csource import c_string
 from mlgo.runtime.messages import error_line
 from mlgo.serve.cc import REPORTING_LLVM_OPTIONS
-from mlgo.serve.guard import GUARD_CACHE, GUARD_SCRATCH
+from mlgo.serve.guard import GUARD_CACHE, GUARD_SCRATCH, UNGUARDED, UNGUARDED_PREFIXES
 from mlgo.serve.lease import PLUGIN_FLAG, lease_allow_list
 
 NATIVE_SOURCE = Path(__file__).parent / "native" / "mlgo_cc.c"
@@ -41,8 +49,9 @@ def native_lists() -> dict[str, list[str]]:
     """The string lists the native wrapper is built with (-D options): the lease allow-list
     of the registered problems, the LLVM options that only report, how a plugin's compile
     tells the size guard that it made clang's own object, the flag that names a plugin, the
-    prefix of the guard's scratch directories and the cache directory of its memory, and
-    how clang's driver reads a command line (mlgo.llvm.driver)."""
+    prefix of the guard's scratch directories and the cache directory of its memory, the
+    options the guard leaves alone or keeps away from its second compile, and how clang's
+    driver reads a command line (mlgo.llvm.driver)."""
     switches, channels, numbered = lease_allow_list()
     return {
         "MLGO_SOURCE_SUFFIXES": list(SOURCE_SUFFIXES),
@@ -64,6 +73,11 @@ def native_lists() -> dict[str, list[str]]:
         "MLGO_PLUGIN_FLAG": [PLUGIN_FLAG],
         "MLGO_GUARD_SCRATCH": [GUARD_SCRATCH],
         "MLGO_GUARD_CACHE": [GUARD_CACHE],
+        "MLGO_UNGUARDED": sorted(UNGUARDED),
+        "MLGO_UNGUARDED_PREFIXES": list(UNGUARDED_PREFIXES),
+        "MLGO_SIDE_OUTPUTS": sorted(SIDE_OUTPUTS),
+        "MLGO_SIDE_OUTPUTS_WITH_VALUE": sorted(SIDE_OUTPUTS_WITH_VALUE),
+        "MLGO_SIDE_OUTPUT_PREFIXES": list(SIDE_OUTPUT_PREFIXES),
     }
 
 

@@ -50,7 +50,9 @@
     !defined(MLGO_BUILD_ID) || !defined(MLGO_DEPARTURES_ENV) ||                           \
     !defined(MLGO_DEPARTURES_PREFIX) || !defined(MLGO_DEPARTED) || !defined(MLGO_ADVISED) || \
     !defined(MLGO_PLUGIN_FLAG) || !defined(MLGO_GUARD_SCRATCH) ||                         \
-    !defined(MLGO_GUARD_CACHE) ||                                                         \
+    !defined(MLGO_GUARD_CACHE) || !defined(MLGO_UNGUARDED) ||                             \
+    !defined(MLGO_UNGUARDED_PREFIXES) || !defined(MLGO_SIDE_OUTPUTS) ||                      \
+    !defined(MLGO_SIDE_OUTPUTS_WITH_VALUE) || !defined(MLGO_SIDE_OUTPUT_PREFIXES) ||         \
     !defined(MLGO_SOURCE_SUFFIXES) || !defined(MLGO_C_SUFFIXES) ||                           \
     !defined(MLGO_CXX_SUFFIXES) || !defined(MLGO_LANGUAGES) || !defined(MLGO_NO_CODEGEN) ||  \
     !defined(MLGO_LEVELS) || !defined(MLGO_NOT_LEVELS) || !defined(MLGO_OUTPUT_OPTIONS)
@@ -550,18 +552,13 @@ static int policies_match(const char *line) {
  * private runtime directory, writing nothing else; when both succeed, the object with fewer
  * executable bytes stays (a tie keeps the default's), put in place through one descriptor of
  * the object's directory (`put_in_place`). */
-/* mlgo.serve.guard.UNGUARDED and UNGUARDED_PREFIXES. */
-static const char *unguarded[] = {"-S", "-emit-llvm", "-save-temps", "--coverage",
-                                  "-ftest-coverage", "-fprofile-arcs", NULL};
-static const char *unguarded_prefixes[] = {"-save-temps=", "-gsplit-dwarf", NULL};
-/* mlgo.llvm.cmdline.SIDE_OUTPUTS, SIDE_OUTPUTS_WITH_VALUE and SIDE_OUTPUT_PREFIXES. */
-static const char *side_outputs[] = {"-MD", "-MMD", "-MP", "-MG", "-ftime-trace",
-                                     "-fsave-optimization-record", NULL};
-static const char *side_outputs_with_value[] = {"-MF", "-MT", "-MQ", "-MJ",
-                                                "--serialize-diagnostics", NULL};
-static const char *side_output_prefixes[] = {
-    "-MF", "-MT", "-MQ", "-MJ", "-ftime-trace=", "-fsave-optimization-record=",
-    "-foptimization-record-file=", "-save-stats", "--save-stats", NULL};
+/* mlgo.serve.guard.UNGUARDED and UNGUARDED_PREFIXES, and mlgo.llvm.cmdline.SIDE_OUTPUTS,
+ * SIDE_OUTPUTS_WITH_VALUE and SIDE_OUTPUT_PREFIXES, defined when this is built. */
+static const char *unguarded[] = {MLGO_UNGUARDED, NULL};
+static const char *unguarded_prefixes[] = {MLGO_UNGUARDED_PREFIXES, NULL};
+static const char *side_outputs[] = {MLGO_SIDE_OUTPUTS, NULL};
+static const char *side_outputs_with_value[] = {MLGO_SIDE_OUTPUTS_WITH_VALUE, NULL};
+static const char *side_output_prefixes[] = {MLGO_SIDE_OUTPUT_PREFIXES, NULL};
 
 static struct {
   pid_t pid;          /* the default compile while it runs, else 0 */
