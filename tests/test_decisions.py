@@ -80,6 +80,14 @@ def test_a_g0_build_gets_locations_and_a_g_build_nothing():
     assert decisions.compile_flags(["-Oz", "-gline-tables-only"]) == []
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("data", [b"", b"int a;\n", bytes(range(256)) * 300])
+def test_a_sources_checksum_is_what_posix_cksum_prints(data: bytes):
+    """The wrappers compare a source with its decisions file's line by `cksum` alone."""
+    cksum = subprocess.run(["cksum"], input=data, capture_output=True, check=True)
+    assert decisions.posix_cksum(data) == cksum.stdout.decode().strip()
+
+
 def _written(directory: Path, root: Path, inline: bool) -> Path:
     """A decisions directory for ROOT/src/a.c of two decisions, the second one INLINE."""
     ds = [_decision("top:1:3", True), _decision("top:2:3", inline, "other")]
@@ -229,11 +237,16 @@ def test_unseen_stale_corrupt_and_foreign_files_get_clangs_own(
         note = f"mlgo: {inl} is not a decisions file of mlgo-decisions 1; clang's own decisions\n"
         assert through(cc, name) == (plain[name], note)
     assert {p: p.read_bytes() for p in before} == before
-    # a stale edit, a line added inside a function: compiles, and `check` says so
+    # a stale edit, a line added inside a function: compiles, says so in one line (an
+    # unchanged source says nothing), and `check` says how many decisions still match
+    assert through(cc, EDITED)[1] == ""
     text = (root / "src" / EDITED).read_text()
     brace = text.index("{", text.index(EDITED_FUNCTION))
     (root / "src" / EDITED).write_text(text[: brace + 1] + "\n  ;" + text[brace + 1 :])
-    assert through(cc, EDITED)[1] == ""
+    assert through(cc, EDITED)[1] == (
+        f"mlgo: src/{EDITED} changed since its decisions were recorded; its moved call sites"
+        " get clang's own decisions (mlgo decisions check says how many still match)\n"
+    )
     recheck = [tc.clang, *cflags, *decisions.compile_flags(cflags), f"-fpass-plugin={plugin}"]
     artifact = decisions.read(root / "decisions")
     for name, edited in (("inventory.cc", False), (EDITED, True)):

@@ -8,7 +8,9 @@ The directory DIR holds:
   object as it was); `link.flags`: for a full-LTO link by lld (its program's file named);
 - `cc`, `c++`: POSIX sh wrappers (native/decisions_cc.sh) that replay a source's file;
 - `files/<source path from the project root>.inl`, `links/<program>.inl`: replay lines
-  (mlgo.llvm.replay), a no-op header first, sorted by caller and key;
+  (mlgo.llvm.replay), a no-op header first, sorted by caller and key; a source's file has
+  a second no-op line with the source's POSIX `cksum`, by which its compile says, once, that
+  the source changed since (its moved call sites get clang's own decisions);
 - `summary.json`: per file and per function, counts and departures from clang's own, and
   each source's digest for a cheap `check`.
 
@@ -60,6 +62,7 @@ FORMAT_NAME, FORMAT_VERSION = "mlgo-decisions", 1
 # A line clang parses and that matches no call site (no function has this name): a
 # decisions file names its format on its first line, where a `#` comment is a compile error.
 HEADER = Decision("mlgo", "mlgo:0:0", f"{FORMAT_NAME} {FORMAT_VERSION}", False).line()
+SOURCE_MARK = "source cksum"  # the second such line of a source's file: its `cksum` output
 # Makes clang keep call-site locations in a -g0 build without emitting any; the regex is
 # meant to match no pass. The object is byte-identical to plain -g0's.
 LOCATION_FLAGS = ("-Rpass=mlgo-locations-only", "-gcolumn-info")
@@ -213,8 +216,41 @@ def source_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def inl_text(decisions: Iterable[Decision]) -> str:
-    return "\n".join([HEADER, *(d.line() for d in sorted(decisions))]) + "\n"
+def _crc_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte << 24
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x04C11DB7) if crc & 0x80000000 else crc << 1
+        table.append(crc & 0xFFFFFFFF)
+    return table
+
+
+_CRC = _crc_table()
+
+
+def posix_cksum(data: bytes) -> str:
+    """What POSIX `cksum` prints for DATA read from stdin ("CRC LENGTH"): the one checksum a
+    wrapper of plain sh can compute on any machine."""
+    length, tail = len(data), bytearray()
+    while length:
+        tail.append(length & 0xFF)
+        length >>= 8
+    crc = 0
+    for byte in data + bytes(tail):
+        crc = ((crc << 8) & 0xFFFFFFFF) ^ _CRC[(crc >> 24) ^ byte]
+    return f"{~crc & 0xFFFFFFFF} {len(data)}"
+
+
+def source_line(source: Path) -> str:
+    """The no-op line that carries SOURCE's `cksum`, for the wrappers' note."""
+    mark = f"{SOURCE_MARK} {posix_cksum(source.read_bytes())}"
+    return Decision("mlgo", "mlgo:0:0", mark, False).line()
+
+
+def inl_text(decisions: Iterable[Decision], source: Path | None = None) -> str:
+    head = [HEADER, source_line(source)] if source is not None else [HEADER]
+    return "\n".join([*head, *(d.line() for d in sorted(decisions))]) + "\n"
 
 
 def read_inl(path: Path) -> list[Decision]:
@@ -233,7 +269,8 @@ def read_inl(path: Path) -> list[Decision]:
         decision = parse_line(line)
         if decision is None:
             raise DecisionsError(f"{path}:{number}: not a decision line: {line[:120]!r}")
-        found.append(decision)
+        if not (number == 2 and decision.callee.startswith(SOURCE_MARK)):
+            found.append(decision)
     return found
 
 
@@ -307,6 +344,7 @@ def wrapper_text(
         "@VERSION@": str(FORMAT_VERSION),
         "@FLAGS@": " ".join(shlex.quote(f) for f in flags),
         "@LOCATE_EVERY_COMPILE@": "1" if every_compile else "''",
+        "@SOURCE_PREFIX@": _double_quoted(f"{LINE_PREFIX}{SOURCE_MARK} "),
     }
     text = WRAPPER.read_text()
     for placeholder, value in fills.items():
@@ -351,7 +389,8 @@ def write(
             for name, unit in units.items():
                 inl = staging / kind / f"{name}.inl"
                 inl.parent.mkdir(parents=True, exist_ok=True)
-                inl.write_text(inl_text(unit.decisions))
+                source = root / name if kind == "files" else None
+                inl.write_text(inl_text(unit.decisions, source))
         summary = {
             "format": FORMAT_VERSION,
             "files": {n: u.summary() for n, u in sorted(files.items())},

@@ -3,18 +3,20 @@
 # mlgo/ship/decisions.py, which fills in the @NAMES@): for a compile of one source under the
 # project root, DIR/files/<its path>.inl; for a link that writes PROGRAM, DIR/links/PROGRAM.inl.
 # A source or program with no file gets clang's own decisions; a file that is not a decisions
-# file of this format gets them too, said in one line. A compile that replays a file also
-# gets DIR/flags, as the recorded build had them (call-site locations in a -g0 build: keys
-# must match), and so does every compile where DIR holds a program's decisions (its link
-# replays them on the compiles' bitcode); the others pay nothing for locations. Builtins
-# only, but one grep to check a file before clang reads it (clang stops a compile at a line
-# it cannot parse).
+# file of this format gets them too, said in one line; so do the moved call sites of a source
+# changed since its decisions were recorded (by its cksum), said in one line. A compile that
+# replays a file also gets DIR/flags, as the recorded build had them (call-site locations in
+# a -g0 build: keys must match), and so does every compile where DIR holds a program's
+# decisions (its link replays them on the compiles' bitcode); the others pay nothing for
+# locations. Builtins only, but one grep to check a file before clang reads it (clang stops
+# a compile at a line it cannot parse) and one cksum of a source that replays one.
 compiler=@COMPILER@
 # the project's root: as recorded (from this directory), or @ROOT_ENV@ (absolute) for a copy
 root_from_dir=${@ROOT_ENV@:-@ROOT_FROM_DIR@}
 header=@HEADER@
 locate_every_compile=@LOCATE_EVERY_COMPILE@
 line=@LINE_ERE@
+source_prefix=@SOURCE_PREFIX@
 here=$PWD
 case $0 in */*) dir=${0%/*} ;; *) dir=. ;; esac
 case $dir in /*) ;; *) dir=$here/$dir ;; esac
@@ -48,13 +50,21 @@ elif [ "$sources" = 0 ] && [ -n "$out" ]; then
 fi
 
 if [ -n "$decisions" ] && [ -f "$decisions" ]; then
-  first=
-  IFS= read -r first <"$decisions"
+  first= second=
+  { IFS= read -r first && IFS= read -r second; } <"$decisions"
   LC_ALL=C grep -qvE -e "$line" -- "$decisions" 2>/dev/null
   if [ $? = 1 ] && [ "$first" = "$header" ]; then
     if [ "$sources" = 1 ]; then
       set -- "$@" @REPLAY_FLAGS@
       replayed=1
+      # the source as recorded? its second line says (the only cost here: one cksum)
+      case $second in
+        "$source_prefix"*)
+          recorded=${second#"$source_prefix"} && recorded=${recorded%%"'"*}
+          [ "$(cksum <"$source" 2>/dev/null)" = "$recorded" ] ||
+            echo "mlgo: $src changed since its decisions were recorded; its moved call sites get clang's own decisions (mlgo decisions check says how many still match)" >&2
+          ;;
+      esac
     else
       set -- "$@" @LINK_REPLAY_FLAGS@
     fi
