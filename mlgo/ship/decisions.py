@@ -59,10 +59,17 @@ from mlgo.runtime.trust import private_temp_dir
 from mlgo.ship.plugin import inliner_plugin
 
 FORMAT_NAME, FORMAT_VERSION = "mlgo-decisions", 1
-# A line clang parses and that matches no call site (no function has this name): a
-# decisions file names its format on its first line, where a `#` comment is a compile error.
-HEADER = Decision("mlgo", "mlgo:0:0", f"{FORMAT_NAME} {FORMAT_VERSION}", False).line()
-SOURCE_MARK = "source cksum"  # the second such line of a source's file: its `cksum` output
+
+
+def _no_op(text: str) -> str:
+    """A line clang parses and that matches no call site (no function has this name): a
+    decisions file names its format on its first line, where a `#` comment is a compile
+    error, and a source's file its source's checksum on the second."""
+    return Decision("mlgo", "mlgo:0:0", text, False).line()
+
+
+HEADER = _no_op(f"{FORMAT_NAME} {FORMAT_VERSION}")
+SOURCE_MARK = "source cksum"  # then the source's `cksum` output
 # Makes clang keep call-site locations in a -g0 build without emitting any; the regex is
 # meant to match no pass. The object is byte-identical to plain -g0's.
 LOCATION_FLAGS = ("-Rpass=mlgo-locations-only", "-gcolumn-info")
@@ -86,6 +93,7 @@ class UnitDecisions:
     departures: dict[str, int] | None = None  # per caller, from clang's own; None: unknown
     digest: str | None = None  # the source's sha256, for `check`
     sizes: Sizes | None = None  # .text from these decisions and from clang's own, if measured
+    cksum: str | None = None  # the source's POSIX cksum, for the wrappers' note when it changes
 
     def summary(self) -> dict:
         functions: dict[str, dict[str, int]] = {}
@@ -193,8 +201,8 @@ def record_source(
     command = [compiler, *cflags, *compile_flags(cflags), f"-fpass-plugin={plugin}", "-c", source]
     ours, conflicts = record([*command, "-o", str(obj)], root)
     clangs, _ = record([*command, "-o", os.devnull], root, CLANG_ADVISOR)
-    digest = source_digest(root / source)
-    return UnitDecisions(ours, conflicts, departures(ours, clangs), digest)
+    digest, cksum = source_sums(root / source)
+    return UnitDecisions(ours, conflicts, departures(ours, clangs), digest, cksum=cksum)
 
 
 def record_link(
@@ -214,6 +222,12 @@ def departures(ours: Iterable[Decision], clangs: Iterable[Decision]) -> dict[str
 
 def source_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def source_sums(path: Path) -> tuple[str, str]:
+    """The source's sha256 (for `check`) and POSIX cksum (for the wrappers), as recorded."""
+    data = path.read_bytes()
+    return hashlib.sha256(data).hexdigest(), posix_cksum(data)
 
 
 def _crc_table() -> list[int]:
@@ -242,14 +256,9 @@ def posix_cksum(data: bytes) -> str:
     return f"{~crc & 0xFFFFFFFF} {len(data)}"
 
 
-def source_line(source: Path) -> str:
-    """The no-op line that carries SOURCE's `cksum`, for the wrappers' note."""
-    mark = f"{SOURCE_MARK} {posix_cksum(source.read_bytes())}"
-    return Decision("mlgo", "mlgo:0:0", mark, False).line()
-
-
-def inl_text(decisions: Iterable[Decision], source: Path | None = None) -> str:
-    head = [HEADER, source_line(source)] if source is not None else [HEADER]
+def inl_text(decisions: Iterable[Decision], cksum: str | None = None) -> str:
+    """A decisions file: the header, the line with its source's CKSUM (if one), the lines."""
+    head = [HEADER] if cksum is None else [HEADER, _no_op(f"{SOURCE_MARK} {cksum}")]
     return "\n".join([*head, *(d.line() for d in sorted(decisions))]) + "\n"
 
 
@@ -389,8 +398,7 @@ def write(
             for name, unit in units.items():
                 inl = staging / kind / f"{name}.inl"
                 inl.parent.mkdir(parents=True, exist_ok=True)
-                source = root / name if kind == "files" else None
-                inl.write_text(inl_text(unit.decisions, source))
+                inl.write_text(inl_text(unit.decisions, unit.cksum))
         summary = {
             "format": FORMAT_VERSION,
             "files": {n: u.summary() for n, u in sorted(files.items())},

@@ -37,7 +37,7 @@ from mlgo.ship.decisions import (
     from_recorder,
     needs_locations,
     record,
-    source_digest,
+    source_sums,
     write,
 )
 from mlgo.ship.plugin import inliner_plugin
@@ -160,10 +160,8 @@ def record_units(
         call = compiles[name]
         command = [*without_outputs(call.argv), *common, "-o", os.devnull]
         clangs, _ = record(command, call.cwd, CLANG_ADVISOR)
-        unit.departures, unit.digest = (
-            departures(unit.decisions, clangs),
-            source_digest(root / name),
-        )
+        unit.departures = departures(unit.decisions, clangs)
+        unit.digest, unit.cksum = source_sums(root / name)
     for program, unit in units["links"].items():
         unit.departures = departures(unit.decisions, clangs_link(linked[program], common))
     g0 = any(needs_locations(call.argv) for call in compiles.values())
