@@ -172,6 +172,37 @@ def test_a_killed_tune_resumes_training_where_it_stopped(tuned):
 
 
 @pytest.mark.slow
+def test_a_refresh_judges_only_the_changed_source_with_the_policy_trained_before(
+    tuned, tmp_path: Path
+):
+    """The tuned project copied elsewhere and one source it judged edited: --refresh copies
+    the new source, judges that file's decisions again and keeps every other verdict, with
+    no training; the build from the decisions passes its tests."""
+    src = shutil.copytree(tuned[0], tmp_path / "cmake", symlinks=True)
+    out = src / "tuned"
+    summary = json.loads((out / "decisions" / "summary.json").read_text())
+    judged = [f"files/{name}" for name in summary["files"]]
+    judged += [name for name in summary["clangs_own"] if name.startswith("files/")]
+    edited = sorted(judged)[0]
+    source = src / edited.removeprefix("files/")
+    source.write_text(source.read_text() + "\nint mlgo_refresh_added(void) { return 1; }\n")
+    trained = (out / "policy" / "policy.npz").read_bytes()
+    done = run_mlgo(*cmake_args(src, out, GOOD_TEST), "--refresh", timeout=600)
+    assert done.returncode == 0, done.stderr + done.stdout
+    report = json.loads((out / "report.json").read_text())
+    refreshed = {"judged_again": [edited], "as_before": len(judged) - 1}
+    assert report["decisions"]["refreshed"] == refreshed
+    assert report["tests"] == {"baseline": "passed", "policy": "passed"}
+    assert (out / "policy" / "policy.npz").read_bytes() == trained
+    assert "training inlining-size from" not in done.stdout
+    assert (out / "pristine" / edited.removeprefix("files/")).read_text() == source.read_text()
+    assert stages(out) == [
+        *["record", "rehearse", "collect", "train"],
+        *["snapshot", "decisions", "build", "pgo", "bench", "report"],
+    ]
+
+
+@pytest.mark.slow
 def test_a_failing_test_stops_with_one_line_naming_its_log(tuned):
     _, out, _, _, failing, after_failing, _ = tuned
     assert failing.returncode == 2, failing.stderr
@@ -235,6 +266,14 @@ def test_a_source_that_is_not_a_directory_is_refused(tmp_path):
                  "--out", str(tmp_path / "out"), timeout=60)  # fmt: skip
     assert r.returncode == 2 and "not a directory" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_refresh_of_an_out_with_no_finished_training_is_one_line(tmp_path):
+    out = tmp_path / "out"
+    r = run_mlgo("tune", "--source", str(DATA / "minipkg"), "--build", "make",
+                 "--out", str(out), "--refresh", timeout=60)  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr == f"error: --refresh: {out} holds no finished training; tune without it\n"
 
 
 def test_a_start_policy_of_another_problem_is_refused(tmp_path):

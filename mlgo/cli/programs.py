@@ -177,6 +177,13 @@ def tune(
     guard: Annotated[bool, typer.Option(help="MLGO_GUARD=size on the policy build")] = False,
     pgo_row: PGORowOpt = TuneOptions.pgo_row,
     policy: Annotated[Path | None, typer.Option(help="start policy (default: shipped)")] = None,
+    refresh: Annotated[
+        bool,
+        typer.Option(
+            help="the source changed since --out was tuned: copy it again and judge the "
+            "decisions of the changed files, with the policy trained then"
+        ),
+    ] = False,
     clang: ClangOpt = None,
 ) -> None:
     """Your code base to a trained policy and a size-and-throughput report: record its
@@ -204,6 +211,7 @@ def tune(
         bench_seconds=bench_seconds,
         layouts=layouts,
         pgo_row=pgo_row,
+        refresh=refresh,
     )
     report = run_tune(source, recipe, out, find_toolchain(clang), opts, console.print)
     console.print(report_table(report))

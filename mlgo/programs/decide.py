@@ -19,7 +19,7 @@ from mlgo.problems import Problem
 from mlgo.problems.policy_files import load_policy
 from mlgo.programs.build import Variant, plain_compilers, problem_flags, scratch_copy
 from mlgo.ship.decisions import ROOT_ENV, file_states, read, write
-from mlgo.ship.decisions_kept import keep
+from mlgo.ship.decisions_kept import keep, unchanged
 from mlgo.ship.decisions_record import record_units
 
 DECISIONS = "decisions"  # OUT/decisions
@@ -39,10 +39,15 @@ def decide(
     root: Path,
     tc: Toolchain,
     problem: Problem,
+    refresh: bool = False,
 ) -> Path:
     """RECIPE configured and built from a copy of PRISTINE with the POLICY served by our
     plugin at PROBLEM's stage and recorded; its kept decisions written to OUT/decisions for
-    the project at ROOT (where `CC=OUT/decisions/cc` builds it), the copy removed."""
+    the project at ROOT (where `CC=OUT/decisions/cc` builds it), the copy removed. To
+    REFRESH them, the sources unchanged since OUT/decisions was written keep its verdicts
+    and only the others are judged."""
+    earlier = out / DECISIONS / "summary.json"
+    before = read(out / DECISIONS).verdicts() if refresh and earlier.is_file() else {}
     scratch = (out / "decide" / recipe.name).resolve()
     scratch_copy(pristine, scratch)
     script = " && ".join([*recipe.configure, *recipe.build])
@@ -51,8 +56,11 @@ def decide(
     found = record_units(
         load_policy(policy), scratch, ["sh", "-c", script], tc, log, flags, problem.stage
     )
-    files, links, left = keep(found, problem.aim)
-    write(out / DECISIONS, root, files, links, found.flags, tc.major, left)
+    files, links, left = keep(found, problem.aim, before)
+    as_before = unchanged(found, before)
+    again = sorted(f"files/{n}" for n in found.files if f"files/{n}" not in as_before)
+    refreshed = {"judged_again": again, "as_before": len(as_before)} if refresh else None
+    write(out / DECISIONS, root, files, links, found.flags, tc.major, left, refreshed)
     shutil.rmtree(scratch.parent)
     return out / DECISIONS
 
@@ -97,6 +105,7 @@ def decisions_summary(directory: Path, tree: Path) -> dict:
         "departing_units": len(units) + len(judged),
         "text_saved": sum(u["text"]["saved"] for u in units if "text" in u),
         "stale": sum(state != "unchanged" for state in states.values()),
+        **({"refreshed": artifact.refreshed} if artifact.refreshed else {}),
     }
 
 

@@ -87,6 +87,8 @@ STAGES: dict[str, tuple[str, ...]] = {
     "bench": TIMING,
     "report": (),
 }
+# What --refresh runs again: all but the training and what it was trained on.
+REFRESHED = ("snapshot", "decisions", "build", "pgo", "bench", "report")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +102,7 @@ class TuneOptions:
     bench_seconds: float = 1.0  # CPU seconds per timed sample (the workload loops to it)
     layouts: int = LAYOUTS  # shuffled layouts each build is also timed over (0: none)
     pgo_row: bool = True  # with a workload, its PGO build timed beside (`pgo.pgo_row`)
+    refresh: bool = False  # the source changed: the trained policy's decisions judged again
 
 
 def project(
@@ -247,7 +250,9 @@ def tune(
         "bench": list(recipe.bench),
         "clang": tc.describe(),
     }
-    stages = Stages.logged(out, STAGES, args, say)
+    stages = Stages.logged(out, STAGES, args, say, REFRESHED if opts.refresh else ())
+    if opts.refresh and not stages.done("train"):  # a new snapshot, the policy as trained
+        raise UsageError(f"--refresh: {out} holds no finished training; tune without it")
     if not stages.done("snapshot"):
         say(f"copying {source} to {out / 'pristine'}")
         with _stage("snapshot", out / "pristine"):
@@ -292,7 +297,7 @@ def tune(
         if decisions is not None:
             say(f"keeping the policy's decisions where they pay, in {decisions}")
             with _stage("decisions", decisions):
-                decide(recipe, pristine, policy, out, source, tc, problem)
+                decide(recipe, pristine, policy, out, source, tc, problem, opts.refresh)
         stages.finish("decisions")
     work = out / "programs"
     if not stages.done("build"):

@@ -94,8 +94,11 @@ class UnitDecisions:
     digest: str | None = None  # the source's sha256, for `check`
     sizes: Sizes | None = None  # .text from these decisions and from clang's own, if measured
     cksum: str | None = None  # the source's POSIX cksum, for the wrappers' note when it changes
+    judged: dict | None = None  # its summary as judged before, when its source is unchanged
 
     def summary(self) -> dict:
+        if self.judged is not None:
+            return self.judged
         functions: dict[str, dict[str, int]] = {}
 
         def function(name: str) -> dict[str, int]:
@@ -156,6 +159,14 @@ class Artifact:
     links: dict[str, dict] = field(default_factory=dict)
     root_from_dir: str = ".."
     clangs_own: dict[str, dict] = field(default_factory=dict)  # judged, and not kept
+    refreshed: dict | None = None  # by a refresh: what it judged again, what it kept as before
+
+    def verdicts(self) -> dict[str, dict]:
+        """Each source's unit judged, kept or not (`files/NAME`), that knows its source's
+        digest: what a refresh need not judge again while the source stays the same."""
+        units = {f"files/{name}": unit for name, unit in self.files.items()}
+        units.update((n, u) for n, u in self.clangs_own.items() if n.startswith("files/"))
+        return {name: unit for name, unit in units.items() if unit.get("sha256")}
 
 
 def from_recorder(text: str, where: str) -> tuple[list[Decision], int]:
@@ -375,11 +386,13 @@ def write(
     flags: list[str],
     clang_major: int,
     clangs_own: Mapping[str, dict] | None = None,
+    refreshed: Mapping[str, object] | None = None,
 ) -> Path:
     """Writes the decisions of a build of the project at ROOT (FILES by source path from
     ROOT, LINKS by program) whose compiles add FLAGS (`compile_flags`) as DIR, whole or not
     at all. CLANGS_OWN: the units judged and left to clang's own decisions (each `files/`
-    or `links/` and its name: why, and the bytes measured), kept in the summary only."""
+    or `links/` and its name: why, and the bytes measured), kept in the summary only;
+    REFRESHED: what a refresh judged again, and what it kept as judged before."""
     root_from_dir = _relative_root(directory, root)
     with atomic_directory(directory) as staging:
         (staging / "FORMAT").write_text(
@@ -404,6 +417,7 @@ def write(
             "files": {n: u.summary() for n, u in sorted(files.items())},
             "links": {n: u.summary() for n, u in sorted(links.items())},
             "clangs_own": dict(sorted((clangs_own or {}).items())),
+            **({"refreshed": dict(refreshed)} if refreshed is not None else {}),
         }
         (staging / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return directory
@@ -428,7 +442,10 @@ def read(directory: Path) -> Artifact:
     left = summary.get("clangs_own", {})
     if not isinstance(left, dict):
         raise DecisionsError(f"{directory / 'summary.json'}: its clangs_own is not a mapping")
-    return Artifact(directory, files, links, roots[0] if roots else "..", left)
+    refreshed = summary.get("refreshed")
+    if refreshed is not None and not isinstance(refreshed, dict):
+        raise DecisionsError(f"{directory / 'summary.json'}: its refreshed is not a mapping")
+    return Artifact(directory, files, links, roots[0] if roots else "..", left, refreshed)
 
 
 def _departed(unit: Mapping) -> str:

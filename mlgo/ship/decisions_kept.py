@@ -13,6 +13,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from mlgo.corpus.extract import Invocation
@@ -51,20 +52,41 @@ def built_both_ways(call: Invocation, flags: list[str], replay: list[str], work:
     return Sizes(text_size(mine), text_size(clangs), function_sizes(mine), function_sizes(clangs))
 
 
-def keep(found: Recorded, aim: str) -> Kept:
+def unchanged(found: Recorded, before: Mapping[str, dict]) -> dict[str, dict]:
+    """The verdicts BEFORE (`Artifact.verdicts`) of FOUND's sources whose digest is the
+    same: the same source and policy make the same decisions, which need no new judge."""
+    return {
+        f"files/{name}": before[f"files/{name}"]
+        for name, unit in found.files.items()
+        if unit.digest and before.get(f"files/{name}", {}).get("sha256") == unit.digest
+    }
+
+
+def keep(found: Recorded, aim: str, before: Mapping[str, dict] | None = None) -> Kept:
     """Of FOUND's units, those to ship (files, links), each with its sizes measured, and
     those left to clang's own, by `files/NAME` or `links/NAME`, with why (and the bytes
-    where measured). AIM "size" keeps a unit only where its .text is smaller."""
+    where measured). AIM "size" keeps a unit only where its .text is smaller. A source
+    `unchanged` since BEFORE keeps its verdict, unjudged."""
     kept: dict[str, dict[str, UnitDecisions]] = {"files": {}, "links": {}}
     left: dict[str, dict] = {}
+    as_before = unchanged(found, before or {})
     calls = {"files": found.compiles, "links": found.link_calls}
     with tempfile.TemporaryDirectory(prefix="mlgo-keep-", dir=private_temp_dir()) as d:
         work = Path(d)
         for kind, units in (("files", found.files), ("links", found.links)):
             for name, unit in units.items():
+                if f"{kind}/{name}" in as_before:
+                    verdict = as_before[f"{kind}/{name}"]
+                    if "why" in verdict:
+                        left[f"{kind}/{name}"] = verdict
+                    else:
+                        unit.judged = verdict
+                        kept[kind][name] = unit
+                    continue
+                source = {"sha256": unit.digest} if unit.digest else {}
                 departed = sum((unit.departures or {}).values())
                 if not departed:
-                    left[f"{kind}/{name}"] = {"why": "no departure from clang's own"}
+                    left[f"{kind}/{name}"] = {"why": "no departure from clang's own", **source}
                     continue
                 inl = work / "unit.inl"
                 inl.write_text(inl_text(unit.decisions))
@@ -79,6 +101,7 @@ def keep(found: Recorded, aim: str) -> Kept:
                         "why": f"its {departed} departures build {more}",
                         "departures": departed,
                         "text": sizes.totals(),
+                        **source,
                     }
                     continue
                 unit.sizes = sizes

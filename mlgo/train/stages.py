@@ -69,20 +69,23 @@ class Stages:
         depends: dict[str, tuple[str, ...]],
         args: dict,
         say: Callable[[str], None] = print,
+        rerun: Sequence[str] = (),
     ) -> Stages:
         """OUT/stages.log and OUT/tune.json (ARGS, written anew): the stages of DEPENDS,
-        each with the arguments its result depends on besides its predecessors' ones.
-        Refuses an OUT that holds other files, and ARGS that differ in one a finished
-        stage depended on, except a larger budget alone (`minutes`), which reopens
-        training (it resumes from its checkpoint) and what follows it."""
+        each with the arguments its result depends on besides its predecessors' ones, but
+        those to RERUN, which are run again whatever they depended on. Refuses an OUT that
+        holds other files, and ARGS that differ in one a finished stage depended on, except
+        a larger budget alone (`minutes`), which reopens training (it resumes from its
+        checkpoint) and what follows it."""
         stages = cls(out / "stages.log", depends)
         arguments = out / "tune.json"
         if out.exists() and any(out.iterdir()) and not arguments.is_file():
             raise BuildError(f"{out}: exists and is not a tune directory; choose another --out")
         for line in stages._lines():
             stage, _, ended = line.partition("\t")
-            stages.finished.append(stage)
-            stages._ended[stage] = ended
+            if stage not in rerun:
+                stages.finished.append(stage)
+                stages._ended[stage] = ended
         if arguments.is_file():
             before = read_json(arguments, BuildError)
             differ = {k for k in set(before) | set(args) if before.get(k) != args.get(k)}
