@@ -13,7 +13,7 @@ from mlgo.corpus.compile import compile_module
 from mlgo.corpus.extract import combine
 from mlgo.corpus.format import load_corpus
 from mlgo.corpus.stats import corpus_stats, package_copies
-from mlgo.llvm.sizes import text_parts, text_size
+from mlgo.llvm.sizes import text_digest, text_parts, text_size
 from mlgo.packages.build import build_corpus
 from mlgo.problems import get_problem
 from mlgo.runtime.workers import LocalPool
@@ -47,6 +47,21 @@ def test_an_inline_function_is_counted_in_its_group(tc, tmp_path):
     for obj in (tmp_path / "t").glob("*.o"):
         parts = text_parts(obj)
         assert parts.own + sum(parts.shared.values()) == text_size(obj)
+
+
+def test_a_text_digest_ignores_debug_information_and_sees_a_changed_call(tc, tmp_path):
+    """Issue 59's identity check: -g adds sections but not machine code; a call to another
+    function (a changed relocation, the same bytes) is seen."""
+    digests = {}
+    for name, callee in (("g0", "f"), ("g", "f"), ("other", "h")):
+        src = tmp_path / f"{name}.c"
+        src.write_text(f"int f(int); int h(int);\nint k(int v) {{ return {callee}(v) + 1; }}\n")
+        obj = tmp_path / f"{name}.o"
+        debug = "-g" if name == "g" else "-g0"
+        subprocess.run([tc.clang, "-Oz", debug, "-c", src, "-o", obj], check=True)
+        digests[name] = text_digest(obj)
+    assert text_size(tmp_path / "g.o") == text_size(tmp_path / "other.o")
+    assert digests["g0"] == digests["g"] != digests["other"]
 
 
 def test_the_tool_counts_a_shared_function_once(tc, tmp_path):

@@ -17,6 +17,8 @@ import pytest
 from mlgo.corpus.format import load_corpus
 from mlgo.llvm.sizes import text_size
 from mlgo.problems.inlining_speed import THRESHOLDS
+from mlgo.programs.decisions_figure import identity_build, kept_identity, tuned_project
+from mlgo.runtime.commands import BuildError
 from mlgo.ship import decisions
 from tests.conftest import DATA, MLGO, run_mlgo
 
@@ -157,6 +159,26 @@ def test_a_tune_keeps_its_decisions_and_its_report_is_the_build_from_them(tuned)
     assert elf_text(src / "build") == elf_text(out / "programs" / "mlgo" / "build")
     shown = run_mlgo("decisions", "show", "--functions", str(out / "decisions"), timeout=60)
     assert shown.returncode == 0 and len(shown.stdout.splitlines()) >= len(judged)
+
+
+@pytest.mark.slow
+def test_the_figure_builds_a_tune_from_its_decisions_with_the_kept_builds_machine_code(
+    tuned, tc, tmp_path
+):
+    """Issue 59's figure (tools/bench_decisions.py --tune): the project built again from
+    OUT/decisions and tested has every object's and program's machine code of the tune's
+    kept build; a changed object is named."""
+    _, out, _, _, _, _, _ = tuned
+    recipe, problem = tuned_project(out)
+    same = identity_build(recipe, out, tmp_path, tc, problem)
+    assert same.differing == [] and same.same == same.compared >= 3
+    built = tmp_path / "decisions"
+    program = next(p for p in built.rglob("summarize") if p.is_file())
+    shutil.copy(next(built.rglob("stats.c.o")), program)
+    changed = kept_identity(built, out)
+    assert changed.differing == [str(program.relative_to(built))]
+    with pytest.raises(BuildError, match="tune.json"):
+        tuned_project(tmp_path)
 
 
 @pytest.mark.slow

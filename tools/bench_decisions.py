@@ -1,7 +1,15 @@
-"""What a build from decisions costs against plain clang (issue 59, a first figure).
+"""What a build from decisions costs against plain clang (issue 59's figures).
 
     .venv/bin/python -m tools.bench_decisions SRC_DIR [--rounds 9] [--callgrind lparser.c]
+    .venv/bin/python -m tools.bench_decisions --tune OUT [--rounds 9]
 
+With --tune, OUT is a finished `mlgo tune` of an inlining problem: its project is built
+from OUT/pristine with OUT/decisions' wrappers over plain clang, tested, and every object's
+and program's machine code compared with the tune's kept build
+(`mlgo.programs.decisions_figure`); then ROUNDS clean builds each of plain clang, plain
+again (A/A) and from the decisions, interleaved, CPU from rusage.
+
+Without it:
 SRC_DIR is a small real C project's source directory (every *.c in it compiles alone with
 -I SRC_DIR, as lua's src/ does). For -g0 and for -g, each file is compiled once with the
 shipped size policy (ungated) in the plugin, its decisions recorded into a decisions directory
@@ -21,6 +29,7 @@ import argparse
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -29,8 +38,10 @@ from rich.console import Console
 from rich.table import Table
 
 from mlgo.data import shipped_policy
+from mlgo.errors import MlgoError
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems.policy_files import load_policy
+from mlgo.programs.decisions_figure import cpu_rounds, identity_build, tuned_project
 from mlgo.programs.measure import paired_change, round_order
 from mlgo.ship import decisions
 from mlgo.ship.plugin import inliner_plugin
@@ -67,12 +78,43 @@ def instructions(command: list[str], cwd: Path) -> int:
         )
 
 
+def spread_row(change: dict) -> tuple[str, str]:
+    """A `paired_change`'s median and IQR, as the tables print them."""
+    return f"{change['median']:+.1%}", f"{change['q1']:+.1%}..{change['q3']:+.1%}"
+
+
+def bench_tune(out: Path, rounds: int) -> None:
+    """The figure on the finished tune at OUT (see the module doc)."""
+    tc, out = find_toolchain(), out.resolve()
+    recipe, problem = tuned_project(out)
+    table = Table("project", "variant", "build CPU vs plain", "IQR", "rounds")
+    with tempfile.TemporaryDirectory(prefix="bench-decisions-") as d:
+        same = identity_build(recipe, out, Path(d), tc, problem)
+        console.print(
+            f"{recipe.name} ({problem.name}): tests passed; {same.same}/{same.compared} ELF "
+            "files from decisions with the kept build's machine code"
+            + (f"; differing: {', '.join(same.differing)}" if same.differing else "")
+        )
+        for variant, change in cpu_rounds(recipe, out, Path(d), tc, problem, rounds).items():
+            table.add_row(recipe.name, variant, *spread_row(change), str(rounds))
+    console.print(table)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("src", type=Path, help="a directory of C files that compile alone")
+    ap.add_argument("src", type=Path, nargs="?", help="a directory of C files that compile alone")
+    ap.add_argument("--tune", type=Path, help="a finished tune's OUT directory, instead of SRC")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--callgrind", help="one file of SRC to count instructions on")
     args = ap.parse_args()
+    if (args.src is None) == (args.tune is None):
+        ap.error("give SRC_DIR or --tune OUT")
+    if args.tune:
+        try:
+            bench_tune(args.tune, args.rounds)
+        except MlgoError as e:
+            sys.exit(f"bench_decisions: {e}")
+        return
     tc, root = find_toolchain(), args.src.resolve()
     policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
     plugin = inliner_plugin(policy, tc)
@@ -107,8 +149,7 @@ def main() -> None:
             )
             for v in VARIANTS[1:]:
                 change = paired_change(cpu[v], cpu["plain"])
-                iqr = f"{change['q1']:+.1%}..{change['q3']:+.1%}"
-                table.add_row(debug, v, f"{change['median']:+.1%}", iqr, str(args.rounds))
+                table.add_row(debug, v, *spread_row(change), str(args.rounds))
             if args.callgrind:
                 command = [*cflags, "-I.", "-c", args.callgrind, "-o", os.devnull]
                 plain = instructions([tc.clang, *command], root)

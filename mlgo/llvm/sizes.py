@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import struct
 from collections import defaultdict
@@ -13,6 +14,7 @@ from typing import Any
 from elftools.common.exceptions import ELFError
 from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
+from elftools.elf.relocation import RelocationSection
 
 from mlgo.errors import UsageError
 
@@ -38,6 +40,33 @@ def _text_and_type(path: str | Path) -> tuple[int, str]:
 def text_size(path: str | Path) -> int:
     """Sum of SHF_ALLOC|SHF_EXECINSTR sections (.text and .text.* with -ffunction-sections)."""
     return _text_and_type(path)[0]
+
+
+def text_digest(path: str | Path) -> str:
+    """A sha256 of every executable section's name and bytes and of the relocations
+    applied to them (offset, type, symbol name, addend): two files with the same digest
+    have the same machine code, whatever their other sections (debug information, symbol
+    order) hold."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            sections = list(elf.iter_sections())
+            texts = {i for i, s in enumerate(sections) if _is_text(s)}
+            for i, section in enumerate(sections):
+                if i in texts:
+                    digest.update(section.name.encode() + b"\0" + section.data())
+                elif isinstance(section, RelocationSection) and section["sh_info"] in texts:
+                    symbols = elf.get_section(section["sh_link"])
+                    for r in section.iter_relocations():
+                        name = symbols.get_symbol(r["r_info_sym"]).name
+                        addend = r.entry.get("r_addend", 0)
+                        digest.update(
+                            f"{r['r_offset']} {r['r_info_type']} {name} {addend}\n".encode()
+                        )
+    except ELFError as e:
+        raise UsageError(f"{path}: not an ELF object ({e})") from e
+    return digest.hexdigest()
 
 
 def function_sizes(path: str | Path) -> dict[str, int]:
@@ -136,7 +165,7 @@ class SizeRow:
 LINKED = ("ET_EXEC", "ET_DYN")  # programs (PIE ones are ET_DYN) and shared libraries
 
 
-def _elf_texts(root: Path) -> dict[str, tuple[int, bool]]:
+def elf_texts(root: Path) -> dict[str, tuple[int, bool]]:
     """Every ELF file under ROOT: its .text and whether it is linked."""
     sizes = {}
     for path in sorted(root.rglob("*")):
@@ -175,7 +204,7 @@ def compare_trees(build: Path, baseline: Path) -> list[SizeRow]:
     for tree in (build, baseline):
         if not tree.is_dir():
             raise UsageError(f"{tree}: not a directory")
-    ours, theirs = _elf_texts(build), _elf_texts(baseline)
+    ours, theirs = elf_texts(build), elf_texts(baseline)
     _pair_hashed(ours, theirs)
     common = sorted(set(ours) & set(theirs))
     if not common:
