@@ -360,7 +360,9 @@ def test_a_file_whose_decisions_build_larger_keeps_none(tc: Toolchain, tmp_path:
     (root / "Makefile").write_text(MAKEFILE)
     policy = load_policy(shipped_policy("inlining-size"))  # gated: it wins on inventory.cc
     build = ["make", "CFLAGS=-Oz -g0"]
-    found = record_units(policy, root, build, tc, tmp_path / "build.log", stage="compile")
+    clangs = tmp_path / "clangs"
+    clangs.mkdir()
+    found = record_units(policy, root, build, tc, tmp_path / "build.log", clangs, stage="compile")
     loser = f"src/{EDITED}"
     call, loads = found.compiles[loser], [f"-fpass-plugin={inliner_plugin(policy, tc)}"]
     command = [*without_outputs(call.argv), *loads, *decisions.LOCATION_FLAGS, "-o", os.devnull]
@@ -383,6 +385,7 @@ def test_a_file_whose_decisions_build_larger_keeps_none(tc: Toolchain, tmp_path:
     for name, unit in files.items():
         assert text_size((root / name).with_suffix(".o")) == unit.sizes.decisions
     loser_text = left[f"files/{loser}"]["text"]
+    # clang's own side was weighed on the recorder's compile: plain clang's .text
     assert text_size((root / loser).with_suffix(".o")) == loser_text["clang"]
     shown = decisions.show(decisions.read(out))
     assert f"files/{loser}: clang's own decisions (its " in "\n".join(shown)
@@ -404,12 +407,18 @@ def test_a_configures_probes_are_left_out_and_a_link_replays_its_program(
         f"-DCMAKE_EXE_LINKER_FLAGS='{flags}' && cmake --build build"
     )
     stage = {"full": "link", "thin": "thin-link"}[lto]
-    found = record_units(policy, root, ["sh", "-c", script], tc, tmp_path / "log", stage=stage)
+    clangs = tmp_path / "clangs"
+    clangs.mkdir()
+    found = record_units(
+        policy, root, ["sh", "-c", script], tc, tmp_path / "log", clangs, stage=stage
+    )
     assert (found.files, set(found.links)) == ({}, {"summarize"})
     unit = found.links["summarize"]
     assert len({d.caller for d in unit.decisions}) > 1
     inl = tmp_path / "program.inl"
     inl.write_text(decisions.inl_text(unit.decisions))
     replay = decisions.link_replay_flags(str(inl))
-    built_both_ways(found.link_calls["summarize"], [], replay, tmp_path)
+    built_both_ways(
+        found.link_calls["summarize"], [], replay, tmp_path, found.clangs["links/summarize"]
+    )
     assert (tmp_path / "decisions").read_bytes() == (root / "build" / "summarize").read_bytes()

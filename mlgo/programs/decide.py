@@ -53,8 +53,10 @@ def decide(
     script = " && ".join([*recipe.configure, *recipe.build])
     flags = problem_flags(problem)
     log = scratch.parent / "build.log"
+    clangs = scratch.parent / "clangs"  # what clang's own builds, beside the copy
+    clangs.mkdir()
     found = record_units(
-        load_policy(policy), scratch, ["sh", "-c", script], tc, log, flags, problem.stage
+        load_policy(policy), scratch, ["sh", "-c", script], tc, log, clangs, flags, problem.stage
     )
     files, links, left = keep(found, problem.aim, before)
     as_before = unchanged(found, before)

@@ -1,7 +1,8 @@
 """The guard's choice made once, so that what ships is decided: each unit of a recorded
 build (a source's compile, a program's LTO link) where the policy departs from clang's
 own is built again by plain clang, from its decisions (as the directory's wrappers replay
-them) and with clang's own heuristic, and its decisions are kept where the replayed
+them), weighed against its output by clang's own heuristic (made when it was recorded),
+and its decisions are kept where the replayed
 `.text` is smaller (for size; for speed, a workload judged the policy, and every departing
 unit is kept). A unit that departs nowhere, loses or ties carries no decisions file:
 clang's own decide there, and only the files that gain pay for -g0's locations (a tie
@@ -34,21 +35,20 @@ from mlgo.ship.decisions_record import Recorded
 Kept = tuple[dict[str, UnitDecisions], dict[str, UnitDecisions], dict[str, dict]]
 
 
-def built_both_ways(call: Invocation, flags: list[str], replay: list[str], work: Path) -> Sizes:
-    """CALL run again by plain clang to WORK, with FLAGS and then REPLAY (the options that
-    apply its decisions) added, and with FLAGS alone: both outputs' .text."""
-    outputs = {}
-    for side, added in (("decisions", [*flags, *replay]), ("clang", flags)):
-        output = work / side
-        command = [*without_outputs(call.argv), *added, "-o", str(output)]
-        proc = subprocess.run(command, cwd=call.cwd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise DecisionsError(
-                f"rebuilding {shlex.join(call.argv[:3])} ... in {call.cwd} "
-                f"(exit {proc.returncode}): {error_line(proc.stderr)}"
-            )
-        outputs[side] = output
-    mine, clangs = outputs["decisions"], outputs["clang"]
+def built_both_ways(
+    call: Invocation, flags: list[str], replay: list[str], work: Path, clangs: Path
+) -> Sizes:
+    """CALL run again by plain clang to WORK/decisions, with FLAGS and REPLAY (the options
+    that apply its decisions) added: its .text and that of CLANGS, its output by clang's
+    own (`Recorded.clangs`)."""
+    mine = work / "decisions"
+    command = [*without_outputs(call.argv), *flags, *replay, "-o", str(mine)]
+    proc = subprocess.run(command, cwd=call.cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise DecisionsError(
+            f"rebuilding {shlex.join(call.argv[:3])} ... in {call.cwd} "
+            f"(exit {proc.returncode}): {error_line(proc.stderr)}"
+        )
     return Sizes(text_size(mine), text_size(clangs), function_sizes(mine), function_sizes(clangs))
 
 
@@ -94,7 +94,8 @@ def keep(found: Recorded, aim: str, before: Mapping[str, dict] | None = None) ->
                     flags, replay = found.flags, replay_flags(str(inl))
                 else:
                     flags, replay = [], link_replay_flags(str(inl))
-                sizes = built_both_ways(calls[kind][name], flags, replay, work)
+                clangs = found.clangs[f"{kind}/{name}"]
+                sizes = built_both_ways(calls[kind][name], flags, replay, work, clangs)
                 if aim == "size" and sizes.saved <= 0:
                     more = f"{-sizes.saved} bytes more" if sizes.saved else "the same bytes"
                     left[f"{kind}/{name}"] = {

@@ -78,6 +78,7 @@ class Recorded:
     link_calls: dict[str, Invocation]
     skipped: list[str]  # what was compiled but not kept, one line each
     flags: list[str]  # what every compile of a build replaying them adds (`compile_flags`)
+    clangs: dict[str, Path]  # each unit's output by clang's own (`files/NAME`, `links/NAME`)
 
 
 def record_build(
@@ -85,7 +86,8 @@ def record_build(
 ) -> tuple[Path, list[str]]:
     """Runs BUILD in ROOT with POLICY served by the plugin and writes the decisions of its
     compiles and full-LTO links to OUT; also the lines that say what it could not keep."""
-    found = record_units(policy, root, build, tc, _log(out))
+    with tempfile.TemporaryDirectory(prefix="mlgo-clangs-", dir=private_temp_dir()) as d:
+        found = record_units(policy, root, build, tc, _log(out), Path(d))
     write(out, root, found.files, found.links, found.flags, tc.major)
     return out.resolve(), found.skipped
 
@@ -96,6 +98,7 @@ def record_units(
     build: list[str],
     tc: Toolchain,
     log: Path,
+    clangs: Path,
     flags: list[str] | None = None,
     stage: str | None = None,
 ) -> Recorded:
@@ -103,7 +106,9 @@ def record_units(
     with POLICY served by the plugin and recorded: at the compiles and at lld's LTO links,
     or only at the STAGE the policy serves (`Problem.stage`: the compiles, or the link of a
     full-LTO or ThinLTO build). Each recorded unit's departures from clang's own are
-    counted by running its call once more with clang's own advisor."""
+    counted by running its call once more with clang's own advisor, its output kept in
+    CLANGS: the `.text` of plain clang's (the location flags change no code), which
+    `decisions_kept` weighs the decisions against without compiling it again."""
     if not build:
         raise UsageError("no build command to record (give it after `--`)")
     plugin = inliner_plugin(policy, tc)
@@ -156,24 +161,25 @@ def record_units(
     for (kind, name), parts in texts.items():
         ours, conflicts = from_recorder("".join(parts), f"{kind}/{name}")
         units[kind][name] = UnitDecisions(ours, conflicts)
-    for name, unit in units["files"].items():
-        call = compiles[name]
-        command = [*without_outputs(call.argv), *common, "-o", os.devnull]
-        clangs, _ = record(command, call.cwd, CLANG_ADVISOR)
-        unit.departures = departures(unit.decisions, clangs)
+    outputs: dict[str, Path] = {}
+    for n, (name, unit) in enumerate(units["files"].items()):
+        call, outputs[f"files/{name}"] = compiles[name], clangs / f"{n}.o"
+        command = [*without_outputs(call.argv), *common, "-o", str(outputs[f"files/{name}"])]
+        unit.departures = departures(unit.decisions, record(command, call.cwd, CLANG_ADVISOR)[0])
         unit.digest, unit.cksum = source_sums(root / name)
-    for program, unit in units["links"].items():
-        unit.departures = departures(unit.decisions, clangs_link(linked[program], common))
+    for n, (program, unit) in enumerate(units["links"].items()):
+        outputs[f"links/{program}"] = clangs / f"{n}.program"
+        own = clangs_link(linked[program], common, outputs[f"links/{program}"])
+        unit.departures = departures(unit.decisions, own)
     g0 = any(needs_locations(call.argv) for call in compiles.values())
     return Recorded(
         units["files"], units["links"], compiles if at_compile else {}, linked, skipped,
-        list(LOCATION_FLAGS) if g0 else [],
+        list(LOCATION_FLAGS) if g0 else [], outputs,
     )  # fmt: skip
 
 
-def clangs_link(call: Invocation, flags: list[str]) -> list[Decision]:
+def clangs_link(call: Invocation, flags: list[str], output: Path) -> list[Decision]:
     """The decisions clang's own advisor makes at CALL's link (given FLAGS, which load
-    our plugin), linked again to a scratch file."""
-    with tempfile.TemporaryDirectory(prefix="mlgo-link-", dir=private_temp_dir()) as d:
-        command = [*without_outputs(call.argv), *flags, "-o", str(Path(d) / "program")]
-        return record(command, call.cwd, CLANG_ADVISOR)[0]
+    our plugin), linked again to OUTPUT."""
+    command = [*without_outputs(call.argv), *flags, "-o", str(output)]
+    return record(command, call.cwd, CLANG_ADVISOR)[0]
