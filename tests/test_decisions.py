@@ -20,7 +20,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy_files import load_policy
 from mlgo.ship import decisions
 from mlgo.ship.decisions import DecisionsError, UnitDecisions
-from mlgo.ship.decisions_kept import built_both_ways, keep
+from mlgo.ship.decisions_kept import keep, replayed_sizes
 from mlgo.ship.decisions_record import record_build, record_units
 from mlgo.ship.plugin import inliner_plugin
 from tests.conftest import run_mlgo
@@ -418,7 +418,7 @@ def test_a_configures_probes_are_left_out_and_a_link_replays_its_program(
     inl = tmp_path / "program.inl"
     inl.write_text(decisions.inl_text(unit.decisions))
     replay = decisions.link_replay_flags(str(inl))
-    built_both_ways(
+    replayed_sizes(
         found.link_calls["summarize"], [], replay, tmp_path, found.clangs["links/summarize"]
     )
     assert (tmp_path / "decisions").read_bytes() == (root / "build" / "summarize").read_bytes()

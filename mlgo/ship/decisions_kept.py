@@ -1,12 +1,11 @@
 """The guard's choice made once, so that what ships is decided: each unit of a recorded
 build (a source's compile, a program's LTO link) where the policy departs from clang's
 own is built again by plain clang, from its decisions (as the directory's wrappers replay
-them), weighed against its output by clang's own heuristic (made when it was recorded),
-and its decisions are kept where the replayed
-`.text` is smaller (for size; for speed, a workload judged the policy, and every departing
-unit is kept). A unit that departs nowhere, loses or ties carries no decisions file:
-clang's own decide there, and only the files that gain pay for -g0's locations (a tie
-would pay them for nothing).
+them), and weighed against its output by clang's own heuristic (made when it was
+recorded): its decisions are kept where the replayed `.text` is smaller (for size; for
+speed, a workload judged the policy, and every departing unit is kept). A unit that
+departs nowhere, loses or ties carries no decisions file: clang's own decide there, and
+only the files that gain pay for -g0's locations (a tie would pay them for nothing).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from mlgo.ship.decisions_record import Recorded
 Kept = tuple[dict[str, UnitDecisions], dict[str, UnitDecisions], dict[str, dict]]
 
 
-def built_both_ways(
+def replayed_sizes(
     call: Invocation, flags: list[str], replay: list[str], work: Path, clangs: Path
 ) -> Sizes:
     """CALL run again by plain clang to WORK/decisions, with FLAGS and REPLAY (the options
@@ -95,7 +94,7 @@ def keep(found: Recorded, aim: str, before: Mapping[str, dict] | None = None) ->
                 else:
                     flags, replay = [], link_replay_flags(str(inl))
                 clangs = found.clangs[f"{kind}/{name}"]
-                sizes = built_both_ways(calls[kind][name], flags, replay, work, clangs)
+                sizes = replayed_sizes(calls[kind][name], flags, replay, work, clangs)
                 if aim == "size" and sizes.saved <= 0:
                     more = f"{-sizes.saved} bytes more" if sizes.saved else "the same bytes"
                     left[f"{kind}/{name}"] = {
