@@ -29,12 +29,10 @@ from mlgo.llvm.cmdline import without_outputs
 from mlgo.llvm.driver import source_files
 from mlgo.llvm.sizes import compare_trees, tree_totals
 from mlgo.llvm.toolchain import find_toolchain
-from mlgo.problems import get_problem
 from mlgo.programs.build import build_program, problem_flags
 from mlgo.programs.decide import DECISIONS, from_decisions
-from mlgo.programs.tune import project
+from mlgo.programs.decisions_figure import tuned_project
 from mlgo.runtime.files import atomic_write_text
-from mlgo.runtime.inputs import read_json
 from mlgo.ship import decisions
 
 console = Console()
@@ -47,9 +45,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("data/bench-release"))
     args = parser.parse_args()
     tc = find_toolchain()
-    tune = read_json(args.fresh / "tune.json")
-    problem = get_problem(tune["problem"])
-    recipe = project("release-b", tune["configure"], tune["build"], tune["test"], None)
+    recipe, problem = tuned_project(args.fresh)
     pristine, flags = args.fresh / "pristine", problem_flags(problem)
     trees, calls = {}, args.work.resolve() / "calls"
     shutil.rmtree(calls, ignore_errors=True)
@@ -62,7 +58,7 @@ def main() -> None:
         logged = calls if out == args.tuned else None  # B's compiles, to recheck A's keys on
         build_program(recipe, pristine, tree, tc, name, compilers, env, flags=flags, log_dir=logged)
         trees[name] = tree
-    table = Table(title=f"release B ({tune['source']}) against plain clang {' '.join(flags)}")
+    table = Table(title=f"release B ({recipe.name}) against plain clang {' '.join(flags)}")
     for column in ("build", ".text", "change", "ELF files larger"):
         table.add_column(column)
     result: dict = {"builds": {}}

@@ -58,8 +58,8 @@ def decide(
     found = record_units(
         load_policy(policy), scratch, ["sh", "-c", script], tc, log, clangs, flags, problem.stage
     )
-    files, links, left = keep(found, problem.aim, before)
     as_before = unchanged(found, before)
+    files, links, left = keep(found, problem.aim, as_before)
     again = sorted(f"files/{n}" for n in found.files if f"files/{n}" not in as_before)
     refreshed = {"judged_again": again, "as_before": len(as_before)} if refresh else None
     write(out / DECISIONS, root, files, links, found.flags, tc.major, left, refreshed)

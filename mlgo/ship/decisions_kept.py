@@ -61,21 +61,19 @@ def unchanged(found: Recorded, before: Mapping[str, dict]) -> dict[str, dict]:
     }
 
 
-def keep(found: Recorded, aim: str, before: Mapping[str, dict] | None = None) -> Kept:
+def keep(found: Recorded, aim: str, as_before: Mapping[str, dict] | None = None) -> Kept:
     """Of FOUND's units, those to ship (files, links), each with its sizes measured, and
     those left to clang's own, by `files/NAME` or `links/NAME`, with why (and the bytes
-    where measured). AIM "size" keeps a unit only where its .text is smaller. A source
-    `unchanged` since BEFORE keeps its verdict, unjudged."""
+    where measured). AIM "size" keeps a unit only where its .text is smaller. A unit in
+    AS_BEFORE (`unchanged`) keeps its verdict there, unjudged."""
     kept: dict[str, dict[str, UnitDecisions]] = {"files": {}, "links": {}}
     left: dict[str, dict] = {}
-    as_before = unchanged(found, before or {})
     calls = {"files": found.compiles, "links": found.link_calls}
     with tempfile.TemporaryDirectory(prefix="mlgo-keep-", dir=private_temp_dir()) as d:
         work = Path(d)
         for kind, units in (("files", found.files), ("links", found.links)):
             for name, unit in units.items():
-                if f"{kind}/{name}" in as_before:
-                    verdict = as_before[f"{kind}/{name}"]
+                if (verdict := (as_before or {}).get(f"{kind}/{name}")) is not None:
                     if "why" in verdict:
                         left[f"{kind}/{name}"] = verdict
                     else:
