@@ -14,6 +14,7 @@ import pytest
 from rich.console import Console
 
 from mlgo.llvm.toolchain import Toolchain
+from mlgo.packages.recipes import project
 from mlgo.problems import STAGE_FLAGS
 from mlgo.programs.build import (
     ProgramBuild,
@@ -24,9 +25,8 @@ from mlgo.programs.build import (
 )
 from mlgo.programs.layouts import policy_over_layouts
 from mlgo.programs.measure import recipe_throughput
-from mlgo.programs.pgo import PGORow, pgo_row
+from mlgo.programs.pgo import UNPROFILED, PGORow, pgo_row
 from mlgo.programs.report import PGO_ROW, program_report, render_html, report_table, table_rows
-from mlgo.programs.tune import project
 from tests.conftest import DATA
 
 FLAGS = level_flags("-O2")
@@ -128,7 +128,7 @@ def test_the_pgo_build_is_timed_over_the_same_layouts_as_plain_and_the_policy(tc
     trees = {"plain": work / "plain", "mlgo": work / "plain"}
     speed = recipe_throughput(recipe, {**trees, **row.timed()}, 2, 0.05)
     speed["layouts"] = policy_over_layouts(
-        recipe, pristine, at, tc, pair, FLAGS, 2, 2, 0.05, profiled=row.over_layouts()
+        recipe, pristine, at, tc, pair, FLAGS, 2, 2, 0.05, beside=row.over_layouts(FLAGS)
     )
     speed = row.into(speed)
     over = speed["pgo"]["layouts"]
@@ -199,3 +199,25 @@ def test_under_full_lto_the_profile_is_made_and_used_there(tc, tmp_path):
 @pytest.mark.unit
 def test_a_row_left_out_or_never_made_adds_nothing_to_time():
     assert PGORow().timed() == {} and PGORow().into({"change_pct": 1.0}) == {"change_pct": 1.0}
+
+
+@pytest.mark.unit
+def test_on_top_of_pgo_the_baselines_own_gain_is_the_build_without_it_inverted_round_by_round():
+    """Under --pgo the baseline is the PGO build and the row is the build without the
+    profile: PGO's change against it is each round's ratio inverted, not the median's
+    inverse (with an even count of rounds they differ)."""
+    row = PGORow("t", "p.profdata", ("-O2",), "passed", name=UNPROFILED)
+    layouts = {UNPROFILED: {"change_pct": 5.0, "ratios_pct": [25.0, -20.0, 0.0], "layouts": 2}}
+    speed = row.into({UNPROFILED: {"ratios_pct": [25.0, 5.0]}, "layouts": layouts})
+    assert speed["pgo_change_pct"] == pytest.approx(100 * ((1 / 1.25 - 1) + (1 / 1.05 - 1)) / 2)
+    assert speed["pgo_layouts"] == {
+        "change_pct": 0.0,
+        "iqr_pct": pytest.approx([-20, 25]),
+        "layouts": 2,
+    }
+    assert speed[UNPROFILED]["layouts"]["change_pct"] == 5.0 and speed["layouts"] == {}
+    assert row.over_layouts(["-O2", "-fprofile-instr-use=p"]) == (UNPROFILED, ["-O2"])
+    assert PGORow("t", "p", ("-fprofile-instr-use=p",)).over_layouts(["-O2"]) == (
+        "pgo",
+        ["-O2", "-fprofile-instr-use=p"],
+    )

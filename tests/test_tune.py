@@ -83,7 +83,7 @@ def tuned(cache, tmp_path_factory: pytest.TempPathFactory):
     os.killpg(proc.pid, signal.SIGKILL)  # the run and its compile workers
     _, stderr = proc.communicate()
     killed = {"stages": stages(out), "step": json.loads(state.read_text())["step"]}
-    assert killed["stages"] == ["snapshot", "record", "rehearse", "collect"], stderr
+    assert killed["stages"] == ["snapshot", "profile", "record", "rehearse", "collect"], stderr
     failing = run_mlgo(*cmake_args(src, out, "build/summarize 1 3 | grep -q nope"), timeout=600)
     after_failing = stages(out)
     done = run_mlgo(*args, timeout=600)
@@ -188,7 +188,7 @@ def test_a_killed_tune_resumes_training_where_it_stopped(tuned):
     assert len(curve) >= killed["step"] >= 1
     assert [c["step"] for c in curve] == list(range(1, len(curve) + 1))
     assert stages(out) == [
-        *["snapshot", "record", "rehearse", "collect"],
+        *["snapshot", "profile", "record", "rehearse", "collect"],
         *["train", "decisions", "build", "pgo", "bench", "report"],
     ]
 
@@ -223,7 +223,7 @@ def test_a_refresh_judges_only_the_changed_source_with_the_policy_trained_before
     assert "training inlining-size from" not in done.stdout
     assert (out / "pristine" / edited.removeprefix("files/")).read_text() == source.read_text()
     assert stages(out) == [
-        *["record", "rehearse", "collect", "train"],
+        *["profile", "record", "rehearse", "collect", "train"],
         *["snapshot", "decisions", "build", "pgo", "bench", "report"],
     ]
 
@@ -235,7 +235,9 @@ def test_a_failing_test_stops_with_one_line_naming_its_log(tuned):
     assert "Traceback" not in failing.stderr
     (line,) = [x for x in failing.stderr.splitlines() if x.startswith("error:")]
     assert "its own tests failed" in line and f"log: {out / 'programs' / 'plain.log'}" in line
-    assert after_failing == ["snapshot", "record", "rehearse", "collect", "train", "decisions"]
+    assert after_failing == [
+        *["snapshot", "profile", "record", "rehearse", "collect", "train", "decisions"]
+    ]
 
 
 @pytest.mark.slow
@@ -282,7 +284,7 @@ def test_a_wrong_test_or_a_bench_printing_timings_or_unfixed_stops_before_traini
     assert unfixed.returncode == 2 and "Traceback" not in unfixed.stderr
     (line,) = unfixed.stderr.strip().splitlines()
     assert "--bench: two runs of the same build executed" in line and "same work" in line
-    assert stages(out) == ["snapshot", "record"]  # recorded once, rehearsed four times
+    assert stages(out) == ["snapshot", "profile", "record"]  # recorded once, rehearsed four times
     assert not (out / "train").exists() and (out / "record").is_dir()
 
 
@@ -421,6 +423,72 @@ def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_w
     assert over["layouts"] == 4 and over["iqr_pct"][0] <= over["change_pct"] <= over["iqr_pct"][1]
 
 
+@pytest.mark.slow
+def test_a_tune_on_top_of_pgo_departs_from_clang_with_the_profile_and_is_judged_against_it(
+    cache, tmp_path
+):
+    """--pgo: the workload's profile is made once, before recording, and every build uses it
+    (the corpus carries its counts); the baseline is the PGO build, so the policy's change
+    is against PGO, and the build without the profile is timed beside it, PGO's own gain
+    said round by round."""
+    bench = "./wordcount < main.c"
+    out, args = wordcount_args(tmp_path, "--problem", "inlining-speed", "--bench", bench, "--pgo")
+    r = run_mlgo(*args, "--minutes", "0.02", "--bench-rounds", "2", "--layouts", "2", timeout=900)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert stages(out)[:3] == ["snapshot", "profile", "record"]
+    profile = (out / "profile" / "default.profdata").resolve()
+    assert all(m.profiled for m in load_corpus(out / "corpus").modules)
+    report = json.loads((out / "report.json").read_text())
+    assert report["flags"] == "-O2 -fprofile-instr-use"
+    assert "clang -O2 -fprofile-instr-use" in " ".join(r.stdout.split())
+    speed = report["throughput"]
+    assert "pgo" not in speed and "pgo_left_out" not in speed  # the baseline is the PGO build
+    unprofiled = speed["unprofiled"]
+    assert (unprofiled["tests"], unprofiled["profile"]) == ("passed", str(profile))
+    assert len(unprofiled["ratios_pct"]) == 2 and unprofiled["layouts"]["layouts"] == 2
+    inverse = [100 * (100 / (100 + x) - 1) for x in unprofiled["ratios_pct"]]
+    assert speed["pgo_iqr_pct"][0] <= speed["pgo_change_pct"] <= speed["pgo_iqr_pct"][1]
+    assert speed["pgo_change_pct"] == pytest.approx(sum(inverse) / 2)
+    assert speed["pgo_layouts"]["layouts"] == 2
+    assert "PGO (the baseline) against no profile" in " ".join(r.stdout.split())
+    # the plain build is clang's own with the profile: the hot loop in hot text, the
+    # build without it has none; ours replays decisions made on the profiled code
+    assert ".text.hot." in _sections(out / "programs" / "plain" / "main.o")
+    assert ".text.hot." not in _sections(out / "programs" / "unprofiled" / "main.o")
+    assert report["tests"] == {"baseline": "passed", "policy": "passed"}
+
+
+def _sections(obj: Path) -> str:
+    from mlgo.llvm.toolchain import find_toolchain
+
+    readelf = find_toolchain(None).tool("llvm-readelf")
+    return subprocess.run([readelf, "-S", "-W", obj], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (("--pgo",), "--pgo tunes on top of a build with the workload's profile: give --bench"),
+        (("--bench", "true", "--lto", "full", "--pgo"), "no --lto"),
+    ],
+)
+def test_pgo_without_a_workload_or_with_lto_is_refused_before_anything_is_written(
+    tmp_path, options, says
+):
+    out, args = wordcount_args(tmp_path, *options)
+    r = run_mlgo(*args, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert says in r.stderr and not out.exists()
+
+
+def test_a_pgo_tune_whose_workload_runs_none_of_the_code_stops_in_one_line(cache, tmp_path):
+    out, args = wordcount_args(tmp_path, "--problem", "inlining-speed", "--bench", "true", "--pgo")
+    r = run_mlgo(*args, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "the workload ran none of its code (no raw profile)" in r.stderr
+    assert stages(out) == ["snapshot"] and not (out / "profile" / "default.profdata").exists()
+
+
 def test_inlining_for_speed_without_a_workload_is_refused_before_anything_is_written(tmp_path):
     out, args = wordcount_args(tmp_path, "--problem", "inlining-speed")
     r = run_mlgo(*args, timeout=60)
@@ -514,10 +582,10 @@ def test_a_larger_budget_alone_reopens_training_and_what_follows(tmp_path):
         Stages.logged(tmp_path, STAGES, args).finish(stage)
     said: list[str] = []
     longer = Stages.logged(tmp_path, STAGES, {**args, "minutes": 60.0}, said.append)
-    assert longer.finished == ["snapshot", "record", "rehearse", "collect"]
+    assert longer.finished == ["snapshot", "profile", "record", "rehearse", "collect"]
     assert said == ["training on from 8 to 60 minutes"]
     assert [line.split("\t")[0] for line in (tmp_path / "stages.log").read_text().splitlines()] == [
-        "snapshot", "record", "rehearse", "collect",
+        "snapshot", "profile", "record", "rehearse", "collect",
     ]  # fmt: skip
     with pytest.raises(BuildError, match="tuned before with source 's', not 't'"):
         Stages.logged(

@@ -15,7 +15,9 @@ by that cost, how well the corpus's static cost ranked the candidates against it
 builds timed again with longer samples (RETIMED), beside the shipped policy untuned: built
 into WORK/NAME/untuned (tests run) and timed against the tune's plain build. With
 `--problem inlining-speed`, the same for the inliner at -O2, from clang's own decisions
-cloned (it ships no policy, so none is timed untuned).
+cloned (it ships no policy, so none is timed untuned). With `--pgo` (issue 60's item 4),
+the tune on top of the PGO build from the project's workload (`mlgo tune --pgo`): every
+figure against the PGO build, and beside it PGO's own change against plain -O2.
 
   .venv/bin/python -m tools.bench_tune yajl serd tidy-html5 ninja --lto full --minutes 10
 
@@ -53,7 +55,7 @@ from mlgo.cli import USER_ERRORS
 from mlgo.data import shipped_policy
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
-from mlgo.packages.recipes import Recipe
+from mlgo.packages.recipes import Recipe, project
 from mlgo.problems import LTO_STAGES, Problem, at_link, get_problem, problems
 from mlgo.programs.build import (
     build_program,
@@ -65,7 +67,7 @@ from mlgo.programs.build import (
 from mlgo.programs.compare import variants
 from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.report import throughput_change
-from mlgo.programs.tune import TuneOptions, project, tune
+from mlgo.programs.tune import TuneOptions, tune
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.messages import WHOLE_LINE, error_line
 
@@ -312,12 +314,17 @@ def project_recipe(name: str) -> Recipe:
 
 
 def tune_project(
-    name: str, work: Path, minutes: float, lto: str | None = None, problem: str = SIZE
+    name: str,
+    work: Path,
+    minutes: float,
+    lto: str | None = None,
+    problem: str = SIZE,
+    pgo: bool = False,
 ) -> dict:
     """Fetches NAME's source once and tunes PROBLEM on it into WORK/NAME/tune (another
     problem than the inliner's: WORK/NAME/tune-PROBLEM; LTO: that link's inliner, into
-    WORK/NAME/tune-lto-LTO, and plain LTO against per-file -Oz); its report and wall
-    time."""
+    WORK/NAME/tune-lto-LTO, and plain LTO against per-file -Oz; PGO: on top of the PGO
+    build, into WORK/NAME/tune-PROBLEM-pgo); its report and wall time."""
     p = PROJECTS[name]
     recipe = project_recipe(name)
     source = pristine_source(recipe, work / name)
@@ -325,8 +332,8 @@ def tune_project(
     tc = find_toolchain()
     where = f"tune-lto-{lto}" if lto else "tune" if problem == SIZE else f"tune-{problem}"
     problem = at_link(problem, lto).name if lto else problem
-    out = work / name / where
-    report = tune(source, recipe, out, tc, TuneOptions(minutes=minutes, problem=problem))
+    out = work / name / (f"{where}-pgo" if pgo else where)
+    report = tune(source, recipe, out, tc, TuneOptions(minutes=minutes, problem=problem, pgo=pgo))
     result = {"language": p.language, "seconds": time.monotonic() - started, "report": report}
     if lto:
         result["lto_over_per_file_pct"] = lto_over_per_file(recipe, source, work / name, out, tc)
@@ -377,12 +384,17 @@ def retimed(
 
 
 def try_project(
-    name: str, work: Path, minutes: float, lto: str | None = None, problem: str = SIZE
+    name: str,
+    work: Path,
+    minutes: float,
+    lto: str | None = None,
+    problem: str = SIZE,
+    pgo: bool = False,
 ) -> dict:
     """`tune_project`, or what stopped it (its rehearsal, a failing test...) as one line, so
     that the projects after it still run."""
     try:
-        return tune_project(name, work, minutes, lto, problem)
+        return tune_project(name, work, minutes, lto, problem, pgo)
     except USER_ERRORS as e:
         console.print(f"[red]{name}: {error_line(e, WHOLE_LINE)}", highlight=False)
         return {"language": PROJECTS[name].language, "error": error_line(e)}
@@ -450,11 +462,12 @@ def main() -> None:
     parser.add_argument("--lto", choices=sorted(LTO_STAGES), help="tune that LTO link's inliner")
     speed_problems = [p.name for p in problems() if p.aim == "speed"]
     parser.add_argument("--problem", choices=[SIZE, *speed_problems], default=SIZE)
+    parser.add_argument("--pgo", action="store_true", help="tune on top of the PGO build")
     args = parser.parse_args()
-    work, lto, problem = args.work.resolve(), args.lto, args.problem
-    results = {n: try_project(n, work, args.minutes, lto, problem) for n in args.projects}
+    work, lto, problem, pgo = args.work.resolve(), args.lto, args.problem, args.pgo
+    results = {n: try_project(n, work, args.minutes, lto, problem, pgo) for n in args.projects}
     flag = {"full": "-flto", "thin": "-flto=thin"}.get(lto or "")
-    level = get_problem(problem).opt_level
+    level = get_problem(problem).opt_level + (" -fprofile-instr-use" if pgo else "")
     baseline = f"clang {level} {flag} (lld)" if lto else f"clang {level}"
     speed = problem != SIZE
     table = Table(
@@ -465,6 +478,7 @@ def main() -> None:
         *(["kept, by the workload's block cost", "corpus vs workload rank (rho)",
            f"retimed ({RETIMED[0]} rounds of {RETIMED[1]:g} s): tuned; shipped untuned"]
           if speed else []),
+        *(["PGO against no profile (IQR)"] if pgo else []),
         title=f"mlgo tune{f' --lto {lto}' if lto else ''} --problem {problem} "
         f"--minutes {args.minutes:g}, each project against {baseline}",
     )  # fmt: skip
@@ -474,9 +488,13 @@ def main() -> None:
             again = result.get("retimed", {})
             cpu = "; ".join(f"{k} {cpu_time(v)}" for k, v in again.items()) or "n/a"
             extra = [pct(judged(result)), rank(result), cpu]
+        if pgo:
+            timed = result.get("report", {}).get("throughput") or {}
+            extra.append(throughput_change(timed, "pgo_") if "pgo_iqr_pct" in timed else "n/a")
         table.add_row(*row(name, result), *extra)
     console.print(table)
     named = f"-lto-{lto}" if lto else "" if problem == SIZE else f"-{problem}"
+    named += "-pgo" if pgo else ""
     out = work / f"bench_tune{named}.json"
     atomic_write_text(out, json.dumps(results, indent=1))
     console.print(f"wrote {out}")

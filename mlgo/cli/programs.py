@@ -176,6 +176,13 @@ def tune(
     ] = None,
     guard: Annotated[bool, typer.Option(help="MLGO_GUARD=size on the policy build")] = False,
     pgo_row: PGORowOpt = TuneOptions.pgo_row,
+    pgo: Annotated[
+        bool,
+        typer.Option(
+            help="tune on top of PGO: every build with a profile of --bench (run once), the "
+            "baseline the PGO build"
+        ),
+    ] = TuneOptions.pgo,
     policy: Annotated[Path | None, typer.Option(help="start policy (default: shipped)")] = None,
     refresh: Annotated[
         bool,
@@ -192,9 +199,9 @@ def tune(
     pristine copy (clang, and mlgo-cc with what was smallest on your code, or cheapest on
     --bench: clang's own decisions if nothing beat them), run --test on both, time --bench
     on both."""
+    from mlgo.packages.recipes import project
     from mlgo.problems import at_link
     from mlgo.programs.report import report_table, training_line
-    from mlgo.programs.tune import project
     from mlgo.programs.tune import tune as run_tune
 
     if lto:
@@ -212,6 +219,7 @@ def tune(
         layouts=layouts,
         pgo_row=pgo_row,
         refresh=refresh,
+        pgo=pgo,
     )
     report = run_tune(source, recipe, out, find_toolchain(clang), opts, console.print)
     console.print(report_table(report))

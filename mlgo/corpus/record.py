@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,9 +88,11 @@ def record(
     opt_level: str = "-Oz",
     timeout_s: float | None = None,
     stage: str = "compile",
+    flags: Sequence[str] = (),
 ) -> Recorded:
     """Runs BUILD_ARGV in SOURCE_DIR (default: here) with CC/CXX recording bitcode at
-    OPT_LEVEL and logging their calls, and writes the corpus of what they compiled to OUT
+    OPT_LEVEL (and FLAGS, such as a profile's) and logging their calls, and writes the
+    corpus of what they compiled to OUT
     (the module doc says why not under bear), or at a link STAGE, of what they linked with
     that kind of LTO.
     A source whose name is not UTF-8, an object another compiler wrote in the tree and a link
@@ -101,8 +104,8 @@ def record(
     shutil.rmtree(calls_log, ignore_errors=True)
     calls_log.mkdir()
     lto = stage != "compile"
-    flags = lto_flags(stage) if lto else RECORD_FLAGS
-    env = build_env(tc, work, [opt_level, *flags], log_dir=calls_log)
+    recording = lto_flags(stage) if lto else RECORD_FLAGS
+    env = build_env(tc, work, [opt_level, *flags, *recording], log_dir=calls_log)
     what = f"{shlex.join(build_argv)} (in {src})"
     started = math.floor(time.time())  # a file system's times may be whole seconds
     try:

@@ -7,6 +7,7 @@ programs built and measured by `mlgo build`, `tune` and `demo` all read it.
 from __future__ import annotations
 
 import re
+import shlex
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,31 @@ class Recipe:
     bench: tuple[str, ...] = ()
     bench_check: str = "true"
     bench_timeout_s: float = BENCH_TIMEOUT_S  # one run of a bench command, killed past it
+
+
+def project(
+    name: str,
+    configure: list[str],
+    build: list[str],
+    test: list[str],
+    bench: str | None,
+    bench_timeout_s: float = BENCH_TIMEOUT_S,
+) -> Recipe:
+    """A user's project as a recipe without a Debian source: its shell lines, and its
+    workload (a shell line whose output must be the same on both builds, each run killed
+    past BENCH_TIMEOUT_S)."""
+    if not build:
+        raise BuildError("no build command: give --build, e.g. --build 'make -j2'")
+    workload = (shlex.join(["sh", "-c", bench]),) if bench else ()
+    return Recipe(
+        name,
+        "",
+        tuple(build),
+        configure=tuple(configure),
+        test=tuple(test),
+        bench=workload,
+        bench_timeout_s=bench_timeout_s,
+    )
 
 
 def available_recipes() -> list[str]:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mlgo.corpus.wrappers import build_env
+from mlgo.llvm.profiles import use_flags
 from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.build import run_tests as run_recipe_tests  # `run_tests` is a flag here
@@ -39,15 +40,19 @@ def level_flags(level: str) -> list[str]:
 SIZE_FLAGS = level_flags("-Oz")
 
 
-def problem_flags(problem: Problem) -> list[str]:
+def problem_flags(problem: Problem, profile: Path | None = None) -> list[str]:
     """What both builds of a comparison for PROBLEM add: its level and its stage's flags
-    (full LTO linked by lld, for a link-time problem), so the plain side is `-Oz -flto`."""
-    return [*level_flags(problem.opt_level), *STAGE_FLAGS[problem.stage]]
+    (full LTO linked by lld, for a link-time problem), so the plain side is `-Oz -flto`;
+    with a PROFILE, the flags that optimize with its counts (a tune on top of PGO)."""
+    profiled = use_flags(profile) if profile else []
+    return [*level_flags(problem.opt_level), *STAGE_FLAGS[problem.stage], *profiled]
 
 
-def baseline_label(problem: Problem) -> str:
-    """The plain build of a comparison for PROBLEM as reports name it: `clang` with this."""
-    return " ".join([problem.opt_level, *STAGE_FLAGS[problem.stage]])
+def baseline_label(problem: Problem, profiled: bool = False) -> str:
+    """The plain build of a comparison for PROBLEM as reports name it: `clang` with this
+    (PROFILED: built with the workload's profile, the baseline of a tune on top of PGO)."""
+    profile = ["-fprofile-instr-use"] if profiled else []
+    return " ".join([problem.opt_level, *STAGE_FLAGS[problem.stage], *profile])
 
 
 @dataclass(frozen=True)

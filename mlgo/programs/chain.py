@@ -309,3 +309,13 @@ def outcome_line(choice: dict) -> str | None:
     larger = ", ".join(t["packages_larger"]) or "none"
     over = ", ".join(t["packages_over_0.1pct"]) or "none"
     return f"test: {t['change_pct']:+.3f}% ({langs}); larger: {larger}; >0.1%: {over}"
+
+
+def export(chosen: Path, out: Path) -> Path:
+    """The chosen policy released (numpy and SavedModel) into OUT/policy."""
+    from mlgo.problems.policy_files import load_policy
+    from mlgo.ship.modelcard import run_card
+    from mlgo.ship.release import release
+
+    policy = load_policy(chosen)
+    return release(policy, out / "policy", run_card(policy, chosen), aot=False).saved_model.parent

@@ -40,18 +40,19 @@ def decide(
     tc: Toolchain,
     problem: Problem,
     refresh: bool = False,
+    profile: Path | None = None,
 ) -> Path:
     """RECIPE configured and built from a copy of PRISTINE with the POLICY served by our
     plugin at PROBLEM's stage and recorded; its kept decisions written to OUT/decisions for
     the project at ROOT (where `CC=OUT/decisions/cc` builds it), the copy removed. To
     REFRESH them, the sources unchanged since OUT/decisions was written keep its verdicts
-    and only the others are judged."""
+    and only the others are judged. With a PROFILE, every compile uses its counts."""
     earlier = out / DECISIONS / "summary.json"
     before = read(out / DECISIONS).verdicts() if refresh and earlier.is_file() else {}
     scratch = (out / "decide" / recipe.name).resolve()
     scratch_copy(pristine, scratch)
     script = " && ".join([*recipe.configure, *recipe.build])
-    flags = problem_flags(problem)
+    flags = problem_flags(problem, profile)
     log = scratch.parent / "build.log"
     clangs = scratch.parent / "clangs"  # what clang's own builds, beside the copy
     clangs.mkdir()

@@ -13,12 +13,11 @@ from pathlib import Path
 
 from mlgo.llvm.sizes import elf_texts, text_digest
 from mlgo.llvm.toolchain import Toolchain
-from mlgo.packages.recipes import Recipe
+from mlgo.packages.recipes import Recipe, project
 from mlgo.problems import Problem, get_problem
 from mlgo.programs.build import Variant, build_program, problem_flags
 from mlgo.programs.decide import DECISIONS, from_decisions
 from mlgo.programs.measure import paired_change, round_order
-from mlgo.programs.tune import project
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.inputs import read_json
 from mlgo.ship.decisions import read

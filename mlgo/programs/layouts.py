@@ -132,6 +132,7 @@ def over_layouts(
     pooled = spread([c for s in seeds for c in changes[s]])
     return {
         **in_percent(pooled),
+        "ratios_pct": [100 * c for c in pooled["runs"]],
         "layouts": len(seeds),
         "per_layout_pct": [100 * statistics.median(changes[s]) for s in seeds],
     }
@@ -174,24 +175,24 @@ def policy_over_layouts(
     layouts: int,
     rounds: int,
     seconds: float = 1.0,
-    profiled: tuple[str, tuple[str, ...]] | None = None,
+    beside: tuple[str, list[str]] | None = None,
 ) -> dict:
     """A report's `throughput.layouts`: the PAIR (baseline, policy) of RECIPE built from
     PRISTINE with FLAGS at LAYOUTS layouts each in WORK (`layout_trees`) and timed
     there in ROUNDS rounds (`layouts_throughput`): the policy's change over layouts, and
-    the A/A control's. PROFILED (a name, and the flags a profile adds): also the baseline's
-    compilers with those flags added, timed in the same rounds, its change under that name."""
+    the A/A control's. BESIDE (a name, and its flags): also the baseline's compilers at
+    those flags (a PGO build), timed in the same rounds, its change under that name."""
     base = pair[0]
     builds = [(v, flags) for v in pair]
-    if profiled is not None:
-        name, added = profiled
-        builds.append((Variant(name, base.compilers, base.env), [*flags, *added]))
+    if beside is not None:
+        name, its_flags = beside
+        builds.append((Variant(name, base.compilers, base.env), its_flags))
     placed = {
         v.name: layout_trees(recipe, pristine, work, tc, v, built, layouts) for v, built in builds
     }
     changes = layouts_throughput(recipe, placed, rounds, seconds)
     control = changes[base.name + AGAIN]
-    extra = {profiled[0]: changes[profiled[0]]} if profiled is not None else {}
+    extra = {beside[0]: changes[beside[0]]} if beside is not None else {}
     return (
         changes[pair[1].name]
         | {

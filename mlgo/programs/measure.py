@@ -200,6 +200,13 @@ def paired_change(ours: list[float], base: list[float]) -> dict:
     return spread([a / b - 1 for a, b in zip(ours, base, strict=True)])
 
 
+def inverted(ratios_pct: list[float]) -> dict:
+    """The baseline's change against a variant whose paired changes against it, round by
+    round, are RATIOS_PCT, in percent (`in_percent`): each round's inverted, since with an
+    even count the median of the inverses is not the inverse of the median."""
+    return in_percent(spread([100 / (100 + r) - 1 for r in ratios_pct]))
+
+
 def in_percent(change: dict) -> dict:
     """A `paired_change` as reports keep it: its median and IQR, in percent."""
     return {

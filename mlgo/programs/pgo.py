@@ -36,6 +36,7 @@ from mlgo.programs.layouts import policy_over_layouts
 from mlgo.programs.measure import (
     Workload,
     first_difference,
+    inverted,
     prepare_workload,
     recipe_throughput,
     recipe_workload,
@@ -45,6 +46,7 @@ from mlgo.programs.measure import (
 from mlgo.runtime.commands import BuildError
 
 PGO = "pgo"  # the PGO build: its tree's name beside the other builds, its key in a throughput
+UNPROFILED = "unprofiled"  # on top of PGO, the plain build without the profile: the same
 PROFILE = "profile"  # the directory beside the builds that holds the profile
 MERGED = "default.profdata"
 
@@ -90,63 +92,117 @@ def instrumented_profile(
 
 @dataclass(frozen=True)
 class PGORow:
-    """The PGO build a report times beside the others (its TREE, the PROFILE it was built
-    with, the FLAGS it added to the plain build's and its TESTS), or the one line saying
-    why there is none (LEFT_OUT)."""
+    """The build a report times beside plain and the policy's (its TREE, the PROFILE, its
+    FLAGS and its TESTS), or the one line saying why there is none (LEFT_OUT). By its NAME:
+    PGO, the PGO build, whose FLAGS the profile adds to the plain build's; or, in a tune on
+    top of PGO, where the plain build is the PGO build, UNPROFILED, that build without the
+    profile, FLAGS its own."""
 
     tree: str = ""
     profile: str = ""
     flags: tuple[str, ...] = ()
     tests: str = ""
     left_out: str = ""
+    name: str = PGO
 
     def timed(self) -> dict[str, Path]:
         """The tree to time beside the others, by its name; none when the row is left out."""
-        return {PGO: Path(self.tree)} if self.tree else {}
+        return {self.name: Path(self.tree)} if self.tree else {}
 
-    def over_layouts(self) -> tuple[str, tuple[str, ...]] | None:
-        """What `layouts.policy_over_layouts` builds and times beside plain and the policy
-        for this row (its name and the flags the profile adds); none when left out."""
-        return (PGO, self.flags) if self.tree else None
+    def over_layouts(self, flags: list[str]) -> tuple[str, list[str]] | None:
+        """What `layouts.policy_over_layouts` builds and times beside plain and the policy,
+        built at FLAGS, for this row: its name and its build's flags; none when left out."""
+        if not self.tree:
+            return None
+        return (PGO, [*flags, *self.flags]) if self.name == PGO else (self.name, [*self.flags])
 
     def into(self, throughput: dict) -> dict:
         """THROUGHPUT, timed with `timed`'s tree among the others (and over layouts with
-        `over_layouts`'s), with the build behind its PGO row and its change over layouts
-        moved into it (`pgo.layouts`), or with the line saying why it has none."""
+        `over_layouts`'s), with the build behind its row and its change over layouts moved
+        into it (`<name>.layouts`), or with the line saying why it has none. An UNPROFILED
+        row's change is against the PGO build: PGO's own against plain clang is its inverse,
+        round by round (`pgo_change_pct`, `pgo_iqr_pct`, over layouts `pgo_layouts`)."""
         if self.left_out:
             throughput["pgo_left_out"] = self.left_out
-        elif PGO in throughput:
-            throughput[PGO].update(profile=self.profile, flags=list(self.flags), tests=self.tests)
-            if PGO in throughput.get("layouts", {}):
-                throughput[PGO]["layouts"] = throughput["layouts"].pop(PGO)
+        elif self.name in throughput:
+            row = throughput[self.name]
+            row.update(profile=self.profile, flags=list(self.flags), tests=self.tests)
+            if self.name in throughput.get("layouts", {}):
+                row["layouts"] = throughput["layouts"].pop(self.name)
+            if self.name == UNPROFILED:
+                against = inverted(row["ratios_pct"])
+                throughput.update(pgo_change_pct=against["change_pct"])
+                throughput.update(pgo_iqr_pct=against["iqr_pct"])
+                if over := row.get("layouts"):
+                    throughput["pgo_layouts"] = inverted(over["ratios_pct"]) | {
+                        "layouts": over["layouts"]
+                    }
         return throughput
 
 
-def pgo_row(
-    recipe: Recipe, pristine: Path, plain: Path, tc: Toolchain, flags: list[str], tests: bool
-) -> PGORow:
-    """RECIPE's PGO build from PRISTINE at the plain build's FLAGS, beside the plain build's
-    tree PLAIN: the profile in PROFILE/ and the build in pgo/, tested if TESTS, its workload
-    printing what the plain build's does; else the row left out, saying why."""
-    work = plain.parent
-    tree = work / PGO
+def row_build(
+    recipe: Recipe,
+    pristine: Path,
+    plain: Path,
+    tc: Toolchain,
+    name: str,
+    flags: list[str],
+    tests: bool,
+) -> str:
+    """RECIPE built from PRISTINE at FLAGS beside the plain build's tree PLAIN, in NAME/,
+    tested if TESTS (what its tests did), its workload printing what the plain build's
+    does; a BuildError says why not, and leaves no tree."""
+    tree = plain.parent / name
     try:
-        profile = instrumented_profile(recipe, pristine, work / PROFILE, tc, flags)
-        added = use_flags(profile)
         built = build_program(
-            recipe, pristine, tree, tc, PGO, plain_compilers(tc), None, tests, [*flags, *added]
+            recipe, pristine, tree, tc, name, plain_compilers(tc), None, tests, flags
         )
         workload = recipe_workload(recipe)
         for t in (plain, tree):
             prepare_workload(recipe, t, f"{recipe.name} ({t.name}): bench")
         expected, got = (workload_output(workload, t) for t in (plain, tree))
         if got != expected:
-            runs = "the plain build and the PGO build"
+            runs = f"the plain build and the {name} build"
             raise BuildError(f"{recipe.name}: {first_difference(expected, got, runs)}")
-    except BuildError as e:
+    except BuildError:
         shutil.rmtree(tree, ignore_errors=True)
+        raise
+    return built.tests
+
+
+def pgo_row(
+    recipe: Recipe, pristine: Path, plain: Path, tc: Toolchain, flags: list[str], tests: bool
+) -> PGORow:
+    """RECIPE's PGO build from PRISTINE at the plain build's FLAGS, beside the plain build's
+    tree PLAIN: the profile in PROFILE/ and the build in pgo/ (`row_build`); else the row
+    left out, saying why."""
+    try:
+        profile = instrumented_profile(recipe, pristine, plain.parent / PROFILE, tc, flags)
+        added = use_flags(profile)
+        tested = row_build(recipe, pristine, plain, tc, PGO, [*flags, *added], tests)
+    except BuildError as e:
         return PGORow(left_out=f"the PGO row is left out: {e}")
-    return PGORow(str(tree), str(profile), tuple(added), built.tests)
+    return PGORow(str(plain.parent / PGO), str(profile), tuple(added), tested)
+
+
+def unprofiled_row(
+    recipe: Recipe,
+    pristine: Path,
+    plain: Path,
+    tc: Toolchain,
+    flags: list[str],
+    profile: Path,
+    tests: bool,
+) -> PGORow:
+    """In a tune on top of PGO, where the plain build PLAIN is built with PROFILE: RECIPE
+    built from PRISTINE at FLAGS, without it, in unprofiled/ (`row_build`); else the row
+    left out, saying why."""
+    try:
+        tested = row_build(recipe, pristine, plain, tc, UNPROFILED, flags, tests)
+    except BuildError as e:
+        return PGORow(left_out=f"the build without the profile is left out: {e}")
+    tree = str(plain.parent / UNPROFILED)
+    return PGORow(tree, str(profile), tuple(flags), tested, name=UNPROFILED)
 
 
 def timed_beside_row(
@@ -169,6 +225,6 @@ def timed_beside_row(
     speed = recipe_throughput(recipe, trees | row.timed(), rounds, seconds)
     if layouts:
         speed["layouts"] = policy_over_layouts(
-            recipe, pristine, at, tc, pair, flags, layouts, rounds, seconds, row.over_layouts()
+            recipe, pristine, at, tc, pair, flags, layouts, rounds, seconds, row.over_layouts(flags)
         )
     return row.into(speed)

@@ -79,7 +79,8 @@ class WorkloadReward:
     WORK, each tree removed once costed (its log kept); the costs are kept in
     WORK/costs.json, so that a tune killed while judging does not build them again. `clock`
     times the best of them over LAYOUTS shuffled layouts, in ROUNDS paired rounds of
-    SECONDS of CPU a build and layout."""
+    SECONDS of CPU a build and layout. With a PROFILE, every build uses its counts (the
+    plain build is then the PGO build)."""
 
     per_module = False  # every score is the whole program's
     label = LABEL
@@ -94,9 +95,10 @@ class WorkloadReward:
         rounds: int = 10,
         seconds: float = 1.0,
         layouts: int = LAYOUTS,
+        profile: Path | None = None,
     ):
         self.recipe, self.pristine, self.work, self.tc = recipe, pristine, work, tc
-        self.flags = problem_flags(problem)
+        self.flags = problem_flags(problem, profile)
         self.rounds, self.seconds, self.layouts = rounds, seconds, layouts
         self.known: dict[Code, float] = {}  # llvm-mca's cycles of code an earlier build had
         self.costs: dict[str, float] = {}  # by `_key`; "plain": the plain build's

@@ -5,6 +5,10 @@ OUT/stages.log (`train.stages.Stages`), so that a rerun of the same command skip
 finished (training resumes from its checkpoint):
 
     snapshot  the source copied once to OUT/pristine (OUT left out if it lies inside)
+    profile   with --pgo, the project built instrumented and the workload run once:
+              OUT/profile/default.profdata, which every later build uses (`pgo`), so
+              that the policy departs from what clang decides with the profile and is
+              judged against the PGO build
     record    configure and build a scratch copy with the recording compiler, at the
               problem's level: OUT/corpus
     rehearse  the tests and the workload (twice: its output must repeat) in that copy,
@@ -38,7 +42,6 @@ from where training stopped, and builds, measures and reports again.
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager, closing
@@ -48,17 +51,18 @@ from typing import TYPE_CHECKING
 
 from mlgo.corpus.format import load_corpus
 from mlgo.errors import UsageError
+from mlgo.llvm.profiles import use_flags
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.build import run_tests
-from mlgo.packages.recipes import BENCH_TIMEOUT_S, Recipe
+from mlgo.packages.recipes import Recipe
 from mlgo.problems import Problem, get_problem
-from mlgo.programs.build import ProgramBuild, baseline_label, scratch_copy
-from mlgo.programs.chain import CLONED, choose_policy, cloned_start, shipped_start
+from mlgo.programs.build import ProgramBuild, baseline_label, problem_flags, scratch_copy
+from mlgo.programs.chain import CLONED, choose_policy, cloned_start, export, shipped_start
 from mlgo.programs.decide import DECISIONS, built_from, decide, writes_decisions
 from mlgo.programs.judges import candidate_judge
 from mlgo.programs.layouts import LAYOUTS
 from mlgo.programs.measure import check_fixed_work, check_repeatable
-from mlgo.programs.pgo import PGORow
+from mlgo.programs.pgo import MERGED, PROFILE, PGORow, instrumented_profile
 from mlgo.programs.report import program_report, write_report
 from mlgo.programs.tuned import build_twice, pgo_build, timed_builds
 from mlgo.runtime.commands import BuildError
@@ -76,6 +80,7 @@ TIMING = ("bench", "bench_rounds", "bench_seconds", "layouts")
 # Each stage, and the arguments its result depends on besides its predecessors' ones.
 STAGES: dict[str, tuple[str, ...]] = {
     "snapshot": ("source",),
+    "profile": ("pgo", "profiled_by"),
     "record": ("configure", "build", "problem", "clang"),
     "rehearse": (),  # a check, not a result: a later --test or --bench may differ
     "collect": (),
@@ -103,55 +108,28 @@ class TuneOptions:
     layouts: int = LAYOUTS  # shuffled layouts each build is also timed over (0: none)
     pgo_row: bool = True  # with a workload, its PGO build timed beside (`pgo.pgo_row`)
     refresh: bool = False  # the source changed: the trained policy's decisions judged again
-
-
-def project(
-    name: str,
-    configure: list[str],
-    build: list[str],
-    test: list[str],
-    bench: str | None,
-    bench_timeout_s: float = BENCH_TIMEOUT_S,
-) -> Recipe:
-    """A user's project as a recipe without a Debian source: its shell lines, and its
-    workload (a shell line whose output must be the same on both builds, each run killed
-    past BENCH_TIMEOUT_S)."""
-    if not build:
-        raise BuildError("no build command: give --build, e.g. --build 'make -j2'")
-    workload = (shlex.join(["sh", "-c", bench]),) if bench else ()
-    return Recipe(
-        name,
-        "",
-        tuple(build),
-        configure=tuple(configure),
-        test=tuple(test),
-        bench=workload,
-        bench_timeout_s=bench_timeout_s,
-    )
+    pgo: bool = False  # on top of PGO: every build with the workload's profile (`profile`)
 
 
 def workload_reward(
-    problem: Problem, recipe: Recipe, pristine: Path, out: Path, tc: Toolchain, opts: TuneOptions
+    problem: Problem,
+    recipe: Recipe,
+    pristine: Path,
+    out: Path,
+    tc: Toolchain,
+    opts: TuneOptions,
+    profile: Path | None,
 ) -> WorkloadReward | None:
     """What a tune of a speed problem given a workload trains on and judges by: the
     workload's cost on each policy's build (`speed.WorkloadReward`, in OUT/judged), and its
-    clock in the bench's rounds. None for the others: they train on the corpus's cost."""
+    clock in the bench's rounds (each build with the PROFILE, if any). None for the
+    others: they train on the corpus's cost."""
     from mlgo.programs.speed import WorkloadReward
 
     if problem.aim == "speed" and recipe.bench:
         timing = (opts.bench_rounds, opts.bench_seconds, opts.layouts)
-        return WorkloadReward(recipe, pristine, out / "judged", tc, problem, *timing)
+        return WorkloadReward(recipe, pristine, out / "judged", tc, problem, *timing, profile)
     return None
-
-
-def export(chosen: Path, out: Path) -> Path:
-    """The chosen policy released (numpy and SavedModel) into OUT/policy."""
-    from mlgo.problems.policy_files import load_policy
-    from mlgo.ship.modelcard import run_card
-    from mlgo.ship.release import release
-
-    policy = load_policy(chosen)
-    return release(policy, out / "policy", run_card(policy, chosen), aot=False).saved_model.parent
 
 
 def snapshot(source: Path, out: Path) -> Path:
@@ -172,19 +150,26 @@ def scratch_tree(recipe: Recipe, out: Path) -> Path:
 
 
 def record_corpus(
-    recipe: Recipe, pristine: Path, out: Path, tc: Toolchain, problem: Problem
+    recipe: Recipe,
+    pristine: Path,
+    out: Path,
+    tc: Toolchain,
+    problem: Problem,
+    profile: Path | None = None,
 ) -> None:
     """The configure and build of a scratch copy of PRISTINE recorded for PROBLEM into
-    OUT/corpus (at its level; for a link-time problem, each link's merged module, named by
-    its output's path, else each compile's, by its source's); the copy is kept for
-    `rehearse`."""
+    OUT/corpus (at its level, with the PROFILE's counts if any; for a link-time problem,
+    each link's merged module, named by its output's path, else each compile's, by its
+    source's); the copy is kept for `rehearse`."""
     from mlgo.corpus.record import record
 
     scratch = scratch_tree(recipe, out)
     scratch_copy(pristine, scratch)
     script = " && ".join([*recipe.configure, *recipe.build])
     level = problem.opt_level
-    record(["sh", "-c", script], out / "corpus", tc, scratch, opt_level=level, stage=problem.stage)
+    added = use_flags(profile) if profile else []
+    corpus, stage = out / "corpus", problem.stage
+    record(["sh", "-c", script], corpus, tc, scratch, opt_level=level, stage=stage, flags=added)
 
 
 def rehearse(recipe: Recipe, out: Path) -> None:
@@ -235,7 +220,12 @@ def tune(
             f"--problem {problem.name} is trained on a workload: give --bench, a command "
             "that runs the programs the build makes"
         )
-    at = baseline_label(problem)
+    if opts.pgo and (not recipe.bench or problem.stage != "compile"):
+        raise UsageError(
+            "--pgo tunes on top of a build with the workload's profile: give --bench, and "
+            "no --lto (an LTO tune times the PGO build beside it instead)"
+        )
+    at = baseline_label(problem, opts.pgo)
     given = opts.policy or shipped_start(problem)
     if given is not None:
         load_start(given, problem, "--policy")  # one training may start from
@@ -249,6 +239,7 @@ def tune(
         "test": list(recipe.test),
         "bench": list(recipe.bench),
         "clang": tc.describe(),
+        "profiled_by": list(recipe.bench) if opts.pgo else [],  # the profile's workload
     }
     stages = Stages.logged(out, STAGES, args, say, REFRESHED if opts.refresh else ())
     if opts.refresh and not stages.done("train"):  # a new snapshot, the policy as trained
@@ -259,10 +250,17 @@ def tune(
             snapshot(source, out)
         stages.finish("snapshot")
     pristine = out / "pristine"
+    profile = (out / PROFILE / MERGED).resolve() if opts.pgo else None
+    if not stages.done("profile"):  # finished without one too: --pgo is its argument
+        if profile is not None:
+            say(f"building {recipe.name} instrumented and running the workload, for its profile")
+            with _stage("profile", profile.parent):
+                instrumented_profile(recipe, pristine, profile.parent, tc, problem_flags(problem))
+        stages.finish("profile")
     if not stages.done("record"):
         say(f"recording the corpus of {recipe.name}'s build at {at}")
         with _stage("record", out / "corpus"):
-            record_corpus(recipe, pristine, out, tc, problem)
+            record_corpus(recipe, pristine, out, tc, problem, profile)
         stages.finish("record")
     if not stages.done("rehearse"):
         if recipe.test or recipe.bench:
@@ -282,7 +280,7 @@ def tune(
         with _stage("train", out):
             if given is None:
                 cloned_start(problem, out / "traces", start)
-            reward = workload_reward(problem, recipe, pristine, out, tc, opts)
+            reward = workload_reward(problem, recipe, pristine, out, tc, opts, profile)
             judge = candidate_judge(problem, out, tc, reward)
             chosen, training = choose_policy(
                 out / "corpus", problem, start, out, tc, steps, 60 * opts.minutes, judge, reward,
@@ -297,7 +295,7 @@ def tune(
         if decisions is not None:
             say(f"keeping the policy's decisions where they pay, in {decisions}")
             with _stage("decisions", decisions):
-                decide(recipe, pristine, policy, out, source, tc, problem, opts.refresh)
+                decide(recipe, pristine, policy, out, source, tc, problem, opts.refresh, profile)
         stages.finish("decisions")
     work = out / "programs"
     if not stages.done("build"):
@@ -305,7 +303,8 @@ def tune(
         ours = f"plain clang from {decisions}" if decisions else "mlgo-cc"
         say(f"building {recipe.name} twice (clang {at}, and {ours}){tests}")
         with _stage("build", work):
-            built = build_twice(recipe, pristine, policy, work, tc, problem, opts.guard, decisions)
+            ours = (opts.guard, decisions, profile)
+            built = build_twice(recipe, pristine, policy, work, tc, problem, *ours)
             atomic_write_text(work / "builds.json", json.dumps([b.to_json() for b in built]))
         stages.finish("build")
     if stages.done("report"):
@@ -315,9 +314,10 @@ def tune(
     if not stages.done("pgo"):  # finished without one too: --bench and --pgo-row are its own
         row = PGORow()
         if recipe.bench and opts.pgo_row:
-            say(f"building {recipe.name} with a profile of the workload, for the PGO row")
+            how = "without the profile, beside" if profile else "with the workload's profile, for"
+            say(f"building {recipe.name} {how} the PGO row")
             with _stage("pgo", work):
-                row = pgo_build(recipe, pristine, work, tc, problem, say)
+                row = pgo_build(recipe, pristine, work, tc, problem, say, profile)
         atomic_write_text(work / "pgo.json", json.dumps(asdict(row)))
         stages.finish("pgo")
     if not stages.done("bench"):  # finished without a workload too: --bench is its argument
@@ -325,7 +325,9 @@ def tune(
             row, ours = PGORow(**read_json(work / "pgo.json")), (policy, decisions, opts.guard)
             timing = (opts.bench_rounds, opts.bench_seconds, opts.layouts)
             with _stage("bench", work):
-                speed = timed_builds(recipe, pristine, work, tc, problem, ours, row, timing, say)
+                speed = timed_builds(
+                    recipe, pristine, work, tc, problem, ours, row, timing, say, profile
+                )
                 atomic_write_text(out / "throughput.json", json.dumps(speed, indent=1))
         stages.finish("bench")
     speed = read_json(out / "throughput.json") if recipe.bench else None

@@ -18,7 +18,7 @@ from mlgo.programs.build import ProgramBuild, Variant, policy_service, problem_f
 from mlgo.programs.compare import build_pair, variants
 from mlgo.programs.decide import from_decisions
 from mlgo.programs.layouts import sections_tree
-from mlgo.programs.pgo import PGORow, pgo_row, timed_beside_row
+from mlgo.programs.pgo import PGORow, pgo_row, timed_beside_row, unprofiled_row
 
 
 @contextmanager
@@ -44,21 +44,33 @@ def build_twice(
     problem: Problem,
     guard: bool = False,
     decisions: Path | None = None,
+    profile: Path | None = None,
 ) -> tuple[ProgramBuild, ProgramBuild]:
     """RECIPE configured, built and tested from PRISTINE twice, in WORK/plain (clang at
-    the problem's level) and WORK/mlgo (`plain_and_ours`). A failing build or test raises
-    BuildError naming its log."""
-    flags = problem_flags(problem)
+    the problem's level, with the PROFILE if any) and WORK/mlgo (`plain_and_ours`). A
+    failing build or test raises BuildError naming its log."""
+    flags = problem_flags(problem, profile)
     with plain_and_ours(tc, policy, decisions, work / "mlgo", work / "service", guard) as pair:
         return build_pair(recipe, work, tc, pair, True, flags, pristine)
 
 
 def pgo_build(
-    recipe: Recipe, pristine: Path, work: Path, tc: Toolchain, problem: Problem, say: Callable
+    recipe: Recipe,
+    pristine: Path,
+    work: Path,
+    tc: Toolchain,
+    problem: Problem,
+    say: Callable,
+    profile: Path | None = None,
 ) -> PGORow:
-    """The PGO row's build beside WORK/plain (`pgo.pgo_row`); its line said when it is
-    left out."""
-    row = pgo_row(recipe, pristine, work / "plain", tc, problem_flags(problem), True)
+    """The PGO row's build beside WORK/plain (`pgo.pgo_row`), or where WORK/plain was
+    built with the PROFILE, the build without it (`pgo.unprofiled_row`); its line said
+    when it is left out."""
+    plain, flags = work / "plain", problem_flags(problem)
+    if profile is None:
+        row = pgo_row(recipe, pristine, plain, tc, flags, True)
+    else:
+        row = unprofiled_row(recipe, pristine, plain, tc, flags, profile, True)
     if row.left_out:
         say(row.left_out)
     return row
@@ -74,11 +86,12 @@ def timed_builds(
     row: PGORow,
     timing: tuple[int, float, int],
     say: Callable[[str], None],
+    profile: Path | None = None,
 ) -> dict:
     """The workload's clock on WORK's builds (plain, mlgo and the PGO ROW's) in ROUNDS
     paired rounds of SECONDS each (TIMING: rounds, seconds, layouts), and over LAYOUTS
     shuffled layouts of plain, OURS (policy, decisions, guard) and the ROW's in
-    WORK/layouts."""
+    WORK/layouts; plain and ours with the PROFILE if any."""
     layouts = timing[2]
     trees = {name: work / name for name in ("plain", "mlgo")}
     over = f", and over {layouts} shuffled layouts of each" if layouts else ""
@@ -87,5 +100,5 @@ def timed_builds(
     root = sections_tree(at, "mlgo")
     ours_for_layouts = plain_and_ours(tc, policy, decisions, root, work / "service", guard)
     with ours_for_layouts if layouts else nullcontext(()) as pair:
-        flags = problem_flags(problem)
+        flags = problem_flags(problem, profile)
         return timed_beside_row(recipe, pristine, trees, row, pair, flags, at, tc, timing)
