@@ -27,6 +27,7 @@ from mlgo.programs.layouts import policy_over_layouts
 from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.pgo import UNPROFILED, PGORow, pgo_row
 from mlgo.programs.report import PGO_ROW, program_report, render_html, report_table, table_rows
+from mlgo.ship import decisions
 from tests.conftest import DATA
 
 FLAGS = level_flags("-O2")
@@ -100,6 +101,25 @@ def test_the_pgo_build_is_built_with_the_profile_and_tested(tc, wordcount):
     assert ".text.hot." in sections(tc, work / "pgo" / "main.o")
     assert sections(tc, work / "plain" / "strbuf.o") == sections(tc, work / "plain" / "main.o")
     assert sections(tc, work / "plain" / "main.o") == {".text"}
+
+
+def test_a_decisions_directory_with_the_profile_makes_every_compile_use_it(tc, wordcount, tmp_path):
+    """The profile and the decisions together are what a tuned build on top of PGO needs:
+    a directory written with the profile carries it, and its `cc` adds it to every
+    compile, a file without decisions too; one written without adds nothing."""
+    _, pristine, _, _, row = wordcount
+    made = {}
+    for name, profile in (("with", Path(row.profile)), ("without", None)):
+        directory = decisions.write(
+            tmp_path / name, pristine, {}, {}, [], tc.major, profile=profile
+        )
+        obj = tmp_path / f"{name}.o"
+        compile_ = [directory / "cc", *FLAGS, "-c", pristine / "main.c", "-o", obj]
+        subprocess.run(compile_, check=True, cwd=pristine, capture_output=True)
+        made[name] = sections(tc, obj)
+    assert (tmp_path / "with" / "default.profdata").read_bytes() == Path(row.profile).read_bytes()
+    assert not (tmp_path / "without" / "default.profdata").exists()
+    assert ".text.hot." in made["with"] and ".text.hot." not in made["without"]
 
 
 def test_the_report_times_the_pgo_build_beside_plain_and_the_policy(tc, wordcount):

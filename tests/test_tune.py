@@ -456,6 +456,8 @@ def test_a_tune_on_top_of_pgo_departs_from_clang_with_the_profile_and_is_judged_
     assert ".text.hot." in _sections(out / "programs" / "plain" / "main.o")
     assert ".text.hot." not in _sections(out / "programs" / "unprofiled" / "main.o")
     assert report["tests"] == {"baseline": "passed", "policy": "passed"}
+    # the decisions carry the profile they were made with: the directory is the build's
+    assert (out / "decisions" / "default.profdata").read_bytes() == profile.read_bytes()
 
 
 def _sections(obj: Path) -> str:

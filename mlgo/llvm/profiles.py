@@ -20,9 +20,12 @@ INSTRUMENT_FLAGS = ["-fprofile-instr-generate"]
 PROFILE_USE_FLAGS = ["-Wno-profile-instr-unprofiled", "-Wno-profile-instr-out-of-date"]
 
 
+PROFILE_USE = "-fprofile-instr-use="
+
+
 def use_flags(profile: Path) -> list[str]:
     """What a compile adds to be optimized with PROFILE's counts."""
-    return [f"-fprofile-instr-use={profile.resolve()}", *PROFILE_USE_FLAGS]
+    return [f"{PROFILE_USE}{profile.resolve()}", *PROFILE_USE_FLAGS]
 
 
 def raw_pattern(raw: Path) -> str:

@@ -46,7 +46,8 @@ def decide(
     plugin at PROBLEM's stage and recorded; its kept decisions written to OUT/decisions for
     the project at ROOT (where `CC=OUT/decisions/cc` builds it), the copy removed. To
     REFRESH them, the sources unchanged since OUT/decisions was written keep its verdicts
-    and only the others are judged. With a PROFILE, every compile uses its counts."""
+    and only the others are judged. With a PROFILE, every compile uses its counts, and
+    OUT/decisions carries it."""
     earlier = out / DECISIONS / "summary.json"
     before = read(out / DECISIONS).verdicts() if refresh and earlier.is_file() else {}
     scratch = (out / "decide" / recipe.name).resolve()
@@ -63,7 +64,7 @@ def decide(
     files, links, left = keep(found, problem.aim, as_before)
     again = sorted(f"files/{n}" for n in found.files if f"files/{n}" not in as_before)
     refreshed = {"judged_again": again, "as_before": len(as_before)} if refresh else None
-    write(out / DECISIONS, root, files, links, found.flags, tc.major, left, refreshed)
+    write(out / DECISIONS, root, files, links, found.flags, tc.major, left, refreshed, profile)
     shutil.rmtree(scratch.parent)
     return out / DECISIONS
 

@@ -12,7 +12,10 @@ The directory DIR holds:
   a second no-op line with the source's POSIX `cksum`, by which its compile says, once, that
   the source changed since (its moved call sites get clang's own decisions);
 - `summary.json`: per file and per function, counts and departures from clang's own, and
-  each source's digest for a cheap `check`.
+  each source's digest for a cheap `check`;
+- `default.profdata`, where the decisions were made on code optimized with a profile (a
+  tune on top of PGO, `mlgo tune --pgo`): that profile, which every compile then uses, so
+  that the directory alone is what the build needs.
 
 The recorder (the plugin's, mlgo/ship/native/inline_plugin.cc) writes every answer the
 inliner got. A site answered both ways (the inliner visits some again) cannot be replayed as
@@ -26,6 +29,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 from collections import Counter
@@ -36,6 +40,7 @@ from pathlib import Path
 from mlgo.data import shipped_policy
 from mlgo.errors import UsageError
 from mlgo.llvm.driver import SOURCE_SUFFIXES, named_output
+from mlgo.llvm.profiles import PROFILE_USE, PROFILE_USE_FLAGS
 from mlgo.llvm.replay import (
     AT_CALLSITE,
     CLANG_ADVISOR,
@@ -333,11 +338,19 @@ def _double_quoted(text: str) -> str:
     return '"' + "".join("\\" + c if c in '"$`\\' else c for c in text) + '"'
 
 
+PROFILE = "default.profdata"  # a profiled directory's profile, by its name in it
+
+
 def wrapper_text(
-    compiler: str, root_from_dir: str, flags: list[str], every_compile: bool = False
+    compiler: str,
+    root_from_dir: str,
+    flags: list[str],
+    every_compile: bool = False,
+    profiled: bool = False,
 ) -> str:
     """The `cc`/`c++` wrapper for COMPILER (a name on PATH, as on any machine with clang),
-    adding FLAGS to the compiles that replay a file (EVERY_COMPILE: to all of them)."""
+    adding FLAGS to the compiles that replay a file (EVERY_COMPILE: to all of them), and,
+    PROFILED, the directory's PROFILE to every compile."""
     name = "[^']+"  # as mlgo.llvm.replay.LINE reads a name (grep reads no newline)
     line_ere = (
         f"^{_ere(LINE_PREFIX)}{name}({_ere(INLINED_INTO)}|{_ere(NOT_INLINED_INTO)})"
@@ -365,6 +378,10 @@ def wrapper_text(
         "@FLAGS@": " ".join(shlex.quote(f) for f in flags),
         "@LOCATE_EVERY_COMPILE@": "1" if every_compile else "''",
         "@SOURCE_PREFIX@": _double_quoted(f"{LINE_PREFIX}{SOURCE_MARK} "),
+        "@PROFILED@": "1" if profiled else "''",
+        "@PROFILE_FLAGS@": " ".join(
+            [f'"{PROFILE_USE}$dir/{PROFILE}"', *map(shlex.quote, PROFILE_USE_FLAGS)]
+        ),
     }
     text = WRAPPER.read_text()
     for placeholder, value in fills.items():
@@ -387,12 +404,14 @@ def write(
     clang_major: int,
     clangs_own: Mapping[str, dict] | None = None,
     refreshed: Mapping[str, object] | None = None,
+    profile: Path | None = None,
 ) -> Path:
     """Writes the decisions of a build of the project at ROOT (FILES by source path from
     ROOT, LINKS by program) whose compiles add FLAGS (`compile_flags`) as DIR, whole or not
     at all. CLANGS_OWN: the units judged and left to clang's own decisions (each `files/`
     or `links/` and its name: why, and the bytes measured), kept in the summary only;
-    REFRESHED: what a refresh judged again, and what it kept as judged before."""
+    REFRESHED: what a refresh judged again, and what it kept as judged before; PROFILE:
+    the profile the build was optimized with, copied in for every compile to use."""
     root_from_dir = _relative_root(directory, root)
     with atomic_directory(directory) as staging:
         (staging / "FORMAT").write_text(
@@ -400,11 +419,15 @@ def write(
             f"key {KEY_FORMAT}\nscope {SCOPE}\nroot {root_from_dir}\n"
         )
         (staging / "flags").write_text(" ".join(flags) + "\n")
+        if profile is not None:
+            shutil.copyfile(profile, staging / PROFILE)
         programs = sorted(links)
         link_lines = [" ".join(link_flags(directory, p)) for p in programs]
         (staging / "link.flags").write_text("".join(f"{line}\n" for line in link_lines))
         for name, compiler in (("cc", f"clang-{clang_major}"), ("c++", f"clang++-{clang_major}")):
-            text = wrapper_text(compiler, root_from_dir, flags, every_compile=bool(links))
+            text = wrapper_text(
+                compiler, root_from_dir, flags, bool(links), profiled=profile is not None
+            )
             (staging / name).write_text(text)
             (staging / name).chmod(0o755)
         for kind, units in (("files", files), ("links", links)):

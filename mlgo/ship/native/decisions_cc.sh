@@ -8,13 +8,16 @@
 # replays a file also gets DIR/flags, as the recorded build had them (call-site locations in
 # a -g0 build: keys must match), and so does every compile where DIR holds a program's
 # decisions (its link replays them on the compiles' bitcode); the others pay nothing for
-# locations. Builtins only, but one grep to check a file before clang reads it (clang stops
-# a compile at a line it cannot parse) and one cksum of a source that replays one.
+# locations. Where the decisions were made on code optimized with a profile (a tune on top
+# of PGO), DIR/default.profdata is that profile, and every compile uses it. Builtins only,
+# but one grep to check a file before clang reads it (clang stops a compile at a line it
+# cannot parse) and one cksum of a source that replays one.
 compiler=@COMPILER@
 # the project's root: as recorded (from this directory), or @ROOT_ENV@ (absolute) for a copy
 root_from_dir=${@ROOT_ENV@:-@ROOT_FROM_DIR@}
 header=@HEADER@
 locate_every_compile=@LOCATE_EVERY_COMPILE@
+profiled=@PROFILED@
 line=@LINE_ERE@
 source_prefix=@SOURCE_PREFIX@
 here=$PWD
@@ -74,5 +77,8 @@ if [ -n "$decisions" ] && [ -f "$decisions" ]; then
 fi
 if [ "$sources" != 0 ] && [ -n "$replayed$locate_every_compile" ]; then
   set -- "$@" @FLAGS@
+fi
+if [ "$sources" != 0 ] && [ -n "$profiled" ]; then
+  set -- "$@" @PROFILE_FLAGS@
 fi
 exec "$compiler" "$@"
