@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from mlgo.llvm.profiles import hot_functions
+from mlgo.llvm.replay import Decision
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import project
 from mlgo.problems import STAGE_FLAGS
@@ -25,9 +27,17 @@ from mlgo.programs.build import (
 )
 from mlgo.programs.layouts import policy_over_layouts
 from mlgo.programs.measure import recipe_throughput
-from mlgo.programs.pgo import UNPROFILED, PGORow, pgo_row
-from mlgo.programs.report import PGO_ROW, program_report, render_html, report_table, table_rows
+from mlgo.programs.pgo import UNPROFILED, PGORow, hot_departures, pgo_row
+from mlgo.programs.report import (
+    PGO_ROW,
+    hot_line,
+    program_report,
+    render_html,
+    report_table,
+    table_rows,
+)
 from mlgo.ship import decisions
+from mlgo.ship.decisions import UnitDecisions
 from tests.conftest import DATA
 
 FLAGS = level_flags("-O2")
@@ -120,6 +130,34 @@ def test_a_decisions_directory_with_the_profile_makes_every_compile_use_it(tc, w
     assert (tmp_path / "with" / "default.profdata").read_bytes() == Path(row.profile).read_bytes()
     assert not (tmp_path / "without" / "default.profdata").exists()
     assert ".text.hot." in made["with"] and ".text.hot." not in made["without"]
+
+
+def test_the_hot_code_of_the_profile_is_what_clangs_inliner_calls_hot_and_the_decisions_in_it(
+    tc, wordcount, tmp_path
+):
+    """What a tune on top of PGO reports of where the profile and the policy meet: the
+    functions whose counts reach the profile summary's 99% count (as clang's inliner
+    reads hotness), a static one by its file; per kept file, its departures from clang's
+    own in all callers and in the hot ones."""
+    _, pristine, _, _, row = wordcount
+    profile = Path(row.profile)
+    hot, functions = hot_functions(tc, profile)
+    counts = entry_counts(tc, profile)
+    assert hot > 0 and {"main.c:is_word", "main.c:next_word", "main"} <= set(functions)
+    assert counts["strbuf.c:hexdigit"] == 0 and "strbuf.c:hexdigit" not in functions
+    decision = Decision("next_word", "main.c:1:1", "is_word", False)
+    unit = UnitDecisions([decision], departures={"next_word": 2, "usage": 1})
+    other = UnitDecisions([decision], departures={"next_word": 1})  # not main.c's static
+    directory = tmp_path / "decisions"
+    decisions.write(directory, pristine, {"main.c": unit, "hash.c": other}, {}, [], tc.major)
+    found = hot_departures(profile, directory, tc)
+    assert found["hot_count"] == hot and found["hot_functions"] == sorted(functions)
+    assert found["files"] == {
+        "main.c": {"departures": 3, "in_hot_callers": {"next_word": 2}},
+        "hash.c": {"departures": 1, "in_hot_callers": {}},
+    }
+    line = hot_line(found)
+    assert line.endswith("4 sites departing from clang's own, 2 in 1 hot callers")
 
 
 def test_the_report_times_the_pgo_build_beside_plain_and_the_policy(tc, wordcount):

@@ -458,6 +458,9 @@ def test_a_tune_on_top_of_pgo_departs_from_clang_with_the_profile_and_is_judged_
     assert report["tests"] == {"baseline": "passed", "policy": "passed"}
     # the decisions carry the profile they were made with: the directory is the build's
     assert (out / "decisions" / "default.profdata").read_bytes() == profile.read_bytes()
+    # and the report says what the profile made hot, and what the policy changed there
+    assert report["hot"]["hot_count"] > 0 and "main.c:is_word" in report["hot"]["hot_functions"]
+    assert "hot code, by the profile" in r.stdout
 
 
 def _sections(obj: Path) -> str:

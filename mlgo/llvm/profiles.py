@@ -56,3 +56,31 @@ def most_counted(tc: Toolchain, profile: Path) -> int:
     if not counts:
         raise BuildError(f"{profile}: llvm-profdata show printed no maximum count")
     return max(map(int, counts))
+
+
+# LLVM's ProfileSummaryInfo calls a count hot from the one above which 99% of all counts lie
+# (-profile-summary-cutoff-hot=990000): the line of `llvm-profdata show --detailed-summary`.
+HOT_LINE = re.compile(r"with count >= (\d+) account for 99% of the total counts")
+FUNCTION = re.compile(
+    r"^  (\S+):\n(?:    .*\n)*?    Function count: (\d+)\n(?:    Block counts: \[([\d, ]*)\])?",
+    re.M,
+)
+
+
+def hot_functions(tc: Toolchain, profile: Path) -> tuple[int, dict[str, int]]:
+    """The count PROFILE's summary calls hot, as clang's inliner reads it (HOT_LINE), and
+    the functions with an entry or block that hot, by name (a static one's as the profile
+    names it, `file.c:name`), with their largest count."""
+    cmd = [tc.tool("llvm-profdata"), "show", "--detailed-summary", "--all-functions", "--counts"]
+    proc = subprocess.run([*cmd, str(profile)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"{profile}: llvm-profdata show failed: {proc.stderr.strip()[-200:]}")
+    line = HOT_LINE.search(proc.stdout)
+    if line is None:
+        raise BuildError(f"{profile}: llvm-profdata show printed no 99% line in its summary")
+    hot = int(line[1])
+    counted = {
+        name: max([int(entry), *(int(b) for b in (blocks or "").split(",") if b.strip())])
+        for name, entry, blocks in FUNCTION.findall(proc.stdout)
+    }
+    return hot, {name: n for name, n in counted.items() if n >= hot}

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from mlgo.llvm.profiles import (
     INSTRUMENT_FLAGS,
+    hot_functions,
     merge_profiles,
     most_counted,
     raw_pattern,
@@ -44,6 +45,7 @@ from mlgo.programs.measure import (
     workload_output,
 )
 from mlgo.runtime.commands import BuildError
+from mlgo.ship.decisions import read
 
 PGO = "pgo"  # the PGO build: its tree's name beside the other builds, its key in a throughput
 UNPROFILED = "unprofiled"  # on top of PGO, the plain build without the profile: the same
@@ -203,6 +205,33 @@ def unprofiled_row(
         return PGORow(left_out=f"the build without the profile is left out: {e}")
     tree = str(plain.parent / UNPROFILED)
     return PGORow(tree, str(profile), tuple(flags), tested, name=UNPROFILED)
+
+
+def hot_departures(profile: Path, decisions: Path, tc: Toolchain) -> dict:
+    """Where the profile and the policy meet, in a tune on top of PGO: the functions
+    PROFILE's run made hot as clang's inliner reads it (`profiles.hot_functions`), and per
+    file of the DECISIONS kept, the policy's departures from clang's own decisions (with
+    the profile) in all its callers and in the hot ones, by caller. A static function's
+    profile name (`file.c:f`) is matched in the file whose path ends as its file's."""
+    hot, functions = hot_functions(tc, profile)
+    files_of: dict[str, list[str]] = {}
+    for name in functions:
+        file, _, function = name.rpartition(":")
+        files_of.setdefault(function, []).append(file)
+
+    def is_hot(function: str, path: str) -> bool:
+        return any(
+            not f or path.endswith(f) or f.endswith(path) for f in files_of.get(function, [])
+        )
+
+    files = {}
+    for path, unit in read(decisions).files.items():
+        callers = unit.get("functions", {}).items()
+        departed = {f: n for f, u in callers if (n := u.get("departures"))}
+        if departed:
+            in_hot = {f: n for f, n in departed.items() if is_hot(f, path)}
+            files[path] = {"departures": sum(departed.values()), "in_hot_callers": in_hot}
+    return {"hot_count": hot, "hot_functions": sorted(functions), "files": files}
 
 
 def timed_beside_row(

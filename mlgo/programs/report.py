@@ -183,9 +183,24 @@ def table_rows(report: dict) -> list[Row]:
     rows.append((f"{size['files']} ELF files", f"{base:,}", f"{ours:,}", f"{change:+.2f}%", "bold"))
     if not for_speed(report):
         rows += speed_rows
+    if hot := report.get("hot"):
+        rows.append(("hot code, by the profile", "", "", hot_line(hot), ""))
     tests = report["tests"]
     rows.append(("tests", tests["baseline"], tests["policy"], "", ""))
     return rows
+
+
+def hot_line(hot: dict) -> str:
+    """A tune on top of PGO's `hot` (`pgo.hot_departures`): what the policy changed where
+    the profile made the code hot."""
+    files = hot["files"].values()
+    sites = sum(n for f in files for n in f["in_hot_callers"].values())
+    callers = sum(len(f["in_hot_callers"]) for f in files)
+    return (
+        f"{len(hot['hot_functions'])} functions (count >= {hot['hot_count']}); "
+        f"{sum(f['departures'] for f in files)} sites departing from clang's own, "
+        f"{sites} in {callers} hot callers"
+    )
 
 
 def for_speed(report: dict) -> bool:

@@ -62,7 +62,7 @@ from mlgo.programs.decide import DECISIONS, built_from, decide, writes_decisions
 from mlgo.programs.judges import candidate_judge
 from mlgo.programs.layouts import LAYOUTS
 from mlgo.programs.measure import check_fixed_work, check_repeatable
-from mlgo.programs.pgo import MERGED, PROFILE, PGORow, instrumented_profile
+from mlgo.programs.pgo import MERGED, PROFILE, PGORow, hot_departures, instrumented_profile
 from mlgo.programs.report import program_report, write_report
 from mlgo.programs.tuned import build_twice, pgo_build, timed_builds
 from mlgo.runtime.commands import BuildError
@@ -337,6 +337,8 @@ def tune(
         report.update(problem=problem.name, level=problem.opt_level, training=training)
         report.update(stage=problem.stage, flags=at)
         report.update(built_from(decisions, trees["mlgo"], say))
+        if profile is not None and decisions is not None:  # what the policy changed where hot
+            report["hot"] = hot_departures(profile, decisions, tc)
         write_report(report, out)
     stages.finish("report")
     return report
