@@ -24,6 +24,9 @@ engineer makes anyway: the baseline is -O2 with the workload's profile (`program
 an instrumented build, the workload run once apart from the timed runs, the profile
 merged), each threshold is built with that profile too, and plain -O2 without it is one
 more row ("no profile"), so PGO's own change stands beside inlining's reach over it.
+With a profile, clang's inliner gives the call sites it made hot their own threshold
+(-hot-callsite-threshold, 3000) and the cold ones theirs (45): -inline-threshold moves
+only the others. `--pgo --hot` moves the hot sites' threshold instead.
 """
 
 from __future__ import annotations
@@ -97,11 +100,12 @@ def reach(
     seconds: float,
     layouts: int = 0,
     pgo: bool = False,
+    switch: str = "-inline-threshold",
 ) -> dict:
     """NAME's baseline and one build per threshold in WORK/NAME/inline-reach (with PGO:
     inline-reach-pgo, all with the workload's profile, and plain -O2 as one more row), each
     against the baseline: .text, the workload cost, instructions and CPU time, in percent
-    (with LAYOUTS, over that many layouts too)."""
+    (with LAYOUTS, over that many layouts too). SWITCH: the threshold each build moves."""
     recipe = project_recipe(name)
     source = pristine_source(recipe, work / name)
     tc = find_toolchain()
@@ -116,7 +120,7 @@ def reach(
         return layout_trees(recipe, source, where / "layouts", tc, plain, flags, layouts)
 
     base_layouts = placed(BASELINE, profiled) if layouts else {}
-    builds = {str(t): [*profiled, "-mllvm", f"-inline-threshold={t}"] for t in thresholds}
+    builds = {str(t): [*profiled, "-mllvm", f"{switch}={t}"] for t in thresholds}
     if pgo:
         builds[NO_PROFILE] = []
     rows = {}
@@ -152,7 +156,8 @@ def reach(
     from scipy.stats import spearmanr  # over a second to import: only where it ranks
 
     rho = spearmanr(costs, times).statistic if len(rows) >= 3 else None
-    return {"baseline": base, "thresholds": rows, "spearman_cost_vs_cpu": rho, "pgo": pgo}
+    result = {"baseline": base, "thresholds": rows, "spearman_cost_vs_cpu": rho, "pgo": pgo}
+    return result | {"switch": switch}
 
 
 def table(name: str, result: dict) -> Table:
@@ -160,7 +165,8 @@ def table(name: str, result: dict) -> Table:
         "clang -O2 with the workload's profile" if result.get("pgo") else f"plain clang {LEVEL}"
     )
     t = Table(title=f"{name}: inlining's reach at {LEVEL} (against {against})")
-    columns = ["threshold", ".text", "workload cost", "instructions", "CPU time", "A/A"]
+    switch = result.get("switch", "-inline-threshold")
+    columns = [switch, ".text", "workload cost", "instructions", "CPU time", "A/A"]
     over = next((r["throughput"].get("layouts") for r in result["thresholds"].values()), None)
     if over:
         columns += [f"CPU time over {over['layouts']} layouts", "A/A over them"]
@@ -197,12 +203,16 @@ def main() -> None:
     parser.add_argument("--layouts", type=int, default=0, help="shuffled layouts also timed")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--pgo", action="store_true", help="on top of the workload's PGO build")
+    parser.add_argument(
+        "--hot", action="store_true", help="move -hot-callsite-threshold (with --pgo; 3000)"
+    )
     args = parser.parse_args()
+    switch = "-hot-callsite-threshold" if args.hot else "-inline-threshold"
     results = {}
     for name in args.projects:
         try:
             timing = (args.rounds, args.seconds, args.layouts)
-            results[name] = reach(name, args.thresholds, args.work, *timing, args.pgo)
+            results[name] = reach(name, args.thresholds, args.work, *timing, args.pgo, switch)
         except USER_ERRORS as e:
             console.print(f"[red]{name}: {error_line(e)}", highlight=False)
             continue
