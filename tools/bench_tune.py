@@ -45,7 +45,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
@@ -383,18 +385,11 @@ def retimed(
     }
 
 
-def try_project(
-    name: str,
-    work: Path,
-    minutes: float,
-    lto: str | None = None,
-    problem: str = SIZE,
-    pgo: bool = False,
-) -> dict:
-    """`tune_project`, or what stopped it (its rehearsal, a failing test...) as one line, so
-    that the projects after it still run."""
+def try_project(name: str, tuned: Callable[[], dict]) -> dict:
+    """TUNED (`tune_project` on project NAME), or what stopped it (its rehearsal, a failing
+    test...) as one line, so that the projects after it still run."""
     try:
-        return tune_project(name, work, minutes, lto, problem, pgo)
+        return tuned()
     except USER_ERRORS as e:
         console.print(f"[red]{name}: {error_line(e, WHOLE_LINE)}", highlight=False)
         return {"language": PROJECTS[name].language, "error": error_line(e)}
@@ -465,7 +460,10 @@ def main() -> None:
     parser.add_argument("--pgo", action="store_true", help="tune on top of the PGO build")
     args = parser.parse_args()
     work, lto, problem, pgo = args.work.resolve(), args.lto, args.problem, args.pgo
-    results = {n: try_project(n, work, args.minutes, lto, problem, pgo) for n in args.projects}
+    results = {
+        n: try_project(n, partial(tune_project, n, work, args.minutes, lto, problem, pgo))
+        for n in args.projects
+    }
     flag = {"full": "-flto", "thin": "-flto=thin"}.get(lto or "")
     level = get_problem(problem).opt_level + (" -fprofile-instr-use" if pgo else "")
     baseline = f"clang {level} {flag} (lld)" if lto else f"clang {level}"
