@@ -296,6 +296,26 @@ def test_a_source_that_is_not_a_directory_is_refused(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
+def test_the_snapshot_leaves_out_a_cmake_build_tree_made_in_the_source(tmp_path):
+    """A user who built in their source tree (`cmake -B build`) tunes it as it is: the copy
+    leaves that tree out, saying so (cmake refuses a cache made in another directory), and
+    keeps everything else, a build directory without a cache too."""
+    from mlgo.programs.tune import snapshot
+
+    src = shutil.copytree(DATA / "record" / "cmake", tmp_path / "cmake")
+    subprocess.run(["cmake", "-B", "build"], cwd=src, check=True, capture_output=True)
+    (src / "other").mkdir()
+    (src / "other" / "notes.txt").write_text("kept")
+    said: list[str] = []
+    pristine = snapshot(src, tmp_path / "out", said.append)
+    assert not (pristine / "build").exists() and (pristine / "other" / "notes.txt").is_file()
+    assert said == [f"leaving {src / 'build'} out of the copy: a CMake build tree"]
+    kept = {p.relative_to(src) for p in src.rglob("*") if "build" not in p.parts}
+    assert kept == {p.relative_to(pristine) for p in pristine.rglob("*")}
+    configured = subprocess.run(["cmake", "-B", "build"], cwd=pristine, capture_output=True)
+    assert configured.returncode == 0, configured.stderr
+
+
 def test_a_refresh_of_an_out_with_no_finished_training_is_one_line(tmp_path):
     out = tmp_path / "out"
     r = run_mlgo("tune", "--source", str(DATA / "minipkg"), "--build", "make",

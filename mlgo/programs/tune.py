@@ -132,12 +132,17 @@ def workload_reward(
     return None
 
 
-def snapshot(source: Path, out: Path) -> Path:
-    """SOURCE copied to OUT/pristine in one rename, without OUT if it lies inside."""
+def snapshot(source: Path, out: Path, say: Callable[[str], None] = print) -> Path:
+    """SOURCE copied to OUT/pristine in one rename, without OUT if it lies inside, or a
+    CMake build tree (cmake refuses a copy of one: its cache names its directory)."""
     inner = out.resolve()
 
     def skip(directory: str, names: list[str]) -> list[str]:
-        return [n for n in names if (Path(directory) / n).resolve() == inner]
+        paths = {n: Path(directory) / n for n in names}
+        built = [n for n, p in paths.items() if (p / "CMakeCache.txt").is_file()]
+        for n in built:
+            say(f"leaving {paths[n]} out of the copy: a CMake build tree")
+        return [n for n, p in paths.items() if p.resolve() == inner or n in built]
 
     with atomic_directory(out / "pristine") as staged:
         shutil.copytree(source, staged, symlinks=True, ignore=skip, dirs_exist_ok=True)
@@ -247,7 +252,7 @@ def tune(
     if not stages.done("snapshot"):
         say(f"copying {source} to {out / 'pristine'}")
         with _stage("snapshot", out / "pristine"):
-            snapshot(source, out)
+            snapshot(source, out, say)
         stages.finish("snapshot")
     pristine = out / "pristine"
     profile = (out / PROFILE / MERGED).resolve() if opts.pgo else None
