@@ -620,3 +620,13 @@ def test_a_calibrated_policy_outside_its_run_is_carded_from_the_run_it_was_calib
     assert "mlgo calibrate --policy runs/bcmax --corpus data/corpus-validation" in card
     (cal / "calibration.json").write_text("{not json")
     assert policy_run(cal) == cal.parent
+
+
+def test_candidates_alike_on_either_side_have_no_rank_correlation_and_raise_no_warning(recwarn):
+    from mlgo.programs.judges import rank_correlation
+
+    alike, linked = {"a": 0.0, "b": 0.0, "c": 0.0}, {"a": 1.0, "b": 2.0, "c": 3.0}
+    assert rank_correlation(alike, linked) == {"spearman": None, "candidates": 3}
+    assert rank_correlation(linked, {"a": 1.0, "b": 2.0, "c": 4.0})["spearman"] == 1.0
+    assert rank_correlation(linked, {"a": 1.0, "b": 2.0}) == {"spearman": None, "candidates": 2}
+    assert not recwarn.list

@@ -110,6 +110,8 @@ def rank_correlation(on_corpus: dict[str, float], linked: dict[str, float]) -> d
     from scipy.stats import spearmanr
 
     both = [n for n in linked if n in on_corpus and math.isfinite(linked[n])]
-    rho = spearmanr([on_corpus[n] for n in both], [linked[n] for n in both]).statistic
-    valid = len(both) >= 3 and math.isfinite(rho)
-    return {"spearman": float(rho) if valid else None, "candidates": len(both)}
+    ranked = [on_corpus[n] for n in both], [linked[n] for n in both]
+    if len(both) < 3 or any(len(set(r)) < 2 for r in ranked):  # scipy would warn: no rank
+        return {"spearman": None, "candidates": len(both)}
+    rho = spearmanr(*ranked).statistic
+    return {"spearman": float(rho) if math.isfinite(rho) else None, "candidates": len(both)}

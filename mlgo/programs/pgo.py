@@ -211,25 +211,29 @@ def hot_departures(profile: Path, decisions: Path, tc: Toolchain) -> dict:
     """Where the profile and the policy meet, in a tune on top of PGO: the functions
     PROFILE's run made hot as clang's inliner reads it (`profiles.hot_functions`), and per
     file of the DECISIONS kept, the policy's departures from clang's own decisions (with
-    the profile) in all its callers and in the hot ones, by caller. A static function's
-    profile name (`file.c:f`) is matched in the file whose path ends as its file's."""
+    the profile) in all its callers and in the hot ones, by caller (a program's, at an LTO
+    link, as `links/PROGRAM`). A static function's profile name (`file.c:f`) is matched in
+    the file whose path ends as its file's, and in any linked program."""
     hot, functions = hot_functions(tc, profile)
     files_of: dict[str, list[str]] = {}
     for name in functions:
         file, _, function = name.rpartition(":")
         files_of.setdefault(function, []).append(file)
 
-    def is_hot(function: str, path: str) -> bool:
+    def is_hot(function: str, path: str | None) -> bool:  # a link's (None): by name alone
         return any(
-            not f or path.endswith(f) or f.endswith(path) for f in files_of.get(function, [])
+            not f or path is None or path.endswith(f) or f.endswith(path)
+            for f in files_of.get(function, [])
         )
 
-    files = {}
-    for path, unit in read(decisions).files.items():
+    artifact, files = read(decisions), {}
+    units = [*artifact.files.items(), *((f"links/{p}", u) for p, u in artifact.links.items())]
+    for path, unit in units:
         callers = unit.get("functions", {}).items()
         departed = {f: n for f, u in callers if (n := u.get("departures"))}
         if departed:
-            in_hot = {f: n for f, n in departed.items() if is_hot(f, path)}
+            linked = None if path.startswith("links/") else path
+            in_hot = {f: n for f, n in departed.items() if is_hot(f, linked)}
             files[path] = {"departures": sum(departed.values()), "in_hot_callers": in_hot}
     return {"hot_count": hot, "hot_functions": sorted(functions), "files": files}
 

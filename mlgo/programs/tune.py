@@ -225,10 +225,10 @@ def tune(
             f"--problem {problem.name} is trained on a workload: give --bench, a command "
             "that runs the programs the build makes"
         )
-    if opts.pgo and (not recipe.bench or problem.stage != "compile"):
+    if opts.pgo and not recipe.bench:
         raise UsageError(
-            "--pgo tunes on top of a build with the workload's profile: give --bench, and "
-            "no --lto (an LTO tune times the PGO build beside it instead)"
+            "--pgo tunes on top of a build with the workload's profile: give --bench, a "
+            "command that runs the programs the build makes"
         )
     at = baseline_label(problem, opts.pgo)
     given = opts.policy or shipped_start(problem)
