@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from mlgo.corpus.wrappers import write_wrapper
 from mlgo.data import shipped_policy
 from mlgo.llvm.cmdline import without_outputs
 from mlgo.llvm.replay import CLANG_ADVISOR, Decision
 from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy_files import load_policy
+from mlgo.programs.decisions_figure import still_matching_in
 from mlgo.ship import decisions
 from mlgo.ship.decisions import DecisionsError, UnitDecisions
 from mlgo.ship.decisions_kept import keep, replayed_sizes
@@ -256,6 +258,31 @@ def test_unseen_stale_corrupt_and_foreign_files_get_clangs_own(
     report = decisions.check(decisions.read(root / "decisions"), root)
     assert f"src/{EDITED}: changed since recorded" in "\n".join(report)
     assert "src/inventory.cc: unchanged, all" in "\n".join(report)
+
+
+def test_a_logged_build_that_names_no_level_is_rechecked_at_its_wrappers_flags(
+    tc: Toolchain, plugin: Path, tmp_path: Path
+):
+    """A CMake build without a build type compiles with no -O of its own: the level is what
+    the wrapper appends, and the logged call holds only the build's arguments. Rechecked
+    with them, C and C++ alike, every decision of an unchanged file still matches."""
+    root, cflags = _project(tmp_path), ["-Oz", "-g0"]
+    _recorded(tc, plugin, root, cflags, tmp_path / "policy")
+    calls, built = tmp_path / "calls", tmp_path / "built"
+    calls.mkdir()
+    built.mkdir()
+    drivers = tuple(
+        str(write_wrapper(tmp_path / kind, compiler, cflags, calls))
+        for kind, compiler in (("cc", tc.clang), ("c++", tc.clangxx))
+    )
+    for name in SOURCES:
+        cmd = [_compiler(drivers, name), "-c", f"src/{name}", "-o", str(built / f"{name}.o")]
+        subprocess.run(cmd, cwd=root, check=True)
+    artifact = decisions.read(root / "decisions")
+    matching = still_matching_in(artifact, calls, root, cflags)
+    assert sorted(matching) == [f"src/{name}" for name in sorted(SOURCES)]
+    for name, (matched, total) in matching.items():
+        assert matched == total == artifact.files[name]["decisions"] > 0, name
 
 
 def test_a_full_lto_link_replays_from_its_programs_decisions(

@@ -9,29 +9,25 @@ from A's decisions (OUT_A/decisions/cc, told B's root), and from B's own decisio
 tune of B: the gain A's decisions are measured against). Reported: each build's `.text` over
 every ELF file against plain, the ELF files made larger, the share of the fresh tune's gain
 that A's decisions keep, and per file of A how many of its decisions still meet a call site
-in B (`mlgo decisions check`'s exact count: each of B's compiles, as its build ran it,
-again with the recorder around clang's replay of A's file).
+in B (`mlgo decisions check`'s exact count: each of B's compiles, as its build ran it with
+the tune's flags, again with the recorder around clang's replay of A's file).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.corpus.extract import logged_invocations
-from mlgo.llvm.cmdline import without_outputs
-from mlgo.llvm.driver import source_files
 from mlgo.llvm.sizes import compare_trees, tree_totals
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.programs.build import build_program, problem_flags
 from mlgo.programs.decide import DECISIONS, from_decisions
-from mlgo.programs.decisions_figure import tuned_project
+from mlgo.programs.decisions_figure import still_matching_in, tuned_project
 from mlgo.runtime.files import atomic_write_text
 from mlgo.ship import decisions
 
@@ -73,16 +69,7 @@ def main() -> None:
     kept = result["builds"]["A's decisions"]["delta_pct"] / fresh_gain if fresh_gain else None
     result["share_of_fresh_gain"] = kept
     artifact, tree = decisions.read(args.tuned / DECISIONS), trees["A's decisions"]
-    matching = {}
-    for call in logged_invocations(calls):
-        sources = source_files(call.argv[1:])
-        if "-c" not in call.argv or len(sources) != 1:
-            continue
-        name = os.path.relpath((call.cwd / sources[0]).resolve(), tree)
-        if name in artifact.files:  # B's compile of it, as B's build made it, replaying
-            command = decisions.recheck_command(without_outputs(call.argv)[1:])
-            command += ["-o", os.devnull]
-            matching[name] = decisions.still_matching(artifact, name, command, call.cwd)
+    matching = still_matching_in(artifact, calls, tree, flags)
     result["matching"] = {n: {"matched": m, "decisions": t} for n, (m, t) in matching.items()}
     matched, total = (sum(v[i] for v in matching.values()) for i in (0, 1))
     console.print(table)

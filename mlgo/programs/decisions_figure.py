@@ -1,6 +1,7 @@
 """Issue 59's figure on a finished tune: its project built again from OUT/decisions by plain
 clang, each ELF file's machine code compared with the tune's kept build, and that build's
-CPU against plain clang's in interleaved rounds beside an A/A control.
+CPU against plain clang's in interleaved rounds beside an A/A control; and, for the
+release-to-release figure, how many decisions still match in another release's build.
 
 The tune's kept build is OUT/programs/mlgo (every unit whose decisions were kept) and
 OUT/programs/plain (clang's own, which every file without a decisions file must match).
@@ -8,9 +9,13 @@ OUT/programs/plain (clang's own, which every file without a decisions file must 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlgo.corpus.extract import logged_invocations
+from mlgo.llvm.cmdline import without_outputs
+from mlgo.llvm.driver import source_files
 from mlgo.llvm.sizes import elf_texts, text_digest
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import Recipe, project
@@ -20,7 +25,7 @@ from mlgo.programs.decide import DECISIONS, from_decisions
 from mlgo.programs.measure import paired_change, round_order
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.inputs import read_json
-from mlgo.ship.decisions import read
+from mlgo.ship.decisions import Artifact, read, recheck_command, still_matching
 
 A_A = "plain A/A"
 
@@ -102,3 +107,23 @@ def identity_build(
         problem_flags(problem),
     )  # fmt: skip
     return kept_identity(tree, out)
+
+
+def still_matching_in(
+    artifact: Artifact, calls: Path, tree: Path, flags: list[str]
+) -> dict[str, tuple[int, int]]:
+    """Per file of ARTIFACT that the build of TREE logged to CALLS compiled: how many of its
+    decisions still meet a call site there, and how many there are (`still_matching`). Each
+    compile runs again as its wrapper ran it: the logged arguments, then the FLAGS the
+    wrapper appends (a build that names no level would otherwise be rechecked at -O0, where
+    nothing is inlined and no decision matches)."""
+    matching = {}
+    for call in logged_invocations(calls):
+        sources = source_files(call.argv[1:])
+        if "-c" not in call.argv or len(sources) != 1:
+            continue
+        name = os.path.relpath((call.cwd / sources[0]).resolve(), tree)
+        if name in artifact.files:
+            command = recheck_command([*without_outputs(call.argv)[1:], *flags])
+            matching[name] = still_matching(artifact, name, [*command, "-o", os.devnull], call.cwd)
+    return matching
