@@ -16,12 +16,18 @@ from mlgo.problems.policy import MLPPolicy
 from mlgo.ship.aot import AotError, aot_compile, native_server, replay
 from tests.conftest import random_policy
 
-# (problem, gate): the embeddings' problem exported gated, its float vectors beside int64s
-CASES = [("inlining-size", "argmax"), ("inlining-size", "gated"), ("inlining-size-ir2vec", "gated")]
+# (problem, gate): the embeddings' problem exported gated, its float vectors beside int64s.
+# That one takes every path the others do (int64 features, the gate's default input), so
+# the others, each a server build of its own, are the long tier.
+CASES = [
+    pytest.param(("inlining-size", "argmax"), marks=pytest.mark.slow, id="inlining-size-argmax"),
+    pytest.param(("inlining-size", "gated"), marks=pytest.mark.slow, id="inlining-size-gated"),
+    pytest.param(("inlining-size-ir2vec", "gated"), id="inlining-size-ir2vec-gated"),
+]
 TF_TYPES = {"int64_t": "int64", "float": "float32"}
 
 
-@pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
+@pytest.fixture(scope="module", params=CASES)
 def exported(request, recordings, tmp_path_factory):
     """A random policy (tests.conftest.random_policy), argmax or gated, exported."""
     from mlgo.ship.export import export_saved_model
@@ -94,7 +100,7 @@ def test_native_server_decides_like_saved_model_and_policy(exported, tmp_path):
 
 def test_aot_artifacts_are_what_llvm_embeds(exported):
     """Read from the native server's build of the same policy (cached, so no second
-    saved_model_cli run): it AOT-compiles the policy's SavedModel into its own aot/."""
+    AOT compile): it AOT-compiles the policy's SavedModel into its own aot/."""
     built = native_server(exported.policy).parent
     out = built / "aot"
     assert {p.name for p in out.iterdir()} >= {"model.h", "model.o", "tf_version"}

@@ -217,6 +217,7 @@ def test_a_module_without_call_sites_is_searched_without_error(mini_corpus, tc, 
     assert len(r.best.actions) == 0 and r.best.groups == [] and r.compiles == 1
 
 
+@pytest.mark.slow  # whole searches of every module; the rounds' rules are tested above
 def test_the_search_improves_on_a_poor_policy_within_its_budget(
     mini_corpus, tc, shipped, default_sizes
 ):

@@ -170,6 +170,8 @@ def test_the_plugin_decides_as_the_policy_does(cc, plugin, mini_corpus, tc, tmp_
     assert plugin.status()["failed_compilations"] == 0
 
 
+# Each backend in turn, a service and a native server build each: the long tier.
+@pytest.mark.slow
 def test_every_backend_applies_a_departure_gate_alike(native_cc, recordings, tc, tmp_path):
     """A gated policy (tests/test_aot.py's random one, gated so that only its surer half of
     departures stay; its native server is built once for both) gives the same objects from
@@ -598,6 +600,7 @@ def test_a_stopped_service_leaves_a_socket_another_service_took(tmp_path):
             second.stop()
 
 
+@pytest.mark.slow  # each backend in turn, as the gate's test above
 def test_every_backend_serves_an_embeddings_policy_as_numpy_decides(
     native_cc, mini_corpus, tc, tmp_path
 ):

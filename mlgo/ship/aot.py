@@ -1,6 +1,7 @@
 """AOT compilation: a SavedModel becomes a native policy server with no Python per decision.
 
-`saved_model_cli aot_compile_cpu` (from the TF wheel) turns the `action` signature into
+TF's `saved_model_cli aot_compile_cpu`, called in-process (TF is already loaded to export
+the SavedModel; the CLI would import it again), turns the `action` signature into
 `model.h` + objects; `mlgo/ship/native/policy_server.cc` includes that header and serves LLVM's
 interactive channel. Linking needs a few sources of the XLA AOT runtime that the wheel
 ships in `xla_aot_runtime_src`. The whole runtime takes about 15 minutes on 2 cores, but
@@ -16,8 +17,8 @@ import importlib.util
 import os
 import re
 import subprocess
-import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 from mlgo.errors import MlgoError
 from mlgo.runtime.files import atomic_directory, cache_subdir, close_to_others
 from mlgo.runtime.messages import error_line
+from mlgo.runtime.tfutil import import_tf
 from mlgo.runtime.trust import check_trusted
 
 if TYPE_CHECKING:
@@ -77,16 +79,41 @@ def aot_compile(saved_model: Path, out: Path) -> Path:
     if not (saved_model / "saved_model.pb").is_file():
         raise AotError(f"{saved_model}: not a SavedModel (no saved_model.pb)")
     with atomic_directory(out) as staging:
-        cli = Path(sys.executable).parent / "saved_model_cli"
-        run_step(
-            [str(cli), "aot_compile_cpu", "--dir", str(saved_model), "--tag_set", "serve"]
-            + ["--signature_def_key", "action", "--output_prefix", str(staging / "model")]
-            + ["--cpp_class", CLASS_NAME],
-            f"saved_model_cli aot_compile_cpu on {saved_model}",
-        )
+        _compile_action_signature(saved_model, staging / "model")
         (staging / "tf_version").write_text(tf_version() + "\n")
         (staging / "model_makefile.inc").unlink(missing_ok=True)  # names this machine's paths
     return out
+
+
+_COMPILING = threading.Lock()
+
+
+def _compile_action_signature(saved_model: Path, prefix: Path) -> None:
+    """What `saved_model_cli aot_compile_cpu` does with this module's options (the CLI's
+    own function). One compile at a time: TF's function freezes the graph into a
+    per-process temp dir and appends to XLA_FLAGS, which is restored after it."""
+    import_tf()
+    from tensorflow.python.tools import saved_model_aot_compile, saved_model_utils
+
+    with _COMPILING:
+        xla_flags = os.environ.get("XLA_FLAGS")
+        try:
+            saved_model_aot_compile.aot_compile_cpu_meta_graph_def(
+                checkpoint_path=str(saved_model / "variables" / "variables"),
+                meta_graph_def=saved_model_utils.get_meta_graph_def(str(saved_model), "serve"),
+                output_prefix=str(prefix),
+                signature_def_key="action",
+                cpp_class=CLASS_NAME,
+                target_triple="x86_64-pc-linux",
+                target_cpu="",
+            )
+        except Exception as e:  # TF's own errors are many kinds; each says what failed
+            raise AotError(f"AOT compiling {saved_model}: {error_line(e)}") from e
+        finally:
+            if xla_flags is None:
+                os.environ.pop("XLA_FLAGS", None)
+            else:
+                os.environ["XLA_FLAGS"] = xla_flags
 
 
 def _runtime_objects(sources: tuple[str, ...]) -> list[Path]:
