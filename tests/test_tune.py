@@ -491,14 +491,6 @@ def _sections(obj: Path) -> str:
     return subprocess.run([readelf, "-S", "-W", obj], capture_output=True, text=True).stdout
 
 
-def test_pgo_without_a_workload_is_refused_before_anything_is_written(tmp_path):
-    out, args = wordcount_args(tmp_path, "--pgo")
-    r = run_mlgo(*args, timeout=60)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "--pgo tunes on top of a build with the workload's profile: give --bench" in r.stderr
-    assert not out.exists()
-
-
 @pytest.mark.slow
 def test_a_full_lto_tune_on_top_of_pgo_links_with_the_profile_and_ships_it(cache, tmp_path):
     """--lto full --pgo: the objects compiled with the profile are bitcode whose counts
@@ -526,12 +518,20 @@ def test_a_pgo_tune_whose_workload_runs_none_of_the_code_stops_in_one_line(cache
     assert stages(out) == ["snapshot"] and not (out / "profile" / "default.profdata").exists()
 
 
-def test_inlining_for_speed_without_a_workload_is_refused_before_anything_is_written(tmp_path):
-    out, args = wordcount_args(tmp_path, "--problem", "inlining-speed")
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (("--problem", "inlining-speed"), "--problem inlining-speed is trained on a workload"),
+        (("--pgo",), "--pgo tunes on top of a build with the workload's profile: give --bench"),
+    ],
+)
+def test_speed_or_pgo_without_a_workload_is_refused_before_anything_is_written(
+    tmp_path, option, says
+):
+    out, args = wordcount_args(tmp_path, *option)
     r = run_mlgo(*args, timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "--problem inlining-speed is trained on a workload: give --bench" in r.stderr
-    assert not out.exists()
+    assert says in r.stderr and "give --bench" in r.stderr and not out.exists()
 
 
 @pytest.mark.slow
