@@ -149,15 +149,17 @@ def test_the_hot_code_of_the_profile_is_what_clangs_inliner_calls_hot_and_the_de
     unit = UnitDecisions([decision], departures={"next_word": 2, "usage": 1})
     other = UnitDecisions([decision], departures={"next_word": 1})  # not main.c's static
     directory = tmp_path / "decisions"
-    decisions.write(directory, pristine, {"main.c": unit, "hash.c": other}, {}, [], tc.major)
+    units = {"main.c": unit, "hash.c": other, "domain.c": other}  # whole names: not main.c
+    decisions.write(directory, pristine, units, {}, [], tc.major)
     found = hot_departures(profile, directory, tc)
     assert found["hot_count"] == hot and found["hot_functions"] == sorted(functions)
     assert found["files"] == {
         "main.c": {"departures": 3, "in_hot_callers": {"next_word": 2}},
         "hash.c": {"departures": 1, "in_hot_callers": {}},
+        "domain.c": {"departures": 1, "in_hot_callers": {}},
     }
     line = hot_line(found)
-    assert line.endswith("4 sites departing from clang's own, 2 in 1 hot callers")
+    assert line.endswith("5 sites departing from clang's own, 2 in 1 hot callers")
 
 
 def test_the_report_times_the_pgo_build_beside_plain_and_the_policy(tc, wordcount):

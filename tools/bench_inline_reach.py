@@ -40,7 +40,7 @@ from rich.table import Table
 
 from mlgo.cli import USER_ERRORS
 from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, Code
-from mlgo.llvm.profiles import use_flags
+from mlgo.llvm.profiles import MERGED, use_flags
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe
@@ -53,7 +53,7 @@ from mlgo.programs.build import (
 )
 from mlgo.programs.layouts import layout_trees, layouts_throughput
 from mlgo.programs.measure import AGAIN, recipe_throughput
-from mlgo.programs.pgo import MERGED, PROFILE, instrumented_profile
+from mlgo.programs.pgo import PROFILE, instrumented_profile
 from mlgo.programs.report import throughput_change
 from mlgo.programs.speed import tree_cost
 from mlgo.runtime.files import atomic_write_text

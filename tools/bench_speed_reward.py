@@ -51,7 +51,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, workload_cost
-from mlgo.llvm.profiles import INSTRUMENT_FLAGS, use_flags
+from mlgo.llvm.profiles import INSTRUMENT_FLAGS, MERGED, use_flags
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import load_recipe
 from mlgo.problems.policy_files import load_policy, save_policy
@@ -65,7 +65,7 @@ from mlgo.programs.measure import (
     timed_rounds,
     workload_output,
 )
-from mlgo.programs.pgo import MERGED, profile_workload
+from mlgo.programs.pgo import profile_workload
 from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_path, atomic_write_text
 from tools.bench_regalloc import FLAGS, PROGRAMS, prepare_workload, save_json

@@ -18,9 +18,8 @@ INSTRUMENT_FLAGS = ["-fprofile-instr-generate"]
 # clang's warnings that some functions have no counts (the run never reached them) or
 # counts of another version of their code are expected of a profile from one run.
 PROFILE_USE_FLAGS = ["-Wno-profile-instr-unprofiled", "-Wno-profile-instr-out-of-date"]
-
-
 PROFILE_USE = "-fprofile-instr-use="
+MERGED = "default.profdata"  # a merged profile's name in the directory that holds it
 
 
 def use_flags(profile: Path) -> list[str]:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from mlgo.llvm.profiles import (
     INSTRUMENT_FLAGS,
+    MERGED,
     hot_functions,
     merge_profiles,
     most_counted,
@@ -50,7 +51,6 @@ from mlgo.ship.decisions import read
 PGO = "pgo"  # the PGO build: its tree's name beside the other builds, its key in a throughput
 UNPROFILED = "unprofiled"  # on top of PGO, the plain build without the profile: the same
 PROFILE = "profile"  # the directory beside the builds that holds the profile
-MERGED = "default.profdata"
 
 
 def profile_workload(workload: Workload, tree: Path, where: Path, tc: Toolchain) -> Path:
@@ -215,16 +215,14 @@ def hot_departures(profile: Path, decisions: Path, tc: Toolchain) -> dict:
     link, as `links/PROGRAM`). A static function's profile name (`file.c:f`) is matched in
     the file whose path ends as its file's, and in any linked program."""
     hot, functions = hot_functions(tc, profile)
-    files_of: dict[str, list[str]] = {}
+    files_of: dict[str, list[tuple[str, ...]]] = {}
     for name in functions:
         file, _, function = name.rpartition(":")
-        files_of.setdefault(function, []).append(file)
+        files_of.setdefault(function, []).append(Path(file).parts)
 
     def is_hot(function: str, path: str | None) -> bool:  # a link's (None): by name alone
-        return any(
-            not f or path is None or path.endswith(f) or f.endswith(path)
-            for f in files_of.get(function, [])
-        )
+        parts = Path(path).parts if path is not None else ()
+        return any(path is None or _ends_alike(parts, file) for file in files_of.get(function, []))
 
     artifact, files = read(decisions), {}
     units = [*artifact.files.items(), *((f"links/{p}", u) for p, u in artifact.links.items())]
@@ -236,6 +234,14 @@ def hot_departures(profile: Path, decisions: Path, tc: Toolchain) -> dict:
             in_hot = {f: n for f, n in departed.items() if is_hot(f, linked)}
             files[path] = {"departures": sum(departed.values()), "in_hot_callers": in_hot}
     return {"hot_count": hot, "hot_functions": sorted(functions), "files": files}
+
+
+def _ends_alike(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Whether the shorter of the paths A and B is the end of the other, whole names only
+    (`main.c` ends `src/main.c`, not `domain.c`); an empty one (a global function's file)
+    ends any."""
+    n = min(len(a), len(b))
+    return a[len(a) - n :] == b[len(b) - n :]
 
 
 def timed_beside_row(

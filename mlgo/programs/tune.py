@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 
 from mlgo.corpus.format import load_corpus
 from mlgo.errors import UsageError
-from mlgo.llvm.profiles import use_flags
+from mlgo.llvm.profiles import MERGED, use_flags
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.build import run_tests
 from mlgo.packages.recipes import Recipe
@@ -62,7 +62,7 @@ from mlgo.programs.decide import DECISIONS, built_from, decide, writes_decisions
 from mlgo.programs.judges import candidate_judge
 from mlgo.programs.layouts import LAYOUTS
 from mlgo.programs.measure import check_fixed_work, check_repeatable
-from mlgo.programs.pgo import MERGED, PROFILE, PGORow, hot_departures, instrumented_profile
+from mlgo.programs.pgo import PROFILE, PGORow, hot_departures, instrumented_profile
 from mlgo.programs.report import program_report, write_report
 from mlgo.programs.tuned import build_twice, pgo_build, timed_builds
 from mlgo.runtime.commands import BuildError
@@ -308,8 +308,8 @@ def tune(
         ours = f"plain clang from {decisions}" if decisions else "mlgo-cc"
         say(f"building {recipe.name} twice (clang {at}, and {ours}){tests}")
         with _stage("build", work):
-            ours = (opts.guard, decisions, profile)
-            built = build_twice(recipe, pristine, policy, work, tc, problem, *ours)
+            served = (opts.guard, decisions, profile)  # how ours is built, and both with
+            built = build_twice(recipe, pristine, policy, work, tc, problem, *served)
             atomic_write_text(work / "builds.json", json.dumps([b.to_json() for b in built]))
         stages.finish("build")
     if stages.done("report"):

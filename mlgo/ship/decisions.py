@@ -40,7 +40,7 @@ from pathlib import Path
 from mlgo.data import shipped_policy
 from mlgo.errors import UsageError
 from mlgo.llvm.driver import SOURCE_SUFFIXES, named_output
-from mlgo.llvm.profiles import PROFILE_USE, PROFILE_USE_FLAGS
+from mlgo.llvm.profiles import MERGED, PROFILE_USE, PROFILE_USE_FLAGS
 from mlgo.llvm.replay import (
     AT_CALLSITE,
     CLANG_ADVISOR,
@@ -338,9 +338,6 @@ def _double_quoted(text: str) -> str:
     return '"' + "".join("\\" + c if c in '"$`\\' else c for c in text) + '"'
 
 
-PROFILE = "default.profdata"  # a profiled directory's profile, by its name in it
-
-
 def wrapper_text(
     compiler: str,
     root_from_dir: str,
@@ -350,7 +347,7 @@ def wrapper_text(
 ) -> str:
     """The `cc`/`c++` wrapper for COMPILER (a name on PATH, as on any machine with clang),
     adding FLAGS to the compiles that replay a file (EVERY_COMPILE: to all of them), and,
-    PROFILED, the directory's PROFILE to every compile."""
+    PROFILED, the directory's profile (MERGED) to every compile."""
     name = "[^']+"  # as mlgo.llvm.replay.LINE reads a name (grep reads no newline)
     line_ere = (
         f"^{_ere(LINE_PREFIX)}{name}({_ere(INLINED_INTO)}|{_ere(NOT_INLINED_INTO)})"
@@ -380,7 +377,7 @@ def wrapper_text(
         "@SOURCE_PREFIX@": _double_quoted(f"{LINE_PREFIX}{SOURCE_MARK} "),
         "@PROFILED@": "1" if profiled else "''",
         "@PROFILE_FLAGS@": " ".join(
-            [f'"{PROFILE_USE}$dir/{PROFILE}"', *map(shlex.quote, PROFILE_USE_FLAGS)]
+            [f'"{PROFILE_USE}$dir/{MERGED}"', *map(shlex.quote, PROFILE_USE_FLAGS)]
         ),
     }
     text = WRAPPER.read_text()
@@ -420,7 +417,7 @@ def write(
         )
         (staging / "flags").write_text(" ".join(flags) + "\n")
         if profile is not None:
-            shutil.copyfile(profile, staging / PROFILE)
+            shutil.copyfile(profile, staging / MERGED)
         programs = sorted(links)
         link_lines = [" ".join(link_flags(directory, p)) for p in programs]
         (staging / "link.flags").write_text("".join(f"{line}\n" for line in link_lines))
