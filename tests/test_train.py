@@ -185,6 +185,44 @@ def test_calibration_keeps_the_smallest_safe_threshold_the_higher_of_equals():
 
 
 @pytest.mark.unit
+def test_a_budget_judged_by_a_workload_keeps_what_judging_takes(tmp_path):
+    """A speed tune's minutes are its training's and its judging's: training stops with
+    what judging its candidates and timing the finalists will take left, as the builds so
+    far took (their seconds kept beside their costs, so a resumed tune knows them), and an
+    ES step is not begun that its earlier steps say would end past the budget."""
+    from types import SimpleNamespace
+
+    from mlgo.programs.chain import training_seconds
+    from mlgo.programs.speed import SECONDS, WorkloadReward
+    from mlgo.train.candidates import FINALISTS
+
+    speed = get_problem("inlining-speed")
+    none_yet = WorkloadReward(None, tmp_path, tmp_path, None, speed, rounds=10, layouts=4)
+    assert none_yet.judging_seconds(5) == 0.0
+    (tmp_path / SECONDS).write_text('{"plain": 20.0, "f00d": 40.0, "beef": 30.0}')
+    reward = WorkloadReward(None, tmp_path, tmp_path, None, speed, rounds=10, layouts=4)
+    timing = 10 * (FINALISTS + 2) * 4 * 1.0  # each build at each layout, plain twice, a round
+    assert reward.judging_seconds(5) == 30.0 * (5 + FINALISTS + 1) + timing
+    assert training_seconds(1800, 120, 600) == 1080
+    assert training_seconds(1800, 120, 3600) == 1.0  # one step, whatever it costs
+    assert training_seconds(0, 120, 600) == 0.0  # no budget
+    run = SimpleNamespace(state=SimpleNamespace(seconds=600.0))
+    assert ES(ESConfig(max_seconds=1800)).next_step_seconds(run, 3) == 200.0
+
+
+@pytest.mark.unit
+def test_one_language_alone_is_a_candidate_only_where_the_policy_departs_in_two():
+    from mlgo.train.calibrate import departing_languages
+
+    language = {"p/a.o": "c", "p/b.o": "c", "p/x.o": "c++", "p/y.o": None}
+    rows = {"p/a.o": 2, "p/b.o": 0, "p/x.o": 0, "p/y.o": 3}
+    ev = Evaluation(PROBLEM, "t", "c", {n: {"changed": c} for n, c in rows.items()})
+    assert departing_languages(ev, language) == ["c"]  # C alone: the policy itself
+    ev.modules["p/x.o"]["changed"] = 1
+    assert departing_languages(ev, language) == ["c", "c++"]
+
+
+@pytest.mark.unit
 def test_a_kept_workload_cost_file_that_is_not_one_is_refused_naming_it(tmp_path):
     """A speed tune resumed keeps its builds' costs; a file of anything else stops it in
     one line naming the file, which is left as it was."""

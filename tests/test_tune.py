@@ -416,6 +416,9 @@ def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_w
     assert start["problem"] == "inlining-speed" and "departure_threshold" in start
     training = report["training"]
     assert training["algorithm"] == "es" and training["curve"][0]["compiles"] >= 8
+    # the minutes are training's and judging's: judging's share, as builds so far took, kept
+    assert training["budget_s"] == 1.2 and training["judging_kept_s"] > 0
+    assert training["training_s"] == 1.0 and "kept for judging its candidates" in r.stdout
     changes = training["judged_change_pct"]
     bases = [f"clang's own, -inline-threshold={t}" for t in THRESHOLDS]  # the earliest wins
     assert {"default", "clang's own, cloned", "trained", *bases} <= set(changes)

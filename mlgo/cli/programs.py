@@ -159,7 +159,12 @@ def tune(
     ] = BENCH_TIMEOUT_S,
     layouts: LayoutsOpt = LAYOUTS,
     minutes: Annotated[
-        float, typer.Option(help="minutes of training (only)", min=0.01, callback=positive)
+        float,
+        typer.Option(
+            help="minutes of training, and of judging where a workload judges",
+            min=0.01,
+            callback=positive,
+        ),
     ] = 10.0,
     problem: Annotated[
         str,

@@ -12,6 +12,7 @@ build is not served. A shipped link-time policy's recipe runs it on held-out cod
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import replace
@@ -112,6 +113,13 @@ def search_headroom(state: RunState, evaluation: Evaluation) -> float | None:
     return -found[-1] * searched / evaluation.totals()[default]
 
 
+def training_seconds(budget: float, spent: float, reserve: float) -> float:
+    """What a chain's BUDGET of seconds leaves to training once SPENT are behind it and
+    RESERVE are kept for judging: at least one second, as a run takes one step whatever
+    its budget (a budget of 0 stays 0: none)."""
+    return max(budget - spent - reserve, 1.0) if budget else 0.0
+
+
 def choose_policy(
     corpus_dir: Path,
     problem: Problem,
@@ -123,6 +131,7 @@ def choose_policy(
     judge: Judge | None = None,
     reward: Reward | None = None,
     start_name: str = "shipped",
+    say: Callable[[str], None] = print,
 ) -> tuple[Path, dict]:
     """Trains from START into OUT/train (see `trainer`; scoring by REWARD if given, else
     the corpus's cost) for STEPS steps or MAX_SECONDS of training, whichever ends first
@@ -136,14 +145,17 @@ def choose_policy(
     network found), and training starts from the fastest of them where it beats the
     default (`based_start`). The earliest of equals wins, so a policy that does not beat
     the default on the code it will build is not served; where the JUDGE has a clock, its
-    cheapest FINALISTS are timed, and only one surely faster is (`surely_faster`). Returns
-    it and what training did."""
+    cheapest FINALISTS are timed, and only one surely faster is (`surely_faster`). Where
+    the JUDGE says what judging costs, MAX_SECONDS is the whole chain's: training stops
+    with the time judging will take left (`training_seconds`). Returns the kept candidate
+    and what training did."""
     from mlgo.programs.speed import WORKLOAD_SEARCH
     from mlgo.train import RunState
     from mlgo.train.calibrate import NEVER, calibrate
     from mlgo.train.evaluate import evaluate
     from mlgo.train.run import TrainOptions, load_start, run
 
+    began = time.monotonic()
     corpus = load_corpus(corpus_dir).require(problem)
     first = load_start(start, problem)
     candidates: dict[str, tuple[MLPPolicy, float]] = {}
@@ -151,7 +163,7 @@ def choose_policy(
         candidates["default"] = (replace(first, departure_threshold=NEVER), 0.0)
     algo = trainer(problem, reward) if steps else "none"
     state = RunState(algo)  # what training did: nothing until it runs
-    headroom = None
+    headroom, budgeted = None, {}
     with closing(make_workers("local")) as pool:
 
         def on_corpus(policy: MLPPolicy) -> float:
@@ -173,6 +185,16 @@ def choose_policy(
                 first = load_start(start, problem)
                 cloned = f"{start_name}, {problem.base_switch}={fastest.base}"
                 candidates[cloned] = (first, on_corpus(first))
+        if steps and max_seconds and judge is not None and judge.seconds is not None:
+            if reward is not None:  # one build measured (the search's start costs it anyway)
+                reward.reward(first, [])
+            budget, reserve = max_seconds, judge.seconds(len(GATES) + 2)
+            max_seconds = training_seconds(budget, time.monotonic() - began, reserve)
+            budgeted = {"budget_s": budget, "training_s": max_seconds, "judging_kept_s": reserve}
+            say(
+                f"training for {max_seconds / 60:.0f} of the {budget / 60:g} minutes, "
+                f"{reserve / 60:.0f} kept for judging its candidates ({judge.label})"
+            )
         if steps:
             search = WORKLOAD_SEARCH if reward is not None else {}
             # for speed, every departure from the compiler is judged by a build: a
@@ -219,6 +241,7 @@ def choose_policy(
         "candidates_change_pct": change,
         "note": ON_TRAINING_CODE,
         "curve": state.history,  # the trainer's history: step, compiles and its rewards
+        **budgeted,  # where judging counts in the budget: its split, in seconds
     }
     if judge is not None:
         training["judged_by"] = judge.label

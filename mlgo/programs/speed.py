@@ -21,6 +21,8 @@ import hashlib
 import json
 import math
 import shutil
+import statistics
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -50,6 +52,7 @@ from mlgo.programs.measure import (
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.inputs import read_json
+from mlgo.train.candidates import FINALISTS
 
 if TYPE_CHECKING:
     from mlgo.corpus.format import Module
@@ -102,8 +105,10 @@ class WorkloadReward:
         self.rounds, self.seconds, self.layouts = rounds, seconds, layouts
         self.known: dict[Code, float] = {}  # llvm-mca's cycles of code an earlier build had
         self.costs: dict[str, float] = {}  # by `_key`; "plain": the plain build's
-        if (work / COSTS).is_file():
-            self.costs = read_costs(work / COSTS)
+        self.build_seconds: dict[str, float] = {}  # the wall time of each one's build and cost
+        for kept, name in ((self.costs, COSTS), (self.build_seconds, SECONDS)):
+            if (work / name).is_file():
+                kept.update(read_costs(work / name))
         self.builds = 0
 
     def _build(self, variant: Variant, tree: Path, flags: list[str]) -> Path:
@@ -117,11 +122,25 @@ class WorkloadReward:
 
     def _cost(self, key: str, variant: Variant) -> float:
         if key not in self.costs:
+            began = time.monotonic()
             tree = self._build(variant, self.work / variant.name, [*self.flags, *BLOCK_MAP_FLAGS])
             self.costs[key], _ = tree_cost(self.recipe, tree, self.tc, self.known, variant.name)
             shutil.rmtree(tree)
+            self.build_seconds[key] = time.monotonic() - began
             atomic_write_text(self.work / COSTS, json.dumps(self.costs, indent=1))
+            atomic_write_text(self.work / SECONDS, json.dumps(self.build_seconds, indent=1))
         return self.costs[key]
+
+    def judging_seconds(self, candidates: int) -> float:
+        """How long judging CANDIDATES policies not costed yet takes, their FINALISTS timed
+        by `clock`, as this machine built and costed the builds so far (0: none yet): a
+        build each, a build of each finalist and of the plain build for the clock (relinked
+        at each layout), and its rounds (each build at each layout, the plain one twice)."""
+        if not self.build_seconds:
+            return 0.0
+        build = statistics.median(self.build_seconds.values())
+        rounds = self.rounds * (FINALISTS + 2) * max(self.layouts, 1) * self.seconds
+        return build * (candidates + FINALISTS + 1) + rounds
 
     @contextmanager
     def _served(self, policy: MLPPolicy) -> Iterator[Variant]:
@@ -197,6 +216,7 @@ class WorkloadReward:
 
 
 COSTS = "costs.json"
+SECONDS = "build-seconds.json"  # each costed build's wall time, for `judging_seconds`
 
 
 def _key(policy: MLPPolicy) -> str:
@@ -206,7 +226,8 @@ def _key(policy: MLPPolicy) -> str:
 
 
 def read_costs(path: Path) -> dict[str, float]:
-    """A WorkloadReward's kept costs; what is not a table of numbers is refused, naming it."""
+    """A WorkloadReward's kept costs (or its builds' seconds); what is not a table of
+    numbers is refused, naming it."""
     try:
         costs = read_json(path, BuildError)
     except OSError as e:

@@ -31,9 +31,9 @@ finished (training resumes from its checkpoint):
               OUT/throughput.json
     report    OUT/report.json
 
-The budget (`minutes`) counts training only: the trainer's own clock, summed over resumes,
-checked between iterations (BC-Max fits each iteration's search to the time left).
-Recording and building take what the user's build takes.
+The budget (`minutes`) counts training (the trainer's clock, summed over resumes) and, where a
+workload judges, judging: training stops with what judging will take left, as the builds so
+far measured it. Recording and building take what the user's build takes.
 OUT/tune.json holds the arguments; a rerun whose arguments differ in one a finished stage
 used stops and says which, rather than mixing results. A larger --minutes alone trains on
 from where training stopped, and builds, measures and reports again.
@@ -100,7 +100,7 @@ REFRESHED = ("snapshot", "decisions", "build", "pgo", "bench", "report")
 class TuneOptions:
     problem: str = "inlining-size"
     policy: Path | None = None  # the start policy; None: the shipped one for the problem
-    minutes: float = 10.0  # training budget (wall clock of training alone)
+    minutes: float = 10.0  # budget of training (and of judging, by a workload), wall clock
     train_steps: int = 0  # ES steps; 0: as many as the budget allows
     guard: bool = False  # eviction: mlgo-cc keeps the smaller of the policy's and the default's
     bench_rounds: int = 10  # paired ABBA rounds of the workload
@@ -289,7 +289,7 @@ def tune(
             judge = candidate_judge(problem, out, tc, reward)
             chosen, training = choose_policy(
                 out / "corpus", problem, start, out, tc, steps, 60 * opts.minutes, judge, reward,
-                "shipped" if given else CLONED,
+                "shipped" if given else CLONED, say,
             )  # fmt: skip
             export(chosen, out)
             atomic_write_text(out / "training.json", json.dumps(training, indent=1))

@@ -5,9 +5,11 @@ where it is wrong: with a threshold of 1 it is exactly the default. The sweep ev
 few thresholds on packages the policy did not train on, one evaluation each, and keeps the
 one that shrinks them most without any package getting larger.
 
-Where the corpus holds both C and C++, each threshold is also judged for the policy answering
-one language alone (the other's modules at the default's size: no compile more). A policy
-whose C++ packages grow at every threshold can still ship for C, and is served for C only.
+Where the policy departs in both C and C++, each threshold is also judged for the policy
+answering one language alone (the other's modules at the default's size: no compile more);
+where it departs in one, that language alone is the policy itself and the other clang's own.
+A policy whose C++ packages grow at every threshold can still ship for C, and is served for
+C only.
 
 Calibrated for the size guard, each threshold is judged as MLGO_GUARD=size serves it (every
 object the policy did not make smaller is the default's), and the policy asks to be guarded.
@@ -71,21 +73,28 @@ def calibrate(
     if not policy.can_gate:
         raise UsageError(f"a {policy.problem.name} policy has no default to gate on")
     language = {m.name: m.language for m in corpus.modules}
-    present = sorted({x for x in language.values() if x is not None})
     sweep = []
     for t in sorted(grid):
         everywhere = replace(policy, departure_threshold=t, languages=None)
         ev = evaluate(everywhere, corpus, tc, workers, policy.problem)
         ev = ev.guarded() if guard else ev
         row = {"threshold": t, **_judged(ev), "failed": sorted(ev.failed)}
-        if len(present) > 1:
+        if len(departed := departing_languages(ev, language)) > 1:
             row["by_language"] = {
                 x: _judged(ev.with_default({n for n, y in language.items() if y != x}))
-                for x in present
+                for x in departed
             }
         sweep.append(row)
     threshold, languages = choose(sweep)
     return Calibration(threshold, languages, sweep)
+
+
+def departing_languages(ev: Evaluation, language: dict[str, str | None]) -> list[str]:
+    """The languages of the modules where EV's policy departed from the default (by
+    LANGUAGE, each module's), sorted: where there is one, that language alone is the whole
+    policy, and another alone is the default, so neither is a candidate of its own."""
+    departed = {language.get(n) for n, r in ev.modules.items() if r.get("changed")}
+    return sorted(x for x in departed if x is not None)
 
 
 def _judged(ev: Evaluation) -> dict:

@@ -124,6 +124,12 @@ class ES(Trainer[ESConfig]):
         run.state.compiles += self.scorer.take_compiles()
         return Step(metrics, scored)
 
+    def next_step_seconds(self, run: Session, steps_done: int) -> float:
+        """A step as long as the steps so far on average: each compiles as many candidates
+        (on a workload's reward, a build each), so a budget does not begin one it cannot
+        finish."""
+        return run.state.seconds / steps_done
+
     def arrays(self) -> dict[str, np.ndarray]:
         return {"theta": self.theta, **self.adam.state()}
 
