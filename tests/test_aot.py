@@ -109,6 +109,27 @@ def test_aot_artifacts_are_what_llvm_embeds(exported):
     assert not list(built.glob(".aot.*")), "no staging dir left behind"
 
 
+def test_an_export_takes_the_servers_aot_objects_rather_than_compiling_again(
+    exported, tmp_path, monkeypatch
+):
+    """`mlgo export` (`release`) writes the AOT objects LLVM's release mode embeds: those its
+    native server's build compiled from the same policy, copied, not a second compile."""
+    from mlgo.ship import aot
+    from mlgo.ship.release import release
+
+    built = native_server(exported.policy).parent / "aot"
+
+    def compiled(*_):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(aot, "_compile_action_signature", compiled)
+    out = release(exported.policy, tmp_path / "released", "card").aot
+    assert out == tmp_path / "released" / "aot"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {
+        p.name: p.read_bytes() for p in built.iterdir()
+    }
+
+
 def test_not_a_saved_model_is_a_clear_error(tmp_path):
     with pytest.raises(AotError, match="not a SavedModel"):
         aot_compile(tmp_path, tmp_path / "aot")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import save_policy
-from mlgo.runtime.files import atomic_write_text, output_dir
+from mlgo.runtime.files import atomic_directory, atomic_write_text, output_dir
 
 
 @dataclass
@@ -33,11 +34,15 @@ def release(policy: MLPPolicy, out: Path, card: str, aot: bool = True) -> Releas
     result = Release(saved, out / "MODEL_CARD.md")
     if aot:
         from mlgo.llvm.toolchain import find_toolchain
-        from mlgo.ship.aot import aot_compile, native_server
+        from mlgo.ship.aot import native_server
         from mlgo.ship.plugin import inliner_plugin
 
-        result.aot = aot_compile(saved, out / "aot")
         result.native_server = native_server(policy)
+        # the server's build compiled the same policy's SavedModel: its objects, copied
+        with atomic_directory(out / "aot") as staging:
+            aot = result.native_server.parent / "aot"
+            shutil.copytree(aot, staging, copy_function=shutil.copyfile, dirs_exist_ok=True)
+        result.aot = out / "aot"
         if policy.problem.plugin:
             result.plugin = inliner_plugin(policy, find_toolchain())
     return result
