@@ -46,6 +46,35 @@ def test_atomic_directory_keeps_a_concurrent_winner_unless_replacing(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["key"]
 
 
+def test_a_cached_build_is_built_by_one_process_while_the_others_wait(tmp_path, monkeypatch):
+    """Parallel compiles (or test workers) asking for the same cached build: one builds,
+    the others wait on the key's lock and find it built."""
+    import multiprocessing
+
+    from mlgo.ship.aot import cached_build
+
+    monkeypatch.setenv("MLGO_CACHE", str(tmp_path / "cache"))
+    builds = tmp_path / "builds"
+
+    def build(staging: Path) -> None:
+        with builds.open("a") as log:
+            log.write("built\n")
+        time.sleep(1.0)  # long enough for the other process to arrive meanwhile
+        (staging / "made").write_text("made")
+
+    def ask() -> None:
+        cached_build("test", b"one key", "made", build)
+
+    others = [multiprocessing.get_context("fork").Process(target=ask) for _ in range(2)]
+    for p in others:
+        p.start()
+    ask()
+    for p in others:
+        p.join(30)
+        assert p.exitcode == 0
+    assert builds.read_text() == "built\n"
+
+
 def _umask() -> int:
     import os
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -78,6 +79,18 @@ def _chmod_as_created(path: str | Path, mode: int) -> None:
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(path, mode & ~umask)
+
+
+@contextmanager
+def held_lock(path: Path) -> Iterator[None]:
+    """PATH, a lock file in a directory of this user's alone, held exclusively while the
+    block runs: one process at a time does what the others then find done."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # and the lock with it
 
 
 @contextmanager

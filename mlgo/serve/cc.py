@@ -37,7 +37,6 @@ under MLGO_STRICT.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import math
 import os
@@ -67,6 +66,7 @@ from mlgo.llvm.driver import (
     opt_level,
     source_files,
 )
+from mlgo.runtime.files import held_lock
 from mlgo.runtime.messages import error_line
 from mlgo.serve.client import (
     Connection,
@@ -154,8 +154,7 @@ def start_service(path: Path) -> Connection:
     """Starts a service for MLGO_POLICY and connects; one starter at a time."""
     runtime = runtime_dir()
     failed_marker = runtime / "start-failed"
-    with open(runtime / "start.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with held_lock(runtime / "start.lock"):
         try:  # another wrapper may have started it while we waited for the lock
             return Connection(path, CONNECT_TIMEOUT_S)
         except ServiceError:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlgo.errors import MlgoError
-from mlgo.runtime.files import atomic_directory, cache_subdir, close_to_others
+from mlgo.runtime.files import atomic_directory, cache_subdir, close_to_others, held_lock
 from mlgo.runtime.messages import error_line
 from mlgo.runtime.tfutil import import_tf
 from mlgo.runtime.trust import check_trusted
@@ -160,13 +160,17 @@ def _link(staging: Path, aot: Path, runtime: list[Path]) -> subprocess.Completed
 def cached_build(kind: str, key_material: bytes, name: str, build: Callable[[Path], None]) -> Path:
     """CACHE/KIND/<hash>/NAME, made by BUILD(staging dir) on first use, and checked on
     every use (it will run as this user: `mlgo.runtime.trust`). The staging dir is renamed
-    into place only when complete, so a killed build leaves nothing half-written."""
+    into place only when complete, so a killed build leaves nothing half-written; a key is
+    built by one process at a time, the others waiting to find it built."""
     key = hashlib.sha256(key_material).hexdigest()[:20]
     target = cache_subdir(kind) / key
     if not (target / name).exists():
-        with atomic_directory(target, replace=False) as staging:
-            build(staging)
-            close_to_others(staging)
+        # one build of a key at a time: parallel compiles (or test workers) wait for it
+        with held_lock(target.with_name(f"{key}.lock")):
+            if not (target / name).exists():
+                with atomic_directory(target, replace=False) as staging:
+                    build(staging)
+                    close_to_others(staging)
     return check_trusted(target / name, f"the cached {kind} build", f"remove {target}")
 
 
