@@ -21,13 +21,13 @@ from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.runtime.files import cache_dir
 from mlgo.serve.cc import optimizes
 from mlgo.serve.guard import (
-    GUARD_CACHE,
     GUARD_SCRATCH,
     UNGUARDED,
     UNGUARDED_PREFIXES,
     default_args,
     guarded_object,
 )
+from mlgo.serve.memo import GUARD_CACHE
 from mlgo.serve.native_wrapper import build_native_wrapper
 from tests import test_service
 from tests.conftest import save_inline_all
@@ -425,6 +425,37 @@ def test_the_guards_memory_is_per_policy(departing, native_cc, tc, tmp_path):
         assert build.compiles() == 1
     finally:
         other.stop()
+
+
+def test_a_remembered_link_is_a_miss_unless_whole_its_own_and_unchanged(tmp_path):
+    """A guarded link's entry names its winner while every input hashes as it did; one
+    cut short, spoilt, writable by others, a link, or whose input changed, is a miss; an
+    input changed after the link began leaves nothing remembered."""
+    from mlgo.serve.memo import remember, remembered
+
+    inputs = [tmp_path / "a.o", tmp_path / "b.o"]
+    for f in inputs:
+        f.write_bytes(f.name.encode())
+    entry = tmp_path / "entry"
+    remember(entry, "default", [str(f) for f in inputs], time.time() + 1)
+    assert remembered(entry) == "default"
+    whole = entry.read_bytes()
+    for spoilt in (whole[:-4], whole.replace(b"winner", b"wiener"), b"", whole + b"more\n"):
+        entry.write_bytes(spoilt)
+        assert remembered(entry) is None
+    entry.write_bytes(whole)
+    entry.chmod(0o666)
+    assert remembered(entry) is None
+    entry.chmod(0o600)
+    (tmp_path / "link").symlink_to(entry)
+    assert remembered(tmp_path / "link") is None
+    inputs[1].write_bytes(b"edited")
+    assert remembered(entry) is None
+    remember(entry, "policy", [str(f) for f in inputs], time.time() + 1)
+    assert remembered(entry) == "policy"
+    entry.unlink()
+    remember(entry, "policy", [str(f) for f in inputs], time.time() - 3600)  # edited since
+    assert not entry.exists()
 
 
 def test_a_stopped_guard_leaves_nothing_behind(cc, eager, tmp_path):

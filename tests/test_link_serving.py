@@ -21,7 +21,7 @@ from mlgo.serve.guard import guarded_link
 from mlgo.serve.lease import at_link
 from tests import test_service
 from tests.conftest import MLGO, run_mlgo
-from tests.test_guard import save_inline_all
+from tests.test_guard import counting_clang, save_inline_all
 from tests.test_service import SHIPPED, Service
 
 cc = test_service.cc  # both wrappers
@@ -144,6 +144,31 @@ def test_a_guarded_link_keeps_the_smaller_program(cc, both, tc, tmp_path):
     run([*cc, *mapped], tmp_path, env)
     assert text_size(tmp_path / "mapped") > text_size(tmp_path / "plain")
     assert (tmp_path / "mapped.map").is_file()
+
+
+def test_a_guarded_link_of_unchanged_objects_links_once(cc, both, tc, tmp_path):
+    """The guard's memory at a link: linked twice the first time (the policy's and lld's
+    own, the smaller kept), once when linked again from the same objects, the winner alone,
+    into the same program; an object compiled anew from an edited source links twice again."""
+    objects([tc.clang], tmp_path)
+    counting, log = counting_clang(tc, tmp_path)
+    env = {**both.env(), "MLGO_GUARD": "size", "MLGO_CC": str(counting)}
+
+    def links() -> int:
+        before = len(log.read_text().split()) if log.exists() else 0
+        (tmp_path / "prog").unlink(missing_ok=True)
+        r = run([*cc, *LLD, "callee.o", "callers.o", "-o", "prog"], tmp_path, env)
+        assert not r.stderr, r.stderr
+        return len(log.read_text().split()) - before
+
+    assert links() == 2
+    first = (tmp_path / "prog").read_bytes()
+    assert links() == 1
+    assert (tmp_path / "prog").read_bytes() == first
+    (tmp_path / "callee.c").write_text(CALLEE.replace("31", "37"))
+    run([tc.clang, *LTO, "-c", "callee.c", "-o", "callee.o"], tmp_path)
+    assert links() == 2
+    assert links() == 1
 
 
 def test_a_policy_shipped_guarded_is_served_guarded(cc, tc, tmp_path):

@@ -68,6 +68,7 @@ from mlgo.llvm.driver import (
 )
 from mlgo.runtime.files import held_lock
 from mlgo.runtime.messages import error_line
+from mlgo.serve import memo
 from mlgo.serve.client import (
     Connection,
     ServiceError,
@@ -313,12 +314,24 @@ def _watch(proc: subprocess.Popen, conn: Connection, timeout_s: float) -> str | 
 
 
 def _guard(
-    compiler: str, args: list[str], sources: list[str], stage: str, source: str, strict: bool
+    compiler: str,
+    args: list[str],
+    sources: list[str],
+    stage: str,
+    source: str,
+    strict: bool,
+    entry: Path | None,
+    began: float,
 ) -> int:
     """MLGO_GUARD=size after the policy's compile (or link) succeeded: the smaller output
-    stays. SOURCE: what the messages name."""
+    stays, and where there is an ENTRY its winner is remembered there (`memo`), with the
+    inputs as they were when it BEGAN. SOURCE: what the messages name."""
     output = guarded_object(args, sources) if stage == "compile" else guarded_link(args)
-    problem = output and keep_smaller(compiler, args, output, socket_path().parent)
+    problem, winner = (
+        keep_smaller(compiler, args, output, socket_path().parent) if output else (None, None)
+    )
+    if winner and entry:
+        memo.remember(entry, winner, memo.link_inputs(args), began)
     if not problem:
         return 0
     if strict:
@@ -393,6 +406,15 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
             os.execvp(compiler, [compiler, *args])
         if stage != "compile":
             flags = at_link(flags)
+        # a guarded link remembered: the winner alone (a compile's memory is the native one's)
+        entry = memo.link_entry(compiler, seen, flags) if guard and stage != "compile" else None
+        winner = memo.remembered(entry) if entry else None
+        if winner == "default":
+            conn.close()
+            os.execvp(compiler, [compiler, *args])
+        if winner == "policy":
+            guard = None
+        began = time.time()
         if problem and strict:
             conn.close()
             return _error(problem, source)
@@ -435,7 +457,7 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
             return _compile_plain_after(proc.returncode, failure, compiler, args, source, stage)
         if problem is None:  # the lease is over: a guard's second compile holds nothing
             if guard and proc.returncode == 0:
-                return _guard(compiler, seen, sources, stage, source, strict)
+                return _guard(compiler, seen, sources, stage, source, strict, entry, began)
             return proc.returncode
     if strict:
         return _error(problem, source)

@@ -20,11 +20,10 @@ The native mlgo-cc hands a guarded link to Python: it costs a second link, not a
 interpreter's start.
 
 The native mlgo-cc (mlgo/serve/native/mlgo_cc.c) guards by these same rules without starting
-Python, running the two compiles at once; tests/test_guard.py holds both to agree. It also
-remembers, in the user's cache (GUARD_CACHE), which object a compile served by the plugin
-kept, by the hashes of the files it read: a rebuild of unchanged sources compiles each file
-once, with that one. This module does not: it guards what the native one hands it, the
-uncommon cases, every time.
+Python, running the two compiles at once; tests/test_guard.py holds both to agree. Which
+output a guarded compile served by the plugin, or a guarded link, kept is remembered
+(`memo`): a rebuild of unchanged inputs compiles or links once, with that one. The native
+wrapper remembers its compiles; the compiles it hands to this module are guarded every time.
 """
 
 from __future__ import annotations
@@ -48,8 +47,6 @@ UNGUARDED = {"-S", "-emit-llvm", "-save-temps", "--coverage", "-ftest-coverage",
 UNGUARDED_PREFIXES = ("-save-temps=", "-gsplit-dwarf")
 # The scratch directories' prefix, in the runtime directory; the native wrapper is built with it.
 GUARD_SCRATCH = "guard-"
-# The native wrapper's memory of what it kept, per compile, in the user's cache (its `memo`).
-GUARD_CACHE = "guard"
 
 
 def guard_from_env() -> tuple[str | None, str | None]:
@@ -141,15 +138,18 @@ def put_in_place(kept: Path, target: Path) -> None:
         os.close(directory)
 
 
-def keep_smaller(compiler: str, args: list[str], obj: Path, runtime: Path) -> str | None:
+def keep_smaller(
+    compiler: str, args: list[str], obj: Path, runtime: Path
+) -> tuple[str | None, str | None]:
     """With the policy's OBJ written, compiles (or links) ARGS with the default into a scratch
     directory in RUNTIME and keeps the smaller of the two in OBJ. Returns what went wrong
-    (then OBJ is the policy's), or None."""
+    (then OBJ is the policy's), or None, and which one was kept ("policy" or "default"; None
+    where nothing was compared)."""
     from mlgo.llvm.sizes import text_size
     from mlgo.runtime.messages import error_line
 
     if not obj.is_file():  # -o /dev/null and the like: nothing to keep
-        return None
+        return None, None
     scratch: Path | None = None
     # Held off until the handler is in place and the directory is where it looks.
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
@@ -163,12 +163,13 @@ def keep_smaller(compiler: str, args: list[str], obj: Path, runtime: Path) -> st
         cmd = [compiler, *default_args(args, default)]
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if proc.returncode != 0:
-            return f"the default heuristic's run failed: {error_line(proc.stderr)}"
-        if text_size(default) <= text_size(obj):
-            put_in_place(default, obj)
-        return None
+            return f"the default heuristic's run failed: {error_line(proc.stderr)}", None
+        if text_size(default) > text_size(obj):
+            return None, "policy"
+        put_in_place(default, obj)
+        return None, "default"
     except (OSError, ValueError) as e:
-        return error_line(e)
+        return error_line(e), None
     except Stopped as stop:  # the compile is killed (subprocess.run does it); then die of it
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)

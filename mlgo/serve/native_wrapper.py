@@ -37,8 +37,9 @@ from mlgo.llvm.driver import (
 from mlgo.llvm.languages import LANGUAGES
 from mlgo.runtime.csource import c_string
 from mlgo.runtime.messages import error_line
+from mlgo.serve import memo
 from mlgo.serve.cc import REPORTING_LLVM_OPTIONS
-from mlgo.serve.guard import GUARD_CACHE, GUARD_SCRATCH, UNGUARDED, UNGUARDED_PREFIXES
+from mlgo.serve.guard import GUARD_SCRATCH, UNGUARDED, UNGUARDED_PREFIXES
 from mlgo.serve.lease import PLUGIN_FLAG, lease_allow_list
 
 NATIVE_SOURCE = Path(__file__).parent / "native" / "mlgo_cc.c"
@@ -49,7 +50,7 @@ def native_lists() -> dict[str, list[str]]:
     """The string lists the native wrapper is built with (-D options): the lease allow-list
     of the registered problems, the LLVM options that only report, how a plugin's compile
     tells the size guard that it made clang's own object, the flag that names a plugin, the
-    prefix of the guard's scratch directories and the cache directory of its memory, the
+    prefix of the guard's scratch directories, its memory's directory and entry format, the
     options the guard leaves alone or keeps away from its second compile, and how clang's
     driver reads a command line (mlgo.llvm.driver)."""
     switches, channels, numbered = lease_allow_list()
@@ -72,7 +73,11 @@ def native_lists() -> dict[str, list[str]]:
         "MLGO_ADVISED": [ADVISED],
         "MLGO_PLUGIN_FLAG": [PLUGIN_FLAG],
         "MLGO_GUARD_SCRATCH": [GUARD_SCRATCH],
-        "MLGO_GUARD_CACHE": [GUARD_CACHE],
+        "MLGO_GUARD_CACHE": [memo.GUARD_CACHE],
+        "MLGO_MEMO_VERSION": [memo.VERSION],
+        "MLGO_MEMO_WINNERS": [memo.WINNERS["policy"], memo.WINNERS["default"]],
+        "MLGO_MEMO_END": [memo.END],
+        "MLGO_MEMO_ENVIRONMENT": list(memo.ENVIRONMENT),
         "MLGO_UNGUARDED": sorted(UNGUARDED),
         "MLGO_UNGUARDED_PREFIXES": list(UNGUARDED_PREFIXES),
         "MLGO_SIDE_OUTPUTS": sorted(SIDE_OUTPUTS),

@@ -50,7 +50,8 @@
     !defined(MLGO_BUILD_ID) || !defined(MLGO_DEPARTURES_ENV) ||                           \
     !defined(MLGO_DEPARTURES_PREFIX) || !defined(MLGO_DEPARTED) || !defined(MLGO_ADVISED) || \
     !defined(MLGO_PLUGIN_FLAG) || !defined(MLGO_GUARD_SCRATCH) ||                         \
-    !defined(MLGO_GUARD_CACHE) || !defined(MLGO_UNGUARDED) ||                             \
+    !defined(MLGO_GUARD_CACHE) || !defined(MLGO_UNGUARDED) || !defined(MLGO_MEMO_VERSION) || \
+    !defined(MLGO_MEMO_WINNERS) || !defined(MLGO_MEMO_END) || !defined(MLGO_MEMO_ENVIRONMENT) || \
     !defined(MLGO_UNGUARDED_PREFIXES) || !defined(MLGO_SIDE_OUTPUTS) ||                      \
     !defined(MLGO_SIDE_OUTPUTS_WITH_VALUE) || !defined(MLGO_SIDE_OUTPUT_PREFIXES) ||         \
     !defined(MLGO_SOURCE_SUFFIXES) || !defined(MLGO_C_SUFFIXES) ||                           \
@@ -626,26 +627,24 @@ static char **default_args(int argc, char **argv, const char *out, const char *d
   return args;
 }
 
-/* The guard's memory, in the user's cache (mlgo.serve.guard.GUARD_CACHE): a guarded compile
- * whose policy departed from clang remembers which object it kept, the policy's or the
- * default's, so that a rebuild of unchanged sources compiles the file once, with that one,
- * and gets the same object. An entry is named by what decides the object besides the files
- * read (the command line without its outputs, the directory it runs in, the compiler, the
- * lease's flags, whose plugin's path is a hash of the policy and LLVM's version, and the
- * environment clang finds headers by) and lists the hash of every file the compile read (its
- * dependency list, as ccache's direct mode does): a hit needs them all unchanged. Anything
+/* The guard's memory (mlgo.serve.memo, whose directory and entry format are defined when
+ * this is built): a guarded compile whose policy departed from clang remembers which object it
+ * kept, the policy's or the default's, so that a rebuild of unchanged sources compiles the file
+ * once, with that one, and gets the same object. An entry is named by what decides the object
+ * besides the files read (the command line without its outputs, the directory it runs in, the
+ * compiler, the lease's flags, whose plugin's path is a hash of the policy and LLVM's version,
+ * and the environment clang finds headers by) and lists the hash of every file the compile read
+ * (its dependency list, as ccache's direct mode does): a hit needs them all unchanged. Anything
  * else is a miss, and the file is guarded again: an entry that is stale, corrupt, too large,
  * not this user's or writable by another. A wrong winner could cost bytes, never a wrong
  * object: either way the object is a real compile of the sources as they are. */
-#define MEMO_VERSION "mlgo-guard-cache 1"
-#define MEMO_END "end"
+#define MEMO_VERSION MLGO_MEMO_VERSION
+#define MEMO_END MLGO_MEMO_END
 #define MEMO_MAX_BYTES (1 << 20)
 #define HEX_DIGEST (2 * SHA256_DIGEST_SIZE)
 enum { MEMO_MISS, MEMO_POLICY, MEMO_DEFAULT };
-static const char *memo_winners[] = {"", "winner policy", "winner default"};
-static const char *memo_env[] = {"CPATH",          "C_INCLUDE_PATH",    "CPLUS_INCLUDE_PATH",
-                                 "OBJC_INCLUDE_PATH", "SOURCE_DATE_EPOCH", "CCC_OVERRIDE_OPTIONS",
-                                 NULL};
+static const char *memo_winners[] = {"", MLGO_MEMO_WINNERS};
+static const char *memo_env[] = {MLGO_MEMO_ENVIRONMENT, NULL};
 static char memo[PATH_MAX]; /* this compile's entry, "" when it is not remembered */
 static struct timespec memo_since; /* when it was named: a file changed since is not remembered */
 
