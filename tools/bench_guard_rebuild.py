@@ -1,6 +1,11 @@
 """What the default guarded mlgo-cc costs on a rebuild of unchanged sources (issue 59, item 4).
 
   .venv/bin/python -m tools.bench_guard_rebuild lua --rounds 5 --work data/bench-guard-rebuild
+  .venv/bin/python -m tools.bench_guard_rebuild lua --lto full --rounds 5
+
+With --lto full, every build is `-Oz -flto` linked by lld: the compiles write bitcode (no
+per-file guard), and each program's link is the link-time policy's, guarded (linked twice,
+the smaller kept; remembered, a relink of unchanged objects links once).
 
 A Debian package built at -Oz in fresh trees, round by round (the order flips every
 round): with plain clang-22, then rebuilt after cleaning (every .o, .a and program removed,
@@ -27,7 +32,14 @@ from mlgo.corpus.wrappers import build_env
 from mlgo.data import default_policies
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe, load_recipe
-from mlgo.programs.build import SIZE_FLAGS, build_program, policy_service, pristine_source
+from mlgo.problems import get_problem
+from mlgo.programs.build import (
+    SIZE_FLAGS,
+    build_program,
+    policy_service,
+    pristine_source,
+    problem_flags,
+)
 from mlgo.programs.compare import Variant, variants
 from mlgo.programs.measure import children_cpu, in_percent, paired_change
 from mlgo.runtime.commands import run_logged
@@ -43,11 +55,14 @@ def cleaned(recipe: Recipe, tree: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def rebuild_cpu_s(recipe: Recipe, tree: Path, tc: Toolchain, variant: Variant) -> float:
-    """TREE, built by `build_program` with VARIANT, cleaned and built again: its CPU seconds."""
+def rebuild_cpu_s(
+    recipe: Recipe, tree: Path, tc: Toolchain, variant: Variant, flags: list[str]
+) -> float:
+    """TREE, built by `build_program` with VARIANT and FLAGS, cleaned and built again: its
+    CPU seconds."""
     cleaned(recipe, tree)
     cc, cxx = variant.compilers
-    env = dict(build_env(tc, tree.parent / f".{tree.name}-bin", SIZE_FLAGS, cc=cc, cxx=cxx))
+    env = dict(build_env(tc, tree.parent / f".{tree.name}-bin", flags, cc=cc, cxx=cxx))
     env |= variant.env
     log = tree.parent / f"{tree.name}.log"
     cpu_start = children_cpu()
@@ -57,12 +72,13 @@ def rebuild_cpu_s(recipe: Recipe, tree: Path, tc: Toolchain, variant: Variant) -
 
 
 def build_twice(
-    recipe: Recipe, pristine: Path, tree: Path, tc: Toolchain, variant: Variant
+    recipe: Recipe, pristine: Path, tree: Path, tc: Toolchain, variant: Variant, flags: list[str]
 ) -> tuple[float, float]:
-    """VARIANT's build of a fresh copy of PRISTINE at TREE and its rebuild: CPU seconds."""
+    """VARIANT's build with FLAGS of a fresh copy of PRISTINE at TREE and its rebuild: CPU
+    seconds."""
     v = variant
-    first = build_program(recipe, pristine, tree, tc, v.name, v.compilers, v.env, False)
-    return first.build_cpu_seconds, rebuild_cpu_s(recipe, tree, tc, variant)
+    first = build_program(recipe, pristine, tree, tc, v.name, v.compilers, v.env, False, flags)
+    return first.build_cpu_seconds, rebuild_cpu_s(recipe, tree, tc, variant, flags)
 
 
 def counting(tc: Toolchain, directory: Path, variant: Variant) -> tuple[Variant, Path]:
@@ -79,8 +95,9 @@ def runs_in(log: Path) -> int:
     return len(log.read_text().split())
 
 
-def bench(name: str, work: Path, policies: list[Path], rounds: int) -> dict:
-    """The rounds of one package, then the counted round: CPU seconds and clang's runs."""
+def bench(name: str, work: Path, policies: list[Path], rounds: int, flags: list[str]) -> dict:
+    """The rounds of one package built with FLAGS, then the counted round: CPU seconds and
+    clang's runs."""
     recipe, tc = load_recipe(name), find_toolchain()
     pristine = pristine_source(recipe, work)
     cpu: dict[str, list[float]] = {b: [] for b in BUILDS}
@@ -90,15 +107,17 @@ def bench(name: str, work: Path, policies: list[Path], rounds: int) -> dict:
         for r in range(rounds):
             order = (plain, guarded) if r % 2 == 0 else (guarded, plain)
             for v in order:
-                first, again = build_twice(recipe, pristine, work / f"{stamp}-{v.name}-{r}", tc, v)
+                tree = work / f"{stamp}-{v.name}-{r}"
+                first, again = build_twice(recipe, pristine, tree, tc, v, flags)
                 cpu[f"{v.name} first" if v is guarded else "plain"].append(first)
                 cpu[f"{v.name} again" if v is guarded else "plain again"].append(again)
             console.print(f"round {r + 1}: " + ", ".join(f"{b} {cpu[b][-1]:.1f} s" for b in BUILDS))
         counted, log = counting(tc, work / f"{stamp}-count", guarded)
         tree = work / f"{stamp}-counted"
-        build_program(recipe, pristine, tree, tc, "counted", counted.compilers, counted.env, False)
+        c = counted
+        build_program(recipe, pristine, tree, tc, "counted", c.compilers, c.env, False, flags)
         first_runs = runs_in(log)
-        rebuild_cpu_s(recipe, tree, tc, counted)
+        rebuild_cpu_s(recipe, tree, tc, counted, flags)
     return {
         "cpu_s": cpu,
         "clang_runs": {"guarded first": first_runs, "guarded again": runs_in(log) - first_runs},
@@ -113,11 +132,13 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("data/bench-guard-rebuild"))
     parser.add_argument("--policy", type=Path, nargs="+", default=default_policies())
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--lto", choices=["full"], help="-Oz -flto, each link guarded")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: at least 1 round is needed")
     work = args.work.resolve() / args.package
-    result = bench(args.package, work, args.policy, args.rounds)
+    flags = problem_flags(get_problem("inlining-size-link")) if args.lto else SIZE_FLAGS
+    result = bench(args.package, work, args.policy, args.rounds, flags)
     table = Table("build", "CPU s (median)", "vs plain, median", "IQR", title=args.package)
     for b in BUILDS:
         change = result["against_plain"].get(b)
@@ -129,8 +150,9 @@ def main() -> None:
         )
     console.print(table)
     console.print(f"clang runs, {result['objects']} objects: {result['clang_runs']}")
-    atomic_write_text(work / "bench_guard_rebuild.json", json.dumps(result, indent=1))
-    console.print(f"wrote {work / 'bench_guard_rebuild.json'}")
+    out = work / f"bench_guard_rebuild{'-lto-full' if args.lto else ''}.json"
+    atomic_write_text(out, json.dumps(result, indent=1))
+    console.print(f"wrote {out}")
 
 
 if __name__ == "__main__":
