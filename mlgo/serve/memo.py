@@ -25,6 +25,7 @@ import hashlib
 import os
 import shutil
 import stat
+from contextlib import suppress
 from pathlib import Path
 
 from mlgo.llvm.cmdline import without_outputs
@@ -55,22 +56,22 @@ def link_entry(compiler: str, args: list[str], flags: list[str]) -> Path | None:
     found = shutil.which(compiler)
     if found is None:
         return None
-    real = os.path.realpath(found)
-    st = os.stat(real)
     key = hashlib.sha256()
-    for part in (
-        VERSION,
-        "link",
-        f"{real} {st.st_size} {st.st_mtime_ns}",  # another clang, or this one upgraded
-        os.getcwd(),
-        *without_outputs(args),
-        *(f"{name}={os.environ.get(name)!r}" for name in ENVIRONMENT),
-        *flags,
-    ):
-        key.update(part.encode(errors="surrogateescape") + b"\0")
     try:
+        real = os.path.realpath(found)
+        st = os.stat(real)
+        for part in (
+            VERSION,
+            "link",
+            f"{real} {st.st_size} {st.st_mtime_ns}",  # another clang, or this one upgraded
+            os.getcwd(),
+            *without_outputs(args),
+            *(f"{name}={os.environ.get(name)!r}" for name in ENVIRONMENT),
+            *flags,
+        ):
+            key.update(part.encode(errors="surrogateescape") + b"\0")
         return cache_subdir(GUARD_CACHE) / key.hexdigest()
-    except (OSError, UntrustedPathError):
+    except (OSError, UntrustedPathError):  # a build never fails for want of a memory
         return None
 
 
@@ -103,13 +104,13 @@ def remembered(entry: Path) -> str | None:
     hashes as it did; None otherwise."""
     try:
         fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return None
+            text = f.read(MAX_ENTRY_BYTES + 1).decode(errors="replace")
     except OSError:
         return None
-    with open(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-            return None
-        text = f.read(MAX_ENTRY_BYTES + 1).decode(errors="replace")
     lines = text.split("\n")
     winner = {line: w for w, line in WINNERS.items()}.get(lines[1] if len(lines) > 1 else "")
     if lines[0] != VERSION or winner is None or lines[-2:] != [END, ""] or len(lines) < 5:
@@ -136,7 +137,8 @@ def remember(entry: Path, winner: str, files: list[str], since: float) -> None:
             return
         lines.append(f"{digest} {name}")
     if len(lines) > 2:
-        atomic_write_text(entry, "\n".join([*lines, END, ""]))
+        with suppress(OSError):  # a full disk, say: not remembered, guarded again next time
+            atomic_write_text(entry, "\n".join([*lines, END, ""]))
 
 
 def _hash(name: str) -> str | None:
