@@ -198,11 +198,12 @@ def test_a_budget_judged_by_a_workload_keeps_what_judging_takes(tmp_path):
 
     speed = get_problem("inlining-speed")
     none_yet = WorkloadReward(None, tmp_path, tmp_path, None, speed, rounds=10, layouts=4)
-    assert none_yet.judging_seconds(5) == 0.0
+    assert none_yet.seconds_for(5, FINALISTS) == 0.0
     (tmp_path / SECONDS).write_text('{"plain": 20.0, "f00d": 40.0, "beef": 30.0}')
     reward = WorkloadReward(None, tmp_path, tmp_path, None, speed, rounds=10, layouts=4)
     timing = 10 * (FINALISTS + 2) * 4 * 1.0  # each build at each layout, plain twice, a round
-    assert reward.judging_seconds(5) == 30.0 * (5 + FINALISTS + 1) + timing
+    assert reward.seconds_for(5, FINALISTS) == 30.0 * (5 + FINALISTS + 1) + timing
+    assert reward.seconds_for(8) == 8 * 30.0  # a search step: its builds alone
     assert training_seconds(1800, 120, 600) == 1080
     assert training_seconds(1800, 120, 3600) == 1.0  # one step, whatever it costs
     assert training_seconds(0, 120, 600) == 0.0  # no budget

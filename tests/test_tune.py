@@ -356,7 +356,9 @@ def test_with_a_workload_eviction_trains_and_is_judged_on_its_block_cost(cache, 
     cheapest kept; the table leads with CPU time."""
     bench = "./wordcount < main.c"
     out, args = wordcount_args(tmp_path, "--problem", "regalloc-eviction", "--bench", bench)
-    r = run_mlgo(*args, "--minutes", "0.02", "--bench-rounds", "2", timeout=900)
+    r = run_mlgo(
+        *args, "--minutes", "0.02", "--train-steps", "1", "--bench-rounds", "2", timeout=900
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     training = json.loads((out / "report.json").read_text())["training"]
     assert training["algorithm"] == "es" and training["steps"] >= 1
@@ -406,7 +408,9 @@ def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_w
     bench = "./wordcount < main.c"
     out, args = wordcount_args(tmp_path, "--problem", "inlining-speed", "--bench", bench)
     monkeypatch.setenv("COLUMNS", "160")  # the table's rows each on one line, to be read
-    r = run_mlgo(*args, "--minutes", "0.02", "--bench-rounds", "2", timeout=900)
+    r = run_mlgo(
+        *args, "--minutes", "0.02", "--train-steps", "1", "--bench-rounds", "2", timeout=900
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     assert "training inlining-speed from clang's own, cloned (-O2)" in r.stdout
     report = json.loads((out / "report.json").read_text())
@@ -417,6 +421,7 @@ def test_inlining_for_speed_starts_from_clangs_own_decisions_and_trains_on_the_w
     training = report["training"]
     assert training["algorithm"] == "es" and training["curve"][0]["compiles"] >= 8
     # the minutes are training's and judging's: judging's share, as builds so far took, kept
+    # (the step asked for is taken: without --train-steps, none would fit in 0.02 minutes)
     assert training["budget_s"] == 1.2 and training["judging_kept_s"] > 0
     assert training["training_s"] == 1.0 and "kept for judging its candidates" in r.stdout
     changes = training["judged_change_pct"]
@@ -475,6 +480,10 @@ def test_a_tune_on_top_of_pgo_departs_from_clang_with_the_profile_and_is_judged_
     assert speed["pgo_change_pct"] == pytest.approx(sum(inverse) / 2)
     assert speed["pgo_layouts"]["layouts"] == 2
     assert "PGO (the baseline) against no profile" in r.stdout
+    # 0.02 minutes hold no search step (8 builds): clang's own candidates alone are judged
+    training = report["training"]
+    assert (training["algorithm"], training["training_s"]) == ("none", 0.0)
+    assert "no search step fits in the 0.02 minutes" in r.stdout
     # the plain build is clang's own with the profile: the hot loop in hot text, the
     # build without it has none; ours replays decisions made on the profiled code
     assert ".text.hot." in _sections(out / "programs" / "plain" / "main.o")

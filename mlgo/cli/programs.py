@@ -19,6 +19,9 @@ from mlgo.programs.tune import TuneOptions
 BENCH_ROUNDS = 5  # mlgo build: a modest default, a few seconds per package
 # mlgo tune: a sample of --bench longer than this would make its rounds take days
 MOST_BENCH_SECONDS = 600.0
+TrainStepsOpt = Annotated[
+    int, typer.Option(help="stop training after this many iterations; 0: the minutes", min=0)
+]
 LayoutsOpt = Annotated[
     int,
     typer.Option(
@@ -102,9 +105,7 @@ def demo(
     minutes: Annotated[
         float, typer.Option(help="minutes of training from the shipped policy", callback=positive)
     ] = DemoOptions.minutes,
-    train_steps: Annotated[
-        int, typer.Option(help="stop training after this many iterations; 0: the minutes", min=0)
-    ] = DemoOptions.train_steps,
+    train_steps: TrainStepsOpt = DemoOptions.train_steps,
     bench_rounds: Annotated[
         int, typer.Option(help="paired rounds of the recipe's workload", min=1)
     ] = DemoOptions.bench_rounds,
@@ -166,6 +167,7 @@ def tune(
             callback=positive,
         ),
     ] = 10.0,
+    train_steps: TrainStepsOpt = TuneOptions.train_steps,
     problem: Annotated[
         str,
         typer.Option(
@@ -218,6 +220,7 @@ def tune(
         problem=problem,
         policy=policy,
         minutes=minutes,
+        train_steps=train_steps,
         guard=guard,
         bench_rounds=bench_rounds,
         bench_seconds=bench_seconds,

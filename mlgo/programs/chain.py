@@ -148,12 +148,13 @@ def choose_policy(
     cheapest FINALISTS are timed, and only one surely faster is (`surely_faster`). Where
     the JUDGE says what judging costs, MAX_SECONDS is the whole chain's: training stops
     with the time judging will take left (`training_seconds`). Returns the kept candidate
-    and what training did."""
+    and what training did. Where the budget (STEPS left to it) leaves less than one
+    search step, clang's own candidates alone are judged."""
     from mlgo.programs.speed import WORKLOAD_SEARCH
     from mlgo.train import RunState
     from mlgo.train.calibrate import NEVER, calibrate
     from mlgo.train.evaluate import evaluate
-    from mlgo.train.run import TrainOptions, load_start, run
+    from mlgo.train.run import UNTIL_BUDGET, TrainOptions, load_start, run
 
     began = time.monotonic()
     corpus = load_corpus(corpus_dir).require(problem)
@@ -188,13 +189,23 @@ def choose_policy(
         if steps and max_seconds and judge is not None and judge.seconds is not None:
             if reward is not None:  # one build measured (the search's start costs it anyway)
                 reward.reward(first, [])
-            budget, reserve = max_seconds, judge.seconds(len(GATES) + 2)
+            budget, reserve = max_seconds, judge.seconds(len(GATES) + 2, FINALISTS)
             max_seconds = training_seconds(budget, time.monotonic() - began, reserve)
+            step = judge.seconds(2 * WORKLOAD_SEARCH["directions"], 0)  # a search step's builds
             budgeted = {"budget_s": budget, "training_s": max_seconds, "judging_kept_s": reserve}
-            say(
-                f"training for {max_seconds / 60:.0f} of the {budget / 60:g} minutes, "
-                f"{reserve / 60:.0f} kept for judging its candidates ({judge.label})"
-            )
+            if max_seconds < step and steps >= UNTIL_BUDGET:  # none asked for, none fits
+                steps, algo, budgeted["training_s"] = 0, "none", 0.0
+                state = RunState(algo)
+                say(
+                    f"no search step fits in the {budget / 60:g} minutes: a step builds the "
+                    f"project {2 * WORKLOAD_SEARCH['directions']} times ({step / 60:.0f} "
+                    f"minutes here), and judging takes {reserve / 60:.0f}"
+                )
+            else:
+                say(
+                    f"training for {max_seconds / 60:.0f} of the {budget / 60:g} minutes, "
+                    f"{reserve / 60:.0f} kept for judging its candidates ({judge.label})"
+                )
         if steps:
             search = WORKLOAD_SEARCH if reward is not None else {}
             # for speed, every departure from the compiler is judged by a build: a

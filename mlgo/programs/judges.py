@@ -33,9 +33,9 @@ class Judge:
     changes: Callable[[dict[str, MLPPolicy]], dict[str, float]]  # each one's; the default's 0
     # where a workload runs, its clock has the last word over the cheapest few (`surely_faster`)
     clock: Callable[[dict[str, MLPPolicy]], tuple[dict[str, dict], dict]] | None = None
-    # the seconds judging that many new candidates takes, its clock included, as measured so
-    # far: what a tune's budget keeps for it (None: judging is not counted in the budget)
-    seconds: Callable[[int], float] | None = None
+    # the seconds that many new candidates take to judge, and that many finalists to time,
+    # as measured so far: what a tune's budget plans by (None: judging is not counted in it)
+    seconds: Callable[[int, int], float] | None = None
 
 
 LINK_JUDGE = "lld's LTO of each program"
@@ -55,7 +55,7 @@ def candidate_judge(
             LINK_JUDGE, lambda ps: linked_changes(ps, load_corpus(corpus).require(problem), tc)
         )
     if reward is not None:
-        return Judge(JUDGE, reward.changes, reward.clock, reward.judging_seconds)
+        return Judge(JUDGE, reward.changes, reward.clock, reward.seconds_for)
     return None
 
 

@@ -52,7 +52,6 @@ from mlgo.programs.measure import (
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.inputs import read_json
-from mlgo.train.candidates import FINALISTS
 
 if TYPE_CHECKING:
     from mlgo.corpus.format import Module
@@ -131,16 +130,18 @@ class WorkloadReward:
             atomic_write_text(self.work / SECONDS, json.dumps(self.build_seconds, indent=1))
         return self.costs[key]
 
-    def judging_seconds(self, candidates: int) -> float:
-        """How long judging CANDIDATES policies not costed yet takes, their FINALISTS timed
-        by `clock`, as this machine built and costed the builds so far (0: none yet): a
-        build each, a build of each finalist and of the plain build for the clock (relinked
-        at each layout), and its rounds (each build at each layout, the plain one twice)."""
+    def seconds_for(self, builds: int, finalists: int = 0) -> float:
+        """How long BUILDS policies not costed yet take to build and cost, and then timing
+        FINALISTS of them by `clock`, as this machine built and costed the builds so far (0:
+        none yet): the clock builds each finalist and the plain build again (relinked at
+        each layout), and runs its rounds (each build at each layout, the plain one twice)."""
         if not self.build_seconds:
             return 0.0
         build = statistics.median(self.build_seconds.values())
-        rounds = self.rounds * (FINALISTS + 2) * max(self.layouts, 1) * self.seconds
-        return build * (candidates + FINALISTS + 1) + rounds
+        if not finalists:
+            return build * builds
+        rounds = self.rounds * (finalists + 2) * max(self.layouts, 1) * self.seconds
+        return build * (builds + finalists + 1) + rounds
 
     @contextmanager
     def _served(self, policy: MLPPolicy) -> Iterator[Variant]:
@@ -216,7 +217,7 @@ class WorkloadReward:
 
 
 COSTS = "costs.json"
-SECONDS = "build-seconds.json"  # each costed build's wall time, for `judging_seconds`
+SECONDS = "build-seconds.json"  # each costed build's wall time, for `seconds_for`
 
 
 def _key(policy: MLPPolicy) -> str:
