@@ -458,6 +458,20 @@ def test_a_remembered_link_is_a_miss_unless_whole_its_own_and_unchanged(tmp_path
     assert not entry.exists()
 
 
+def test_a_links_inputs_are_the_files_it_names_and_the_libraries_it_finds(tmp_path, monkeypatch):
+    from mlgo.serve.memo import link_inputs
+
+    for name in ("a.o", "b.o", "order.txt", "lib/libz.a", "lib/libm.so", "lib/x.a", "lib/liby.a"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    args = ["-flto", "a.o", "-Wl,--symbol-ordering-file,order.txt", "-Xlinker", "b.o",
+            "-Llib", "-lz", "-l", "m", "-l:x.a", "-lnone", "-o", "prog", "-x", "c"]  # fmt: skip
+    assert link_inputs(args) == [
+        "a.o", "order.txt", "b.o", "lib/libz.a", "lib/libm.so", "lib/x.a"
+    ]  # fmt: skip
+
+
 def test_a_stopped_guard_leaves_nothing_behind(cc, eager, tmp_path):
     """make's Ctrl-C or a killed job: the wrapper dies of the signal, and its scratch
     directory (in the runtime directory, never beside the object) goes with it."""

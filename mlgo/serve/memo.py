@@ -76,8 +76,9 @@ def link_entry(compiler: str, args: list[str], flags: list[str]) -> Path | None:
 
 
 def link_inputs(args: list[str]) -> list[str]:
-    """The files the link ARGS (response files expanded) reads: those it names, and for each
-    -lNAME (-l:FILE) the libraries of that name in its -L directories."""
+    """The files the link ARGS (response files expanded) reads: those it names (to the linker
+    too, through -Wl, and -Xlinker), and for each -lNAME (-l:FILE) the libraries of that
+    name in its -L directories."""
     named, libraries, directories = [], [], []
     rest = iter(args)
     for a in rest:
@@ -85,6 +86,10 @@ def link_inputs(args: list[str]) -> list[str]:
             (libraries if a == "-l" else directories).append(next(rest, ""))
         elif a.startswith(("-l", "-L")):
             (libraries if a.startswith("-l") else directories).append(a[2:])
+        elif a == "-Xlinker":
+            named.append(next(rest, "-"))
+        elif a.startswith("-Wl,"):
+            named += a.split(",")[1:]
         elif takes_value(a) or a == "-o":
             next(rest, None)
         elif not a.startswith("-"):
@@ -95,7 +100,7 @@ def link_inputs(args: list[str]) -> list[str]:
         for name in ([lib[1:]] if lib.startswith(":") else [f"lib{lib}.a", f"lib{lib}.so"])
         for d in directories
     ]
-    return [f for f in [*named, *found] if os.path.isfile(f)]
+    return [f for f in [*named, *found] if not f.startswith("-") and os.path.isfile(f)]
 
 
 def remembered(entry: Path) -> str | None:
