@@ -120,6 +120,34 @@ def training_seconds(budget: float, spent: float, reserve: float) -> float:
     return max(budget - spent - reserve, 1.0) if budget else 0.0
 
 
+def planned_training(
+    judge: Judge, budget: float, spent: float, steps: int, say: Callable[[str], None]
+) -> tuple[float, dict]:
+    """The seconds of BUDGET left to training once SPENT are behind and what JUDGE says
+    judging will take is kept, and the split; 0 where not one search step fits and STEPS
+    were left to the budget (none asked for): then clang's own candidates alone are judged."""
+    from mlgo.programs.speed import WORKLOAD_SEARCH
+    from mlgo.train.run import UNTIL_BUDGET
+
+    assert judge.seconds is not None
+    reserve = judge.seconds(len(GATES) + 2, FINALISTS)
+    seconds = training_seconds(budget, spent, reserve)
+    builds = 2 * WORKLOAD_SEARCH["directions"]  # a search step's
+    step = judge.seconds(builds, 0)
+    if seconds < step and steps >= UNTIL_BUDGET:
+        say(
+            f"no search step fits in the {budget / 60:g} minutes: a step builds the project "
+            f"{builds} times ({step / 60:.0f} minutes here), and judging takes {reserve / 60:.0f}"
+        )
+        seconds = 0.0
+    else:
+        say(
+            f"training for {seconds / 60:.0f} of the {budget / 60:g} minutes, "
+            f"{reserve / 60:.0f} kept for judging its candidates ({judge.label})"
+        )
+    return seconds, {"budget_s": budget, "training_s": seconds, "judging_kept_s": reserve}
+
+
 def choose_policy(
     corpus_dir: Path,
     problem: Problem,
@@ -154,7 +182,7 @@ def choose_policy(
     from mlgo.train import RunState
     from mlgo.train.calibrate import NEVER, calibrate
     from mlgo.train.evaluate import evaluate
-    from mlgo.train.run import UNTIL_BUDGET, TrainOptions, load_start, run
+    from mlgo.train.run import TrainOptions, load_start, run
 
     began = time.monotonic()
     corpus = load_corpus(corpus_dir).require(problem)
@@ -189,23 +217,11 @@ def choose_policy(
         if steps and max_seconds and judge is not None and judge.seconds is not None:
             if reward is not None:  # one build measured (the search's start costs it anyway)
                 reward.reward(first, [])
-            budget, reserve = max_seconds, judge.seconds(len(GATES) + 2, FINALISTS)
-            max_seconds = training_seconds(budget, time.monotonic() - began, reserve)
-            step = judge.seconds(2 * WORKLOAD_SEARCH["directions"], 0)  # a search step's builds
-            budgeted = {"budget_s": budget, "training_s": max_seconds, "judging_kept_s": reserve}
-            if max_seconds < step and steps >= UNTIL_BUDGET:  # none asked for, none fits
-                steps, algo, budgeted["training_s"] = 0, "none", 0.0
+            spent = time.monotonic() - began
+            max_seconds, budgeted = planned_training(judge, max_seconds, spent, steps, say)
+            if not max_seconds:
+                steps, algo = 0, "none"
                 state = RunState(algo)
-                say(
-                    f"no search step fits in the {budget / 60:g} minutes: a step builds the "
-                    f"project {2 * WORKLOAD_SEARCH['directions']} times ({step / 60:.0f} "
-                    f"minutes here), and judging takes {reserve / 60:.0f}"
-                )
-            else:
-                say(
-                    f"training for {max_seconds / 60:.0f} of the {budget / 60:g} minutes, "
-                    f"{reserve / 60:.0f} kept for judging its candidates ({judge.label})"
-                )
         if steps:
             search = WORKLOAD_SEARCH if reward is not None else {}
             # for speed, every departure from the compiler is judged by a build: a
