@@ -285,6 +285,12 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
     (tmp_path / "recipe.json").write_text(json.dumps(record))
     again = Stages.timed(tmp_path / "recipe.json", train_inlining_size.STAGES, {})
     assert (again.seconds, again.finished) == ({"bc": 120.0, "calibrate": 60.0}, ["calibrate"])
+    # a record read back says what it said: its total is of the seconds as written
+    stages.seconds = {"calibrate": 0.06, "bc": 26.86}
+    record = stages.summary()
+    (tmp_path / "recipe.json").write_text(json.dumps(record))
+    again = Stages.timed(tmp_path / "recipe.json", train_inlining_size.STAGES, {"validation": kept})
+    assert again.summary() == record and record["total_minutes"] == 0.5
 
 
 @pytest.mark.slow

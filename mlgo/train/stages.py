@@ -132,11 +132,13 @@ class Stages:
             self.save()
 
     def summary(self) -> dict:
-        """A timed record: each stage's seconds, their total in minutes, the stages
+        """A timed record: each stage's seconds, their total in minutes (of the seconds as
+        written, so that a record read back and written again says the same), the stages
         finished, and the result."""
+        seconds = {s: round(self.seconds[s], 1) for s in self.names if s in self.seconds}
         return {
-            "seconds": {s: round(self.seconds[s], 1) for s in self.names if s in self.seconds},
-            "total_minutes": round(sum(self.seconds.values()) / 60, 1),
+            "seconds": seconds,
+            "total_minutes": round(sum(seconds.values()) / 60, 1),
             "finished": [s for s in self.names if s in self.finished],
             **(self.result or {}),
         }
