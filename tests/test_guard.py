@@ -449,6 +449,10 @@ def test_a_remembered_link_is_a_miss_unless_whole_its_own_and_unchanged(tmp_path
     entry.chmod(0o600)
     (tmp_path / "link").symlink_to(entry)
     assert remembered(tmp_path / "link") is None
+    inputs[1].unlink()
+    os.mkfifo(inputs[1])  # no writer: a blocking open would wait for ever
+    assert remembered(entry) is None
+    inputs[1].unlink()
     inputs[1].write_bytes(b"edited")
     assert remembered(entry) is None
     remember(entry, "policy", [str(f) for f in inputs], time.time() + 1)

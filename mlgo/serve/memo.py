@@ -147,9 +147,10 @@ def remember(entry: Path, winner: str, files: list[str], since: float) -> None:
 
 
 def _hash(name: str) -> str | None:
-    """The hex SHA-256 of the regular file NAME; None if it is not one or cannot be read."""
+    """The hex SHA-256 of the regular file NAME; None if it is not one or cannot be read
+    (opened without blocking: a FIFO put where an input was is not waited on)."""
     try:
-        with open(name, "rb") as f:
+        with open(os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 return None
             return hashlib.file_digest(f, "sha256").hexdigest()
