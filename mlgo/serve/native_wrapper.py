@@ -86,6 +86,12 @@ def native_lists() -> dict[str, list[str]]:
     }
 
 
+def native_numbers() -> dict[str, int]:
+    """The numbers the native wrapper is built with (-D options): the largest entry of the
+    guard's memory (`memo`) it reads or writes."""
+    return {"MLGO_MEMO_MAX_BYTES": memo.MAX_ENTRY_BYTES}
+
+
 def suffixes_of(language: str) -> list[str]:
     """The source suffixes of LANGUAGE (mlgo.llvm.languages): the C wrapper's table of
     `driver.suffix_language`."""
@@ -97,7 +103,8 @@ def native_build_id(source: Path = NATIVE_SOURCE) -> str:
     """What a native wrapper built from SOURCE by this mlgo is: its source and its lists,
     hashed. It sends it with every compile, so that the service can say when the one
     installed is another mlgo's (it then hands every compile to the slower Python one)."""
-    facts = source.read_bytes() + json.dumps(native_lists(), sort_keys=True).encode()
+    built_with = {**native_lists(), **native_numbers()}
+    facts = source.read_bytes() + json.dumps(built_with, sort_keys=True).encode()
     return hashlib.sha256(facts).hexdigest()[:16]
 
 
@@ -106,10 +113,11 @@ def build_native_wrapper(
 ) -> None:
     """Compiles SOURCE (the native wrapper; another revision's, for a benchmark) to OUT,
     handing uncommon cases to PYTHON, with DEFINES (-D options: tests build its checking
-    entry point so), `native_lists` and its `native_build_id`."""
+    entry point so), `native_lists`, `native_numbers` and its `native_build_id`."""
     cmd = ["cc", "-O2", "-Wall", "-Werror", f"-DMLGO_PYTHON={c_string(python)}", *defines]
     cmd += [f"-DMLGO_BUILD_ID={c_string(native_build_id(source))}"]
     cmd += [f"-D{name}={', '.join(map(c_string, v))}" for name, v in native_lists().items()]
+    cmd += [f"-D{name}={n}" for name, n in native_numbers().items()]
     # nettle's SHA-256 (the guard's memory), linked in: no library to load at each compile
     cmd += [str(source), NETTLE, "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True)

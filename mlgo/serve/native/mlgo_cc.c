@@ -52,6 +52,7 @@
     !defined(MLGO_PLUGIN_FLAG) || !defined(MLGO_GUARD_SCRATCH) ||                         \
     !defined(MLGO_GUARD_CACHE) || !defined(MLGO_UNGUARDED) || !defined(MLGO_MEMO_VERSION) || \
     !defined(MLGO_MEMO_WINNERS) || !defined(MLGO_MEMO_END) || !defined(MLGO_MEMO_ENVIRONMENT) || \
+    !defined(MLGO_MEMO_MAX_BYTES) ||                                                         \
     !defined(MLGO_UNGUARDED_PREFIXES) || !defined(MLGO_SIDE_OUTPUTS) ||                      \
     !defined(MLGO_SIDE_OUTPUTS_WITH_VALUE) || !defined(MLGO_SIDE_OUTPUT_PREFIXES) ||         \
     !defined(MLGO_SOURCE_SUFFIXES) || !defined(MLGO_C_SUFFIXES) ||                           \
@@ -640,7 +641,7 @@ static char **default_args(int argc, char **argv, const char *out, const char *d
  * object: either way the object is a real compile of the sources as they are. */
 #define MEMO_VERSION MLGO_MEMO_VERSION
 #define MEMO_END MLGO_MEMO_END
-#define MEMO_MAX_BYTES (1 << 20)
+#define MEMO_MAX_BYTES MLGO_MEMO_MAX_BYTES
 #define HEX_DIGEST (2 * SHA256_DIGEST_SIZE)
 enum { MEMO_MISS, MEMO_POLICY, MEMO_DEFAULT };
 static const char *memo_winners[] = {"", MLGO_MEMO_WINNERS};
