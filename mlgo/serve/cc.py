@@ -407,7 +407,8 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
         if stage != "compile":
             flags = at_link(flags)
         # a guarded link remembered: the winner alone (a compile's memory is the native one's)
-        entry = memo.link_entry(compiler, seen, flags) if guard and stage != "compile" else None
+        linked = guard and stage != "compile" and guarded_link(seen)
+        entry = memo.link_entry(compiler, seen, flags) if linked else None
         winner = memo.remembered(entry) if entry else None
         if winner == "default":
             conn.close()
