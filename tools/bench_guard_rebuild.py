@@ -114,8 +114,8 @@ def bench(name: str, work: Path, policies: list[Path], rounds: int, flags: list[
             console.print(f"round {r + 1}: " + ", ".join(f"{b} {cpu[b][-1]:.1f} s" for b in BUILDS))
         counted, log = counting(tc, work / f"{stamp}-count", guarded)
         tree = work / f"{stamp}-counted"
-        c = counted
-        build_program(recipe, pristine, tree, tc, "counted", c.compilers, c.env, False, flags)
+        compilers, env = counted.compilers, counted.env
+        build_program(recipe, pristine, tree, tc, "counted", compilers, env, False, flags)
         first_runs = runs_in(log)
         rebuild_cpu_s(recipe, tree, tc, counted, flags)
     return {
