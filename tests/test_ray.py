@@ -172,6 +172,7 @@ def test_tasks_that_never_finish_stop_the_run_with_a_clear_error(cluster, monkey
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.slow
 def test_cli_collect_over_ray_client_gives_byte_identical_traces(
     cluster, mini_corpus, local_traces, tmp_path
 ):
@@ -270,6 +271,7 @@ def test_es_step_on_ray_moves_the_weights_as_the_local_pool_does(
     assert np.array_equal(ray_arrays["theta"], local_arrays["theta"])
 
 
+@pytest.mark.slow
 def test_ppo_rollouts_on_ray_are_the_local_rollouts(cluster, mini_corpus, tc):
     from dataclasses import replace
 

@@ -136,6 +136,7 @@ def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tm
     assert not list(out.rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_eval_and_report(bc_run, mini_corpus, tc, tmp_path):
     run, _, policy, _ = bc_run
     r = run_mlgo(
