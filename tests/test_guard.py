@@ -271,7 +271,7 @@ def counting_clang(tc, directory: Path) -> tuple[Path, Path]:
     return counting, log
 
 
-@pytest.mark.parametrize("departs", [False, True])
+@pytest.mark.parametrize("departs", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_a_plugin_compile_that_made_clangs_object_is_not_compiled_again(cc, departs, tc, tmp_path):
     """Served by the plugin, a gated policy's compile says whether it departed from LLVM's
     decisions: one that never did (gate at 1) made clang's object, and the guard compiles
