@@ -62,6 +62,7 @@ def read_only_corpus(mini_corpus, tmp_path):
         subprocess.run(["umount", str(ro)], check=True)
 
 
+@pytest.mark.slow
 def test_a_read_only_corpus_can_be_evaluated_and_trained_on(read_only_corpus, tmp_path):
     cache_env = user_cache(tmp_path)
     ro = str(read_only_corpus)

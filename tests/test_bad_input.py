@@ -114,6 +114,7 @@ def full_disk(tmp_path):
         subprocess.run(["umount", str(disk)], check=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_collect_is_one_line_and_resumes(mini_corpus, full_disk):
     args = ["collect", "--problem", "inlining-size", "--corpus", str(mini_corpus.root),
             "--out", str(full_disk / "t"), "--workers", "1"]  # fmt: skip

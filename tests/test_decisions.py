@@ -182,7 +182,7 @@ def _recorded(tc: Toolchain, plugin: Path, root: Path, cflags: list[str], out: P
     return files, {name: (out / f"{name}.o").read_bytes() for name in SOURCES}
 
 
-@pytest.mark.parametrize("debug", ["-g", "-g0"])
+@pytest.mark.parametrize("debug", [pytest.param("-g", marks=pytest.mark.slow), "-g0"])
 def test_clang_alone_replays_the_policys_objects(
     tc: Toolchain, plugin: Path, tmp_path: Path, debug: str
 ):

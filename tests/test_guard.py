@@ -152,7 +152,9 @@ def test_a_compile_request_must_name_its_level_and_language(eager):
         request({"op": "compile", "level": "-Oz"}, path=eager.socket)
 
 
-@pytest.fixture(params=["python", "native"])
+# The Python reference wrapper runs in the long tier; the native one, which a user's build
+# runs, in both (tests/test_driver.py holds the two to one reading of a command line).
+@pytest.fixture(params=[pytest.param("python", marks=pytest.mark.slow), "native"])
 def wrappers(request, native_wrappers) -> dict[str, list[str]]:
     """mlgo-cc and mlgo-c++ of one kind (the Python reference or the native one), by the
     suffix of the source they compile."""
@@ -269,7 +271,7 @@ def counting_clang(tc, directory: Path) -> tuple[Path, Path]:
     return counting, log
 
 
-@pytest.mark.parametrize("departs", [False, True])
+@pytest.mark.parametrize("departs", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_a_plugin_compile_that_made_clangs_object_is_not_compiled_again(cc, departs, tc, tmp_path):
     """Served by the plugin, a gated policy's compile says whether it departed from LLVM's
     decisions: one that never did (gate at 1) made clang's object, and the guard compiles

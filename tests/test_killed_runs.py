@@ -10,6 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from mlgo.llvm import channel
 from tests.cli_helpers import mlgo
 
@@ -30,6 +32,7 @@ def _hold_channel(env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
     return proc, Path(proc.stdout.readline().strip())
 
 
+@pytest.mark.slow
 def test_a_killed_runs_fifos_are_removed_by_the_next_run(mini_corpus, tmp_path):
     env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()

@@ -180,6 +180,7 @@ def test_the_report_times_the_pgo_build_beside_plain_and_the_policy(tc, wordcoun
     assert PGO_ROW in render_html(report) and "pgo_left_out" not in speed
 
 
+@pytest.mark.slow
 def test_the_pgo_build_is_timed_over_the_same_layouts_as_plain_and_the_policy(tc, wordcount):
     recipe, pristine, work, plain, row = wordcount
     # clang's own decisions stand in for the policy's

@@ -161,6 +161,7 @@ def _hang(item: _Slow) -> None:
     time.sleep(120)
 
 
+@pytest.mark.slow
 def test_tasks_that_never_finish_stop_the_run_with_a_clear_error(cluster, monkeypatch):
     from mlgo.runtime import ray_workers  # imports ray: only in the tests that start it
 
@@ -172,6 +173,7 @@ def test_tasks_that_never_finish_stop_the_run_with_a_clear_error(cluster, monkey
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.slow
 def test_cli_collect_over_ray_client_gives_byte_identical_traces(
     cluster, mini_corpus, local_traces, tmp_path
 ):
@@ -253,6 +255,7 @@ def test_failing_module_is_reported_once_and_skipped(cluster, mini_corpus, tmp_p
     assert len(_worker_compiles(log)) == 3  # every module compiled once, the bad one too
 
 
+@pytest.mark.slow
 def test_es_step_on_ray_moves_the_weights_as_the_local_pool_does(
     cluster, mini_corpus, tc, tmp_path
 ):
@@ -270,6 +273,7 @@ def test_es_step_on_ray_moves_the_weights_as_the_local_pool_does(
     assert np.array_equal(ray_arrays["theta"], local_arrays["theta"])
 
 
+@pytest.mark.slow
 def test_ppo_rollouts_on_ray_are_the_local_rollouts(cluster, mini_corpus, tc):
     from dataclasses import replace
 

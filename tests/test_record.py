@@ -89,6 +89,7 @@ def test_meson_builddir_and_its_compilation_database_are_recorded(tc: Toolchain,
         assert a.bitcode.read_bytes() == b.bitcode.read_bytes(), a.name
 
 
+@pytest.mark.slow
 def test_autotools_configured_under_record_is_recorded(tc: Toolchain, tmp_path, monkeypatch):
     """Into an OUT named relative to here, as a user types it (`--out ../corpus`)."""
     src = project("autotools", tmp_path)

@@ -98,6 +98,7 @@ def files(tree: Path) -> set[str]:
     return {str(p.relative_to(tree)) for p in tree.rglob("*")}
 
 
+@pytest.mark.slow
 def test_each_linked_output_is_one_module_near_the_links_text(tc: Toolchain, tmp_path):
     """Recorded through the command; the user's tree gets only what a plain build writes,
     and the link that cannot be replayed is one line."""

@@ -174,6 +174,7 @@ def test_es_on_regalloc_trains_checkpoints_and_resumes(ra_bc, mini_corpus_o2, tc
     assert isinstance(load_policy(run.policy_dir), CandidatePolicy)
 
 
+@pytest.mark.slow
 def test_ppo_on_regalloc_scores_slots_and_resumes(ra_bc, mini_corpus_o2, tc, tmp_path):
     from mlgo.train.ppo import PPO, Agent, PPOConfig
 

@@ -91,7 +91,9 @@ def native_cc(native_wrappers) -> list[str]:
     return [str(native_wrappers[0])]
 
 
-@pytest.fixture(params=["python", "native"])
+# The Python reference wrapper runs in the long tier; the native one, which a user's build
+# runs, in both (tests/test_driver.py holds the two to one reading of a command line).
+@pytest.fixture(params=[pytest.param("python", marks=pytest.mark.slow), "native"])
 def cc(request, native_cc) -> list[str]:
     """Both wrappers: the Python reference and the native one must behave the same."""
     return MLGO_CC if request.param == "python" else native_cc
@@ -298,6 +300,7 @@ def test_readme_channel_by_hand_works_on_the_default_service(plugin, tmp_path):
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_plugin_policy_without_a_saved_model_answers_channels_natively(tmp_path, tc):
     """A policy directory's SavedModel is never what gets AOT-compiled: the native server is
     built from the policy's weights, so a policy without one answers channels by hand

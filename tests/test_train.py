@@ -136,6 +136,7 @@ def test_killed_es_training_resumes_without_losing_steps(bc_run, mini_corpus, tm
     assert not list(out.rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_eval_and_report(bc_run, mini_corpus, tc, tmp_path):
     run, _, policy, _ = bc_run
     r = run_mlgo(
@@ -237,6 +238,7 @@ def test_a_kept_workload_cost_file_that_is_not_one_is_refused_naming_it(tmp_path
     assert read_costs(path) == {"plain": 2.5, "f00d": 3}
 
 
+@pytest.mark.slow
 def test_calibrate_writes_a_gated_policy_no_package_grows_with(mini_corpus, tc, tmp_path):
     """An eager policy (shipped, pushed towards "inline") grows the package ungated; the
     calibrated one is written with its sweep, and re-evaluated grows no package."""

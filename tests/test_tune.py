@@ -255,6 +255,7 @@ def test_a_rerun_redoes_nothing_and_other_arguments_are_refused(tuned):
     assert "tuned before with minutes 0.05, not 0.01" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_wrong_test_or_a_bench_printing_timings_or_unfixed_stops_before_training(cache, tmp_path):
     src = shutil.copytree(DATA / "minipkg", tmp_path / "wordcount")
     out = tmp_path / "out"

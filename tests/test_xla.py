@@ -281,6 +281,7 @@ def _entry(cache: Path) -> Path:
     return entry
 
 
+@pytest.mark.slow
 def test_a_second_process_reuses_the_persistent_choice(model_dir, tuned_once):
     cold, cache = tuned_once
     warm, warnings_seen = _second_process(model_dir, cache)
@@ -290,6 +291,7 @@ def test_a_second_process_reuses_the_persistent_choice(model_dir, tuned_once):
     assert record["config"] == cold["config"] and record["jaxlib"] == jax.lib.__version__
 
 
+@pytest.mark.slow
 def test_a_corrupt_cache_file_is_ignored_with_one_warning(model_dir, tuned_once, tmp_path):
     cache = tmp_path / "cache"
     shutil.copytree(tuned_once[1], cache)

@@ -61,6 +61,10 @@ if [ ! -d .venv/mlgo-utils/mlgo/corpus ]; then
   .venv/bin/pip install -qq --no-deps --target .venv/mlgo-utils "$MLGO_UTILS" \
     || die "cannot install $MLGO_UTILS (offline?)"
 fi
+# mlgo's own modules as bytecode: an editable install leaves them as source, which each mlgo
+# process (the CLI, mlgo-cc, the service, every worker) would compile again where
+# PYTHONDONTWRITEBYTECODE is set; a module edited since is compiled in memory as usual.
+.venv/bin/python -m compileall -q -j 0 mlgo tools >/dev/null || die "cannot compile mlgo's modules"
 # mlgo-cc/mlgo-c++ in C over pip's Python entry points (pip reinstalls put those back).
 .venv/bin/mlgo install-wrappers >/dev/null || die "cannot build the native mlgo-cc (is cc installed?)"
 .venv/bin/mlgo doctor >/dev/null || die "toolchain check failed: run .venv/bin/mlgo doctor"

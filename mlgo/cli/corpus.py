@@ -22,9 +22,14 @@ app = typer.Typer(
 
 
 def doctor(clang: ClangOpt = None) -> None:
-    """Find clang and its LLVM tools, and check both MLGO channels answer."""
+    """Find clang and its LLVM tools, check both MLGO channels answer, and build the plugins
+    of the policies served by default: what a first build would need, checked (and cached)
+    before it."""
+    from mlgo.data import default_policies
     from mlgo.llvm.toolchain import probe
     from mlgo.problems import problems
+    from mlgo.problems.policy_files import load_policy
+    from mlgo.ship.plugin import inliner_plugin
 
     tc = find_toolchain(clang)
     table = Table("check", "result", title="mlgo toolchain")
@@ -36,6 +41,11 @@ def doctor(clang: ClangOpt = None) -> None:
             f"{problem.name} channel",
             f"ok ({probe(tc, problem)} decisions on the probe): {problem.summary}",
         )
+    for directory in default_policies():
+        policy = load_policy(directory)
+        if policy.problem.plugin:
+            plugin = inliner_plugin(policy, tc)
+            table.add_row(f"{directory.name} plugin", f"ok (clang loads it): {plugin}")
     console.print(table)
 
 
