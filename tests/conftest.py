@@ -27,6 +27,10 @@ from mlgo.train import RunDir
 DATA = Path(__file__).parent / "data"
 MLGO = [sys.executable, "-m", "mlgo.cli"]
 SHIPPED = Path(__file__).parent.parent / "policies" / "inlining-size"
+# The two mlgo-cc kinds a wrapper test runs with: the Python reference in the long tier,
+# the native one, which a user's build runs, in both (tests/test_driver.py holds the two
+# to one reading of a command line).
+WRAPPER_KINDS = [pytest.param("python", marks=pytest.mark.slow), "native"]
 
 # Fixtures that run the real toolchain: a test using any of them (directly or through
 # another fixture) is marked `toolchain`, so new tests get the mark without asking.

@@ -30,7 +30,7 @@ from mlgo.serve.guard import (
 from mlgo.serve.memo import GUARD_CACHE
 from mlgo.serve.native_wrapper import build_native_wrapper
 from tests import test_service
-from tests.conftest import save_inline_all
+from tests.conftest import WRAPPER_KINDS, save_inline_all
 from tests.test_service import CXX_SOURCE, MLGO_CC, SHIPPED, SOURCES, Service
 
 cc = test_service.cc  # both wrappers, as the service's own tests run them
@@ -152,9 +152,7 @@ def test_a_compile_request_must_name_its_level_and_language(eager):
         request({"op": "compile", "level": "-Oz"}, path=eager.socket)
 
 
-# The Python reference wrapper runs in the long tier; the native one, which a user's build
-# runs, in both (tests/test_driver.py holds the two to one reading of a command line).
-@pytest.fixture(params=[pytest.param("python", marks=pytest.mark.slow), "native"])
+@pytest.fixture(params=WRAPPER_KINDS)
 def wrappers(request, native_wrappers) -> dict[str, list[str]]:
     """mlgo-cc and mlgo-c++ of one kind (the Python reference or the native one), by the
     suffix of the source they compile."""

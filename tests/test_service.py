@@ -25,7 +25,7 @@ from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.programs.measure import live_children
 from mlgo.serve.client import ServiceError, request, runtime_dir
 from mlgo.serve.native_wrapper import NATIVE_SOURCE, build_native_wrapper, install_native_wrappers
-from tests.conftest import DATA, MLGO, SHIPPED, random_policy, save_inline_all
+from tests.conftest import DATA, MLGO, SHIPPED, WRAPPER_KINDS, random_policy, save_inline_all
 
 MLGO_CC = [sys.executable, "-c", "from mlgo.serve.cc import main_c; main_c()"]
 SOURCES = sorted((DATA / "minipkg").glob("*.c"))
@@ -91,9 +91,7 @@ def native_cc(native_wrappers) -> list[str]:
     return [str(native_wrappers[0])]
 
 
-# The Python reference wrapper runs in the long tier; the native one, which a user's build
-# runs, in both (tests/test_driver.py holds the two to one reading of a command line).
-@pytest.fixture(params=[pytest.param("python", marks=pytest.mark.slow), "native"])
+@pytest.fixture(params=WRAPPER_KINDS)
 def cc(request, native_cc) -> list[str]:
     """Both wrappers: the Python reference and the native one must behave the same."""
     return MLGO_CC if request.param == "python" else native_cc

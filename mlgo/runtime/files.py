@@ -7,10 +7,12 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import BinaryIO
 
 from mlgo.runtime.messages import copy_error, names_no_file, reworded
 from mlgo.runtime.trust import (
@@ -63,6 +65,16 @@ def content_cached(kind: str, digest: str, suffix: str, fetch: Callable[[], byte
         raise ValueError(f"the bytes fetched for {path} do not hash to its name")
     atomic_write_bytes(path, data)  # atomic: concurrent workers write the same bytes
     return path
+
+
+def open_regular(path: str | Path) -> BinaryIO | None:
+    """PATH opened for reading, or None if it is not a regular file: opened without
+    blocking, so that a FIFO put where a file was is not waited on, nor a device read."""
+    f = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb")
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        f.close()
+        return None
+    return f
 
 
 def close_to_others(tree: Path) -> None:

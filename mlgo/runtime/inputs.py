@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import stat
 import zipfile
 import zlib
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import IO, Any, BinaryIO
 import numpy as np
 
 from mlgo.errors import MlgoError, UsageError
+from mlgo.runtime.files import open_regular
 
 # The largest JSON mlgo reads is a build's compile database (bear writes every argument,
 # about 2 KB a file): this holds a 100,000-file build's. Parsed, JSON takes several times
@@ -40,11 +39,9 @@ _CHUNK = 1 << 20  # brackets counted at once: a file of nothing else takes littl
 
 
 def _open_regular(path: Path, error: type[MlgoError]) -> BinaryIO:
-    """PATH opened for reading, refused if it is not a regular file: a FIFO would block the
-    reader, a device never end."""
-    f = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb")
-    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-        f.close()
+    """PATH opened for reading, refused (ERROR) if it is not a regular file."""
+    f = open_regular(path)
+    if f is None:
         raise error(f"{path}: not a regular file")
     return f
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from mlgo.llvm.cmdline import without_outputs
 from mlgo.llvm.driver import takes_value
-from mlgo.runtime.files import atomic_write_text, cache_subdir
+from mlgo.runtime.files import atomic_write_text, cache_subdir, open_regular
 from mlgo.runtime.trust import UntrustedPathError
 
 GUARD_CACHE = "guard"  # the memory's directory in the user's cache
@@ -147,12 +147,12 @@ def remember(entry: Path, winner: str, files: list[str], since: float) -> None:
 
 
 def _hash(name: str) -> str | None:
-    """The hex SHA-256 of the regular file NAME; None if it is not one or cannot be read
-    (opened without blocking: a FIFO put where an input was is not waited on)."""
+    """The hex SHA-256 of the regular file NAME; None if it is not one or cannot be read."""
     try:
-        with open(os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
+        f = open_regular(name)
+        if f is None:
+            return None
+        with f:
             return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return None
