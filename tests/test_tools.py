@@ -23,6 +23,7 @@ from mlgo.llvm.sizes import TextParts
 from mlgo.packages.recipes import Recipe
 from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
+from mlgo.programs.build import cleaned
 from mlgo.programs.measure import Workload
 from mlgo.records import ModuleRun
 from mlgo.train import calibrate
@@ -31,7 +32,6 @@ from mlgo.train.stages import Stages
 from tools import (
     bench_collect,
     bench_guard,
-    bench_guard_rebuild,
     bench_inline_reach,
     bench_inlining,
     bench_regalloc,
@@ -143,7 +143,7 @@ def test_the_rebuild_bench_cleans_as_make_clean_does(tmp_path):
     for name in made + kept:
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text("x")
-    bench_guard_rebuild.cleaned(recipe, tmp_path)
+    cleaned(recipe, tmp_path)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.*")) == sorted(
         ["src/lapi.c", "src/lua.h"]
     )

@@ -15,9 +15,19 @@ from pathlib import Path
 import pytest
 
 from mlgo.corpus.format import load_corpus
-from mlgo.llvm.sizes import text_size
+from mlgo.llvm.sizes import elf_texts, text_size
 from mlgo.problems.inlining_speed import THRESHOLDS
-from mlgo.programs.decisions_figure import identity_build, kept_identity, tuned_project
+from mlgo.programs.decisions_figure import (
+    A_A,
+    DECIDED,
+    SERVED_COLD,
+    SERVED_REMEMBERED,
+    build_instructions,
+    cpu_rounds,
+    identity_build,
+    kept_identity,
+    tuned_project,
+)
 from mlgo.runtime.commands import BuildError
 from mlgo.ship import decisions
 from tests.conftest import DATA, MLGO, run_mlgo
@@ -179,6 +189,35 @@ def test_the_figure_builds_a_tune_from_its_decisions_with_the_kept_builds_machin
     assert changed.differing == [str(program.relative_to(built))]
     with pytest.raises(BuildError, match="tune.json"):
         tuned_project(tmp_path)
+
+
+@pytest.mark.slow
+def test_the_figure_times_the_decisions_beside_the_policy_served_as_builds_get_it_today(
+    tuned, tc, tmp_path
+):
+    """Issue 59's cost rows: each way built once; the build from decisions links the kept
+    build's programs, and the service's builds are mlgo-cc's, guarded, its CPU counted."""
+    _, out, _, _, _, _, _ = tuned
+    recipe, problem = tuned_project(out)
+    rows = cpu_rounds(recipe, out, tmp_path, tc, problem, 1)
+    assert list(rows) == ["plain", A_A, DECIDED, SERVED_COLD, SERVED_REMEMBERED]
+    kept = sum(t for t, linked in elf_texts(out / "programs" / "mlgo").values() if linked)
+    assert rows[DECIDED].programs_text == kept < rows["plain"].programs_text
+    for name in (SERVED_COLD, SERVED_REMEMBERED):
+        assert rows[name].programs_text <= rows["plain"].programs_text
+        assert rows[name].service_cpu_s >= 0 and len(rows[name].change["runs"]) == 1
+    assert rows["plain"].service_cpu_s == rows[DECIDED].service_cpu_s == 0
+    assert (tmp_path / "served-0" / "build").is_dir() and (tmp_path / "served").is_dir()
+
+
+@pytest.mark.slow
+def test_the_figure_counts_a_rebuilds_instructions_plain_and_from_decisions(tuned, tc, tmp_path):
+    """Every process of each compile and link is counted, the wrapper's too: the build from
+    decisions runs more (its sh, grep and cksum, and locations in a -g0 compile)."""
+    _, out, _, _, _, _, _ = tuned
+    recipe, problem = tuned_project(out)
+    counts = build_instructions(recipe, out, tmp_path, tc, problem)
+    assert counts["decisions"] > counts["plain"] > 10_000_000
 
 
 @pytest.mark.slow

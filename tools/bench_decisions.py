@@ -1,13 +1,17 @@
 """What a build from decisions costs against plain clang (issue 59's figures).
 
     .venv/bin/python -m tools.bench_decisions SRC_DIR [--rounds 9] [--callgrind lparser.c]
-    .venv/bin/python -m tools.bench_decisions --tune OUT [--rounds 9]
+    .venv/bin/python -m tools.bench_decisions --tune OUT [--rounds 9] [--instructions]
 
 With --tune, OUT is a finished `mlgo tune` of an inlining problem: its project is built
 from OUT/pristine with OUT/decisions' wrappers over plain clang, tested, and every object's
 and program's machine code compared with the tune's kept build
 (`mlgo.programs.decisions_figure`); then ROUNDS clean builds each of plain clang, plain
-again (A/A) and from the decisions, interleaved, CPU from rusage.
+again (A/A), from the decisions, and with the tune's policy served to mlgo-cc as a build
+gets it today (guarded for a size tune; the guard's memory cold, and remembered),
+interleaved: build CPU from rusage (the service's own added for its builds) and the
+linked programs' .text. With --instructions, also the instructions of one clean rebuild's
+compiles and links, plain and from the decisions, counted by callgrind (deterministic).
 
 Without it:
 SRC_DIR is a small real C project's source directory (every *.c in it compiles alone with
@@ -41,7 +45,12 @@ from mlgo.data import shipped_policy
 from mlgo.errors import MlgoError
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems.policy_files import load_policy
-from mlgo.programs.decisions_figure import cpu_rounds, identity_build, tuned_project
+from mlgo.programs.decisions_figure import (
+    build_instructions,
+    cpu_rounds,
+    identity_build,
+    tuned_project,
+)
 from mlgo.programs.measure import paired_change, round_order
 from mlgo.ship import decisions
 from mlgo.ship.plugin import inliner_plugin
@@ -83,11 +92,14 @@ def spread_row(change: dict) -> tuple[str, str]:
     return f"{change['median']:+.1%}", f"{change['q1']:+.1%}..{change['q3']:+.1%}"
 
 
-def bench_tune(out: Path, rounds: int) -> None:
+def bench_tune(out: Path, rounds: int, count: bool) -> None:
     """The figure on the finished tune at OUT (see the module doc)."""
     tc, out = find_toolchain(), out.resolve()
     recipe, problem = tuned_project(out)
-    table = Table("project", "variant", "build CPU vs plain", "IQR", "rounds")
+    table = Table(
+        "project", "build", "build CPU vs plain", "IQR", "service CPU a build", "programs' .text",
+        title=f"{rounds} rounds each, interleaved",
+    )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-decisions-") as d:
         same = identity_build(recipe, out, Path(d), tc, problem)
         console.print(
@@ -95,8 +107,20 @@ def bench_tune(out: Path, rounds: int) -> None:
             "files from decisions with the kept build's machine code"
             + (f"; differing: {', '.join(same.differing)}" if same.differing else "")
         )
-        for variant, change in cpu_rounds(recipe, out, Path(d), tc, problem, rounds).items():
-            table.add_row(recipe.name, variant, *spread_row(change), str(rounds))
+        rows = cpu_rounds(recipe, out, Path(d), tc, problem, rounds)
+        base = rows["plain"].programs_text
+        for name, row in rows.items():
+            change = ("", "") if name == "plain" else spread_row(row.change)
+            text = row.programs_text / base - 1 if base else 0.0
+            sizes = f"{row.programs_text:,}" + ("" if name == "plain" else f" ({text:+.2%})")
+            table.add_row(recipe.name, name, *change, f"{row.service_cpu_s:.2f} s", sizes)
+        if count:
+            counts = build_instructions(recipe, out, Path(d) / "counted", tc, problem)
+            plain, ours = counts["plain"], counts["decisions"]
+            console.print(
+                f"a clean rebuild's compiles and links, by callgrind: plain {plain:,} "
+                f"instructions, from decisions {ours:,} ({ours / plain - 1:+.2%})"
+            )
     console.print(table)
 
 
@@ -106,12 +130,15 @@ def main() -> None:
     ap.add_argument("--tune", type=Path, help="a finished tune's OUT directory, instead of SRC")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--callgrind", help="one file of SRC to count instructions on")
+    ap.add_argument(
+        "--instructions", action="store_true", help="with --tune: count a rebuild's instructions"
+    )
     args = ap.parse_args()
     if (args.src is None) == (args.tune is None):
         ap.error("give SRC_DIR or --tune OUT")
     if args.tune:
         try:
-            bench_tune(args.tune, args.rounds)
+            bench_tune(args.tune, args.rounds, args.instructions)
         except MlgoError as e:
             sys.exit(f"bench_decisions: {e}")
         return

@@ -28,7 +28,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.corpus.wrappers import build_env
 from mlgo.data import default_policies
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe, load_recipe
@@ -39,36 +38,14 @@ from mlgo.programs.build import (
     policy_service,
     pristine_source,
     problem_flags,
+    rebuild_cpu_seconds,
 )
 from mlgo.programs.compare import Variant, variants
-from mlgo.programs.measure import children_cpu, in_percent, paired_change
-from mlgo.runtime.commands import run_logged
+from mlgo.programs.measure import in_percent, paired_change
 from mlgo.runtime.files import atomic_write_text
 
 BUILDS = ("plain", "plain again", "guarded first", "guarded again")
 console = Console()
-
-
-def cleaned(recipe: Recipe, tree: Path) -> None:
-    """TREE as `make clean` leaves it: no object, archive or program of the build."""
-    for path in [*tree.rglob("*.o"), *tree.rglob("*.a"), *(tree / p for p in recipe.programs)]:
-        path.unlink(missing_ok=True)
-
-
-def rebuild_cpu_s(
-    recipe: Recipe, tree: Path, tc: Toolchain, variant: Variant, flags: list[str]
-) -> float:
-    """TREE, built by `build_program` with VARIANT and FLAGS, cleaned and built again: its
-    CPU seconds."""
-    cleaned(recipe, tree)
-    cc, cxx = variant.compilers
-    env = dict(build_env(tc, tree.parent / f".{tree.name}-bin", flags, cc=cc, cxx=cxx))
-    env |= variant.env
-    log = tree.parent / f"{tree.name}.log"
-    cpu_start = children_cpu()
-    for cmd in recipe.build:
-        run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{recipe.name}: rebuild")
-    return children_cpu() - cpu_start
 
 
 def build_twice(
@@ -78,7 +55,7 @@ def build_twice(
     seconds."""
     v = variant
     first = build_program(recipe, pristine, tree, tc, v.name, v.compilers, v.env, False, flags)
-    return first.build_cpu_seconds, rebuild_cpu_s(recipe, tree, tc, variant, flags)
+    return first.build_cpu_seconds, rebuild_cpu_seconds(recipe, tree, tc, variant, flags)
 
 
 def counting(tc: Toolchain, directory: Path, variant: Variant) -> tuple[Variant, Path]:
@@ -117,7 +94,7 @@ def bench(name: str, work: Path, policies: list[Path], rounds: int, flags: list[
         compilers, env = counted.compilers, counted.env
         build_program(recipe, pristine, tree, tc, "counted", compilers, env, False, flags)
         first_runs = runs_in(log)
-        rebuild_cpu_s(recipe, tree, tc, counted, flags)
+        rebuild_cpu_seconds(recipe, tree, tc, counted, flags)
     return {
         "cpu_s": cpu,
         "clang_runs": {"guarded first": first_runs, "guarded again": runs_in(log) - first_runs},

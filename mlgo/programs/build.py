@@ -144,6 +144,28 @@ def build_program(
     return ProgramBuild(recipe.name, variant, seconds, cpu, text, tests)
 
 
+def cleaned(recipe: Recipe, tree: Path) -> None:
+    """TREE as `make clean` leaves it: no object, archive or program of the build."""
+    for path in [*tree.rglob("*.o"), *tree.rglob("*.a"), *(tree / p for p in recipe.programs)]:
+        path.unlink(missing_ok=True)
+
+
+def rebuild_cpu_seconds(
+    recipe: Recipe, tree: Path, tc: Toolchain, variant: Variant, flags: list[str]
+) -> float:
+    """TREE, built by `build_program` with VARIANT and FLAGS, cleaned and built again: its
+    CPU seconds."""
+    cleaned(recipe, tree)
+    cc, cxx = variant.compilers
+    env = dict(build_env(tc, tree.parent / f".{tree.name}-bin", flags, cc=cc, cxx=cxx))
+    env |= variant.env
+    log = tree.parent / f"{tree.name}.log"
+    cpu_start = children_cpu()
+    for cmd in recipe.build:
+        run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{recipe.name}: rebuild")
+    return children_cpu() - cpu_start
+
+
 @contextmanager
 def policy_service(policies: list[Path], directory: Path, backend: str = "auto"):
     """`mlgo serve` for a build, on a socket of its own; yields the environment to use."""

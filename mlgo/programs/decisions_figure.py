@@ -1,6 +1,8 @@
 """Issue 59's figure on a finished tune: its project built again from OUT/decisions by plain
 clang, each ELF file's machine code compared with the tune's kept build, and that build's
-CPU against plain clang's in interleaved rounds beside an A/A control; and, for the
+CPU against plain clang's in interleaved rounds beside an A/A control and beside what the
+same policy costs and gives served to mlgo-cc, as a build gets it without decisions; and,
+for the
 release-to-release figure, how many decisions still match in another release's build.
 
 The tune's kept build is OUT/programs/mlgo (every unit whose decisions were kept) and
@@ -10,6 +12,9 @@ OUT/programs/plain (clang's own, which every file without a decisions file must 
 from __future__ import annotations
 
 import os
+import re
+import shlex
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,14 +25,26 @@ from mlgo.llvm.sizes import elf_texts, text_digest
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import Recipe, project
 from mlgo.problems import Problem, get_problem
-from mlgo.programs.build import Variant, build_program, problem_flags
+from mlgo.programs.build import (
+    Variant,
+    build_program,
+    policy_service,
+    problem_flags,
+    rebuild_cpu_seconds,
+)
+from mlgo.programs.compare import variants
 from mlgo.programs.decide import DECISIONS, from_decisions
-from mlgo.programs.measure import paired_change, round_order
+from mlgo.programs.measure import paired_change, round_order, tree_cpu_seconds
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.inputs import read_json
+from mlgo.serve.client import request
 from mlgo.ship.decisions import Artifact, read, recheck_command, still_matching
 
 A_A = "plain A/A"
+DECIDED = "from decisions"
+SERVED_COLD = "service, guard cold"
+SERVED_REMEMBERED = "service, guard remembered"
+COUNT_ENV = "MLGO_BENCH_CALLGRIND_LOGS"
 
 
 @dataclass
@@ -74,25 +91,109 @@ def kept_identity(tree: Path, out: Path) -> Identity:
     return Identity(compared - len(differing), compared, differing)
 
 
+@dataclass
+class CostRow:
+    """One way of building in `cpu_rounds`: its build CPU against plain clang's, round by
+    round (`paired_change`), the median CPU seconds its policy service spent a build (0
+    where none serves), and its ELF programs' `.text` in bytes."""
+
+    change: dict
+    service_cpu_s: float
+    programs_text: int
+
+
 def cpu_rounds(
     recipe: Recipe, out: Path, work: Path, tc: Toolchain, problem: Problem, rounds: int
-) -> dict[str, dict]:
-    """Build CPU (user + system) of ROUNDS clean builds each of plain clang, plain again and
-    the build from OUT/decisions, interleaved (`round_order`), tests not run: each variant's
-    change against plain, round by round (`paired_change`)."""
+) -> dict[str, CostRow]:
+    """ROUNDS clean builds each, interleaved (`round_order`), tests not run, of: plain clang,
+    plain again (A/A), the build from OUT/decisions, and the same policy as a build gets it
+    today, OUT/policy served to mlgo-cc (guarded for a size tune, as it is by default):
+    once with the guard's memory cold (a tree of its own each round: the memory is keyed by
+    directory too) and once remembered (the same tree each round, a build before the first
+    round). A build's CPU is user + system of every process it ran, and for the service's
+    builds the service's own (plugins run inside clang, so they are counted there)."""
     flags = problem_flags(problem)
     plain, ours = from_decisions(tc, out / DECISIONS, work / "decisions")
-    variants = {v.name: v for v in (plain, Variant(A_A, plain.compilers, {}), ours)}
-    cpu: dict[str, list[float]] = {name: [] for name in variants}
-    for r in range(rounds):
-        for name in round_order(r, tuple(variants)):
-            v = variants[name]
-            tree = work / ("decisions" if v is ours else "plain")
+    with policy_service([out / "policy"], work / "service") as env:
+        service_pid = request({"op": "status"}, path=Path(env["MLGO_SOCKET"]))["pid"]
+        served = variants(tc, env, guard=problem.aim == "size")[1]
+        ways = {  # name -> (how, its tree: None for a new one each round)
+            "plain": (plain, "plain"),
+            A_A: (plain, "plain"),
+            DECIDED: (ours, "decisions"),
+            SERVED_COLD: (served, None),
+            SERVED_REMEMBERED: (served, "served"),
+        }
+
+        def build(name: str, tree: str) -> tuple[float, float, int]:
+            how, before = ways[name][0], tree_cpu_seconds(service_pid)
             built = build_program(
-                recipe, out / "pristine", tree, tc, name, v.compilers, v.env, False, flags
-            )
-            cpu[name].append(built.build_cpu_seconds)
-    return {name: paired_change(cpu[name], cpu["plain"]) for name in (A_A, ours.name)}
+                recipe, out / "pristine", work / tree, tc, name, how.compilers, how.env, False,
+                flags,
+            )  # fmt: skip
+            service = tree_cpu_seconds(service_pid) - before if how is served else 0.0
+            text = sum(t for t, linked in elf_texts(work / tree).values() if linked)
+            return built.build_cpu_seconds + service, service, text
+
+        build(SERVED_REMEMBERED, "served")  # the guard's memory, for every round
+        cpu: dict[str, list[float]] = {name: [] for name in ways}
+        service_cpu: dict[str, list[float]] = {name: [] for name in ways}
+        text: dict[str, int] = {}
+        for r in range(rounds):
+            for name in round_order(r, tuple(ways)):
+                seconds, service, text[name] = build(name, ways[name][1] or f"served-{r}")
+                cpu[name].append(seconds)
+                service_cpu[name].append(service)
+    base = cpu["plain"]
+    return {
+        name: CostRow(
+            paired_change(cpu[name], base), statistics.median(service_cpu[name]), text[name]
+        )
+        for name in ways
+    }
+
+
+def counted_compiler(compiler: str, script: Path) -> str:
+    """SCRIPT, a sh script that runs COMPILER, under callgrind (every process it runs, each
+    count in a log of its own) while COUNT_ENV names a directory for the logs."""
+    real = shlex.quote(compiler)
+    callgrind = "valgrind --tool=callgrind --trace-children=yes --callgrind-out-file=/dev/null"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(
+        f'#!/bin/sh\n[ -z "${COUNT_ENV}" ] || exec {callgrind} "--log-file=${COUNT_ENV}/%p.log" '
+        f'{real} "$@"\nexec {real} "$@"\n'
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def build_instructions(
+    recipe: Recipe, out: Path, work: Path, tc: Toolchain, problem: Problem
+) -> dict[str, int]:
+    """Instructions of every compile and link of a clean rebuild of the project, plain and
+    from OUT/decisions (the wrapper, its grep and cksum, and clang), counted by callgrind:
+    what CPU seconds on a shared machine only estimate. Configure and the first build run
+    uncounted; the count is of the rebuild after `cleaned`, as a user's `make clean`."""
+    flags = problem_flags(problem)
+    counts: dict[str, int] = {}
+    plain, ours = from_decisions(tc, out / DECISIONS, work / "decisions")
+    for how, tree in ((plain, "plain"), (ours, "decisions")):
+        counting = work / f".{tree}-counted"
+        cc, cxx = how.compilers
+        compilers = (counted_compiler(cc, counting / "cc"), counted_compiler(cxx, counting / "c++"))
+        build_program(
+            recipe, out / "pristine", work / tree, tc, how.name, compilers, how.env, False, flags
+        )
+        logs = counting / "logs"
+        logs.mkdir()
+        env = dict(how.env, **{COUNT_ENV: str(logs)})
+        rebuild_cpu_seconds(recipe, work / tree, tc, Variant(how.name, compilers, env), flags)
+        counts[tree] = sum(
+            int(n)
+            for log in logs.glob("*.log")
+            for n in re.findall(r"Collected : (\d+)", log.read_text(errors="replace"))
+        )
+    return counts
 
 
 def identity_build(
