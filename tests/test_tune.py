@@ -212,8 +212,8 @@ def test_the_figure_times_the_decisions_beside_the_policy_served_as_builds_get_i
 
 @pytest.mark.slow
 def test_the_figure_counts_a_rebuilds_instructions_plain_and_from_decisions(tuned, tc, tmp_path):
-    """Every process of each compile and link is counted, the wrapper's too: the build from
-    decisions runs more (its sh, grep and cksum, and locations in a -g0 compile)."""
+    """Each compile and link is counted with the processes the wrapper runs: the build from
+    decisions runs more (its grep and cksum, and locations in a -g0 compile)."""
     _, out, _, _, _, _, _ = tuned
     recipe, problem = tuned_project(out)
     counts = build_instructions(recipe, out, tmp_path, tc, problem)

@@ -153,6 +153,15 @@ class Executed:
     by_object: dict[Path, Counter[int]]  # each instruction's runs, in each of the build's objects
 
 
+def collected(logs: Path) -> list[int]:
+    """The instruction count in each callgrind log under LOGS (`--log-file=LOGS/%p.log`)."""
+    return [
+        int(c)
+        for log in logs.glob("*.log")
+        for c in re.findall(r"Collected : (\d+)", log.read_text(errors="replace"))
+    ]
+
+
 def executed(workload: Workload, tree: Path, by_address: bool = False) -> Executed:
     """Instructions the workload executes, counted by callgrind (deterministic), in every
     process it starts: a workload that is a script counts the programs it runs. Each
@@ -168,11 +177,7 @@ def executed(workload: Workload, tree: Path, by_address: bool = False) -> Execut
             *(f"--callgrind-out-file={out}", f"--log-file={logs}/%p.log"),
         )
         run_workload(workload, tree, callgrind)
-        counts = [
-            int(c)
-            for log in Path(logs).glob("*.log")
-            for c in re.findall(r"Collected : (\d+)", log.read_text(errors="replace"))
-        ]
+        counts = collected(Path(logs))
         ran = executions(Path(logs).glob("*.out"), tree) if by_address else {}
     if len(counts) < len(workload.commands):
         raise BuildError(f"{workload.recipe}: callgrind reported no instruction count")
