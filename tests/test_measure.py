@@ -4,12 +4,14 @@ CPU accounting that tools/bench_regalloc.py (and a later tuner) use."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from mlgo.programs.build import ProgramBuild
+from mlgo.packages.recipes import Recipe
+from mlgo.programs.build import ProgramBuild, build_program
 from mlgo.programs.compare import Comparison, comparison_table, variants
 from mlgo.programs.measure import (
     Workload,
@@ -22,6 +24,7 @@ from mlgo.programs.measure import (
     timed_rounds,
 )
 from mlgo.runtime.commands import BuildError
+from tests.conftest import DATA
 
 
 # -- mlgo build's comparison and build.json ----------------------------------------------
@@ -165,3 +168,63 @@ def test_both_variants_compile_with_the_same_clang(tc):
     assert [Path(c).name for c in served.compilers] == ["mlgo-cc", "mlgo-c++"]
     _, guarded = variants(tc, {"MLGO_SOCKET": "s"}, guard=True)
     assert guarded.env == dict(served.env, MLGO_GUARD="size")
+
+
+# the tests' word counter, configured (a file written, each run counted beside the tree)
+WORDCOUNT = Recipe(
+    "wordcount",
+    "",
+    ('"$CC" main.c hash.c strbuf.c -o wordcount',),
+    configure=("echo ran >> ../configure-runs && echo '#define N 1' > config.h",),
+    programs=("wordcount",),
+    bench=("sh -c './wordcount < main.c'",),
+)
+
+
+def test_a_configured_tree_is_copied_while_what_configure_saw_is_the_same(tc, tmp_path):
+    # a speed tune builds the project once a candidate, and only the policy differs
+    recipe, kept, runs = WORDCOUNT, tmp_path / "configured", tmp_path / "configure-runs"
+
+    def built(flags: list[str]) -> ProgramBuild:
+        return build_program(
+            recipe, DATA / "minipkg", tmp_path / "tree", tc, "plain", (tc.clang, tc.clangxx),
+            None, False, flags, configured=kept,
+        )  # fmt: skip
+
+    first = built(["-O2"])
+    made = (tmp_path / "tree" / "config.h").stat().st_mtime_ns
+    again = built(["-O2"])
+    assert runs.read_text().count("ran") == 1  # configured once, copied the second time
+    assert (tmp_path / "tree" / "config.h").stat().st_mtime_ns == made  # times kept
+    assert again.text == first.text
+    built(["-Oz"])  # the compilers' flags are what configure saw: configured again
+    assert runs.read_text().count("ran") == 2
+
+
+def test_a_workloads_judge_costs_two_builds_at_once_each_in_its_own_tree(tc, tmp_path):
+    """A speed tune's candidates are built and costed SIDE_BY_SIDE, each slot in its own
+    tree, service and configured copy; a cost is the same whichever slot built it, twins
+    are built once, and no tree is left."""
+    from mlgo.data import shipped_policy
+    from mlgo.problems import get_problem
+    from mlgo.problems.policy_files import load_policy
+    from mlgo.programs.speed import SIDE_BY_SIDE, WorkloadReward
+    from mlgo.train.calibrate import NEVER
+
+    policy = load_policy(shipped_policy("inlining-size"))
+    clangs = replace(policy, departure_threshold=NEVER)
+    size = get_problem("inlining-size")
+    judged = tmp_path / "judged"
+    reward = WorkloadReward(WORDCOUNT, DATA / "minipkg", judged, tc, size)
+    changes = reward.changes({"policy": policy, "twin": replace(policy), "clang's": clangs})
+    assert SIDE_BY_SIDE == 2 and reward.take_compiles() == 3  # plain, and two policies
+    assert changes["policy"] == changes["twin"]
+    made = {p.name for p in judged.iterdir() if p.is_dir()}
+    assert {"configured", "service-0", "service-1"} <= made
+    assert not made & {"plain", "served-0", "served-1"}  # each tree removed once costed
+    assert sorted(p.name for p in (judged / "configured").iterdir()) == [
+        "plain", "served-0", "served-1"
+    ]  # fmt: skip
+    alone = WorkloadReward(WORDCOUNT, DATA / "minipkg", tmp_path / "alone", tc, size)
+    assert alone.change(clangs) == changes["clang's"]  # slot 0 alone, whichever built it
+    assert alone.change(policy) == changes["policy"]

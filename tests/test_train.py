@@ -203,8 +203,9 @@ def test_a_budget_judged_by_a_workload_keeps_what_judging_takes(tmp_path):
     (tmp_path / SECONDS).write_text('{"plain": 20.0, "f00d": 40.0, "beef": 30.0}')
     reward = WorkloadReward(None, tmp_path, tmp_path, None, speed, rounds=10, layouts=4)
     timing = 10 * (FINALISTS + 2) * 4 * 1.0  # each build at each layout, plain twice, a round
-    assert reward.seconds_for(5, FINALISTS) == 30.0 * (5 + FINALISTS + 1) + timing
-    assert reward.seconds_for(8) == 8 * 30.0  # a search step: its builds alone
+    # two costed at once (SIDE_BY_SIDE), the clock's builds one at a time
+    assert reward.seconds_for(5, FINALISTS) == 30.0 * (3 + FINALISTS + 1) + timing
+    assert reward.seconds_for(8) == 4 * 30.0  # a search step: its builds alone
     assert training_seconds(1800, 120, 600) == 1080
     assert training_seconds(1800, 120, 3600) == 1.0  # one step, whatever it costs
     assert training_seconds(0, 120, 600) == 0.0  # no budget

@@ -8,6 +8,8 @@ same flags, and differ only in CC/CXX; the linked programs' .text is compared.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import sys
@@ -113,23 +115,23 @@ def build_program(
     run_tests: bool = True,
     flags: list[str] | None = None,
     log_dir: Path | None = None,
+    configured: Path | None = None,
 ) -> ProgramBuild:
     """Configures, builds (timed) and tests a fresh copy of PRISTINE at TREE with the
     (CC, CXX) COMPILERS, which get FLAGS (default: -Oz) after the package's own; with
-    LOG_DIR, each compiler call is logged there (`wrappers.write_wrapper`)."""
+    LOG_DIR, each compiler call is logged there (`wrappers.write_wrapper`); with CONFIGURED,
+    the configure step is done once (`configured_copy`)."""
     tree = tree.resolve()
-    shutil.rmtree(tree, ignore_errors=True)
-    shutil.copytree(pristine, tree, symlinks=True)
     wrappers = tree.parent / f".{tree.name}-bin"
     wrappers.mkdir(parents=True, exist_ok=True)
     log = tree.parent / f"{tree.name}.log"
     log.write_text("")
     cc, cxx = compilers
-    env = build_env(tc, wrappers, flags or SIZE_FLAGS, cc=cc, cxx=cxx, log_dir=log_dir)
+    flags = flags or SIZE_FLAGS
+    env = build_env(tc, wrappers, flags, cc=cc, cxx=cxx, log_dir=log_dir)
     env.update(env_extra or {})
     name = f"{recipe.name} ({variant})"
-    for cmd in recipe.configure:
-        run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: configure")
+    configured_copy(recipe, pristine, tree, env, [*compilers, *flags], name, configured)
     start, cpu_start = time.monotonic(), children_cpu()
     for cmd in recipe.build:
         run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: build")
@@ -142,6 +144,39 @@ def build_program(
         run_recipe_tests(recipe, tree, log, env, f"{name}: its own tests")
     tests = "passed" if recipe.test and run_tests else "not run"
     return ProgramBuild(recipe.name, variant, seconds, cpu, text, tests)
+
+
+def configured_copy(
+    recipe: Recipe,
+    pristine: Path,
+    tree: Path,
+    env: dict[str, str],
+    compiles: list[str],
+    name: str,
+    kept: Path | None,
+) -> None:
+    """TREE as RECIPE's configure leaves a copy of PRISTINE in ENV, its wrappers running
+    COMPILES (the compilers, then the flags they add). With KEPT, that tree is kept there
+    and copied (times and all, so make sees nothing to redo) while the commands, the paths,
+    ENV and COMPILES are the same: a speed tune builds the project once a candidate, and
+    the candidates differ only in what the served policy decides, which no configure test
+    can see (jq's autoreconf and configure were 32 of its 46 seconds of build)."""
+    log = tree.parent / f"{tree.name}.log"
+    saw = json.dumps([str(pristine), str(tree), recipe.configure, sorted(env.items()), compiles])
+    key = hashlib.sha256(saw.encode()).hexdigest()
+    shutil.rmtree(tree, ignore_errors=True)
+    if kept and (kept / "key").is_file() and (kept / "key").read_text() == key:
+        shutil.copytree(kept / "tree", tree, symlinks=True)
+        with log.open("a") as out:
+            out.write(f"configured as before: a copy of {kept / 'tree'}\n")
+        return
+    shutil.copytree(pristine, tree, symlinks=True)
+    for cmd in recipe.configure:
+        run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: configure")
+    if kept:
+        with atomic_directory(kept) as staged:
+            shutil.copytree(tree, staged / "tree", symlinks=True)
+            (staged / "key").write_text(key)
 
 
 def cleaned(recipe: Recipe, tree: Path) -> None:

@@ -208,8 +208,10 @@ def choose_policy(
                 for b in problem.base_grid
             }
             candidates |= {name: (at, on_corpus(at)) for name, at in bases.items()}
-            fastest = min(bases.values(), key=reward.change)
-            if steps and reward.change(fastest) < 0:
+            clangs = list(bases.values())
+            gains = reward.rewards(clangs, [])  # costed side by side
+            fastest = clangs[int(gains.argmax())]  # the first of equals
+            if steps and gains.max() > 0:
                 start = based_start(fastest, corpus, out, tc, pool)
                 first = load_start(start, problem)
                 cloned = f"{start_name}, {problem.base_switch}={fastest.base}"

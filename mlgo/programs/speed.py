@@ -22,11 +22,14 @@ import json
 import math
 import shutil
 import statistics
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -62,6 +65,9 @@ JUDGE = f"{LABEL} (llvm-mca cycles + lines fetched, callgrind's counts)"
 # Evolution strategies on builds: 4 directions, 8 builds a step (a module's compile is
 # cheap enough for 8 directions; a whole build and a callgrind run are not).
 WORKLOAD_SEARCH = {"directions": 4}
+# Policies built and costed at once: one build's serial stretches (its configure, its links,
+# the workload's run under callgrind) leave a core idle that the other one's compiles take
+SIDE_BY_SIDE = 2
 
 
 def tree_cost(
@@ -78,11 +84,12 @@ def tree_cost(
 class WorkloadReward:
     """`train.loop.Reward` on RECIPE's workload: a policy's relative reduction of the
     workload cost against the plain build at the problem's level. Builds from PRISTINE in
-    WORK, each tree removed once costed (its log kept); the costs are kept in
-    WORK/costs.json, so that a tune killed while judging does not build them again. `clock`
-    times the best of them over LAYOUTS shuffled layouts, in ROUNDS paired rounds of
-    SECONDS of CPU a build and layout. With a PROFILE, every build uses its counts (the
-    plain build is then the PGO build)."""
+    WORK, SIDE_BY_SIDE at once, each tree configured once (CONFIGURE_ONCE: WORK/configured)
+    and removed once costed (its log kept); the costs are kept in WORK/costs.json, so that
+    a tune killed while judging does not build them again. `clock` times the best of them
+    over LAYOUTS shuffled layouts, in ROUNDS paired rounds of SECONDS of CPU a build and
+    layout. With a PROFILE, every build uses its counts (the plain build is then the PGO
+    build)."""
 
     per_module = False  # every score is the whole program's
     label = LABEL
@@ -98,8 +105,11 @@ class WorkloadReward:
         seconds: float = 1.0,
         layouts: int = LAYOUTS,
         profile: Path | None = None,
+        side_by_side: int = SIDE_BY_SIDE,
+        configure_once: bool = True,
     ):
         self.recipe, self.pristine, self.work, self.tc = recipe, pristine, work, tc
+        self.side_by_side, self.configure_once = side_by_side, configure_once
         self.flags = problem_flags(problem, profile)
         self.rounds, self.seconds, self.layouts = rounds, seconds, layouts
         self.known: dict[Code, float] = {}  # llvm-mca's cycles of code an earlier build had
@@ -109,60 +119,90 @@ class WorkloadReward:
             if (work / name).is_file():
                 kept.update(read_costs(work / name))
         self.builds = 0
+        self._lock = threading.Lock()  # over the costs, their files and the count of builds
 
-    def _build(self, variant: Variant, tree: Path, flags: list[str]) -> Path:
+    def _build(
+        self, variant: Variant, tree: Path, flags: list[str], configured: Path | None = None
+    ) -> Path:
         compilers = variant.compilers
         build_program(
             self.recipe, self.pristine, tree, self.tc, variant.name, compilers, variant.env,
-            False, flags,
+            False, flags, configured=configured,
         )  # fmt: skip
-        self.builds += 1
+        with self._lock:
+            self.builds += 1
         return tree
 
     def _cost(self, key: str, variant: Variant) -> float:
         if key not in self.costs:
             began = time.monotonic()
-            tree = self._build(variant, self.work / variant.name, [*self.flags, *BLOCK_MAP_FLAGS])
-            self.costs[key], _ = tree_cost(self.recipe, tree, self.tc, self.known, variant.name)
+            flags = [*self.flags, *BLOCK_MAP_FLAGS]
+            # every candidate's configure is the same
+            kept = self.work / "configured" / variant.name if self.configure_once else None
+            tree = self._build(variant, self.work / variant.name, flags, kept)
+            cost, _ = tree_cost(self.recipe, tree, self.tc, self.known, variant.name)
             shutil.rmtree(tree)
-            self.build_seconds[key] = time.monotonic() - began
-            atomic_write_text(self.work / COSTS, json.dumps(self.costs, indent=1))
-            atomic_write_text(self.work / SECONDS, json.dumps(self.build_seconds, indent=1))
+            with self._lock:
+                self.costs[key], self.build_seconds[key] = cost, time.monotonic() - began
+                atomic_write_text(self.work / COSTS, json.dumps(self.costs, indent=1))
+                atomic_write_text(self.work / SECONDS, json.dumps(self.build_seconds, indent=1))
         return self.costs[key]
 
     def seconds_for(self, builds: int, finalists: int = 0) -> float:
         """How long BUILDS policies not costed yet take to build and cost, and then timing
         FINALISTS of them by `clock`, as this machine built and costed the builds so far (0:
-        none yet): the clock builds each finalist and the plain build again (relinked at
-        each layout), and runs its rounds (each build at each layout, the plain one twice)."""
+        none yet), side by side: the clock builds each finalist and the plain build
+        again (relinked at each layout), one at a time, and runs its rounds (each build at
+        each layout, the plain one twice)."""
         if not self.build_seconds:
             return 0.0
         build = statistics.median(self.build_seconds.values())
+        costed = build * math.ceil(builds / self.side_by_side)
         if not finalists:
-            return build * builds
+            return costed
         rounds = self.rounds * (finalists + 2) * max(self.layouts, 1) * self.seconds
-        return build * (builds + finalists + 1) + rounds
+        return costed + build * (finalists + 1) + rounds
 
     @contextmanager
-    def _served(self, policy: MLPPolicy) -> Iterator[Variant]:
-        """mlgo-cc serving POLICY: numpy serves a new policy at once (a native server would
-        compile for it first)."""
-        saved = self.work / "policy"
+    def _served(self, policy: MLPPolicy, slot: int = 0) -> Iterator[Variant]:
+        """mlgo-cc serving POLICY, in SLOT's own directories (of those side by side): numpy
+        serves a new policy at once (a native server would compile for it first)."""
+        saved = self.work / f"policy-{slot}"
         save_policy(policy, saved)
-        with policy_service([saved], self.work / "service", backend="python") as env:
-            yield variants(self.tc, env, ("", "served"))[1]
+        service = self.work / f"service-{slot}"
+        with policy_service([saved], service, backend="python") as env:
+            yield variants(self.tc, env, ("", f"served-{slot}"))[1]
 
-    def change(self, policy: MLPPolicy) -> float:
-        """POLICY's workload cost against the plain build's, minus one (negative: cheaper)."""
+    def change(self, policy: MLPPolicy, slot: int = 0) -> float:
+        """POLICY's workload cost against the plain build's, minus one (negative: cheaper),
+        built in SLOT's directories."""
         base = self._cost("plain", variants(self.tc, {}, ("plain", ""))[0])
         key = _key(policy)
         if key not in self.costs:
-            with self._served(policy) as served:
+            with self._served(policy, slot) as served:
                 self._cost(key, served)
         return self.costs[key] / base - 1
 
     def changes(self, policies: dict[str, MLPPolicy]) -> dict[str, float]:
-        """Each of POLICIES' `change`: a tune's judge of its candidates."""
+        """Each of POLICIES' `change`, built and costed side by side, each in its
+        own tree (every score is counted, not timed, so two builds sharing the machine
+        change none; a workload that writes outside its tree should not be run twice at
+        once): a tune's judge of its candidates, and a search's batch."""
+        self._cost("plain", variants(self.tc, {}, ("plain", ""))[0])  # first, and once
+        unique = {_key(p): p for p in policies.values()}  # twins built once
+        slots: SimpleQueue[int] = SimpleQueue()
+        for slot in range(self.side_by_side):
+            slots.put(slot)
+
+        def in_a_slot(policy: MLPPolicy) -> float:
+            slot = slots.get()
+            try:
+                return self.change(policy, slot)
+            finally:
+                slots.put(slot)
+
+        with ThreadPoolExecutor(self.side_by_side) as pool:
+            list(pool.map(in_a_slot, unique.values()))
         return {name: self.change(policy) for name, policy in policies.items()}
 
     def _timed_trees(self, variant: Variant, name: str) -> dict[int, Path]:
@@ -205,7 +245,8 @@ class WorkloadReward:
 
     def rewards(self, policies: list[MLPPolicy], modules: list[Module]) -> np.ndarray:
         """The whole program's: MODULES, a search's batch, are all built anyway."""
-        return np.array([-self.change(p) for p in policies])
+        changes = self.changes({str(i): p for i, p in enumerate(policies)})
+        return -np.array(list(changes.values()))
 
     def reward(self, policy: MLPPolicy, modules: list[Module]) -> float:
         return -self.change(policy)
