@@ -1,0 +1,65 @@
+"""A finished speed tune's trained policy timed again against the tune's baseline, in more
+rounds than the tune's own: the clock's word on a policy the workload's cost preferred.
+
+  .venv/bin/python -m tools.retime_tune OUT --rounds 20 --seconds 3
+
+OUT is a finished `mlgo tune --problem inlining-speed|regalloc-eviction --bench CMD`, with
+or without --pgo. The project's commands come from OUT/tune.json and its source from the
+tune's snapshot (OUT/pristine); the baseline is the tune's (with --pgo, the PGO build from
+OUT/profile); the policy is OUT/train/policy, served as the tune's clock serves its
+finalists (`WorkloadReward.clock`): both built, relinked at --layouts shuffled function
+orders each, and timed in paired rounds with the A/A control. Written to OUT/retimed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from mlgo.llvm.profiles import MERGED
+from mlgo.llvm.toolchain import find_toolchain
+from mlgo.packages.recipes import Recipe
+from mlgo.problems import get_problem
+from mlgo.problems.policy_files import load_policy
+from mlgo.programs.layouts import LAYOUTS
+from mlgo.programs.pgo import PROFILE
+from mlgo.programs.report import throughput_change
+from mlgo.programs.speed import WorkloadReward
+from mlgo.runtime.files import atomic_write_text
+
+console = Console()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="a finished speed tune's directory")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=3.0, help="CPU a build and layout")
+    parser.add_argument("--layouts", type=int, default=LAYOUTS)
+    args = parser.parse_args()
+    out = args.out.resolve()
+    tune = json.loads((out / "tune.json").read_text())
+    package = json.loads((out / "report.json").read_text())["package"]
+    recipe = Recipe(
+        package, "", tuple(tune["build"]), configure=tuple(tune["configure"]),
+        test=tuple(tune["test"]), bench=tuple(tune["bench"]),
+    )  # fmt: skip
+    profile = out / PROFILE / MERGED if tune["pgo"] else None
+    reward = WorkloadReward(
+        recipe, out / "pristine", out / "retimed", find_toolchain(), get_problem(tune["problem"]),
+        args.rounds, args.seconds, args.layouts, profile,
+    )  # fmt: skip
+    timed, control = reward.clock({"trained": load_policy(out / "train" / "policy")})
+    baseline = "the PGO build" if profile else "the plain build"
+    for name, change in timed.items():
+        console.print(f"{package}: {name} against {baseline}: {throughput_change(change)}")
+    console.print(f"{package}: A/A: {throughput_change(control)}")
+    result = {"rounds": args.rounds, "seconds": args.seconds, "timed": timed, "control": control}
+    atomic_write_text(out / "retimed.json", json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
