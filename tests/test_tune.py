@@ -536,6 +536,40 @@ def test_a_tune_on_top_of_pgo_departs_from_clang_with_the_profile_and_is_judged_
     assert "hot code, by the profile" in r.stdout
 
 
+@pytest.mark.slow
+def test_on_top_of_pgo_the_search_may_read_the_profiles_counts_served_by_the_plugin(
+    cache, tmp_path
+):
+    """--profile-inputs: the search's policy reads the profile's counts at each call site
+    (at zero weight to begin with), its candidates built by mlgo-cc with the clang plugin,
+    the only backend that computes them."""
+    bench = "./wordcount < main.c"
+    out, args = wordcount_args(
+        tmp_path, "--problem", "inlining-speed", "--bench", bench, "--pgo", "--profile-inputs"
+    )
+    r = run_mlgo(
+        *args, "--minutes", "0.02", "--train-steps", "1", "--bench-rounds", "2",
+        "--layouts", "0", timeout=900,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr + r.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["training"]["algorithm"] == "es"
+    assert report["tests"] == {"baseline": "passed", "policy": "passed"}
+    trained = json.loads((out / "train" / "policy" / "normalization.json").read_text())
+    assert trained["features"][-3:] == ["callsite_count", "callee_entry_count", "callsite_hotness"]
+    start = json.loads((out / "start" / "policy" / "normalization.json").read_text())
+    assert "callsite_count" not in start["features"]  # the clone reads LLVM's alone
+
+
+def test_profile_inputs_without_pgo_are_refused_before_anything_is_written(tmp_path):
+    out, args = wordcount_args(
+        tmp_path, "--problem", "inlining-speed", "--bench", "true", "--profile-inputs"
+    )
+    r = run_mlgo(*args, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--profile-inputs reads the profile's counts" in r.stderr and not out.exists()
+
+
 def _sections(obj: Path) -> str:
     from mlgo.llvm.toolchain import find_toolchain
 

@@ -322,11 +322,14 @@ def tune_project(
     lto: str | None = None,
     problem: str = SIZE,
     pgo: bool = False,
+    profile_inputs: bool = False,
 ) -> dict:
     """Fetches NAME's source once and tunes PROBLEM on it into WORK/NAME/tune (another
     problem than the inliner's: WORK/NAME/tune-PROBLEM; LTO: that link's inliner, into
     WORK/NAME/tune-lto-LTO, and plain LTO against per-file -Oz; PGO: on top of the PGO
-    build, into WORK/NAME/tune-PROBLEM-pgo); its report and wall time."""
+    build, into WORK/NAME/tune-PROBLEM-pgo; with PROFILE_INPUTS, the search's policy reading
+    the profile's counts too, into WORK/NAME/tune-PROBLEM-pgo-counts); its report and wall
+    time."""
     p = PROJECTS[name]
     recipe = project_recipe(name)
     source = pristine_source(recipe, work / name)
@@ -335,7 +338,9 @@ def tune_project(
     where = f"tune-lto-{lto}" if lto else "tune" if problem == SIZE else f"tune-{problem}"
     problem = at_link(problem, lto).name if lto else problem
     out = work / name / (f"{where}-pgo" if pgo else where)
-    report = tune(source, recipe, out, tc, TuneOptions(minutes=minutes, problem=problem, pgo=pgo))
+    out = out.with_name(f"{out.name}-counts") if profile_inputs else out
+    opts = TuneOptions(minutes=minutes, problem=problem, pgo=pgo, profile_inputs=profile_inputs)
+    report = tune(source, recipe, out, tc, opts)
     result = {"language": p.language, "seconds": time.monotonic() - started, "report": report}
     if lto:
         result["lto_over_per_file_pct"] = lto_over_per_file(recipe, source, work / name, out, tc)
@@ -458,10 +463,14 @@ def main() -> None:
     speed_problems = [p.name for p in problems() if p.aim == "speed"]
     parser.add_argument("--problem", choices=[SIZE, *speed_problems], default=SIZE)
     parser.add_argument("--pgo", action="store_true", help="tune on top of the PGO build")
+    parser.add_argument(
+        "--profile-inputs", action="store_true", help="with --pgo: the policy reads the counts"
+    )
     args = parser.parse_args()
     work, lto, problem, pgo = args.work.resolve(), args.lto, args.problem, args.pgo
+    counts = args.profile_inputs
     results = {
-        n: try_project(n, partial(tune_project, n, work, args.minutes, lto, problem, pgo))
+        n: try_project(n, partial(tune_project, n, work, args.minutes, lto, problem, pgo, counts))
         for n in args.projects
     }
     flag = {"full": "-flto", "thin": "-flto=thin"}.get(lto or "")
@@ -493,6 +502,7 @@ def main() -> None:
     console.print(table)
     named = f"-lto-{lto}" if lto else "" if problem == SIZE else f"-{problem}"
     named += "-pgo" if pgo else ""
+    named += "-counts" if counts else ""
     out = work / f"bench_tune{named}.json"
     atomic_write_text(out, json.dumps(results, indent=1))
     console.print(f"wrote {out}")

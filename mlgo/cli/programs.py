@@ -190,6 +190,13 @@ def tune(
             "baseline the PGO build"
         ),
     ] = TuneOptions.pgo,
+    profile_inputs: Annotated[
+        bool,
+        typer.Option(
+            help="with --pgo, inlining-speed: the policy also reads the profile's counts at "
+            "each call site (computed in clang by the plugin)"
+        ),
+    ] = TuneOptions.profile_inputs,
     policy: Annotated[Path | None, typer.Option(help="start policy (default: shipped)")] = None,
     refresh: Annotated[
         bool,
@@ -228,6 +235,7 @@ def tune(
         pgo_row=pgo_row,
         refresh=refresh,
         pgo=pgo,
+        profile_inputs=profile_inputs,
     )
     report = run_tune(source, recipe, out, find_toolchain(clang), opts, console.print)
     console.print(report_table(report))

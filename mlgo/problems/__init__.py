@@ -176,8 +176,12 @@ class Problem:
     @property
     def input_names(self) -> frozenset[str]:
         """What a policy's inputs may name: LLVM's features, the compiler's own decision,
-        and a candidate's own value of a feature (`SELF` columns)."""
+        a candidate's own value of a feature (`SELF` columns), and where the clang plugin
+        serves it, the profile's inputs it computes."""
+        from mlgo.problems.profile_inputs import PROFILE_INPUTS
+
         names = {*self.feature_names, *(f"{SELF}{f}" for f in self.feature_names)}
+        names |= set(PROFILE_INPUTS) if self.plugin else set()
         return frozenset(names | ({self.default_feature} if self.default_feature else set()))
 
     @property

@@ -18,9 +18,10 @@ from typing import ClassVar
 import numpy as np
 
 from mlgo.llvm.languages import label
-from mlgo.llvm.log_format import Observation, element_column
+from mlgo.llvm.log_format import Observation
 from mlgo.problems import Problem
 from mlgo.problems.normalizer import Normalizer
+from mlgo.problems.profile_inputs import PROFILE_INPUTS, feature_column, reads_profile
 from mlgo.records import Decisions
 
 # The logit of an answer a mask rules out: no sample reaches it, and no NaN either.
@@ -101,6 +102,29 @@ class MLPPolicy:
         x = self.normalizer.transform(data.x)
         return x, weight, np.zeros((len(x), actions), np.float32)
 
+    def with_profile_inputs(self) -> MLPPolicy:
+        """This policy with the profile's inputs (`profile_inputs`) after LLVM's features,
+        each at zero weight: the same answers everywhere, and a network that a search can
+        teach to read them. A policy that reads them already is returned as it is."""
+        norm = self.normalizer
+        if reads_profile(norm.features):
+            return self
+        added = [np.asarray(p.boundaries, np.float64) for p in PROFILE_INPUTS.values()]
+        n = len(norm.features)
+        wider = replace(
+            norm,
+            features=(*norm.features, *PROFILE_INPUTS),
+            quantiles=[*norm.quantiles[:n], *added, *norm.quantiles[n:]],
+        )
+        # the network's input is (q, sqrt q, q^2) of every column: zero rows for the new ones
+        first, columns = self.weights[0], norm.columns
+        zeros = np.zeros((len(added), first.shape[1]), first.dtype)
+        blocks = []
+        for block in range(3):
+            rows = first[block * columns : (block + 1) * columns]
+            blocks += [rows[:n], zeros, rows[n:]]
+        return replace(self, normalizer=wider, weights=[np.concatenate(blocks), *self.weights[1:]])
+
     def describe(self) -> str:
         """The network's shape in a sentence, for the model card."""
         layers = " -> ".join(str(w.shape[0]) for w in self.weights[::2])
@@ -150,8 +174,12 @@ class MLPPolicy:
         return h
 
     def raw_features(self, obs: Observation) -> np.ndarray:
-        reads = self.normalizer.reads
-        values = (obs.features[t].reshape(-1)[i or 0] for t, i in reads)
+        reads, sent = self.normalizer.reads, obs.features
+        values = (
+            sent[t].reshape(-1)[i or 0] if t in sent or t not in PROFILE_INPUTS
+            else PROFILE_INPUTS[t].unknown
+            for t, i in reads
+        )  # fmt: skip
         return np.fromiter(values, np.float64, len(reads))
 
     def __call__(self, obs: Observation) -> int:
@@ -201,7 +229,7 @@ class MLPPolicy:
         names = self.normalizer.features
         if n == 0:
             return np.zeros((0, len(names)))
-        return np.stack([element_column(features, f, n) for f in names], 1)
+        return np.stack([feature_column(features, f, n) for f in names], 1)
 
     @property
     def observation_shape(self) -> tuple[int, ...]:

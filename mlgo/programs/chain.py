@@ -160,6 +160,7 @@ def choose_policy(
     reward: Reward | None = None,
     start_name: str = "shipped",
     say: Callable[[str], None] = print,
+    profile_inputs: bool = False,
 ) -> tuple[Path, dict]:
     """Trains from START into OUT/train (see `trainer`; scoring by REWARD if given, else
     the corpus's cost) for STEPS steps or MAX_SECONDS of training, whichever ends first
@@ -177,7 +178,8 @@ def choose_policy(
     the JUDGE says what judging costs, MAX_SECONDS is the whole chain's: training stops
     with the time judging will take left (`training_seconds`). Returns the kept candidate
     and what training did. Where the budget (STEPS left to it) leaves less than one
-    search step, clang's own candidates alone are judged."""
+    search step, clang's own candidates alone are judged. With PROFILE_INPUTS, the search's
+    policy also reads the profile's counts at each call site (`MLPPolicy.with_profile_inputs`)."""
     from mlgo.programs.speed import WORKLOAD_SEARCH
     from mlgo.train import RunState
     from mlgo.train.calibrate import NEVER, calibrate
@@ -233,6 +235,8 @@ def choose_policy(
                 steps=steps, init=start, max_seconds=max_seconds, keep_gate=keep_gate,
                 trainer={**OWN_CODE, **search},
             )  # fmt: skip
+            if profile_inputs:  # the search's start reads them too, at zero weight
+                first = first.with_profile_inputs()
             trained = run(algo, corpus, problem, out / "train", tc, pool, opts, reward, start=first)
             candidates["trained"] = (trained.policy, trained.evaluation.totals()["delta"])
             state = trained.state or state  # a search reports its run

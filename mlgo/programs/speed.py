@@ -165,12 +165,15 @@ class WorkloadReward:
 
     @contextmanager
     def _served(self, policy: MLPPolicy, slot: int = 0) -> Iterator[Variant]:
-        """mlgo-cc serving POLICY, in SLOT's own directories (of those side by side): numpy
-        serves a new policy at once (a native server would compile for it first)."""
+        """mlgo-cc serving POLICY, in SLOT's own directories (of those side by side): the
+        clang plugin where the problem has one (linked for a new policy in about a second;
+        the only backend that computes the profile's inputs), else numpy, which serves a
+        new policy at once (a native server would compile for it first)."""
         saved = self.work / f"policy-{slot}"
         save_policy(policy, saved)
         service = self.work / f"service-{slot}"
-        with policy_service([saved], service, backend="python") as env:
+        backend = "plugin" if policy.problem.plugin else "python"
+        with policy_service([saved], service, backend=backend) as env:
             yield variants(self.tc, env, ("", f"served-{slot}"))[1]
 
     def change(self, policy: MLPPolicy, slot: int = 0) -> float:

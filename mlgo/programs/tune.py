@@ -85,7 +85,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "rehearse": (),  # a check, not a result: a later --test or --bench may differ
     "collect": (),
     # a workload judges speed, its clock the last (`surely_faster`)
-    "train": ("policy", "minutes", "train_steps", *TIMING),
+    "train": ("policy", "minutes", "train_steps", "profile_inputs", *TIMING),
     "decisions": (),
     "build": ("test", "guard"),
     "pgo": ("bench", "pgo_row"),
@@ -109,6 +109,8 @@ class TuneOptions:
     pgo_row: bool = True  # with a workload, its PGO build timed beside (`pgo.pgo_row`)
     refresh: bool = False  # the source changed: the trained policy's decisions judged again
     pgo: bool = False  # on top of PGO: every build with the workload's profile (`profile`)
+    # inlining: the search's policy also reads the profile's counts (`profile_inputs`)
+    profile_inputs: bool = False
 
 
 def workload_reward(
@@ -230,6 +232,11 @@ def tune(
             "--pgo tunes on top of a build with the workload's profile: give --bench, a "
             "command that runs the programs the build makes"
         )
+    if opts.profile_inputs and not (opts.pgo and problem.plugin and problem.aim == "speed"):
+        raise UsageError(
+            "--profile-inputs reads the profile's counts at each call site: it needs --pgo "
+            "and --problem inlining-speed"
+        )
     at = baseline_label(problem, opts.pgo)
     given = opts.policy or shipped_start(problem)
     if given is not None:
@@ -289,7 +296,7 @@ def tune(
             judge = candidate_judge(problem, out, tc, reward)
             chosen, training = choose_policy(
                 out / "corpus", problem, start, out, tc, steps, 60 * opts.minutes, judge, reward,
-                "shipped" if given else CLONED, say,
+                "shipped" if given else CLONED, say, opts.profile_inputs,
             )  # fmt: skip
             export(chosen, out)
             atomic_write_text(out / "training.json", json.dumps(training, indent=1))

@@ -35,6 +35,7 @@ from mlgo.llvm.languages import label
 from mlgo.problems import STAGES, Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import load_policy
+from mlgo.problems.profile_inputs import ONLY_THE_PLUGIN, reads_profile
 from mlgo.serve.backends import (
     Backend,
     ChannelBackend,
@@ -142,6 +143,8 @@ class Service:
             backend = "native"
         if backend not in ("native", "python"):
             raise UsageError(f"unknown backend {backend!r}; use auto, plugin, native or python")
+        if reads_profile(policy.normalizer.features):
+            raise UsageError(f"{directory}: {ONLY_THE_PLUGIN}; serve it with --backend plugin")
         served = self._channel_backend(policy, backend)
         return ServedPolicy(policy, directory.resolve(), served)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlgo.errors import MlgoError
+from mlgo.problems.profile_inputs import ONLY_THE_PLUGIN, reads_profile
 from mlgo.runtime.files import atomic_directory, cache_subdir, close_to_others, held_lock
 from mlgo.runtime.messages import error_line
 from mlgo.runtime.tfutil import import_tf
@@ -179,6 +180,8 @@ def native_server(policy: MLPPolicy) -> Path:
     exported here from the policy's weights, never taken from the policy's directory: AOT
     compilation turns whatever graph a SavedModel holds into code, and a policy is data
     that other people send."""
+    if reads_profile(policy.normalizer.features):
+        raise AotError(f"no policy server: {ONLY_THE_PLUGIN}")
 
     def build(staging: Path) -> None:
         from mlgo.ship.export import export_saved_model

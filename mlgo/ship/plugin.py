@@ -28,6 +28,7 @@ from mlgo.llvm.cmdline import ADVISED, DEPARTED, DEPARTURES_ENV, DEPARTURES_PREF
 from mlgo.llvm.log_format import column_of
 from mlgo.llvm.toolchain import Toolchain, ToolchainError
 from mlgo.problems.policy import MLPPolicy
+from mlgo.problems.profile_inputs import PROFILE_INPUTS
 from mlgo.runtime.csource import c_string
 from mlgo.runtime.messages import error_line
 from mlgo.ship.aot import AotError, cached_build, run_step
@@ -65,6 +66,8 @@ def policy_constants(policy: MLPPolicy) -> str:
     out += _array("int", "kFeatureElement", [str(i or 0) for _, i in columns])
     embeddings = any(i is not None for _, i in columns)  # IR2Vec's vectors, by element
     out += f"const bool kReadsEmbeddings = {str(embeddings).lower()};\n"
+    for name, computed in PROFILE_INPUTS.items():
+        out += f"const char *const {computed.symbol} = {c_string(name)};\n"
     out += _array("int", "kDerivedLeft", [str(index[d.left]) for d in norm.derived])
     out += _array("int", "kDerivedRight", [str(index[d.right]) for d in norm.derived])
     out += _array("char", "kDerivedOp", [f"'{d.op}'" for d in norm.derived])

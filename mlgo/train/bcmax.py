@@ -48,10 +48,11 @@ from mlgo.corpus.compile import CompileError, compile_module
 from mlgo.corpus.format import Module
 from mlgo.corpus.stats import corpus_stats
 from mlgo.errors import UsageError
-from mlgo.llvm.log_format import Observation, element_column
+from mlgo.llvm.log_format import Observation
 from mlgo.options import positive
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy, policy_class
+from mlgo.problems.profile_inputs import feature_column
 from mlgo.records import Decisions, ModuleRun
 from mlgo.runtime.workers import Failed
 from mlgo.train import RunDir
@@ -191,7 +192,7 @@ class _Search:
         n = run.num_decisions
         if n == 0:
             return np.zeros((0, len(names)))
-        return np.stack([element_column(run.features, f, n) for f in names], 1)
+        return np.stack([feature_column(run.features, f, n) for f in names], 1)
 
     def _rows(self, run: ModuleRun) -> np.ndarray:
         return self._columns(run, tuple(self.names))

@@ -20,6 +20,10 @@
 // vocabulary, which the problem's feature flags do).
 // If the policy needs a feature this clang does not send, the plugin says so in one line
 // on stderr and uses LLVM's default inliner for the compilation: never a failed build.
+// A profile's inputs (mlgo/problems/profile_inputs.py: how often the call site ran, how
+// often its callee was entered, the profile's hot or cold) are no tensor of LLVM's: the
+// plugin computes them at each call site, from the caller's block frequencies and the
+// profile summary, just before the model (0, 0 and neither without a profile).
 //
 // The decisions recorder (mlgo/ship/decisions.py reads what it writes): with
 // kDecisionsOutEnv naming a file, every non-mandatory advice is appended to it as a line of
@@ -46,6 +50,8 @@
 #include "llvm/Analysis/InlineAdvisor.h"
 #include "llvm/Analysis/MLInlineAdvisor.h"
 #include "llvm/Analysis/MLModelRunner.h"
+#include "llvm/Analysis/BlockFrequencyInfo.h"
+#include "llvm/Analysis/ProfileSummaryInfo.h"
 #include "llvm/Analysis/ReplayInlineAdvisor.h"
 #include "llvm/Analysis/TensorSpec.h"
 #include "llvm/IR/Module.h"
@@ -65,6 +71,18 @@ namespace {
 // its own manager, and an advisor built on another module's manager crashes the link.
 thread_local ModuleAnalysisManager *CompilationMAM = nullptr;
 
+// The profile's inputs a policy may read (their names are kCallSiteCountName and the rest).
+enum ProfileInput { kCallSiteCount, kCalleeEntryCount, kCallSiteHotness, kProfileInputs };
+
+// Which of them feature NAME is, or -1 for a tensor of LLVM's.
+int profileInput(const char *Name) {
+  const char *const Names[kProfileInputs] = {kCallSiteCountName, kCalleeEntryCountName,
+                                             kCallSiteHotnessName};
+  for (int P = 0; P < kProfileInputs; ++P)
+    if (strcmp(Name, Names[P]) == 0) return P;
+  return -1;
+}
+
 class PolicyRunner final : public MLModelRunner {
  public:
   PolicyRunner(LLVMContext &Ctx, const std::vector<TensorSpec> &Inputs)
@@ -73,9 +91,13 @@ class PolicyRunner final : public MLModelRunner {
         H(kMaxWidth),
         Next(kMaxWidth),
         Index(kFeatures),
-        IsFloat(kFeatures) {
+        IsFloat(kFeatures),
+        FromProfile(kFeatures) {
     for (size_t I = 0; I < Inputs.size(); ++I) setUpBufferForTensor(I, Inputs[I], nullptr);
     for (int F = 0; F < kFeatures && Problem.empty(); ++F) {
+      FromProfile[F] = profileInput(kFeatureNames[F]);
+      ReadsProfile |= FromProfile[F] >= 0;
+      if (FromProfile[F] >= 0) continue;
       auto It = std::find_if(Inputs.begin(), Inputs.end(),
                              [&](const TensorSpec &S) { return S.name() == kFeatureNames[F]; });
       if (It == Inputs.end())
@@ -94,11 +116,14 @@ class PolicyRunner final : public MLModelRunner {
   }
   std::string Problem;  // empty when every feature the policy reads is sent
   int64_t Default = 0;  // LLVM's own decision at this call site (set only when kGated)
+  bool ReadsProfile = false;
+  double Profile[kProfileInputs] = {};  // this call site's (set only when ReadsProfile)
 
  private:
   void *evaluateUntyped() override {
-    for (int F = 0; F < kFeatures; ++F)  // a scalar, or one element of a vector
-      Raw[F] = IsFloat[F] ? static_cast<double>(getTensor<float>(Index[F])[kFeatureElement[F]])
+    for (int F = 0; F < kFeatures; ++F)  // the profile's, a scalar, or one element of a vector
+      Raw[F] = FromProfile[F] >= 0 ? Profile[FromProfile[F]]
+               : IsFloat[F] ? static_cast<double>(getTensor<float>(Index[F])[kFeatureElement[F]])
                           : static_cast<double>(getTensor<int64_t>(Index[F])[kFeatureElement[F]]);
     for (int D = 0; D < kDerived; ++D) {
       double L = Raw[kDerivedLeft[D]], R = Raw[kDerivedRight[D]];
@@ -135,6 +160,7 @@ class PolicyRunner final : public MLModelRunner {
   std::vector<float> H, Next;   // a layer's input and output
   std::vector<size_t> Index;    // each feature's input tensor
   std::vector<bool> IsFloat;
+  std::vector<int> FromProfile;  // each feature's ProfileInput, or -1
   int64_t Advice = 0;
 };
 
@@ -161,10 +187,12 @@ class GatedAdvisor final : public MLInlineAdvisor {
     if (kGated) noteForGuard(kAdvised);
   }
   PolicyRunner *Runner = nullptr;
+  ProfileSummaryInfo *PSI = nullptr;
 
  protected:
   std::unique_ptr<MLInlineAdvice> getAdviceFromModel(CallBase &CB,
                                                      OptimizationRemarkEmitter &ORE) override {
+    if (Runner->ReadsProfile) measureProfile(CB);
     if (!kGated) return MLInlineAdvisor::getAdviceFromModel(CB, ORE);
     Runner->Default = GetDefaultAdvice(CB);
     auto Advice = MLInlineAdvisor::getAdviceFromModel(CB, ORE);
@@ -176,6 +204,19 @@ class GatedAdvisor final : public MLInlineAdvisor {
   }
 
  private:
+  // The call site's count and its callee's entry count by the profile (0 where it has none),
+  // and the profile summary's verdict: 2 hot, 0 cold, 1 neither (or no summary).
+  void measureProfile(CallBase &CB) {
+    auto &BFI = FAM.getResult<BlockFrequencyAnalysis>(*CB.getCaller());
+    const Function *Callee = CB.getCalledFunction();
+    auto Entry = Callee ? Callee->getEntryCount() : std::nullopt;
+    double *Out = Runner->Profile;
+    Out[kCallSiteCount] = static_cast<double>(BFI.getBlockProfileCount(CB.getParent()).value_or(0));
+    Out[kCalleeEntryCount] = Entry ? static_cast<double>(Entry->getCount()) : 0.0;
+    Out[kCallSiteHotness] = PSI && PSI->isHotCallSite(CB, &BFI)    ? 2.0
+                            : PSI && PSI->isColdCallSite(CB, &BFI) ? 0.0
+                                                                   : 1.0;
+  }
   bool Departed = false;
 };
 
@@ -248,6 +289,7 @@ InlineAdvisor *makePolicyAdvisor(Module &M, FunctionAnalysisManager &FAM, Inline
         return Inline;
       });
   Advisor->Runner = Runner;
+  Advisor->PSI = &CompilationMAM->getResult<ProfileSummaryAnalysis>(M);
   if (Runner && Runner->Problem.empty()) return Advisor.release();
   errs() << "mlgo: feature layout mismatch: "
          << (Runner ? Runner->Problem : std::string("no model runner"))

@@ -8,6 +8,9 @@ extern const int kFeatures, kDerived, kLayers, kMaxWidth;
 extern const char *const kFeatureNames[];
 extern const int kFeatureElement[];  // 0 for a scalar; an element of IR2Vec's vectors
 extern const bool kReadsEmbeddings;
+// The names of the profile's inputs (mlgo.problems.profile_inputs), which the plugin computes.
+extern const char *const kCallSiteCountName, *const kCalleeEntryCountName;
+extern const char *const kCallSiteHotnessName;
 extern const int kDerivedLeft[], kDerivedRight[];
 extern const char kDerivedOp[];
 extern const int kQuantileStart[];
