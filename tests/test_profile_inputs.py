@@ -61,6 +61,13 @@ def test_given_at_zero_weight_the_profiles_inputs_change_no_answer(recordings):
     np.testing.assert_array_equal(wider.predict(widened), policy.predict(rows))
     np.testing.assert_allclose(wider.logits(widened), policy.logits(rows), atol=1e-5)
     assert wider.with_profile_inputs() is wider
+    deaf = wider.deaf_to(tuple(PROFILE_INPUTS))  # after a search, taken away again
+    moved = replace(wider, weights=[w + 0.01 for w in wider.weights])
+    assert not np.array_equal(moved.logits(widened), deaf.logits(widened))
+    np.testing.assert_array_equal(
+        moved.deaf_to(tuple(PROFILE_INPUTS)).logits(widened),
+        moved.deaf_to(tuple(PROFILE_INPUTS)).logits(np.concatenate([rows, 0 * hot], 1)),
+    )
 
 
 def test_the_channel_sends_none_and_the_policy_reads_them_as_without_a_profile(recordings):

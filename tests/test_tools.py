@@ -562,23 +562,26 @@ def test_the_service_benchmark_refuses_bad_input_before_any_build(args, says, tm
     assert not out.exists() and not work.exists()
 
 
+@pytest.mark.parametrize("tool", ["retime_tune", "bench_profile_inputs"])
 @pytest.mark.parametrize(
     ("files", "says"),
     [
-        ({}, "No such file or directory"),
-        ({"tune.json": "{}", "report.json": '{"package": "x"}'}, "its JSON lacks 'build'"),
+        ({}, "has no tune.json (not a tune's directory)"),
+        ({"tune.json": "{}"}, "tune.json: not a tune's arguments (no 'source')"),
     ],
 )
-def test_retiming_what_is_not_a_finished_speed_tune_is_one_line(files, says, tmp_path):
+def test_a_tool_given_what_is_not_a_finished_speed_tune_says_so_in_one_line(
+    tool, files, says, tmp_path
+):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     r = subprocess.run(
-        [sys.executable, "-m", "tools.retime_tune", str(tmp_path)],
+        [sys.executable, "-m", f"tools.{tool}", str(tmp_path)],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
-    assert r.stderr.startswith(f"retime_tune: {tmp_path}: ") and not r.stdout
+    assert r.stderr.startswith(f"{tool}: {tmp_path}") and not r.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
 
 

@@ -21,39 +21,24 @@ from pathlib import Path
 from rich.console import Console
 
 from mlgo.cli import USER_ERRORS
-from mlgo.llvm.profiles import MERGED
-from mlgo.llvm.toolchain import find_toolchain
-from mlgo.packages.recipes import Recipe
-from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
 from mlgo.programs.layouts import LAYOUTS
-from mlgo.programs.pgo import PROFILE
 from mlgo.programs.report import throughput_change
-from mlgo.programs.speed import WorkloadReward
+from mlgo.programs.speed import tuned_reward
 from mlgo.runtime.files import atomic_write_text
-from mlgo.runtime.inputs import read_json
 from mlgo.runtime.messages import error_line
 
 console = Console()
 
 
 def retime(out: Path, rounds: int, seconds: float, layouts: int) -> None:
-    tune = read_json(out / "tune.json")
-    package = read_json(out / "report.json")["package"]
-    recipe = Recipe(
-        package, "", tuple(tune["build"]), configure=tuple(tune["configure"]),
-        test=tuple(tune["test"]), bench=tuple(tune["bench"]),
-    )  # fmt: skip
-    profile = out / PROFILE / MERGED if tune["pgo"] else None
-    reward = WorkloadReward(
-        recipe, out / "pristine", out / "retimed", find_toolchain(), get_problem(tune["problem"]),
-        rounds, seconds, layouts, profile,
-    )  # fmt: skip
+    reward = tuned_reward(out, out / "retimed", rounds, seconds, layouts)
     timed, control = reward.clock({"trained": load_policy(out / "train" / "policy")})
-    baseline = "the PGO build" if profile else "the plain build"
-    for name, change in timed.items():
-        console.print(f"{package}: {name} against {baseline}: {throughput_change(change)}")
-    console.print(f"{package}: A/A: {throughput_change(control)}")
+    baseline = "the PGO build" if reward.profile else "the plain build"
+    name = reward.recipe.name
+    for policy, change in timed.items():
+        console.print(f"{name}: {policy} against {baseline}: {throughput_change(change)}")
+    console.print(f"{name}: A/A: {throughput_change(control)}")
     result = {"rounds": rounds, "seconds": seconds, "timed": timed, "control": control}
     atomic_write_text(out / "retimed.json", json.dumps(result, indent=1))
 
@@ -69,9 +54,7 @@ def main() -> None:
     try:
         retime(out, args.rounds, args.seconds, args.layouts)
     except USER_ERRORS as e:
-        sys.exit(f"retime_tune: {out}: {error_line(e)}")
-    except (KeyError, TypeError) as e:
-        sys.exit(f"retime_tune: {out}: not a finished speed tune (its JSON lacks {e})")
+        sys.exit(f"retime_tune: {error_line(e)}")
 
 
 if __name__ == "__main__":

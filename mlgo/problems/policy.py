@@ -102,6 +102,12 @@ class MLPPolicy:
         x = self.normalizer.transform(data.x)
         return x, weight, np.zeros((len(x), actions), np.float32)
 
+    def input_rows(self, names: Sequence[str]) -> np.ndarray:
+        """The first layer's rows that read the inputs NAMES: (q, sqrt q, q^2) of each."""
+        norm = self.normalizer
+        columns = [norm.features.index(n) for n in names]
+        return np.array([block * norm.columns + c for block in range(3) for c in columns], int)
+
     def with_profile_inputs(self) -> MLPPolicy:
         """This policy with the profile's inputs (`profile_inputs`) after LLVM's features,
         each at zero weight: the same answers everywhere, and a network that a search can
@@ -112,18 +118,26 @@ class MLPPolicy:
         added = [np.asarray(p.boundaries, np.float64) for p in PROFILE_INPUTS.values()]
         n = len(norm.features)
         wider = replace(
-            norm,
-            features=(*norm.features, *PROFILE_INPUTS),
-            quantiles=[*norm.quantiles[:n], *added, *norm.quantiles[n:]],
+            self,
+            normalizer=replace(
+                norm,
+                features=(*norm.features, *PROFILE_INPUTS),
+                quantiles=[*norm.quantiles[:n], *added, *norm.quantiles[n:]],
+            ),
         )
-        # the network's input is (q, sqrt q, q^2) of every column: zero rows for the new ones
-        first, columns = self.weights[0], norm.columns
-        zeros = np.zeros((len(added), first.shape[1]), first.dtype)
-        blocks = []
-        for block in range(3):
-            rows = first[block * columns : (block + 1) * columns]
-            blocks += [rows[:n], zeros, rows[n:]]
-        return replace(self, normalizer=wider, weights=[np.concatenate(blocks), *self.weights[1:]])
+        first = self.weights[0]
+        read = np.ones(wider.normalizer.width, bool)
+        read[wider.input_rows(tuple(PROFILE_INPUTS))] = False
+        widened = np.zeros((len(read), first.shape[1]), first.dtype)
+        widened[read] = first
+        return replace(wider, weights=[widened, *self.weights[1:]])
+
+    def deaf_to(self, names: Sequence[str]) -> MLPPolicy:
+        """This policy with the inputs NAMES at zero weight: what it decides without them
+        (a search's use of an input, measured by taking it away)."""
+        first = self.weights[0].copy()
+        first[self.input_rows(names)] = 0.0
+        return replace(self, weights=[first, *self.weights[1:]])
 
     def describe(self) -> str:
         """The network's shape in a sentence, for the model card."""

@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, Code, workload_cost
-from mlgo.llvm.toolchain import Toolchain
+from mlgo.llvm.profiles import MERGED
+from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe
-from mlgo.problems import Problem
+from mlgo.problems import Problem, get_problem
 from mlgo.problems.policy_files import save_policy
 from mlgo.programs.build import build_program, policy_service, problem_flags
 from mlgo.programs.compare import Variant, variants
@@ -52,6 +53,7 @@ from mlgo.programs.measure import (
     rounds_against_control,
     workload_output,
 )
+from mlgo.programs.pgo import PROFILE
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.inputs import read_json
@@ -110,7 +112,7 @@ class WorkloadReward:
     ):
         self.recipe, self.pristine, self.work, self.tc = recipe, pristine, work, tc
         self.side_by_side, self.configure_once = side_by_side, configure_once
-        self.flags = problem_flags(problem, profile)
+        self.profile, self.flags = profile, problem_flags(problem, profile)
         self.rounds, self.seconds, self.layouts = rounds, seconds, layouts
         self.known: dict[Code, float] = {}  # llvm-mca's cycles of code an earlier build had
         self.costs: dict[str, float] = {}  # by `_key`; "plain": the plain build's
@@ -258,6 +260,32 @@ class WorkloadReward:
         """The builds since the last call (a search's count of what it compiled)."""
         taken, self.builds = self.builds, 0
         return taken
+
+
+def tuned_reward(
+    out: Path, work: Path, rounds: int, seconds: float, layouts: int
+) -> WorkloadReward:
+    """The workload reward of the finished speed tune at OUT, working in WORK: its project
+    and workload (OUT/tune.json), its snapshot, and with --pgo its profile, so that its
+    policies are costed or timed again after it, against the same baseline."""
+    if not (out / "tune.json").is_file():
+        raise BuildError(f"{out}: has no tune.json (not a tune's directory)")
+    try:
+        tune = read_json(out / "tune.json", BuildError)
+        recipe = Recipe(
+            Path(tune["source"]).name, "", tuple(tune["build"]),
+            configure=tuple(tune["configure"]), test=tuple(tune["test"]),
+            bench=tuple(tune["bench"]),
+        )  # fmt: skip
+        problem, profile = get_problem(tune["problem"]), out / PROFILE / MERGED
+        if not recipe.bench or problem.aim != "speed":
+            raise BuildError(f"{out}: not a speed tune with a workload")
+        return WorkloadReward(
+            recipe, out / "pristine", work, find_toolchain(), problem, rounds, seconds, layouts,
+            profile if tune["pgo"] else None,
+        )  # fmt: skip
+    except (KeyError, TypeError) as e:
+        raise BuildError(f"{out / 'tune.json'}: not a tune's arguments (no {e})") from e
 
 
 COSTS = "costs.json"
