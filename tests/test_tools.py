@@ -567,7 +567,8 @@ def test_the_service_benchmark_refuses_bad_input_before_any_build(args, says, tm
     ("files", "says"),
     [
         ({}, "has no tune.json (not a tune's directory)"),
-        ({"tune.json": "{}"}, "tune.json: not a tune's arguments (no 'source')"),
+        ({"tune.json": "{}"}, "has no report.json (not a finished tune)"),
+        ({"tune.json": "{}", "report.json": "{}"}, "report.json (no 'package')"),
     ],
 )
 def test_a_tool_given_what_is_not_a_finished_speed_tune_says_so_in_one_line(

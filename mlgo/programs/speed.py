@@ -270,10 +270,12 @@ def tuned_reward(
     policies are costed or timed again after it, against the same baseline."""
     if not (out / "tune.json").is_file():
         raise BuildError(f"{out}: has no tune.json (not a tune's directory)")
+    if not (out / "report.json").is_file():
+        raise BuildError(f"{out}: has no report.json (not a finished tune)")
     try:
         tune = read_json(out / "tune.json", BuildError)
         recipe = Recipe(
-            Path(tune["source"]).name, "", tuple(tune["build"]),
+            read_json(out / "report.json", BuildError)["package"], "", tuple(tune["build"]),
             configure=tuple(tune["configure"]), test=tuple(tune["test"]),
             bench=tuple(tune["bench"]),
         )  # fmt: skip
@@ -285,7 +287,7 @@ def tuned_reward(
             profile if tune["pgo"] else None,
         )  # fmt: skip
     except (KeyError, TypeError) as e:
-        raise BuildError(f"{out / 'tune.json'}: not a tune's arguments (no {e})") from e
+        raise BuildError(f"{out}: not a finished tune's tune.json and report.json (no {e})") from e
 
 
 COSTS = "costs.json"
