@@ -25,7 +25,7 @@ from mlgo.problems.policy_files import load_policy
 from mlgo.problems.profile_inputs import PROFILE_INPUTS, reads_profile
 from mlgo.programs.layouts import LAYOUTS
 from mlgo.programs.report import throughput_change
-from mlgo.programs.speed import tuned_reward
+from mlgo.programs.tune import tuned_reward
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.messages import error_line

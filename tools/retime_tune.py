@@ -24,7 +24,7 @@ from mlgo.cli import USER_ERRORS
 from mlgo.problems.policy_files import load_policy
 from mlgo.programs.layouts import LAYOUTS
 from mlgo.programs.report import throughput_change
-from mlgo.programs.speed import tuned_reward
+from mlgo.programs.tune import tuned_reward
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.messages import error_line
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shlex
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mlgo.corpus.extract import logged_invocations
@@ -21,8 +21,8 @@ from mlgo.llvm.cmdline import without_outputs
 from mlgo.llvm.driver import source_files
 from mlgo.llvm.sizes import elf_texts, text_digest
 from mlgo.llvm.toolchain import Toolchain
-from mlgo.packages.recipes import Recipe, project
-from mlgo.problems import Problem, get_problem
+from mlgo.packages.recipes import Recipe
+from mlgo.problems import Problem
 from mlgo.programs.build import (
     Variant,
     build_program,
@@ -33,8 +33,8 @@ from mlgo.programs.build import (
 from mlgo.programs.compare import variants
 from mlgo.programs.decide import DECISIONS, from_decisions
 from mlgo.programs.measure import collected, paired_change, round_order, tree_cpu_seconds
+from mlgo.programs.tune import tuned_recipe
 from mlgo.runtime.commands import BuildError
-from mlgo.runtime.inputs import read_json
 from mlgo.serve.client import request
 from mlgo.ship.decisions import Artifact, read, recheck_command, still_matching
 
@@ -58,17 +58,10 @@ class Identity:
 def tuned_project(out: Path) -> tuple[Recipe, Problem]:
     """The project a finished tune at OUT built (its shell lines, from OUT/tune.json, without
     its workload) and its problem; a tune that wrote no decisions is refused."""
-    if not (out / "tune.json").is_file():
-        raise BuildError(f"{out}: has no tune.json (not a tune's directory)")
-    args = read_json(out / "tune.json", BuildError)
+    recipe, problem, _ = tuned_recipe(out)
     if not (out / DECISIONS).is_dir():
         raise BuildError(f"{out}: has no {DECISIONS}/ (not a finished tune of an inlining problem)")
-    try:
-        name = Path(args["source"]).name
-        recipe = project(name, args["configure"], args["build"], args["test"], None)
-        return recipe, get_problem(args["problem"])
-    except (KeyError, TypeError) as e:
-        raise BuildError(f"{out / 'tune.json'}: not a tune's arguments (no {e})") from e
+    return replace(recipe, bench=()), problem
 
 
 def kept_identity(tree: Path, out: Path) -> Identity:

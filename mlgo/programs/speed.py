@@ -35,10 +35,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, Code, workload_cost
-from mlgo.llvm.profiles import MERGED
-from mlgo.llvm.toolchain import Toolchain, find_toolchain
+from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import Recipe
-from mlgo.problems import Problem, get_problem
+from mlgo.problems import Problem
 from mlgo.problems.policy_files import save_policy
 from mlgo.programs.build import build_program, policy_service, problem_flags
 from mlgo.programs.compare import Variant, variants
@@ -53,7 +52,6 @@ from mlgo.programs.measure import (
     rounds_against_control,
     workload_output,
 )
-from mlgo.programs.pgo import PROFILE
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.inputs import read_json
@@ -260,34 +258,6 @@ class WorkloadReward:
         """The builds since the last call (a search's count of what it compiled)."""
         taken, self.builds = self.builds, 0
         return taken
-
-
-def tuned_reward(
-    out: Path, work: Path, rounds: int, seconds: float, layouts: int
-) -> WorkloadReward:
-    """The workload reward of the finished speed tune at OUT, working in WORK: its project
-    and workload (OUT/tune.json), its snapshot, and with --pgo its profile, so that its
-    policies are costed or timed again after it, against the same baseline."""
-    if not (out / "tune.json").is_file():
-        raise BuildError(f"{out}: has no tune.json (not a tune's directory)")
-    if not (out / "report.json").is_file():
-        raise BuildError(f"{out}: has no report.json (not a finished tune)")
-    try:
-        tune = read_json(out / "tune.json", BuildError)
-        recipe = Recipe(
-            read_json(out / "report.json", BuildError)["package"], "", tuple(tune["build"]),
-            configure=tuple(tune["configure"]), test=tuple(tune["test"]),
-            bench=tuple(tune["bench"]),
-        )  # fmt: skip
-        problem, profile = get_problem(tune["problem"]), out / PROFILE / MERGED
-        if not recipe.bench or problem.aim != "speed":
-            raise BuildError(f"{out}: not a speed tune with a workload")
-        return WorkloadReward(
-            recipe, out / "pristine", work, find_toolchain(), problem, rounds, seconds, layouts,
-            profile if tune["pgo"] else None,
-        )  # fmt: skip
-    except (KeyError, TypeError) as e:
-        raise BuildError(f"{out}: not a finished tune's tune.json and report.json (no {e})") from e
 
 
 COSTS = "costs.json"

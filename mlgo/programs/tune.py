@@ -45,16 +45,16 @@ import json
 import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager, closing
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlgo.corpus.format import load_corpus
 from mlgo.errors import UsageError
 from mlgo.llvm.profiles import MERGED, use_flags
-from mlgo.llvm.toolchain import Toolchain
+from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.build import run_tests
-from mlgo.packages.recipes import Recipe
+from mlgo.packages.recipes import Recipe, project
 from mlgo.problems import Problem, get_problem
 from mlgo.programs.build import ProgramBuild, baseline_label, problem_flags, scratch_copy
 from mlgo.programs.chain import CLONED, choose_policy, cloned_start, export, shipped_start
@@ -132,6 +132,51 @@ def workload_reward(
         timing = (opts.bench_rounds, opts.bench_seconds, opts.layouts)
         return WorkloadReward(recipe, pristine, out / "judged", tc, problem, *timing, profile)
     return None
+
+
+def tuned_recipe(out: Path) -> tuple[Recipe, Problem, dict]:
+    """The project the tune at OUT built, as OUT/tune.json says: its shell lines and its
+    workload (named after its source directory), its problem, and all its arguments."""
+    if not (out / "tune.json").is_file():
+        raise BuildError(f"{out}: has no tune.json (not a tune's directory)")
+    args = read_json(out / "tune.json", BuildError)
+    try:
+        recipe = project(
+            Path(args["source"]).name, args["configure"], args["build"], args["test"], None
+        )
+        return replace(recipe, bench=tuple(args["bench"])), get_problem(args["problem"]), args
+    except (KeyError, TypeError) as e:
+        raise BuildError(f"{out / 'tune.json'}: not a tune's arguments (no {e})") from e
+
+
+def tuned_reward(
+    out: Path, work: Path, rounds: int, seconds: float, layouts: int
+) -> WorkloadReward:
+    """The workload reward of the finished speed tune at OUT, working in WORK: its project
+    and workload (`tuned_recipe`, named as its report names it), its snapshot, and with
+    --pgo its profile, so that its policies are costed or timed again after it, against
+    the same baseline."""
+    from mlgo.programs.speed import WorkloadReward
+
+    for name, what in (("tune.json", "a tune's directory"), ("report.json", "a finished tune")):
+        if not (out / name).is_file():
+            raise BuildError(f"{out}: has no {name} (not {what})")
+    try:
+        package = read_json(out / "report.json", BuildError)["package"]
+    except (KeyError, TypeError) as e:
+        raise BuildError(f"{out}: not a finished tune's report.json (no {e})") from e
+    recipe, problem, args = tuned_recipe(out)
+    try:
+        profile = out / PROFILE / MERGED if args["pgo"] else None
+    except KeyError as e:
+        raise BuildError(f"{out / 'tune.json'}: not a tune's arguments (no {e})") from e
+    recipe = replace(recipe, name=package)
+    if not recipe.bench or problem.aim != "speed":
+        raise BuildError(f"{out}: not a speed tune with a workload")
+    return WorkloadReward(
+        recipe, out / "pristine", work, find_toolchain(), problem, rounds, seconds, layouts,
+        profile,
+    )  # fmt: skip
 
 
 def snapshot(source: Path, out: Path, say: Callable[[str], None] = print) -> Path:
