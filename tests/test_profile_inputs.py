@@ -15,6 +15,7 @@ import pytest
 from mlgo.errors import UsageError
 from mlgo.llvm.log_format import Observation
 from mlgo.llvm.toolchain import Toolchain
+from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.problems.profile_inputs import PROFILE_INPUTS, reads_profile
 from mlgo.serve.service import Service
@@ -34,7 +35,7 @@ int main(int argc, char **argv) {
 """
 
 
-def inlines_where_the_profile_counts_a_million() -> object:
+def inlines_where_the_profile_counts_a_million() -> MLPPolicy:
     """The shipped policy with the profile's inputs, ungated, and a network that reads
     nothing but the call site's count: inline where it ran 2^20 times or more (its
     quantile on the log2 scale past one half)."""
