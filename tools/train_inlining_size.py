@@ -3,7 +3,7 @@ inlining-size policy that ships guarded, trained on the train split, gated on va
 
   .venv/bin/python -m tools.train_inlining_size --out data/issue40/scratch
 The recipe is TRAINING, each stage from the one before, then calibration; its defaults did
-best on validation (docs/inlining-size.md, "BC-Max given the time"): BC, a clone of clang's
+best on validation (docs/records/inlining-size.md, "BC-Max given the time"): BC, a clone of clang's
 `-Oz`; ES for 30 minutes on FIRST_ES_PACKAGES (`--es-packages`: names, `c` for the split's
 C packages, or `all`), where departing shrinks code (BC-Max departs little from a BC clone);
 with `--mix-packages`, ES again beside them, a package's loss counted twice; BC-Max for 85

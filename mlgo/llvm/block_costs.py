@@ -8,7 +8,7 @@ a block that straddles a line boundary costs a second fetch every time it runs, 
 lua, whose time is an interpreter loop, builds with the same cycles ran 2-7% apart as the
 lines their hot blocks span said. The reward counts a line as a cycle: on lua and zstd,
 where it was chosen, the sum ranked run time better than either part alone; on sqlite3,
-held out, the lines alone did (docs/regalloc-eviction.md).
+held out, the lines alone did (docs/records/regalloc-eviction.md).
 
 The blocks come from the build itself: compiled with BLOCK_MAP_FLAGS, a program lists each
 function's machine blocks at their addresses, as the code generator left them after every

@@ -5,7 +5,7 @@ were separate files. The decision, its features and its reward are inlining-size
 differs is the code it sees: a corpus of merged modules, one per linked program or shared
 library (`mlgo corpus record --lto full`), whose `.text` is the program's, with no copy of
 an inline function counted per object. A policy trained per file makes the link worse
-(measured in docs/inlining-size.md), so each serves only at its own stage.
+(measured in docs/records/inlining-size.md), so each serves only at its own stage.
 """
 
 from __future__ import annotations

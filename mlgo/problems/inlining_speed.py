@@ -11,11 +11,11 @@ heuristic the user builds with; its corpus cost is the code's size, reported bes
 
 Which heuristic: clang's inline threshold moves every call site one way, and on cmark 400
 made the program 1.3% faster where every other value tried made it slower
-(docs/inlining-speed.md). A search of network weights around clang's answers did not find
+(docs/records/inlining-speed.md). A search of network weights around clang's answers did not find
 that, so a policy carries its threshold (`MLPPolicy.base`), and a tune judges clang's own
 decisions at each of THRESHOLDS on the workload, and trains departures from the fastest
 (`chain.based_start`). Tuned so on three programs, none was faster with confidence: the
-reward prefers more inlining than the clock does (docs/inlining-speed.md).
+reward prefers more inlining than the clock does (docs/records/inlining-speed.md).
 """
 
 from __future__ import annotations

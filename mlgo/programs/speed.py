@@ -8,7 +8,7 @@ with the block address map (`block_costs.BLOCK_MAP_FLAGS`, which changes no inst
 the workload runs once under callgrind; and the build's blocks are costed on their exact
 runs (`block_costs.workload_cost`: llvm-mca's cycles plus the 64-byte lines fetched). That
 sum ranked measured CPU time better than any other reward tried, on the programs it was
-chosen on and less well on one held out (docs/regalloc-eviction.md): a better reward than
+chosen on and less well on one held out (docs/records/regalloc-eviction.md): a better reward than
 the static cost, not a perfect one, so the report times both builds as well.
 
 A build per score is slow next to a module's compile, so the search takes few directions
