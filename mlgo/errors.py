@@ -15,3 +15,9 @@ class MlgoError(Exception):
 
 class UsageError(MlgoError, ValueError):
     """A value the user gave (an option, a name, a file's contents) that mlgo cannot use."""
+
+
+# The errors a user can cause or fix: mlgo's own (each one line), and the operating system's
+# about the user's files and machine (a missing path, a full disk: each names its file).
+# Anything else is a bug and keeps its traceback.
+USER_ERRORS = (MlgoError, OSError)

@@ -151,3 +151,32 @@ def test_each_folder_imports_only_from_the_folders_before_it() -> None:
         if floor_of(imported) > floor_of(module)
     ]
     assert not upward, "imports that run back up:\n" + "\n".join(upward)
+
+
+def _tool_imports(path: Path) -> list[tuple[str, str]]:
+    """Each (module, name) the file at PATH imports, `import a.b` as ("a.b", "")."""
+    pairs: list[tuple[str, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            pairs += [(alias.name, "") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            pairs += [(node.module, alias.name) for alias in node.names]
+    return pairs
+
+
+@pytest.mark.unit
+def test_the_lab_is_the_top_floor() -> None:
+    """tools/ may use the product's public names, not its CLI (the lab is not a user of the
+    command line) nor its private ones; a tool never imports another tool, only the lab's
+    shared helpers in tools/lab/."""
+    wrong = []
+    for path in sorted((ROOT / "tools").rglob("*.py")):
+        where = path.relative_to(ROOT)
+        for module, name in _tool_imports(path):
+            if module == "mlgo.cli" or module.startswith("mlgo.cli."):
+                wrong.append(f"{where}: imports {module}")
+            elif module.startswith("mlgo") and (name.startswith("_") or "._" in module):
+                wrong.append(f"{where}: imports a private name {module}.{name}")
+            elif module.split(".")[0] == "tools" and "lab" not in (module.split(".") + [name])[1:2]:
+                wrong.append(f"{where}: imports another tool, {module}")
+    assert wrong == [], "\n".join(wrong)

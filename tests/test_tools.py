@@ -675,3 +675,21 @@ def test_link_recipe_card_shows_every_candidate_the_test_and_the_commands_that_r
     assert "without the guard: -0.736%, larger: cmark." in card
     assert "mlgo corpus build --lto full bzip2 zlib --out data/lto/train" in card
     assert "--minutes 55 --guard --release policies/p\n```\n" in card
+
+
+def test_the_lab_projects_and_workloads_are_recipes_of_the_one_format():
+    """tools/projects/ and tools/workloads/ hold recipes the product's loader reads: every
+    project has a language and a shell workload, every workload extends a shipped recipe
+    (its build) with commands of its own."""
+    from mlgo.packages.recipes import load_recipe
+    from tools.lab.projects import PROJECTS, project_recipe
+    from tools.lab.workloads import PROGRAMS, WORKLOADS_DIR
+
+    assert len(PROJECTS) >= 15 and len(PROGRAMS) >= 4
+    for name in PROJECTS:
+        recipe = project_recipe(name)
+        assert recipe.language in ("C", "C++") and recipe.bench[0].startswith("sh -c ")
+        assert recipe.build and recipe.source
+    for name, workload in PROGRAMS.items():
+        extended = load_recipe(name, WORKLOADS_DIR)
+        assert extended.build == load_recipe(workload.recipe).build and workload.commands

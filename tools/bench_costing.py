@@ -35,7 +35,7 @@ from mlgo.problems.policy_files import load_policy
 from mlgo.programs.build import pristine_source
 from mlgo.programs.speed import SIDE_BY_SIDE, WorkloadReward
 from mlgo.train.calibrate import NEVER
-from tools.bench_tune import PROJECTS, project_recipe
+from tools.lab.projects import PROJECTS, project_recipe
 
 console = Console()
 WAYS = {"before": (1, False), "now": (SIDE_BY_SIDE, True)}  # side by side, configure once

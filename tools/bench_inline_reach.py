@@ -38,7 +38,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.cli import USER_ERRORS
+from mlgo.errors import USER_ERRORS
 from mlgo.llvm.block_costs import BLOCK_MAP_FLAGS, Code
 from mlgo.llvm.profiles import MERGED, use_flags
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
@@ -58,7 +58,7 @@ from mlgo.programs.report import throughput_change
 from mlgo.programs.speed import tree_cost
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.messages import error_line
-from tools.bench_tune import PROJECTS, RETIMED, project_recipe
+from tools.lab.projects import PROJECTS, RETIMED, project_recipe
 
 console = Console()
 LEVEL = "-O2"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from mlgo.cli import USER_ERRORS
+from mlgo.errors import USER_ERRORS
 from mlgo.problems.policy_files import load_policy
 from mlgo.problems.profile_inputs import PROFILE_INPUTS, reads_profile
 from mlgo.programs.layouts import LAYOUTS

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 import statistics
 import subprocess
 import tempfile
@@ -45,7 +44,6 @@ from rich.console import Console
 from rich.table import Table
 
 from mlgo.corpus.format import load_corpus
-from mlgo.corpus.wrappers import build_env
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import load_recipe
 from mlgo.problems import get_problem
@@ -65,59 +63,16 @@ from mlgo.programs.measure import (
     timed_rounds,
     tree_cpu_seconds,
 )
-from mlgo.runtime.commands import BuildError, run_logged
+from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import LocalPool
 from mlgo.serve.client import Connection, request
 from mlgo.serve.service import Service
 from mlgo.train.evaluate import Evaluation, evaluate
+from tools.lab.workloads import FLAGS, PROGRAMS, prepare_workload, save_json
 
 console = Console(width=160)
-TOOLS = Path(__file__).resolve().parent
-FLAGS = ["-O2", "-g0", "-Qunused-arguments"]
 VARIANTS = ("default", "policy")
-
-
-PROGRAMS = {
-    "sqlite3": Workload(
-        "sqlite3",
-        (
-            '"$CC" -c test/speedtest1.c -o speedtest1.o',
-            '"$CC" -o speedtest1 speedtest1.o .libs/libsqlite3.a -lm -lpthread -ldl',
-        ),
-        (("./speedtest1", "--size", "8", "--memdb"),),
-        volatile=r"\d+\.\d+s",
-    ),
-    "zstd": Workload(
-        "zstd",
-        (
-            'make -j2 -C tests CC="$CC" datagen',
-            "tests/datagen -g40000000 -P40 -s7 > bench.dat",
-        ),
-        (
-            ("programs/zstd", "-q", "-f", "-T1", "-3", "bench.dat", "-o", "bench.zst"),
-            ("programs/zstd", "-q", "-f", "-T1", "-d", "bench.zst", "-o", "bench.out"),
-        ),
-        "cmp bench.dat bench.out",
-    ),
-    "lz4": Workload(
-        "lz4",
-        (
-            'make -j2 -C tests CC="$CC" datagen',
-            "tests/datagen -g40000000 -P40 -s7 > bench.dat",
-        ),
-        (
-            ("programs/lz4", "-q", "-f", "-1", "bench.dat", "bench.lz4"),
-            ("programs/lz4", "-q", "-f", "-d", "bench.lz4", "bench.out"),
-        ),
-        "cmp bench.dat bench.out",
-    ),
-    "lua5.4": Workload(
-        "lua",
-        (f"cp {shlex.quote(str(TOOLS / 'bench_data' / 'regalloc_bench.lua'))} bench.lua",),
-        (("src/lua", "bench.lua"),),
-    ),
-}
 
 
 def build_variants(
@@ -142,28 +97,6 @@ def build_variants(
     builds = {b.variant: b.to_json() for b in built}
     atomic_write_text(stamp, json.dumps({"policy": key, "builds": builds}))
     return builds
-
-
-def save_json(path: Path, result: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(result, indent=1))
-    console.print(f"wrote {path}")
-
-
-def prepare_workload(
-    prog: Workload, tc: Toolchain, work: Path, v: Variant, flags: list[str]
-) -> None:
-    """The benchmark's own setup in WORK/<variant>, compiled as the package was."""
-    env = dict(build_env(tc, work / f".{v.name}-bin", flags, *v.compilers), **v.env)
-    for cmd in prog.prepare:
-        run_logged(
-            cmd,
-            work / v.name,
-            work / f"{v.name}.log",
-            1800,
-            env,
-            f"{prog.recipe} {v.name}: bench setup",
-        )
 
 
 def bench_program(
@@ -570,7 +503,7 @@ def main(
         if names:
             _print_programs(result, names)
     if json_out:
-        save_json(json_out, result)
+        save_json(json_out, result, console)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ from mlgo.programs.measure import (
 from mlgo.programs.pgo import profile_workload
 from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_path, atomic_write_text
-from tools.bench_regalloc import FLAGS, PROGRAMS, prepare_workload, save_json
+from tools.lab.workloads import FLAGS, PROGRAMS, prepare_workload, save_json
 
 console = Console(width=160)
 SHIPPED = Path(__file__).resolve().parent.parent / "policies" / "regalloc-eviction"
@@ -389,7 +389,7 @@ def main(
         each = ", ".join(f"{n} {result[n]['spearman'][k]}" for n in names)
         console.print(f"Spearman, {k}: {rho} over {len(ranked[k])} pairs ({each})")
     if json_out:
-        save_json(json_out, result)
+        save_json(json_out, result, console)
 
 
 if __name__ == "__main__":

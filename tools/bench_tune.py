@@ -46,18 +46,17 @@ import argparse
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from mlgo.cli import USER_ERRORS
 from mlgo.data import shipped_policy
+from mlgo.errors import USER_ERRORS
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
-from mlgo.packages.recipes import Recipe, project
+from mlgo.packages.recipes import Recipe
 from mlgo.problems import LTO_STAGES, Problem, at_link, get_problem, problems
 from mlgo.programs.build import (
     build_program,
@@ -72,247 +71,10 @@ from mlgo.programs.report import throughput_change
 from mlgo.programs.tune import TuneOptions, tune
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.messages import WHOLE_LINE, error_line
+from tools.lab.projects import PROJECTS, RETIMED, project_recipe
 
 console = Console()
 SIZE = "inlining-size"  # the problem tuned unless --problem says another
-RETIMED = (15, 6.0)  # a speed problem's builds timed again: rounds, CPU seconds a build a round
-
-
-@dataclass(frozen=True)
-class Project:
-    source: str  # the Debian source package
-    language: str
-    build_depends: tuple[str, ...]
-    configure: str
-    build: str
-    test: str
-    bench: str  # its output must be the same on both builds
-
-
-GEODESICS = (
-    "awk 'BEGIN{for(i=0;i<20000;i++) print (i%179)-89, (i*7)%360-180, ((i*13)%179)-89, "
-    "(i*3)%360-180}' | build/tools/GeodSolve -i | md5sum"
-)
-PROJECTS = {
-    "cmark": Project(
-        "cmark",
-        "C",
-        ("cmake", "python3"),
-        "cmake -B build",
-        "cmake --build build -j2",
-        # pathological inputs are timed tests: they fail on a loaded machine, either build
-        "ctest --test-dir build --output-on-failure -E pathological",
-        "build/src/cmark test/spec.txt test/spec.txt test/spec.txt test/spec.txt",
-    ),
-    "jq": Project(
-        "jq",
-        "C",
-        ("autoconf", "automake", "libtool", "bison", "flex", "libonig-dev"),
-        "autoreconf -fi && ./configure --disable-docs --disable-maintainer-mode "
-        "--disable-valgrind --with-oniguruma=yes",
-        "make -j2",
-        "make check -j2",
-        "./jq -n '[range(100000)|{a:.,b:(.|tostring)}]' | ./jq -c 'map(.a*2)|add'",
-    ),
-    "geographiclib": Project(
-        "geographiclib",
-        "C++",
-        ("cmake",),
-        "cmake -B build",
-        "cmake --build build -j2",
-        "ctest --test-dir build",
-        GEODESICS,
-    ),
-    # first tried as a new user (three minutes); the parsing tests are a script over the
-    # built yajl_test. Its perftest, the first bench, parses for three seconds whatever the
-    # build: its time cannot change (a tune now refuses such a workload), so the build
-    # also writes a 200,000-object JSON document that the bench has the built
-    # json_reformat reformat
-    "yajl": Project(
-        "yajl",
-        "C",
-        ("cmake",),
-        "cmake -B build",
-        'cmake --build build -j2 && awk \'BEGIN{printf "["; for(i=0;i<200000;i++) printf '
-        '"%s{\\"id\\":%d,\\"name\\":\\"item %d\\",\\"tags\\":[\\"a\\",%d.5],'
-        '\\"ok\\":true}", (i?",":""), i, i, i; print "]"}\' > big.json',
-        "cd test/parsing && ./run_tests.sh ../../build/test/parsing/yajl_test",
-        "build/reformatter/json_reformat < big.json | md5sum",
-    ),
-    # first tried as a new user (three minutes): C++; the build also writes a large fake
-    # manifest with ninja's own generator (seeded: the same each time), which the bench has
-    # the built ninja parse and list
-    "ninja": Project(
-        "ninja-build",
-        "C++",
-        ("cmake", "python3"),
-        "cmake -B build",
-        "cmake --build build -j2 && python3 misc/write_fake_manifests.py fake > /dev/null",
-        "build/ninja_test",
-        "build/ninja -C fake -t targets all | md5sum",
-    ),
-    # first tried as a new user (two minutes): C, Meson; the build also writes 40,000 triples
-    # that the bench has the built serdi convert
-    "serd": Project(
-        "serd",
-        "C",
-        ("meson", "ninja-build"),
-        "meson setup build -Ddocs=disabled",
-        "ninja -C build && awk 'BEGIN{for(i=0;i<40000;i++) printf \"<http://e.org/s%d> "
-        '<http://e.org/p%d> \\"object %d\\" .\\n", i, i%17, i}\' > big.ttl',
-        "meson test -C build",
-        "build/serdi -i turtle -o ntriples big.ttl | md5sum",
-    ),
-    # first tried as a new user (two minutes): C, CMake; 5.6.0 ships no test suite, so the
-    # test is one document that must come out tidied; the build also writes 20,000 paragraphs
-    # of HTML with unclosed tags that the bench has the built tidy clean up
-    "tidy-html5": Project(
-        "tidy-html5",
-        "C",
-        ("cmake",),
-        "cmake -S . -B out",
-        'cmake --build out -j2 && awk \'BEGIN{print "<title>t</title>"; for(i=0;i<20000;i++) '
-        'printf "<p>para %d <b>bold <i>it</b> <a href=x%d>link</a>\\n", i, i}\' > big.html',
-        "printf '<title>t</title><p>hi' | out/tidy -q 2>/dev/null | grep -q '<p>hi</p>'",
-        "out/tidy -q big.html 2>/dev/null | md5sum",
-    ),
-    # C, Meson, the RDF store built on serd; the build also writes 40,000 triples that the
-    # bench has the built sordi load into its model and write out
-    "sord": Project(
-        "sord",
-        "C",
-        ("meson", "ninja-build", "pkg-config", "libserd-dev", "libpcre2-dev"),
-        "meson setup build -Ddocs=disabled -Dtests=enabled",
-        "ninja -C build && awk 'BEGIN{for(i=0;i<40000;i++) printf \"<http://e.org/s%d> "
-        '<http://e.org/p%d> \\"object %d\\" .\\n", i%9000, i%17, i}\' > big.ttl',
-        "meson test -C build",
-        "build/sordi big.ttl | md5sum",
-    ),
-    # C, its own configure.sh, with the options Debian builds it with; clang rejects a
-    # callback's type that gcc only warns about, and its Makefile races under -j (Debian
-    # builds it serially too); the build also writes a 48,000-line Markdown document that
-    # the bench has the built markdown render (first tried as a new user, two minutes: the
-    # bench ran no markdown at all, as it could not find its library, and the rehearsal
-    # did not notice)
-    "discount": Project(
-        "discount",
-        "C",
-        (),
-        "CFLAGS=-Wno-incompatible-function-pointer-types ./configure.sh --shared "
-        "--with-id-anchor --with-github-tags --with-fenced-code --github-checkbox",
-        "make && awk 'BEGIN{for(i=0;i<3000;i++){printf \"# Title %d\\n\\nSome *em* and "
-        '**strong** text with `code` and a [link](http://e.org/%d).\\n\\n", i, i; '
-        'print "- item one\\n- item _two_\\n  1. nested\\n\\n> quote " i "\\n\\n    '
-        "indented code\\n\\n```c\\nint x;\\n```\\n\"}}' > big.md",
-        "make test",
-        "LD_LIBRARY_PATH=. ./markdown big.md | md5sum",  # it links the libmarkdown.so built
-    ),
-    # C++, CMake, built in its source tree as Debian does: flattests compares a schema path
-    # relative to where the build wrote it; the bench has the built flatc generate code for
-    # its test schema in a dozen languages
-    "flatbuffers": Project(
-        "flatbuffers",
-        "C++",
-        ("cmake", "python3"),
-        "cmake -S . -B .",
-        "cmake --build . -j2",
-        "ctest --output-on-failure",
-        "for i in 1 2 3 4 5; do rm -rf gen && ./flatc --cpp --java --csharp --go --python "
-        "--ts --rust --swift --kotlin --dart --lua --php -o gen -I tests/include_test "
-        "tests/monster_test.fbs || exit 1; done; find gen -type f | sort | xargs cat | md5sum",
-    ),
-    # C, its own configure, which takes the compiler from configure.local only; the bench
-    # has the built mandoc render its own 27 manuals as text and HTML, ten times over
-    "mandoc": Project(
-        "mdocml",
-        "C",
-        ("zlib1g-dev", "perl"),
-        'printf \'CC="%s"\\n\' "$CC" > configure.local && ./configure',
-        "make -j2",
-        "make regress",
-        "for i in 1 2 3 4 5 6 7 8 9 10; do ./mandoc -T utf8 *.[1-8]; ./mandoc -T html *.[1-8]; "
-        "done 2>/dev/null | md5sum",
-    ),
-    # C, its own configure; the tests have the built tcc compile and run its own test
-    # programs, all but test3, which compares tcc with the host compiler on tcctest.c, a
-    # file clang-22 rejects (implicit int); the bench has it compile its own source, all of
-    # it in one unit, 30 times
-    "tcc": Project(
-        "tcc",
-        "C",
-        ("perl", "texinfo"),
-        './configure --cc="$CC"',
-        "make -j2",
-        "make -k test > tests.log 2>&1; ! grep -E '[*]{3} [[].*[]] Error' tests.log "
-        "| grep -vE ': (test[.]ref|test3|all|test)[]] Error'",
-        "for i in $(seq 30); do ./tcc -B. -Iinclude -I. -DONE_SOURCE=1 -c tcc.c -o bench.o "
-        "|| exit 1; done; md5sum < bench.o",
-    ),
-    # C, autotools, as Debian configures it (its test suite would clone the YAML test
-    # suite); the build also writes a 80,000-item YAML document that the bench has the
-    # built fy-tool parse and dump
-    "libfyaml": Project(
-        "libfyaml",
-        "C",
-        ("pkg-config", "libltdl-dev"),
-        "./configure --disable-network",
-        "make -j2 && awk 'BEGIN{for(i=0;i<80000;i++) printf \"- name: item%d\\n  value: %d\\n"
-        '  tags: [a, b, \\"c%d\\"]\\n  nested: {x: %d, y: text %d}\\n  block: |\\n    line '
-        "%d\\n\", i, i, i, i*3, i, i}' > big.yaml",
-        "make check -j2",
-        "src/fy-tool --dump big.yaml | md5sum",
-    ),
-    # C, autotools; its test runner prints FAIL but exits 0, so the test reads its log (the
-    # version test fails on both builds: it expects upstream's version string); the build
-    # also writes a 300,000-line assembly file with a macro that the bench has nasm assemble
-    "nasm": Project(
-        "nasm",
-        "C",
-        ("python3",),
-        "./configure",
-        "make -j2 && awk 'BEGIN{print \"bits 64\\n%macro twice 1\\n add rax, %1\\n add rax, "
-        '%1\\n%endmacro"; for(i=0;i<60000;i++) printf "l%d: mov rax, [rbx+%d]\\n add rcx, '
-        "rax\\n lea rdx, [rsi+rdi*4+%d]\\n twice %d\\n jnz l%d\\n\", i, i*8, i, i, i}' > big.asm",
-        "make travis > travis.log 2>&1; ! grep '=== Test .* FAIL ===' travis.log "
-        "| grep -v '/_version FAIL'",
-        "./nasm -f elf64 -o big.o big.asm && md5sum < big.o",
-    ),
-    # C, autotools, one program; its check prints whether a conversion came out right but
-    # exits 0 either way, so the test reads what it printed; the bench has the built units
-    # check every unit it defines, ten times over
-    "units": Project(
-        "units",
-        "C",
-        ("bison",),
-        "./configure",
-        "make -j2",
-        "make check | grep -q 'Units seems to work'",
-        "for i in 1 2 3 4 5 6 7 8 9 10; do ./units -f definitions.units --check; done | md5sum",
-    ),
-    # C, autotools, configured and with the tests Debian runs (it drops those that expect
-    # glibc's getopt messages); the bench has the built yacc generate the parsers of its
-    # four largest test grammars, 30 times over
-    "byacc": Project(
-        "byacc",
-        "C",
-        (),
-        "./configure --enable-btyacc --enable-stdnoreturn && "
-        "sed -i '/MYFILE=nosuchfile/,/# Test special cases/d' test/run_test.sh",
-        "make -j2",
-        "make check",
-        "for i in $(seq 30); do for y in expr.oxout grammar btyacc_demo varsyntax_calc1; do "
-        "./yacc -B -v -d -b bench test/$y.y || exit 1; cat bench.tab.c bench.output; done; "
-        "done | md5sum",
-    ),
-}
-
-
-def project_recipe(name: str) -> Recipe:
-    """Project NAME as `mlgo tune` takes it: its shell lines, its workload, and the Debian
-    source and build dependencies it is fetched with."""
-    p = PROJECTS[name]
-    recipe = project(name, [p.configure], [p.build], [p.test], p.bench)
-    return replace(recipe, source=p.source, build_depends=p.build_depends)
 
 
 def tune_project(
@@ -330,7 +92,6 @@ def tune_project(
     build, into WORK/NAME/tune-PROBLEM-pgo; with PROFILE_INPUTS, the search's policy reading
     the profile's counts too, into WORK/NAME/tune-PROBLEM-pgo-counts); its report and wall
     time."""
-    p = PROJECTS[name]
     recipe = project_recipe(name)
     source = pristine_source(recipe, work / name)
     started = time.monotonic()
@@ -341,11 +102,11 @@ def tune_project(
     out = out.with_name(f"{out.name}-counts") if profile_inputs else out
     opts = TuneOptions(minutes=minutes, problem=problem, pgo=pgo, profile_inputs=profile_inputs)
     report = tune(source, recipe, out, tc, opts)
-    result = {"language": p.language, "seconds": time.monotonic() - started, "report": report}
+    result = {"language": recipe.language, "seconds": time.monotonic() - started, "report": report}
     if lto:
         result["lto_over_per_file_pct"] = lto_over_per_file(recipe, source, work / name, out, tc)
     tuned = get_problem(problem)
-    if tuned.aim == "speed" and p.bench:
+    if tuned.aim == "speed" and recipe.bench:
         result["retimed"] = retimed(recipe, source, work / name, out, tc, tuned)
     return result
 
@@ -397,7 +158,7 @@ def try_project(name: str, tuned: Callable[[], dict]) -> dict:
         return tuned()
     except USER_ERRORS as e:
         console.print(f"[red]{name}: {error_line(e, WHOLE_LINE)}", highlight=False)
-        return {"language": PROJECTS[name].language, "error": error_line(e)}
+        return {"language": project_recipe(name).language, "error": error_line(e)}
 
 
 def pct(value: float | None) -> str:

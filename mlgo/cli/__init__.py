@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from mlgo.cli import corpus, decisions, programs, serve, ship, train
 from mlgo.cli.options import err
-from mlgo.errors import MlgoError
+from mlgo.errors import USER_ERRORS
 from mlgo.runtime.messages import WHOLE_LINE, error_line
 from mlgo.xla.cli import xla_app
 
@@ -42,11 +42,6 @@ app.command("install-wrappers")(serve.install_wrappers)
 app.command()(serve.stop)
 app.command()(programs.demo)
 app.command()(programs.tune)
-
-# The errors a user can cause or fix: mlgo's own (each one line), and the operating system's
-# about the user's files and machine (a missing path, a full disk: each names its file).
-# Anything else is a bug and keeps its traceback.
-USER_ERRORS = (MlgoError, OSError)
 
 
 def _fail(message: str, code: int) -> NoReturn:

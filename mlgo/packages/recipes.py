@@ -18,6 +18,7 @@ from mlgo.runtime.commands import BuildError
 RECIPES = shipped.recipes_dir()
 # How long one run of a workload command may take, as a test may: past it, it never ends
 BENCH_TIMEOUT_S = 600.0
+NOTHING_VOLATILE = r"$^"  # a regex that matches nothing: a workload's output is the same
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,14 @@ class Recipe:
     bench_prepare: tuple[str, ...] = ()
     bench: tuple[str, ...] = ()
     bench_check: str = "true"
+    bench_volatile: str = NOTHING_VOLATILE  # a regex of what may differ in two builds' output
     bench_timeout_s: float = BENCH_TIMEOUT_S  # one run of a bench command, killed past it
+    language: str = ""  # what a report groups it by ("C", "C++"); "": not said
+
+
+def shell_workload(line: str) -> tuple[str, ...]:
+    """A workload given as one shell line, as the commands a recipe times (argv)."""
+    return (shlex.join(["sh", "-c", line]),)
 
 
 def project(
@@ -52,7 +60,7 @@ def project(
     past BENCH_TIMEOUT_S)."""
     if not build:
         raise BuildError("no build command: give --build, e.g. --build 'make -j2'")
-    workload = (shlex.join(["sh", "-c", bench]),) if bench else ()
+    workload = shell_workload(bench) if bench else ()
     return Recipe(
         name,
         "",
@@ -64,8 +72,8 @@ def project(
     )
 
 
-def available_recipes() -> list[str]:
-    return sorted(p.stem for p in RECIPES.glob("*.toml"))
+def available_recipes(recipes_dir: Path = RECIPES) -> list[str]:
+    return sorted(p.stem for p in recipes_dir.glob("*.toml"))
 
 
 def _recipe_path(name: str, recipes_dir: Path) -> Path:
@@ -76,16 +84,26 @@ def _recipe_path(name: str, recipes_dir: Path) -> Path:
     for candidate in sorted(recipes_dir.glob("*.toml")):
         if re.search(rf'^source\s*=\s*"{re.escape(name)}"', candidate.read_text(), re.M):
             return candidate
-    raise BuildError(
-        f"no recipe {path.name} in {recipes_dir} (have: {', '.join(available_recipes())})"
-    )
+    have = ", ".join(available_recipes(recipes_dir))
+    raise BuildError(f"no recipe {path.name} in {recipes_dir} (have: {have})")
 
 
 def load_recipe(name: str, recipes_dir: Path = RECIPES) -> Recipe:
+    """Recipe NAME from RECIPES_DIR. Its workload is `bench` (commands timed, argv, no
+    shell) or `bench_shell` (one shell line, as `mlgo tune --bench` takes it), not both.
+    `extends = "BASE"` takes every field but the workload's from the shipped recipe BASE,
+    where it does not give them itself: another workload on the same package."""
     path = _recipe_path(name, recipes_dir)
     name = path.stem
     try:
         d = tomllib.loads(path.read_text())
+        if "extends" in d:
+            base = tomllib.loads(_recipe_path(str(d.pop("extends")), RECIPES).read_text())
+            d = {**{k: v for k, v in base.items() if not k.startswith("bench")}, **d}
+        if "bench_shell" in d and "bench" in d:
+            raise ValueError("give bench or bench_shell, not both")
+        shell = d.get("bench_shell")
+        bench = shell_workload(shell) if shell else tuple(d.get("bench", ()))
         return Recipe(
             name=name,
             source=d["source"],
@@ -97,9 +115,11 @@ def load_recipe(name: str, recipes_dir: Path = RECIPES) -> Recipe:
             test_timeout_s=float(d.get("test_timeout_s", 600)),
             build_timeout_s=float(d.get("build_timeout_s", 1800)),
             bench_prepare=tuple(d.get("bench_prepare", ())),
-            bench=tuple(d.get("bench", ())),
+            bench=bench,
             bench_check=str(d.get("bench_check", "true")),
+            bench_volatile=str(d.get("bench_volatile", NOTHING_VOLATILE)),
             bench_timeout_s=float(d.get("bench_timeout_s", BENCH_TIMEOUT_S)),
+            language=str(d.get("language", "")),
         )
     except (ValueError, RecursionError, KeyError, TypeError) as e:  # tomllib recurses per level
         raise BuildError(f"{path}: bad recipe ({e})") from e

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from mlgo.llvm.block_costs import CALLGRIND_OPTIONS, executions
-from mlgo.packages.recipes import BENCH_TIMEOUT_S, Recipe
+from mlgo.packages.recipes import BENCH_TIMEOUT_S, NOTHING_VOLATILE, Recipe
 from mlgo.runtime.commands import BuildError, run_logged
 
 CLOCKS = ("wall", "cpu")
@@ -42,7 +42,7 @@ class Workload:
     prepare: tuple[str, ...]  # shell, in the build tree, after the recipe's build
     commands: tuple[tuple[str, ...], ...]  # argv lists, measured
     check: str = "true"  # shell, after the workload ran: its result is right
-    volatile: str = r"$^"  # what may differ between two builds' output (timings)
+    volatile: str = NOTHING_VOLATILE  # what may differ between two builds' output (timings)
     timeout_s: float = BENCH_TIMEOUT_S  # a command's run, killed past it (`run_bounded`)
 
 
@@ -358,7 +358,8 @@ def recipe_workload(recipe: Recipe) -> Workload:
         recipe.bench_prepare,
         tuple(tuple(shlex.split(cmd)) for cmd in recipe.bench),
         recipe.bench_check,
-        timeout_s=recipe.bench_timeout_s,
+        recipe.bench_volatile,
+        recipe.bench_timeout_s,
     )
 
 
