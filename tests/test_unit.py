@@ -359,6 +359,9 @@ def test_a_bad_recipe_names_its_file(tmp_path, text, message):
 
 def test_an_unknown_recipe_lists_the_known_ones(tmp_path):
     with pytest.raises(BuildError, match="no recipe nothing.toml.*have: .*zlib"):
+        load_recipe("nothing")
+    (tmp_path / "mine.toml").write_text('source = "mine"\nbuild = ["make"]\n')
+    with pytest.raises(BuildError, match=f"no recipe nothing.toml in {tmp_path} .have: mine.$"):
         load_recipe("nothing", tmp_path)
 
 
