@@ -15,7 +15,8 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,22 +30,28 @@ from mlgo.problems.policy_files import save_policy
 from mlgo.programs.judges import Judge, judgement, linked_evaluations, rank_correlation
 from mlgo.runtime.inputs import read_json
 from mlgo.runtime.workers import Workers, make_workers
+from mlgo.train import RunState
 from mlgo.train.candidates import (
     FINALISTS,
     GATES,
+    Candidates,
+    Weigh,
     cheapest,
     cheapest_distinct,
-    gated_candidates,
+    clangs_own,
     none_larger,
     smaller,
     surely_faster,
+    the_start,
+    threshold_grid,
+    trained_and_gated,
 )
 from mlgo.train.evaluate import Evaluation
 
 if TYPE_CHECKING:
     from mlgo.problems.policy import MLPPolicy
-    from mlgo.train import RunState
     from mlgo.train.loop import Reward
+    from mlgo.train.run import Trained
 
 ON_TRAINING_CODE = "measured on the modules it trained on, not on held-out code"
 # Training on the code it will build: every module is searched however slowly it compiles,
@@ -148,136 +155,194 @@ def planned_training(
     return seconds, {"budget_s": budget, "training_s": seconds, "judging_kept_s": reserve}
 
 
-def choose_policy(
-    corpus_dir: Path,
-    problem: Problem,
-    start: Path,
-    out: Path,
-    tc: Toolchain,
-    steps: int,
-    max_seconds: float = 0.0,
-    judge: Judge | None = None,
-    reward: Reward | None = None,
-    start_name: str = "shipped",
-    say: Callable[[str], None] = print,
-    profile_inputs: bool = False,
-) -> tuple[Path, dict]:
-    """Trains from START into OUT/train (see `trainer`; scoring by REWARD if given, else
-    the corpus's cost) for STEPS steps or MAX_SECONDS of training, whichever ends first
-    (STEPS 0: no training), and keeps the candidate that is
-    cheapest on the corpus, or by JUDGE (`candidate_judge`), saved in OUT/chosen: the
-    compiler's default (START gated never to depart), START (named START_NAME), the
-    trained policy, and the trained policy at each departure threshold of GATES (each
-    language alone too: `gated_candidates`); where a workload's REWARD judges, the
-    compiler's default at each of the problem's bases as well (`Problem.base_grid`: on
-    cmark, clang's inline threshold at 400 was faster than any departure a search of the
-    network found), and training starts from the fastest of them where it beats the
-    default (`based_start`). The earliest of equals wins, so a policy that does not beat
-    the default on the code it will build is not served; where the JUDGE has a clock, its
-    cheapest FINALISTS are timed, and only one surely faster is (`surely_faster`). Where
-    the JUDGE says what judging costs, MAX_SECONDS is the whole chain's: training stops
-    with the time judging will take left (`training_seconds`). Returns the kept candidate
-    and what training did. Where the budget (STEPS left to it) leaves less than one
-    search step, clang's own candidates alone are judged. With PROFILE_INPUTS, the search's
-    policy also reads the profile's counts at each call site (`MLPPolicy.with_profile_inputs`)."""
-    from mlgo.programs.speed import WORKLOAD_SEARCH
-    from mlgo.train import RunState
-    from mlgo.train.calibrate import NEVER, calibrate
+@dataclass(frozen=True)
+class Chain:
+    """What a tune's chain trains and judges with: the recorded CORPUS of PROBLEM, the
+    START policy (named START_NAME among the candidates), OUT (it trains into OUT/train
+    and keeps its choice in OUT/chosen), the toolchain, the STEPS of training (0: none)
+    and SECONDS of budget, the JUDGE of its candidates and the REWARD a search scores by
+    (None: the corpus's cost), and whether the search's policy also reads the profile's
+    counts (PROFILE_INPUTS)."""
+
+    corpus: Path
+    problem: Problem
+    start: Path
+    out: Path
+    tc: Toolchain
+    steps: int
+    seconds: float = 0.0
+    judge: Judge | None = None
+    reward: Reward | None = None
+    start_name: str = "shipped"
+    profile_inputs: bool = False
+    say: Callable[[str], None] = print
+
+
+def choose_policy(chain: Chain) -> tuple[MLPPolicy, dict]:
+    """The chain, after ml-compiler-opt's blackbox learner's step: candidates from each
+    source (`train.candidates`: clang's own, the start, where a workload judges clang's
+    own at each of the problem's bases, and the policy trained from the start (or from the
+    fastest base: `based_start`) with its gates), each judged (`judged_changes`: on the
+    corpus, or by the JUDGE), one kept (`kept`), saved in OUT/chosen and returned with
+    the record of what training did (`training_record`). Training runs for STEPS or until
+    the budget, which, where the JUDGE says what judging costs, is the whole chain's
+    (`planned_training`); where it leaves less than one search step, clang's own
+    candidates alone are judged."""
     from mlgo.train.evaluate import evaluate
-    from mlgo.train.run import TrainOptions, load_start, run
+    from mlgo.train.run import load_start
 
     began = time.monotonic()
-    corpus = load_corpus(corpus_dir).require(problem)
-    first = load_start(start, problem)
-    candidates: dict[str, tuple[MLPPolicy, float]] = {}
-    if first.can_gate:  # the default's own decisions: no change, by definition
-        candidates["default"] = (replace(first, departure_threshold=NEVER), 0.0)
-    algo = trainer(problem, reward) if steps else "none"
-    state = RunState(algo)  # what training did: nothing until it runs
-    headroom, budgeted = None, {}
+    corpus = load_corpus(chain.corpus).require(chain.problem)
+    first = load_start(chain.start, chain.problem)
     with closing(make_workers("local")) as pool:
 
-        def on_corpus(policy: MLPPolicy) -> float:
-            return evaluate(policy, corpus, tc, pool, problem).totals()["delta"]
+        def weigh(policy: MLPPolicy) -> float:
+            return evaluate(policy, corpus, chain.tc, pool, chain.problem).totals()["delta"]
 
-        candidates[start_name] = (first, on_corpus(first))
-        if reward is not None and first.can_gate and problem.base_grid:
-            # where builds judge: clang's own at each base, and departures from the fastest
-            bases = {
-                f"clang's own, {problem.base_switch}={b}": replace(
-                    first, departure_threshold=NEVER, base=b
-                )
-                for b in problem.base_grid
-            }
-            candidates |= {name: (at, on_corpus(at)) for name, at in bases.items()}
-            clangs = list(bases.values())
-            gains = reward.rewards(clangs, [])  # costed side by side
-            fastest = clangs[int(gains.argmax())]  # the first of equals
-            if steps and gains.max() > 0:
-                start = based_start(fastest, corpus, out, tc, pool)
-                first = load_start(start, problem)
-                cloned = f"{start_name}, {problem.base_switch}={fastest.base}"
-                candidates[cloned] = (first, on_corpus(first))
-        if steps and max_seconds and judge is not None and judge.seconds is not None:
-            if reward is not None:  # one build measured (the search's start costs it anyway)
-                reward.reward(first, [])
-            spent = time.monotonic() - began
-            max_seconds, budgeted = planned_training(judge, max_seconds, spent, steps, say)
-            if not max_seconds:
-                steps, algo = 0, "none"
-                state = RunState(algo)
-        if steps:
-            search = WORKLOAD_SEARCH if reward is not None else {}
-            # for speed, every departure from the compiler is judged by a build: a
-            # search from a gated start moves only those (a clone alone is slower)
-            keep_gate = problem.aim == "speed"
-            opts = TrainOptions(
-                steps=steps, init=start, max_seconds=max_seconds, keep_gate=keep_gate,
-                trainer={**OWN_CODE, **search},
-            )  # fmt: skip
-            if profile_inputs:  # the search's start reads them too, at zero weight
-                first = first.with_profile_inputs()
-            trained = run(algo, corpus, problem, out / "train", tc, pool, opts, reward, start=first)
-            candidates["trained"] = (trained.policy, trained.evaluation.totals()["delta"])
-            state = trained.state or state  # a search reports its run
-            headroom = search_headroom(state, trained.evaluation)
-            if trained.policy.can_gate:
-                sweep = calibrate(trained.policy, corpus, tc, pool, GATES).sweep
-                candidates.update(gated_candidates(trained.policy, sweep))
+        candidates = clangs_own(first) | the_start(first, chain.start_name, weigh)
+        start, first, grid = grid_start(chain, first, corpus, pool, weigh)
+        candidates |= grid
+        steps, seconds, budgeted = planned_steps(chain, first, began)
+        trained = train_from(chain, start, first, corpus, pool, steps, seconds)
+        if trained is not None:
+            sweep = partial(sweep_of, corpus=corpus, tc=chain.tc, pool=pool)
+            change = trained.evaluation.totals()["delta"]
+            candidates |= trained_and_gated(trained.policy, change, sweep)
+    judged = judged_changes(candidates, chain.judge)
+    chosen, timed = kept(candidates, judged, chain.judge)
+    save_policy(candidates[chosen][0], chain.out / "chosen")
+    record = training_record(chain, candidates, judged, chosen, trained, timed, budgeted)
+    return candidates[chosen][0], record
+
+
+def grid_start(
+    chain: Chain, first: MLPPolicy, corpus: Corpus, pool: Workers, weigh: Weigh
+) -> tuple[Path, MLPPolicy, Candidates]:
+    """Where a workload's REWARD judges: clang's own at each base (`threshold_grid`),
+    costed side by side, and, where the fastest beats clang's own and training will run,
+    the start moved there (`based_start`), a candidate too. Else the start as it was."""
+    if chain.reward is None:
+        return chain.start, first, {}
+    grid = threshold_grid(first, weigh)
+    if not grid:
+        return chain.start, first, {}
+    clangs = [policy for policy, _ in grid.values()]
+    gains = chain.reward.rewards(clangs, [])  # costed side by side
+    fastest = clangs[int(gains.argmax())]  # the first of equals
+    if not (chain.steps and gains.max() > 0):
+        return chain.start, first, grid
+    from mlgo.train.run import load_start
+
+    start = based_start(fastest, corpus, chain.out, chain.tc, pool)
+    first = load_start(start, chain.problem)
+    cloned = f"{chain.start_name}, {chain.problem.base_switch}={fastest.base}"
+    return start, first, grid | {cloned: (first, weigh(first))}
+
+
+def planned_steps(chain: Chain, first: MLPPolicy, began: float) -> tuple[int, float, dict]:
+    """The steps and seconds training gets, and where the JUDGE says what judging costs,
+    the budget's split (`planned_training`): none where not one search step fits."""
+    steps, seconds, judge = chain.steps, chain.seconds, chain.judge
+    if not (steps and seconds and judge is not None and judge.seconds is not None):
+        return steps, seconds, {}
+    if chain.reward is not None:  # one build measured (the search's start costs it anyway)
+        chain.reward.reward(first, [])
+    seconds, budgeted = planned_training(judge, seconds, time.monotonic() - began, steps, chain.say)
+    return (steps if seconds else 0), seconds, budgeted
+
+
+def train_from(
+    chain: Chain,
+    start: Path,
+    first: MLPPolicy,
+    corpus: Corpus,
+    pool: Workers,
+    steps: int,
+    seconds: float,
+) -> Trained | None:
+    """The policy trained from FIRST (at START) into OUT/train for STEPS or SECONDS, by
+    `trainer`; None where there are no steps. For speed, a search from a gated start moves
+    only departures from the compiler, each judged by a build (a clone alone is slower)."""
+    from mlgo.programs.speed import WORKLOAD_SEARCH
+    from mlgo.train.run import TrainOptions, run
+
+    if not steps:
+        return None
+    search = WORKLOAD_SEARCH if chain.reward is not None else {}
+    opts = TrainOptions(
+        steps=steps, init=start, max_seconds=seconds, keep_gate=chain.problem.aim == "speed",
+        trainer={**OWN_CODE, **search},
+    )  # fmt: skip
+    if chain.profile_inputs:  # the search's start reads them too, at zero weight
+        first = first.with_profile_inputs()
+    algo = trainer(chain.problem, chain.reward)
+    where = chain.out / "train"
+    return run(algo, corpus, chain.problem, where, chain.tc, pool, opts, chain.reward, start=first)
+
+
+def sweep_of(policy: MLPPolicy, corpus: Corpus, tc: Toolchain, pool: Workers) -> list[dict]:
+    """POLICY's calibration sweep over GATES on CORPUS."""
+    from mlgo.train.calibrate import calibrate
+
+    return calibrate(policy, corpus, tc, pool, GATES).sweep
+
+
+def judged_changes(candidates: Candidates, judge: Judge | None) -> dict[str, float]:
+    """Each candidate's change: on the corpus, or by the JUDGE (clang's own 0, by
+    definition)."""
     judged = {name: c for name, (_, c) in candidates.items()}
-    if judge is not None:
-        policies = {n: p for n, (p, _) in candidates.items() if n != "default"}
-        judged = {n: c for n, c in judged.items() if n == "default"}  # 0, by definition
-        judged |= judge.changes(policies)
+    if judge is None:
+        return judged
+    policies = {n: p for n, (p, _) in candidates.items() if n != "default"}
+    return {n: c for n, c in judged.items() if n == "default"} | judge.changes(policies)
+
+
+def kept(
+    candidates: Candidates, judged: dict[str, float], judge: Judge | None
+) -> tuple[str, tuple[dict, dict] | None]:
+    """The candidate kept: the cheapest as JUDGED, the earliest of equals; where the JUDGE
+    has a clock, its cheapest FINALISTS timed and only one surely faster kept, else
+    clang's own (a problem that cannot gate has none: the judge's choice stands). And the
+    clock's timings, if any."""
     chosen = cheapest(judged)
-    timed = None
-    if judge is not None and judge.clock is not None:
-        if finalists := cheapest_distinct(judged, FINALISTS):
-            timed = judge.clock({n: candidates[n][0] for n in finalists})
-        # else, or where none is surely faster: clang's own (a problem that cannot gate has
-        # none; the judge's choice stands there)
-        surely = surely_faster(timed[0]) if timed else None
-        chosen = surely or ("default" if "default" in candidates else chosen)
-    save_policy(candidates[chosen][0], out / "chosen")
+    if judge is None or judge.clock is None:
+        return chosen, None
+    finalists = cheapest_distinct(judged, FINALISTS)
+    timed = judge.clock({n: candidates[n][0] for n in finalists}) if finalists else None
+    surely = surely_faster(timed[0]) if timed else None
+    return surely or ("default" if "default" in candidates else chosen), timed
+
+
+def training_record(
+    chain: Chain,
+    candidates: Candidates,
+    judged: dict[str, float],
+    chosen: str,
+    trained: Trained | None,
+    timed: tuple[dict, dict] | None,
+    budgeted: dict,
+) -> dict:
+    """What training did and what each candidate weighed (and where judging counts in the
+    budget, its split in seconds, BUDGETED): OUT/training.json."""
+    state = (trained.state if trained else None) or RunState(
+        trainer(chain.problem, chain.reward) if trained else "none"
+    )
     change = {name: 100 * c for name, (_, c) in candidates.items()}
+    shown = dict.fromkeys(["default", chain.start_name, "trained", chosen])
     training = {
-        "algorithm": algo,
+        "algorithm": state.algo,
         "steps": len(state.history),
         "seconds": state.seconds,
-        "metric": f"{problem.reward_metric} against {problem.opt_level}",
+        "metric": f"{chain.problem.reward_metric} against {chain.problem.opt_level}",
         "chosen": chosen,
-        "corpus_change_pct": {
-            name: change[name]
-            for name in dict.fromkeys(["default", start_name, "trained", chosen])
-            if name in change
-        },
+        "corpus_change_pct": {name: change[name] for name in shown if name in change},
         "candidates_change_pct": change,
         "note": ON_TRAINING_CODE,
         "curve": state.history,  # the trainer's history: step, compiles and its rewards
-        **budgeted,  # where judging counts in the budget: its split, in seconds
+        **budgeted,
     }
-    if judge is not None:
-        training["judged_by"] = judge.label
+    if chain.judge is not None:
+        training["judged_by"] = chain.judge.label
         # null: it made some program larger in the link, and was never a choice
         training["judged_change_pct"] = {
             n: 100 * c if math.isfinite(c) else None for n, c in judged.items()
@@ -287,11 +352,12 @@ def choose_policy(
         )
     if timed is not None:  # CPU time's change: median and IQR
         training["clock_change_pct"], training["clock_control_pct"] = timed
+    headroom = search_headroom(state, trained.evaluation) if trained else None
     if headroom is not None:
         training["headroom_pct"] = 100 * headroom
         if headroom < 0:  # the chosen policy's share of what the search found
             training["headroom_captured"] = min(candidates[chosen][1], 0.0) / headroom
-    return out / "chosen", training
+    return training
 
 
 def based_start(at: MLPPolicy, corpus: Corpus, out: Path, tc: Toolchain, pool: Workers) -> Path:
@@ -367,11 +433,10 @@ def outcome_line(choice: dict) -> str | None:
     return f"test: {t['change_pct']:+.3f}% ({langs}); larger: {larger}; >0.1%: {over}"
 
 
-def export(chosen: Path, out: Path) -> Path:
-    """The chosen policy released (numpy and SavedModel) into OUT/policy."""
-    from mlgo.problems.policy_files import load_policy
+def export(policy: MLPPolicy, chosen: Path, out: Path) -> Path:
+    """The chosen POLICY (as saved in CHOSEN, for its card) released (numpy and
+    SavedModel) into OUT/policy."""
     from mlgo.ship.modelcard import run_card
     from mlgo.ship.release import release
 
-    policy = load_policy(chosen)
     return release(policy, out / "policy", run_card(policy, chosen), aot=False).saved_model.parent

@@ -57,7 +57,7 @@ from mlgo.packages.build import run_tests
 from mlgo.packages.recipes import Recipe, project
 from mlgo.problems import Problem, get_problem
 from mlgo.programs.build import ProgramBuild, baseline_label, problem_flags, scratch_copy
-from mlgo.programs.chain import CLONED, choose_policy, cloned_start, export, shipped_start
+from mlgo.programs.chain import CLONED, Chain, choose_policy, cloned_start, export, shipped_start
 from mlgo.programs.decide import DECISIONS, built_from, decide, writes_decisions
 from mlgo.programs.judges import candidate_judge
 from mlgo.programs.layouts import LAYOUTS
@@ -339,11 +339,12 @@ def tune(
                 cloned_start(problem, out / "traces", start)
             reward = workload_reward(problem, recipe, pristine, out, tc, opts, profile)
             judge = candidate_judge(problem, out, tc, reward)
-            chosen, training = choose_policy(
+            chain = Chain(
                 out / "corpus", problem, start, out, tc, steps, 60 * opts.minutes, judge, reward,
-                "shipped" if given else CLONED, say, opts.profile_inputs,
+                "shipped" if given else CLONED, opts.profile_inputs, say,
             )  # fmt: skip
-            export(chosen, out)
+            chosen, training = choose_policy(chain)
+            export(chosen, out / "chosen", out)
             atomic_write_text(out / "training.json", json.dumps(training, indent=1))
         stages.finish("train")
     policy = out / "policy"

@@ -12,11 +12,12 @@ candidate that makes any program or package larger is never kept (`none_larger`)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 from mlgo.llvm.languages import label
 from mlgo.problems.policy import MLPPolicy
-from mlgo.train.calibrate import options
+from mlgo.train.calibrate import NEVER, options
 
 GATES = (0.6, 0.8, 0.95)  # departure thresholds tried on the trained policy (an evaluation each)
 FINALISTS = 3  # the candidates cheapest by a judge with a clock, timed by it
@@ -86,3 +87,46 @@ def surely_faster(timed: dict[str, dict]) -> str | None:
     says is faster."""
     faster = {n: t["change_pct"] for n, t in timed.items() if t["iqr_pct"][1] < 0}
     return min(faster, key=faster.__getitem__) if faster else None
+
+
+# --- the sources of candidates --------------------------------------------------------------
+# Each gives named candidates, each a policy and its change on the corpus (`Weigh`), in the
+# order a chain weighs them: the earliest of equals is kept.
+
+Weigh = Callable[[MLPPolicy], float]  # a policy's change on the corpus against clang's own
+Candidates = dict[str, tuple[MLPPolicy, float]]
+
+
+def clangs_own(start: MLPPolicy) -> Candidates:
+    """Clang's own decisions: START gated never to depart, no change by definition (none
+    for a policy that cannot gate)."""
+    return {"default": (replace(start, departure_threshold=NEVER), 0.0)} if start.can_gate else {}
+
+
+def the_start(start: MLPPolicy, name: str, weigh: Weigh) -> Candidates:
+    """START as it is, under NAME (the shipped policy, or clang's own cloned)."""
+    return {name: (start, weigh(start))}
+
+
+def threshold_grid(start: MLPPolicy, weigh: Weigh) -> Candidates:
+    """Clang's own decisions at each base of START's problem (`Problem.base_grid`: the
+    inline threshold); none for a problem with no grid or a policy that cannot gate."""
+    problem = start.problem
+    if not (start.can_gate and problem.base_grid):
+        return {}
+    bases = {
+        f"clang's own, {problem.base_switch}={b}": replace(start, departure_threshold=NEVER, base=b)
+        for b in problem.base_grid
+    }
+    return {name: (at, weigh(at)) for name, at in bases.items()}
+
+
+def trained_and_gated(
+    trained: MLPPolicy, change: float, sweep: Callable[[MLPPolicy], list[dict]]
+) -> Candidates:
+    """The TRAINED policy (its CHANGE on the corpus) and, if it can gate, it at each
+    departure threshold of its calibration's SWEEP (`gated_candidates`)."""
+    found: Candidates = {"trained": (trained, change)}
+    if trained.can_gate:
+        found.update(gated_candidates(trained, sweep(trained)))
+    return found
