@@ -135,7 +135,7 @@ def test_the_compiler_gets_the_users_arguments(cwd: Path, monkeypatch: pytest.Mo
     leases: list[tuple[str, str | None]] = []
 
     def lease(
-        level: str, language: str | None, stage: str
+        level: str, language: str | None, stage: str, timeout_s: float
     ) -> tuple[None, list[str], None, None, None]:
         leases.append((level, language))
         return None, [], None, None, None  # no policy serves it: the compiler as is

@@ -48,6 +48,7 @@ import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import IO
 
 from mlgo.data import default_policies
 from mlgo.errors import UsageError
@@ -71,8 +72,8 @@ from mlgo.runtime.messages import error_line
 from mlgo.serve import memo
 from mlgo.serve.client import (
     Connection,
+    NoServiceError,
     ServiceError,
-    UntrustedError,
     launch_service,
     runtime_dir,
     socket_path,
@@ -151,14 +152,15 @@ def _error(problem: str, source: str) -> int:
     return 1
 
 
-def start_service(path: Path) -> Connection:
-    """Starts a service for MLGO_POLICY and connects; one starter at a time."""
+def start_service(path: Path, timeout_s: float) -> Connection:
+    """Starts a service for MLGO_POLICY and connects (within TIMEOUT_S once it answers); one
+    starter at a time."""
     runtime = runtime_dir()
     failed_marker = runtime / "start-failed"
     with held_lock(runtime / "start.lock"):
         try:  # another wrapper may have started it while we waited for the lock
-            return Connection(path, CONNECT_TIMEOUT_S)
-        except ServiceError:
+            return Connection(path, timeout_s)
+        except NoServiceError:
             pass
         fingerprint = _start_fingerprint()
         if _failed_recently(failed_marker, fingerprint):
@@ -171,18 +173,19 @@ def start_service(path: Path) -> Connection:
             failed_marker.write_text(fingerprint)
             raise
         failed_marker.unlink(missing_ok=True)
-        return Connection(path, CONNECT_TIMEOUT_S)
+        return Connection(path, timeout_s)
 
 
-def connect(path: Path, may_start: bool) -> Connection:
-    """A connection to the service at PATH, starting one there if none runs and MAY_START
-    (an explicitly named service is not ours to start, nor one we do not trust)."""
+def connect(path: Path, may_start: bool, timeout_s: float = CONNECT_TIMEOUT_S) -> Connection:
+    """A connection to the service at PATH within TIMEOUT_S, starting one there if no one
+    listens and MAY_START (an explicitly named service is not ours to start, nor one we do
+    not trust, nor one that is there but busy)."""
     try:
-        return Connection(path, CONNECT_TIMEOUT_S)
-    except ServiceError as e:
-        if not may_start or isinstance(e, UntrustedError):
+        return Connection(path, timeout_s)
+    except NoServiceError:
+        if not may_start:
             raise
-        return start_service(path)
+        return start_service(path, timeout_s)
 
 
 def by_hand(path: Path, may_start: bool, message: dict) -> dict:
@@ -190,9 +193,8 @@ def by_hand(path: Path, may_start: bool, message: dict) -> dict:
     flags`), starting it as mlgo-cc would. A first channel on a plugin-served policy starts
     its native server, so the answer may take as long as a start."""
     with connect(path, may_start) as conn:
-        conn.sock.settimeout(START_TIMEOUT_S)
         conn.send(message)
-        return conn.receive()
+        return conn.receive(START_TIMEOUT_S)
 
 
 def flags_by_hand(
@@ -238,16 +240,18 @@ def check_policies(served: object) -> str | None:
 
 
 def _lease(
-    level: str, language: str | None, stage: str = "compile"
+    level: str, language: str | None, stage: str, timeout_s: float
 ) -> tuple[Connection | None, list[str], str | None, str | None, str | None]:
-    """A lease for a compile (or a link: STAGE) at LEVEL in LANGUAGE: its connection (None
-    when no policy serves it), its flags (checked), what is wrong with its policies, the
-    service's note, and the guard its policies must be served under."""
+    """A lease for a compile (or a link: STAGE) at LEVEL in LANGUAGE within TIMEOUT_S (at
+    most CONNECT_TIMEOUT_S: a service silent that long is not answering): its connection
+    (None when no policy serves it), its flags (checked), what is wrong with its policies,
+    the service's note, and the guard its policies must be served under."""
     path = socket_path()
-    conn = connect(path, may_start=not os.environ.get("MLGO_SOCKET"))
+    deadline = time.monotonic() + min(timeout_s, CONNECT_TIMEOUT_S)
+    conn = connect(path, not os.environ.get("MLGO_SOCKET"), deadline - time.monotonic())
     try:
         conn.send({"op": "compile", "level": level, "language": language, "stage": stage})
-        reply = conn.receive()
+        reply = conn.receive(deadline - time.monotonic())
         flags = reply["flags"]
         if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
             raise ServiceError(f"flags that are not a list of strings: {str(flags)[:80]}")
@@ -281,6 +285,25 @@ def timeout_from_env() -> tuple[float, str | None]:
     if math.isfinite(value) and value > 0:
         return value, None
     return DEFAULT_TIMEOUT_S, f"MLGO_TIMEOUT={text!r} is not a positive number of seconds"
+
+
+def _temporary_file() -> IO[bytes]:
+    """The compiler's stderr, kept to be shown or not, in TMPDIR (else /tmp, as tempfile
+    chooses): one that cannot be made (a full or unusable directory) is a ServiceError, so
+    the compile falls back to clang's own, never fails."""
+    try:
+        return tempfile.TemporaryFile()
+    except OSError as e:
+        raise ServiceError(f"cannot create a temporary file ({e})") from e
+
+
+def _marks_file() -> IO[bytes] | nullcontext[None]:
+    """Where a plugin says whether it made clang's own object; none when it cannot be made
+    (the guard then compiles the default as well, as the native wrapper does)."""
+    try:
+        return tempfile.NamedTemporaryFile(prefix=DEPARTURES_PREFIX)
+    except OSError:
+        return nullcontext()
 
 
 def _watch(proc: subprocess.Popen, conn: Connection, timeout_s: float) -> str | None:
@@ -386,7 +409,8 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
         _warn(f"{problem}; {doing} {source} without a guard")
     try:
         language = compile_language(seen, cxx_driver) if stage == "compile" else None
-        conn, flags, problem, note, policy_guard = _lease(level, language, stage)
+        err = _temporary_file()
+        conn, flags, problem, note, policy_guard = _lease(level, language, stage, timeout_s)
         guard = guard or policy_guard  # a policy shipped guarded is served so
     except ServiceError as e:
         problem = str(e)
@@ -424,13 +448,7 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
         # served by the plugin, a guarded compile says whether it made clang's own object
         by_plugin = any(f.startswith(PLUGIN_FLAG) for f in flags)
         want_marks = bool(guard) and stage == "compile" and by_plugin
-        with (
-            conn,
-            tempfile.TemporaryFile() as err,
-            tempfile.NamedTemporaryFile(prefix=DEPARTURES_PREFIX)
-            if want_marks
-            else nullcontext() as marks,
-        ):
+        with conn, err, _marks_file() if want_marks else nullcontext() as marks:
             env = {**os.environ, DEPARTURES_ENV: marks.name} if marks else None
             proc = subprocess.Popen([compiler, *args, *flags], stderr=err, env=env)
             problem = _watch(proc, conn, timeout_s)
@@ -439,7 +457,10 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
                 # After a timeout the answer is not awaited: whatever hung may hold it up
                 # too, and MLGO_TIMEOUT bounds the whole compilation.
                 if not (problem or "").startswith(TIMED_OUT):
-                    while "event" in (tally := conn.receive()):
+                    # every event and the tally within one wait: a service that keeps
+                    # sending events cannot hold the build
+                    tally_by = time.monotonic() + CONNECT_TIMEOUT_S
+                    while "event" in (tally := conn.receive(tally_by - time.monotonic())):
                         problem = problem or tally.get("message")
                     if tally["errors"]:
                         problem = problem or tally["errors"][0]

@@ -28,7 +28,7 @@ Protocol: one JSON object per line each way.
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import json
 import os
 import socket
@@ -53,6 +53,21 @@ class ServiceError(MlgoError):
 
 class UntrustedError(ServiceError):
     """The socket is not this user's alone: never used, never replaced by a new service."""
+
+
+class NoServiceError(ServiceError):
+    """No one listens on the socket (no file, or a connect refused): the one case in which
+    a service may be started there, and a stale socket of this user's removed."""
+
+
+class BusyError(ServiceError):
+    """A service listens but does not answer in time (its backlog full, or stopped): never
+    a reason to start another one or to touch its socket."""
+
+
+# The longest line a client reads from the service: its replies are a few kB (the flags,
+# the policies' paths, a note); anything longer is not the service speaking.
+MAX_REPLY_BYTES = 1 << 20
 
 
 def runtime_dir() -> Path:
@@ -95,43 +110,81 @@ def peer_uid(sock: socket.socket) -> int:
 
 
 class Connection:
-    """One connection to the service, line by line, refused unless this user serves it."""
+    """One connection to the service, line by line, refused unless this user serves it.
+    Every wait is bounded by TIMEOUT_S: the connect, each send, and each line received as a
+    whole (a peer sending a byte at a time cannot stretch it)."""
 
     def __init__(self, path: Path, timeout_s: float):
         self.path = path
+        self.timeout_s = timeout_s
         check_owned(path.parent)
         check_owned(path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout_s)
+        # A Unix socket's connect cannot be polled: with the backlog full a nonblocking one
+        # fails at once (EAGAIN), a blocking one waits for a free slot as long as the send
+        # timeout says (0 would be forever).
+        seconds, micros = divmod(max(round(timeout_s * 1e6), 1), 1_000_000)
+        self.sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, micros)
+        )
         try:
             self.sock.connect(str(path))
         except OSError as e:
             self.sock.close()
-            raise ServiceError(f"no mlgo service at {path} ({e.strerror or e})") from e
+            if e.errno == errno.EAGAIN:
+                raise BusyError(self._silent()) from e
+            absent = e.errno in (errno.ENOENT, errno.ECONNREFUSED)
+            error = NoServiceError if absent else ServiceError
+            raise error(f"no mlgo service at {path} ({e.strerror or e})") from e
         if (uid := peer_uid(self.sock)) != os.getuid():
             self.sock.close()
             raise UntrustedError(
                 f"{path} is served by uid {uid}, not by this user (uid {os.getuid()}); refusing it"
             )
-        self._file = self.sock.makefile("rwb")
+        self.sock.settimeout(timeout_s)
+        self._buffer = b""
+
+    def _silent(self) -> str:
+        return f"the mlgo service at {self.path} did not answer within {self.timeout_s:g} s"
 
     def send(self, message: dict) -> None:
         try:
-            self._file.write(json.dumps(message).encode() + b"\n")
-            self._file.flush()
+            self.sock.sendall(json.dumps(message).encode() + b"\n")
+        except TimeoutError as e:
+            raise BusyError(self._silent()) from e
         except OSError as e:
             raise ServiceError(f"the mlgo service at {self.path} went away ({e})") from e
 
-    def receive(self) -> dict:
-        try:
-            line = self._file.readline()
-        except OSError as e:
-            raise ServiceError(f"the mlgo service at {self.path} did not answer ({e})") from e
+    def _line(self, timeout_s: float) -> bytes:
+        """The next line, whole by TIMEOUT_S from now; b"" when the service closed."""
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > MAX_REPLY_BYTES:
+                raise ServiceError(f"the mlgo service sent a line over {MAX_REPLY_BYTES} bytes")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BusyError(self._silent())
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError as e:
+                raise BusyError(self._silent()) from e
+            except OSError as e:
+                raise ServiceError(f"the mlgo service at {self.path} did not answer ({e})") from e
+            if not chunk:
+                return b""
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def receive(self, timeout_s: float | None = None) -> dict:
+        """The next message, within TIMEOUT_S (the connection's, unless given)."""
+        line = self._line(self.timeout_s if timeout_s is None else timeout_s)
         if not line:
             raise ServiceError(f"the mlgo service at {self.path} closed the connection")
         try:
             reply = json.loads(line)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, RecursionError) as e:
             raise ServiceError(f"the mlgo service sent garbage: {line[:80]!r}") from e
         if "error" in reply and "event" not in reply:
             raise ServiceError(str(reply["error"]))
@@ -141,8 +194,6 @@ class Connection:
         return self.sock.fileno()
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):  # a dead service: nothing left to flush to
-            self._file.close()
         self.sock.close()
 
     def __enter__(self) -> Connection:
@@ -187,9 +238,9 @@ def launch_service(
             preexec_fn=die_with_parent if bound else None,
         )
     deadline = time.monotonic() + timeout_s
-    while proc.poll() is None and time.monotonic() < deadline:
+    while proc.poll() is None and (left := deadline - time.monotonic()) > 0:
         try:
-            Connection(path, timeout_s).close()
+            Connection(path, left).close()
             return proc
         except ServiceError:
             time.sleep(0.1)

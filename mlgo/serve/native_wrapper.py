@@ -38,7 +38,7 @@ from mlgo.llvm.languages import LANGUAGES
 from mlgo.runtime.csource import c_string
 from mlgo.runtime.messages import error_line
 from mlgo.serve import memo
-from mlgo.serve.cc import REPORTING_LLVM_OPTIONS
+from mlgo.serve.cc import CONNECT_TIMEOUT_S, REPORTING_LLVM_OPTIONS
 from mlgo.serve.guard import GUARD_SCRATCH, UNGUARDED, UNGUARDED_PREFIXES
 from mlgo.serve.lease import PLUGIN_FLAG, lease_allow_list
 
@@ -88,8 +88,12 @@ def native_lists() -> dict[str, list[str]]:
 
 def native_numbers() -> dict[str, int]:
     """The numbers the native wrapper is built with (-D options): the largest entry of the
-    guard's memory (`memo`) it reads or writes."""
-    return {"MLGO_MEMO_MAX_BYTES": memo.MAX_ENTRY_BYTES}
+    guard's memory (`memo`) it reads or writes, and how long it waits for a lease (at most,
+    as mlgo.serve.cc does)."""
+    return {
+        "MLGO_MEMO_MAX_BYTES": memo.MAX_ENTRY_BYTES,
+        "MLGO_LEASE_WAIT_MS": round(CONNECT_TIMEOUT_S * 1000),
+    }
 
 
 def suffixes_of(language: str) -> list[str]:

@@ -13,12 +13,54 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from mlgo.errors import UsageError
 from mlgo.llvm.languages import LANGUAGES
 from mlgo.problems import STAGES
-from mlgo.serve.client import Connection, ServiceError, UntrustedError
+from mlgo.runtime.inputs import MAX_JSON_DEPTH, json_depth
+from mlgo.serve.client import Connection, NoServiceError, ServiceError
 from mlgo.serve.service import Lease, Service
+
+# The longest request line read: a client's requests are a few hundred bytes (an op, a
+# level, a language, a problem's name); a longer one ends its connection with one error
+# reply, before it costs the service its memory.
+MAX_REQUEST_BYTES = 64 << 10
+# How long a lease by hand waits for its compiler (`ttl_s`): by default, and at most.
+DEFAULT_TTL_S = 600.0
+MAX_TTL_S = 86400.0
+# Pooled handler threads kept waiting for a connection; beyond them a thread whose
+# connection ended exits, so a burst of connections leaves no lasting crowd.
+MAX_IDLE_THREADS = 8
+# How long a connection may take to send its first request: a client that connects and
+# says nothing must not hold a handler thread for good.
+REQUEST_WAIT_S = 10.0
+
+
+def _request(rfile: BinaryIO) -> dict | None:
+    """The next request on a connection (None once the client is done), bounded before it
+    is parsed: a line over MAX_REQUEST_BYTES or nested deeper than MAX_JSON_DEPTH is a
+    UsageError, not the service's memory or a RecursionError."""
+    line = rfile.readline(MAX_REQUEST_BYTES + 1)
+    if not line:
+        return None
+    if len(line) > MAX_REQUEST_BYTES:
+        raise UsageError(f"a request is at most {MAX_REQUEST_BYTES} bytes, a line")
+    if json_depth(line) > MAX_JSON_DEPTH:
+        raise UsageError(f"a request nests at most {MAX_JSON_DEPTH} levels deep")
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise UsageError(f"a request is a JSON object, not {line[:80]!r}")
+    return message
+
+
+def _ttl(message: dict) -> float:
+    """A lease by hand's `ttl_s`: a number of seconds up to MAX_TTL_S (NaN, infinities and
+    values of no lease's lifetime are refused, before any lease is opened)."""
+    ttl = message.get("ttl_s", DEFAULT_TTL_S)
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_TTL_S:
+        raise UsageError(f"a lease's ttl_s is a number of seconds up to {MAX_TTL_S:g}, not {ttl!r}")
+    return float(ttl)
 
 
 def _stage(message: dict) -> str:
@@ -47,18 +89,20 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         self.write_lock = threading.RLock()
         service = self.server.service
-        line = self.rfile.readline()
         try:
-            message = json.loads(line or b"{}")
+            self.connection.settimeout(REQUEST_WAIT_S)
+            message = _request(self.rfile) or {}
+            self.connection.settimeout(None)  # a compile's lease lasts as long as its compile
             op = message.get("op")
             if op == "compile":
                 self._compile(service, message)
             elif op == "channel":
+                ttl = _ttl(message)
                 lease = service.open_lease(message.get("problem"), channel=True)
                 (policy, _backend, base), *_ = lease.channels.values()
                 flags = policy.channel_flags(base)
                 self._send({"base": base, "lease": lease.id, "flags": flags})
-                self._expire(service, lease, float(message.get("ttl_s", 600)))
+                self._expire(service, lease, ttl)
             elif op == "flags":
                 self._flags(service, message)
             elif op == "status":
@@ -67,7 +111,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 self._send({"stopping": True})
                 threading.Thread(target=self.server.shutdown, daemon=True).start()
             else:
-                self._send({"error": f"unknown request {line[:80]!r}"})
+                self._send({"error": f"unknown request {str(message)[:80]!r}"})
         except (ValueError, OSError, AttributeError) as e:
             with contextlib.suppress(OSError):  # the client may be gone too
                 self._send({"error": f"{type(e).__name__}: {e}"})
@@ -87,6 +131,7 @@ class _Handler(socketserver.StreamRequestHandler):
         language, stage = _language(message.get("language")), _stage(message)
         if not isinstance(level, str):
             raise UsageError(f"a flags request names its -O level, not {level!r}")
+        ttl = _ttl(message)
         served, note = service.level_note(level, problem, language, stage)
         reply: dict = {"note": note} if note else {}
         if not served:
@@ -97,7 +142,7 @@ class _Handler(socketserver.StreamRequestHandler):
             unguarded = f"a served policy ships with the {lease.guard} guard: only mlgo-cc gives it"
             reply["note"] = f"{note}; {unguarded}" if note else unguarded
         self._send({"flags": lease.flags, "lease": lease.id, **reply})
-        self._expire(service, lease, float(message.get("ttl_s", 600)))
+        self._expire(service, lease, ttl)
 
     def _notify(self, event: dict) -> None:
         """Sends an event as it happens, from whichever thread saw it; the lock keeps it
@@ -132,10 +177,9 @@ class _Handler(socketserver.StreamRequestHandler):
             self._send({"lease": lease.id, "flags": lease.flags, **guard, **reply})
         returncode, handed_over = None, False
         try:
-            line = self.rfile.readline()  # blocks until the client is done or gone
-            done = json.loads(line) if line else {}
+            done = _request(self.rfile) or {}  # blocks until the client is done or gone
             returncode, handed_over = done.get("returncode"), bool(done.get("handed_over"))
-        except (ValueError, OSError, AttributeError):
+        except (ValueError, OSError):
             pass
         finally:
             tally = service.end_lease(lease, returncode, handed_over)
@@ -145,7 +189,8 @@ class _Handler(socketserver.StreamRequestHandler):
 
 class _Server(socketserver.UnixStreamServer):
     """Handles each connection on a pooled daemon thread: starting a thread for every
-    compilation cost the service more CPU than the lease itself."""
+    compilation cost the service more CPU than the lease itself. At most MAX_IDLE_THREADS
+    wait for the next one; the others end with their connection."""
 
     service: Service
 
@@ -173,6 +218,8 @@ class _Server(socketserver.UnixStreamServer):
             finally:
                 self.shutdown_request(request)
             with self._idle_lock:
+                if self._idle >= MAX_IDLE_THREADS:
+                    return
                 self._idle += 1
 
 
@@ -181,10 +228,10 @@ def claim_socket(socket_file: Path) -> None:
     a stale socket of this user (no one listening) is removed; anything else is an error."""
     try:
         Connection(socket_file, 2.0).close()
-    except UntrustedError:
-        raise
-    except ServiceError:
-        pass  # no one listens there
+    except NoServiceError:
+        pass  # no one listens there: a connect refused, or no file at all
+    except ServiceError as e:  # busy, stopped, or not ours: it stays as it is
+        raise ServiceError(f"{e}; leaving {socket_file} as it is") from e
     else:
         raise ServiceError(f"an mlgo service is already listening on {socket_file}")
     try:

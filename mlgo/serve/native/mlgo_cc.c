@@ -52,7 +52,7 @@
     !defined(MLGO_PLUGIN_FLAG) || !defined(MLGO_GUARD_SCRATCH) ||                         \
     !defined(MLGO_GUARD_CACHE) || !defined(MLGO_UNGUARDED) || !defined(MLGO_MEMO_VERSION) || \
     !defined(MLGO_MEMO_WINNERS) || !defined(MLGO_MEMO_END) || !defined(MLGO_MEMO_ENVIRONMENT) || \
-    !defined(MLGO_MEMO_MAX_BYTES) ||                                                         \
+    !defined(MLGO_MEMO_MAX_BYTES) || !defined(MLGO_LEASE_WAIT_MS) ||                         \
     !defined(MLGO_UNGUARDED_PREFIXES) || !defined(MLGO_SIDE_OUTPUTS) ||                      \
     !defined(MLGO_SIDE_OUTPUTS_WITH_VALUE) || !defined(MLGO_SIDE_OUTPUT_PREFIXES) ||         \
     !defined(MLGO_SOURCE_SUFFIXES) || !defined(MLGO_C_SUFFIXES) ||                           \
@@ -332,11 +332,31 @@ static int socket_path(char *out, size_t cap, char *dir, size_t dir_cap) {
   return snprintf(out, cap, "%s/mlgo.sock", dir) < (int)cap && owned(out);
 }
 
-static int read_line(int fd, char *buf, size_t cap, int timeout_ms) {
+/* Milliseconds on the monotonic clock: the deadlines every wait below is bounded by. */
+static long long now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* What is left until DEADLINE (now_ms), as poll() takes it: 0 once it has passed. */
+static int left_ms(long long deadline) {
+  long long left = deadline - now_ms();
+  return left <= 0 ? 0 : left >= INT_MAX ? INT_MAX : (int)left;
+}
+
+#define TIMED_OUT (-2)
+
+/* One line from FD into BUF by DEADLINE (now_ms), the whole line: a peer that sends it a byte
+ * at a time cannot stretch the wait. TIMED_OUT when the deadline passes, -1 when the peer
+ * closes or fails. */
+static int read_line(int fd, char *buf, size_t cap, long long deadline) {
   size_t n = 0;
   while (n + 1 < cap) {
     struct pollfd p = {fd, POLLIN, 0};
-    if (poll(&p, 1, timeout_ms) <= 0) return -1;
+    int ready = poll(&p, 1, left_ms(deadline));
+    if (ready == 0) return TIMED_OUT;
+    if (ready < 0) return -1;
     ssize_t r = read(fd, buf + n, 1);
     if (r <= 0) return -1;
     if (buf[n] == '\n') break;
@@ -1047,6 +1067,32 @@ static int compile_plain_after(int rc, int err_fd, int argc, char **argv, const 
   return plain;
 }
 
+/* The compile cannot have the policy (PROBLEM says why): under MLGO_STRICT an error, else one
+ * warning and clang's own heuristic, worded as mlgo.serve.cc words it. */
+static int fall_back(int argc, char **argv, const char *problem, int link) {
+  const char *source = first_source(argc, argv);
+  if (getenv("MLGO_STRICT")) {
+    fprintf(stderr, "mlgo-cc: error: %s (%s)\n", problem, source);
+    return 1;
+  }
+  fprintf(stderr, "mlgo-cc: warning: %s; %s %s with the default heuristic\n", problem,
+          link ? "linking" : "compiling", source);
+  exec_compiler(argc, argv, NULL, 0);
+  return 127;
+}
+
+/* Where the wrapper's temporary files go: $TMPDIR when it is a directory of this user's that no
+ * one else may write (a full /tmp must not cost the policy), else /tmp, as before. */
+static const char *temp_dir(void) {
+  const char *dir = getenv("TMPDIR");
+  struct stat st;
+  if (dir && dir[0] == '/' && strlen(dir) < PATH_MAX - 64 && stat(dir, &st) == 0 &&
+      S_ISDIR(st.st_mode) && st.st_uid == getuid() && !(st.st_mode & 022) &&
+      access(dir, W_OK | X_OK) == 0)
+    return dir;
+  return "/tmp";
+}
+
 #ifdef MLGO_GUARD_CHECK
 /* Built by tests/test_guard.py to hold the rules above against Python's: `lease RUNTIME
  * FLAGS...` prints whether a lease may carry FLAGS (1 or 0); `guard ARGS...`
@@ -1132,14 +1178,34 @@ int main(int argc, char **argv) {
 
   double timeout = timeout_s();
   if (timeout < 0) exec_python(argc, argv);
-  int timeout_ms = timeout * 1000 >= INT_MAX ? INT_MAX : (int)(timeout * 1000 + 0.999);
+  /* MLGO_TIMEOUT bounds the whole compilation, the lease included; the lease itself at most
+   * MLGO_LEASE_WAIT_MS (mlgo.serve.cc.CONNECT_TIMEOUT_S): a service silent that long is not
+   * answering. */
+  long long began = now_ms();
+  long long deadline = began + (long long)(timeout >= 1e12 ? 1e15 : timeout * 1000 + 0.999);
+  long long lease_by = began + MLGO_LEASE_WAIT_MS;
+  if (lease_by > deadline) lease_by = deadline;
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   char runtime[PATH_MAX];
   if (!socket_path(addr.sun_path, sizeof addr.sun_path, runtime, sizeof runtime))
     exec_python(argc, argv); /* no service or not ours: Python starts one or says why */
+  char busy[PATH_MAX + 96];
+  snprintf(busy, sizeof busy, "the mlgo service at %s did not answer within %g s", addr.sun_path,
+           (double)(lease_by - began) / 1000);
   int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (sock < 0 || connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0)
+  /* A Unix socket's connect cannot be polled: with the listener's backlog full a nonblocking
+   * one fails at once (EAGAIN), a blocking one waits for a free slot as long as the send
+   * timeout says. So it waits until the lease's deadline, then the service is busy, not
+   * absent: never Python's cue to start another one. */
+  int wait_ms = left_ms(lease_by);
+  struct timeval send_by = {wait_ms / 1000, (wait_ms % 1000) * 1000 + 1}; /* 0 would be never */
+  if (sock < 0 || setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &send_by, sizeof send_by) != 0)
     exec_python(argc, argv);
+  if (connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0) {
+    if (errno != EAGAIN) exec_python(argc, argv); /* no one listens: Python starts a service */
+    close(sock);
+    return fall_back(argc, argv, busy, stage != NULL);
+  }
   struct ucred peer;
   socklen_t peer_len = sizeof peer;
   if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) != 0 ||
@@ -1157,8 +1223,12 @@ int main(int argc, char **argv) {
            "\"native\": \"%s\"}\n",
            level, quote, language ? language : "null", quote, stage ? stage : "compile",
            MLGO_BUILD_ID);
-  if (send_all(sock, line) || read_line(sock, line, LINE_MAX_BYTES, 10000) < 0 ||
-      (n_flags = json_strings(line, "flags", flags, MAX_FLAGS)) < 0) {
+  int got = send_all(sock, line) ? -1 : read_line(sock, line, LINE_MAX_BYTES, lease_by);
+  if (got == TIMED_OUT || (got < 0 && errno == EAGAIN)) { /* sent or answered too late */
+    close(sock);
+    return fall_back(argc, argv, busy, stage != NULL);
+  }
+  if (got < 0 || (n_flags = json_strings(line, "flags", flags, MAX_FLAGS)) < 0) {
     close(sock);
     exec_python(argc, argv);
   }
@@ -1192,14 +1262,22 @@ int main(int argc, char **argv) {
     if (winner == MEMO_DEFAULT) n_flags = 0; /* clang's own, under the lease all the same */
   }
 
-  char err_path[] = "/tmp/mlgo-cc-XXXXXX";
+  const char *tmp = temp_dir();
+  char err_path[PATH_MAX], marks_path[PATH_MAX];
+  snprintf(err_path, sizeof err_path, "%s/mlgo-cc-XXXXXX", tmp);
+  snprintf(marks_path, sizeof marks_path, "%s/%sXXXXXX", tmp, MLGO_DEPARTURES_PREFIX);
   int err_fd = mkstemp(err_path);
-  if (err_fd < 0) exec_python(argc, argv);
+  if (err_fd < 0) {
+    char problem[PATH_MAX + 96];
+    snprintf(problem, sizeof problem, "cannot create a temporary file in %s (%s)", tmp,
+             strerror(errno));
+    close(sock); /* ends the lease */
+    return fall_back(argc, argv, problem, stage != NULL);
+  }
   unlink(err_path);
   fcntl(err_fd, F_SETFD, FD_CLOEXEC);
   /* Served by the plugin, the compile says whether it made clang's own object: then the
    * guard's compile runs after it, if at all. Otherwise both run at once. */
-  char marks_path[] = "/tmp/" MLGO_DEPARTURES_PREFIX "XXXXXX";
   int marks_fd = -1;
   for (int i = 0; guarding && !stage && i < n_flags && marks_fd < 0; i++)
     if (plugin_of(flags[i])) marks_fd = mkstemp(marks_path);
@@ -1218,14 +1296,14 @@ int main(int argc, char **argv) {
   char *problem = NULL;
   int status = 0;
   struct pollfd watch[2] = {{pidfd, POLLIN, 0}, {sock, POLLIN, 0}};
-  int ready = poll(watch, 2, timeout_ms);
+  int ready = poll(watch, 2, left_ms(deadline));
   if (ready > 0 && (watch[0].revents & POLLIN)) {
     waitpid(pid, &status, 0);
   } else {
     if (ready == 0) {
       problem = malloc(128);
       snprintf(problem, 128, "no result within MLGO_TIMEOUT=%g s", timeout);
-    } else if (read_line(sock, line, LINE_MAX_BYTES, 1000) < 0 ||
+    } else if (read_line(sock, line, LINE_MAX_BYTES, now_ms() + 1000) < 0 ||
                !(problem = json_field(line, "message"))) {
       problem = strdup("the mlgo service went away during the compilation");
     }
@@ -1240,8 +1318,9 @@ int main(int argc, char **argv) {
   /* After a timeout the answer is not awaited (as in mlgo.serve.cc): whatever hung may hold it
    * up too, and MLGO_TIMEOUT bounds the whole compilation. */
   if (send_all(sock, done) == 0 && ready != 0) {
-    int got;
-    while ((got = read_line(sock, line, LINE_MAX_BYTES, 30000)) >= 0 &&
+    long long tally_by = now_ms() + 30000; /* all events and the tally: a service that keeps
+                                             * sending events cannot hold the build */
+    while ((got = read_line(sock, line, LINE_MAX_BYTES, tally_by)) >= 0 &&
            strstr(line, "\"event\"")) {
       if (!problem) problem = json_field(line, "message");
     }
@@ -1274,11 +1353,5 @@ int main(int argc, char **argv) {
     copy_to_stderr(err_fd);
     return rc;
   }
-  if (strict) {
-    fprintf(stderr, "mlgo-cc: error: %s (%s)\n", problem, source);
-    return 1;
-  }
-  fprintf(stderr, "mlgo-cc: warning: %s; %s %s with the default heuristic\n", problem,
-          stage ? "linking" : "compiling", source);
-  exec_compiler(argc, argv, NULL, 0);
+  return fall_back(argc, argv, problem, stage != NULL);
 }
