@@ -694,3 +694,64 @@ def test_the_lab_projects_and_workloads_are_recipes_of_the_one_format():
     for name, workload in PROGRAMS.items():
         extended = load_recipe(name, WORKLOADS_DIR)
         assert extended.build == load_recipe(workload.recipe).build and workload.commands
+
+
+@pytest.mark.unit
+def test_every_shipped_recipe_loads_and_its_card_reproduces_it_by_that_recipe():
+    """Each policies/*/recipe.toml loads whole, and its policy's card's "Reproduce" section
+    is the recipe's lines: its corpora's builds and the one command that runs it."""
+    from mlgo.ship.modelcard import reproduce_section, with_reproduce
+
+    recipes = sorted((ROOT / "policies").glob("*/recipe.toml"))
+    assert [r.parent.name for r in recipes] == ["inlining-size-guarded", "inlining-size-link"]
+    for path in recipes:
+        recipe = load_policy_recipe(path.parent)
+        assert recipe.release == Path("policies") / path.parent.name
+        card = (path.parent / "MODEL_CARD.md").read_text()
+        lines = recipe.reproduce_lines()
+        assert reproduce_section(card) == lines
+        assert (
+            lines[-1] == f"python -m tools.reproduce_policy policies/{path.parent.name} --release"
+        )
+        assert all(c.command() in lines for c in recipe.corpora.values())
+        assert with_reproduce(card, lines) == card  # nothing else in the card changes
+    link = load_policy_recipe(shipped_policy("inlining-size-link"))
+    assert link.stage("train").minutes == 55 and link.stage("choose").guard == "size"
+    assert link.stage("choose").gates == (0.6, 0.8, 0.95, 0.98, 0.99, 0.995, 0.999)
+    guarded = load_policy_recipe(GUARDED)
+    assert [(s.name, getattr(s, "minutes", None)) for s in guarded.stages] == [
+        ("bc", 0.0), ("es", 30.0), ("es-mix", 20.0), ("bcmax", 85.0), ("calibrate", None)
+    ]  # fmt: skip
+
+
+@pytest.mark.unit
+def test_a_recipe_changed_by_the_tools_flags_says_so_in_its_reproduce_line(tmp_path):
+    """Per-stage changes (the old tools' flags) reach the stages and the card's line."""
+    from mlgo.ship.modelcard import reproduce_section, with_reproduce
+    from mlgo.train.recipe import overridden
+
+    recipe = overridden(
+        load_policy_recipe(GUARDED),
+        {"bcmax": 45.0},
+        0.5,
+        {"es": "c", "es-mix": "tinyxml,snappy"},
+        {"train": tmp_path / "t"},
+    )
+    minutes = [s.minutes for s in recipe.stages if hasattr(s, "minutes")]
+    assert minutes == [0.0, 15.0, 10.0, 45.0]
+    assert [getattr(s, "packages", None) for s in recipe.stages][1:3] == [
+        "c",
+        ("tinyxml", "snappy"),
+    ]
+    assert f"--split train --out {tmp_path / 't'}" in recipe.corpora["train"].command()
+    flags = ["--minutes", "bcmax=45"]
+    card = "# p\n\n## Reproduce\n\n```sh\nold\n```\n\n## Measured\n\nrows\n"
+    changed = with_reproduce(card, recipe.reproduce_lines(flags))
+    assert changed.endswith("```\n\n## Measured\n\nrows\n") and changed.startswith("# p\n\n")
+    assert reproduce_section(changed)[-1].endswith(
+        "reproduce_policy policies/inlining-size-guarded --minutes bcmax=45 --release"
+    )
+    unguarded = overridden(
+        load_policy_recipe(shipped_policy("inlining-size-link")), guards={"choose": "none"}
+    )
+    assert unguarded.stage("choose").guard is None
