@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -236,3 +237,89 @@ def test_a_recipe_or_splits_file_nested_without_end_is_one_line(tmp_path):
         load_recipe("deep", tmp_path)
     with pytest.raises(BuildError, match=r"deep.toml: bad splits file \(maximum recursion"):
         load_splits(tmp_path / "deep.toml")
+
+
+GOOD_RECIPE = """problem = "inlining-size"
+out = "data/x"
+release = "policies/x"
+[corpora.train]
+out = "data/corpus-train"
+split = "train"
+[[stages]]
+name = "bc"
+train = "bc"
+corpus = "train"
+[[stages]]
+name = "calibrate"
+calibrate = "train"
+guard = "size"
+"""
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (("out = ", 'outs = "y"\nout = '), "recipe.toml: outs: not a key of a recipe here"),
+        (("problem = ", "problems = "), "recipe.toml: problem: missing"),
+        (('split = "train"', "split = 3"), "recipe.toml: corpora.train.split: a str, not 3"),
+        (('split = "train"', ""), "recipe.toml: corpora.train: give split or packages"),
+        (('corpus = "train"', 'corpus = "nosuch"'), "stages[0].corpus: no corpus 'nosuch'"),
+        (('guard = "size"', 'guard = "always"'), "stages[1].guard: one of size, not 'always'"),
+        (
+            ('corpus = "train"\n', "corpus = 'train'\nminutes = nan\n"),
+            "stages[0].minutes: a number",
+        ),
+        (
+            ('corpus = "train"\n', "corpus = 'train'\noptions = { sigma = 'x' }\n"),
+            "stages[0].options.sigma: a float, not 'x'",
+        ),
+        (
+            ('corpus = "train"\n', "corpus = 'train'\noptions = { nosuch = 1 }\n"),
+            "stages[0].options.nosuch: no trainer takes this option",
+        ),
+        (('name = "calibrate"', 'name = "bc"'), "stages[1].name: 'bc' names another stage"),
+        (
+            ('[[stages]]\nname = "bc"', "[[stages]]\nname = \"bc\"\nstart = 'x'\nchoose = 'train'"),
+            "stages[0]: give one of train, calibrate or choose",
+        ),
+        (("", "a = " + "[" * 5000 + "]" * 5000 + "\n"), "recipe.toml: not TOML ("),
+        (("\n", "\n\0"), "recipe.toml: not TOML ("),
+    ],
+)
+def test_a_bad_policy_recipe_is_one_line_naming_the_file_and_key(tmp_path, change, says):
+    """A recipe another user could have placed or a colleague committed is checked whole:
+    a wrong key, type, number or reference is one line naming the file and the key."""
+    from mlgo.train.recipe import RecipeError, load_policy_recipe
+
+    (tmp_path / "recipe.toml").write_text(GOOD_RECIPE)
+    assert [s.name for s in load_policy_recipe(tmp_path).stages] == ["bc", "calibrate"]
+    old, new = change
+    (tmp_path / "recipe.toml").write_text(GOOD_RECIPE.replace(old, new, 1) if old else new)
+    with pytest.raises(RecipeError) as e:
+        load_policy_recipe(tmp_path)
+    assert says in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).startswith(str(tmp_path / "recipe.toml"))
+
+
+def test_a_recipe_that_is_not_a_regular_file_or_too_large_is_refused(tmp_path):
+    from mlgo.train.recipe import RecipeError, load_policy_recipe
+
+    os.mkfifo(tmp_path / "recipe.toml")  # never waited on
+    with pytest.raises(RecipeError, match="recipe.toml: not a regular file"):
+        load_policy_recipe(tmp_path)
+    (tmp_path / "recipe.toml").unlink()
+    (tmp_path / "recipe.toml").write_text("# " + "x" * (2 << 20))
+    with pytest.raises(RecipeError, match="recipe.toml: larger than"):
+        load_policy_recipe(tmp_path)
+
+
+def test_a_recipe_override_naming_nothing_is_one_line(tmp_path):
+    """The tool's per-stage changes name stages and corpora the recipe has, of their kind."""
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.reproduce_policy", "policies/inlining-size-link",
+         "--minutes", "nosuch=3", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "no stage 'nosuch' (have: train, choose)" in r.stderr
+    assert not (tmp_path / "out").exists()

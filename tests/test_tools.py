@@ -28,6 +28,7 @@ from mlgo.programs.measure import Workload
 from mlgo.records import ModuleRun
 from mlgo.train import calibrate
 from mlgo.train.evaluate import Evaluation
+from mlgo.train.recipe import load_policy_recipe, stage_packages
 from mlgo.train.stages import Stages
 from tools import (
     bench_collect,
@@ -49,10 +50,10 @@ from tools import (
     headroom_lto,
     linked_estimate,
     size_by_linkage,
-    train_inlining_size,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+GUARDED = ROOT / "policies" / "inlining-size-guarded"
 SCRIPTS = sorted(p.stem for p in (ROOT / "tools").glob("*.py") if p.stem != "__init__")
 C_SOURCES = sorted((ROOT / "tools").glob("*.c"))
 
@@ -264,9 +265,10 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
         (corpus / f"{name}.bc").write_bytes(b"")
         (corpus / f"{name}.cmd").write_bytes(f"-cc1\0-main-file-name\0{source}".encode())
     write_description(corpus, list(names))
-    assert train_inlining_size.es_packages(load_corpus(corpus), "c") == ["c"]
-    assert train_inlining_size.es_packages(load_corpus(corpus), "all") == ["c", "mixed", "pp"]
-    assert train_inlining_size.es_packages(load_corpus(corpus), "pp,c") == ["pp", "c"]
+    assert stage_packages(load_corpus(corpus), "c") == ["c"]
+    assert stage_packages(load_corpus(corpus), "all") == ["c", "mixed", "pp"]
+    assert stage_packages(load_corpus(corpus), ("pp", "c")) == ["pp", "c"]
+    names = [s.name for s in load_policy_recipe(GUARDED).stages]
     calibration = {"threshold": 0.6, "languages": ["c"], "sweep": [
         {"threshold": 0.5, "change": -0.01, "packages_larger": [], "failed": []},
         {"threshold": 0.6, "change": -0.004, "packages_larger": ["pp"], "failed": [],
@@ -276,20 +278,18 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
     assert (kept["change_pct"], kept["packages_larger"]) == (-0.2, [])
     never = calibrate.kept({**calibration, "threshold": 1.0, "languages": None})
     assert (never["change_pct"], never["packages_larger"]) == (0.0, [])
-    stages = Stages.timed(
-        tmp_path / "recipe.json", train_inlining_size.STAGES, {"validation": kept}
-    )
+    stages = Stages.timed(tmp_path / "recipe.json", names, {"validation": kept})
     stages.seconds, stages.finished = {"calibrate": 60.0, "bc": 120.0}, ["calibrate"]
     record = stages.summary()
     assert list(record["seconds"]) == ["bc", "calibrate"] and record["total_minutes"] == 3.0
     (tmp_path / "recipe.json").write_text(json.dumps(record))
-    again = Stages.timed(tmp_path / "recipe.json", train_inlining_size.STAGES, {})
+    again = Stages.timed(tmp_path / "recipe.json", names, {})
     assert (again.seconds, again.finished) == ({"bc": 120.0, "calibrate": 60.0}, ["calibrate"])
     # a record read back says what it said: its total is of the seconds as written
     stages.seconds = {"calibrate": 0.06, "bc": 26.86}
     record = stages.summary()
     (tmp_path / "recipe.json").write_text(json.dumps(record))
-    again = Stages.timed(tmp_path / "recipe.json", train_inlining_size.STAGES, {"validation": kept})
+    again = Stages.timed(tmp_path / "recipe.json", names, {"validation": kept})
     assert again.summary() == record and record["total_minutes"] == 0.5
 
 
@@ -301,13 +301,13 @@ def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
     from the one before, the mixed one with the per-package penalty; the calibrated policy
     and every stage's seconds are recorded, a stopped one's too; a rerun trains nothing again."""
     corpus, out = str(mini_corpus.root), tmp_path / "recipe"
-    cmd = [sys.executable, "-m", "tools.train_inlining_size", "--train", corpus]
-    cmd += ["--validation", corpus, "--out", str(out), "--es-packages", "minipkg"]
-    cmd += ["--mix-packages", "minipkg", "--es-minutes", "0.05", "--mix-minutes", "0.05"]
-    cmd += ["--bcmax-minutes", "0.1"]
-    unknown = [*cmd, "--mix-packages", "nosuch"]  # refused before any stage runs
+    cmd = [sys.executable, "-m", "tools.reproduce_policy", str(GUARDED), "--out", str(out)]
+    cmd += ["--corpus", f"train={corpus}", "--corpus", f"validation={corpus}"]
+    cmd += ["--packages", "es=minipkg", "--packages", "es-mix=minipkg"]
+    cmd += ["--minutes", "es=0.05", "--minutes", "es-mix=0.05", "--minutes", "bcmax=0.1"]
+    unknown = [*cmd, "--packages", "es-mix=nosuch"]  # refused before any stage runs
     r = subprocess.run(unknown, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1 and r.stderr.splitlines()[-1].endswith(
+    assert r.returncode == 2 and r.stderr.splitlines()[-1].endswith(
         "no package(s) nosuch in corpus"
     )
     assert not out.exists()
@@ -324,7 +324,8 @@ def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     record = json.loads((out / "recipe.json").read_text())
-    assert list(record["seconds"]) == record["finished"] == list(train_inlining_size.STAGES)
+    names = [s.name for s in load_policy_recipe(GUARDED).stages]
+    assert list(record["seconds"]) == record["finished"] == names
     assert not any((out / stage / "eval").exists() for stage in record["finished"])
     assert record["validation"]["packages_larger"] == []
     for run, init, penalty in (("es", "bc", 0.0), ("es-mix", "es", 1.0), ("bcmax", "es-mix", None)):
@@ -343,7 +344,7 @@ def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
 def test_recipe_refuses_a_record_it_cannot_read_in_one_line_and_keeps_it(tmp_path, text):
     record = tmp_path / "recipe.json"
     record.write_text(text)
-    cmd = [sys.executable, "-m", "tools.train_inlining_size", "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "tools.reproduce_policy", str(GUARDED), "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"{record}: not this tool's record" in r.stderr.splitlines()[-1]
     assert record.read_text() == text
@@ -649,8 +650,8 @@ def test_link_recipe_card_shows_every_candidate_the_test_and_the_commands_that_r
     links without the guard, and the run with the options it was made with."""
     from dataclasses import replace
 
+    from mlgo.programs.reproduce import CHOICE_HOW
     from mlgo.ship.modelcard import chosen_card
-    from tools import ship_link_policy as recipe
 
     policy = replace(load_policy(shipped_policy("inlining-size-link")), guard="size")
 
@@ -665,16 +666,16 @@ def test_link_recipe_card_shows_every_candidate_the_test_and_the_commands_that_r
         "test": judged(-0.773, []),
         "test, the policy alone": judged(-0.736, ["cmark"]),
     }
-    fields = {"packages": "bzip2 zlib", "minutes": 55.0, "guard": " --guard"}
     how = {"spent": 56.0, "train": -0.494, "guarded": ", served guarded"}
-    card = chosen_card(policy, result, recipe.HOW, recipe.REPRODUCE, problem="p", **fields, **how)
+    lines = load_policy_recipe(shipped_policy("inlining-size-link")).reproduce_lines()
+    card = chosen_card(policy, result, CHOICE_HOW.format(**how), lines)
     assert "BC-Max trained 56 minutes" in card and "each program, served guarded;" in card
     assert "| shipped per-file policy (kept) | -1.000% | - |" in card
     assert "| trained | -2.000% | a |" in card
     assert "| all | -0.773% |\n| all C | -0.773% |\n| zlib | -0.773% |" in card
     assert "without the guard: -0.736%, larger: cmark." in card
-    assert "mlgo corpus build --lto full bzip2 zlib --out data/lto/train" in card
-    assert "--minutes 55 --guard --release policies/p\n```\n" in card
+    assert "mlgo corpus build --lto full zlib bzip2 lz4 " in card
+    assert "reproduce_policy policies/inlining-size-link --release\n```\n" in card
 
 
 def test_the_lab_projects_and_workloads_are_recipes_of_the_one_format():
@@ -693,3 +694,64 @@ def test_the_lab_projects_and_workloads_are_recipes_of_the_one_format():
     for name, workload in PROGRAMS.items():
         extended = load_recipe(name, WORKLOADS_DIR)
         assert extended.build == load_recipe(workload.recipe).build and workload.commands
+
+
+@pytest.mark.unit
+def test_every_shipped_recipe_loads_and_its_card_reproduces_it_by_that_recipe():
+    """Each policies/*/recipe.toml loads whole, and its policy's card's "Reproduce" section
+    is the recipe's lines: its corpora's builds and the one command that runs it."""
+    from mlgo.ship.modelcard import reproduce_section, with_reproduce
+
+    recipes = sorted((ROOT / "policies").glob("*/recipe.toml"))
+    assert [r.parent.name for r in recipes] == ["inlining-size-guarded", "inlining-size-link"]
+    for path in recipes:
+        recipe = load_policy_recipe(path.parent)
+        assert recipe.release == Path("policies") / path.parent.name
+        card = (path.parent / "MODEL_CARD.md").read_text()
+        lines = recipe.reproduce_lines()
+        assert reproduce_section(card) == lines
+        assert (
+            lines[-1] == f"python -m tools.reproduce_policy policies/{path.parent.name} --release"
+        )
+        assert all(c.command() in lines for c in recipe.corpora.values())
+        assert with_reproduce(card, lines) == card  # nothing else in the card changes
+    link = load_policy_recipe(shipped_policy("inlining-size-link"))
+    assert link.stage("train").minutes == 55 and link.stage("choose").guard == "size"
+    assert link.stage("choose").gates == (0.6, 0.8, 0.95, 0.98, 0.99, 0.995, 0.999)
+    guarded = load_policy_recipe(GUARDED)
+    assert [(s.name, getattr(s, "minutes", None)) for s in guarded.stages] == [
+        ("bc", 0.0), ("es", 30.0), ("es-mix", 20.0), ("bcmax", 85.0), ("calibrate", None)
+    ]  # fmt: skip
+
+
+@pytest.mark.unit
+def test_a_recipe_changed_by_the_tools_flags_says_so_in_its_reproduce_line(tmp_path):
+    """Per-stage changes (the old tools' flags) reach the stages and the card's line."""
+    from mlgo.ship.modelcard import reproduce_section, with_reproduce
+    from mlgo.train.recipe import overridden
+
+    recipe = overridden(
+        load_policy_recipe(GUARDED),
+        {"bcmax": 45.0},
+        0.5,
+        {"es": "c", "es-mix": "tinyxml,snappy"},
+        {"train": tmp_path / "t"},
+    )
+    minutes = [s.minutes for s in recipe.stages if hasattr(s, "minutes")]
+    assert minutes == [0.0, 15.0, 10.0, 45.0]
+    assert [getattr(s, "packages", None) for s in recipe.stages][1:3] == [
+        "c",
+        ("tinyxml", "snappy"),
+    ]
+    assert f"--split train --out {tmp_path / 't'}" in recipe.corpora["train"].command()
+    flags = ["--minutes", "bcmax=45"]
+    card = "# p\n\n## Reproduce\n\n```sh\nold\n```\n\n## Measured\n\nrows\n"
+    changed = with_reproduce(card, recipe.reproduce_lines(flags))
+    assert changed.endswith("```\n\n## Measured\n\nrows\n") and changed.startswith("# p\n\n")
+    assert reproduce_section(changed)[-1].endswith(
+        "reproduce_policy policies/inlining-size-guarded --minutes bcmax=45 --release"
+    )
+    unguarded = overridden(
+        load_policy_recipe(shipped_policy("inlining-size-link")), guards={"choose": "none"}
+    )
+    assert unguarded.stage("choose").guard is None

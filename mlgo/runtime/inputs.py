@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import tomllib
 import zipfile
 import zlib
 from pathlib import Path
@@ -44,6 +45,22 @@ def _open_regular(path: Path, error: type[MlgoError]) -> BinaryIO:
     if f is None:
         raise error(f"{path}: not a regular file")
     return f
+
+
+MAX_TOML_BYTES = 1 << 20  # a recipe or a split: a few kilobytes
+
+
+def read_toml(path: Path, error: type[MlgoError] = UsageError, limit: int = MAX_TOML_BYTES) -> Any:
+    """The TOML table in PATH; what is not TOML, is larger than LIMIT bytes or nests so deep
+    that the parser recurses out is an ERROR naming PATH and why."""
+    with _open_regular(path, error) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{path}: larger than {_size(limit)}; no such file is so large")
+    try:
+        return tomllib.loads(data.decode())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
+        raise error(f"{path}: not TOML ({str(e)[:200] or type(e).__name__})") from None
 
 
 def json_depth(data: bytes) -> int:

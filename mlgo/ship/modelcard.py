@@ -1,6 +1,8 @@
 """A shipped policy's model card: written from what its run recorded (the training corpus,
 the budget spent, and every evaluation saved next to the run: `model_card`), or, for a
-policy a recipe kept of its candidates, from the recipe's record (`chosen_card`)."""
+policy a recipe kept of its candidates, from the recipe's record (`chosen_card`). A policy
+made by a recipe file (`train.recipe`) has that recipe's lines as its "Reproduce" section
+(`with_reproduce` puts them into a card already written)."""
 
 from __future__ import annotations
 
@@ -55,10 +57,11 @@ def _profiled(corpus: str) -> bool:
         return False
 
 
-def run_card(policy: MLPPolicy, pdir: Path) -> str:
+def run_card(policy: MLPPolicy, pdir: Path, reproduce: Sequence[str] | None = None) -> str:
     """The card of POLICY, as loaded from PDIR, from what its run recorded (`policy_run`)
-    and its calibration, if PDIR holds one."""
-    return model_card(policy, policy_run(pdir), (pdir / "calibration.json").exists())
+    and its calibration, if PDIR holds one; REPRODUCE: its recipe's lines, if it has one."""
+    calibrated = (pdir / "calibration.json").exists()
+    return model_card(policy, policy_run(pdir), calibrated, reproduce)
 
 
 def policy_run(pdir: Path) -> Path:
@@ -154,14 +157,34 @@ def _reproduce(
     return _commands(lines)
 
 
-def _commands(lines: list[str]) -> list[str]:
+def _commands(lines: Sequence[str]) -> list[str]:
     """The card's section of the shell LINES that reproduce the policy."""
     return ["", "## Reproduce", "", "```sh", *lines, "```"]
 
 
-def model_card(policy: MLPPolicy, run: Path, calibrated: bool = False) -> str:
+def with_reproduce(card: str, lines: Sequence[str]) -> str:
+    """CARD with its "Reproduce" section's commands made LINES, nothing else changed."""
+    head, found, tail = card.partition("\n## Reproduce\n")
+    body, fence, rest = tail.partition("\n```\n")
+    if not found or not fence:
+        raise ValueError("a card without a Reproduce section")
+    return "\n".join([head, *_commands(lines)[1:]]) + "\n" + rest
+
+
+def reproduce_section(card: str) -> list[str]:
+    """The shell lines of CARD's "Reproduce" section."""
+    tail = card.partition("\n## Reproduce\n\n```sh\n")[2]
+    return tail.partition("\n```\n")[0].splitlines()
+
+
+def model_card(
+    policy: MLPPolicy,
+    run: Path,
+    calibrated: bool = False,
+    reproduce: Sequence[str] | None = None,
+) -> str:
     """POLICY's card from what its RUN recorded; CALIBRATED adds the calibration to what
-    reproduces it."""
+    reproduces it, unless REPRODUCE (a recipe's lines) says that."""
     state = read_json(run / "state.json") if (run / "state.json").exists() else {}
     problem = policy.problem
     lines = [
@@ -193,7 +216,7 @@ def model_card(policy: MLPPolicy, run: Path, calibrated: bool = False) -> str:
             f"{sum(st.get('compiles', 0) for st in states):,} compilations, "
             f"{sum(st.get('seconds', 0.0) for st in states) / 60:.0f} minutes of training"
         )
-    lines += _reproduce(policy, chain, calibrated)
+    lines += _commands(reproduce) if reproduce else _reproduce(policy, chain, calibrated)
     lines += [
         "",
         "## Measured",
@@ -224,14 +247,12 @@ def _rows(judgement: dict) -> list[str]:
     return rows + [f"| {p} | {v:+.3f}% |" for p, v in judgement["packages"].items()]
 
 
-def chosen_card(
-    policy: MLPPolicy, result: dict, how: str, reproduce: Sequence[str], **fields: object
-) -> str:
+def chosen_card(policy: MLPPolicy, result: dict, how: str, reproduce: Sequence[str]) -> str:
     """The card of POLICY, which a recipe kept of its candidates: what it is, HOW it was
     trained and judged, every candidate's judgement on validation (RESULT's, each by
     `programs.judges.judgement`, as the recipe's record holds them), its one evaluation on
     test (guarded as it is served, and the same links without the guard), and the shell
-    lines that REPRODUCE it; HOW and REPRODUCE are templates of FIELDS."""
+    lines that REPRODUCE it (its recipe's)."""
     lines = [
         f"# {policy.problem.name} policy",
         "",
@@ -241,7 +262,7 @@ def chosen_card(
         "",
         "## How it was chosen",
         "",
-        how.format(**fields),
+        how,
         "",
         "| candidate | validation | packages larger |",
         "|---|---|---|",
@@ -262,5 +283,4 @@ def chosen_card(
             "with lld's own inliner and the one with less `.text` kept, which doubles the "
             "link's time.",
         ]
-    commands = [line.format(**fields) for line in reproduce]
-    return "\n".join([*lines, *_commands(commands), ""])
+    return "\n".join([*lines, *_commands(reproduce), ""])

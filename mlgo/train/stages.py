@@ -155,12 +155,15 @@ class Stages:
 @dataclass(frozen=True)
 class Training:
     """A recipe's training stage: trainer ALGO on CORPUS, for MINUTES (0: its own number
-    of steps), with OPTIONS (fields of `TrainOptions`), from the stage before it."""
+    of steps), with OPTIONS (fields of `TrainOptions`), from the stage before it (the first
+    from START, a policy, if given); EVALUATE: then evaluated on CORPUS (OUT/NAME/eval)."""
 
     algo: str
     corpus: Corpus
     minutes: float = 0.0
     options: dict = field(default_factory=dict)
+    start: Path | None = None
+    evaluate: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,8 +185,9 @@ def run_in_turn(
     workers: Workers,
 ) -> None:
     """Each stage of RECIPE that STAGES has not finished, timed, from the policy of the
-    stage before it (the first from nothing), a training into OUT/NAME. No training is
-    evaluated on its corpus (`mlgo train` would): the time goes to training."""
+    stage before it (the first from its start or nothing), a training into OUT/NAME. No
+    training is evaluated on its corpus unless it asks (`mlgo train` would): the time goes
+    to training."""
     from mlgo.train.calibrate import calibrate_policy
     from mlgo.train.run import TrainOptions, load_start, run
 
@@ -198,9 +202,9 @@ def run_in_turn(
                         policy_dir(before), corpus, tc, workers, stage.out, stage.guard
                     )
                 else:
-                    budget = 60 * stage.minutes
-                    opts = TrainOptions(init=before, max_seconds=budget, trainer=stage.options)
-                    start = load_start(before, problem) if before else None
+                    budget, init = 60 * stage.minutes, before or stage.start
+                    opts = TrainOptions(init=init, max_seconds=budget, trainer=stage.options)
+                    start = load_start(init, problem) if init else None
                     run(stage.algo, stage.corpus, problem, out / name, tc, workers, opts,
-                        evaluate_on_corpus=False, start=start)  # fmt: skip
+                        evaluate_on_corpus=stage.evaluate, start=start)  # fmt: skip
         before = stage.out if isinstance(stage, Calibrating) else out / name
