@@ -54,6 +54,7 @@ from tools import (
 
 ROOT = Path(__file__).resolve().parents[1]
 GUARDED = ROOT / "policies" / "inlining-size-guarded"
+SCRATCH = ROOT / "tools" / "recipes" / "inlining-size-scratch"  # tried, not shipped
 SCRIPTS = sorted(p.stem for p in (ROOT / "tools").glob("*.py") if p.stem != "__init__")
 C_SOURCES = sorted((ROOT / "tools").glob("*.c"))
 
@@ -268,7 +269,7 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
     assert stage_packages(load_corpus(corpus), "c") == ["c"]
     assert stage_packages(load_corpus(corpus), "all") == ["c", "mixed", "pp"]
     assert stage_packages(load_corpus(corpus), ("pp", "c")) == ["pp", "c"]
-    names = [s.name for s in load_policy_recipe(GUARDED).stages]
+    names = [s.name for s in load_policy_recipe(SCRATCH).stages]
     calibration = {"threshold": 0.6, "languages": ["c"], "sweep": [
         {"threshold": 0.5, "change": -0.01, "packages_larger": [], "failed": []},
         {"threshold": 0.6, "change": -0.004, "packages_larger": ["pp"], "failed": [],
@@ -301,7 +302,7 @@ def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
     from the one before, the mixed one with the per-package penalty; the calibrated policy
     and every stage's seconds are recorded, a stopped one's too; a rerun trains nothing again."""
     corpus, out = str(mini_corpus.root), tmp_path / "recipe"
-    cmd = [sys.executable, "-m", "tools.reproduce_policy", str(GUARDED), "--out", str(out)]
+    cmd = [sys.executable, "-m", "tools.reproduce_policy", str(SCRATCH), "--out", str(out)]
     cmd += ["--corpus", f"train={corpus}", "--corpus", f"validation={corpus}"]
     cmd += ["--packages", "es=minipkg", "--packages", "es-mix=minipkg"]
     cmd += ["--minutes", "es=0.05", "--minutes", "es-mix=0.05", "--minutes", "bcmax=0.1"]
@@ -324,7 +325,7 @@ def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     record = json.loads((out / "recipe.json").read_text())
-    names = [s.name for s in load_policy_recipe(GUARDED).stages]
+    names = [s.name for s in load_policy_recipe(SCRATCH).stages]
     assert list(record["seconds"]) == record["finished"] == names
     assert not any((out / stage / "eval").exists() for stage in record["finished"])
     assert record["validation"]["packages_larger"] == []
@@ -344,7 +345,7 @@ def test_recipe_runs_each_stage_from_the_one_before_and_skips_them_when_rerun(
 def test_recipe_refuses_a_record_it_cannot_read_in_one_line_and_keeps_it(tmp_path, text):
     record = tmp_path / "recipe.json"
     record.write_text(text)
-    cmd = [sys.executable, "-m", "tools.reproduce_policy", str(GUARDED), "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "tools.reproduce_policy", str(SCRATCH), "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"{record}: not this tool's record" in r.stderr.splitlines()[-1]
     assert record.read_text() == text
@@ -650,8 +651,8 @@ def test_link_recipe_card_shows_every_candidate_the_test_and_the_commands_that_r
     links without the guard, and the run with the options it was made with."""
     from dataclasses import replace
 
-    from mlgo.programs.reproduce import CHOICE_HOW
     from mlgo.ship.modelcard import chosen_card
+    from tools.lab.reproduce import CHOICE_HOW
 
     policy = replace(load_policy(shipped_policy("inlining-size-link")), guard="size")
 
@@ -718,8 +719,12 @@ def test_every_shipped_recipe_loads_and_its_card_reproduces_it_by_that_recipe():
     link = load_policy_recipe(shipped_policy("inlining-size-link"))
     assert link.stage("train").minutes == 55 and link.stage("choose").guard == "size"
     assert link.stage("choose").gates == (0.6, 0.8, 0.95, 0.98, 0.99, 0.995, 0.999)
-    guarded = load_policy_recipe(GUARDED)
-    assert [(s.name, getattr(s, "minutes", None)) for s in guarded.stages] == [
+    guarded = load_policy_recipe(GUARDED)  # the chain that made the shipped weights
+    bcmax = guarded.stage("bcmax")
+    assert (bcmax.start, bcmax.steps, bcmax.minutes) == ("inlining-size", 3, 60.0)
+    assert bcmax.options["search_budget"] == 24 and guarded.stage("calibrate").guard == "size"
+    scratch = load_policy_recipe(SCRATCH)
+    assert [(s.name, getattr(s, "minutes", None)) for s in scratch.stages] == [
         ("bc", 0.0), ("es", 30.0), ("es-mix", 20.0), ("bcmax", 85.0), ("calibrate", None)
     ]  # fmt: skip
 
@@ -731,7 +736,7 @@ def test_a_recipe_changed_by_the_tools_flags_says_so_in_its_reproduce_line(tmp_p
     from mlgo.train.recipe import overridden
 
     recipe = overridden(
-        load_policy_recipe(GUARDED),
+        load_policy_recipe(SCRATCH),
         {"bcmax": 45.0},
         0.5,
         {"es": "c", "es-mix": "tinyxml,snappy"},
@@ -749,7 +754,7 @@ def test_a_recipe_changed_by_the_tools_flags_says_so_in_its_reproduce_line(tmp_p
     changed = with_reproduce(card, recipe.reproduce_lines(flags))
     assert changed.endswith("```\n\n## Measured\n\nrows\n") and changed.startswith("# p\n\n")
     assert reproduce_section(changed)[-1].endswith(
-        "reproduce_policy policies/inlining-size-guarded --minutes bcmax=45 --release"
+        "reproduce_policy tools/recipes/inlining-size-scratch --minutes bcmax=45 --release"
     )
     unguarded = overridden(
         load_policy_recipe(shipped_policy("inlining-size-link")), guards={"choose": "none"}

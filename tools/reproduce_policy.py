@@ -26,11 +26,11 @@ import rich
 from mlgo.errors import USER_ERRORS
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.programs.chain import choice_table, outcome_line
-from mlgo.programs.reproduce import release_made, run_recipe, timed_stages
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import make_workers
 from mlgo.ship.modelcard import with_reproduce
 from mlgo.train.recipe import load_policy_recipe, overridden
+from tools.lab.reproduce import release_made, run_recipe, timed_stages
 
 
 def pairs(convert: Callable[[str], object]) -> Callable[[str], tuple[str, object]]:

@@ -6,8 +6,8 @@ A recipe names its problem, the corpora it needs (each one's `mlgo corpus build`
 printed on the card), its stages in order and where it is released. A stage is one of:
 
 - a training (`train = ALGO`): on a corpus, or on some of its packages (names, `c` for those
-  whose every module is C, or `all`; none: the stage is not run), for `minutes` (0: the
-  trainer's own number of steps), with trainer `options`, from the stage before it or, the
+  whose every module is C, or `all`; none: the stage is not run), for `minutes` and at most
+  `steps` steps (0: no bound), with trainer `options`, from the stage before it or, the
   first, from the shipped policy `start`;
 - a calibration (`calibrate = CORPUS`) of the stage before it, judged as served with `guard`;
 - a link-judged choice (`choose = CORPUS`) among the training before it, its start and it at
@@ -20,6 +20,7 @@ refers to nothing is one `RecipeError` naming the file and the key.
 from __future__ import annotations
 
 import math
+import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -76,6 +77,7 @@ class TrainStage:
     options: dict[str, Any] = field(default_factory=dict)
     start: str | None = None
     evaluate: bool = False
+    steps: int = 0  # the trainer's steps (`mlgo train --steps`); 0: its own number
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,10 @@ class PolicyRecipe:
         """The shell lines that make this policy: each corpus's build, then the one command
         that runs the recipe (with FLAGS, the changes it was run with) and releases what it
         makes, after the recipe's note."""
-        where = f"{self.path.parent.parent.name}/{self.path.parent.name}"
+        here = self.path.parent
+        # a shipped policy's by its checkout path (installed, the same files are in the
+        # package's data); any other recipe's, from where it was read
+        where = f"policies/{here.name}" if here.parent.name == "policies" else os.path.relpath(here)
         notes = [f"# {line}" for line in self.note.splitlines()]
         builds = [c.command() for c in self.corpora.values()]
         run = shlex.join(["python", "-m", "tools.reproduce_policy", where, *flags, "--release"])
@@ -158,7 +163,7 @@ class _Table:
                 kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
             )
             raise self.error(self.key(name), f"a {names}, not {value!r}"[:200])
-        if isinstance(value, float) and not (math.isfinite(value) and value >= 0):
+        if isinstance(value, int | float) and not (math.isfinite(value) and value >= 0):
             raise self.error(self.key(name), f"a number of 0 or more, not {value!r}")
         return value
 
@@ -224,6 +229,7 @@ def _stage(path: Path, i: int, data: object, corpora: dict, before: list[Stage])
             _options(t),
             t.take("start", str, None),
             t.take("evaluate", bool, False),
+            t.take("steps", int, 0),
         )
         if stage.with_packages_of not in (None, *(s.name for s in trained)):
             raise t.error(

@@ -164,6 +164,7 @@ class Training:
     options: dict = field(default_factory=dict)
     start: Path | None = None
     evaluate: bool = False
+    steps: int = 0  # at most this many of the trainer's steps; 0: its own number
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,9 @@ def run_in_turn(
                     )
                 else:
                     budget, init = 60 * stage.minutes, before or stage.start
-                    opts = TrainOptions(init=init, max_seconds=budget, trainer=stage.options)
+                    opts = TrainOptions(
+                        steps=stage.steps, init=init, max_seconds=budget, trainer=stage.options
+                    )
                     start = load_start(init, problem) if init else None
                     run(stage.algo, stage.corpus, problem, out / name, tc, workers, opts,
                         evaluate_on_corpus=stage.evaluate, start=start)  # fmt: skip

@@ -82,7 +82,7 @@ def stages_of(
             )
             start = _start(recipe, stage.start) if stage.start else None
             turn[stage.name] = Training(
-                stage.algo, part, stage.minutes, stage.options, start, stage.evaluate
+                stage.algo, part, stage.minutes, stage.options, start, stage.evaluate, stage.steps
             )
     return turn
 
