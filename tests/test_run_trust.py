@@ -7,14 +7,21 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import signal
+import subprocess
+import time
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.cli_helpers import POLICIES, mlgo, one_line_error
-from tests.conftest import copy_corpus
+from mlgo.programs.measure import Workload, run_workload
+from mlgo.runtime.commands import run_logged
+from tests.cli_helpers import POLICIES, mlgo, one_line_error, user_cache
+from tests.conftest import DATA, MLGO, copy_corpus
+from tests.test_bad_input import assert_killed
 
 
 def _bomb(path: Path) -> None:
@@ -48,3 +55,69 @@ def test_a_bad_checkpoint_is_one_line(mini_corpus, tmp_path, bad):
              "--out", str(run), "--steps", "1", timeout=120)  # fmt: skip
     why = {"a FIFO": "not a regular file", "a bomb": "at most", "not an archive": "not an array"}
     one_line_error(r, str(checkpoint), why[bad])
+
+
+# -- every child process is bounded: a command's group goes when it ends ------------------
+def wordcount(tmp_path: Path, *options: str) -> tuple[Path, list[str]]:
+    """`mlgo tune` with OPTIONS on a copy of the minipkg program, into TMP_PATH/out."""
+    src = shutil.copytree(DATA / "minipkg", tmp_path / "wordcount")
+    out = tmp_path / "out"
+    build = 'for f in *.c; do "$CC" -c "$f" || exit 1; done && "$CC" -o wordcount *.o'
+    return out, ["tune", "--source", str(src), "--build", build, *options, "--out", str(out)]
+
+
+def left_behind(pidfile: Path) -> str:
+    """A shell line that leaves `sleep 300` running in the background, its pid in PIDFILE."""
+    return f"sleep 300 & echo $! > {pidfile}"
+
+
+def test_a_test_that_leaves_a_child_behind_leaves_no_process_when_it_fails(tmp_path):
+    pidfile = tmp_path / "sleeper"
+    _, args = wordcount(tmp_path, "--test", f"{left_behind(pidfile)}; false")
+    r = mlgo(*args, env=user_cache(tmp_path), timeout=300)
+    one_line_error(r, "its own tests, on the recorded build before training failed")
+    assert_killed(int(pidfile.read_text()))
+
+
+def test_an_interrupted_test_leaves_no_process(tmp_path):
+    """Ctrl-C (SIGINT to mlgo alone, as a job control shell's kill -INT does) while --test
+    runs: mlgo stops, and its test's whole group with it."""
+    pidfile = tmp_path / "sleeper"
+    _, args = wordcount(tmp_path, "--test", f"{left_behind(pidfile)}; sleep 300")
+    proc = subprocess.Popen([*MLGO, *args], env=dict(os.environ, **user_cache(tmp_path)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert_killed(int(pidfile.read_text()))
+
+
+def test_a_passing_command_and_workload_leave_no_process(tmp_path):
+    """A test line that passes and a workload that passes, each leaving a child behind."""
+    test_pid, bench_pid = tmp_path / "test-sleeper", tmp_path / "bench-sleeper"
+    run_logged(left_behind(test_pid), tmp_path, tmp_path / "log", 60, None, "a test")
+    assert_killed(int(test_pid.read_text()))
+    workload = Workload("w", (), (("sh", "-c", left_behind(bench_pid)),), timeout_s=60)
+    run_workload(workload, tmp_path)
+    assert_killed(int(bench_pid.read_text()))
+
+
+# -- a failed --refresh leaves tune.json as it was --------------------------------------------
+@pytest.mark.slow
+def test_a_failed_refresh_leaves_the_tunes_arguments_and_a_larger_budget_trains_on(tmp_path):
+    out, args = wordcount(tmp_path, "--minutes", "0.05", "--train-steps", "1")
+    env = user_cache(tmp_path)
+    r = mlgo(*args, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    before = (out / "tune.json").read_bytes()
+    r = mlgo(*args, "--refresh", "--test", "false", env=env, timeout=600)
+    one_line_error(r, "its own tests failed")
+    assert (out / "tune.json").read_bytes() == before
+    assert "refresh" not in json.loads(before)
+    longer = [a if a != "0.05" else "0.1" for a in args]
+    r = mlgo(*longer, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "training on from 0.05 to 0.1 minutes" in r.stdout

@@ -287,8 +287,13 @@ def tune(
     if given is not None:
         load_start(given, problem, "--policy")  # one training may start from
     start = (given or out / "start" / "policy").resolve()  # else cloned once traced
+    mode = {"refresh"}  # how this run goes, not what any result depends on
     args = {
-        **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()},
+        **{
+            k: str(v) if isinstance(v, Path) else v
+            for k, v in asdict(opts).items()
+            if k not in mode
+        },
         "policy": str(start),
         "source": str(source.resolve()),
         "configure": list(recipe.configure),
@@ -398,4 +403,6 @@ def tune(
             report["hot"] = hot_departures(profile, decisions, tc)
         write_report(report, out)
     stages.finish("report")
+    if opts.refresh:
+        stages.keep_arguments()
     return report
