@@ -225,6 +225,10 @@ TOO_MANY = [
     (["corpus", "vocabulary", "c", "--out", "v.json"], "--dim", "100000"),
     (["corpus", "vocabulary", "c", "--out", "v.json"], "--steps", HUGE),
     (["channel"], "--ttl", "1e8"),
+    (["xla", "collect"], "--rounds", HUGE),
+    (["xla", "train", "--data", "d", "--out", "o"], "--hidden", "100000"),
+    (["xla", "train", "--data", "d", "--out", "o"], "--ensemble", "100000"),
+    (["xla", "tune", "f.py:g"], "--top-k", "100000"),
 ]
 
 
