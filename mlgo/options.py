@@ -4,6 +4,7 @@ fails at parse time (exit 2, one line) rather than running nothing or failing ev
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 import typer
@@ -13,6 +14,16 @@ from mlgo.runtime.workers import parse_workers
 # No duration, scale or step here means more than this; past it, arithmetic on it (minutes
 # to seconds, a deadline) overflows or stops meaning anything.
 LARGEST = 1e9
+# The sane maxima of what a run counts or waits for: past them a value is a typo or an attack
+# (`--bench-rounds 100000000` ran until killed), not a run anyone waits for.
+MOST_STEPS = 1_000_000  # a trainer's steps, epochs or iterations
+MOST_MINUTES = 7 * 24 * 60.0  # a budget of training: a week
+MOST_SECONDS = 24 * 3600.0  # a timeout: a day
+MOST_ROUNDS = 1_000  # timing rounds, relinks of a build
+MOST_PER_STEP = 10_000  # modules, perturbations or compiles in one step of a trainer
+MOST_UNITS = 4_096  # a network's or an embedding's width
+# Local worker processes per core: more only wait on each other and take memory each.
+WORKERS_PER_CORE = 4
 
 
 def _in_range(value: float, low: float, high: float, low_too: bool) -> float:
@@ -34,21 +45,29 @@ def non_negative(value: float) -> float:
     return _in_range(value, 0, LARGEST, low_too=True)
 
 
-def positive_up_to(high: float) -> Callable[[float], float]:
-    """`positive`, for an option with a bound of its own below LARGEST (a value past it would
-    run for days, not fail)."""
+def positive_up_to(high: float, zero: bool = False) -> Callable[[float], float]:
+    """`positive` (or with ZERO, `non_negative`), for an option with a bound of its own below
+    LARGEST (a value past it would run for days, not fail)."""
 
     def check(value: float) -> float:
-        return _in_range(value, 0, high, low_too=False)
+        return _in_range(value, 0, high, low_too=zero)
 
     return check
 
 
 def workers_spec(value: str) -> str:
+    """--workers as `parse_workers` reads it, and a process count at most WORKERS_PER_CORE
+    per core: `--workers 100000` started an interpreter per module."""
     try:
-        parse_workers(value)
+        kind, processes = parse_workers(value)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
+    cores = os.cpu_count() or 1
+    if kind == "local" and isinstance(processes, int) and processes > WORKERS_PER_CORE * cores:
+        raise typer.BadParameter(
+            f"{processes} processes: at most {WORKERS_PER_CORE * cores} "
+            f"({WORKERS_PER_CORE} per core, {cores} here)"
+        )
     return value
 
 

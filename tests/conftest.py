@@ -48,6 +48,7 @@ FILE_MARKS = {
     "test_bad_corpus.py": ("security",),
     "test_killed_runs.py": ("security",),
     "test_bounded_waits.py": ("security",),
+    "test_run_trust.py": ("security",),
     "test_service.py": ("toolchain",),
     "test_guard.py": ("toolchain",),
     "test_aot.py": ("toolchain",),

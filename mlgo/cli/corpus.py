@@ -9,8 +9,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from mlgo.cli.options import ClangOpt, WorkersOpt, console, err, kib, lto_mode
+from mlgo.cli.options import ClangOpt, WorkersOpt, console, err, kib, lto_mode, own_output
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
+from mlgo.options import MOST_STEPS, MOST_UNITS
 from mlgo.options import opt_level as level_check
 from mlgo.problems import LTO_STAGES
 from mlgo.runtime.commands import BuildError
@@ -60,7 +61,9 @@ def corpus_build(
             help="every package of this split in corpus/splits.toml: train, validation or test"
         ),
     ] = None,
-    out: Annotated[Path, typer.Option(help="corpus directory")] = Path("data/corpus"),
+    out: Annotated[Path, typer.Option(help="corpus directory", callback=own_output)] = Path(
+        "data/corpus"
+    ),
     work: Annotated[
         Path,
         typer.Option(help="where sources are unpacked and built; finished packages are reused"),
@@ -169,8 +172,8 @@ def print_stats(corpus: Path, tc: Toolchain, workers: str) -> None:
 def corpus_vocabulary(
     corpus: Annotated[Path, typer.Argument(help="corpus directory (its bitcode)")],
     out: Annotated[Path, typer.Option(help="vocabulary JSON to write")],
-    dim: Annotated[int, typer.Option(min=2, help="vector length")] = 16,
-    steps: Annotated[int, typer.Option(min=1, help="TransE training steps")] = 4000,
+    dim: Annotated[int, typer.Option(min=2, max=MOST_UNITS, help="vector length")] = 16,
+    steps: Annotated[int, typer.Option(min=1, max=MOST_STEPS, help="TransE training steps")] = 4000,
     clang: ClangOpt = None,
 ) -> None:
     """Train an IR2Vec vocabulary on the corpus's IR (TransE over llvm-ir2vec's triplets),
@@ -193,7 +196,10 @@ def corpus_vocabulary(
 
 @app.command("record", context_settings={"allow_interspersed_args": False}, no_args_is_help=True)
 def corpus_record(
-    out: Annotated[Path, typer.Option(help="corpus directory (a corpus there is replaced)")],
+    out: Annotated[
+        Path,
+        typer.Option(help="corpus directory (a corpus there is replaced)", callback=own_output),
+    ],
     build: Annotated[
         list[str] | None,
         typer.Argument(

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mlgo.cli.options import PolicyOpt, console, err
+from mlgo.cli.options import PolicyOpt, console, err, own_output
 
 app = typer.Typer(
     help="Inlining decisions as data: what a decisions directory holds, what changed, "
@@ -66,7 +66,9 @@ def check(
 @app.command()
 def record(
     policy: PolicyOpt,
-    out: Annotated[Path, typer.Option(help="the decisions directory to write")],
+    out: Annotated[
+        Path, typer.Option(help="the decisions directory to write", callback=own_output)
+    ],
     build: Annotated[list[str], typer.Argument(help="after --, your build command (clean)")],
     root: Annotated[Path, typer.Option(help="the project's root: where the build runs")] = Path(),
 ) -> None:

@@ -13,6 +13,7 @@ from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.data import default_policies
 from mlgo.options import workers_spec
 from mlgo.problems import LTO_STAGES, Problem
+from mlgo.runtime.trust import output_dir_checked
 from mlgo.runtime.workers import WORKERS_HELP
 
 console = Console(soft_wrap=True)  # a path or a count never breaks a line
@@ -31,6 +32,13 @@ DEFAULT_POLICIES = default_policies()  # wherever mlgo is run from
 SocketOpt = Annotated[
     Path | None, typer.Option(help="service socket (default: $MLGO_SOCKET or the runtime dir)")
 ]
+
+
+def own_output(path: Path | None) -> Path | None:
+    """--out's check, before anything runs: a directory of this user's that no one else
+    may write (or, not there yet, a place so), since a command resumes from what it finds
+    there and runs what it built there (`output_dir_checked`)."""
+    return None if path is None else output_dir_checked(path)
 
 
 def selected(corpus: Path, packages: str, problem: Problem) -> Corpus:

@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console, lto_mode
+from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console, lto_mode, own_output
 from mlgo.llvm.toolchain import find_toolchain
-from mlgo.options import positive, positive_up_to
+from mlgo.options import MOST_MINUTES, MOST_ROUNDS, MOST_SECONDS, MOST_STEPS, positive_up_to
 from mlgo.packages.recipes import BENCH_TIMEOUT_S
 from mlgo.programs.demo import DEMO_PACKAGE, DemoOptions
 from mlgo.programs.layouts import LAYOUTS
@@ -20,7 +20,10 @@ BENCH_ROUNDS = 5  # mlgo build: a modest default, a few seconds per package
 # mlgo tune: a sample of --bench longer than this would make its rounds take days
 MOST_BENCH_SECONDS = 600.0
 TrainStepsOpt = Annotated[
-    int, typer.Option(help="stop training after this many iterations; 0: the minutes", min=0)
+    int,
+    typer.Option(
+        help="stop training after this many iterations; 0: the minutes", min=0, max=MOST_STEPS
+    ),
 ]
 LayoutsOpt = Annotated[
     int,
@@ -29,6 +32,7 @@ LayoutsOpt = Annotated[
         "shuffled (lld --shuffle-sections); a speed tune keeps only what is faster over "
         "them; 0: as built only",
         min=0,
+        max=MOST_ROUNDS,
     ),
 ]
 PGORowOpt = Annotated[
@@ -43,9 +47,9 @@ PGORowOpt = Annotated[
 def build(
     packages: Annotated[list[str], typer.Argument(help="recipes, e.g. lua sqlite3 zstd")],
     policy: PoliciesOpt = DEFAULT_POLICIES,
-    out: Annotated[Path, typer.Option(help="where sources, builds and build.json go")] = Path(
-        "data/programs"
-    ),
+    out: Annotated[
+        Path, typer.Option(help="where sources, builds and build.json go", callback=own_output)
+    ] = Path("data/programs"),
     tests: Annotated[bool, typer.Option(help="run each package's own tests on both")] = True,
     backend: Annotated[
         str, typer.Option(help="service backend: auto, plugin, native or python")
@@ -55,7 +59,12 @@ def build(
         typer.Option(help="MLGO_GUARD=size: per file, the smaller of the policy's and -Oz's"),
     ] = False,
     bench_rounds: Annotated[
-        int, typer.Option(help="paired rounds of each recipe's workload; 0: not measured", min=0)
+        int,
+        typer.Option(
+            help="paired rounds of each recipe's workload; 0: not measured",
+            min=0,
+            max=MOST_ROUNDS,
+        ),
     ] = BENCH_ROUNDS,
     layouts: LayoutsOpt = LAYOUTS,
     lto: Annotated[
@@ -95,19 +104,23 @@ def build(
 
 
 def demo(
-    out: Annotated[Path, typer.Option(help="where the source, corpus, policy, builds go")] = (
-        Path("data/demo")
-    ),
+    out: Annotated[
+        Path, typer.Option(help="where the source, corpus, policy, builds go", callback=own_output)
+    ] = (Path("data/demo")),
     package: Annotated[str, typer.Option(help="recipe to build")] = DEMO_PACKAGE,
     lto: Annotated[
         bool, typer.Option(help="tune the full-LTO link's inliner (-flto, lld)")
     ] = DemoOptions.lto,
     minutes: Annotated[
-        float, typer.Option(help="minutes of training from the shipped policy", callback=positive)
+        float,
+        typer.Option(
+            help="minutes of training from the shipped policy",
+            callback=positive_up_to(MOST_MINUTES),
+        ),
     ] = DemoOptions.minutes,
     train_steps: TrainStepsOpt = DemoOptions.train_steps,
     bench_rounds: Annotated[
-        int, typer.Option(help="paired rounds of the recipe's workload", min=1)
+        int, typer.Option(help="paired rounds of the recipe's workload", min=1, max=MOST_ROUNDS)
     ] = DemoOptions.bench_rounds,
     clang: ClangOpt = None,
 ) -> None:
@@ -131,7 +144,9 @@ def demo(
 def tune(
     source: Annotated[Path, typer.Option(help="your project's source directory")],
     build: Annotated[list[str], typer.Option(help="build shell line, e.g. 'make -j2'; repeatable")],
-    out: Annotated[Path, typer.Option(help="where everything goes; rerun to resume")],
+    out: Annotated[
+        Path, typer.Option(help="where everything goes; rerun to resume", callback=own_output)
+    ],
     configure: Annotated[
         list[str] | None, typer.Option(help="shell line run before --build; repeatable")
     ] = None,
@@ -142,7 +157,7 @@ def tune(
         str | None, typer.Option(help="workload shell line; its output must match on both")
     ] = None,
     bench_rounds: Annotated[
-        int, typer.Option(help="paired rounds of --bench", min=1)
+        int, typer.Option(help="paired rounds of --bench", min=1, max=MOST_ROUNDS)
     ] = TuneOptions.bench_rounds,
     bench_seconds: Annotated[
         float,
@@ -155,7 +170,8 @@ def tune(
     bench_timeout: Annotated[
         float,
         typer.Option(
-            help="seconds one run of --bench may take; past them it is killed", callback=positive
+            help="seconds one run of --bench may take; past them it is killed",
+            callback=positive_up_to(MOST_SECONDS),
         ),
     ] = BENCH_TIMEOUT_S,
     layouts: LayoutsOpt = LAYOUTS,
@@ -164,7 +180,7 @@ def tune(
         typer.Option(
             help="minutes of training, and of judging where a workload judges",
             min=0.01,
-            callback=positive,
+            callback=positive_up_to(MOST_MINUTES),
         ),
     ] = 10.0,
     train_steps: TrainStepsOpt = TuneOptions.train_steps,

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from mlgo.cli.options import DEFAULT_POLICIES, PoliciesOpt, SocketOpt, console, err
 from mlgo.errors import UsageError
-from mlgo.options import non_negative, positive
+from mlgo.options import MOST_SECONDS, non_negative, positive_up_to
 
 
 def serve(
@@ -73,7 +73,10 @@ def channel(
     ),
     socket: SocketOpt = None,
     ttl: Annotated[
-        float, typer.Option(help="seconds the channel waits for its compiler", callback=positive)
+        float,
+        typer.Option(
+            help="seconds the channel waits for its compiler", callback=positive_up_to(MOST_SECONDS)
+        ),
     ] = 600,
 ) -> None:
     """Print a channel base for one compilation run by hand (-mllvm -...-channel-base=);

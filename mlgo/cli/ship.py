@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from mlgo.cli.options import PolicyOpt, console
+from mlgo.cli.options import PolicyOpt, console, own_output
 
 
 def export(
     policy: PolicyOpt,
-    out: Annotated[Path, typer.Option(help="where the shipped policy goes")],
+    out: Annotated[Path, typer.Option(help="where the shipped policy goes", callback=own_output)],
     aot: Annotated[
         bool,
         typer.Option(

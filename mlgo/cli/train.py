@@ -20,11 +20,12 @@ from mlgo.cli.options import (
     WorkersOpt,
     console,
     err,
+    own_output,
     selected,
 )
 from mlgo.errors import UsageError
 from mlgo.llvm.toolchain import find_toolchain
-from mlgo.options import non_negative, positive
+from mlgo.options import MOST_MINUTES, MOST_SECONDS, MOST_STEPS, positive_up_to
 from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.workers import make_workers
@@ -36,10 +37,14 @@ if TYPE_CHECKING:
 def collect(
     problem: Annotated[str, typer.Option(help="inlining-size or regalloc-eviction")],
     corpus: Annotated[Path, typer.Option(help="corpus directory")],
-    out: Annotated[Path, typer.Option(help="trace directory (resumed if it exists)")],
+    out: Annotated[
+        Path, typer.Option(help="trace directory (resumed if it exists)", callback=own_output)
+    ],
     packages: PackagesOpt = "",
     workers: WorkersOpt = "local",
-    timeout: Annotated[float, typer.Option(help="seconds per module", callback=positive)] = 600.0,
+    timeout: Annotated[
+        float, typer.Option(help="seconds per module", callback=positive_up_to(MOST_SECONDS))
+    ] = 600.0,
     clang: ClangOpt = None,
 ) -> None:
     """Compile every module with the default heuristic and record its decisions."""
@@ -61,7 +66,9 @@ def collect(
 
 def train(
     corpus: Annotated[Path, typer.Option(help="training corpus (held-out packages not in it)")],
-    out: Annotated[Path, typer.Option(help="run directory; an existing run resumes")],
+    out: Annotated[
+        Path, typer.Option(help="run directory; an existing run resumes", callback=own_output)
+    ],
     algo: str = "bc",  # its help names the registered trainers (`train_command`)
     problem: Annotated[str, typer.Option(help="the decision to learn")] = "inlining-size",
     init: Annotated[
@@ -74,6 +81,7 @@ def train(
             help="the trainer's steps (bc: epochs, bcmax: iterations); 0: its own number, or "
             "with --minutes as many as the time allows",
             min=0,
+            max=MOST_STEPS,
         ),
     ] = 0,
     minutes: Annotated[
@@ -82,7 +90,7 @@ def train(
             help="a search's budget: stop between steps after this much training, over all "
             "resumes (0: no limit), or before a BC-Max search that would end past it; the "
             "best policy so far is kept",
-            callback=non_negative,
+            callback=positive_up_to(MOST_MINUTES, zero=True),
         ),
     ] = 0.0,
     workers: WorkersOpt = "local",
@@ -135,7 +143,9 @@ def train_command() -> Callable[..., None]:
             o.name,
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
             default=o.default,
-            annotation=Annotated[o.type, typer.Option(help=o.help, min=o.min, callback=o.check)],
+            annotation=Annotated[
+                o.type, typer.Option(help=o.help, min=o.min, max=o.max, callback=o.check)
+            ],
         )
         for o in options().values()
     ]
@@ -151,7 +161,9 @@ def train_command() -> Callable[..., None]:
 def eval_cmd(
     policy: PolicyOpt,
     corpus: Annotated[Path, typer.Option(help="corpus to compile, e.g. held-out packages")],
-    out: Annotated[Path | None, typer.Option(help="where eval.json goes")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="where eval.json goes", callback=own_output)
+    ] = None,
     packages: PackagesOpt = "",
     allow_failures: Annotated[
         bool, typer.Option(help="exit 0 even when some modules failed to compile")
@@ -215,7 +227,9 @@ def _eval_table(ev: Evaluation, title: str, counted: str) -> Table:
 def calibrate(
     policy: PolicyOpt,
     corpus: Annotated[Path, typer.Option(help="validation corpus: packages it did not train on")],
-    out: Annotated[Path, typer.Option(help="where the calibrated policy goes")],
+    out: Annotated[
+        Path, typer.Option(help="where the calibrated policy goes", callback=own_output)
+    ],
     packages: PackagesOpt = "",
     guard: Annotated[
         bool,

@@ -30,6 +30,7 @@ from mlgo.programs.measure import children_cpu
 from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import atomic_directory
 from mlgo.runtime.messages import copy_error
+from mlgo.runtime.trust import UntrustedPathError
 from mlgo.serve.client import ServiceError, launch_service
 
 
@@ -82,7 +83,11 @@ class ProgramBuild:
 
 def scratch_copy(pristine: Path, scratch: Path) -> None:
     """PRISTINE copied to SCRATCH, for a build of its own, after whatever an earlier one
-    left in SCRATCH's parent is gone; a failed copy names every file that failed."""
+    left in SCRATCH's parent is gone; a failed copy names every file that failed. A link in
+    SCRATCH's place or its parent's is refused: what is removed and written is mlgo's own."""
+    for path in (scratch.parent, scratch):
+        if path.is_symlink():
+            raise UntrustedPathError(f"{path} is a symbolic link where a scratch tree goes")
     shutil.rmtree(scratch.parent, ignore_errors=True)
     try:
         shutil.copytree(pristine, scratch, symlinks=True)

@@ -13,10 +13,8 @@ from __future__ import annotations
 import os
 import re
 import resource
-import select
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import tempfile
@@ -29,7 +27,7 @@ from typing import Any, NamedTuple
 
 from mlgo.llvm.block_costs import CALLGRIND_OPTIONS, executions
 from mlgo.packages.recipes import BENCH_TIMEOUT_S, NOTHING_VOLATILE, Recipe
-from mlgo.runtime.commands import BuildError, run_logged
+from mlgo.runtime.commands import BuildError, run_grouped, run_logged
 
 CLOCKS = ("wall", "cpu")
 
@@ -54,26 +52,16 @@ CALLGRIND_SLOWDOWN = 100
 def run_bounded(
     argv: Sequence[str], tree: Path, timeout_s: float, command: Sequence[str], **popen: Any
 ) -> tuple[int, resource.struct_rusage]:
-    """ARGV, which runs the workload's COMMAND, run in TREE in a process group of its own:
-    its exit code and rusage (as `wait4` reaps it). Past TIMEOUT_S, or if this process is
-    interrupted, the whole group is killed (a shell's children too, which would otherwise
-    run on, and hold a pipe open); a timeout is a BuildError naming COMMAND."""
-    proc = subprocess.Popen(argv, cwd=tree, stdin=subprocess.DEVNULL, process_group=0, **popen)
-    pidfd, finished = os.pidfd_open(proc.pid), False
-    try:
-        finished = bool(select.select([pidfd], [], [], timeout_s)[0])
-    finally:
-        os.close(pidfd)
-        if not finished:  # its leader is not reaped yet, so the group's id is still its own
-            os.killpg(proc.pid, signal.SIGKILL)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    if not finished:
+    """ARGV, which runs the workload's COMMAND, run in TREE in a process group of its own
+    (`run_grouped`: the group is killed once it ends, however it ends): its exit code and
+    rusage. Past TIMEOUT_S it is a BuildError naming COMMAND."""
+    returncode, usage = run_grouped(argv, tree, timeout_s, **popen)
+    if returncode is None:
         raise BuildError(
             f"the workload `{shlex.join(command)}` did not finish in {timeout_s:g} s in {tree}; "
             "its processes were killed"
         )
-    return proc.returncode, usage
+    return returncode, usage
 
 
 def children_cpu() -> float:

@@ -69,6 +69,7 @@ from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_directory, atomic_write_text
 from mlgo.runtime.inputs import read_json
 from mlgo.runtime.messages import naming
+from mlgo.runtime.trust import no_links_in, output_dir_checked
 from mlgo.runtime.workers import make_workers
 from mlgo.train.stages import Stages
 
@@ -197,8 +198,9 @@ def snapshot(source: Path, out: Path, say: Callable[[str], None] = print) -> Pat
 
 
 def scratch_tree(recipe: Recipe, out: Path) -> Path:
-    """Where the recorded build is made, and rehearsed."""
-    return (out / "record" / recipe.name).resolve()
+    """Where the recorded build is made, and rehearsed (OUT resolved, what is in it not:
+    `scratch_copy` refuses a link there)."""
+    return out.resolve() / "record" / recipe.name
 
 
 def record_corpus(
@@ -287,8 +289,13 @@ def tune(
     if given is not None:
         load_start(given, problem, "--policy")  # one training may start from
     start = (given or out / "start" / "policy").resolve()  # else cloned once traced
+    mode = {"refresh"}  # how this run goes, not what any result depends on
     args = {
-        **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()},
+        **{
+            k: str(v) if isinstance(v, Path) else v
+            for k, v in asdict(opts).items()
+            if k not in mode
+        },
         "policy": str(start),
         "source": str(source.resolve()),
         "configure": list(recipe.configure),
@@ -298,6 +305,8 @@ def tune(
         "clang": tc.describe(),
         "profiled_by": list(recipe.bench) if opts.pgo else [],  # the profile's workload
     }
+    output_dir_checked(out, create=True)  # resumed from, and its builds run: ours alone
+    no_links_in(out)
     stages = Stages.logged(out, STAGES, args, say, REFRESHED if opts.refresh else ())
     if opts.refresh and not stages.done("train"):  # a new snapshot, the policy as trained
         raise UsageError(f"--refresh: {out} holds no finished training; tune without it")
@@ -399,4 +408,6 @@ def tune(
             report["hot"] = hot_departures(profile, decisions, tc)
         write_report(report, out)
     stages.finish("report")
+    if opts.refresh:
+        stages.keep_arguments()
     return report

@@ -1,13 +1,21 @@
 """A build's commands, run with their output appended to its log: what `mlgo corpus build`,
 `mlgo corpus record` and the throughput measurements share, so that a failing step is one
-line naming the log, wherever it ran.
+line naming the log, wherever it ran. Each runs in a process group of its own, killed
+whole once it ends: a user's shell line that leaves children in the background
+(`server & ./tests`) leaves none running after mlgo.
 """
 
 from __future__ import annotations
 
+import os
+import resource
+import select
 import shlex
+import signal
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from mlgo.errors import MlgoError
 from mlgo.runtime.messages import error_line, writing
@@ -34,19 +42,35 @@ def run_logged(
             f.write(f"\n$ {cmd if isinstance(cmd, str) else shlex.join(cmd)}\n")
             f.flush()
         start = f.tell()
-        try:
-            proc = subprocess.run(
-                cmd,
-                cwd=cwd,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                env=env,
-                shell=isinstance(cmd, str),
-                timeout=timeout_s,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired as e:
-            raise BuildError(f"{what or cmd} timed out after {timeout_s:g} s (log: {log})") from e
-    if proc.returncode != 0:
+        returncode, _ = run_grouped(
+            cmd, cwd, timeout_s, stdout=f, stderr=subprocess.STDOUT, env=env
+        )
+        if returncode is None:
+            raise BuildError(f"{what or cmd} timed out after {timeout_s:g} s (log: {log})")
+    if returncode != 0:
         output = log.read_bytes()[start:].decode(errors="replace")
         raise BuildError(f"{what or cmd} failed ({error_line(output, 200)}; log: {log})")
+
+
+def run_grouped(
+    cmd: Sequence[str] | str, cwd: Path, timeout_s: float | None, **popen: Any
+) -> tuple[int | None, resource.struct_rusage]:
+    """CMD (a shell line if a string) run in CWD in a process group of its own, waited on
+    for at most TIMEOUT_S (None: no limit): its exit code (None past the timeout) and rusage
+    (as `wait4` reaps it). However it ends, by exit, timeout or an exception in this process
+    (Ctrl-C, SIGTERM's SystemExit), the whole group is killed: children it left running in
+    the background, or that hold a pipe open, go with it."""
+    shell = isinstance(cmd, str)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, stdin=subprocess.DEVNULL, process_group=0, shell=shell, **popen
+    )
+    pidfd, finished = os.pidfd_open(proc.pid), False
+    try:
+        finished = bool(select.select([pidfd], [], [], timeout_s)[0])
+    finally:
+        os.close(pidfd)
+        # Its leader is not reaped yet (at most a zombie), so the group's id is still its own.
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return (proc.returncode if finished else None), usage

@@ -16,6 +16,8 @@ from typing import BinaryIO
 
 from mlgo.runtime.messages import copy_error, names_no_file, reworded
 from mlgo.runtime.trust import (
+    UntrustedPathError,
+    output_dir_checked,
     path_problem,
     private_dir,
     private_temp_dir,
@@ -149,6 +151,8 @@ def atomic_directory(target: str | Path, replace: bool = True) -> Iterator[Path]
         try:
             _chmod_as_created(staging, 0o777)
             yield staging
+            if target.is_symlink():  # rmtree would not remove it, rename not replace it
+                raise UntrustedPathError(f"{target} is a symbolic link where a directory goes")
             if replace:
                 shutil.rmtree(target, ignore_errors=True)
             try:
@@ -193,7 +197,7 @@ def output_dir(path: Path) -> Iterator[Path]:
     later run or the loader would trip on, while any file written (real progress, which
     a rerun resumes) stays."""
     existed = path.exists()
-    path.mkdir(parents=True, exist_ok=True)
+    output_dir_checked(path, create=True)
     try:
         yield path
     except BaseException:

@@ -100,30 +100,55 @@ def read_arrays(
     writes them), of a floating-point type, each refused before its data is read if with
     those before it it would make more than MAX_VALUES numbers: an array's header declares
     its shape, and a small compressed archive can declare gigabytes."""
+    arrays = _read_archive(path, max_values, error, "f", positional=True)
+    return list(arrays.values())
+
+
+def read_named_arrays(
+    path: Path, max_values: int, error: type[MlgoError] = UsageError
+) -> dict[str, np.ndarray]:
+    """The arrays of the .npz archive at PATH by name (as `np.savez(f, **arrays)` writes
+    them): numbers, booleans or text (a character counts as a number), bounded as
+    `read_arrays` bounds them; never objects, which only pickle could read."""
+    return _read_archive(path, max_values, error, "fiubU", positional=False)
+
+
+def _read_archive(
+    path: Path, max_values: int, error: type[MlgoError], kinds: str, positional: bool
+) -> dict[str, np.ndarray]:
+    """The arrays of the .npz archive at PATH by name (without `.npy`), each of a dtype kind
+    in KINDS, refused as `read_arrays` says; with POSITIONAL, only arr_0, arr_1, ..."""
     try:
         with _open_regular(path, error) as f, zipfile.ZipFile(f) as z:
             names = z.namelist()
-            if names != [f"arr_{i}.npy" for i in range(len(names))]:
+            if positional and names != [f"arr_{i}.npy" for i in range(len(names))]:
                 raise error(f"{path}: holds {', '.join(names[:3])}, not arrays arr_0, arr_1, ...")
-            arrays, total = [], 0
+            if not all(n.endswith(".npy") for n in names):
+                raise error(f"{path}: holds {', '.join(names[:3])}, not only .npy arrays")
+            arrays, total = {}, 0
             for name in names:
                 with z.open(name) as member:
                     shape, dtype = _npy_header(member)
-                if not np.issubdtype(dtype, np.floating):
-                    raise error(f"{path}: {name} holds {dtype}, not floating-point numbers")
-                total += math.prod(shape)
+                if dtype.kind not in kinds:
+                    raise error(f"{path}: {name} holds {dtype}, not {_KINDS[kinds]}")
+                total += math.prod(shape) * (dtype.itemsize // 4 if dtype.kind == "U" else 1)
                 if total > max_values:
                     raise error(
                         f"{path}: its arrays hold {total:,} numbers or more; at most "
                         f"{max_values:,} are allowed"
                     )
                 with z.open(name) as member:
-                    arrays.append(np.lib.format.read_array(member, allow_pickle=False))
+                    arrays[name.removesuffix(".npy")] = np.lib.format.read_array(
+                        member, allow_pickle=False
+                    )
             return arrays
     except MlgoError:
         raise
     except (ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError) as e:
         raise error(f"{path}: not an array archive ({type(e).__name__}: {e})") from e
+
+
+_KINDS = {"f": "floating-point numbers", "fiubU": "numbers, booleans or text"}
 
 
 def _npy_header(member: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:

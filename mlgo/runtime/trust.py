@@ -89,6 +89,51 @@ def trusted_dir(path: Path, what: str, way_out: str) -> Path:
     return check_trusted(path, what, way_out)
 
 
+OUTPUT_WAY_OUT = "choose a directory of yours that no one else may write"
+
+
+def output_dir_checked(path: Path, create: bool = False) -> Path:
+    """PATH as the output directory of a command that resumes from what it finds there, or
+    runs what it built there: refused in one line unless it is a directory of this user's,
+    on a path of this user's or root's, that no one else may write (as the cache is); if
+    it does not exist yet, the directory above it must be so. With CREATE it is made
+    (with its missing parents, never writable by others), then checked: a directory that
+    another user made meanwhile, in a sticky one such as /tmp, is theirs and refused."""
+    if problem := foreign_link(path):
+        raise UntrustedPathError(f"refusing the output directory {path}: {problem}")
+    if create:
+        missing = [p for p in (path, *path.parents) if not os.path.lexists(p)]
+        for p in reversed(missing):
+            try:
+                p.mkdir(mode=0o755)
+            except FileExistsError:
+                pass  # made meanwhile, by whoever: checked below
+            except OSError as e:
+                raise UntrustedPathError(
+                    f"cannot create the output directory {p}: {e.strerror}"
+                ) from e
+    existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
+    if existing == path and not path.is_dir():
+        raise UntrustedPathError(f"refusing the output directory {path}: not a directory")
+    if problem := path_problem(existing, own=existing == path):
+        raise UntrustedPathError(
+            f"refusing the output directory {path}: {problem}; {OUTPUT_WAY_OUT}"
+        )
+    return path
+
+
+def no_links_in(root: Path) -> None:
+    """None of ROOT's entries is a symbolic link: where mlgo keeps a directory of its own
+    (a scratch tree it removes, decisions whose wrappers it runs) a link would point its
+    removals and writes at any directory. One line naming the first, else nothing."""
+    for entry in sorted(root.iterdir()) if root.is_dir() else ():
+        if entry.is_symlink():
+            raise UntrustedPathError(
+                f"{entry} is a symbolic link (to {os.readlink(entry)}) where mlgo keeps an "
+                "entry of its own; remove it, or choose another output directory"
+            )
+
+
 _resolved: dict[str, Path] = {}  # resolved_dir's, per given path: once per process
 
 

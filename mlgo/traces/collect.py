@@ -17,6 +17,7 @@ from mlgo.llvm.toolchain import Toolchain, probe
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.records import ModuleRun
+from mlgo.runtime.trust import output_dir_checked
 from mlgo.runtime.workers import Failed, Workers
 from mlgo.traces.format import Manifest, TraceError, trace_file, write_module_trace
 
@@ -66,7 +67,7 @@ def collect(
     to AT_BASE's base (a policy that never departs: `MLPPolicy.base`), where a tune clones
     clang's own at another inline threshold."""
     probe(tc, problem)
-    out.mkdir(parents=True, exist_ok=True)
+    output_dir_checked(out, create=True)  # resumed from: this user's alone
     for stale in out.rglob(".*.tmp"):  # left by a collection that was killed mid-write
         stale.unlink()
     manifest = _open_manifest(out, problem, tc, corpus)

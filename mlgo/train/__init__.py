@@ -20,8 +20,15 @@ import numpy as np
 from mlgo.errors import UsageError
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.files import atomic_path, atomic_write_text
-from mlgo.runtime.inputs import read_json
+from mlgo.runtime.inputs import read_json, read_named_arrays
 from mlgo.runtime.tfutil import import_tf
+
+# No checkpoint holds more numbers than this (1 GiB of float64), whatever its run's size: a
+# run's own bound (`Session`'s, BC's) is lower still.
+MAX_CHECKPOINT_NUMBERS = 1 << 27
+# The copies of its weights a checkpoint holds (besides BC-Max's one per module): the best,
+# the current, and Adam's two moments.
+CHECKPOINT_COPIES = 4
 
 
 @dataclass
@@ -65,17 +72,25 @@ class RunDir:
     def traces_dir(self) -> Path:
         return self.root / "traces"
 
-    def load_state(self) -> tuple[RunState, dict[str, np.ndarray]] | None:
-        """The last checkpoint, or None for a fresh run."""
+    def load_state(
+        self, max_values: int = MAX_CHECKPOINT_NUMBERS
+    ) -> tuple[RunState, dict[str, np.ndarray]] | None:
+        """The last checkpoint, or None for a fresh run. Its arrays are read only if they
+        hold at most MAX_VALUES numbers (what this run can have saved): anything else in
+        the run directory, a FIFO, a file that is not an archive or one whose headers ask
+        for gigabytes, is one line naming it."""
         state_path, ckpt = self.root / "state.json", self.root / "checkpoint.npz"
         if not (state_path.exists() and ckpt.exists()):
             return None
         d = read_json(state_path)
-        if d.get("algo") != self.algo:
-            raise UsageError(f"{self.root} holds a {d.get('algo')} run, not {self.algo}")
-        with np.load(ckpt) as z:
-            arrays = {k: z[k] for k in z.files}
-        return RunState(**d), arrays
+        if not isinstance(d, dict) or d.get("algo") != self.algo:
+            algo = d.get("algo") if isinstance(d, dict) else None
+            raise UsageError(f"{self.root} holds a {algo} run, not {self.algo}")
+        try:
+            state = RunState(**d)
+        except TypeError as e:
+            raise UsageError(f"{state_path}: not a run's state ({e})") from e
+        return state, read_named_arrays(ckpt, min(max_values, MAX_CHECKPOINT_NUMBERS))
 
     def save_state(self, state: RunState, arrays: dict[str, np.ndarray]) -> None:
         """Checkpoint first, then state: a kill between the two replays one step at most."""

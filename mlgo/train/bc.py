@@ -24,7 +24,7 @@ from mlgo.problems.policy import MLPPolicy, policy_class
 from mlgo.problems.policy_files import save_policy
 from mlgo.records import Decisions
 from mlgo.runtime.workers import Workers
-from mlgo.train import Adam, Outcome, RunDir, RunState
+from mlgo.train import CHECKPOINT_COPIES, Adam, Outcome, RunDir, RunState
 from mlgo.train.options import option
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def train_bc(
         policy, (x, weight, offset) = init, init.cloning_inputs(data)
     adam = Adam(policy.flat().size, lr)
     state = RunState("bc")
-    if (saved := run.load_state()) is not None:
+    if (saved := run.load_state(CHECKPOINT_COPIES * policy.flat().size)) is not None:
         state, arrays = saved
         policy = policy.with_flat(arrays["theta"])
         adam.restore(arrays)

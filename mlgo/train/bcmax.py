@@ -49,7 +49,7 @@ from mlgo.corpus.format import Module
 from mlgo.corpus.stats import corpus_stats
 from mlgo.errors import UsageError
 from mlgo.llvm.log_format import Observation
-from mlgo.options import positive
+from mlgo.options import MOST_PER_STEP, MOST_STEPS, positive
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy, policy_class
 from mlgo.problems.profile_inputs import feature_column
@@ -323,11 +323,13 @@ def search_module(task: SearchTask) -> SearchResult:
 class BCMaxConfig:
     steps: int = 3  # iterations: search every pool module, then clone
     search_budget: int = field(
-        default=24, metadata=option("compiles per module per iteration's search", min=2)
+        default=24,
+        metadata=option("compiles per module per iteration's search", min=2, max=MOST_PER_STEP),
     )
     temperature: float = 1.0  # of the trajectories sampled from the policy
     clone_epochs: int = field(
-        default=10, metadata=option("behavioral cloning epochs per iteration", min=1)
+        default=10,
+        metadata=option("behavioral cloning epochs per iteration", min=1, max=MOST_STEPS),
     )
     clone_lr: float = field(
         default=1e-3, metadata=option("behavioral cloning step size", check=positive)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mlgo.options import non_negative, positive
+from mlgo.options import MOST_PER_STEP, non_negative, positive
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.train import Adam
@@ -29,8 +29,12 @@ from mlgo.train.rollouts import scored_pool
 @dataclass(frozen=True)
 class ESConfig:
     steps: int = 40
-    directions: int = field(default=8, metadata=option("perturbations per step", min=1))
-    batch: int = field(default=24, metadata=option("modules compiled per step", min=1))
+    directions: int = field(
+        default=8, metadata=option("perturbations per step", min=1, max=MOST_PER_STEP)
+    )
+    batch: int = field(
+        default=24, metadata=option("modules compiled per step", min=1, max=MOST_PER_STEP)
+    )
     sigma: float = field(
         default=0.05, metadata=option("perturbation scale of the weights", check=positive)
     )

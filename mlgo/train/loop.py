@@ -15,6 +15,7 @@ module of its own, registered in mlgo.train.registry.
 from __future__ import annotations
 
 import math
+import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
@@ -32,7 +33,7 @@ from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import save_policy
 from mlgo.runtime.workers import Workers
-from mlgo.train import Outcome, RunDir, RunState
+from mlgo.train import CHECKPOINT_COPIES, Outcome, RunDir, RunState
 
 # A step goes on with the candidates that compiled (ES's antithetic pairs, the modules of a
 # batch, a search or a scoring) while at least this share of them did, as ml-compiler-opt's
@@ -267,7 +268,8 @@ class Session:
         """The trainer set up, from the checkpoint if the run directory holds one. The
         config is this invocation's: the rest of the run follows it."""
         trainer, init = self.trainer, self.init
-        saved = self.run_dir.load_state() if trainer.resumable(self.run_dir.root) else None
+        resumes = trainer.resumable(self.run_dir.root)
+        saved = self.run_dir.load_state(self._checkpoint_bound()) if resumes else None
         arrays = None
         if saved is not None:
             self.state, arrays = saved
@@ -279,6 +281,16 @@ class Session:
             save_policy(init, self.run_dir.policy_dir)
         if init_reward is not None:
             self._keep(Candidate(init, init_reward))
+
+    def _checkpoint_bound(self) -> int:
+        """The most numbers a checkpoint of this run can hold: the policy's weights a few
+        times over (the best, the current, Adam's moments) and once per module (BC-Max's
+        kept answerers), and per decision a trajectory's features, answer and record, a
+        module holding at most one decision per byte of its bitcode."""
+        weights, features = self.init.flat().size, self.init.normalizer.width
+        modules = self.corpus.modules
+        decisions = sum(_size(m.bitcode) for m in modules)
+        return (CHECKPOINT_COPIES + len(modules)) * weights + decisions * (features + 64)
 
     def _keep(self, candidate: Candidate) -> None:
         """CANDIDATE as the best policy if it is better, saved at once. The first a run
@@ -333,3 +345,11 @@ class Session:
         if best == -math.inf:  # every step so far skipped, and the start not scored
             return f"{self.trainer.title} (nothing scored yet)"
         return f"{self.trainer.title} (best so far: {label} {-best:+.2%} against the default)"
+
+
+def _size(path: Path) -> int:
+    """PATH's size in bytes; 0 if it cannot be read (its compile will say why)."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0

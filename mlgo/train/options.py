@@ -23,14 +23,19 @@ class Option:
     default: Any
     help: str
     min: int | None = None  # the least whole number it takes
+    max: int | None = None  # the most
     check: Callable[[float], float] | None = None  # a number's parse-time check (mlgo.options)
 
 
 def option(
-    help: str, *, min: int | None = None, check: Callable[[float], float] | None = None
+    help: str,
+    *,
+    min: int | None = None,
+    max: int | None = None,
+    check: Callable[[float], float] | None = None,
 ) -> dict[str, Any]:
     """The metadata of a config field a user may set: `field(default=D, metadata=option(...))`."""
-    return {_KEY: (help, min, check)}
+    return {_KEY: (help, min, max, check)}
 
 
 def declared(config: type) -> dict[str, Option]:

@@ -19,7 +19,7 @@ import numpy as np
 
 from mlgo.corpus.compile import compile_module
 from mlgo.corpus.format import Module
-from mlgo.options import positive
+from mlgo.options import MOST_PER_STEP, positive
 from mlgo.problems.policy import MASKED, MLPPolicy
 from mlgo.runtime.files import atomic_directory
 from mlgo.runtime.tfutil import import_quietly, import_tf
@@ -35,7 +35,9 @@ REWARD_FLOOR = -1.0
 @dataclass(frozen=True)
 class PPOConfig:
     steps: int = 40
-    batch: int = field(default=24, metadata=option("modules compiled per step", min=1))
+    batch: int = field(
+        default=24, metadata=option("modules compiled per step", min=1, max=MOST_PER_STEP)
+    )
     epochs: int = 4
     lr: float = 3e-4
     clip: float = 0.2

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from mlgo.corpus.format import Corpus
 from mlgo.errors import UsageError
 from mlgo.llvm.toolchain import Toolchain
+from mlgo.options import MOST_STEPS
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import load_policy
@@ -48,7 +49,7 @@ class Trained(Outcome):
 
 
 # Steps when only the time budget stops training (a run given minutes and no steps).
-UNTIL_BUDGET = 1_000_000
+UNTIL_BUDGET = MOST_STEPS
 
 
 def configure(config_type: type, opts: TrainOptions) -> Any:

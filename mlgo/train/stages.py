@@ -41,6 +41,7 @@ class Stages:
         self.seconds: dict[str, float] = {}  # every stage worked on
         self.result = result  # a timed record's last entries (None: a log)
         self._ended: dict[str, str] = {}  # a log's: when each finished stage finished
+        self._arguments: tuple[Path, dict] = (record.parent / "tune.json", {})  # a log's
 
     @classmethod
     def timed(cls, record: Path, names: Sequence[str], result: dict) -> Stages:
@@ -76,8 +77,10 @@ class Stages:
         those to RERUN, which are run again whatever they depended on. Refuses an OUT that
         holds other files, and ARGS that differ in one a finished stage depended on, except
         a larger budget alone (`minutes`), which reopens training (it resumes from its
-        checkpoint) and what follows it."""
+        checkpoint) and what follows it. With RERUN, tune.json is kept as it was until
+        `keep_arguments`: a rerun that fails leaves it so."""
         stages = cls(out / "stages.log", depends)
+        stages._arguments = (out / "tune.json", args)
         arguments = out / "tune.json"
         if out.exists() and any(out.iterdir()) and not arguments.is_file():
             raise BuildError(f"{out}: exists and is not a tune directory; choose another --out")
@@ -88,7 +91,10 @@ class Stages:
                 stages._ended[stage] = ended
         if arguments.is_file():
             before = read_json(arguments, BuildError)
-            differ = {k for k in set(before) | set(args) if before.get(k) != args.get(k)}
+            if not isinstance(before, dict):
+                raise BuildError(f"{arguments}: not a tune's arguments (not a JSON object)")
+            depended = {a for used in depends.values() for a in used}
+            differ = {k for k in depended if before.get(k) != args.get(k)}
             if differ == {"minutes"} and args["minutes"] > before["minutes"]:
                 say(f"training on from {before['minutes']:g} to {args['minutes']:g} minutes")
                 stages.reopen("train")
@@ -99,8 +105,14 @@ class Stages:
                         f"{out}: tuned before with {arg} {before.get(arg)!r}, not "
                         f"{args.get(arg)!r}; rerun with it, or choose another --out"
                     )
-        atomic_write_text(arguments, json.dumps(args, indent=1))
+        if not rerun:
+            stages.keep_arguments()
         return stages
+
+    def keep_arguments(self) -> None:
+        """A tune's arguments written to its tune.json: the ones its results now follow."""
+        path, args = self._arguments
+        atomic_write_text(path, json.dumps(args, indent=1))
 
     def _lines(self) -> list[str]:
         return self.record.read_text().splitlines() if self.record.is_file() else []

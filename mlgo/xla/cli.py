@@ -11,7 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from mlgo.errors import UsageError
-from mlgo.options import positive
+from mlgo.options import MOST_ROUNDS, MOST_SECONDS, MOST_STEPS, MOST_UNITS, positive, positive_up_to
+
+MOST_ENSEMBLE = 64  # networks averaged: each trains in full
+MOST_FOLDS = 100  # cross-validation folds: each trains in full
 
 xla_app = typer.Typer(
     help="XLA:CPU GEMM configs (default path, Eigen, LLVM-IR tiles) chosen by a learned "
@@ -30,8 +33,12 @@ def collect_cmd(
     ),
     configs: Annotated[str, typer.Option(help="comma-separated configs (default: all)")] = "",
     only: Annotated[str, typer.Option(help="comma-separated program names")] = "",
-    rounds: Annotated[int, typer.Option(help="interleaved timing rounds per config", min=1)] = 20,
-    timeout: Annotated[float, typer.Option(help="seconds per program", callback=positive)] = 600.0,
+    rounds: Annotated[
+        int, typer.Option(help="interleaved timing rounds per config", min=1, max=MOST_ROUNDS)
+    ] = 20,
+    timeout: Annotated[
+        float, typer.Option(help="seconds per program", callback=positive_up_to(MOST_SECONDS))
+    ] = 600.0,
 ) -> None:
     """Compile and time every program with every config, each program in its own worker."""
     from mlgo.xla.config import SEARCH_SPACE, parse_config
@@ -68,11 +75,12 @@ def collect_cmd(
 def train_cmd(
     data: Annotated[Path, typer.Option(help="dataset from `mlgo xla collect`")],
     out: Annotated[Path, typer.Option(help="where the model goes")],
-    steps: Annotated[int, typer.Option(help="optimizer steps", min=1)] = 400,
+    steps: Annotated[int, typer.Option(help="optimizer steps", min=1, max=MOST_STEPS)] = 400,
     seed: Annotated[int, typer.Option(help="initialization seed")] = 0,
-    hidden: Annotated[int, typer.Option(help="hidden units", min=1)] = 64,
+    hidden: Annotated[int, typer.Option(help="hidden units", min=1, max=MOST_UNITS)] = 64,
     ensemble: Annotated[
-        int, typer.Option(help="networks averaged (seeds seed, seed+1, ...)", min=1)
+        int,
+        typer.Option(help="networks averaged (seeds seed, seed+1, ...)", min=1, max=MOST_ENSEMBLE),
     ] = 1,
     lr: Annotated[float, typer.Option(help="Adam learning rate", callback=positive)] = 3e-3,
     loss: Annotated[str, typer.Option(help="ranking loss: pairwise or listwise")] = "pairwise",
@@ -81,6 +89,7 @@ def train_cmd(
         typer.Option(
             help="k-fold cross-validation over the training programs (fits the default margin)",
             min=2,
+            max=MOST_FOLDS,
         ),
     ] = 4,
     cv_only: Annotated[bool, typer.Option(help="print the cross-validation figures only")] = False,
@@ -193,7 +202,10 @@ def tune_cmd(
         "policies/xla-gemm-tile"
     ),
     top_k: Annotated[
-        int, typer.Option(help="candidates from the model (> 1 implies --verify)", min=1)
+        int,
+        typer.Option(
+            help="candidates from the model (> 1 implies --verify)", min=1, max=MOST_ROUNDS
+        ),
     ] = 1,
     verify: Annotated[
         bool, typer.Option(help="time the candidates against the default before choosing")
