@@ -19,13 +19,13 @@ from mlgo.llvm.replay import CLANG_ADVISOR, Decision
 from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy_files import load_policy
-from mlgo.programs.decisions_figure import still_matching_in
 from mlgo.ship import decisions
 from mlgo.ship.decisions import DecisionsError, UnitDecisions
 from mlgo.ship.decisions_kept import keep, replayed_sizes
 from mlgo.ship.decisions_record import record_build, record_units
 from mlgo.ship.plugin import inliner_plugin
 from tests.conftest import run_mlgo
+from tools.lab.decisions_figure import still_matching_in
 
 DATA = Path(__file__).parent / "data"
 # tests/data/minipkg's C and tests/data/cxx's C++: the policy departs from clang on the latter

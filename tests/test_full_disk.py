@@ -5,6 +5,7 @@ writes, a copy into a staging directory, and `mlgo tune`'s snapshot and record s
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import subprocess
@@ -13,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from mlgo.packages.recipes import Recipe
-from mlgo.programs.tune import _stage, record_corpus, snapshot
+from mlgo.programs.build import scratch_copy
+from mlgo.programs.tune import snapshot
 from mlgo.runtime.files import atomic_directory, atomic_path, atomic_write_bytes, atomic_write_text
 from mlgo.runtime.messages import error_line, writing
+from mlgo.train.stages import Stage, StageRecord, run_stages
 from tests.conftest import run_mlgo
 
 DISK_BYTES = 256 * 1024
@@ -104,26 +106,27 @@ def test_a_copy_into_a_full_disk_is_one_line_naming_the_first_file_and_the_count
 def test_tune_snapshot_and_record_stages_on_a_full_disk_say_which_file(full_disk, tmp_path):
     source = big_tree(tmp_path / "project")
     with pytest.raises(OSError) as e:
-        snapshot(source, full_disk / "out")
+        snapshot(source, full_disk / "out" / "pristine")
     assert f"to {full_disk}/out/pristine/part" in one_line(e.value)
     assert list((full_disk / "out").iterdir()) == []
     # record copies the snapshot to a scratch tree first: a plain copytree, whose error
     # message was the list of every failed file
-    recipe = Recipe("project", "", ("make",))
     with pytest.raises(OSError) as e:
-        record_corpus(recipe, source, full_disk / "out", None, "-Oz")  # type: ignore[arg-type]
+        scratch_copy(source, full_disk / "out" / "record" / "project")
     line = one_line(e.value)
     assert line.startswith(f"cannot copy {source}/part") and "files not copied)" in line
 
 
-def test_a_write_in_a_tune_stage_that_names_no_file_names_the_stage(full_disk):
+def test_a_write_in_a_tune_stage_that_names_no_file_names_the_stage(full_disk, tmp_path):
     """A library's own plain write (a checkpoint, a report) raises a bare `[Errno 28]`."""
-    with (
-        pytest.raises(OSError) as e,
-        _stage("train", full_disk),
-        open(full_disk / "ckpt", "wb") as f,
-    ):
-        f.write(TOO_MUCH)
+
+    def train(_: object) -> None:
+        with open(full_disk / "ckpt", "wb") as f:
+            f.write(TOO_MUCH)
+
+    record = StageRecord(tmp_path / "stages.json", ["train"])
+    with pytest.raises(OSError) as e:
+        run_stages([Stage("train", train, where=lambda _: full_disk)], record, None, "tune")
     assert e.value.errno == errno.ENOSPC
     assert one_line(e.value) == f"tune's train stage, in {full_disk}: No space left on device"
 
@@ -135,7 +138,9 @@ def test_mlgo_tune_on_a_full_disk_stops_with_one_line_naming_the_file(full_disk,
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert f"cannot copy {source}/part" in r.stderr and f"{out}/pristine/part" in r.stderr
     assert "No space left on device" in r.stderr and "Errno" not in r.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["tune.json"]  # no half a snapshot
+    # no half a snapshot: the arguments, and the record of a stage that did not finish
+    assert sorted(p.name for p in out.iterdir()) == ["stages.json", "tune.json"]
+    assert json.loads((out / "stages.json").read_text())["finished"] == []
 
 
 @pytest.mark.unit

@@ -16,10 +16,10 @@ from rich.console import Console
 from mlgo.corpus.extract import Invocation
 from mlgo.llvm.sizes import text_size
 from mlgo.packages.recipes import Recipe
-from mlgo.programs.build import ProgramBuild, build_program
-from mlgo.programs.compare import Variant, variants
+from mlgo.programs.build import Building, ProgramBuild, Variant, build_program
+from mlgo.programs.compare import variants
 from mlgo.programs.layouts import layout_trees, over_layouts, policy_over_layouts, program_links
-from mlgo.programs.measure import prepare_workload, recipe_workload, workload_output
+from mlgo.programs.measure import Timing, prepare_workload, recipe_workload, workload_output
 from mlgo.programs.report import only_layout, program_report, report_table, write_report
 from tests.conftest import DATA
 
@@ -147,7 +147,13 @@ def placed(tc, tmp_path_factory):
     pristine = shutil.copytree(DATA / "minipkg", work / "pristine")
     plain = variants(tc, {}, ("plain", ""))[0]
     built = build_program(
-        WORDCOUNT, pristine, work / "plain", tc, "plain", plain.compilers, {}, False, FLAGS
+        WORDCOUNT,
+        pristine,
+        work / "plain",
+        tc,
+        Variant("plain", plain.compilers, {}),
+        FLAGS,
+        Building(tests=False),
     )
     relative = Path(os.path.relpath(work))  # as a tool's --work may be given
     return (
@@ -191,7 +197,8 @@ def test_the_report_carries_the_change_over_layouts(placed, tc, tmp_path):
     over layouts, the A/A control's, each of the two layouts timed."""
     work, pristine, plain, built, _ = placed
     pair = (plain, Variant("mlgo", plain.compilers, {}))
-    over = policy_over_layouts(WORDCOUNT, pristine, tmp_path, tc, pair, FLAGS, 2, 3, 0.05)
+    builds = [(v, FLAGS) for v in pair]
+    over = policy_over_layouts(WORDCOUNT, pristine, tmp_path, tc, builds, Timing(3, 0.05, 2))
     assert over["layouts"] == 2 and over["rounds"] == 3 and len(over["per_layout_pct"]) == 2
     for of in ("", "control_"):
         q1, q3 = over[f"{of}iqr_pct"]

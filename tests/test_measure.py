@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from mlgo.packages.recipes import Recipe
-from mlgo.programs.build import ProgramBuild, build_program
+from mlgo.programs.build import Building, ProgramBuild, Variant, build_program
 from mlgo.programs.compare import Comparison, comparison_table, variants
 from mlgo.programs.measure import (
     Workload,
@@ -187,9 +187,14 @@ def test_a_configured_tree_is_copied_while_what_configure_saw_is_the_same(tc, tm
 
     def built(flags: list[str]) -> ProgramBuild:
         return build_program(
-            recipe, DATA / "minipkg", tmp_path / "tree", tc, "plain", (tc.clang, tc.clangxx),
-            None, False, flags, configured=kept,
-        )  # fmt: skip
+            recipe,
+            DATA / "minipkg",
+            tmp_path / "tree",
+            tc,
+            Variant("plain", (tc.clang, tc.clangxx), {}),
+            flags,
+            Building(tests=False, configured=kept),
+        )
 
     first = built(["-O2"])
     made = (tmp_path / "tree" / "config.h").stat().st_mtime_ns

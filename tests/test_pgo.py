@@ -26,7 +26,7 @@ from mlgo.programs.build import (
     plain_compilers,
 )
 from mlgo.programs.layouts import policy_over_layouts
-from mlgo.programs.measure import recipe_throughput
+from mlgo.programs.measure import Timing, recipe_throughput
 from mlgo.programs.pgo import UNPROFILED, PGORow, hot_departures, pgo_row
 from mlgo.programs.report import (
     PGO_ROW,
@@ -52,7 +52,7 @@ WORKLOAD = "./wordcount < main.c"
 
 def built(recipe, pristine: Path, tree: Path, tc: Toolchain, flags: list[str]) -> ProgramBuild:
     compilers = plain_compilers(tc)
-    return build_program(recipe, pristine, tree, tc, tree.name, compilers, None, True, flags)
+    return build_program(recipe, pristine, tree, tc, Variant(tree.name, compilers, {}), flags)
 
 
 @pytest.fixture(scope="module")
@@ -188,9 +188,10 @@ def test_the_pgo_build_is_timed_over_the_same_layouts_as_plain_and_the_policy(tc
     at = work / "layouts"
     trees = {"plain": work / "plain", "mlgo": work / "plain"}
     speed = recipe_throughput(recipe, {**trees, **row.timed()}, 2, 0.05)
-    speed["layouts"] = policy_over_layouts(
-        recipe, pristine, at, tc, pair, FLAGS, 2, 2, 0.05, beside=row.over_layouts(FLAGS)
-    )
+    builds = [(v, FLAGS) for v in pair]
+    beside = row.over_layouts(pair[0], FLAGS)
+    timing = Timing(2, 0.05, 2)
+    speed["layouts"] = policy_over_layouts(recipe, pristine, at, tc, [*builds, *beside], timing)
     speed = row.into(speed)
     over = speed["pgo"]["layouts"]
     q1, q3 = over["iqr_pct"]
@@ -277,8 +278,9 @@ def test_on_top_of_pgo_the_baselines_own_gain_is_the_build_without_it_inverted_r
         "layouts": 2,
     }
     assert speed[UNPROFILED]["layouts"]["change_pct"] == 5.0 and speed["layouts"] == {}
-    assert row.over_layouts(["-O2", "-fprofile-instr-use=p"]) == (UNPROFILED, ["-O2"])
-    assert PGORow("t", "p", ("-fprofile-instr-use=p",)).over_layouts(["-O2"]) == (
-        "pgo",
-        ["-O2", "-fprofile-instr-use=p"],
-    )
+    base = Variant("plain", ("cc", "c++"), {"A": "1"})
+    ((unprofiled, flags),) = row.over_layouts(base, ["-O2", "-fprofile-instr-use=p"])
+    assert (unprofiled, flags) == (Variant(UNPROFILED, base.compilers, base.env), ["-O2"])
+    ((pgo, flags),) = PGORow("t", "p", ("-fprofile-instr-use=p",)).over_layouts(base, ["-O2"])
+    assert (pgo.name, flags) == ("pgo", ["-O2", "-fprofile-instr-use=p"])
+    assert PGORow().over_layouts(base, ["-O2"]) == []

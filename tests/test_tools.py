@@ -29,7 +29,7 @@ from mlgo.records import ModuleRun
 from mlgo.train import calibrate
 from mlgo.train.evaluate import Evaluation
 from mlgo.train.recipe import load_policy_recipe, stage_packages
-from mlgo.train.stages import Stages
+from mlgo.train.stages import StageRecord
 from tools import (
     bench_collect,
     bench_guard,
@@ -279,18 +279,18 @@ def test_recipe_trains_es_on_c_packages_and_reports_the_kept_thresholds_language
     assert (kept["change_pct"], kept["packages_larger"]) == (-0.2, [])
     never = calibrate.kept({**calibration, "threshold": 1.0, "languages": None})
     assert (never["change_pct"], never["packages_larger"]) == (0.0, [])
-    stages = Stages.timed(tmp_path / "recipe.json", names, {"validation": kept})
+    stages = StageRecord.load(tmp_path / "recipe.json", names, {"validation": kept})
     stages.seconds, stages.finished = {"calibrate": 60.0, "bc": 120.0}, ["calibrate"]
     record = stages.summary()
     assert list(record["seconds"]) == ["bc", "calibrate"] and record["total_minutes"] == 3.0
     (tmp_path / "recipe.json").write_text(json.dumps(record))
-    again = Stages.timed(tmp_path / "recipe.json", names, {})
+    again = StageRecord.load(tmp_path / "recipe.json", names)
     assert (again.seconds, again.finished) == ({"bc": 120.0, "calibrate": 60.0}, ["calibrate"])
     # a record read back says what it said: its total is of the seconds as written
     stages.seconds = {"calibrate": 0.06, "bc": 26.86}
     record = stages.summary()
     (tmp_path / "recipe.json").write_text(json.dumps(record))
-    again = Stages.timed(tmp_path / "recipe.json", names, {"validation": kept})
+    again = StageRecord.load(tmp_path / "recipe.json", names, {"validation": kept})
     assert again.summary() == record and record["total_minutes"] == 0.5
 
 

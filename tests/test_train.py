@@ -194,14 +194,15 @@ def test_a_budget_judged_by_a_workload_keeps_what_judging_takes(tmp_path):
     from types import SimpleNamespace
 
     from mlgo.programs.chain import training_seconds
+    from mlgo.programs.measure import Timing
     from mlgo.programs.speed import SECONDS, WorkloadReward
     from mlgo.train.candidates import FINALISTS
 
     speed = get_problem("inlining-speed")
-    none_yet = WorkloadReward(None, tmp_path, tmp_path, None, speed, rounds=10, layouts=4)
+    none_yet = WorkloadReward(None, tmp_path, tmp_path, None, speed, Timing(10, 1.0, 4))
     assert none_yet.seconds_for(5, FINALISTS) == 0.0
     (tmp_path / SECONDS).write_text('{"plain": 20.0, "f00d": 40.0, "beef": 30.0}')
-    reward = WorkloadReward(None, tmp_path, tmp_path, None, speed, rounds=10, layouts=4)
+    reward = WorkloadReward(None, tmp_path, tmp_path, None, speed, Timing(10, 1.0, 4))
     timing = 10 * (FINALISTS + 2) * 4 * 1.0  # each build at each layout, plain twice, a round
     # two costed at once (SIDE_BY_SIDE), the clock's builds one at a time
     assert reward.seconds_for(5, FINALISTS) == 30.0 * (3 + FINALISTS + 1) + timing

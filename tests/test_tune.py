@@ -17,7 +17,10 @@ import pytest
 from mlgo.corpus.format import load_corpus
 from mlgo.llvm.sizes import elf_texts, text_size
 from mlgo.problems.inlining_speed import THRESHOLDS
-from mlgo.programs.decisions_figure import (
+from mlgo.runtime.commands import BuildError
+from mlgo.ship import decisions
+from tests.conftest import DATA, MLGO, run_mlgo
+from tools.lab.decisions_figure import (
     A_A,
     DECIDED,
     SERVED_COLD,
@@ -28,9 +31,6 @@ from mlgo.programs.decisions_figure import (
     kept_identity,
     tuned_project,
 )
-from mlgo.runtime.commands import BuildError
-from mlgo.ship import decisions
-from tests.conftest import DATA, MLGO, run_mlgo
 
 pytestmark = pytest.mark.toolchain
 
@@ -69,8 +69,8 @@ GOOD_TEST = "build/summarize 1 3 | grep -qx 'mean 2 var 1'"
 
 
 def stages(out: Path) -> list[str]:
-    log = out / "stages.log"
-    return [line.split("\t")[0] for line in log.read_text().splitlines()] if log.exists() else []
+    record = out / "stages.json"
+    return json.loads(record.read_text())["finished"] if record.exists() else []
 
 
 @pytest.fixture(scope="module")
@@ -262,8 +262,8 @@ def test_a_refresh_judges_only_the_changed_source_with_the_policy_trained_before
     assert "training inlining-size from" not in done.stdout
     assert (out / "pristine" / edited.removeprefix("files/")).read_text() == source.read_text()
     assert stages(out) == [
-        *["profile", "record", "rehearse", "collect", "train"],
-        *["snapshot", "decisions", "build", "pgo", "bench", "report"],
+        *["snapshot", "profile", "record", "rehearse", "collect"],
+        *["train", "decisions", "build", "pgo", "bench", "report"],
     ]
 
 
@@ -282,12 +282,12 @@ def test_a_failing_test_stops_with_one_line_naming_its_log(tuned):
 @pytest.mark.slow
 def test_a_rerun_redoes_nothing_and_other_arguments_are_refused(tuned):
     _, out, args, _, _, _, _ = tuned
-    log, report = (out / "stages.log").read_text(), (out / "report.json").read_text()
+    finished, report = stages(out), (out / "report.json").read_text()
     again = run_mlgo(*args, timeout=120)
     assert again.returncode == 0 and "ELF files" in again.stdout
     assert "training" not in again.stdout and "building" not in again.stdout
     assert "keeping the policy's decisions" not in again.stdout  # the stage is done
-    assert (out / "stages.log").read_text() == log and (out / "report.json").read_text() == report
+    assert stages(out) == finished and (out / "report.json").read_text() == report
     changed = [*args[:-3], "0.01", *args[-2:]]  # --minutes 0.01, not 0.05: less is refused
     r = run_mlgo(*changed, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
@@ -347,7 +347,7 @@ def test_the_snapshot_leaves_out_a_cmake_build_tree_made_in_the_source(tmp_path)
     (src / "other").mkdir()
     (src / "other" / "notes.txt").write_text("kept")
     said: list[str] = []
-    pristine = snapshot(src, tmp_path / "out", said.append)
+    pristine = snapshot(src, tmp_path / "out" / "pristine", said.append)
     assert not (pristine / "build").exists() and (pristine / "other" / "notes.txt").is_file()
     assert said == [f"leaving {src / 'build'} out of the copy: a CMake build tree"]
     kept = {p.relative_to(src) for p in src.rglob("*") if "build" not in p.parts}
@@ -540,12 +540,19 @@ def test_a_tune_on_top_of_pgo_departs_from_clang_with_the_profile_and_is_judged_
 def test_on_top_of_pgo_the_search_may_read_the_profiles_counts_served_by_the_plugin(
     cache, tmp_path
 ):
-    """--profile-inputs: the search's policy reads the profile's counts at each call site
-    (at zero weight to begin with), its candidates built by mlgo-cc with the clang plugin,
-    the only backend that computes them."""
+    """--use-feature profile-inputs: the search's policy reads the profile's counts at each
+    call site (at zero weight to begin with), its candidates built by mlgo-cc with the clang
+    plugin, the only backend that computes them."""
     bench = "./wordcount < main.c"
     out, args = wordcount_args(
-        tmp_path, "--problem", "inlining-speed", "--bench", bench, "--pgo", "--profile-inputs"
+        tmp_path,
+        "--problem",
+        "inlining-speed",
+        "--bench",
+        bench,
+        "--pgo",
+        "--use-feature",
+        "profile-inputs",
     )
     r = run_mlgo(
         *args, "--minutes", "0.02", "--train-steps", "1", "--bench-rounds", "2",
@@ -563,11 +570,19 @@ def test_on_top_of_pgo_the_search_may_read_the_profiles_counts_served_by_the_plu
 
 def test_profile_inputs_without_pgo_are_refused_before_anything_is_written(tmp_path):
     out, args = wordcount_args(
-        tmp_path, "--problem", "inlining-speed", "--bench", "true", "--profile-inputs"
+        tmp_path,
+        "--problem",
+        "inlining-speed",
+        "--bench",
+        "true",
+        "--use-feature",
+        "profile-inputs",
     )
     r = run_mlgo(*args, timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "--profile-inputs reads the profile's counts" in r.stderr and not out.exists()
+    assert (
+        "--use-feature profile-inputs reads the profile's counts" in r.stderr and not out.exists()
+    )
 
 
 def _sections(obj: Path) -> str:
@@ -695,22 +710,24 @@ def test_lto_thin_tunes_the_backends_against_plain_thinlto(cache, tmp_path):
 
 
 def test_a_larger_budget_alone_reopens_training_and_what_follows(tmp_path):
+    """A stage declares the argument a larger value of which alone runs it again (training's
+    budget): the record reopens there, and any other change a finished stage used is refused."""
     from mlgo.programs.tune import STAGES
     from mlgo.runtime.commands import BuildError
-    from mlgo.train.stages import Stages
+    from mlgo.train.stages import StageRecord, check_arguments
 
     args = {"minutes": 8.0, "policy": "p", "source": "s"}
-    Stages.logged(tmp_path, STAGES, args)
-    for stage in STAGES:
-        Stages.logged(tmp_path, STAGES, args).finish(stage)
+    (tmp_path / "tune.json").write_text(json.dumps(args))
+    names, path = [s.name for s in STAGES], tmp_path / "stages.json"
+    done = StageRecord(path, names)
+    done.finished = list(names)
+    done.save()
     said: list[str] = []
-    longer = Stages.logged(tmp_path, STAGES, {**args, "minutes": 60.0}, said.append)
-    assert longer.finished == ["snapshot", "profile", "record", "rehearse", "collect"]
+    longer = StageRecord.load(path, names)
+    check_arguments(tmp_path / "tune.json", {**args, "minutes": 60.0}, STAGES, longer, said.append)
+    first = ["snapshot", "profile", "record", "rehearse", "collect"]
+    assert longer.finished == first and StageRecord.load(path, names).finished == first
     assert said == ["training on from 8 to 60 minutes"]
-    assert [line.split("\t")[0] for line in (tmp_path / "stages.log").read_text().splitlines()] == [
-        "snapshot", "profile", "record", "rehearse", "collect",
-    ]  # fmt: skip
     with pytest.raises(BuildError, match="tuned before with source 's', not 't'"):
-        Stages.logged(
-            tmp_path, STAGES, {**args, "minutes": 90.0, "source": "t"}
-        )  # more than the budget
+        more = {**args, "minutes": 90.0, "source": "t"}  # more than the budget
+        check_arguments(tmp_path / "tune.json", more, STAGES, StageRecord.load(path, names))

@@ -58,9 +58,8 @@ def passes(name: str, work: Path, policies: int, repeats: int) -> dict[str, list
         for way, (side_by_side, once) in WAYS.items():
             where = work / name / "costing" / f"{way}-{repeat}"
             shutil.rmtree(where, ignore_errors=True)
-            reward = WorkloadReward(
-                recipe, source, where, tc, speed, side_by_side=side_by_side, configure_once=once
-            )
+            reward = WorkloadReward(recipe, source, where, tc, speed)
+            reward.side_by_side, reward.configure_once = side_by_side, once
             reward.changes({})  # the plain build, apart
             began = time.monotonic()
             costs = reward.changes(clangs)

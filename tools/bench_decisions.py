@@ -45,15 +45,15 @@ from mlgo.data import shipped_policy
 from mlgo.errors import MlgoError
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems.policy_files import load_policy
-from mlgo.programs.decisions_figure import (
+from mlgo.programs.measure import paired_change, round_order
+from mlgo.ship import decisions
+from mlgo.ship.plugin import inliner_plugin
+from tools.lab.decisions_figure import (
     build_instructions,
     cpu_rounds,
     identity_build,
     tuned_project,
 )
-from mlgo.programs.measure import paired_change, round_order
-from mlgo.ship import decisions
-from mlgo.ship.plugin import inliner_plugin
 
 VARIANTS = ("plain", "plain A/A", "decisions")
 DEBUG_LEVELS = ("-g0", "-g")

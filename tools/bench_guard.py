@@ -26,7 +26,7 @@ from mlgo.data import shipped_policy
 from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.packages.recipes import load_recipe
-from mlgo.programs.build import build_program, policy_service, pristine_source
+from mlgo.programs.build import Building, build_program, policy_service, pristine_source
 from mlgo.programs.compare import variants
 from mlgo.runtime.files import atomic_write_text
 
@@ -46,7 +46,7 @@ def bench_package(name: str, work: Path, policy: Path) -> dict:
         _, guarded = variants(tc, env, (VARIANTS[0], VARIANTS[2]), guard=True)
         for v in (plain, served, guarded):
             tree = work / name / v.name
-            build = build_program(recipe, pristine, tree, tc, v.name, v.compilers, v.env, False)
+            build = build_program(recipe, pristine, tree, tc, v, None, Building(tests=False))
             cpu[v.name] = build.build_cpu_seconds
     texts = {v: object_texts(work / name / v) for v in VARIANTS}
     common = sorted(set.intersection(*(set(t) for t in texts.values())))

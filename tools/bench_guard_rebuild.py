@@ -34,13 +34,15 @@ from mlgo.packages.recipes import Recipe, load_recipe
 from mlgo.problems import get_problem
 from mlgo.programs.build import (
     SIZE_FLAGS,
+    Building,
+    Variant,
     build_program,
     policy_service,
     pristine_source,
     problem_flags,
     rebuild_cpu_seconds,
 )
-from mlgo.programs.compare import Variant, variants
+from mlgo.programs.compare import variants
 from mlgo.programs.measure import in_percent, paired_change
 from mlgo.runtime.files import atomic_write_text
 
@@ -54,7 +56,7 @@ def build_twice(
     """VARIANT's build with FLAGS of a fresh copy of PRISTINE at TREE and its rebuild: CPU
     seconds."""
     v = variant
-    first = build_program(recipe, pristine, tree, tc, v.name, v.compilers, v.env, False, flags)
+    first = build_program(recipe, pristine, tree, tc, v, flags, Building(tests=False))
     return first.build_cpu_seconds, rebuild_cpu_seconds(recipe, tree, tc, variant, flags)
 
 
@@ -92,7 +94,15 @@ def bench(name: str, work: Path, policies: list[Path], rounds: int, flags: list[
         counted, log = counting(tc, work / f"{stamp}-count", guarded)
         tree = work / f"{stamp}-counted"
         compilers, env = counted.compilers, counted.env
-        build_program(recipe, pristine, tree, tc, "counted", compilers, env, False, flags)
+        build_program(
+            recipe,
+            pristine,
+            tree,
+            tc,
+            Variant("counted", compilers, env),
+            flags,
+            Building(tests=False),
+        )
         first_runs = runs_in(log)
         rebuild_cpu_seconds(recipe, tree, tc, counted, flags)
     return {

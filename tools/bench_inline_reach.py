@@ -76,7 +76,7 @@ def build_costed(
         return json.loads(done.read_text())
     flags = [*level_flags(LEVEL), *BLOCK_MAP_FLAGS, *extra]
     built = build_program(
-        recipe, source, tree, tc, tree.name, plain_compilers(tc), None, True, flags
+        recipe, source, tree, tc, Variant(tree.name, plain_compilers(tc), {}), flags
     )
     cost, instructions = tree_cost(recipe, tree, tc, known, tree.name)
     result = {"flags": extra, "cost": cost, "instructions": instructions, "tests": built.tests}

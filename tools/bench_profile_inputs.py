@@ -25,17 +25,19 @@ from mlgo.problems.policy_files import load_policy
 from mlgo.problems.profile_inputs import PROFILE_INPUTS, reads_profile
 from mlgo.programs.layouts import LAYOUTS
 from mlgo.programs.report import throughput_change
-from mlgo.programs.tune import tuned_reward
+from mlgo.programs.tune_run import TuneDir
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.messages import error_line
+from tools.lab.tuned import tuned_reward
 
 console = Console()
 
 
 def measure(out: Path, clock: bool, rounds: int, seconds: float, layouts: int) -> dict:
-    reward = tuned_reward(out, out / "profile-inputs", rounds, seconds, layouts)
-    trained = load_policy(out / "train" / "policy")
+    tuned = TuneDir(out)
+    reward = tuned_reward(tuned, tuned.kept_by_tool("profile-inputs"), rounds, seconds, layouts)
+    trained = load_policy(tuned.train / "policy")
     if not reads_profile(trained.normalizer.features):
         raise BuildError(f"{out}: its trained policy reads no profile input (tuned without them)")
     policies = {"trained": trained, "without the counts": trained.deaf_to(tuple(PROFILE_INPUTS))}
@@ -63,7 +65,9 @@ def main() -> None:
         result = measure(out, args.clock, args.rounds, args.seconds, args.layouts)
     except USER_ERRORS as e:
         sys.exit(f"bench_profile_inputs: {error_line(e)}")
-    atomic_write_text(out / "profile_inputs.json", json.dumps(result, indent=1))
+    atomic_write_text(
+        TuneDir(out).kept_by_tool("profile_inputs.json"), json.dumps(result, indent=1)
+    )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,8 @@ from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import load_recipe
 from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
-from mlgo.programs.build import build_program, policy_service, pristine_source
-from mlgo.programs.compare import Variant, build_pair, variants
+from mlgo.programs.build import Building, Variant, build_program, policy_service, pristine_source
+from mlgo.programs.compare import build_pair, variants
 from mlgo.programs.measure import (
     AGAIN,
     Times,
@@ -305,7 +305,15 @@ def _timed_builds(
         service_start = tree_cpu_seconds(service_pid)
         tree = work / name / "overhead"
         built = pair[v.removesuffix(AGAIN)]  # the A/A control builds plainly again
-        b = build_program(recipe, pristine, tree, tc, v, built.compilers, built.env, False, FLAGS)
+        b = build_program(
+            recipe,
+            pristine,
+            tree,
+            tc,
+            Variant(v, built.compilers, built.env),
+            FLAGS,
+            Building(tests=False),
+        )
         return b.build_seconds, b.build_cpu_seconds + tree_cpu_seconds(service_pid) - service_start
 
     def progress(r: int, t: Times) -> None:

@@ -25,11 +25,12 @@ from rich.table import Table
 
 from mlgo.llvm.sizes import compare_trees, tree_totals
 from mlgo.llvm.toolchain import find_toolchain
-from mlgo.programs.build import build_program, problem_flags
-from mlgo.programs.decide import DECISIONS, from_decisions
-from mlgo.programs.decisions_figure import still_matching_in, tuned_project
+from mlgo.programs.build import Building, Variant, build_program, problem_flags
+from mlgo.programs.decide import from_decisions
+from mlgo.programs.tune_run import TuneDir
 from mlgo.runtime.files import atomic_write_text
 from mlgo.ship import decisions
+from tools.lab.decisions_figure import still_matching_in, tuned_project
 
 console = Console()
 
@@ -48,11 +49,19 @@ def main() -> None:
     calls.mkdir(parents=True)
     for name, out in (("plain", None), ("A's decisions", args.tuned), ("B's own", args.fresh)):
         tree = args.work.resolve() / name.replace("'", "").replace(" ", "-")
-        variant = from_decisions(tc, out / DECISIONS, tree)[1] if out else None
+        variant = from_decisions(tc, TuneDir(out).decisions, tree)[1] if out else None
         compilers = variant.compilers if variant else (tc.clang, tc.clangxx)
         env = variant.env if variant else {}
         logged = calls if out == args.tuned else None  # B's compiles, to recheck A's keys on
-        build_program(recipe, pristine, tree, tc, name, compilers, env, flags=flags, log_dir=logged)
+        build_program(
+            recipe,
+            pristine,
+            tree,
+            tc,
+            Variant(name, compilers, env),
+            flags,
+            Building(log_dir=logged),
+        )
         trees[name] = tree
     table = Table(title=f"release B ({recipe.name}) against plain clang {' '.join(flags)}")
     for column in ("build", ".text", "change", "ELF files larger"):
@@ -68,7 +77,7 @@ def main() -> None:
     fresh_gain = result["builds"]["B's own"]["delta_pct"]
     kept = result["builds"]["A's decisions"]["delta_pct"] / fresh_gain if fresh_gain else None
     result["share_of_fresh_gain"] = kept
-    artifact, tree = decisions.read(args.tuned / DECISIONS), trees["A's decisions"]
+    artifact, tree = decisions.read(TuneDir(args.tuned).decisions), trees["A's decisions"]
     matching = still_matching_in(artifact, calls, tree, flags)
     result["matching"] = {n: {"matched": m, "decisions": t} for n, (m, t) in matching.items()}
     matched, total = (sum(v[i] for v in matching.values()) for i in (0, 1))

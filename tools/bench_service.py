@@ -41,6 +41,8 @@ from mlgo.packages.recipes import load_recipe
 from mlgo.problems import Problem
 from mlgo.problems.policy_files import load_policy
 from mlgo.programs.build import (
+    Building,
+    Variant,
     build_program,
     mlgo_compilers,
     plain_compilers,
@@ -180,7 +182,13 @@ def bench_build(args, work: Path) -> dict:
                 compilers, extra = variants[name]
                 services_before = sum(tree_cpu_seconds(pid) for pid in service_pids)
                 b = build_program(
-                    recipe, pristine, work / "tree", tc, name, compilers, extra, False
+                    recipe,
+                    pristine,
+                    work / "tree",
+                    tc,
+                    Variant(name, compilers, extra),
+                    None,
+                    Building(tests=False),
                 )
                 times[name].append(b.build_seconds)
                 # The build's own processes, plus what the services and the policy server spent.

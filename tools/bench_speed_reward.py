@@ -55,8 +55,15 @@ from mlgo.llvm.profiles import INSTRUMENT_FLAGS, MERGED, use_flags
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import load_recipe
 from mlgo.problems.policy_files import load_policy, save_policy
-from mlgo.programs.build import build_program, plain_compilers, policy_service, pristine_source
-from mlgo.programs.compare import Variant, variants
+from mlgo.programs.build import (
+    Building,
+    Variant,
+    build_program,
+    plain_compilers,
+    policy_service,
+    pristine_source,
+)
+from mlgo.programs.compare import variants
 from mlgo.programs.measure import (
     executed,
     paired_change,
@@ -122,9 +129,7 @@ def build(prog_name: str, tc: Toolchain, work: Path, v: Variant, flags: list[str
         recipe = load_recipe(prog.recipe)
         pristine = pristine_source(recipe, work)
         with console.status(f"{prog_name}: building {v.name}"):
-            build_program(
-                recipe, pristine, work / v.name, tc, v.name, v.compilers, v.env, False, flags
-            )
+            build_program(recipe, pristine, work / v.name, tc, v, flags, Building(tests=False))
             prepare_workload(prog, tc, work, v, flags)
         stamp.write_text("")
     return work / v.name

@@ -59,6 +59,8 @@ from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.recipes import Recipe
 from mlgo.problems import LTO_STAGES, Problem, at_link, get_problem, problems
 from mlgo.programs.build import (
+    Building,
+    Variant,
     build_program,
     plain_compilers,
     policy_service,
@@ -68,7 +70,8 @@ from mlgo.programs.build import (
 from mlgo.programs.compare import variants
 from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.report import throughput_change
-from mlgo.programs.tune import TuneOptions, tune
+from mlgo.programs.tune import tune
+from mlgo.programs.tune_run import TuneOptions
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.messages import WHOLE_LINE, error_line
 from tools.lab.projects import PROJECTS, RETIMED, project_recipe
@@ -119,7 +122,15 @@ def lto_over_per_file(
     (once; no tests), against the tune's plain build."""
     per_file = work / "per-file"
     if not (per_file / ".complete").exists():
-        build_program(recipe, source, per_file, tc, "per-file", plain_compilers(tc), None, False)
+        build_program(
+            recipe,
+            source,
+            per_file,
+            tc,
+            Variant("per-file", plain_compilers(tc), {}),
+            None,
+            Building(tests=False),
+        )
         (per_file / ".complete").touch()
     linked = tree_totals(linked_rows(compare_trees(tuned / "programs" / "plain", per_file)))
     return linked["delta_pct"]
@@ -141,9 +152,13 @@ def retimed(
             with policy_service([shipped], work / "service") as env:
                 served = variants(tc, env)[1]
                 build_program(
-                    recipe, source, untuned, tc, "untuned", served.compilers, served.env, True,
+                    recipe,
+                    source,
+                    untuned,
+                    tc,
+                    Variant("untuned", served.compilers, served.env),
                     problem_flags(problem),
-                )  # fmt: skip
+                )
             (work / "untuned.done").touch()
     return {
         policy: recipe_throughput(recipe, {"plain": plain, policy: tree}, *RETIMED)

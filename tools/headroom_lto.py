@@ -32,7 +32,7 @@ from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
 from mlgo.packages.build import extract_package
 from mlgo.packages.recipes import Recipe, load_recipe
-from mlgo.programs.build import SIZE_FLAGS, build_program, plain_compilers, pristine_source
+from mlgo.programs.build import SIZE_FLAGS, Variant, build_program, plain_compilers, pristine_source
 from mlgo.runtime.files import atomic_write_text
 
 LTO_FLAGS = [*SIZE_FLAGS, "-flto=full", "-fuse-ld=lld", "-Wl,--save-temps"]
@@ -73,9 +73,11 @@ def measure(
     module, if given, instead of as many in all as the per-file search took."""
     pristine = pristine_source(recipe, work / "source")
     compilers = plain_compilers(tc)
-    per_file = build_program(recipe, pristine, work / "per-file", tc, "per-file", compilers)
+    per_file = build_program(
+        recipe, pristine, work / "per-file", tc, Variant("per-file", compilers, {})
+    )
     lto = build_program(
-        recipe, pristine, work / "lto", tc, "lto", compilers, env_extra=None, flags=LTO_FLAGS
+        recipe, pristine, work / "lto", tc, Variant("lto", compilers, {}), LTO_FLAGS
     )
     merged = work / "merged-corpus"
     merged_corpus(recipe, (work / "lto").resolve(), tc, merged)

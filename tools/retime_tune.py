@@ -24,23 +24,25 @@ from mlgo.errors import USER_ERRORS
 from mlgo.problems.policy_files import load_policy
 from mlgo.programs.layouts import LAYOUTS
 from mlgo.programs.report import throughput_change
-from mlgo.programs.tune import tuned_reward
+from mlgo.programs.tune_run import TuneDir
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.messages import error_line
+from tools.lab.tuned import tuned_reward
 
 console = Console()
 
 
 def retime(out: Path, rounds: int, seconds: float, layouts: int) -> None:
-    reward = tuned_reward(out, out / "retimed", rounds, seconds, layouts)
-    timed, control = reward.clock({"trained": load_policy(out / "train" / "policy")})
+    tuned = TuneDir(out)
+    reward = tuned_reward(tuned, tuned.kept_by_tool("retimed"), rounds, seconds, layouts)
+    timed, control = reward.clock({"trained": load_policy(tuned.train / "policy")})
     baseline = "the PGO build" if reward.profile else "the plain build"
     name = reward.recipe.name
     for policy, change in timed.items():
         console.print(f"{name}: {policy} against {baseline}: {throughput_change(change)}")
     console.print(f"{name}: A/A: {throughput_change(control)}")
     result = {"rounds": rounds, "seconds": seconds, "timed": timed, "control": control}
-    atomic_write_text(out / "retimed.json", json.dumps(result, indent=1))
+    atomic_write_text(tuned.kept_by_tool("retimed.json"), json.dumps(result, indent=1))
 
 
 def main() -> None:

@@ -11,8 +11,9 @@ from rich.console import Console
 
 from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.data import default_policies
-from mlgo.options import workers_spec
+from mlgo.options import MOST_ROUNDS, positive_up_to, workers_spec
 from mlgo.problems import LTO_STAGES, Problem
+from mlgo.programs.tune_run import EXPERIMENTS
 from mlgo.runtime.trust import output_dir_checked
 from mlgo.runtime.workers import WORKERS_HELP
 
@@ -31,6 +32,71 @@ PoliciesOpt = Annotated[
 DEFAULT_POLICIES = default_policies()  # wherever mlgo is run from
 SocketOpt = Annotated[
     Path | None, typer.Option(help="service socket (default: $MLGO_SOCKET or the runtime dir)")
+]
+
+
+# The options that time a workload, one group that `mlgo tune` and `mlgo build` share.
+TIMING = "Timing the workload"
+MOST_BENCH_SECONDS = 600.0  # a longer sample would make a tune's rounds take days
+BenchRoundsOpt = Annotated[
+    int,
+    typer.Option(
+        help="paired rounds of the workload (each build timed in turn, ABBA); 0: not timed",
+        min=0,
+        max=MOST_ROUNDS,
+        rich_help_panel=TIMING,
+    ),
+]
+BenchSecondsOpt = Annotated[
+    float,
+    typer.Option(
+        help="CPU seconds per timed sample of the workload (it loops to fill them; longer: "
+        "less noise in each round)",
+        callback=positive_up_to(MOST_BENCH_SECONDS),
+        rich_help_panel=TIMING,
+    ),
+]
+LayoutsOpt = Annotated[
+    int,
+    typer.Option(
+        help="also time the workload over this many relinks of each build, its functions "
+        "shuffled (lld --shuffle-sections); a speed tune keeps only what is faster over "
+        "them; 0: as built only",
+        min=0,
+        max=MOST_ROUNDS,
+        rich_help_panel=TIMING,
+    ),
+]
+
+
+def pgo_row_option(hidden: bool = False) -> typer.models.OptionInfo:
+    """--pgo-row, timing the PGO build beside the others (HIDDEN where it is only a way to
+    make a test quicker)."""
+    return typer.Option(
+        help="with a workload, time beside the others the build with its profile "
+        "(instrumented, the workload run once, -fprofile-instr-use); off: a quicker run",
+        rich_help_panel=TIMING,
+        hidden=hidden,
+    )
+
+
+def features(names: list[str] | None) -> list[str]:
+    """--use-feature's check: each an experiment of `EXPERIMENTS`."""
+    unknown = sorted(set(names or ()) - set(EXPERIMENTS))
+    if unknown:
+        known = ", ".join(EXPERIMENTS)
+        raise typer.BadParameter(f"no experiment {unknown[0]!r}: use one of {known}")
+    return names or []
+
+
+UseFeatureOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="switch on an experiment, one that has not paid yet: "
+        + "; ".join(f"{name}: {what}" for name, (_, what) in EXPERIMENTS.items())
+        + "; repeatable",
+        callback=features,
+    ),
 ]
 
 

@@ -8,38 +8,35 @@ from typing import Annotated
 
 import typer
 
-from mlgo.cli.options import DEFAULT_POLICIES, ClangOpt, PoliciesOpt, console, lto_mode, own_output
+from mlgo.cli.options import (
+    DEFAULT_POLICIES,
+    BenchRoundsOpt,
+    BenchSecondsOpt,
+    ClangOpt,
+    LayoutsOpt,
+    PoliciesOpt,
+    UseFeatureOpt,
+    console,
+    lto_mode,
+    own_output,
+    pgo_row_option,
+)
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.options import MOST_MINUTES, MOST_ROUNDS, MOST_SECONDS, MOST_STEPS, positive_up_to
 from mlgo.packages.recipes import BENCH_TIMEOUT_S
 from mlgo.programs.demo import DEMO_PACKAGE, DemoOptions
 from mlgo.programs.layouts import LAYOUTS
-from mlgo.programs.tune import TuneOptions
+from mlgo.programs.tune_run import EXPERIMENTS, TuneOptions
 
 BENCH_ROUNDS = 5  # mlgo build: a modest default, a few seconds per package
-# mlgo tune: a sample of --bench longer than this would make its rounds take days
-MOST_BENCH_SECONDS = 600.0
+# A test's knob, not a user's flag: hidden from --help
 TrainStepsOpt = Annotated[
     int,
     typer.Option(
-        help="stop training after this many iterations; 0: the minutes", min=0, max=MOST_STEPS
-    ),
-]
-LayoutsOpt = Annotated[
-    int,
-    typer.Option(
-        help="also time the workload over this many relinks of each build, its functions "
-        "shuffled (lld --shuffle-sections); a speed tune keeps only what is faster over "
-        "them; 0: as built only",
+        help="stop training after this many iterations; 0: the minutes",
         min=0,
-        max=MOST_ROUNDS,
-    ),
-]
-PGORowOpt = Annotated[
-    bool,
-    typer.Option(
-        help="with a workload, time beside the others the build with its profile "
-        "(instrumented, the workload run once, -fprofile-instr-use); off: a quicker run"
+        max=MOST_STEPS,
+        hidden=True,
     ),
 ]
 
@@ -58,14 +55,8 @@ def build(
         bool,
         typer.Option(help="MLGO_GUARD=size: per file, the smaller of the policy's and -Oz's"),
     ] = False,
-    bench_rounds: Annotated[
-        int,
-        typer.Option(
-            help="paired rounds of each recipe's workload; 0: not measured",
-            min=0,
-            max=MOST_ROUNDS,
-        ),
-    ] = BENCH_ROUNDS,
+    bench_rounds: BenchRoundsOpt = BENCH_ROUNDS,
+    bench_seconds: BenchSecondsOpt = 1.0,
     layouts: LayoutsOpt = LAYOUTS,
     lto: Annotated[
         str | None,
@@ -74,7 +65,7 @@ def build(
             callback=lto_mode,
         ),
     ] = None,
-    pgo_row: PGORowOpt = True,
+    pgo_row: Annotated[bool, pgo_row_option()] = True,
     clang: ClangOpt = None,
 ) -> None:
     """Build real programs from their Debian source packages twice, with plain clang and
@@ -83,17 +74,16 @@ def build(
     and the workload's CPU time. Each package's report.json and report.html go in OUT/<package>."""
     from mlgo.packages.recipes import load_recipe
     from mlgo.problems import at_link, get_problem
-    from mlgo.programs.compare import compare_programs, comparison_table
+    from mlgo.programs.compare import Serving, compare_programs, comparison_table
+    from mlgo.programs.measure import Timing
     from mlgo.runtime.commands import BuildError
 
     tc = find_toolchain(clang)
     recipes = [load_recipe(name) for name in packages]  # a misspelt name fails before any build
     problem = at_link("inlining-size", lto) if lto else get_problem("inlining-size")
-    result = compare_programs(
-        recipes, policy, out, tc, tests, backend, guard, bench_rounds, problem=problem,
-        layouts=layouts,
-        with_pgo=pgo_row,
-    )  # fmt: skip
+    timing = Timing(bench_rounds, bench_seconds, layouts)
+    serving = Serving(tests, backend, guard, pgo_row)
+    result = compare_programs(recipes, policy, out, tc, problem, timing, serving)
     console.print(comparison_table(result))
     console.print(f"wrote {out / 'build.json'}")
     for error in result.failed.values():
@@ -156,17 +146,8 @@ def tune(
     bench: Annotated[
         str | None, typer.Option(help="workload shell line; its output must match on both")
     ] = None,
-    bench_rounds: Annotated[
-        int, typer.Option(help="paired rounds of --bench", min=1, max=MOST_ROUNDS)
-    ] = TuneOptions.bench_rounds,
-    bench_seconds: Annotated[
-        float,
-        typer.Option(
-            help="CPU seconds per timed sample of --bench (it loops to fill them; longer: "
-            "less noise in each round)",
-            callback=positive_up_to(MOST_BENCH_SECONDS),
-        ),
-    ] = TuneOptions.bench_seconds,
+    bench_rounds: BenchRoundsOpt = TuneOptions.bench_rounds,
+    bench_seconds: BenchSecondsOpt = TuneOptions.bench_seconds,
     bench_timeout: Annotated[
         float,
         typer.Option(
@@ -197,8 +178,7 @@ def tune(
             help="full or thin: tune the inliner of an LTO link by lld", callback=lto_mode
         ),
     ] = None,
-    guard: Annotated[bool, typer.Option(help="MLGO_GUARD=size on the policy build")] = False,
-    pgo_row: PGORowOpt = TuneOptions.pgo_row,
+    pgo_row: Annotated[bool, pgo_row_option(hidden=True)] = TuneOptions.pgo_row,
     pgo: Annotated[
         bool,
         typer.Option(
@@ -206,13 +186,7 @@ def tune(
             "baseline the PGO build"
         ),
     ] = TuneOptions.pgo,
-    profile_inputs: Annotated[
-        bool,
-        typer.Option(
-            help="with --pgo, inlining-speed: the policy also reads the profile's counts at "
-            "each call site (computed in clang by the plugin)"
-        ),
-    ] = TuneOptions.profile_inputs,
+    use_feature: UseFeatureOpt = None,
     policy: Annotated[Path | None, typer.Option(help="start policy (default: shipped)")] = None,
     refresh: Annotated[
         bool,
@@ -244,14 +218,13 @@ def tune(
         policy=policy,
         minutes=minutes,
         train_steps=train_steps,
-        guard=guard,
         bench_rounds=bench_rounds,
         bench_seconds=bench_seconds,
         layouts=layouts,
         pgo_row=pgo_row,
         refresh=refresh,
         pgo=pgo,
-        profile_inputs=profile_inputs,
+        **{EXPERIMENTS[name][0]: True for name in use_feature or ()},
     )
     report = run_tune(source, recipe, out, find_toolchain(clang), opts, console.print)
     console.print(report_table(report))

@@ -109,34 +109,40 @@ def pristine_source(recipe: Recipe, work: Path) -> Path:
     return pristine
 
 
+@dataclass(frozen=True)
+class Building:
+    """How a build runs beyond what it compiles with: whether the package's own TESTS run
+    after it, a LOG_DIR where each compiler call is logged (`wrappers.write_wrapper`), and
+    a CONFIGURED copy that the configure step is done once into (`configured_copy`)."""
+
+    tests: bool = True
+    log_dir: Path | None = None
+    configured: Path | None = None
+
+
 def build_program(
     recipe: Recipe,
     pristine: Path,
     tree: Path,
     tc: Toolchain,
-    variant: str,
-    compilers: tuple[str, str],
-    env_extra: dict[str, str] | None = None,
-    run_tests: bool = True,
+    variant: Variant,
     flags: list[str] | None = None,
-    log_dir: Path | None = None,
-    configured: Path | None = None,
+    how: Building = Building(),
 ) -> ProgramBuild:
-    """Configures, builds (timed) and tests a fresh copy of PRISTINE at TREE with the
-    (CC, CXX) COMPILERS, which get FLAGS (default: -Oz) after the package's own; with
-    LOG_DIR, each compiler call is logged there (`wrappers.write_wrapper`); with CONFIGURED,
-    the configure step is done once (`configured_copy`)."""
+    """Configures, builds (timed) and tests (`Building`) a fresh copy of PRISTINE at TREE
+    with VARIANT's (CC, CXX) and environment, the compilers getting FLAGS (default: -Oz)
+    after the package's own."""
     tree = tree.resolve()
     wrappers = tree.parent / f".{tree.name}-bin"
     wrappers.mkdir(parents=True, exist_ok=True)
     log = tree.parent / f"{tree.name}.log"
     log.write_text("")
-    cc, cxx = compilers
+    (cc, cxx), compilers = variant.compilers, variant.compilers
     flags = flags or SIZE_FLAGS
-    env = build_env(tc, wrappers, flags, cc=cc, cxx=cxx, log_dir=log_dir)
-    env.update(env_extra or {})
-    name = f"{recipe.name} ({variant})"
-    configured_copy(recipe, pristine, tree, env, [*compilers, *flags], name, configured)
+    env = build_env(tc, wrappers, flags, cc=cc, cxx=cxx, log_dir=how.log_dir)
+    env.update(variant.env)
+    name = f"{recipe.name} ({variant.name})"
+    configured_copy(recipe, pristine, tree, env, [*compilers, *flags], name, how.configured)
     start, cpu_start = time.monotonic(), children_cpu()
     for cmd in recipe.build:
         run_logged(cmd, tree, log, recipe.build_timeout_s, env, f"{name}: build")
@@ -145,10 +151,10 @@ def build_program(
     if missing:
         raise BuildError(f"{name}: the build made no {', '.join(missing)} (log: {log})")
     text = {p: text_size(tree / p) for p in recipe.programs}
-    if run_tests:
+    if how.tests:
         run_recipe_tests(recipe, tree, log, env, f"{name}: its own tests")
-    tests = "passed" if recipe.test and run_tests else "not run"
-    return ProgramBuild(recipe.name, variant, seconds, cpu, text, tests)
+    tests = "passed" if recipe.test and how.tests else "not run"
+    return ProgramBuild(recipe.name, variant.name, seconds, cpu, text, tests)
 
 
 def configured_copy(

@@ -11,6 +11,7 @@ build is not served. A shipped link-time policy's recipe runs it on held-out cod
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -23,11 +24,17 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from mlgo.corpus.format import Corpus, load_corpus
-from mlgo.data import shipped_policy
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
 from mlgo.problems.policy_files import save_policy
-from mlgo.programs.judges import Judge, judgement, linked_evaluations, rank_correlation
+from mlgo.programs.judges import (
+    Judge,
+    candidate_judge,
+    judgement,
+    linked_evaluations,
+    rank_correlation,
+)
+from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.inputs import read_json
 from mlgo.runtime.workers import Workers, make_workers
 from mlgo.train import RunState
@@ -50,6 +57,7 @@ from mlgo.train.evaluate import Evaluation
 
 if TYPE_CHECKING:
     from mlgo.problems.policy import MLPPolicy
+    from mlgo.programs.tune_run import TuneDir, TuneRun
     from mlgo.train.loop import Reward
     from mlgo.train.run import Trained
 
@@ -65,16 +73,6 @@ OWN_CODE = {
 }
 # The start of a problem with no shipped policy, as a tune's candidates name it
 CLONED = "clang's own, cloned"
-
-
-def shipped_start(problem: Problem) -> Path | None:
-    """The shipped policy tuning PROBLEM starts from: its own, or where none is shipped, that
-    of the problem it `starts_from` (the link-time inliner from the per-file one); None
-    where there is neither (the start is then `cloned_start`)."""
-    own = shipped_policy(problem.name)
-    if own.is_dir():
-        return own
-    return shipped_policy(problem.starts_from) if problem.starts_from else None
 
 
 def cloned_start(problem: Problem, traces: Path, start: Path, base: int | None = None) -> None:
@@ -158,16 +156,16 @@ def planned_training(
 @dataclass(frozen=True)
 class Chain:
     """What a tune's chain trains and judges with: the recorded CORPUS of PROBLEM, the
-    START policy (named START_NAME among the candidates), OUT (it trains into OUT/train
-    and keeps its choice in OUT/chosen), the toolchain, the STEPS of training (0: none)
-    and SECONDS of budget, the JUDGE of its candidates and the REWARD a search scores by
-    (None: the corpus's cost), and whether the search's policy also reads the profile's
-    counts (PROFILE_INPUTS)."""
+    START policy (named START_NAME among the candidates), the tune's directory OUT (it
+    trains into OUT/train and keeps its choice in OUT/chosen), the toolchain, the STEPS
+    of training (0: none) and SECONDS of budget, the JUDGE of its candidates and the
+    REWARD a search scores by (None: the corpus's cost), and whether the search's policy
+    also reads the profile's counts (PROFILE_INPUTS)."""
 
     corpus: Path
     problem: Problem
     start: Path
-    out: Path
+    out: TuneDir
     tc: Toolchain
     steps: int
     seconds: float = 0.0
@@ -210,7 +208,7 @@ def choose_policy(chain: Chain) -> tuple[MLPPolicy, dict]:
             candidates |= trained_and_gated(trained.policy, change, sweep)
     judged = judged_changes(candidates, chain.judge)
     chosen, timed = kept(candidates, judged, chain.judge)
-    save_policy(candidates[chosen][0], chain.out / "chosen")
+    save_policy(candidates[chosen][0], chain.out.chosen)
     record = training_record(chain, candidates, judged, chosen, trained, timed, budgeted)
     return candidates[chosen][0], record
 
@@ -233,7 +231,7 @@ def grid_start(
         return chain.start, first, grid
     from mlgo.train.run import load_start
 
-    start = based_start(fastest, corpus, chain.out, chain.tc, pool)
+    start = based_start(fastest, corpus, chain.out.based_start(fastest.base), chain.tc, pool)
     first = load_start(start, chain.problem)
     cloned = f"{chain.start_name}, {chain.problem.base_switch}={fastest.base}"
     return start, first, grid | {cloned: (first, weigh(first))}
@@ -276,7 +274,7 @@ def train_from(
     if chain.profile_inputs:  # the search's start reads them too, at zero weight
         first = first.with_profile_inputs()
     algo = trainer(chain.problem, chain.reward)
-    where = chain.out / "train"
+    where = chain.out.train
     return run(algo, corpus, chain.problem, where, chain.tc, pool, opts, chain.reward, start=first)
 
 
@@ -360,14 +358,13 @@ def training_record(
     return training
 
 
-def based_start(at: MLPPolicy, corpus: Corpus, out: Path, tc: Toolchain, pool: Workers) -> Path:
+def based_start(at: MLPPolicy, corpus: Corpus, where: Path, tc: Toolchain, pool: Workers) -> Path:
     """Clang's own decisions at AT's base (AT never departs), traced on CORPUS and cloned
-    (`cloned_start`) into OUT/start-BASE/policy, which departs from none of them: where a
-    base is faster than clang's own, a search of departures starts there, not from -O2's
-    answers (whose clone, served at that base, would depart back to them)."""
+    (`cloned_start`) into WHERE/policy, which departs from none of them: where a base is
+    faster than clang's own, a search of departures starts there, not from -O2's answers
+    (whose clone, served at that base, would depart back to them)."""
     from mlgo.traces.collect import collect
 
-    where = out / f"start-{at.base}"
     collect(at.problem, corpus, where / "traces", tc, pool, at_base=at)
     cloned_start(at.problem, where / "traces", where / "policy", at.base)
     return where / "policy"
@@ -433,10 +430,34 @@ def outcome_line(choice: dict) -> str | None:
     return f"test: {t['change_pct']:+.3f}% ({langs}); larger: {larger}; >0.1%: {over}"
 
 
-def export(policy: MLPPolicy, chosen: Path, out: Path) -> Path:
+def export(policy: MLPPolicy, chosen: Path, to: Path) -> Path:
     """The chosen POLICY (as saved in CHOSEN, for its card) released (numpy and
-    SavedModel) into OUT/policy."""
+    SavedModel) into TO."""
     from mlgo.ship.modelcard import run_card
     from mlgo.ship.release import release
 
-    return release(policy, out / "policy", run_card(policy, chosen), aot=False).saved_model.parent
+    return release(policy, to, run_card(policy, chosen), aot=False).saved_model.parent
+
+
+def train_stage(run: TuneRun) -> None:
+    """A tune's training: from the start (clang's own decisions cloned first, where no
+    policy is shipped) the chain (`choose_policy`), judged as the problem asks
+    (`judges.candidate_judge`), its kept policy released into OUT/policy and what training
+    did into OUT/training.json."""
+    from mlgo.programs.speed import workload_reward
+    from mlgo.train.run import UNTIL_BUDGET
+
+    given, problem, out = run.given_start, run.problem, run.out
+    origin = run.start if given else f"{CLONED} ({problem.opt_level})"
+    run.say(f"training {problem.name} from {origin} for {run.opts.minutes:g} minutes")
+    if given is None:
+        cloned_start(problem, out.traces, run.start)
+    reward = workload_reward(run)
+    chain = Chain(
+        out.corpus, problem, run.start, out, run.tc, run.opts.train_steps or UNTIL_BUDGET,
+        60 * run.opts.minutes, candidate_judge(problem, out.corpus, run.tc, reward), reward,
+        "shipped" if given else CLONED, run.opts.profile_inputs, run.say,
+    )  # fmt: skip
+    policy, training = choose_policy(chain)
+    export(policy, out.chosen, out.policy)
+    atomic_write_text(out.training, json.dumps(training, indent=1))

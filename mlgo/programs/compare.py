@@ -16,6 +16,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import Recipe
 from mlgo.problems import Problem, get_problem
 from mlgo.programs.build import (
+    Building,
     ProgramBuild,
     Variant,
     baseline_label,
@@ -26,7 +27,7 @@ from mlgo.programs.build import (
     pristine_source,
     problem_flags,
 )
-from mlgo.programs.layouts import LAYOUTS
+from mlgo.programs.measure import Timing
 from mlgo.programs.pgo import PGO, PGORow, pgo_row, timed_beside_row
 from mlgo.programs.report import (
     PGO_ROW,
@@ -71,7 +72,7 @@ def build_pair(
     pristine source: PRISTINE, or the recipe's Debian source fetched into WORK."""
     pristine = pristine or pristine_source(recipe, work)
     a, b = (
-        build_program(recipe, pristine, work / v.name, tc, v.name, v.compilers, v.env, tests, flags)
+        build_program(recipe, pristine, work / v.name, tc, v, flags, Building(tests=tests))
         for v in pair
     )
     return a, b
@@ -106,47 +107,48 @@ class Comparison:
         atomic_write_text(path, json.dumps(payload, indent=1))
 
 
+@dataclass(frozen=True)
+class Serving:
+    """How `compare_programs` serves its policies and what it runs: the package's own
+    TESTS on both builds, the service's BACKEND, GUARD (mlgo-cc keeps the smaller of the
+    policy's and the default's object per file), and WITH_PGO the build with the
+    workload's profile timed beside them, as built (`pgo.pgo_row`) and over layouts."""
+
+    tests: bool = True
+    backend: str = "auto"
+    guard: bool = False
+    with_pgo: bool = True
+
+
 def compare_programs(
     recipes: list[Recipe],
     policies: list[Path],
     out: Path,
     tc: Toolchain,
-    tests: bool = True,
-    backend: str = "auto",
-    guard: bool = False,
-    bench_rounds: int = 0,
-    bench_seconds: float = 1.0,
     problem: Problem = INLINING,
-    layouts: int = LAYOUTS,
-    with_pgo: bool = True,
+    timing: Timing | None = None,
+    serving: Serving = Serving(),
 ) -> Comparison:
-    """Builds every recipe plain and with the POLICIES served (PROBLEM's flags on both:
-    -Oz, or for a link-time problem -Oz with full LTO by lld) under OUT, saving
+    """Builds every recipe plain and with the POLICIES served (`Serving`; PROBLEM's flags on
+    both: -Oz, or for a link-time problem -Oz with full LTO by lld) under OUT, saving
     OUT/build.json after each and OUT/<package>/report.json and .html; a failed package is
-    recorded and skipped. GUARD: mlgo-cc keeps the smaller of the policy's and the
-    default's object per file. BENCH_ROUNDS: paired rounds of the workload of each recipe
-    that has one, about BENCH_SECONDS of CPU each (0: not measured), also over LAYOUTS
-    shuffled layouts of both builds (`layouts.policy_over_layouts`; 0: as built only),
-    and WITH_PGO the build with the workload's profile timed beside them, as built
-    (`pgo.pgo_row`) and over the same layouts."""
+    recorded and skipped. With TIMING, the workload of each recipe that has one is timed in
+    its rounds, also over its layouts of both builds (`layouts.policy_over_layouts`)."""
     result = Comparison(policies)
     flags, label = problem_flags(problem), baseline_label(problem)
-    with policy_service(policies, out / "service", backend) as service_env:
-        pair = variants(tc, service_env, guard=guard)
+    with policy_service(policies, out / "service", serving.backend) as service_env:
+        pair = variants(tc, service_env, guard=serving.guard)
         for recipe in recipes:
             trees = {v.name: out / recipe.name / v.name for v in pair}
             try:
-                built = build_pair(recipe, out / recipe.name, tc, pair, tests, flags)
+                built = build_pair(recipe, out / recipe.name, tc, pair, serving.tests, flags)
                 speed = None
-                if bench_rounds and recipe.bench:
-                    where = out / recipe.name
-                    source, row = pristine_source(recipe, where), PGORow()
-                    if with_pgo:
-                        row = pgo_row(recipe, source, trees["plain"], tc, flags, tests)
-                    timing, at = (bench_rounds, bench_seconds, layouts), where / "layouts"
-                    speed = timed_beside_row(
-                        recipe, source, trees, row, pair, flags, at, tc, timing
-                    )
+                if timing and timing.rounds and recipe.bench:
+                    source, row = pristine_source(recipe, out / recipe.name), PGORow()
+                    if serving.with_pgo:
+                        row = pgo_row(recipe, source, trees["plain"], tc, flags, serving.tests)
+                    builds = [(v, flags) for v in pair]
+                    speed = timed_beside_row(recipe, source, trees, row, builds, tc, timing)
                 report = program_report(built, trees, policies, speed)
                 report["flags"] = label
                 write_report(report, out / recipe.name)

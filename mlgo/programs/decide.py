@@ -12,61 +12,55 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlgo.llvm.toolchain import Toolchain
-from mlgo.packages.recipes import Recipe
-from mlgo.problems import Problem
 from mlgo.problems.policy_files import load_policy
 from mlgo.programs.build import Variant, plain_compilers, problem_flags, scratch_copy
 from mlgo.ship.decisions import ROOT_ENV, file_states, read, write
 from mlgo.ship.decisions_kept import keep, unchanged
 from mlgo.ship.decisions_record import record_units
 
-DECISIONS = "decisions"  # OUT/decisions
+if TYPE_CHECKING:
+    from mlgo.programs.tune_run import TuneRun
 
 
-def writes_decisions(problem: Problem) -> bool:
-    """Whether PROBLEM's decisions are the inliner's, which clang replays from a file (the
-    problems our clang plugin serves, and records)."""
-    return problem.plugin
-
-
-def decide(
-    recipe: Recipe,
-    pristine: Path,
-    policy: Path,
-    out: Path,
-    root: Path,
-    tc: Toolchain,
-    problem: Problem,
-    refresh: bool = False,
-    profile: Path | None = None,
-) -> Path:
-    """RECIPE configured and built from a copy of PRISTINE with the POLICY served by our
-    plugin at PROBLEM's stage and recorded; its kept decisions written to OUT/decisions for
-    the project at ROOT (where `CC=OUT/decisions/cc` builds it), the copy removed. To
-    REFRESH them, the sources unchanged since OUT/decisions was written keep its verdicts
-    and only the others are judged. With a PROFILE, every compile uses its counts, and
-    OUT/decisions carries it."""
-    earlier = out / DECISIONS / "summary.json"
-    before = read(out / DECISIONS).verdicts() if refresh and earlier.is_file() else {}
-    scratch = (out / "decide" / recipe.name).resolve()
-    scratch_copy(pristine, scratch)
+def decide(run: TuneRun) -> Path:
+    """The project configured and built from a copy of the tune's snapshot with its kept
+    policy served by our plugin at the problem's stage and recorded; its kept decisions
+    written to OUT/decisions for the project at its source (where `CC=OUT/decisions/cc`
+    builds it), the copy removed. A refresh keeps the verdicts of the sources unchanged
+    since OUT/decisions was written and judges only the others. With a profile, every
+    compile uses its counts, and OUT/decisions carries it."""
+    out, recipe, problem, refresh = run.out, run.recipe, run.problem, run.opts.refresh
+    earlier = out.decisions / "summary.json"
+    before = read(out.decisions).verdicts() if refresh and earlier.is_file() else {}
+    scratch = out.deciding / recipe.name
+    scratch_copy(run.pristine, scratch)
     script = " && ".join([*recipe.configure, *recipe.build])
-    flags = problem_flags(problem, profile)
+    flags = problem_flags(problem, run.profile)
     log = scratch.parent / "build.log"
     clangs = scratch.parent / "clangs"  # what clang's own builds, beside the copy
     clangs.mkdir()
+    policy = load_policy(out.policy)
     found = record_units(
-        load_policy(policy), scratch, ["sh", "-c", script], tc, log, clangs, flags, problem.stage
+        policy, scratch, ["sh", "-c", script], run.tc, log, clangs, flags, problem.stage
     )
     as_before = unchanged(found, before)
     files, links, left = keep(found, problem.aim, as_before)
     again = sorted(f"files/{n}" for n in found.files if f"files/{n}" not in as_before)
     refreshed = {"judged_again": again, "as_before": len(as_before)} if refresh else None
-    write(out / DECISIONS, root, files, links, found.flags, tc.major, left, refreshed, profile)
+    write(out.decisions, run.source, files, links, found.flags, run.tc.major, left, refreshed,
+          run.profile)  # fmt: skip
     shutil.rmtree(scratch.parent)
-    return out / DECISIONS
+    return out.decisions
+
+
+def decisions_stage(run: TuneRun) -> None:
+    """A tune's decisions stage, for a problem clang replays from a file (`decide`)."""
+    if run.decisions is not None:
+        run.say(f"keeping the policy's decisions where they pay, in {run.decisions}")
+        decide(run)
 
 
 def from_decisions(tc: Toolchain, directory: Path, root: Path) -> tuple[Variant, Variant]:

@@ -14,7 +14,8 @@ from pathlib import Path
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import Recipe
 from mlgo.programs.build import pristine_source
-from mlgo.programs.tune import TuneOptions, tune
+from mlgo.programs.tune import tune
+from mlgo.programs.tune_run import TuneOptions
 
 DEMO_PACKAGE = "units"  # in no split: no shipped policy trained on it, as on your code
 

@@ -42,15 +42,15 @@ LINK_JUDGE = "lld's LTO of each program"
 
 
 def candidate_judge(
-    problem: Problem, out: Path, tc: Toolchain, reward: WorkloadReward | None
+    problem: Problem, corpus: Path, tc: Toolchain, reward: WorkloadReward | None
 ) -> Judge | None:
     """What judges a tune's candidates where the corpus's cost would mislead: for a
-    link-time problem, the link itself (`linked_changes`); for a speed problem given a
-    workload, the workload's cost (REWARD). None: the corpus's cost."""
+    link-time problem, the link itself of the recorded CORPUS's programs
+    (`linked_changes`); for a speed problem given a workload, the workload's cost (REWARD).
+    None: the corpus's cost."""
     from mlgo.programs.speed import JUDGE
 
     if problem.stage != "compile":
-        corpus = out / "corpus"
         return Judge(
             LINK_JUDGE, lambda ps: linked_changes(ps, load_corpus(corpus).require(problem), tc)
         )

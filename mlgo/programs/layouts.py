@@ -28,9 +28,10 @@ from mlgo.corpus.lto import NOT_LINKS, PROBES, Link, replay_command
 from mlgo.llvm.driver import link_output
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import Recipe
-from mlgo.programs.build import Variant, build_program
+from mlgo.programs.build import Building, Variant, build_program
 from mlgo.programs.measure import (
     AGAIN,
+    Timing,
     first_difference,
     in_percent,
     prepare_workload,
@@ -95,7 +96,15 @@ def layout_trees(
     built = [*flags, *SECTIONS_FLAGS]
     name = f"{variant.name}, function sections"
     compilers, env = variant.compilers, variant.env
-    build_program(recipe, pristine, sections, tc, name, compilers, env, False, built, logs)
+    build_program(
+        recipe,
+        pristine,
+        sections,
+        tc,
+        Variant(name, compilers, env),
+        built,
+        Building(tests=False, log_dir=logs),
+    )
     links = program_links(logged_invocations(logs), sections)
     if not links:
         raise BuildError(f"{recipe.name} ({name}): its build linked no program to relink")
@@ -170,35 +179,28 @@ def policy_over_layouts(
     pristine: Path,
     work: Path,
     tc: Toolchain,
-    pair: Sequence[Variant],
-    flags: list[str],
-    layouts: int,
-    rounds: int,
-    seconds: float = 1.0,
-    beside: tuple[str, list[str]] | None = None,
+    builds: Sequence[tuple[Variant, list[str]]],
+    timing: Timing,
 ) -> dict:
-    """A report's `throughput.layouts`: the PAIR (baseline, policy) of RECIPE built from
-    PRISTINE with FLAGS at LAYOUTS layouts each in WORK (`layout_trees`) and timed
-    there in ROUNDS rounds (`layouts_throughput`): the policy's change over layouts, and
-    the A/A control's. BESIDE (a name, and its flags): also the baseline's compilers at
-    those flags (a PGO build), timed in the same rounds, its change under that name."""
-    base = pair[0]
-    builds = [(v, flags) for v in pair]
-    if beside is not None:
-        name, its_flags = beside
-        builds.append((Variant(name, base.compilers, base.env), its_flags))
+    """A report's `throughput.layouts`: BUILDS (the baseline, the policy and any beside
+    them, each a variant at its flags) of RECIPE from PRISTINE, at TIMING's layouts each in
+    WORK (`layout_trees`) and timed there in its rounds (`layouts_throughput`): the
+    policy's change over layouts, the A/A control's, and each one beside's change under
+    its name (a PGO build)."""
+    base, policy = builds[0][0], builds[1][0]
     placed = {
-        v.name: layout_trees(recipe, pristine, work, tc, v, built, layouts) for v, built in builds
+        v.name: layout_trees(recipe, pristine, work, tc, v, flags, timing.layouts)
+        for v, flags in builds
     }
-    changes = layouts_throughput(recipe, placed, rounds, seconds)
+    changes = layouts_throughput(recipe, placed, timing.rounds, timing.seconds)
     control = changes[base.name + AGAIN]
-    extra = {beside[0]: changes[beside[0]]} if beside is not None else {}
+    extra = {v.name: changes[v.name] for v, _ in builds[2:]}
     return (
-        changes[pair[1].name]
+        changes[policy.name]
         | {
             "control_change_pct": control["change_pct"],
             "control_iqr_pct": control["iqr_pct"],
-            "rounds": rounds,
+            "rounds": timing.rounds,
         }
         | extra
     )

@@ -32,6 +32,15 @@ from mlgo.runtime.commands import BuildError, run_grouped, run_logged
 CLOCKS = ("wall", "cpu")
 
 
+class Timing(NamedTuple):
+    """How a workload's clock is read: ROUNDS paired rounds of about SECONDS of CPU a build
+    each, as built and over LAYOUTS shuffled layouts of each build (0: as built only)."""
+
+    rounds: int
+    seconds: float
+    layouts: int
+
+
 @dataclass(frozen=True)
 class Workload:
     """What runs in a program's build tree, and how its result is checked."""

@@ -21,6 +21,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlgo.llvm.profiles import (
     INSTRUMENT_FLAGS,
@@ -33,9 +34,10 @@ from mlgo.llvm.profiles import (
 )
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import Recipe
-from mlgo.programs.build import Variant, build_program, plain_compilers
+from mlgo.programs.build import Building, Variant, build_program, plain_compilers, problem_flags
 from mlgo.programs.layouts import policy_over_layouts
 from mlgo.programs.measure import (
+    Timing,
     Workload,
     first_difference,
     inverted,
@@ -47,6 +49,9 @@ from mlgo.programs.measure import (
 )
 from mlgo.runtime.commands import BuildError
 from mlgo.ship.decisions import read
+
+if TYPE_CHECKING:
+    from mlgo.programs.tune_run import TuneRun
 
 PGO = "pgo"  # the PGO build: its tree's name beside the other builds, its key in a throughput
 UNPROFILED = "unprofiled"  # on top of PGO, the plain build without the profile: the same
@@ -77,6 +82,17 @@ def profile_workload(workload: Workload, tree: Path, where: Path, tc: Toolchain)
     return merged
 
 
+def profile_stage(run: TuneRun) -> None:
+    """A tune's profile stage: with --pgo, the project built instrumented from the snapshot
+    and its workload run once, for the profile every later build of the tune uses; without,
+    nothing (the stage is finished all the same: --pgo is its argument)."""
+    if run.profile is not None:
+        name = run.recipe.name
+        run.say(f"building {name} instrumented and running the workload, for its profile")
+        flags = problem_flags(run.problem)
+        instrumented_profile(run.recipe, run.pristine, run.profile.parent, run.tc, flags)
+
+
 def instrumented_profile(
     recipe: Recipe, pristine: Path, where: Path, tc: Toolchain, flags: list[str]
 ) -> Path:
@@ -84,7 +100,15 @@ def instrumented_profile(
     profiled) and its workload run once there: the merged profile in WHERE."""
     tree = where.resolve() / "instrumented"
     compilers, instrumented = plain_compilers(tc), [*flags, *INSTRUMENT_FLAGS]
-    build_program(recipe, pristine, tree, tc, "instrumented", compilers, None, False, instrumented)
+    build_program(
+        recipe,
+        pristine,
+        tree,
+        tc,
+        Variant("instrumented", compilers, {}),
+        instrumented,
+        Building(tests=False),
+    )
     try:
         prepare_workload(recipe, tree, f"{recipe.name} (instrumented): bench")
         return profile_workload(recipe_workload(recipe), tree, where, tc)
@@ -111,12 +135,14 @@ class PGORow:
         """The tree to time beside the others, by its name; none when the row is left out."""
         return {self.name: Path(self.tree)} if self.tree else {}
 
-    def over_layouts(self, flags: list[str]) -> tuple[str, list[str]] | None:
-        """What `layouts.policy_over_layouts` builds and times beside plain and the policy,
-        built at FLAGS, for this row: its name and its build's flags; none when left out."""
+    def over_layouts(self, base: Variant, flags: list[str]) -> list[tuple[Variant, list[str]]]:
+        """What `layouts.policy_over_layouts` builds and times beside plain (BASE, built at
+        FLAGS) and the policy, for this row: BASE's compilers under its name, at its build's
+        flags; none when the row is left out."""
         if not self.tree:
-            return None
-        return (PGO, [*flags, *self.flags]) if self.name == PGO else (self.name, [*self.flags])
+            return []
+        its = [*flags, *self.flags] if self.name == PGO else [*self.flags]
+        return [(Variant(self.name, base.compilers, base.env), its)]
 
     def into(self, throughput: dict) -> dict:
         """THROUGHPUT, timed with `timed`'s tree among the others (and over layouts with
@@ -157,7 +183,13 @@ def row_build(
     tree = plain.parent / name
     try:
         built = build_program(
-            recipe, pristine, tree, tc, name, plain_compilers(tc), None, tests, flags
+            recipe,
+            pristine,
+            tree,
+            tc,
+            Variant(name, plain_compilers(tc), {}),
+            flags,
+            Building(tests=tests),
         )
         workload = recipe_workload(recipe)
         for t in (plain, tree):
@@ -249,21 +281,18 @@ def timed_beside_row(
     pristine: Path,
     trees: dict[str, Path],
     row: PGORow,
-    pair: Sequence[Variant],
-    flags: list[str],
-    at: Path,
+    builds: Sequence[tuple[Variant, list[str]]],
     tc: Toolchain,
-    timing: tuple[int, float, int],
+    timing: Timing,
 ) -> dict:
     """A report's `throughput`: the workload's clock on TREES (the plain build first, then
-    the policy's) and the ROW's build, in ROUNDS paired rounds of about SECONDS of CPU each
-    (`recipe_throughput`), and over LAYOUTS shuffled layouts of the PAIR's builds and the
-    row's, built in AT (`layouts.policy_over_layouts`; TIMING: rounds, seconds, layouts);
-    the row's figures in it (`PGORow.into`)."""
-    rounds, seconds, layouts = timing
-    speed = recipe_throughput(recipe, trees | row.timed(), rounds, seconds)
-    if layouts:
-        speed["layouts"] = policy_over_layouts(
-            recipe, pristine, at, tc, pair, flags, layouts, rounds, seconds, row.over_layouts(flags)
-        )
+    the policy's) and the ROW's build, in TIMING's rounds (`recipe_throughput`), and over
+    its layouts, BUILDS (plain and the policy's, each at its flags) and the row's relinked
+    beside the plain tree, in layouts/ (`layouts.policy_over_layouts`); the row's figures
+    in it (`PGORow.into`)."""
+    speed = recipe_throughput(recipe, trees | row.timed(), timing.rounds, timing.seconds)
+    if timing.layouts:
+        at = trees["plain"].parent / "layouts"
+        beside = row.over_layouts(*builds[0])
+        speed["layouts"] = policy_over_layouts(recipe, pristine, at, tc, [*builds, *beside], timing)
     return row.into(speed)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
@@ -16,8 +17,14 @@ from mlgo.errors import UsageError
 from mlgo.llvm.sizes import compare_trees, linked_rows, tree_totals
 from mlgo.plots import STYLE, img, png, pyplot
 from mlgo.problems import get_problem
+from mlgo.programs.build import ProgramBuild
+from mlgo.programs.decide import built_from
+from mlgo.programs.pgo import hot_departures
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.inputs import read_json
+
+if TYPE_CHECKING:
+    from mlgo.programs.tune_run import TuneRun
 
 LARGEST_CHANGES = 20  # files in the per-file size plot
 REPORT_KEYS = {"package", "policy", "size", "tests"}
@@ -362,3 +369,20 @@ def render_html(report: dict) -> str:
 {f"<p>{esc(left_out(report))}</p>" if left_out(report) else ""}
 {"".join(sections)}
 </body></html>"""
+
+
+def report_stage(run: TuneRun) -> None:
+    """A tune's report: its two builds' sizes, tests and (with a workload) the clock's
+    figures, what training did, what the policy's build was built from, and, on top of
+    PGO, where the profile and the policy meet: OUT/report.json and its page."""
+    out, work, decisions = run.out, run.out.programs, run.decisions
+    plain, ml = (ProgramBuild(**b) for b in read_json(out.builds))
+    trees = {b.variant: work / b.variant for b in (plain, ml)}
+    speed = read_json(out.throughput) if run.recipe.bench else None
+    report = program_report((plain, ml), trees, [out.policy.resolve()], speed)
+    report.update(problem=run.problem.name, level=run.problem.opt_level)
+    report.update(training=read_json(out.training), stage=run.problem.stage, flags=run.baseline)
+    report.update(built_from(decisions, trees["mlgo"], run.say))
+    if run.profile is not None and decisions is not None:  # what the policy changed where hot
+        report["hot"] = hot_departures(run.profile, decisions, run.tc)
+    write_report(report, out.root)

@@ -39,11 +39,12 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import Recipe
 from mlgo.problems import Problem
 from mlgo.problems.policy_files import save_policy
-from mlgo.programs.build import build_program, policy_service, problem_flags
-from mlgo.programs.compare import Variant, variants
+from mlgo.programs.build import Building, Variant, build_program, policy_service, problem_flags
+from mlgo.programs.compare import variants
 from mlgo.programs.layouts import LAYOUTS, layout_trees, layouts_throughput
 from mlgo.programs.measure import (
     AGAIN,
+    Timing,
     executed,
     in_percent,
     paired_change,
@@ -59,6 +60,7 @@ from mlgo.runtime.inputs import read_json
 if TYPE_CHECKING:
     from mlgo.corpus.format import Module
     from mlgo.problems.policy import MLPPolicy
+    from mlgo.programs.tune_run import TuneRun
 
 LABEL = "the workload's block cost"
 JUDGE = f"{LABEL} (llvm-mca cycles + lines fetched, callgrind's counts)"
@@ -68,6 +70,7 @@ WORKLOAD_SEARCH = {"directions": 4}
 # Policies built and costed at once: one build's serial stretches (its configure, its links,
 # the workload's run under callgrind) leave a core idle that the other one's compiles take
 SIDE_BY_SIDE = 2
+TIMING = Timing(10, 1.0, LAYOUTS)  # a reward's clock by default: 10 rounds of 1 s, 4 layouts
 
 
 def tree_cost(
@@ -81,18 +84,34 @@ def tree_cost(
     return workload_cost(ran.by_object, tc, known).cycles_and_lines, ran.instructions
 
 
+def workload_reward(run: TuneRun) -> WorkloadReward | None:
+    """What a tune of a speed problem given a workload trains on and judges by: the
+    workload's cost on each policy's build (in OUT/judged), and its clock in the bench's
+    rounds (each build with the profile, if any). None for the others: they train on the
+    corpus's cost."""
+    if run.problem.aim == "speed" and run.recipe.bench:
+        return WorkloadReward(
+            run.recipe, run.pristine, run.out.judged, run.tc, run.problem, run.opts.timing,
+            run.profile,
+        )  # fmt: skip
+    return None
+
+
 class WorkloadReward:
     """`train.loop.Reward` on RECIPE's workload: a policy's relative reduction of the
     workload cost against the plain build at the problem's level. Builds from PRISTINE in
-    WORK, SIDE_BY_SIDE at once, each tree configured once (CONFIGURE_ONCE: WORK/configured)
-    and removed once costed (its log kept); the costs are kept in WORK/costs.json, so that
-    a tune killed while judging does not build them again. `clock` times the best of them
-    over LAYOUTS shuffled layouts, in ROUNDS paired rounds of SECONDS of CPU a build and
-    layout. With a PROFILE, every build uses its counts (the plain build is then the PGO
-    build)."""
+    WORK, `side_by_side` at once, each tree configured once (`configure_once`:
+    WORK/configured) and removed once costed (its log kept); the costs are kept in
+    WORK/costs.json, so that a tune killed while judging does not build them again.
+    `clock` times the best of them in TIMING's rounds, as built and over its layouts. With
+    a PROFILE, every build uses its counts (the plain build is then the PGO build)."""
 
     per_module = False  # every score is the whole program's
     label = LABEL
+    # how candidates are built: a benchmark's knobs (tools/bench_costing.py), set on an
+    # instance to cost them one at a time or configured each build
+    side_by_side = SIDE_BY_SIDE
+    configure_once = True
 
     def __init__(
         self,
@@ -101,17 +120,12 @@ class WorkloadReward:
         work: Path,
         tc: Toolchain,
         problem: Problem,
-        rounds: int = 10,
-        seconds: float = 1.0,
-        layouts: int = LAYOUTS,
+        timing: Timing = TIMING,
         profile: Path | None = None,
-        side_by_side: int = SIDE_BY_SIDE,
-        configure_once: bool = True,
     ):
         self.recipe, self.pristine, self.work, self.tc = recipe, pristine, work, tc
-        self.side_by_side, self.configure_once = side_by_side, configure_once
         self.profile, self.flags = profile, problem_flags(problem, profile)
-        self.rounds, self.seconds, self.layouts = rounds, seconds, layouts
+        self.rounds, self.seconds, self.layouts = timing
         self.known: dict[Code, float] = {}  # llvm-mca's cycles of code an earlier build had
         self.costs: dict[str, float] = {}  # by `_key`; "plain": the plain build's
         self.build_seconds: dict[str, float] = {}  # the wall time of each one's build and cost
@@ -124,11 +138,8 @@ class WorkloadReward:
     def _build(
         self, variant: Variant, tree: Path, flags: list[str], configured: Path | None = None
     ) -> Path:
-        compilers = variant.compilers
-        build_program(
-            self.recipe, self.pristine, tree, self.tc, variant.name, compilers, variant.env,
-            False, flags, configured=configured,
-        )  # fmt: skip
+        how = Building(tests=False, configured=configured)
+        build_program(self.recipe, self.pristine, tree, self.tc, variant, flags, how)
         with self._lock:
             self.builds += 1
         return tree

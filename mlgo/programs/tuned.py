@@ -7,18 +7,24 @@ of ours is built the same way as ours, so that every figure is of the build that
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import json
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlgo.llvm.toolchain import Toolchain
-from mlgo.packages.recipes import Recipe
-from mlgo.problems import Problem
-from mlgo.programs.build import ProgramBuild, Variant, policy_service, problem_flags
+from mlgo.programs.build import Variant, policy_service, problem_flags
 from mlgo.programs.compare import build_pair, variants
 from mlgo.programs.decide import from_decisions
 from mlgo.programs.layouts import sections_tree
 from mlgo.programs.pgo import PGORow, pgo_row, timed_beside_row, unprofiled_row
+from mlgo.runtime.files import atomic_write_text
+from mlgo.runtime.inputs import read_json
+
+if TYPE_CHECKING:
+    from mlgo.programs.tune_run import TuneRun
 
 
 @contextmanager
@@ -35,70 +41,57 @@ def plain_and_ours(
         yield plain, ours
 
 
-def build_twice(
-    recipe: Recipe,
-    pristine: Path,
-    policy: Path,
-    work: Path,
-    tc: Toolchain,
-    problem: Problem,
-    guard: bool = False,
-    decisions: Path | None = None,
-    profile: Path | None = None,
-) -> tuple[ProgramBuild, ProgramBuild]:
-    """RECIPE configured, built and tested from PRISTINE twice, in WORK/plain (clang at
-    the problem's level, with the PROFILE if any) and WORK/mlgo (`plain_and_ours`). A
-    failing build or test raises BuildError naming its log."""
-    flags = problem_flags(problem, profile)
-    with plain_and_ours(tc, policy, decisions, work / "mlgo", work / "service", guard) as pair:
-        return build_pair(recipe, work, tc, pair, True, flags, pristine)
+def build_stage(run: TuneRun) -> None:
+    """A tune's two builds (`build_pair`), configured, built and tested from its snapshot
+    in OUT/programs/plain (clang at the problem's level, with the profile if any) and
+    OUT/programs/mlgo (`plain_and_ours`), recorded in OUT/programs/builds.json. A failing
+    build or test raises BuildError naming its log."""
+    recipe, work, decisions = run.recipe, run.out.programs, run.decisions
+    tests = ", with tests" if recipe.test else " (no --test: tests not run)"
+    ours = f"plain clang from {decisions}" if decisions else "mlgo-cc"
+    run.say(f"building {recipe.name} twice (clang {run.baseline}, and {ours}){tests}")
+    flags = problem_flags(run.problem, run.profile)
+    served = (run.out.policy, decisions, work / "mlgo", work / "service", run.opts.guard)
+    with plain_and_ours(run.tc, *served) as pair:
+        built = build_pair(recipe, work, run.tc, pair, True, flags, run.pristine)
+    atomic_write_text(run.out.builds, json.dumps([b.to_json() for b in built]))
 
 
-def pgo_build(
-    recipe: Recipe,
-    pristine: Path,
-    work: Path,
-    tc: Toolchain,
-    problem: Problem,
-    say: Callable,
-    profile: Path | None = None,
-) -> PGORow:
-    """The PGO row's build beside WORK/plain (`pgo.pgo_row`), or where WORK/plain was
-    built with the PROFILE, the build without it (`pgo.unprofiled_row`); its line said
-    when it is left out."""
-    plain, flags = work / "plain", problem_flags(problem)
-    if profile is None:
-        row = pgo_row(recipe, pristine, plain, tc, flags, True)
-    else:
-        row = unprofiled_row(recipe, pristine, plain, tc, flags, profile, True)
-    if row.left_out:
-        say(row.left_out)
-    return row
+def pgo_stage(run: TuneRun) -> None:
+    """With a workload, the PGO row's build beside OUT/programs/plain (`pgo.pgo_row`), or
+    where that was built with the tune's profile, the build without it
+    (`pgo.unprofiled_row`); its line said when it is left out. Recorded (an empty row
+    too) in OUT/programs/pgo.json."""
+    recipe, profile, row = run.recipe, run.profile, PGORow()
+    if recipe.bench and run.opts.pgo_row:
+        how = "without the profile, beside" if profile else "with the workload's profile, for"
+        run.say(f"building {recipe.name} {how} the PGO row")
+        plain, flags = run.out.programs / "plain", problem_flags(run.problem)
+        if profile is None:
+            row = pgo_row(recipe, run.pristine, plain, run.tc, flags, True)
+        else:
+            row = unprofiled_row(recipe, run.pristine, plain, run.tc, flags, profile, True)
+        if row.left_out:
+            run.say(row.left_out)
+    atomic_write_text(run.out.pgo_row, json.dumps(asdict(row)))
 
 
-def timed_builds(
-    recipe: Recipe,
-    pristine: Path,
-    work: Path,
-    tc: Toolchain,
-    problem: Problem,
-    ours: tuple[Path, Path | None, bool],
-    row: PGORow,
-    timing: tuple[int, float, int],
-    say: Callable[[str], None],
-    profile: Path | None = None,
-) -> dict:
-    """The workload's clock on WORK's builds (plain, mlgo and the PGO ROW's) in ROUNDS
-    paired rounds of SECONDS each (TIMING: rounds, seconds, layouts), and over LAYOUTS
-    shuffled layouts of plain, OURS (policy, decisions, guard) and the ROW's in
-    WORK/layouts; plain and ours with the PROFILE if any."""
-    layouts = timing[2]
+def bench_stage(run: TuneRun) -> None:
+    """With a workload, its clock on the tune's builds (plain, mlgo and the PGO row's) in
+    paired rounds, and over shuffled layouts of plain, ours and the row's in
+    OUT/programs/layouts; plain and ours with the profile if any: OUT/throughput.json."""
+    if not run.recipe.bench:
+        return
+    work, timing, row = run.out.programs, run.opts.timing, PGORow(**read_json(run.out.pgo_row))
     trees = {name: work / name for name in ("plain", "mlgo")}
-    over = f", and over {layouts} shuffled layouts of each" if layouts else ""
-    say(f"measuring the workload on {len(trees | row.timed())} builds ({timing[0]} rounds){over}")
-    at, (policy, decisions, guard) = work / "layouts", ours
-    root = sections_tree(at, "mlgo")
-    ours_for_layouts = plain_and_ours(tc, policy, decisions, root, work / "service", guard)
-    with ours_for_layouts if layouts else nullcontext(()) as pair:
-        flags = problem_flags(problem, profile)
-        return timed_beside_row(recipe, pristine, trees, row, pair, flags, at, tc, timing)
+    over = f", and over {timing.layouts} shuffled layouts of each" if timing.layouts else ""
+    count = len(trees | row.timed())
+    run.say(f"measuring the workload on {count} builds ({timing.rounds} rounds){over}")
+    at = work / "layouts"
+    served = (run.out.policy, run.decisions, sections_tree(at, "mlgo"), work / "service")
+    ours_for_layouts = plain_and_ours(run.tc, *served, run.opts.guard)
+    with ours_for_layouts if timing.layouts else nullcontext(()) as pair:
+        flags = problem_flags(run.problem, run.profile)
+        builds = [(v, flags) for v in pair]
+        speed = timed_beside_row(run.recipe, run.pristine, trees, row, builds, run.tc, timing)
+    atomic_write_text(run.out.throughput, json.dumps(speed, indent=1))

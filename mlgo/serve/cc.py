@@ -382,6 +382,24 @@ def _compile_plain_after(
     return plain
 
 
+def _tallied(conn: Connection, returncode: int, problem: str | None) -> str | None:
+    """The lease's end: the compile's RETURNCODE told, then every event and the tally read
+    within one wait (a service that keeps sending events cannot hold the build); PROBLEM,
+    or else the first the service reports. After a timeout the answer is not awaited:
+    whatever hung may hold it up too, and MLGO_TIMEOUT bounds the whole compilation."""
+    try:
+        conn.send({"op": "done", "returncode": returncode})
+        if not (problem or "").startswith(TIMED_OUT):
+            tally_by = time.monotonic() + CONNECT_TIMEOUT_S
+            while "event" in (tally := conn.receive(tally_by - time.monotonic())):
+                problem = problem or tally.get("message")
+            if tally["errors"]:
+                problem = problem or tally["errors"][0]
+    except (ServiceError, KeyError) as e:
+        problem = problem or str(e)
+    return problem
+
+
 def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
     if os.environ.get("MLGO_DISABLE"):
         os.execvp(compiler, [compiler, *args])
@@ -451,21 +469,7 @@ def run(compiler: str, args: list[str], cxx_driver: bool = False) -> int:
         with conn, err, _marks_file() if want_marks else nullcontext() as marks:
             env = {**os.environ, DEPARTURES_ENV: marks.name} if marks else None
             proc = subprocess.Popen([compiler, *args, *flags], stderr=err, env=env)
-            problem = _watch(proc, conn, timeout_s)
-            try:
-                conn.send({"op": "done", "returncode": proc.returncode})
-                # After a timeout the answer is not awaited: whatever hung may hold it up
-                # too, and MLGO_TIMEOUT bounds the whole compilation.
-                if not (problem or "").startswith(TIMED_OUT):
-                    # every event and the tally within one wait: a service that keeps
-                    # sending events cannot hold the build
-                    tally_by = time.monotonic() + CONNECT_TIMEOUT_S
-                    while "event" in (tally := conn.receive(tally_by - time.monotonic())):
-                        problem = problem or tally.get("message")
-                    if tally["errors"]:
-                        problem = problem or tally["errors"][0]
-            except (ServiceError, KeyError) as e:
-                problem = problem or str(e)
+            problem = _tallied(conn, proc.returncode, _watch(proc, conn, timeout_s))
             if problem is None and proc.returncode < 0:
                 problem = f"the compiler died of signal {-proc.returncode}"
             err.seek(0)

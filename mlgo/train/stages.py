@@ -1,16 +1,17 @@
-"""The stages of a chain (record, trace, train, calibrate, ...) run into one directory, each
-done once: a rerun skips the finished ones and a stopped one resumes (a trainer from its
-checkpoint), so that hours of training are never repeated because the last step failed.
+"""The stages of a run, each done once into one directory: a tune's (snapshot ... report,
+`programs/tune.py`) and a shipped policy's recipe's (its trainings and calibration). A
+rerun skips the finished ones and a stopped one resumes (a trainer from its checkpoint), so
+that hours of training are never repeated because the last step failed.
 
-`Stages` keeps which stages finished and how long each took, rewritten atomically after
-each, in one of two records:
-
-- a tune's (`Stages.logged`): OUT/stages.log, a finished stage per line with the time it
-  finished, beside OUT/tune.json, the arguments; a rerun whose arguments differ in one a
-  finished stage depended on is refused, naming it, rather than mixing results;
-- a recipe's (`Stages.timed`): a JSON record of each stage's seconds, summed over the runs
-  that worked on it (a stop by SIGTERM or Ctrl-C counts them; SIGKILL's are lost), and the
-  stages finished.
+A `Stage` is declared, as a trainer is: its name, what it does with the run, the arguments
+its result depends on, the one whose larger value alone runs it (and what follows) again (a
+budget), whether a refresh runs it again, and where it writes. `run_stages` runs those not
+finished, in order, each timed, and names the stage on an error. `StageRecord` is the one
+record of a run: which stages finished and when, and each one's seconds, summed over the
+runs that worked on it (a stop by SIGTERM or Ctrl-C counts them; SIGKILL's are lost), with
+the run's result if it has one, rewritten whole after each stage. `check_arguments` refuses
+a rerun whose arguments differ in one a finished stage depended on, naming it, rather than
+mixing results.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.llvm.toolchain import Toolchain
@@ -28,94 +31,62 @@ from mlgo.problems import Problem
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.inputs import read_json
+from mlgo.runtime.messages import naming
 from mlgo.runtime.workers import Workers
 from mlgo.train import policy_dir
 
+R = TypeVar("R")  # what a run's stages work on: a tune's run, or nothing
 
-class Stages:
-    """The stages NAMES of one run, in order, recorded in RECORD (see the module doc)."""
 
-    def __init__(self, record: Path, names: Sequence[str], result: dict | None = None):
-        self.record, self.names = record, tuple(names)
+@dataclass(frozen=True)
+class Stage(Generic[R]):
+    """One stage: NAME, what it does with the run (RUN), the arguments its result depends
+    on (DEPENDS), the one argument whose larger value alone runs it and the stages after
+    it again (GROWS, saying GROWING with {old} and {new}), whether --refresh runs it again
+    (REFRESHED), and where it writes (WHERE, named on an error that names no file)."""
+
+    name: str
+    run: Callable[[R], object]
+    depends: tuple[str, ...] = ()
+    grows: str | None = None
+    growing: str = ""
+    refreshed: bool = False
+    where: Callable[[R], Path] | None = None
+
+
+class StageRecord:
+    """The stages NAMES of one run, as the JSON record at PATH keeps them (see the module
+    doc), ending with RESULT (what the run found, if anything)."""
+
+    def __init__(self, path: Path, names: Sequence[str], result: dict | None = None):
+        self.path, self.names = path, tuple(names)
         self.finished: list[str] = []
+        self.ended: dict[str, str] = {}  # when each finished stage finished
         self.seconds: dict[str, float] = {}  # every stage worked on
-        self.result = result  # a timed record's last entries (None: a log)
-        self._ended: dict[str, str] = {}  # a log's: when each finished stage finished
-        self._arguments: tuple[Path, dict] = (record.parent / "tune.json", {})  # a log's
+        self.result = result or {}
 
     @classmethod
-    def timed(cls, record: Path, names: Sequence[str], result: dict) -> Stages:
-        """The stages NAMES as the JSON RECORD holds them (none finished if there is none
-        yet), which ends with RESULT (what the run found, rewritten by its last stage); a
-        ValueError if RECORD is not such a record (JSONDecodeError too)."""
-        stages = cls(record, names, result)
-        if not record.exists():
-            return stages
-        try:
-            data = read_json(record)
-            seconds, finished = dict(data["seconds"]), list(data["finished"])
-        except (KeyError, TypeError) as e:
-            raise ValueError(repr(e)) from None
-        if not set(finished) <= set(names) or not all(
-            isinstance(v, int | float) for v in seconds.values()
-        ):
-            raise ValueError("a stage or its seconds unknown")
-        stages.seconds, stages.finished = seconds, finished
-        return stages
-
-    @classmethod
-    def logged(
-        cls,
-        out: Path,
-        depends: dict[str, tuple[str, ...]],
-        args: dict,
-        say: Callable[[str], None] = print,
-        rerun: Sequence[str] = (),
-    ) -> Stages:
-        """OUT/stages.log and OUT/tune.json (ARGS, written anew): the stages of DEPENDS,
-        each with the arguments its result depends on besides its predecessors' ones, but
-        those to RERUN, which are run again whatever they depended on. Refuses an OUT that
-        holds other files, and ARGS that differ in one a finished stage depended on, except
-        a larger budget alone (`minutes`), which reopens training (it resumes from its
-        checkpoint) and what follows it. With RERUN, tune.json is kept as it was until
-        `keep_arguments`: a rerun that fails leaves it so."""
-        stages = cls(out / "stages.log", depends)
-        stages._arguments = (out / "tune.json", args)
-        arguments = out / "tune.json"
-        if out.exists() and any(out.iterdir()) and not arguments.is_file():
-            raise BuildError(f"{out}: exists and is not a tune directory; choose another --out")
-        for line in stages._lines():
-            stage, _, ended = line.partition("\t")
-            if stage not in rerun:
-                stages.finished.append(stage)
-                stages._ended[stage] = ended
-        if arguments.is_file():
-            before = read_json(arguments, BuildError)
-            if not isinstance(before, dict):
-                raise BuildError(f"{arguments}: not a tune's arguments (not a JSON object)")
-            depended = {a for used in depends.values() for a in used}
-            differ = {k for k in depended if before.get(k) != args.get(k)}
-            if differ == {"minutes"} and args["minutes"] > before["minutes"]:
-                say(f"training on from {before['minutes']:g} to {args['minutes']:g} minutes")
-                stages.reopen("train")
-            used = [a for s in stages.finished for a in depends.get(s, ())]
-            for arg in used:
-                if before.get(arg) != args.get(arg):
-                    raise BuildError(
-                        f"{out}: tuned before with {arg} {before.get(arg)!r}, not "
-                        f"{args.get(arg)!r}; rerun with it, or choose another --out"
-                    )
-        if not rerun:
-            stages.keep_arguments()
-        return stages
-
-    def keep_arguments(self) -> None:
-        """A tune's arguments written to its tune.json: the ones its results now follow."""
-        path, args = self._arguments
-        atomic_write_text(path, json.dumps(args, indent=1))
-
-    def _lines(self) -> list[str]:
-        return self.record.read_text().splitlines() if self.record.is_file() else []
+    def load(
+        cls, path: Path, names: Sequence[str], result: dict | None = None, skip: Sequence[str] = ()
+    ) -> StageRecord:
+        """The record at PATH (none finished if there is none yet), but the stages to SKIP
+        (to be run again) taken as unfinished; a ValueError if it is not such a record."""
+        record = cls(path, names, result)
+        if path.exists():
+            data = read_json(path)  # a UsageError, a ValueError too, if it is not JSON
+            try:
+                seconds, finished = dict(data["seconds"]), list(data["finished"])
+                ended = dict(data.get("ended", {}))
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(repr(e)) from None
+            if not set(finished) <= set(names) or not all(
+                isinstance(v, int | float) for v in seconds.values()
+            ):
+                raise ValueError("a stage or its seconds unknown")
+            record.seconds = seconds
+            record.finished = [s for s in finished if s not in skip]
+            record.ended = {s: str(t) for s, t in ended.items() if s in record.finished}
+        return record
 
     def done(self, stage: str) -> bool:
         return stage in self.finished
@@ -126,42 +97,81 @@ class Stages:
             self.finished = self.finished[: self.finished.index(stage)]
             self.save()
 
-    def finish(self, stage: str) -> None:
-        self.finished.append(stage)
-        self._ended[stage] = time.strftime("%Y-%m-%dT%H:%M:%S")
-        self.save()
-
     @contextmanager
-    def run(self, stage: str) -> Iterator[None]:
+    def timing(self, stage: str) -> Iterator[None]:
         """STAGE, timed: finished if its body returns; its seconds counted and the record
         saved however it ends (an error, SystemExit from SIGTERM's handler, Ctrl-C)."""
         start = time.monotonic()
         try:
             yield
             self.finished.append(stage)
+            self.ended[stage] = time.strftime("%Y-%m-%dT%H:%M:%S")
         finally:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.monotonic() - start
             self.save()
 
     def summary(self) -> dict:
-        """A timed record: each stage's seconds, their total in minutes (of the seconds as
-        written, so that a record read back and written again says the same), the stages
-        finished, and the result."""
+        """Each stage's seconds, their total in minutes (of the seconds as written, so that
+        a record read back and written again says the same), the stages finished and when,
+        and the result."""
         seconds = {s: round(self.seconds[s], 1) for s in self.names if s in self.seconds}
         return {
             "seconds": seconds,
             "total_minutes": round(sum(seconds.values()) / 60, 1),
             "finished": [s for s in self.names if s in self.finished],
-            **(self.result or {}),
+            "ended": {s: self.ended[s] for s in self.names if s in self.ended},
+            **self.result,
         }
 
     def save(self) -> None:
         """The record rewritten whole."""
-        if self.result is not None:
-            text = json.dumps(self.summary(), indent=1)
-        else:
-            text = "".join(f"{s}\t{self._ended[s]}\n" for s in self.finished)
-        atomic_write_text(self.record, text)
+        atomic_write_text(self.path, json.dumps(self.summary(), indent=1))
+
+
+def run_stages(stages: Sequence[Stage[R]], record: StageRecord, run: R, what: str) -> None:
+    """Each of STAGES that RECORD has not finished, in order, on RUN, timed; an OSError
+    that names no file (a full disk) names WHAT's stage and where it writes."""
+    for stage in stages:
+        if record.done(stage.name):
+            continue
+        where = stage.where(run) if stage.where else record.path.parent
+        with record.timing(stage.name), naming(f"{what}'s {stage.name} stage, in {where}"):
+            stage.run(run)
+
+
+def check_arguments(
+    path: Path,
+    args: dict,
+    stages: Sequence[Stage],
+    record: StageRecord,
+    say: Callable[[str], None] = print,
+) -> None:
+    """ARGS against those of the run before, in PATH: refused (naming the argument) where
+    one that a stage RECORD finished depended on differs, except the GROWS argument of a
+    stage alone, larger, which reopens that stage (it resumes) and what follows it."""
+    if not path.is_file():
+        return
+    before = read_json(path, BuildError)
+    if not isinstance(before, dict):
+        raise BuildError(f"{path}: not a run's arguments (not a JSON object)")
+    depended = {a for s in stages for a in s.depends}
+    differ = {k for k in depended if before.get(k) != args.get(k)}
+    for stage in stages:
+        grown = stage.grows
+        if grown and differ == {grown} and _larger(args.get(grown), before.get(grown)):
+            say(stage.growing.format(old=before[grown], new=args[grown]))
+            record.reopen(stage.name)
+    for arg in (a for s in stages if record.done(s.name) for a in s.depends):
+        if before.get(arg) != args.get(arg):
+            raise BuildError(
+                f"{path.parent}: tuned before with {arg} {before.get(arg)!r}, not "
+                f"{args.get(arg)!r}; rerun with it, or choose another --out"
+            )
+
+
+def _larger(new: object, old: object) -> bool:
+    numbers = isinstance(new, int | float) and isinstance(old, int | float)
+    return numbers and new > old  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -189,37 +199,51 @@ class Calibrating:
     guard: str | None = None
 
 
-def run_in_turn(
-    stages: Stages,
-    recipe: dict[str, Training | Calibrating],
-    out: Path,
-    problem: Problem,
-    tc: Toolchain,
-    workers: Workers,
-) -> None:
-    """Each stage of RECIPE that STAGES has not finished, timed, from the policy of the
-    stage before it (the first from its start or nothing), a training into OUT/NAME. No
-    training is evaluated on its corpus unless it asks (`mlgo train` would): the time goes
-    to training."""
-    from mlgo.train.calibrate import calibrate_policy
-    from mlgo.train.run import TrainOptions, load_start, run
+@dataclass(frozen=True)
+class RecipeRun:
+    """What a recipe's stages share: where they train, the problem, the toolchain, the
+    workers."""
 
-    before = None
+    out: Path
+    problem: Problem
+    tc: Toolchain
+    workers: Workers
+
+
+def recipe_stages(recipe: dict[str, Training | Calibrating]) -> list[Stage[RecipeRun]]:
+    """RECIPE's stages, each from the policy of the stage before it (the first from its
+    start or nothing), a training into OUT/NAME."""
+    stages, before = [], None
     for name, stage in recipe.items():
-        if not stages.done(name):
-            with stages.run(name):
-                if isinstance(stage, Calibrating):
-                    assert before is not None, "a calibration follows a training"
-                    corpus = load_corpus(stage.corpus).require(problem)
-                    calibrate_policy(
-                        policy_dir(before), corpus, tc, workers, stage.out, stage.guard
-                    )
-                else:
-                    budget, init = 60 * stage.minutes, before or stage.start
-                    opts = TrainOptions(
-                        steps=stage.steps, init=init, max_seconds=budget, trainer=stage.options
-                    )
-                    start = load_start(init, problem) if init else None
-                    run(stage.algo, stage.corpus, problem, out / name, tc, workers, opts,
-                        evaluate_on_corpus=stage.evaluate, start=start)  # fmt: skip
-        before = stage.out if isinstance(stage, Calibrating) else out / name
+        stages.append(Stage(name, partial(_recipe_stage, name, stage, before)))
+        before = stage.out if isinstance(stage, Calibrating) else name
+    return stages
+
+
+def _recipe_stage(
+    name: str, stage: Training | Calibrating, before: Path | str | None, run: RecipeRun
+) -> None:
+    """One stage of a recipe. No training is evaluated on its corpus unless it asks (`mlgo
+    train` would): the time goes to training."""
+    from mlgo.train.calibrate import calibrate_policy
+    from mlgo.train.run import TrainOptions, load_start
+    from mlgo.train.run import run as train
+
+    previous = run.out / before if isinstance(before, str) else before
+    if isinstance(stage, Calibrating):
+        assert previous is not None, "a calibration follows a training"
+        corpus = load_corpus(stage.corpus).require(run.problem)
+        calibrate_policy(policy_dir(previous), corpus, run.tc, run.workers, stage.out, stage.guard)
+        return
+    budget, init = 60 * stage.minutes, previous or stage.start
+    opts = TrainOptions(steps=stage.steps, init=init, max_seconds=budget, trainer=stage.options)
+    start = load_start(init, run.problem) if init else None
+    train(stage.algo, stage.corpus, run.problem, run.out / name, run.tc, run.workers, opts,
+          evaluate_on_corpus=stage.evaluate, start=start)  # fmt: skip
+
+
+def run_in_turn(
+    record: StageRecord, recipe: dict[str, Training | Calibrating], run: RecipeRun
+) -> None:
+    """Each stage of RECIPE that RECORD has not finished, timed (`recipe_stages`)."""
+    run_stages(recipe_stages(recipe), record, run, "the recipe")

@@ -1,6 +1,6 @@
 """A shipped policy's recipe (`train.recipe`) run into one directory: its trainings and its
 calibration in turn (`stages.run_in_turn`), then its link-judged choice, if it has one
-(`chain.linked_choice`), each stage timed in OUT/recipe.json (`Stages.timed`), so that a
+(`chain.linked_choice`), each stage timed in OUT/recipe.json (`StageRecord`), so that a
 rerun resumes; and what it made released as it ships, with a card whose "Reproduce"
 section is the recipe's."""
 
@@ -32,7 +32,7 @@ from mlgo.train.recipe import (
     stage_packages,
 )
 from mlgo.train.run import load_start
-from mlgo.train.stages import Calibrating, Stages, Training, run_in_turn
+from mlgo.train.stages import Calibrating, RecipeRun, StageRecord, Training, run_in_turn
 
 # The card's account of a link-judged choice, from its training's record
 CHOICE_HOW = (
@@ -87,12 +87,12 @@ def stages_of(
     return turn
 
 
-def timed_stages(recipe: PolicyRecipe, out: Path) -> Stages:
+def timed_stages(recipe: PolicyRecipe, out: Path) -> StageRecord:
     """The recipe's stages as OUT/recipe.json records them; one that is not such a record
     is refused, kept as it is."""
     record = out / "recipe.json"
     try:
-        return Stages.timed(record, [s.name for s in recipe.stages], {})
+        return StageRecord.load(record, [s.name for s in recipe.stages])
     except ValueError as e:  # JSONDecodeError too
         raise RecipeError(
             f"{record}: not this tool's record ({e}); move it away to time afresh"
@@ -100,20 +100,20 @@ def timed_stages(recipe: PolicyRecipe, out: Path) -> Stages:
 
 
 def run_recipe(
-    recipe: PolicyRecipe, stages: Stages, out: Path, tc: Toolchain, workers: Workers
+    recipe: PolicyRecipe, stages: StageRecord, out: Path, tc: Toolchain, workers: Workers
 ) -> dict | None:
     """Every stage of RECIPE that STAGES has not finished, into OUT; the record's result is
     the calibration's kept change on its corpus, or the choice's. Returns the choice (as
     `linked_choice` gives it, with the training's seconds and change), if there is one."""
     problem = get_problem(recipe.problem)
-    run_in_turn(stages, stages_of(recipe, problem, out), out, problem, tc, workers)
+    run_in_turn(stages, stages_of(recipe, problem, out), RecipeRun(out, problem, tc, workers))
     last = recipe.stages[-1]
     if isinstance(last, CalibrateStage):
         stages.result = {"validation": kept(read_json(out / "policy/calibration.json"))}
         stages.save()
         return None
     assert isinstance(last, ChooseStage), "a recipe ends in a calibration or a choice"
-    with stages.run(last.name):
+    with stages.timing(last.name):
         choice = _choose(recipe, last, problem, out, tc)
     stages.result = {"chosen": choice["chosen"]}
     if "test" in choice:

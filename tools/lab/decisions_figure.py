@@ -1,4 +1,4 @@
-"""Issue 59's figure on a finished tune: its project built again from OUT/decisions by plain
+"""The decisions figure on a finished tune: its project built again from OUT/decisions by plain
 clang, each ELF file's machine code compared with the tune's kept build, and that build's
 CPU against plain clang's in interleaved rounds beside an A/A control and beside what the
 same policy costs and gives served to mlgo-cc, as a build gets it without decisions; and,
@@ -24,6 +24,7 @@ from mlgo.llvm.toolchain import Toolchain
 from mlgo.packages.recipes import Recipe
 from mlgo.problems import Problem
 from mlgo.programs.build import (
+    Building,
     Variant,
     build_program,
     policy_service,
@@ -31,9 +32,9 @@ from mlgo.programs.build import (
     rebuild_cpu_seconds,
 )
 from mlgo.programs.compare import variants
-from mlgo.programs.decide import DECISIONS, from_decisions
+from mlgo.programs.decide import from_decisions
 from mlgo.programs.measure import collected, paired_change, round_order, tree_cpu_seconds
-from mlgo.programs.tune import tuned_recipe
+from mlgo.programs.tune_run import TuneDir
 from mlgo.runtime.commands import BuildError
 from mlgo.serve.client import request
 from mlgo.ship.decisions import Artifact, read, recheck_command, still_matching
@@ -58,9 +59,9 @@ class Identity:
 def tuned_project(out: Path) -> tuple[Recipe, Problem]:
     """The project a finished tune at OUT built (its shell lines, from OUT/tune.json, without
     its workload) and its problem; a tune that wrote no decisions is refused."""
-    recipe, problem, _ = tuned_recipe(out)
-    if not (out / DECISIONS).is_dir():
-        raise BuildError(f"{out}: has no {DECISIONS}/ (not a finished tune of an inlining problem)")
+    recipe, problem, _ = TuneDir(out).tuned_recipe()
+    if not TuneDir(out).decisions.is_dir():
+        raise BuildError(f"{out}: has no decisions/ (not a finished tune of an inlining problem)")
     return replace(recipe, bench=()), problem
 
 
@@ -68,11 +69,11 @@ def kept_identity(tree: Path, out: Path) -> Identity:
     """TREE's objects and programs against the tune at OUT: every program, and an object
     named like a source with kept decisions, against OUT/programs/mlgo; every other object
     against OUT/programs/plain (clang's own: such a file must pay nothing for the tune)."""
-    kept = {Path(name).stem for name in read(out / DECISIONS).files}
+    kept = {Path(name).stem for name in read(TuneDir(out).decisions).files}
     differing, compared = [], 0
     for path, (_, linked) in elf_texts(tree).items():
         decided = linked or Path(path).name.split(".")[0] in kept
-        reference = out / "programs" / ("mlgo" if decided else "plain") / path
+        reference = TuneDir(out).programs / ("mlgo" if decided else "plain") / path
         if not reference.is_file():
             differing.append(f"{path} (not in {reference.parent})")
             continue
@@ -104,8 +105,8 @@ def cpu_rounds(
     round). A build's CPU is user + system of every process it ran, and for the service's
     builds the service's own (plugins run inside clang, so they are counted there)."""
     flags = problem_flags(problem)
-    plain, ours = from_decisions(tc, out / DECISIONS, work / "decisions")
-    with policy_service([out / "policy"], work / "service") as env:
+    plain, ours = from_decisions(tc, TuneDir(out).decisions, work / "decisions")
+    with policy_service([TuneDir(out).policy], work / "service") as env:
         service_pid = request({"op": "status"}, path=Path(env["MLGO_SOCKET"]))["pid"]
         served = variants(tc, env, guard=problem.aim == "size")[1]
         ways = {  # name -> (how, its tree: None for a new one each round)
@@ -119,9 +120,14 @@ def cpu_rounds(
         def build(name: str, tree: str) -> tuple[float, float, int]:
             how, before = ways[name][0], tree_cpu_seconds(service_pid)
             built = build_program(
-                recipe, out / "pristine", work / tree, tc, name, how.compilers, how.env, False,
+                recipe,
+                TuneDir(out).pristine,
+                work / tree,
+                tc,
+                Variant(name, how.compilers, how.env),
                 flags,
-            )  # fmt: skip
+                Building(tests=False),
+            )
             service = tree_cpu_seconds(service_pid) - before if how is served else 0.0
             text = sum(t for t, linked in elf_texts(work / tree).values() if linked)
             return built.build_cpu_seconds + service, service, text
@@ -169,13 +175,19 @@ def build_instructions(
     replaces its count, about 0.9 M instructions a compile that replays a file."""
     flags = problem_flags(problem)
     counts: dict[str, int] = {}
-    plain, ours = from_decisions(tc, out / DECISIONS, work / "decisions")
+    plain, ours = from_decisions(tc, TuneDir(out).decisions, work / "decisions")
     for how, tree in ((plain, "plain"), (ours, "decisions")):
         counting = work / f".{tree}-counted"
         cc, cxx = how.compilers
         compilers = (counted_compiler(cc, counting / "cc"), counted_compiler(cxx, counting / "c++"))
         build_program(
-            recipe, out / "pristine", work / tree, tc, how.name, compilers, how.env, False, flags
+            recipe,
+            TuneDir(out).pristine,
+            work / tree,
+            tc,
+            Variant(how.name, compilers, how.env),
+            flags,
+            Building(tests=False),
         )
         logs = counting / "logs"
         logs.mkdir()
@@ -190,12 +202,9 @@ def identity_build(
 ) -> Identity:
     """The project built and tested from OUT/decisions at WORK/decisions (a failing test
     raises BuildError naming its log), and its `kept_identity`."""
-    _, ours = from_decisions(tc, out / DECISIONS, work / "decisions")
+    _, ours = from_decisions(tc, TuneDir(out).decisions, work / "decisions")
     tree = work / "decisions"
-    build_program(
-        recipe, out / "pristine", tree, tc, ours.name, ours.compilers, ours.env, True,
-        problem_flags(problem),
-    )  # fmt: skip
+    build_program(recipe, TuneDir(out).pristine, tree, tc, ours, problem_flags(problem))
     return kept_identity(tree, out)
 
 
