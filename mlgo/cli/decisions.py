@@ -28,7 +28,7 @@ def show(
     from mlgo.ship.decisions import read, show
 
     for line in show(read(directory), functions):
-        console.print(line, highlight=False)
+        console.print(line, markup=False, highlight=False)
 
 
 @app.command()
@@ -38,7 +38,7 @@ def diff(old: DirArg, new: DirArg) -> None:
     from mlgo.ship.decisions import diff, read
 
     for line in diff(read(old), read(new)):
-        console.print(line, highlight=False)
+        console.print(line, markup=False, highlight=False)
 
 
 @app.command()
@@ -60,7 +60,7 @@ def check(
     artifact = read(directory)
     recheck = recheck_command(cflags) if cflags else None
     for line in check(artifact, root or directory / artifact.root_from_dir, recheck):
-        console.print(line, highlight=False)
+        console.print(line, markup=False, highlight=False)
 
 
 @app.command()
@@ -79,5 +79,5 @@ def record(
 
     written, skipped = record_build(load_policy(policy), out, root, build, find_toolchain())
     for line in skipped:
-        err.print(f"mlgo: note: {line}", highlight=False)
+        err.print(f"mlgo: note: {line}", markup=False, highlight=False)
     console.print(f"wrote {written}: build with CC={written}/cc CXX={written}/c++")

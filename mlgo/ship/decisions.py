@@ -59,6 +59,7 @@ from mlgo.llvm.replay import (
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.files import atomic_directory
+from mlgo.runtime.inputs import read_bytes, read_json
 from mlgo.runtime.messages import error_line
 from mlgo.runtime.trust import private_temp_dir
 from mlgo.ship.plugin import inliner_plugin
@@ -85,8 +86,141 @@ ROOT_ENV = "MLGO_DECISIONS_ROOT"
 _ERE_SPECIAL = set(".[]()*+?{}|^$\\")
 
 
+# Bounds on what a handed directory may make mlgo read: its FORMAT and flags are a few
+# lines, a `.inl` about 100 bytes a decision, a summary about 200 bytes a function.
+MAX_FORMAT_BYTES = 4 << 10
+MAX_INL_BYTES = 64 << 20
+MAX_SUMMARY_BYTES = 64 << 20
+# The largest source digested (an amalgamation such as sqlite3.c is under 10 MB).
+MAX_SOURCE_BYTES = 64 << 20
+NAME_MAX = 255  # bytes in one path component, on Linux's file systems
+
+
 class DecisionsError(UsageError):
     """A decisions directory or file mlgo cannot use; the message names it."""
+
+
+def _read_text(path: Path, limit: int) -> str:
+    """PATH of a decisions directory as UTF-8 text: a regular file of at most LIMIT bytes,
+    read without blocking; else one line naming it."""
+    try:
+        data = read_bytes(path, limit, DecisionsError)
+    except FileNotFoundError:
+        raise DecisionsError(f"{path}: no such file") from None
+    except OSError as e:
+        raise DecisionsError(f"{path}: cannot be read ({e.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DecisionsError(f"{path}: not UTF-8 text") from None
+
+
+def name_problem(kind: str, name: str) -> str | None:
+    """Why NAME cannot name a unit of KIND ("files": a source's path from the project's
+    root; "links": a program), or None. A name becomes a path under DIR, a word of a
+    linker's options (where clang splits -Wl, at commas) and a line of `show`, so it holds
+    no whitespace, comma or control character and starts no part with `-`; a source's
+    path stays under the root, and a program's is one file name."""
+    if not name or any(c.isspace() or c == "," or not c.isprintable() for c in name):
+        return "holds whitespace, a comma or a control character"
+    parts = name.split("/")
+    if kind == "links" and len(parts) > 1:
+        return "is not a file name"
+    if any(p in ("", ".", "..") for p in parts):
+        return "is not a path under the project's root"
+    if any(p.startswith("-") for p in parts):
+        return "starts with '-'"
+    if len(f"{parts[-1]}.inl".encode()) > NAME_MAX:
+        return f"is too long for its decisions file (over {NAME_MAX} bytes with .inl)"
+    return None
+
+
+def _checked_name(kind: str, name: str, where: object) -> str:
+    problem = name_problem(kind, name)
+    if problem is not None:
+        raise DecisionsError(f"{where}: {kind} name {name[:120]!r} {problem}")
+    return name
+
+
+class _Names:
+    """A summary's mapping from unit names of KIND (None: any printable name) to VALUE."""
+
+    def __init__(self, kind: str | None, value: object) -> None:
+        self.kind, self.value = kind, value
+
+
+_TEXT = {"decisions": int, "clang": int, "saved": int}
+_FUNCTION = {"decisions": int, "inlined": int, "departures?": int, "text_saved?": int}
+_UNIT = {
+    "decisions": int,
+    "inlined": int,
+    "conflicts": int,
+    "departures": (int, None),
+    "sha256": (str, None),
+    "text?": _TEXT,
+    "functions": _Names(None, _FUNCTION),
+}
+_LEFT = {"why?": str, "departures?": (int, None), "text?": _TEXT, "sha256?": str}
+_SUMMARY = {
+    "format": int,
+    "files": _Names("files", _UNIT),
+    "links": _Names("links", _UNIT),
+    "clangs_own?": _Names("unit", _LEFT),
+    "refreshed?": {"judged_again": [str], "as_before": int},
+}
+
+
+def _check_shape(value: object, spec: object, where: str) -> None:
+    """Refuses VALUE, at WHERE (a file and the keys into it), unless it has SPEC's shape: a
+    type (int means one, not a bool), None, a tuple of choices, a list of one element's
+    shape, `_Names`, or a dict of keys (`?` ending those that may be missing)."""
+    if isinstance(spec, tuple):
+        errors = []
+        for choice in spec:
+            try:
+                return _check_shape(value, choice, where)
+            except DecisionsError as e:
+                errors.append(e)
+        raise errors[0]
+    if spec is None or isinstance(spec, type):
+        ok = value is None if spec is None else isinstance(value, spec)
+        if not ok or (spec is int and isinstance(value, bool)):
+            wanted = "null" if spec is None else {int: "an integer", str: "a string"}[spec]
+            raise DecisionsError(f"{where} is not {wanted}")
+    elif isinstance(spec, list):
+        if not isinstance(value, list):
+            raise DecisionsError(f"{where} is not a list")
+        for i, item in enumerate(value):
+            _check_shape(item, spec[0], f"{where}[{i}]")
+    else:
+        if not isinstance(value, dict):
+            raise DecisionsError(f"{where} is not a mapping")
+        if isinstance(spec, _Names):
+            for name, item in value.items():
+                _check_unit_key(spec.kind, name, where)
+                _check_shape(item, spec.value, f"{where}[{name!r}]")
+            return
+        assert isinstance(spec, dict)
+        for key, shape in spec.items():
+            name = key.rstrip("?")
+            if name in value:
+                _check_shape(value[name], shape, f"{where}.{name}")
+            elif not key.endswith("?"):
+                raise DecisionsError(f"{where} has no {name}")
+
+
+def _check_unit_key(kind: str | None, name: str, where: str) -> None:
+    """A key of a summary's mapping: a unit's name of KIND, `files/NAME` or `links/NAME`
+    for "unit", and for None (a function) any name that prints as one line."""
+    if kind == "unit":
+        kind, _, unit = name.partition("/")
+        if kind not in ("files", "links"):
+            raise DecisionsError(f"{where}: {name[:120]!r} is not files/NAME or links/NAME")
+        name = unit
+    if kind is not None:
+        _checked_name(kind, name, where)
+    elif not name or not name.isprintable():
+        raise DecisionsError(f"{where}: function name {name[:120]!r} is not one printable line")
 
 
 @dataclass
@@ -236,13 +370,19 @@ def departures(ours: Iterable[Decision], clangs: Iterable[Decision]) -> dict[str
     return dict(Counter(d.caller for d in ours if own.get(d.site, d.inline) != d.inline))
 
 
+def _source_bytes(path: Path) -> bytes:
+    """A source's bytes, to digest: a regular file, bounded (a handed directory's names
+    and root decide which file is read)."""
+    return read_bytes(path, MAX_SOURCE_BYTES, DecisionsError)
+
+
 def source_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(_source_bytes(path)).hexdigest()
 
 
 def source_sums(path: Path) -> tuple[str, str]:
     """The source's sha256 (for `check`) and POSIX cksum (for the wrappers), as recorded."""
-    data = path.read_bytes()
+    data = _source_bytes(path)
     return hashlib.sha256(data).hexdigest(), posix_cksum(data)
 
 
@@ -281,10 +421,7 @@ def inl_text(decisions: Iterable[Decision], cksum: str | None = None) -> str:
 def read_inl(path: Path) -> list[Decision]:
     """The decisions of a `.inl` file, checked as the wrappers check it: its format's header
     first, then only replay lines. A foreign or corrupt file is refused in one line."""
-    try:
-        lines = path.read_bytes().decode("utf-8").split("\n")
-    except UnicodeDecodeError:
-        raise DecisionsError(f"{path}: not a decisions file (not UTF-8 text)") from None
+    lines = _read_text(path, MAX_INL_BYTES).split("\n")
     if lines[-1] == "":
         lines.pop()
     if not lines or lines[0] != HEADER:
@@ -320,13 +457,10 @@ def link_flags(directory: Path, program: str) -> list[str]:
 
 
 def link_replay_flags(inl: str) -> list[str]:
-    """clang's options for an lld LTO link that replay the decisions in the file INL."""
-    return [f"-Wl,{a}" for a in _pairs(replay_flags(inl))]
-
-
-def _pairs(flags: list[str]) -> list[str]:
-    """`-mllvm X` pairs as lld's `-mllvm,X`."""
-    return [f"{flags[i]},{flags[i + 1]}" for i in range(0, len(flags), 2)]
+    """clang's options for an lld LTO link that replay the decisions in the file INL: each
+    word behind its own -Xlinker, which clang hands lld whole (-Wl, would split a path
+    holding a comma into options of lld's)."""
+    return [w for a in replay_flags(inl) for w in ("-Xlinker", a)]
 
 
 def _ere(text: str) -> str:
@@ -409,6 +543,9 @@ def write(
     or `links/` and its name: why, and the bytes measured), kept in the summary only;
     REFRESHED: what a refresh judged again, and what it kept as judged before; PROFILE:
     the profile the build was optimized with, copied in for every compile to use."""
+    for kind, units in (("files", files), ("links", links)):
+        for name in units:
+            _checked_name(kind, name, directory)
     root_from_dir = _relative_root(directory, root)
     with atomic_directory(directory) as staging:
         (staging / "FORMAT").write_text(
@@ -444,28 +581,25 @@ def write(
 
 
 def read(directory: Path) -> Artifact:
-    """DIR's summary, after its FORMAT says it is one mlgo reads."""
-    fmt = directory / "FORMAT"
-    try:
-        head = fmt.read_text().splitlines()
-        summary = json.loads((directory / "summary.json").read_text())
-    except FileNotFoundError as e:
-        raise DecisionsError(f"{directory}: not a decisions directory (no {e.filename})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DecisionsError(f"{directory}: its summary.json is not JSON: {e}") from None
-    if not head or head[0] != f"{FORMAT_NAME} {FORMAT_VERSION}":
+    """DIR's summary, after its FORMAT says it is one mlgo reads: a handed directory is
+    data, each of its files bounded and each field of its summary checked, so that what
+    is wrong is one line naming the file."""
+    fmt, path = directory / "FORMAT", directory / "summary.json"
+    head = _read_text(fmt, MAX_FORMAT_BYTES).split("\n")
+    if head[0] != f"{FORMAT_NAME} {FORMAT_VERSION}":
         raise DecisionsError(f"{fmt}:1: not {FORMAT_NAME} {FORMAT_VERSION}")
     roots = [line.split(" ", 1)[1] for line in head if line.startswith("root ")]
-    files, links = summary.get("files"), summary.get("links")
-    if not isinstance(files, dict) or not isinstance(links, dict):
-        raise DecisionsError(f"{directory / 'summary.json'}: no files and links in it")
-    left = summary.get("clangs_own", {})
-    if not isinstance(left, dict):
-        raise DecisionsError(f"{directory / 'summary.json'}: its clangs_own is not a mapping")
-    refreshed = summary.get("refreshed")
-    if refreshed is not None and not isinstance(refreshed, dict):
-        raise DecisionsError(f"{directory / 'summary.json'}: its refreshed is not a mapping")
-    return Artifact(directory, files, links, roots[0] if roots else "..", left, refreshed)
+    if any(not r or not r.isprintable() for r in roots):
+        raise DecisionsError(f"{fmt}: its root is not one printable line")
+    try:
+        summary = read_json(path, DecisionsError, MAX_SUMMARY_BYTES)
+    except FileNotFoundError:
+        raise DecisionsError(f"{directory}: not a decisions directory (no {path})") from None
+    _check_shape(summary, _SUMMARY, str(path))
+    left, refreshed = summary.get("clangs_own", {}), summary.get("refreshed")
+    return Artifact(
+        directory, summary["files"], summary["links"], roots[0] if roots else "..", left, refreshed
+    )
 
 
 def _departed(unit: Mapping) -> str:
@@ -506,7 +640,7 @@ def show(artifact: Artifact, by_function: bool = False) -> list[str]:
 
 def _unit_decisions(artifact: Artifact, kind: str, name: str) -> dict[tuple[str, str], Decision]:
     inl = artifact.path / kind / f"{name}.inl"
-    return {d.site: d for d in read_inl(inl)} if inl.exists() else {}
+    return {d.site: d for d in read_inl(inl)} if inl.exists() or inl.is_symlink() else {}
 
 
 def diff(old: Artifact, new: Artifact) -> list[str]:
@@ -556,13 +690,12 @@ def file_states(artifact: Artifact, root: Path) -> dict[str, str]:
     all its decisions still meet their call sites), "changed" or "gone"."""
     states = {}
     for name, unit in artifact.files.items():
-        source = root / name
-        if not source.is_file():
+        try:
+            digest = source_digest(root / name)
+        except FileNotFoundError:
             states[name] = "gone"
-        elif unit.get("sha256") == source_digest(source):
-            states[name] = "unchanged"
-        else:
-            states[name] = "changed"
+            continue
+        states[name] = "unchanged" if unit.get("sha256") == digest else "changed"
     return states
 
 
@@ -599,7 +732,7 @@ def recheck_command(cflags: list[str]) -> list[str]:
 def build_flags(artifact: Artifact, cflags: list[str], link: bool) -> tuple[list[str], str]:
     """The flags a build with CFLAGS adds (the link's, with LINK: for the program CFLAGS
     name with -o, or DIR's only one), and a note on the compiler to use."""
-    recorded = (artifact.path / "flags").read_text().split()
+    recorded = _read_text(artifact.path / "flags", MAX_FORMAT_BYTES).split()
     if recorded != compile_flags(cflags):
         raise DecisionsError(
             f"{artifact.path / 'flags'}: recorded for a build "
@@ -608,6 +741,11 @@ def build_flags(artifact: Artifact, cflags: list[str], link: bool) -> tuple[list
         )
     if not link:
         return recorded, f"compile with CC={artifact.path}/cc CXX={artifact.path}/c++"
+    if any(c.isspace() or c in "*?[\\'\"" for c in str(artifact.path.resolve())):
+        raise DecisionsError(
+            f"{artifact.path}: its path would split or glob in a shell's $(...); "
+            "link with its cc or c++ instead, which take any path"
+        )
     named = named_output(cflags)
     programs = [Path(named).name] if named else list(artifact.links)
     if len(programs) != 1 or programs[0] not in artifact.links:

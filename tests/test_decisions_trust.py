@@ -1,0 +1,219 @@
+"""A decisions directory a user is handed (committed into a repository, sent by a colleague)
+is data: each bad file is one line naming it, never a traceback, a hang or memory eaten;
+its names never become options, markup or forged lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from mlgo.data import shipped_policy
+from mlgo.llvm.replay import Decision
+from mlgo.llvm.toolchain import Toolchain
+from mlgo.problems.policy_files import load_policy
+from mlgo.ship import decisions
+from mlgo.ship.decisions import DecisionsError, UnitDecisions
+from mlgo.ship.decisions_record import record_build
+from mlgo.ship.plugin import inliner_plugin
+from tests.conftest import run_mlgo
+
+DATA = Path(__file__).parent / "data"
+UNIT = {"decisions": 1, "inlined": 1, "conflicts": 0, "departures": 0, "sha256": None}
+FORGED = "prog,--load-pass-plugin=tools/x.so,-Ltools"
+
+
+def _handed(tmp_path: Path) -> Path:
+    """A decisions directory of one file's decisions, as mlgo writes it."""
+    (tmp_path / "a.c").write_text("int a;\n")
+    unit = UnitDecisions([Decision("top", "top:1:3", "leaf", True)], departures={"top": 1})
+    return decisions.write(tmp_path / "decisions", tmp_path, {"a.c": unit}, {}, [], 22)
+
+
+def _summary(directory: Path, files: dict, links: dict | None = None) -> None:
+    text = json.dumps({"format": 1, "files": files, "links": links or {}})
+    (directory / "summary.json").write_text(text)
+
+
+def _unit(**fields: object) -> dict:
+    return {**UNIT, "functions": {"top": {"decisions": 1, "inlined": 1}}, **fields}
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, names: Path | str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"error: {names}"), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def _replace(path: Path, by: str) -> None:
+    """PATH made a FIFO, a link to /dev/zero or a 100,000-deep JSON array."""
+    path.unlink()
+    if by == "fifo":
+        os.mkfifo(path)
+    elif by == "zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_text("[" * 100_000)
+
+
+@pytest.mark.parametrize("by", ["fifo", "zero", "deep"])
+@pytest.mark.parametrize("name", ["FORMAT", "summary.json", "flags", "files/a.c.inl"])
+def test_a_bad_file_in_a_handed_directory_is_one_line(tmp_path: Path, name: str, by: str):
+    directory = _handed(tmp_path)
+    other = decisions.write(tmp_path / "other", tmp_path, {}, {}, [], 22)
+    _replace(directory / name, by)
+    if name == "flags":
+        command = ["flags", "--decisions", str(directory), "--", "-Oz"]
+    elif name.endswith(".inl"):
+        command = ["decisions", "diff", str(other), str(directory)]
+    else:
+        command = ["decisions", "show", str(directory)]
+    proc = run_mlgo(*command, timeout=60)
+    if by == "deep" and name not in ("summary.json",):
+        # not JSON there: each file names what it is not
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+    else:
+        _one_line_error(proc, directory / name)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("files", "error"),
+    [
+        ({"a.c": 3}, r"\['a.c'\] is not a mapping"),
+        ({"a.c": _unit(decisions="1")}, r"\['a.c'\]\.decisions is not an integer"),
+        ({"a.c": _unit(inlined=True)}, r"\['a.c'\]\.inlined is not an integer"),
+        ({"a.c": _unit(functions=[])}, r"\['a.c'\]\.functions is not a mapping"),
+        ({"a.c": _unit(functions={"f": {"decisions": 1}})}, r"\['f'\] has no inlined"),
+        ({"a.c": _unit(text={"saved": 1})}, r"\['a.c'\]\.text has no decisions"),
+        ({"a.c": {"decisions": 1}}, r"\['a.c'\] has no inlined"),
+        ({"a\nfiles/b.c: 9 decisions": _unit()}, r"files name 'a\\nfiles/b.c"),
+        ({"../../etc/passwd": _unit()}, r"is not a path under the project's root"),
+        ({"a.c": _unit(functions={"f\n": {"decisions": 1, "inlined": 1}})}, r"not one printable"),
+    ],
+)
+def test_a_summary_of_the_wrong_shape_is_one_line(tmp_path: Path, files: dict, error: str):
+    directory = _handed(tmp_path)
+    _summary(directory, files)
+    with pytest.raises(DecisionsError, match=rf"^{directory / 'summary.json'}.*{error}"):
+        decisions.read(directory)
+
+
+def test_names_are_shown_as_text_never_as_markup(tmp_path: Path):
+    directory = _handed(tmp_path)
+    names = ["[/bold]x.c", "[link=file:other.c]y.c", "[red]z.c"]
+    _summary(directory, {n: _unit() for n in names})
+    proc = run_mlgo("decisions", "show", str(directory), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    shown = [line.split(": ")[0] for line in proc.stdout.splitlines()]
+    assert shown == [f"files/{n}" for n in names]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [
+        ("links", FORGED),
+        ("links", "my prog"),
+        ("links", "-o"),
+        ("links", "bin/prog"),
+        ("files", "src/a,b.c"),
+        ("files", "src/-x.c"),
+        ("files", "/etc/a.c"),
+        ("files", "a\tb.c"),
+        ("files", "x" * 252 + ".c"),
+    ],
+)
+def test_a_name_that_could_become_an_option_is_refused_written_and_read(
+    tmp_path: Path, kind: str, name: str
+):
+    unit = UnitDecisions([Decision("top", "top:1:3", "leaf", True)])
+    written = {"files": {}, "links": {}, kind: {name: unit}}
+    with pytest.raises(DecisionsError, match=rf"^{tmp_path / 'd'}: {kind} name "):
+        decisions.write(tmp_path / "d", tmp_path, written["files"], written["links"], [], 22)
+    assert not (tmp_path / "d").exists()
+    directory = _handed(tmp_path)
+    units = {"files": {}, "links": {}, kind: {name: _unit()}}
+    _summary(directory, units["files"], units["links"])
+    with pytest.raises(DecisionsError, match=rf"{kind} name "):
+        decisions.read(directory)
+
+
+def test_a_forged_program_name_reaches_no_link(tmp_path: Path):
+    directory = _handed(tmp_path)
+    _summary(directory, {}, {FORGED: _unit()})
+    proc = run_mlgo(
+        "flags", "--decisions", str(directory), "--link", "--", "-flto", "-o", FORGED, timeout=60
+    )
+    _one_line_error(proc, directory / "summary.json")
+    assert proc.stdout == ""
+
+
+@pytest.fixture(scope="module")
+def plugin(tc: Toolchain) -> Path:
+    policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
+    return inliner_plugin(policy, tc)
+
+
+def test_a_directory_whose_path_holds_a_comma_replays_its_lto_link(
+    tc: Toolchain, plugin: Path, tmp_path: Path
+):
+    """lld gets the replay path whole (-Xlinker), so a comma in it splits nothing; the
+    printed link flags refuse a path that a shell's $(...) would split."""
+    root = tmp_path / "a,b c"
+    shutil.copytree(DATA / "minipkg", root)
+    objects = []
+    for c in sorted(root.glob("*.c")):
+        flags = ["-Oz", "-g0", "-flto", *decisions.LOCATION_FLAGS]
+        subprocess.run([tc.clang, *flags, "-c", c.name, "-o", f"{c.stem}.o"], cwd=root, check=True)
+        objects.append(f"{c.stem}.o")
+    link = ["-flto", "-fuse-ld=lld", "-Oz", *objects, "-o"]
+    threshold = ["-Wl,-mllvm,-inline-threshold=60"]
+    unit = decisions.record_link([tc.clang, *link, "recorded", *threshold], plugin, root)
+    assert unit.decisions
+    out = decisions.write(
+        root / "dec,x", root, {}, {"prog": unit}, list(decisions.LOCATION_FLAGS), tc.major
+    )
+    proc = subprocess.run([str(out / "cc"), *link, "prog"], cwd=root, capture_output=True)
+    assert (proc.returncode, proc.stderr) == (0, b"")
+    assert (root / "prog").read_bytes() == (root / "recorded").read_bytes()
+    printed = run_mlgo("flags", "--decisions", str(out), "--link", "--", "-Oz", timeout=60)
+    _one_line_error(printed, out)
+
+
+MAKEFILE = """\
+OBJS = hash.o strbuf.o main.o
+prog: $(OBJS)
+\t$(CC) $(CFLAGS) $(LDFLAGS) $(OBJS) -o $@
+%.o: %.c
+\t$(CC) $(CFLAGS) -c $< -o $@
+"""
+
+
+def test_a_recorded_build_links_by_gnu_ld_and_skips_a_name_too_long(tc: Toolchain, tmp_path):
+    """The link plugin goes only to lld's LTO links (GNU ld refuses it); a source whose
+    decisions file's name would pass 255 bytes gets clang's own, in one line."""
+    root = tmp_path / "project"
+    shutil.copytree(DATA / "minipkg", root)
+    long = "l" * 250 + ".c"  # 254 bytes: its .inl's name is 258
+    (root / long).write_text("int long_one(int x) { return x + 1; }\n")
+    (root / "Makefile").write_text(MAKEFILE + f"all: prog {long[:-2]}.o\n")
+    policy = load_policy(shipped_policy("inlining-size"))
+    out, cflags = root / "decisions", "CFLAGS=-Oz -g0"
+    _, skipped = record_build(policy, out, root, ["make", "all", cflags], tc)
+    assert skipped == [f"{long!r}: its name is too long for its decisions file "
+                       "(over 255 bytes with .inl); clang's own decisions"]  # fmt: skip
+    assert sorted(decisions.read(out).files) == ["hash.c", "main.c", "strbuf.c"]
+    lto = run_mlgo(
+        "decisions", "record", "--policy", str(shipped_policy("inlining-size")),
+        "--out", str(tmp_path / "lto"), "--root", str(root), "--",
+        "make", "-B", "prog", "CFLAGS=-Oz -g0 -flto", "LDFLAGS=-fuse-ld=lld", timeout=600,
+    )  # fmt: skip
+    assert lto.returncode == 0, lto.stderr
+    assert list(decisions.read(tmp_path / "lto").links) == ["prog"]
