@@ -217,3 +217,68 @@ def test_a_recorded_build_links_by_gnu_ld_and_skips_a_name_too_long(tc: Toolchai
     )  # fmt: skip
     assert lto.returncode == 0, lto.stderr
     assert list(decisions.read(tmp_path / "lto").links) == ["prog"]
+
+
+@pytest.fixture(scope="module")
+def profiled(tc: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A decisions directory made on top of PGO: tests/data/minipkg's main.c's profile."""
+    work = tmp_path_factory.mktemp("profiled")
+    shutil.copytree(DATA / "minipkg", work / "src")
+    sources = [str(c) for c in sorted((work / "src").glob("*.c"))]
+    subprocess.run(
+        [tc.clang, "-O2", "-fprofile-instr-generate", *sources, "-o", work / "i"], check=True
+    )
+    env = {**os.environ, "LLVM_PROFILE_FILE": str(work / "raw.profraw")}
+    subprocess.run([work / "i"], input=b"a b a\n", env=env, capture_output=True)
+    merged = work / "default.profdata"
+    subprocess.run(
+        [tc.tool("llvm-profdata"), "merge", "-o", merged, work / "raw.profraw"], check=True
+    )
+    return decisions.write(work / "decisions", work / "src", {}, {}, [], tc.major, profile=merged)
+
+
+def _compiled(
+    tc: Toolchain, cc: str | Path, directory: Path, *flags: str
+) -> subprocess.CompletedProcess:
+    obj = directory.parent / "main.o"
+    obj.unlink(missing_ok=True)
+    command = [cc, "-O2", *flags, "-c", directory.parent / "src" / "main.c", "-o", obj]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    proc.stdout = obj.read_bytes()  # type: ignore[assignment]
+    return proc
+
+
+@pytest.mark.parametrize("by", ["missing", "corrupt", "fifo", "zero", "foreign", "huge"])
+def test_a_profile_that_is_not_one_is_left_out_in_one_line(tc: Toolchain, profiled: Path, by: str):
+    profile = profiled / "default.profdata"
+    kept = profile.read_bytes()
+    used = _compiled(tc, profiled / "cc", profiled)
+    assert used.stderr == ""
+    assert used.stdout == _compiled(tc, tc.clang, profiled, f"-fprofile-instr-use={profile}").stdout
+    plain = _compiled(tc, tc.clang, profiled).stdout
+    assert used.stdout != plain
+    profile.unlink()
+    try:
+        if by == "corrupt":
+            profile.write_bytes(b"\0" * 64 + kept)
+        elif by == "fifo":
+            os.mkfifo(profile)
+        elif by == "zero":
+            profile.symlink_to("/dev/zero")
+        elif by == "foreign":
+            profile.write_bytes(kept)
+            os.chown(profile, 65534, 65534)
+        elif by == "huge":
+            with profile.open("wb") as f:
+                f.write(kept)
+                f.truncate((1 << 30) + 1)
+        left = _compiled(tc, profiled / "cc", profiled)
+        assert left.stdout == plain
+        assert left.stderr == (
+            f"mlgo: {profile} is not an indexed profile of yours (a regular file of at most "
+            "1024 MiB, yours or root's); compiling without it\n"
+        )
+    finally:
+        profile.unlink(missing_ok=True)
+        profile.write_bytes(kept)

@@ -40,7 +40,14 @@ from pathlib import Path
 from mlgo.data import shipped_policy
 from mlgo.errors import UsageError
 from mlgo.llvm.driver import SOURCE_SUFFIXES, named_output
-from mlgo.llvm.profiles import MERGED, PROFILE_USE, PROFILE_USE_FLAGS
+from mlgo.llvm.profiles import (
+    INDEXED_MAGIC,
+    MAX_PROFILE_BYTES,
+    MERGED,
+    PROFILE_USE,
+    PROFILE_USE_FLAGS,
+    open_profile,
+)
 from mlgo.llvm.replay import (
     AT_CALLSITE,
     CLANG_ADVISOR,
@@ -510,8 +517,12 @@ def wrapper_text(
         "@LOCATE_EVERY_COMPILE@": "1" if every_compile else "''",
         "@SOURCE_PREFIX@": _double_quoted(f"{LINE_PREFIX}{SOURCE_MARK} "),
         "@PROFILED@": "1" if profiled else "''",
+        "@MERGED@": MERGED,
+        "@PROFILE_SIZE@": str(MAX_PROFILE_BYTES + 1),
+        "@PROFILE_LIMIT@": f"{MAX_PROFILE_BYTES >> 20} MiB",
+        "@PROFILE_MAGIC@": INDEXED_MAGIC.hex(" "),
         "@PROFILE_FLAGS@": " ".join(
-            [f'"{PROFILE_USE}$dir/{MERGED}"', *map(shlex.quote, PROFILE_USE_FLAGS)]
+            [f'"{PROFILE_USE}$profile"', *map(shlex.quote, PROFILE_USE_FLAGS)]
         ),
     }
     text = WRAPPER.read_text()
@@ -554,7 +565,11 @@ def write(
         )
         (staging / "flags").write_text(" ".join(flags) + "\n")
         if profile is not None:
-            shutil.copyfile(profile, staging / MERGED)
+            opened = open_profile(profile)
+            if isinstance(opened, str):
+                raise DecisionsError(f"{profile}: {opened}")
+            with opened, (staging / MERGED).open("wb") as copy:
+                shutil.copyfileobj(opened, copy)
         programs = sorted(links)
         link_lines = [" ".join(link_flags(directory, p)) for p in programs]
         (staging / "link.flags").write_text("".join(f"{line}\n" for line in link_lines))

@@ -78,7 +78,23 @@ fi
 if [ "$sources" != 0 ] && [ -n "$replayed$locate_every_compile" ]; then
   set -- "$@" @FLAGS@
 fi
+# the profile only if it is one: a regular file where it leads (not a FIFO, a device or a
+# directory: `[ -f ]` follows links), the user's or root's, of a sane size, that starts as
+# an indexed profile does; else clang's own decisions without it, said in one line
 if [ "$sources" != 0 ] && [ -n "$profiled" ]; then
-  set -- "$@" @PROFILE_FLAGS@
+  profile=$dir/@MERGED@
+  root_owned=
+  [ -O "$profile" ] || root_owned='-user 0'
+  # shellcheck disable=SC2086 # root_owned: no word, or find's two
+  if [ -f "$profile" ] && [ -n "$(find -L "$profile" -prune $root_owned -size -@PROFILE_SIZE@c 2>/dev/null)" ]; then
+    case $(od -An -tx1 -N8 <"$profile" 2>/dev/null) in
+      *"@PROFILE_MAGIC@"*) set -- "$@" @PROFILE_FLAGS@ ;;
+      *) profile= ;;
+    esac
+  else
+    profile=
+  fi
+  [ -n "$profile" ] ||
+    echo "mlgo: $dir/@MERGED@ is not an indexed profile of yours (a regular file of at most @PROFILE_LIMIT@, yours or root's); compiling without it" >&2
 fi
 exec "$compiler" "$@"
