@@ -449,3 +449,34 @@ def test_a_configures_probes_are_left_out_and_a_link_replays_its_program(
         found.link_calls["summarize"], [], replay, tmp_path, found.clangs["links/summarize"]
     )
     assert (tmp_path / "decisions").read_bytes() == (root / "build" / "summarize").read_bytes()
+
+
+def test_decisions_committed_into_a_copied_or_cloned_project_find_their_sources(
+    tc: Toolchain, plugin: Path, tmp_path: Path
+):
+    """A tune writes its decisions outside the project (FORMAT's root is relative to
+    there); committed into the project, a copy or a clone at another path finds its
+    sources from the directory's own place, with no MLGO_DECISIONS_ROOT."""
+    root, cflags, name = _project(tmp_path), ["-Oz", "-g0"], "src/inventory.cc"
+    recorded = tmp_path / "recorded.o"
+    unit = decisions.record_source(tc.clangxx, plugin, root, name, cflags, recorded)
+    out = tmp_path / "tune" / "out" / "decisions"
+    flags = decisions.compile_flags(cflags)
+    decisions.write(out, root, {name: unit}, {}, flags, tc.major)
+    shutil.copytree(out, root / "decisions")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=m"]
+    subprocess.run([*git, "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "."], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "decisions"], cwd=root, check=True)
+    copy, clone = tmp_path / "elsewhere" / "copy", tmp_path / "ci" / "clone"
+    shutil.copytree(root, copy)
+    subprocess.run(["git", "clone", "-q", str(root), str(clone)], check=True)
+    env = {k: v for k, v in os.environ.items() if k != decisions.ROOT_ENV}
+    plain = tmp_path / "plain.o"
+    subprocess.run([tc.clangxx, *cflags, "-c", root / name, "-o", plain], check=True)
+    for tree in (copy, clone):
+        command = [tree / "decisions" / "c++", *cflags, "-c", name, "-o", "x.o"]
+        proc = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+        assert (proc.returncode, proc.stderr) == (0, "")
+        made = (tree / "x.o").read_bytes()
+        assert made == recorded.read_bytes() != plain.read_bytes(), tree
