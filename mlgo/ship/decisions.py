@@ -306,6 +306,7 @@ class Artifact:
     root_from_dir: str = ".."
     clangs_own: dict[str, dict] = field(default_factory=dict)  # judged, and not kept
     refreshed: dict | None = None  # by a refresh: what it judged again, what it kept as before
+    clang_major: str = ""  # as FORMAT records it
 
     def verdicts(self) -> dict[str, dict]:
         """Each source's unit judged, kept or not (`files/NAME`), that knows its source's
@@ -612,9 +613,35 @@ def read(directory: Path) -> Artifact:
         raise DecisionsError(f"{directory}: not a decisions directory (no {path})") from None
     _check_shape(summary, _SUMMARY, str(path))
     left, refreshed = summary.get("clangs_own", {}), summary.get("refreshed")
-    return Artifact(
-        directory, summary["files"], summary["links"], roots[0] if roots else "..", left, refreshed
-    )
+    clangs = [line.split(" ", 1)[1] for line in head if line.startswith("clang ")]
+    root = roots[0] if roots else ".."
+    major = clangs[0] if clangs and clangs[0].isdigit() else ""
+    return Artifact(directory, summary["files"], summary["links"], root, left, refreshed, major)
+
+
+def foreign_wrappers(artifact: Artifact) -> list[str]:
+    """DIR's `cc` and `c++` that are not byte for byte the wrappers mlgo writes for it (its
+    FORMAT, flags, links and profile): a handed directory's scripts are code, run by
+    every compile."""
+    flags = _read_text(artifact.path / "flags", MAX_FORMAT_BYTES).split()
+    profiled = (artifact.path / MERGED).exists()
+    out = []
+    for name, compiler in (("cc", "clang"), ("c++", "clang++")):
+        expected = wrapper_text(
+            f"{compiler}-{artifact.clang_major}",
+            artifact.root_from_dir,
+            flags,
+            bool(artifact.links),
+            profiled,
+        )
+        try:
+            found = _read_text(artifact.path / name, 16 * MAX_FORMAT_BYTES)
+        except DecisionsError as e:
+            out.append(f"{name}: refused: {e}")
+            continue
+        if found != expected:
+            out.append(f"{name}: refused: not the wrapper mlgo writes for this directory")
+    return out
 
 
 def _departed(unit: Mapping) -> str:
