@@ -41,8 +41,7 @@ def _decision(key: str, inline: bool, callee: str = "leaf") -> Decision:
 def test_a_site_answered_both_ways_is_dropped_and_counted():
     lines = [_decision("top:1:3", True), _decision("top:1:3", False), _decision("top:2:3", True)]
     text = "\n".join(d.line() for d in [*lines, lines[2]]) + "\n"
-    kept, conflicts = decisions.from_recorder(text, "rec")
-    assert (kept, conflicts) == ([lines[2]], 1)
+    assert decisions.from_recorder(text, "rec") == ([lines[2]], 1, [])
     with pytest.raises(DecisionsError, match=r"^rec:2: not a recorded decision"):
         decisions.from_recorder(lines[0].line() + "\nremark: something else\n", "rec")
 
@@ -255,7 +254,7 @@ def test_unseen_stale_corrupt_and_foreign_files_get_clangs_own(
         command = [_compiler(_clang(tc), name), *recheck[1:], "-c", f"src/{name}", "-o", os.devnull]
         matched, total = decisions.still_matching(artifact, f"src/{name}", command, root)
         assert 0 < matched < total if edited else matched == total > 0, (name, matched, total)
-    report = decisions.check(decisions.read(root / "decisions"), root)
+    report, _ = decisions.check(decisions.read(root / "decisions"), root)
     assert f"src/{EDITED}: changed since recorded" in "\n".join(report)
     assert "src/inventory.cc: unchanged, all" in "\n".join(report)
 
@@ -393,9 +392,9 @@ def test_a_file_whose_decisions_build_larger_keeps_none(tc: Toolchain, tmp_path:
     loser = f"src/{EDITED}"
     call, loads = found.compiles[loser], [f"-fpass-plugin={inliner_plugin(policy, tc)}"]
     command = [*without_outputs(call.argv), *loads, *decisions.LOCATION_FLAGS, "-o", os.devnull]
-    more, conflicts = decisions.record([*command, "-mllvm", "-inline-threshold=200"], call.cwd,
-                                       CLANG_ADVISOR)  # fmt: skip
-    clangs, _ = decisions.record(command, call.cwd, CLANG_ADVISOR)
+    more, conflicts, _ = decisions.record([*command, "-mllvm", "-inline-threshold=200"],
+                                          call.cwd, CLANG_ADVISOR)  # fmt: skip
+    clangs = decisions.record(command, call.cwd, CLANG_ADVISOR)[0]
     found.files[loser] = UnitDecisions(more, conflicts, decisions.departures(more, clangs))
     files, links, left = keep(found, "size")
     assert links == {} and set(files) | {n.removeprefix("files/") for n in left} == set(found.files)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlgo.data import shipped_policy
-from mlgo.llvm.replay import Decision
+from mlgo.llvm.replay import CLANG_ADVISOR, NOT_VIABLE, REPLAY_ADVISOR_PREFIX, Decision
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy_files import load_policy
 from mlgo.ship import decisions
@@ -302,3 +302,120 @@ def test_check_refuses_wrappers_that_are_not_the_ones_mlgo_writes(tmp_path: Path
         "cc: refused: not the wrapper mlgo writes for this directory",
         f"c++: refused: {directory / 'c++'}: not a regular file",
     ]
+
+
+VARARGS = """\
+#include <stdarg.h>
+#include <stdio.h>
+static int sum(int n, ...) {
+  va_list ap;
+  va_start(ap, n);
+  int s = 0;
+  for (int i = 0; i < n; i++) s += va_arg(ap, int);
+  va_end(ap);
+  return s;
+}
+int main(int argc, char **argv) {
+  (void)argv;
+  printf("%d\\n", sum(4, argc, 20, 300, 4000));
+  return 0;
+}
+"""
+COMPUTED_GOTO = """\
+#include <stdio.h>
+static int run(const unsigned char *code) {
+  static void *table[] = {&&add, &&dbl, &&halt};
+  int acc = 0;
+  const unsigned char *pc = code;
+  goto *table[*pc++];
+add:
+  acc += *pc++;
+  goto *table[*pc++];
+dbl:
+  acc *= 2;
+  goto *table[*pc++];
+halt:
+  return acc;
+}
+int main(int argc, char **argv) {
+  (void)argv;
+  unsigned char code[] = {0, (unsigned char)(argc + 4), 1, 0, 7, 1, 2};
+  printf("%d\\n", run(code));
+  return 0;
+}
+"""
+
+
+def _run(program: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(program)], capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("source", "callee", "why"),
+    [
+        (VARARGS, "sum", "contains VarArgs initialized with va_start"),
+        (COMPUTED_GOTO, "run", "blockaddress used outside of callbr"),
+    ],
+)
+def test_an_inline_clang_would_refuse_is_refused_by_check_the_writer_and_the_replay(
+    tc: Toolchain, plugin: Path, tmp_path: Path, source: str, callee: str, why: str
+):
+    """clang's replay inlines a handed line's callee without clang's viability check, so a
+    crafted `.inl` can change what a program does: DIR/cc, plain sh over plain clang, cannot
+    see IR and trusts its directory as code (docs/security.md), and builds the forced inline.
+    mlgo's own paths refuse it: `mlgo decisions check` names the file and the callee and
+    exits 1, the plugin's replay answers "no" there (the program prints what plain clang's
+    prints), and the writer keeps no such line from a recorder's output that holds it."""
+    (tmp_path / "prog.c").write_text(source)
+    cflags = ["-Oz", "-g0"]
+    compile_ = [tc.clang, *cflags, *decisions.compile_flags(cflags), "prog.c"]
+    subprocess.run([*compile_, "-o", "plain"], cwd=tmp_path, check=True)
+    printed = _run(tmp_path / "plain")
+    assert printed.returncode == 0 and printed.stdout.strip().isdigit()
+    own = decisions.record([*compile_, f"-fpass-plugin={plugin}", "-c", "-o", os.devnull],
+                           tmp_path, CLANG_ADVISOR)[0]  # fmt: skip
+    (site,) = [d for d in own if d.callee == callee]
+    assert not site.inline  # clang's own heuristic never inlines it
+    forced = UnitDecisions([replace(site, inline=True)], digest=decisions.source_digest(
+        tmp_path / "prog.c"))  # fmt: skip
+    crafted = decisions.write(tmp_path / "dec", tmp_path, {"prog.c": forced}, {},
+                              decisions.compile_flags(cflags), tc.major)  # fmt: skip
+    # as handed, DIR/cc builds it: the program is another one
+    subprocess.run([str(crafted / "cc"), *cflags, "prog.c", "-o", "forced"], cwd=tmp_path,
+                   check=True)  # fmt: skip
+    assert (tmp_path / "forced").read_bytes() != (tmp_path / "plain").read_bytes()
+    checked = run_mlgo("decisions", "check", str(crafted), "--", *cflags, timeout=120)
+    assert checked.returncode == 1, checked.stderr
+    assert checked.stdout == (
+        "prog.c: unchanged, all 1 decisions match\n"
+        f"prog.c: refused: inlines {callee!r} into 'main' at {site.key}: clang refuses ({why})\n"
+    )
+    # check's path, the recorder around clang's replay, builds what plain clang builds
+    inl = crafted / "files" / "prog.c.inl"
+    with_replay = [*compile_, f"-fpass-plugin={plugin}", "-o", "replayed"]
+    kept, conflicts, refused = decisions.record(
+        with_replay, tmp_path, REPLAY_ADVISOR_PREFIX + str(inl)
+    )
+    assert _run(tmp_path / "replayed").stdout == printed.stdout
+    assert [r.decision for r in refused] == forced.decisions
+    assert site not in kept and replace(site, inline=True) not in kept
+    # the writer, from that recorder's output, keeps no such line
+    unit = UnitDecisions(kept, conflicts, refused=len(refused))
+    written = decisions.write(tmp_path / "dec2", tmp_path, {"prog.c": unit}, {}, [], tc.major)
+    assert not [d for d in decisions.read_inl(written / "files" / "prog.c.inl") if d.inline]
+    shown = run_mlgo("decisions", "show", str(written), timeout=60)
+    assert ", 1 inlines clang refuses dropped" in shown.stdout
+
+
+@pytest.mark.unit
+def test_a_recorders_marked_inline_is_dropped_and_counted():
+    site = Decision("main", "main:2:18", "sum", True)
+    marked = f"{site.line()}{NOT_VIABLE}contains VarArgs initialized with va_start\n"
+    kept, conflicts, refused = decisions.from_recorder(marked + site.line() + "\n", "rec")
+    assert (kept, conflicts) == ([], 0)
+    assert [str(r) for r in refused] == [
+        "inlines 'sum' into 'main' at main:2:18: clang refuses "
+        "(contains VarArgs initialized with va_start)"
+    ]
+    with pytest.raises(DecisionsError, match=r"^rec:1: not a recorded decision"):
+        decisions.from_recorder(f"{site.line()} something else\n", "rec")

@@ -54,15 +54,23 @@ def check(
 ) -> None:
     """First, DIR's cc and c++ if they are not the wrappers mlgo writes for it; then per
     file: whether its source is still the one decided (all decisions match), changed
-    (stale ones get clang's own decisions) or gone. With CFLAGS, a changed file is compiled
-    once to count the decisions that still match."""
+    (stale ones get clang's own decisions) or gone. With CFLAGS, each file that inlines is
+    compiled once through clang's replay: how many decisions of a changed one still match,
+    and each inline clang would refuse (it can change what the program does). Exits 1 if
+    anything is refused."""
     from mlgo.ship.decisions import check, foreign_wrappers, read, recheck_command
 
     artifact = read(directory)
     recheck = recheck_command(cflags) if cflags else None
-    found = check(artifact, root or directory / artifact.root_from_dir, recheck)
-    for line in [*foreign_wrappers(artifact), *found]:
+    found, refused = check(artifact, root or directory / artifact.root_from_dir, recheck)
+    foreign = foreign_wrappers(artifact)
+    for line in [*foreign, *found]:
         console.print(line, markup=False, highlight=False)
+    if not cflags and any(unit["inlined"] for unit in artifact.files.values()):
+        err.print("mlgo: note: inlines not checked for clang's refusals: give the recorded "
+                  "compile flags after --", highlight=False)  # fmt: skip
+    if foreign or refused:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -21,6 +21,9 @@ The recorder (the plugin's, mlgo/ship/native/inline_plugin.cc) writes every answ
 inliner got. A site answered both ways (the inliner visits some again) cannot be replayed as
 one answer, so it is dropped, and counted: clang's own heuristic decides it in the replay,
 which is why the replayed build, not the recorded one, is the build these decisions give.
+An inline the recorder refused (marked: clang itself would never make it, as inlining a
+varargs callee or one with a computed goto changes what a program does, and clang's replay
+does not check) is dropped and counted too; `check` finds such lines in a handed directory.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from mlgo.llvm.replay import (
     SCOPE,
     Decision,
     parse_line,
+    parse_recorded,
     replay_flags,
 )
 from mlgo.llvm.toolchain import find_toolchain
@@ -162,6 +166,7 @@ _UNIT = {
     "decisions": int,
     "inlined": int,
     "conflicts": int,
+    "refused?": int,
     "departures": (int, None),
     "sha256": (str, None),
     "text?": _TEXT,
@@ -241,6 +246,7 @@ class UnitDecisions:
     sizes: Sizes | None = None  # .text from these decisions and from clang's own, if measured
     cksum: str | None = None  # the source's POSIX cksum, for the wrappers' note when it changes
     judged: dict | None = None  # its summary as judged before, when its source is unchanged
+    refused: int = 0  # inlines clang would refuse (`Refusal`), dropped
 
     def summary(self) -> dict:
         if self.judged is not None:
@@ -263,6 +269,7 @@ class UnitDecisions:
             "decisions": len(self.decisions),
             "inlined": sum(d.inline for d in self.decisions),
             "conflicts": self.conflicts,
+            **({"refused": self.refused} if self.refused else {}),
             "departures": departed,
             "sha256": self.digest,
             **measured,
@@ -316,25 +323,44 @@ class Artifact:
         return {name: unit for name, unit in units.items() if unit.get("sha256")}
 
 
-def from_recorder(text: str, where: str) -> tuple[list[Decision], int]:
-    """The replayable decisions in what the recorder wrote (WHERE names it), and how many
-    sites were dropped for getting both answers."""
+@dataclass(frozen=True, order=True)
+class Refusal:
+    """An inline the recorder refused: clang itself would never make it (WHY, as clang says
+    it), and its replay, which answers "always" at a replayed line, does not check."""
+
+    decision: Decision
+    why: str
+
+    def __str__(self) -> str:
+        d = self.decision
+        return f"inlines {d.callee!r} into {d.caller!r} at {d.key}: clang refuses ({self.why})"
+
+
+def from_recorder(text: str, where: str) -> tuple[list[Decision], int, list[Refusal]]:
+    """The replayable decisions in what the recorder wrote (WHERE names it), how many sites
+    were dropped for getting both answers, and the inlines it refused (dropped: clang's own
+    heuristic, which refuses them too, decides there)."""
     answers: dict[tuple[str, str], set[Decision]] = {}
+    refused: dict[tuple[str, str], Refusal] = {}
     for number, line in enumerate(text.splitlines(), 1):
-        decision = parse_line(line)
-        if decision is None:
+        parsed = parse_recorded(line)
+        if parsed is None:
             raise DecisionsError(f"{where}:{number}: not a recorded decision: {line[:120]!r}")
+        decision, why = parsed
+        if why is not None:
+            refused.setdefault(decision.site, Refusal(decision, why))
         answers.setdefault(decision.site, set()).add(decision)
-    kept = [next(iter(a)) for a in answers.values() if len({d.inline for d in a}) == 1]
-    return sorted(kept), len(answers) - len(kept)
+    sites = {site: a for site, a in answers.items() if site not in refused}
+    kept = [next(iter(a)) for a in sites.values() if len({d.inline for d in a}) == 1]
+    return sorted(kept), len(sites) - len(kept), sorted(refused.values())
 
 
 def record(
     command: list[str], cwd: Path | None = None, advisor: str | None = None
-) -> tuple[list[Decision], int]:
+) -> tuple[list[Decision], int, list[Refusal]]:
     """Runs COMMAND (a compile or link that loads our plugin) with its recorder on, recording
-    ADVISOR's answers (mlgo.llvm.replay: None for the policy's); the replayable decisions and
-    the sites dropped for conflicts, as `from_recorder` gives them."""
+    ADVISOR's answers (mlgo.llvm.replay: None for the policy's); the replayable decisions,
+    the sites dropped for conflicts and the inlines refused, as `from_recorder` gives them."""
     with tempfile.TemporaryDirectory(prefix="mlgo-decisions-", dir=private_temp_dir()) as d:
         out = Path(d) / "recorded"
         env = {**os.environ, DECISIONS_OUT_ENV: str(out)}
@@ -357,10 +383,12 @@ def record_source(
     """Compiles SOURCE (a path from ROOT, in ROOT) to OBJ with PLUGIN's policy, recording
     its decisions, and once more to nowhere with clang's own, for the departures."""
     command = [compiler, *cflags, *compile_flags(cflags), f"-fpass-plugin={plugin}", "-c", source]
-    ours, conflicts = record([*command, "-o", str(obj)], root)
-    clangs, _ = record([*command, "-o", os.devnull], root, CLANG_ADVISOR)
+    ours, conflicts, refused = record([*command, "-o", str(obj)], root)
+    clangs = record([*command, "-o", os.devnull], root, CLANG_ADVISOR)[0]
     digest, cksum = source_sums(root / source)
-    return UnitDecisions(ours, conflicts, departures(ours, clangs), digest, cksum=cksum)
+    return UnitDecisions(
+        ours, conflicts, departures(ours, clangs), digest, cksum=cksum, refused=len(refused)
+    )
 
 
 def record_link(
@@ -368,8 +396,8 @@ def record_link(
 ) -> UnitDecisions:
     """Runs COMMAND, a full-LTO link by lld of objects compiled with `compile_flags`, with
     PLUGIN's recorder on (ADVISOR's answers, as for `record`): the program's decisions."""
-    ours, conflicts = record([*command, f"-Wl,--load-pass-plugin={plugin}"], cwd, advisor)
-    return UnitDecisions(ours, conflicts)
+    ours, conflicts, refused = record([*command, f"-Wl,--load-pass-plugin={plugin}"], cwd, advisor)
+    return UnitDecisions(ours, conflicts, refused=len(refused))
 
 
 def departures(ours: Iterable[Decision], clangs: Iterable[Decision]) -> dict[str, int]:
@@ -653,6 +681,11 @@ def _saved(saved: int) -> str:
     return f"{saved} bytes saved" if saved >= 0 else f"{-saved} bytes more"
 
 
+def _refused(unit: Mapping) -> str:
+    n = unit.get("refused")
+    return f", {n} inlines clang refuses dropped" if n else ""
+
+
 def _bought(unit: Mapping) -> str:
     """What a unit's decisions bought in .text against clang's own, where measured."""
     text = unit.get("text")
@@ -668,7 +701,9 @@ def show(artifact: Artifact, by_function: bool = False) -> list[str]:
         for name, unit in units.items():
             out.append(
                 f"{kind}/{name}: {unit['decisions']} decisions, {unit['inlined']} inline, "
-                f"{_departed(unit)}, {unit['conflicts']} conflicting sites dropped" + _bought(unit)
+                f"{_departed(unit)}, {unit['conflicts']} conflicting sites dropped"
+                + _refused(unit)
+                + _bought(unit)
             )
             for caller, f in unit["functions"].items() if by_function else ():
                 saved = f", {_saved(f['text_saved'])}" if "text_saved" in f else ""
@@ -741,25 +776,35 @@ def file_states(artifact: Artifact, root: Path) -> dict[str, str]:
     return states
 
 
-def check(artifact: Artifact, root: Path, recheck: list[str] | None = None) -> list[str]:
-    """Per file (`file_states`): unchanged, changed or gone. For a changed one, with
-    RECHECK (a compiler, its flags and our plugin's -fpass-plugin), how many decisions
-    still match (`still_matching`); else that they need a recheck. Headers are not
-    digested."""
-    out = []
+def check(
+    artifact: Artifact, root: Path, recheck: list[str] | None = None
+) -> tuple[list[str], int]:
+    """Per file (`file_states`): unchanged, changed or gone. With RECHECK (a compiler, its
+    flags and our plugin's -fpass-plugin), each file that inlines is compiled once through
+    clang's replay of it, recorded: a changed one says how many decisions still match, and
+    each says which of its inlines clang refuses (`Refusal`: a handed line can change what
+    the program means), counted. Headers are not digested."""
+    out, refusals = [], 0
     for name, state in file_states(artifact, root).items():
         total = artifact.files[name]["decisions"]
         if state == "gone":
             out.append(f"{name}: gone ({total} decisions unused)")
-        elif state == "unchanged":
-            out.append(f"{name}: unchanged, all {total} decisions match")
-        elif recheck is None:
-            out.append(f"{name}: changed since recorded, {total} decisions to recheck")
+            continue
+        if recheck is None or (state == "unchanged" and not artifact.files[name]["inlined"]):
+            visited, refused = None, []
         else:
             command = [*recheck, "-c", str((root / name).resolve()), "-o", os.devnull]
-            matched, total = still_matching(artifact, name, command, root)
+            visited, refused = replayed(artifact, name, command, root)
+        if state == "unchanged":
+            out.append(f"{name}: unchanged, all {total} decisions match")
+        elif visited is None:
+            out.append(f"{name}: changed since recorded, {total} decisions to recheck")
+        else:
+            matched, total = visited
             out.append(f"{name}: changed, {matched} of {total} decisions still match")
-    return out
+        out += [f"{name}: refused: {r}" for r in refused]
+        refusals += len(refused)
+    return out, refusals
 
 
 def recheck_command(cflags: list[str]) -> list[str]:
@@ -798,10 +843,19 @@ def build_flags(artifact: Artifact, cflags: list[str], link: bool) -> tuple[list
 
 def still_matching(artifact: Artifact, name: str, command: list[str], cwd: Path) -> tuple[int, int]:
     """Of file NAME's decisions, how many still meet their call site when COMMAND (its
-    compile, loading our plugin) replays them, and how many there are: the recorder around
-    clang's replay sees which sites the inliner visits. The rest are stale: clang's own
-    heuristic decides there."""
+    compile, loading our plugin) replays them, and how many there are. The rest are stale:
+    clang's own heuristic decides there."""
+    return replayed(artifact, name, command, cwd)[0]
+
+
+def replayed(
+    artifact: Artifact, name: str, command: list[str], cwd: Path
+) -> tuple[tuple[int, int], list[Refusal]]:
+    """File NAME replayed by COMMAND (its compile, loading our plugin), with the recorder
+    around clang's replay, which sees which sites the inliner visits and answers "no" at an
+    inline clang refuses: (`still_matching`'s counts, those refusals)."""
     inl = artifact.path / "files" / f"{name}.inl"
     decided = {d.site for d in read_inl(inl)}
-    visited, _ = record(command, cwd, REPLAY_ADVISOR_PREFIX + str(inl.resolve()))
-    return len(decided & {d.site for d in visited}), len(decided)
+    visited, _, refused = record(command, cwd, REPLAY_ADVISOR_PREFIX + str(inl.resolve()))
+    met = decided & ({d.site for d in visited} | {r.decision.site for r in refused})
+    return (len(met), len(decided)), refused

@@ -184,8 +184,9 @@ def record_units(
         raise UsageError(f"{shlex.join(build)} compiled nothing in {root}: record a clean build")
     units: dict[str, dict[str, UnitDecisions]] = {"files": {}, "links": {}}
     for (kind, name), parts in texts.items():
-        ours, conflicts = from_recorder("".join(parts), f"{kind}/{name}")
-        units[kind][name] = UnitDecisions(ours, conflicts)
+        ours, conflicts, refused = from_recorder("".join(parts), f"{kind}/{name}")
+        units[kind][name] = UnitDecisions(ours, conflicts, refused=len(refused))
+        skipped += [f"{kind}/{name}: {r}; clang's own decision there" for r in refused]
     outputs: dict[str, Path] = {}
     for n, (name, unit) in enumerate(units["files"].items()):
         call, outputs[f"files/{name}"] = compiles[name], clangs / f"{n}.o"
