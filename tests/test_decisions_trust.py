@@ -344,6 +344,15 @@ int main(int argc, char **argv) {
   return 0;
 }
 """
+NOINLINE = """\
+#include <stdio.h>
+__attribute__((noinline)) static int twice(int x) { return 2 * x; }
+int main(int argc, char **argv) {
+  (void)argv;
+  printf("%d\\n", twice(argc + 20));
+  return 0;
+}
+"""
 
 
 def _run(program: Path) -> subprocess.CompletedProcess:
@@ -355,6 +364,7 @@ def _run(program: Path) -> subprocess.CompletedProcess:
     [
         (VARARGS, "sum", "contains VarArgs initialized with va_start"),
         (COMPUTED_GOTO, "run", "blockaddress used outside of callbr"),
+        (NOINLINE, "twice", "noinline function attribute"),
     ],
 )
 def test_an_inline_clang_would_refuse_is_refused_by_check_the_writer_and_the_replay(
