@@ -113,7 +113,10 @@ def test_the_commands_show_diff_check_and_print_the_flags(tmp_path: Path):
     assert checked.stdout == "a.c: changed since recorded, 2 decisions to recheck\n"
     flags = run_mlgo("flags", "--decisions", str(new), "--", "-Oz", "-g", timeout=60)
     assert (flags.returncode, flags.stdout) == (0, "")  # a -g build adds nothing
-    assert flags.stderr == f"mlgo: note: compile with CC={new}/cc CXX={new}/c++\n"
+    assert flags.stderr == (
+        f"mlgo: note: compile with CC={new}/cc CXX={new}/c++: they add what each compile "
+        "needs, CFLAGS nothing\n"
+    )
     refused = run_mlgo("flags", "--decisions", str(new), "--", "-Oz", timeout=60)
     assert refused.returncode == 2
     assert refused.stderr.startswith(f"error: {new / 'flags'}: recorded for a build with debug")
@@ -479,3 +482,83 @@ def test_decisions_committed_into_a_copied_or_cloned_project_find_their_sources(
         assert (proc.returncode, proc.stderr) == (0, "")
         made = (tree / "x.o").read_bytes()
         assert made == recorded.read_bytes() != plain.read_bytes(), tree
+
+
+CONFIGURE_AC = """\
+AC_INIT([mini], [1.0])
+AM_INIT_AUTOMAKE([foreign])
+AC_PROG_CC
+AC_PROG_CXX
+LT_INIT
+AC_CONFIG_FILES([Makefile])
+AC_OUTPUT
+"""
+MAKEFILE_AM = """\
+lib_LTLIBRARIES = libmini.la
+libmini_la_SOURCES = hash.c strbuf.c inventory.cc
+bin_PROGRAMS = prog
+prog_SOURCES = main.c
+prog_LDADD = libmini.la
+"""
+LIBTOOL_OBJECTS = {".libs/hash.o": "hash.c", ".libs/strbuf.o": "strbuf.c",
+                   ".libs/inventory.o": "inventory.cc", "main.o": "main.c"}  # fmt: skip
+
+
+def _texts(tc: Toolchain, tree: Path) -> dict[str, bytes]:
+    """The .text of each of a libtool build's objects (their symbol tables name the source
+    as the build did, ../src/hash.c or hash.c)."""
+    texts = {}
+    for name in LIBTOOL_OBJECTS:
+        out = tree / f"{name}.text"
+        only_text = [tc.tool("llvm-objcopy"), "-O", "binary", "--only-section=.text"]
+        subprocess.run([*only_text, str(tree / name), str(out)], check=True)
+        texts[name] = out.read_bytes()
+    return texts
+
+
+def test_a_libtool_library_builds_from_its_decisions_with_what_flags_prints(
+    tc: Toolchain, tmp_path: Path
+):
+    """libtool reads a `-Rpass=` in CFLAGS as a run path and refuses to link, so `mlgo flags
+    --decisions` prints nothing for the compiles (the wrappers add DIR/flags themselves): a
+    real autotools and libtool library, recorded, rebuilds from its decisions both with
+    CC=DIR/cc alone and with what `flags` prints in CFLAGS, into the same objects: the
+    recorded build's, but where a site the policy answered both ways was dropped."""
+    src = tmp_path / "src"
+    shutil.copytree(DATA / "minipkg", src)
+    shutil.copy(DATA / "cxx" / "inventory.cc", src)
+    (src / "configure.ac").write_text(CONFIGURE_AC)
+    (src / "Makefile.am").write_text(MAKEFILE_AM)
+    subprocess.run(["autoreconf", "-fi"], cwd=src, check=True, capture_output=True)
+    policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
+    out = tmp_path / "decisions"
+    # one object a source: a source's decisions are one file, and libtool's static objects
+    # (no -fPIC) would be compiled with other flags than its shared ones
+    build = ["sh", "-c", "./configure -q --disable-static CFLAGS=-Oz CXXFLAGS=-Oz && make -s"]
+    record_build(policy, out, src, build, tc)
+    assert sorted(decisions.read(out).files) == ["hash.c", "inventory.cc", "main.c", "strbuf.c"]
+    recorded, units = _texts(tc, src), decisions.read(out).files
+    subprocess.run(["make", "-s", "distclean"], cwd=src, check=True)
+    printed = run_mlgo("flags", "--decisions", str(out), "--", "-Oz", timeout=60)
+    assert (printed.returncode, printed.stdout) == (0, ""), printed.stderr
+    words = "I am a word and so am I\n"
+    builds = {"plain": (tc.clang, tc.clangxx, "-Oz"),
+              "wrappers": (f"{out}/cc", f"{out}/c++", "-Oz"),
+              "printed": (f"{out}/cc", f"{out}/c++", f"-Oz {printed.stdout}")}  # fmt: skip
+    got, ran = {}, set()
+    for name, (cc, cxx, cflags) in builds.items():
+        tree = tmp_path / name
+        tree.mkdir()
+        configure = ["../src/configure", "-q", "--disable-static", f"CC={cc}", f"CXX={cxx}"]
+        configure += [f"CFLAGS={cflags}", f"CXXFLAGS={cflags}"]
+        subprocess.run(configure, cwd=tree, check=True, capture_output=True)
+        made = subprocess.run(["make", "-s"], cwd=tree, capture_output=True, text=True)
+        assert made.returncode == 0, made.stderr
+        ran.add(subprocess.run(["./prog"], cwd=tree, input=words, capture_output=True,
+                               text=True, check=True).stdout)  # fmt: skip
+        got[name] = _texts(tc, tree)
+    assert len(ran) == 1 and "word" in ran.pop()
+    assert got["printed"] == got["wrappers"] != got["plain"]
+    for obj, source in LIBTOOL_OBJECTS.items():
+        if units[source]["conflicts"] == 0:
+            assert got["wrappers"][obj] == recorded[obj], obj

@@ -817,8 +817,11 @@ def recheck_command(cflags: list[str]) -> list[str]:
 
 
 def build_flags(artifact: Artifact, cflags: list[str], link: bool) -> tuple[list[str], str]:
-    """The flags a build with CFLAGS adds (the link's, with LINK: for the program CFLAGS
-    name with -o, or DIR's only one), and a note on the compiler to use."""
+    """What a build with CFLAGS adds beside DIR's wrappers, and a note on how to build. A
+    compile adds nothing: the wrappers add DIR/flags themselves, whose `-Rpass=` libtool
+    would take for a run path in CFLAGS. A full-LTO link by plain clang (LINK: of the
+    program CFLAGS name with -o, or DIR's only one) adds its replay as `-Wl,WORD` words
+    without commas, which libtool and CMake pass on as they are."""
     recorded = _read_text(artifact.path / "flags", MAX_FORMAT_BYTES).split()
     if recorded != compile_flags(cflags):
         raise DecisionsError(
@@ -826,19 +829,24 @@ def build_flags(artifact: Artifact, cflags: list[str], link: bool) -> tuple[list
             f"{'without' if recorded else 'with'} debug info, unlike these flags: "
             "call-site keys would not match"
         )
+    wrappers = f"CC={artifact.path}/cc CXX={artifact.path}/c++"
     if not link:
-        return recorded, f"compile with CC={artifact.path}/cc CXX={artifact.path}/c++"
-    if any(c.isspace() or c in "*?[\\'\"" for c in str(artifact.path.resolve())):
+        return [], f"compile with {wrappers}: they add what each compile needs, CFLAGS nothing"
+    if any(c.isspace() or c in ",*?[\\'\"" for c in str(artifact.path.resolve())):
         raise DecisionsError(
-            f"{artifact.path}: its path would split or glob in a shell's $(...); "
-            "link with its cc or c++ instead, which take any path"
+            f"{artifact.path}: its path would split or glob in a shell's $(...), or split at "
+            "-Wl,'s commas; link with its cc or c++ instead, which take any path"
         )
     named = named_output(cflags)
     programs = [Path(named).name] if named else list(artifact.links)
     if len(programs) != 1 or programs[0] not in artifact.links:
         known = ", ".join(artifact.links) or "none"
         raise DecisionsError(f"{artifact.path}: name the program with -o (programs: {known})")
-    return link_flags(artifact.path, programs[0]), f"replays links/{programs[0]}.inl"
+    inl = artifact.path.resolve() / "links" / f"{programs[0]}.inl"
+    return [f"-Wl,{w}" for w in replay_flags(str(inl))], (
+        f"replays links/{programs[0]}.inl at a link by plain clang of objects compiled "
+        f"with {wrappers} (which also link it so, with nothing in LDFLAGS)"
+    )
 
 
 def still_matching(artifact: Artifact, name: str, command: list[str], cwd: Path) -> tuple[int, int]:
