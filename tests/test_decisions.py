@@ -5,8 +5,10 @@ and foreign inputs get clang's own decisions and never fail a compile."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -500,15 +502,22 @@ bin_PROGRAMS = prog
 prog_SOURCES = main.c
 prog_LDADD = libmini.la
 """
-LIBTOOL_OBJECTS = {".libs/hash.o": "hash.c", ".libs/strbuf.o": "strbuf.c",
-                   ".libs/inventory.o": "inventory.cc", "main.o": "main.c"}  # fmt: skip
+# What a libtool build's outputs are, and the units of the decisions that made each: its
+# objects' (compiles), or at full LTO its library's and program's (their compiles' and link's).
+LIB = ("files/hash.c", "files/strbuf.c", "files/inventory.cc")
+LIBTOOL_OUTPUTS = {
+    "per-file": {".libs/hash.o": LIB[:1], ".libs/strbuf.o": LIB[1:2],
+                 ".libs/inventory.o": LIB[2:], "main.o": ("files/main.c",)},
+    "full-lto": {".libs/libmini.so.0.0.0": (*LIB, "links/libmini.so.0.0.0"),
+                 ".libs/prog": ("files/main.c", "links/prog")},
+}  # fmt: skip
 
 
-def _texts(tc: Toolchain, tree: Path) -> dict[str, bytes]:
-    """The .text of each of a libtool build's objects (their symbol tables name the source
-    as the build did, ../src/hash.c or hash.c)."""
+def _texts(tc: Toolchain, tree: Path, outputs: Iterable[str]) -> dict[str, bytes]:
+    """The .text of each of a libtool build's OUTPUTS (an object's symbol table names its
+    source as the build did, ../src/hash.c or hash.c)."""
     texts = {}
-    for name in LIBTOOL_OBJECTS:
+    for name in outputs:
         out = tree / f"{name}.text"
         only_text = [tc.tool("llvm-objcopy"), "-O", "binary", "--only-section=.text"]
         subprocess.run([*only_text, str(tree / name), str(out)], check=True)
@@ -516,14 +525,16 @@ def _texts(tc: Toolchain, tree: Path) -> dict[str, bytes]:
     return texts
 
 
+@pytest.mark.parametrize("kind", ["per-file", pytest.param("full-lto", marks=pytest.mark.slow)])
 def test_a_libtool_library_builds_from_its_decisions_with_what_flags_prints(
-    tc: Toolchain, tmp_path: Path
+    tc: Toolchain, tmp_path: Path, kind: str
 ):
     """libtool reads a `-Rpass=` in CFLAGS as a run path and refuses to link, so `mlgo flags
-    --decisions` prints nothing for the compiles (the wrappers add DIR/flags themselves): a
-    real autotools and libtool library, recorded, rebuilds from its decisions both with
-    CC=DIR/cc alone and with what `flags` prints in CFLAGS, into the same objects: the
-    recorded build's, but where a site the policy answered both ways was dropped."""
+    --decisions` prints nothing for the compiles (the wrappers add DIR/flags themselves),
+    and a link's replay as `-Wl,` words, which libtool passes on untouched: a real autotools
+    and libtool library, recorded, rebuilds from its decisions both with CC=DIR/cc alone and
+    with what `flags` prints in CFLAGS and LDFLAGS, into the same outputs: the recorded
+    build's, but where a site the policy answered both ways was dropped."""
     src = tmp_path / "src"
     shutil.copytree(DATA / "minipkg", src)
     shutil.copy(DATA / "cxx" / "inventory.cc", src)
@@ -531,34 +542,41 @@ def test_a_libtool_library_builds_from_its_decisions_with_what_flags_prints(
     (src / "Makefile.am").write_text(MAKEFILE_AM)
     subprocess.run(["autoreconf", "-fi"], cwd=src, check=True, capture_output=True)
     policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
-    out = tmp_path / "decisions"
-    # one object a source: a source's decisions are one file, and libtool's static objects
-    # (no -fPIC) would be compiled with other flags than its shared ones
-    build = ["sh", "-c", "./configure -q --disable-static CFLAGS=-Oz CXXFLAGS=-Oz && make -s"]
+    out, outputs = tmp_path / "decisions", LIBTOOL_OUTPUTS[kind]
+    cflags = "-Oz" + " -flto" * (kind == "full-lto")
+    # one object a source (a source's decisions are one file, and libtool's static objects
+    # are compiled with other flags than its shared ones), and lld for LTO
+    configure = ["--disable-static", f"CFLAGS={cflags}", f"CXXFLAGS={cflags}"]
+    configure += ["LDFLAGS=-fuse-ld=lld"]
+    build = ["sh", "-c", f"./configure -q {shlex.join(configure)} && make -s"]
     record_build(policy, out, src, build, tc)
-    assert sorted(decisions.read(out).files) == ["hash.c", "inventory.cc", "main.c", "strbuf.c"]
-    recorded, units = _texts(tc, src), decisions.read(out).files
+    artifact = decisions.read(out)
+    assert sorted(artifact.files) == ["hash.c", "inventory.cc", "main.c", "strbuf.c"]
+    units = {f"{k}/{n}": u for k in ("files", "links") for n, u in getattr(artifact, k).items()}
+    recorded = _texts(tc, src, outputs)
     subprocess.run(["make", "-s", "distclean"], cwd=src, check=True)
-    printed = run_mlgo("flags", "--decisions", str(out), "--", "-Oz", timeout=60)
+    printed = run_mlgo("flags", "--decisions", str(out), "--", *cflags.split(), timeout=60)
     assert (printed.returncode, printed.stdout) == (0, ""), printed.stderr
-    words = "I am a word and so am I\n"
-    builds = {"plain": (tc.clang, tc.clangxx, "-Oz"),
-              "wrappers": (f"{out}/cc", f"{out}/c++", "-Oz"),
-              "printed": (f"{out}/cc", f"{out}/c++", f"-Oz {printed.stdout}")}  # fmt: skip
+    link = run_mlgo("flags", "--decisions", str(out), "--link", "--", "-o", "prog", timeout=60)
+    assert link.returncode == (0 if kind == "full-lto" else 2), link.stderr
+    assert all(w.startswith("-Wl,") and w.count(",") == 1 for w in link.stdout.split())
+    wrappers = [f"CC={out}/cc", f"CXX={out}/c++"]
+    builds = {"plain": [f"CC={tc.clang}", f"CXX={tc.clangxx}"], "wrappers": wrappers,
+              "printed": [*wrappers, f"LDFLAGS=-fuse-ld=lld {link.stdout.strip()}"]}  # fmt: skip
     got, ran = {}, set()
-    for name, (cc, cxx, cflags) in builds.items():
+    for name, compilers in builds.items():
         tree = tmp_path / name
         tree.mkdir()
-        configure = ["../src/configure", "-q", "--disable-static", f"CC={cc}", f"CXX={cxx}"]
-        configure += [f"CFLAGS={cflags}", f"CXXFLAGS={cflags}"]
-        subprocess.run(configure, cwd=tree, check=True, capture_output=True)
+        flags = [f"CFLAGS={cflags} {printed.stdout}", f"CXXFLAGS={cflags} {printed.stdout}"]
+        subprocess.run(["../src/configure", "-q", *configure, *flags, *compilers], cwd=tree,
+                       check=True, capture_output=True)  # fmt: skip
         made = subprocess.run(["make", "-s"], cwd=tree, capture_output=True, text=True)
         assert made.returncode == 0, made.stderr
-        ran.add(subprocess.run(["./prog"], cwd=tree, input=words, capture_output=True,
-                               text=True, check=True).stdout)  # fmt: skip
-        got[name] = _texts(tc, tree)
-    assert len(ran) == 1 and "word" in ran.pop()
+        ran.add(subprocess.run(["./prog"], cwd=tree, input="a word, a word\n",
+                               capture_output=True, text=True, check=True).stdout)  # fmt: skip
+        got[name] = _texts(tc, tree, outputs)
+    assert len(ran) == 1 and "words" in ran.pop()
     assert got["printed"] == got["wrappers"] != got["plain"]
-    for obj, source in LIBTOOL_OBJECTS.items():
-        if units[source]["conflicts"] == 0:
-            assert got["wrappers"][obj] == recorded[obj], obj
+    for output, made_by in outputs.items():
+        if not any(units[unit]["conflicts"] for unit in made_by):
+            assert got["wrappers"][output] == recorded[output], output
