@@ -5,7 +5,8 @@ The directory DIR holds:
 - `FORMAT`: the format's name and version, the clang that recorded it, the key format, scope;
 - `flags`: what every compile adds so that call sites have the recorded keys (a -g0 build
   needs locations: `-Rpass=` with a regex no pass matches, and `-gcolumn-info`, leave its
-  object as it was); `link.flags`: for a full-LTO link by lld (its program's file named);
+  object as it was), which the wrappers add themselves: never CFLAGS, where libtool takes
+  `-R...` for a run path; `link.flags`: for a full-LTO link by lld (its program's file named);
 - `cc`, `c++`: POSIX sh wrappers (native/decisions_cc.sh) that replay a source's file;
 - `files/<source path from the project root>.inl`, `links/<program>.inl`: replay lines
   (mlgo.llvm.replay), a no-op header first, sorted by caller and key; a source's file has
