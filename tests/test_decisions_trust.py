@@ -365,6 +365,7 @@ def _run(program: Path) -> subprocess.CompletedProcess:
         (VARARGS, "sum", "contains VarArgs initialized with va_start"),
         (COMPUTED_GOTO, "run", "blockaddress used outside of callbr"),
         (NOINLINE, "twice", "noinline function attribute"),
+        (NOINLINE.replace("noinline", 'target("avx2")'), "twice", "conflicting attributes"),
     ],
 )
 def test_an_inline_clang_would_refuse_is_refused_by_check_the_writer_and_the_replay(
