@@ -44,6 +44,7 @@ FILE_MARKS = {
     "test_trust.py": ("security",),
     "test_trusted_paths.py": ("security",),
     "test_bad_input.py": ("security",),
+    "test_decisions_trust.py": ("security",),
     "test_bad_policy.py": ("security",),
     "test_bad_corpus.py": ("security",),
     "test_killed_runs.py": ("security",),

@@ -5,8 +5,10 @@ and foreign inputs get clang's own decisions and never fail a compile."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,8 +43,7 @@ def _decision(key: str, inline: bool, callee: str = "leaf") -> Decision:
 def test_a_site_answered_both_ways_is_dropped_and_counted():
     lines = [_decision("top:1:3", True), _decision("top:1:3", False), _decision("top:2:3", True)]
     text = "\n".join(d.line() for d in [*lines, lines[2]]) + "\n"
-    kept, conflicts = decisions.from_recorder(text, "rec")
-    assert (kept, conflicts) == ([lines[2]], 1)
+    assert decisions.from_recorder(text, "rec") == ([lines[2]], 1, [])
     with pytest.raises(DecisionsError, match=r"^rec:2: not a recorded decision"):
         decisions.from_recorder(lines[0].line() + "\nremark: something else\n", "rec")
 
@@ -114,7 +115,10 @@ def test_the_commands_show_diff_check_and_print_the_flags(tmp_path: Path):
     assert checked.stdout == "a.c: changed since recorded, 2 decisions to recheck\n"
     flags = run_mlgo("flags", "--decisions", str(new), "--", "-Oz", "-g", timeout=60)
     assert (flags.returncode, flags.stdout) == (0, "")  # a -g build adds nothing
-    assert flags.stderr == f"mlgo: note: compile with CC={new}/cc CXX={new}/c++\n"
+    assert flags.stderr == (
+        f"mlgo: note: compile with CC={new}/cc CXX={new}/c++: they add what each compile "
+        "needs, CFLAGS nothing\n"
+    )
     refused = run_mlgo("flags", "--decisions", str(new), "--", "-Oz", timeout=60)
     assert refused.returncode == 2
     assert refused.stderr.startswith(f"error: {new / 'flags'}: recorded for a build with debug")
@@ -255,7 +259,7 @@ def test_unseen_stale_corrupt_and_foreign_files_get_clangs_own(
         command = [_compiler(_clang(tc), name), *recheck[1:], "-c", f"src/{name}", "-o", os.devnull]
         matched, total = decisions.still_matching(artifact, f"src/{name}", command, root)
         assert 0 < matched < total if edited else matched == total > 0, (name, matched, total)
-    report = decisions.check(decisions.read(root / "decisions"), root)
+    report, _ = decisions.check(decisions.read(root / "decisions"), root)
     assert f"src/{EDITED}: changed since recorded" in "\n".join(report)
     assert "src/inventory.cc: unchanged, all" in "\n".join(report)
 
@@ -393,9 +397,9 @@ def test_a_file_whose_decisions_build_larger_keeps_none(tc: Toolchain, tmp_path:
     loser = f"src/{EDITED}"
     call, loads = found.compiles[loser], [f"-fpass-plugin={inliner_plugin(policy, tc)}"]
     command = [*without_outputs(call.argv), *loads, *decisions.LOCATION_FLAGS, "-o", os.devnull]
-    more, conflicts = decisions.record([*command, "-mllvm", "-inline-threshold=200"], call.cwd,
-                                       CLANG_ADVISOR)  # fmt: skip
-    clangs, _ = decisions.record(command, call.cwd, CLANG_ADVISOR)
+    more, conflicts, _ = decisions.record([*command, "-mllvm", "-inline-threshold=200"],
+                                          call.cwd, CLANG_ADVISOR)  # fmt: skip
+    clangs = decisions.record(command, call.cwd, CLANG_ADVISOR)[0]
     found.files[loser] = UnitDecisions(more, conflicts, decisions.departures(more, clangs))
     files, links, left = keep(found, "size")
     assert links == {} and set(files) | {n.removeprefix("files/") for n in left} == set(found.files)
@@ -449,3 +453,130 @@ def test_a_configures_probes_are_left_out_and_a_link_replays_its_program(
         found.link_calls["summarize"], [], replay, tmp_path, found.clangs["links/summarize"]
     )
     assert (tmp_path / "decisions").read_bytes() == (root / "build" / "summarize").read_bytes()
+
+
+def test_decisions_committed_into_a_copied_or_cloned_project_find_their_sources(
+    tc: Toolchain, plugin: Path, tmp_path: Path
+):
+    """A tune writes its decisions outside the project (FORMAT's root is relative to
+    there); committed into the project, a copy or a clone at another path finds its
+    sources from the directory's own place, with no MLGO_DECISIONS_ROOT."""
+    root, cflags, name = _project(tmp_path), ["-Oz", "-g0"], "src/inventory.cc"
+    recorded = tmp_path / "recorded.o"
+    unit = decisions.record_source(tc.clangxx, plugin, root, name, cflags, recorded)
+    out = tmp_path / "tune" / "out" / "decisions"
+    flags = decisions.compile_flags(cflags)
+    decisions.write(out, root, {name: unit}, {}, flags, tc.major)
+    shutil.copytree(out, root / "decisions")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=m"]
+    subprocess.run([*git, "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "."], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "decisions"], cwd=root, check=True)
+    copy, clone = tmp_path / "elsewhere" / "copy", tmp_path / "ci" / "clone"
+    shutil.copytree(root, copy)
+    subprocess.run(["git", "clone", "-q", str(root), str(clone)], check=True)
+    env = {k: v for k, v in os.environ.items() if k != decisions.ROOT_ENV}
+    plain = tmp_path / "plain.o"
+    subprocess.run([tc.clangxx, *cflags, "-c", root / name, "-o", plain], check=True)
+    for tree in (copy, clone):
+        command = [tree / "decisions" / "c++", *cflags, "-c", name, "-o", "x.o"]
+        proc = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+        assert (proc.returncode, proc.stderr) == (0, "")
+        made = (tree / "x.o").read_bytes()
+        assert made == recorded.read_bytes() != plain.read_bytes(), tree
+
+
+CONFIGURE_AC = """\
+AC_INIT([mini], [1.0])
+AM_INIT_AUTOMAKE([foreign])
+AC_PROG_CC
+AC_PROG_CXX
+LT_INIT
+AC_CONFIG_FILES([Makefile])
+AC_OUTPUT
+"""
+MAKEFILE_AM = """\
+lib_LTLIBRARIES = libmini.la
+libmini_la_SOURCES = hash.c strbuf.c inventory.cc
+bin_PROGRAMS = prog
+prog_SOURCES = main.c
+prog_LDADD = libmini.la
+"""
+# What a libtool build's outputs are, and the units of the decisions that made each: its
+# objects' (compiles), or at full LTO its library's and program's (their compiles' and link's).
+LIB = ("files/hash.c", "files/strbuf.c", "files/inventory.cc")
+LIBTOOL_OUTPUTS = {
+    "per-file": {".libs/hash.o": LIB[:1], ".libs/strbuf.o": LIB[1:2],
+                 ".libs/inventory.o": LIB[2:], "main.o": ("files/main.c",)},
+    "full-lto": {".libs/libmini.so.0.0.0": (*LIB, "links/libmini.so.0.0.0"),
+                 ".libs/prog": ("files/main.c", "links/prog")},
+}  # fmt: skip
+
+
+def _texts(tc: Toolchain, tree: Path, outputs: Iterable[str]) -> dict[str, bytes]:
+    """The .text of each of a libtool build's OUTPUTS (an object's symbol table names its
+    source as the build did, ../src/hash.c or hash.c)."""
+    texts = {}
+    for name in outputs:
+        out = tree / f"{name}.text"
+        only_text = [tc.tool("llvm-objcopy"), "-O", "binary", "--only-section=.text"]
+        subprocess.run([*only_text, str(tree / name), str(out)], check=True)
+        texts[name] = out.read_bytes()
+    return texts
+
+
+@pytest.mark.parametrize("kind", ["per-file", pytest.param("full-lto", marks=pytest.mark.slow)])
+def test_a_libtool_library_builds_from_its_decisions_with_what_flags_prints(
+    tc: Toolchain, tmp_path: Path, kind: str
+):
+    """libtool reads a `-Rpass=` in CFLAGS as a run path and refuses to link, so `mlgo flags
+    --decisions` prints nothing for the compiles (the wrappers add DIR/flags themselves),
+    and a link's replay as `-Wl,` words, which libtool passes on untouched: a real autotools
+    and libtool library, recorded, rebuilds from its decisions both with CC=DIR/cc alone and
+    with what `flags` prints in CFLAGS and LDFLAGS, into the same outputs: the recorded
+    build's, but where a site the policy answered both ways was dropped."""
+    src = tmp_path / "src"
+    shutil.copytree(DATA / "minipkg", src)
+    shutil.copy(DATA / "cxx" / "inventory.cc", src)
+    (src / "configure.ac").write_text(CONFIGURE_AC)
+    (src / "Makefile.am").write_text(MAKEFILE_AM)
+    subprocess.run(["autoreconf", "-fi"], cwd=src, check=True, capture_output=True)
+    policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
+    out, outputs = tmp_path / "decisions", LIBTOOL_OUTPUTS[kind]
+    cflags = "-Oz" + " -flto" * (kind == "full-lto")
+    # one object a source (a source's decisions are one file, and libtool's static objects
+    # are compiled with other flags than its shared ones), and lld for LTO
+    configure = ["--disable-static", f"CFLAGS={cflags}", f"CXXFLAGS={cflags}"]
+    configure += ["LDFLAGS=-fuse-ld=lld"]
+    build = ["sh", "-c", f"./configure -q {shlex.join(configure)} && make -s"]
+    record_build(policy, out, src, build, tc)
+    artifact = decisions.read(out)
+    assert sorted(artifact.files) == ["hash.c", "inventory.cc", "main.c", "strbuf.c"]
+    units = {f"{k}/{n}": u for k in ("files", "links") for n, u in getattr(artifact, k).items()}
+    recorded = _texts(tc, src, outputs)
+    subprocess.run(["make", "-s", "distclean"], cwd=src, check=True)
+    printed = run_mlgo("flags", "--decisions", str(out), "--", *cflags.split(), timeout=60)
+    assert (printed.returncode, printed.stdout) == (0, ""), printed.stderr
+    link = run_mlgo("flags", "--decisions", str(out), "--link", "--", "-o", "prog", timeout=60)
+    assert link.returncode == (0 if kind == "full-lto" else 2), link.stderr
+    assert all(w.startswith("-Wl,") and w.count(",") == 1 for w in link.stdout.split())
+    wrappers = [f"CC={out}/cc", f"CXX={out}/c++"]
+    builds = {"plain": [f"CC={tc.clang}", f"CXX={tc.clangxx}"], "wrappers": wrappers,
+              "printed": [*wrappers, f"LDFLAGS=-fuse-ld=lld {link.stdout.strip()}"]}  # fmt: skip
+    got, ran = {}, set()
+    for name, compilers in builds.items():
+        tree = tmp_path / name
+        tree.mkdir()
+        flags = [f"CFLAGS={cflags} {printed.stdout}", f"CXXFLAGS={cflags} {printed.stdout}"]
+        subprocess.run(["../src/configure", "-q", *configure, *flags, *compilers], cwd=tree,
+                       check=True, capture_output=True)  # fmt: skip
+        made = subprocess.run(["make", "-s"], cwd=tree, capture_output=True, text=True)
+        assert made.returncode == 0, made.stderr
+        ran.add(subprocess.run(["./prog"], cwd=tree, input="a word, a word\n",
+                               capture_output=True, text=True, check=True).stdout)  # fmt: skip
+        got[name] = _texts(tc, tree, outputs)
+    assert len(ran) == 1 and "words" in ran.pop()
+    assert got["printed"] == got["wrappers"] != got["plain"]
+    for output, made_by in outputs.items():
+        if not any(units[unit]["conflicts"] for unit in made_by):
+            assert got["wrappers"][output] == recorded[output], output

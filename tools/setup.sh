@@ -9,7 +9,7 @@ APT_PACKAGES=(clang-22 llvm-22 llvm-22-dev lld-22 bear dpkg-dev g++
   # SHA-256 for the native mlgo-cc's memory of the size guard
   nettle-dev
   # the build systems that the `mlgo corpus record` tests drive
-  cmake ninja-build meson autoconf automake
+  cmake ninja-build meson autoconf automake libtool
   # instruction and block counts of a program's workload
   valgrind)
 # LLVM's corpus tools. Its top-level package is also named `mlgo`, so it lives beside the

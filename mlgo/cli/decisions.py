@@ -28,7 +28,7 @@ def show(
     from mlgo.ship.decisions import read, show
 
     for line in show(read(directory), functions):
-        console.print(line, highlight=False)
+        console.print(line, markup=False, highlight=False)
 
 
 @app.command()
@@ -38,7 +38,7 @@ def diff(old: DirArg, new: DirArg) -> None:
     from mlgo.ship.decisions import diff, read
 
     for line in diff(read(old), read(new)):
-        console.print(line, highlight=False)
+        console.print(line, markup=False, highlight=False)
 
 
 @app.command()
@@ -52,15 +52,25 @@ def check(
         typer.Argument(help="after --, the recorded compile flags: count what still matches"),
     ] = None,
 ) -> None:
-    """Per file: whether its source is still the one decided (all decisions match), changed
-    (stale ones get clang's own decisions) or gone. With CFLAGS, a changed file is compiled
-    once to count the decisions that still match."""
-    from mlgo.ship.decisions import check, read, recheck_command
+    """First, DIR's cc and c++ if they are not the wrappers mlgo writes for it; then per
+    file: whether its source is still the one decided (all decisions match), changed
+    (stale ones get clang's own decisions) or gone. With CFLAGS, each file that inlines is
+    compiled once through clang's replay: how many decisions of a changed one still match,
+    and each inline clang would refuse (it can change what the program does). Exits 1 if
+    anything is refused."""
+    from mlgo.ship.decisions import check, foreign_wrappers, read, recheck_command
 
     artifact = read(directory)
     recheck = recheck_command(cflags) if cflags else None
-    for line in check(artifact, root or directory / artifact.root_from_dir, recheck):
-        console.print(line, highlight=False)
+    found, refused = check(artifact, root or directory / artifact.root_from_dir, recheck)
+    foreign = foreign_wrappers(artifact)
+    for line in [*foreign, *found]:
+        console.print(line, markup=False, highlight=False)
+    if not cflags and any(unit["inlined"] for unit in artifact.files.values()):
+        err.print("mlgo: note: inlines not checked for clang's refusals: give the recorded "
+                  "compile flags after --", highlight=False)  # fmt: skip
+    if foreign or refused:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -81,5 +91,5 @@ def record(
 
     written, skipped = record_build(load_policy(policy), out, root, build, find_toolchain())
     for line in skipped:
-        err.print(f"mlgo: note: {line}", highlight=False)
+        err.print(f"mlgo: note: {line}", markup=False, highlight=False)
     console.print(f"wrote {written}: build with CC={written}/cc CXX={written}/c++")

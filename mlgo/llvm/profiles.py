@@ -7,12 +7,15 @@ its counts, a PGO build) compiles the same source with `-fprofile-instr-use`.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
+from typing import BinaryIO
 
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.runtime.commands import BuildError, run_logged
+from mlgo.runtime.files import open_regular
 
 INSTRUMENT_FLAGS = ["-fprofile-instr-generate"]
 # clang's warnings that some functions have no counts (the run never reached them) or
@@ -20,6 +23,34 @@ INSTRUMENT_FLAGS = ["-fprofile-instr-generate"]
 PROFILE_USE_FLAGS = ["-Wno-profile-instr-unprofiled", "-Wno-profile-instr-out-of-date"]
 PROFILE_USE = "-fprofile-instr-use="
 MERGED = "default.profdata"  # a merged profile's name in the directory that holds it
+# What an indexed profile (llvm-profdata merge's) starts with, and the largest one used:
+# a large program's profile is some megabytes; clang reads it whole into memory.
+INDEXED_MAGIC = b"\xfflprofi\x81"
+MAX_PROFILE_BYTES = 1 << 30
+
+
+def open_profile(path: Path) -> BinaryIO | str:
+    """PATH opened as an indexed profile, or why it is not one mlgo uses: a regular file
+    (opened without blocking), the user's or root's, of at most MAX_PROFILE_BYTES, that
+    starts with INDEXED_MAGIC (the decisions wrappers check the same in sh)."""
+    try:
+        f = open_regular(path)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if f is None:
+        return "not a regular file"
+    st = os.fstat(f.fileno())
+    problem = (
+        "not yours or root's" if st.st_uid not in (os.getuid(), 0)
+        else f"larger than {MAX_PROFILE_BYTES >> 20} MiB" if st.st_size > MAX_PROFILE_BYTES
+        else "not an indexed profile" if f.read(len(INDEXED_MAGIC)) != INDEXED_MAGIC
+        else None
+    )  # fmt: skip
+    if problem is not None:
+        f.close()
+        return problem
+    f.seek(0)
+    return f
 
 
 def use_flags(profile: Path) -> list[str]:

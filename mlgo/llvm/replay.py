@@ -25,6 +25,9 @@ DECISIONS_OUT_ENV = "MLGO_DECISIONS_OUT"
 DECISIONS_ADVISOR_ENV = "MLGO_DECISIONS_ADVISOR"  # unset: the policy's
 CLANG_ADVISOR = "clang"
 REPLAY_ADVISOR_PREFIX = "replay:"  # then the file's path: clang's replay of it
+# After a recorder's inline line at a callee clang itself would never inline there (not
+# viable, or refused by its attributes), then clang's reason: the recorder answered "no".
+NOT_VIABLE = " not viable: "
 
 _NAME = r"[^'\n]+"
 LINE = re.compile(
@@ -60,6 +63,19 @@ def parse_line(text: str) -> Decision | None:
         return None
     inline = m["verdict"] == INLINED_INTO
     return Decision(m["caller"], m["key"], m["callee"], inline)
+
+
+def parse_recorded(text: str) -> tuple[Decision, str | None] | None:
+    """A line of our recorder's: its decision, and clang's reason where the line is marked
+    NOT_VIABLE (an inline clang would refuse, which the recorder answered "no"); None if
+    it is not one."""
+    m = LINE.match(text)
+    rest = text[m.end() :] if m else ""
+    if not m or (rest and not rest.startswith(NOT_VIABLE)):
+        return None
+    decision = parse_line(m[0])
+    assert decision is not None
+    return decision, rest[len(NOT_VIABLE) :] if rest else None
 
 
 def replay_flags(path: str) -> list[str]:

@@ -75,14 +75,21 @@ def json_depth(data: bytes) -> int:
     return deepest
 
 
-def read_json(path: Path, error: type[MlgoError] = UsageError, limit: int = MAX_JSON_BYTES) -> Any:
-    """The JSON value in PATH. What is not JSON, is larger than LIMIT bytes or nests deeper
-    than MAX_JSON_DEPTH is an ERROR naming PATH and why; an OSError (a missing file) is
-    the caller's to say."""
+def read_bytes(path: Path, limit: int, error: type[MlgoError] = UsageError) -> bytes:
+    """The bytes of PATH, a regular file (opened without blocking) of at most LIMIT bytes,
+    else an ERROR naming PATH and why; an OSError (a missing file) is the caller's to say."""
     with _open_regular(path, error) as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise error(f"{path}: larger than {_size(limit)}; no such file is so large")
+    return data
+
+
+def read_json(path: Path, error: type[MlgoError] = UsageError, limit: int = MAX_JSON_BYTES) -> Any:
+    """The JSON value in PATH. What is not JSON, is larger than LIMIT bytes or nests deeper
+    than MAX_JSON_DEPTH is an ERROR naming PATH and why; an OSError (a missing file) is
+    the caller's to say."""
+    data = read_bytes(path, limit, error)
     if json_depth(data) > MAX_JSON_DEPTH:
         raise error(
             f"{path}: nested more than {MAX_JSON_DEPTH} levels deep; no such file is so deep"

@@ -5,7 +5,8 @@ The directory DIR holds:
 - `FORMAT`: the format's name and version, the clang that recorded it, the key format, scope;
 - `flags`: what every compile adds so that call sites have the recorded keys (a -g0 build
   needs locations: `-Rpass=` with a regex no pass matches, and `-gcolumn-info`, leave its
-  object as it was); `link.flags`: for a full-LTO link by lld (its program's file named);
+  object as it was), which the wrappers add themselves: never CFLAGS, where libtool takes
+  `-R...` for a run path; `link.flags`: for a full-LTO link by lld (its program's file named);
 - `cc`, `c++`: POSIX sh wrappers (native/decisions_cc.sh) that replay a source's file;
 - `files/<source path from the project root>.inl`, `links/<program>.inl`: replay lines
   (mlgo.llvm.replay), a no-op header first, sorted by caller and key; a source's file has
@@ -21,6 +22,9 @@ The recorder (the plugin's, mlgo/ship/native/inline_plugin.cc) writes every answ
 inliner got. A site answered both ways (the inliner visits some again) cannot be replayed as
 one answer, so it is dropped, and counted: clang's own heuristic decides it in the replay,
 which is why the replayed build, not the recorded one, is the build these decisions give.
+An inline the recorder refused (marked: clang itself would never make it, as inlining a
+varargs callee or one with a computed goto changes what a program does, and clang's replay
+does not check) is dropped and counted too; `check` finds such lines in a handed directory.
 """
 
 from __future__ import annotations
@@ -40,7 +44,14 @@ from pathlib import Path
 from mlgo.data import shipped_policy
 from mlgo.errors import UsageError
 from mlgo.llvm.driver import SOURCE_SUFFIXES, named_output
-from mlgo.llvm.profiles import MERGED, PROFILE_USE, PROFILE_USE_FLAGS
+from mlgo.llvm.profiles import (
+    INDEXED_MAGIC,
+    MAX_PROFILE_BYTES,
+    MERGED,
+    PROFILE_USE,
+    PROFILE_USE_FLAGS,
+    open_profile,
+)
 from mlgo.llvm.replay import (
     AT_CALLSITE,
     CLANG_ADVISOR,
@@ -54,11 +65,13 @@ from mlgo.llvm.replay import (
     SCOPE,
     Decision,
     parse_line,
+    parse_recorded,
     replay_flags,
 )
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.files import atomic_directory
+from mlgo.runtime.inputs import read_bytes, read_json
 from mlgo.runtime.messages import error_line
 from mlgo.runtime.trust import private_temp_dir
 from mlgo.ship.plugin import inliner_plugin
@@ -85,8 +98,142 @@ ROOT_ENV = "MLGO_DECISIONS_ROOT"
 _ERE_SPECIAL = set(".[]()*+?{}|^$\\")
 
 
+# Bounds on what a handed directory may make mlgo read: its FORMAT and flags are a few
+# lines, a `.inl` about 100 bytes a decision, a summary about 200 bytes a function.
+MAX_FORMAT_BYTES = 4 << 10
+MAX_INL_BYTES = 64 << 20
+MAX_SUMMARY_BYTES = 64 << 20
+# The largest source digested (an amalgamation such as sqlite3.c is under 10 MB).
+MAX_SOURCE_BYTES = 64 << 20
+NAME_MAX = 255  # bytes in one path component, on Linux's file systems
+
+
 class DecisionsError(UsageError):
     """A decisions directory or file mlgo cannot use; the message names it."""
+
+
+def _read_text(path: Path, limit: int) -> str:
+    """PATH of a decisions directory as UTF-8 text: a regular file of at most LIMIT bytes,
+    read without blocking; else one line naming it."""
+    try:
+        data = read_bytes(path, limit, DecisionsError)
+    except FileNotFoundError:
+        raise DecisionsError(f"{path}: no such file") from None
+    except OSError as e:
+        raise DecisionsError(f"{path}: cannot be read ({e.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DecisionsError(f"{path}: not UTF-8 text") from None
+
+
+def name_problem(kind: str, name: str) -> str | None:
+    """Why NAME cannot name a unit of KIND ("files": a source's path from the project's
+    root; "links": a program), or None. A name becomes a path under DIR, a word of a
+    linker's options (where clang splits -Wl, at commas) and a line of `show`, so it holds
+    no whitespace, comma or control character and starts no part with `-`; a source's
+    path stays under the root, and a program's is one file name."""
+    if not name or any(c.isspace() or c == "," or not c.isprintable() for c in name):
+        return "holds whitespace, a comma or a control character"
+    parts = name.split("/")
+    if kind == "links" and len(parts) > 1:
+        return "is not a file name"
+    if any(p in ("", ".", "..") for p in parts):
+        return "is not a path under the project's root"
+    if any(p.startswith("-") for p in parts):
+        return "starts with '-'"
+    if len(f"{parts[-1]}.inl".encode()) > NAME_MAX:
+        return f"is too long for its decisions file (over {NAME_MAX} bytes with .inl)"
+    return None
+
+
+def _checked_name(kind: str, name: str, where: object) -> str:
+    problem = name_problem(kind, name)
+    if problem is not None:
+        raise DecisionsError(f"{where}: {kind} name {name[:120]!r} {problem}")
+    return name
+
+
+class _Names:
+    """A summary's mapping from unit names of KIND (None: any printable name) to VALUE."""
+
+    def __init__(self, kind: str | None, value: object) -> None:
+        self.kind, self.value = kind, value
+
+
+_TEXT = {"decisions": int, "clang": int, "saved": int}
+_FUNCTION = {"decisions": int, "inlined": int, "departures?": int, "text_saved?": int}
+_UNIT = {
+    "decisions": int,
+    "inlined": int,
+    "conflicts": int,
+    "refused?": int,
+    "departures": (int, None),
+    "sha256": (str, None),
+    "text?": _TEXT,
+    "functions": _Names(None, _FUNCTION),
+}
+_LEFT = {"why?": str, "departures?": (int, None), "text?": _TEXT, "sha256?": str}
+_SUMMARY = {
+    "format": int,
+    "files": _Names("files", _UNIT),
+    "links": _Names("links", _UNIT),
+    "clangs_own?": _Names("unit", _LEFT),
+    "refreshed?": {"judged_again": [str], "as_before": int},
+}
+
+
+def _check_shape(value: object, spec: object, where: str) -> None:
+    """Refuses VALUE, at WHERE (a file and the keys into it), unless it has SPEC's shape: a
+    type (int means one, not a bool), None, a tuple of choices, a list of one element's
+    shape, `_Names`, or a dict of keys (`?` ending those that may be missing)."""
+    if isinstance(spec, tuple):
+        errors = []
+        for choice in spec:
+            try:
+                return _check_shape(value, choice, where)
+            except DecisionsError as e:
+                errors.append(e)
+        raise errors[0]
+    if spec is None or isinstance(spec, type):
+        ok = value is None if spec is None else isinstance(value, spec)
+        if not ok or (spec is int and isinstance(value, bool)):
+            wanted = "null" if spec is None else {int: "an integer", str: "a string"}[spec]
+            raise DecisionsError(f"{where} is not {wanted}")
+    elif isinstance(spec, list):
+        if not isinstance(value, list):
+            raise DecisionsError(f"{where} is not a list")
+        for i, item in enumerate(value):
+            _check_shape(item, spec[0], f"{where}[{i}]")
+    else:
+        if not isinstance(value, dict):
+            raise DecisionsError(f"{where} is not a mapping")
+        if isinstance(spec, _Names):
+            for name, item in value.items():
+                _check_unit_key(spec.kind, name, where)
+                _check_shape(item, spec.value, f"{where}[{name!r}]")
+            return
+        assert isinstance(spec, dict)
+        for key, shape in spec.items():
+            name = key.rstrip("?")
+            if name in value:
+                _check_shape(value[name], shape, f"{where}.{name}")
+            elif not key.endswith("?"):
+                raise DecisionsError(f"{where} has no {name}")
+
+
+def _check_unit_key(kind: str | None, name: str, where: str) -> None:
+    """A key of a summary's mapping: a unit's name of KIND, `files/NAME` or `links/NAME`
+    for "unit", and for None (a function) any name that prints as one line."""
+    if kind == "unit":
+        kind, _, unit = name.partition("/")
+        if kind not in ("files", "links"):
+            raise DecisionsError(f"{where}: {name[:120]!r} is not files/NAME or links/NAME")
+        name = unit
+    if kind is not None:
+        _checked_name(kind, name, where)
+    elif not name or not name.isprintable():
+        raise DecisionsError(f"{where}: function name {name[:120]!r} is not one printable line")
 
 
 @dataclass
@@ -100,6 +247,7 @@ class UnitDecisions:
     sizes: Sizes | None = None  # .text from these decisions and from clang's own, if measured
     cksum: str | None = None  # the source's POSIX cksum, for the wrappers' note when it changes
     judged: dict | None = None  # its summary as judged before, when its source is unchanged
+    refused: int = 0  # inlines clang would refuse (`Refusal`), dropped
 
     def summary(self) -> dict:
         if self.judged is not None:
@@ -122,6 +270,7 @@ class UnitDecisions:
             "decisions": len(self.decisions),
             "inlined": sum(d.inline for d in self.decisions),
             "conflicts": self.conflicts,
+            **({"refused": self.refused} if self.refused else {}),
             "departures": departed,
             "sha256": self.digest,
             **measured,
@@ -165,6 +314,7 @@ class Artifact:
     root_from_dir: str = ".."
     clangs_own: dict[str, dict] = field(default_factory=dict)  # judged, and not kept
     refreshed: dict | None = None  # by a refresh: what it judged again, what it kept as before
+    clang_major: str = ""  # as FORMAT records it
 
     def verdicts(self) -> dict[str, dict]:
         """Each source's unit judged, kept or not (`files/NAME`), that knows its source's
@@ -174,25 +324,44 @@ class Artifact:
         return {name: unit for name, unit in units.items() if unit.get("sha256")}
 
 
-def from_recorder(text: str, where: str) -> tuple[list[Decision], int]:
-    """The replayable decisions in what the recorder wrote (WHERE names it), and how many
-    sites were dropped for getting both answers."""
+@dataclass(frozen=True, order=True)
+class Refusal:
+    """An inline the recorder refused: clang itself would never make it (WHY, as clang says
+    it), and its replay, which answers "always" at a replayed line, does not check."""
+
+    decision: Decision
+    why: str
+
+    def __str__(self) -> str:
+        d = self.decision
+        return f"inlines {d.callee!r} into {d.caller!r} at {d.key}: clang refuses ({self.why})"
+
+
+def from_recorder(text: str, where: str) -> tuple[list[Decision], int, list[Refusal]]:
+    """The replayable decisions in what the recorder wrote (WHERE names it), how many sites
+    were dropped for getting both answers, and the inlines it refused (dropped: clang's own
+    heuristic, which refuses them too, decides there)."""
     answers: dict[tuple[str, str], set[Decision]] = {}
+    refused: dict[tuple[str, str], Refusal] = {}
     for number, line in enumerate(text.splitlines(), 1):
-        decision = parse_line(line)
-        if decision is None:
+        parsed = parse_recorded(line)
+        if parsed is None:
             raise DecisionsError(f"{where}:{number}: not a recorded decision: {line[:120]!r}")
+        decision, why = parsed
+        if why is not None:
+            refused.setdefault(decision.site, Refusal(decision, why))
         answers.setdefault(decision.site, set()).add(decision)
-    kept = [next(iter(a)) for a in answers.values() if len({d.inline for d in a}) == 1]
-    return sorted(kept), len(answers) - len(kept)
+    sites = {site: a for site, a in answers.items() if site not in refused}
+    kept = [next(iter(a)) for a in sites.values() if len({d.inline for d in a}) == 1]
+    return sorted(kept), len(sites) - len(kept), sorted(refused.values())
 
 
 def record(
     command: list[str], cwd: Path | None = None, advisor: str | None = None
-) -> tuple[list[Decision], int]:
+) -> tuple[list[Decision], int, list[Refusal]]:
     """Runs COMMAND (a compile or link that loads our plugin) with its recorder on, recording
-    ADVISOR's answers (mlgo.llvm.replay: None for the policy's); the replayable decisions and
-    the sites dropped for conflicts, as `from_recorder` gives them."""
+    ADVISOR's answers (mlgo.llvm.replay: None for the policy's); the replayable decisions,
+    the sites dropped for conflicts and the inlines refused, as `from_recorder` gives them."""
     with tempfile.TemporaryDirectory(prefix="mlgo-decisions-", dir=private_temp_dir()) as d:
         out = Path(d) / "recorded"
         env = {**os.environ, DECISIONS_OUT_ENV: str(out)}
@@ -215,10 +384,12 @@ def record_source(
     """Compiles SOURCE (a path from ROOT, in ROOT) to OBJ with PLUGIN's policy, recording
     its decisions, and once more to nowhere with clang's own, for the departures."""
     command = [compiler, *cflags, *compile_flags(cflags), f"-fpass-plugin={plugin}", "-c", source]
-    ours, conflicts = record([*command, "-o", str(obj)], root)
-    clangs, _ = record([*command, "-o", os.devnull], root, CLANG_ADVISOR)
+    ours, conflicts, refused = record([*command, "-o", str(obj)], root)
+    clangs = record([*command, "-o", os.devnull], root, CLANG_ADVISOR)[0]
     digest, cksum = source_sums(root / source)
-    return UnitDecisions(ours, conflicts, departures(ours, clangs), digest, cksum=cksum)
+    return UnitDecisions(
+        ours, conflicts, departures(ours, clangs), digest, cksum=cksum, refused=len(refused)
+    )
 
 
 def record_link(
@@ -226,8 +397,8 @@ def record_link(
 ) -> UnitDecisions:
     """Runs COMMAND, a full-LTO link by lld of objects compiled with `compile_flags`, with
     PLUGIN's recorder on (ADVISOR's answers, as for `record`): the program's decisions."""
-    ours, conflicts = record([*command, f"-Wl,--load-pass-plugin={plugin}"], cwd, advisor)
-    return UnitDecisions(ours, conflicts)
+    ours, conflicts, refused = record([*command, f"-Wl,--load-pass-plugin={plugin}"], cwd, advisor)
+    return UnitDecisions(ours, conflicts, refused=len(refused))
 
 
 def departures(ours: Iterable[Decision], clangs: Iterable[Decision]) -> dict[str, int]:
@@ -236,13 +407,19 @@ def departures(ours: Iterable[Decision], clangs: Iterable[Decision]) -> dict[str
     return dict(Counter(d.caller for d in ours if own.get(d.site, d.inline) != d.inline))
 
 
+def _source_bytes(path: Path) -> bytes:
+    """A source's bytes, to digest: a regular file, bounded (a handed directory's names
+    and root decide which file is read)."""
+    return read_bytes(path, MAX_SOURCE_BYTES, DecisionsError)
+
+
 def source_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(_source_bytes(path)).hexdigest()
 
 
 def source_sums(path: Path) -> tuple[str, str]:
     """The source's sha256 (for `check`) and POSIX cksum (for the wrappers), as recorded."""
-    data = path.read_bytes()
+    data = _source_bytes(path)
     return hashlib.sha256(data).hexdigest(), posix_cksum(data)
 
 
@@ -281,10 +458,7 @@ def inl_text(decisions: Iterable[Decision], cksum: str | None = None) -> str:
 def read_inl(path: Path) -> list[Decision]:
     """The decisions of a `.inl` file, checked as the wrappers check it: its format's header
     first, then only replay lines. A foreign or corrupt file is refused in one line."""
-    try:
-        lines = path.read_bytes().decode("utf-8").split("\n")
-    except UnicodeDecodeError:
-        raise DecisionsError(f"{path}: not a decisions file (not UTF-8 text)") from None
+    lines = _read_text(path, MAX_INL_BYTES).split("\n")
     if lines[-1] == "":
         lines.pop()
     if not lines or lines[0] != HEADER:
@@ -320,13 +494,10 @@ def link_flags(directory: Path, program: str) -> list[str]:
 
 
 def link_replay_flags(inl: str) -> list[str]:
-    """clang's options for an lld LTO link that replay the decisions in the file INL."""
-    return [f"-Wl,{a}" for a in _pairs(replay_flags(inl))]
-
-
-def _pairs(flags: list[str]) -> list[str]:
-    """`-mllvm X` pairs as lld's `-mllvm,X`."""
-    return [f"{flags[i]},{flags[i + 1]}" for i in range(0, len(flags), 2)]
+    """clang's options for an lld LTO link that replay the decisions in the file INL: each
+    word behind its own -Xlinker, which clang hands lld whole (-Wl, would split a path
+    holding a comma into options of lld's)."""
+    return [w for a in replay_flags(inl) for w in ("-Xlinker", a)]
 
 
 def _ere(text: str) -> str:
@@ -376,8 +547,12 @@ def wrapper_text(
         "@LOCATE_EVERY_COMPILE@": "1" if every_compile else "''",
         "@SOURCE_PREFIX@": _double_quoted(f"{LINE_PREFIX}{SOURCE_MARK} "),
         "@PROFILED@": "1" if profiled else "''",
+        "@MERGED@": MERGED,
+        "@PROFILE_SIZE@": str(MAX_PROFILE_BYTES + 1),
+        "@PROFILE_LIMIT@": f"{MAX_PROFILE_BYTES >> 20} MiB",
+        "@PROFILE_MAGIC@": INDEXED_MAGIC.hex(" "),
         "@PROFILE_FLAGS@": " ".join(
-            [f'"{PROFILE_USE}$dir/{MERGED}"', *map(shlex.quote, PROFILE_USE_FLAGS)]
+            [f'"{PROFILE_USE}$profile"', *map(shlex.quote, PROFILE_USE_FLAGS)]
         ),
     }
     text = WRAPPER.read_text()
@@ -409,6 +584,9 @@ def write(
     or `links/` and its name: why, and the bytes measured), kept in the summary only;
     REFRESHED: what a refresh judged again, and what it kept as judged before; PROFILE:
     the profile the build was optimized with, copied in for every compile to use."""
+    for kind, units in (("files", files), ("links", links)):
+        for name in units:
+            _checked_name(kind, name, directory)
     root_from_dir = _relative_root(directory, root)
     with atomic_directory(directory) as staging:
         (staging / "FORMAT").write_text(
@@ -417,7 +595,11 @@ def write(
         )
         (staging / "flags").write_text(" ".join(flags) + "\n")
         if profile is not None:
-            shutil.copyfile(profile, staging / MERGED)
+            opened = open_profile(profile)
+            if isinstance(opened, str):
+                raise DecisionsError(f"{profile}: {opened}")
+            with opened, (staging / MERGED).open("wb") as copy:
+                shutil.copyfileobj(opened, copy)
         programs = sorted(links)
         link_lines = [" ".join(link_flags(directory, p)) for p in programs]
         (staging / "link.flags").write_text("".join(f"{line}\n" for line in link_lines))
@@ -444,28 +626,51 @@ def write(
 
 
 def read(directory: Path) -> Artifact:
-    """DIR's summary, after its FORMAT says it is one mlgo reads."""
-    fmt = directory / "FORMAT"
-    try:
-        head = fmt.read_text().splitlines()
-        summary = json.loads((directory / "summary.json").read_text())
-    except FileNotFoundError as e:
-        raise DecisionsError(f"{directory}: not a decisions directory (no {e.filename})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DecisionsError(f"{directory}: its summary.json is not JSON: {e}") from None
-    if not head or head[0] != f"{FORMAT_NAME} {FORMAT_VERSION}":
+    """DIR's summary, after its FORMAT says it is one mlgo reads: a handed directory is
+    data, each of its files bounded and each field of its summary checked, so that what
+    is wrong is one line naming the file."""
+    fmt, path = directory / "FORMAT", directory / "summary.json"
+    head = _read_text(fmt, MAX_FORMAT_BYTES).split("\n")
+    if head[0] != f"{FORMAT_NAME} {FORMAT_VERSION}":
         raise DecisionsError(f"{fmt}:1: not {FORMAT_NAME} {FORMAT_VERSION}")
     roots = [line.split(" ", 1)[1] for line in head if line.startswith("root ")]
-    files, links = summary.get("files"), summary.get("links")
-    if not isinstance(files, dict) or not isinstance(links, dict):
-        raise DecisionsError(f"{directory / 'summary.json'}: no files and links in it")
-    left = summary.get("clangs_own", {})
-    if not isinstance(left, dict):
-        raise DecisionsError(f"{directory / 'summary.json'}: its clangs_own is not a mapping")
-    refreshed = summary.get("refreshed")
-    if refreshed is not None and not isinstance(refreshed, dict):
-        raise DecisionsError(f"{directory / 'summary.json'}: its refreshed is not a mapping")
-    return Artifact(directory, files, links, roots[0] if roots else "..", left, refreshed)
+    if any(not r or not r.isprintable() for r in roots):
+        raise DecisionsError(f"{fmt}: its root is not one printable line")
+    try:
+        summary = read_json(path, DecisionsError, MAX_SUMMARY_BYTES)
+    except FileNotFoundError:
+        raise DecisionsError(f"{directory}: not a decisions directory (no {path})") from None
+    _check_shape(summary, _SUMMARY, str(path))
+    left, refreshed = summary.get("clangs_own", {}), summary.get("refreshed")
+    clangs = [line.split(" ", 1)[1] for line in head if line.startswith("clang ")]
+    root = roots[0] if roots else ".."
+    major = clangs[0] if clangs and clangs[0].isdigit() else ""
+    return Artifact(directory, summary["files"], summary["links"], root, left, refreshed, major)
+
+
+def foreign_wrappers(artifact: Artifact) -> list[str]:
+    """DIR's `cc` and `c++` that are not byte for byte the wrappers mlgo writes for it (its
+    FORMAT, flags, links and profile): a handed directory's scripts are code, run by
+    every compile."""
+    flags = _read_text(artifact.path / "flags", MAX_FORMAT_BYTES).split()
+    profiled = (artifact.path / MERGED).exists()
+    out = []
+    for name, compiler in (("cc", "clang"), ("c++", "clang++")):
+        expected = wrapper_text(
+            f"{compiler}-{artifact.clang_major}",
+            artifact.root_from_dir,
+            flags,
+            bool(artifact.links),
+            profiled,
+        )
+        try:
+            found = _read_text(artifact.path / name, 16 * MAX_FORMAT_BYTES)
+        except DecisionsError as e:
+            out.append(f"{name}: refused: {e}")
+            continue
+        if found != expected:
+            out.append(f"{name}: refused: not the wrapper mlgo writes for this directory")
+    return out
 
 
 def _departed(unit: Mapping) -> str:
@@ -475,6 +680,11 @@ def _departed(unit: Mapping) -> str:
 
 def _saved(saved: int) -> str:
     return f"{saved} bytes saved" if saved >= 0 else f"{-saved} bytes more"
+
+
+def _refused(unit: Mapping) -> str:
+    n = unit.get("refused")
+    return f", {n} inlines clang refuses dropped" if n else ""
 
 
 def _bought(unit: Mapping) -> str:
@@ -492,7 +702,9 @@ def show(artifact: Artifact, by_function: bool = False) -> list[str]:
         for name, unit in units.items():
             out.append(
                 f"{kind}/{name}: {unit['decisions']} decisions, {unit['inlined']} inline, "
-                f"{_departed(unit)}, {unit['conflicts']} conflicting sites dropped" + _bought(unit)
+                f"{_departed(unit)}, {unit['conflicts']} conflicting sites dropped"
+                + _refused(unit)
+                + _bought(unit)
             )
             for caller, f in unit["functions"].items() if by_function else ():
                 saved = f", {_saved(f['text_saved'])}" if "text_saved" in f else ""
@@ -506,7 +718,7 @@ def show(artifact: Artifact, by_function: bool = False) -> list[str]:
 
 def _unit_decisions(artifact: Artifact, kind: str, name: str) -> dict[tuple[str, str], Decision]:
     inl = artifact.path / kind / f"{name}.inl"
-    return {d.site: d for d in read_inl(inl)} if inl.exists() else {}
+    return {d.site: d for d in read_inl(inl)} if inl.exists() or inl.is_symlink() else {}
 
 
 def diff(old: Artifact, new: Artifact) -> list[str]:
@@ -556,35 +768,44 @@ def file_states(artifact: Artifact, root: Path) -> dict[str, str]:
     all its decisions still meet their call sites), "changed" or "gone"."""
     states = {}
     for name, unit in artifact.files.items():
-        source = root / name
-        if not source.is_file():
+        try:
+            digest = source_digest(root / name)
+        except FileNotFoundError:
             states[name] = "gone"
-        elif unit.get("sha256") == source_digest(source):
-            states[name] = "unchanged"
-        else:
-            states[name] = "changed"
+            continue
+        states[name] = "unchanged" if unit.get("sha256") == digest else "changed"
     return states
 
 
-def check(artifact: Artifact, root: Path, recheck: list[str] | None = None) -> list[str]:
-    """Per file (`file_states`): unchanged, changed or gone. For a changed one, with
-    RECHECK (a compiler, its flags and our plugin's -fpass-plugin), how many decisions
-    still match (`still_matching`); else that they need a recheck. Headers are not
-    digested."""
-    out = []
+def check(
+    artifact: Artifact, root: Path, recheck: list[str] | None = None
+) -> tuple[list[str], int]:
+    """Per file (`file_states`): unchanged, changed or gone. With RECHECK (a compiler, its
+    flags and our plugin's -fpass-plugin), each file that inlines is compiled once through
+    clang's replay of it, recorded: a changed one says how many decisions still match, and
+    each says which of its inlines clang refuses (`Refusal`: a handed line can change what
+    the program means), counted. Headers are not digested."""
+    out, refusals = [], 0
     for name, state in file_states(artifact, root).items():
         total = artifact.files[name]["decisions"]
         if state == "gone":
             out.append(f"{name}: gone ({total} decisions unused)")
-        elif state == "unchanged":
-            out.append(f"{name}: unchanged, all {total} decisions match")
-        elif recheck is None:
-            out.append(f"{name}: changed since recorded, {total} decisions to recheck")
+            continue
+        if recheck is None or (state == "unchanged" and not artifact.files[name]["inlined"]):
+            visited, refused = None, []
         else:
             command = [*recheck, "-c", str((root / name).resolve()), "-o", os.devnull]
-            matched, total = still_matching(artifact, name, command, root)
+            visited, refused = replayed(artifact, name, command, root)
+        if state == "unchanged":
+            out.append(f"{name}: unchanged, all {total} decisions match")
+        elif visited is None:
+            out.append(f"{name}: changed since recorded, {total} decisions to recheck")
+        else:
+            matched, total = visited
             out.append(f"{name}: changed, {matched} of {total} decisions still match")
-    return out
+        out += [f"{name}: refused: {r}" for r in refused]
+        refusals += len(refused)
+    return out, refusals
 
 
 def recheck_command(cflags: list[str]) -> list[str]:
@@ -597,31 +818,53 @@ def recheck_command(cflags: list[str]) -> list[str]:
 
 
 def build_flags(artifact: Artifact, cflags: list[str], link: bool) -> tuple[list[str], str]:
-    """The flags a build with CFLAGS adds (the link's, with LINK: for the program CFLAGS
-    name with -o, or DIR's only one), and a note on the compiler to use."""
-    recorded = (artifact.path / "flags").read_text().split()
+    """What a build with CFLAGS adds beside DIR's wrappers, and a note on how to build. A
+    compile adds nothing: the wrappers add DIR/flags themselves, whose `-Rpass=` libtool
+    would take for a run path in CFLAGS. A full-LTO link by plain clang (LINK: of the
+    program CFLAGS name with -o, or DIR's only one) adds its replay as `-Wl,WORD` words
+    without commas, which libtool and CMake pass on as they are."""
+    recorded = _read_text(artifact.path / "flags", MAX_FORMAT_BYTES).split()
     if recorded != compile_flags(cflags):
         raise DecisionsError(
             f"{artifact.path / 'flags'}: recorded for a build "
             f"{'without' if recorded else 'with'} debug info, unlike these flags: "
             "call-site keys would not match"
         )
+    wrappers = f"CC={artifact.path}/cc CXX={artifact.path}/c++"
     if not link:
-        return recorded, f"compile with CC={artifact.path}/cc CXX={artifact.path}/c++"
+        return [], f"compile with {wrappers}: they add what each compile needs, CFLAGS nothing"
+    if any(c.isspace() or c in ",*?[\\'\"" for c in str(artifact.path.resolve())):
+        raise DecisionsError(
+            f"{artifact.path}: its path would split or glob in a shell's $(...), or split at "
+            "-Wl,'s commas; link with its cc or c++ instead, which take any path"
+        )
     named = named_output(cflags)
     programs = [Path(named).name] if named else list(artifact.links)
     if len(programs) != 1 or programs[0] not in artifact.links:
         known = ", ".join(artifact.links) or "none"
         raise DecisionsError(f"{artifact.path}: name the program with -o (programs: {known})")
-    return link_flags(artifact.path, programs[0]), f"replays links/{programs[0]}.inl"
+    inl = artifact.path.resolve() / "links" / f"{programs[0]}.inl"
+    return [f"-Wl,{w}" for w in replay_flags(str(inl))], (
+        f"replays links/{programs[0]}.inl at a link by plain clang of objects compiled "
+        f"with {wrappers} (which also link it so, with nothing in LDFLAGS)"
+    )
 
 
 def still_matching(artifact: Artifact, name: str, command: list[str], cwd: Path) -> tuple[int, int]:
     """Of file NAME's decisions, how many still meet their call site when COMMAND (its
-    compile, loading our plugin) replays them, and how many there are: the recorder around
-    clang's replay sees which sites the inliner visits. The rest are stale: clang's own
-    heuristic decides there."""
+    compile, loading our plugin) replays them, and how many there are. The rest are stale:
+    clang's own heuristic decides there."""
+    return replayed(artifact, name, command, cwd)[0]
+
+
+def replayed(
+    artifact: Artifact, name: str, command: list[str], cwd: Path
+) -> tuple[tuple[int, int], list[Refusal]]:
+    """File NAME replayed by COMMAND (its compile, loading our plugin), with the recorder
+    around clang's replay, which sees which sites the inliner visits and answers "no" at an
+    inline clang refuses: (`still_matching`'s counts, those refusals)."""
     inl = artifact.path / "files" / f"{name}.inl"
     decided = {d.site for d in read_inl(inl)}
-    visited, _ = record(command, cwd, REPLAY_ADVISOR_PREFIX + str(inl.resolve()))
-    return len(decided & {d.site for d in visited}), len(decided)
+    visited, _, refused = record(command, cwd, REPLAY_ADVISOR_PREFIX + str(inl.resolve()))
+    met = decided & ({d.site for d in visited} | {r.decision.site for r in refused})
+    return (len(met), len(decided)), refused

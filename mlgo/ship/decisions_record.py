@@ -35,6 +35,7 @@ from mlgo.ship.decisions import (
     UnitDecisions,
     departures,
     from_recorder,
+    name_problem,
     needs_locations,
     record,
     source_sums,
@@ -42,16 +43,34 @@ from mlgo.ship.decisions import (
 )
 from mlgo.ship.plugin import inliner_plugin
 
+# How the recording wrapper tells an LTO link by lld (mlgo.llvm.driver's `lto` and
+# `links_with_lld`, in sh): only there does the link get the plugin, which GNU ld refuses.
+_LLD_LTO = """lld= lto=
+for a do
+  case $a in
+    -fuse-ld=* | --ld-path=*)
+      l=${a#*=} && case ${l##*/} in ld.lld* | lld*) lld=1 ;; *) lld= ;; esac ;;
+    -flto | -flto=*) lto=1 ;;
+    -fno-lto) lto= ;;
+  esac
+done
+"""
 
-def _recording_wrapper(path: Path, compiler: str, calls: Path, recorded: Path, flags: list[str]):
+
+def _recording_wrapper(
+    path: Path, compiler: str, calls: Path, recorded: Path, flags: list[str], at_link: list[str]
+) -> Path:
     """A compiler that logs its call in CALLS (as mlgo.corpus.wrappers does) and records the
-    plugin's decisions in RECORDED under the log's name."""
+    plugin's decisions in RECORDED under the log's name; an LTO link by lld also gets
+    AT_LINK."""
     log_template = shlex.quote(str(calls / "XXXXXXXX"))
     path.write_text(
         "#!/bin/sh\n"
         f"log=$(mktemp {log_template}) && "
         f'printf \'%s\\0\' "$(pwd -P)" {shlex.quote(compiler)} "$@" >"$log" || exit 1\n'
-        f'{DECISIONS_OUT_ENV}={shlex.quote(str(recorded))}/"${{log##*/}}" '
+        + (_LLD_LTO + f'[ -n "$lld" ] && [ -n "$lto" ] && set -- "$@" {shlex.join(at_link)}\n')
+        * bool(at_link)
+        + f'{DECISIONS_OUT_ENV}={shlex.quote(str(recorded))}/"${{log##*/}}" '
         f'exec {shlex.quote(compiler)} "$@" {shlex.join(flags)}\n'
     )
     path.chmod(0o755)
@@ -114,18 +133,18 @@ def record_units(
     plugin = inliner_plugin(policy, tc)
     at_compile, at_link = stage in (None, "compile"), stage != "compile"
     root = root.resolve()
-    loads = [f"-fpass-plugin={plugin}"] * at_compile
-    loads += [f"-Wl,--load-pass-plugin={plugin}"] * at_link
-    # the plugin for a compile is unused at a link
-    common = [*loads, *LOCATION_FLAGS, "-Qunused-arguments"]
+    link_load = [f"-Wl,--load-pass-plugin={plugin}"] * at_link
+    # the plugin for a compile is unused at a link, the link's at a compile
+    located = [*[f"-fpass-plugin={plugin}"] * at_compile, *LOCATION_FLAGS, "-Qunused-arguments"]
+    common = [*located, *link_load]
     # as the service serves it: the advisor's own flags, and the base of clang's it departs from
-    served = [*common, *policy.problem.advisor_flags, *policy.base_flags]
+    served = [*located, *policy.problem.advisor_flags, *policy.base_flags]
     with tempfile.TemporaryDirectory(prefix="mlgo-decisions-", dir=private_temp_dir()) as d:
         work, calls, recorded = Path(d), Path(d) / "calls", Path(d) / "recorded"
         calls.mkdir()
         recorded.mkdir()
-        cc = _recording_wrapper(work / "rec-cc", tc.clang, calls, recorded, served)
-        cxx = _recording_wrapper(work / "rec-c++", tc.clangxx, calls, recorded, served)
+        cc = _recording_wrapper(work / "rec-cc", tc.clang, calls, recorded, served, link_load)
+        cxx = _recording_wrapper(work / "rec-c++", tc.clangxx, calls, recorded, served, link_load)
         env = build_env(tc, work, flags or [], str(cc), str(cxx))
         run_logged(build, root, log, None, env, shlex.join(build))
         texts: dict[tuple[str, str], list[str]] = {}
@@ -143,6 +162,9 @@ def record_units(
                 if name.startswith(".."):
                     skipped.append(f"{sources[0]}: outside {root}, not kept")
                     continue
+                if (problem := name_problem("files", name)) is not None:
+                    skipped.append(f"{name!r}: its name {problem}; clang's own decisions")
+                    continue
                 if at_compile:
                     texts.setdefault(("files", name), []).append(text)
                 compiles[name] = call
@@ -150,6 +172,9 @@ def record_units(
                 if not (call.cwd / link_output(args)).is_file():
                     continue  # a configure's probe, deleted since
                 program = Path(link_output(args)).name
+                if (problem := name_problem("links", program)) is not None:
+                    skipped.append(f"{program!r}: its name {problem}; clang's own decisions")
+                    continue
                 if at_link:
                     texts.setdefault(("links", program), []).append(text)
                     linked[program] = call
@@ -159,8 +184,9 @@ def record_units(
         raise UsageError(f"{shlex.join(build)} compiled nothing in {root}: record a clean build")
     units: dict[str, dict[str, UnitDecisions]] = {"files": {}, "links": {}}
     for (kind, name), parts in texts.items():
-        ours, conflicts = from_recorder("".join(parts), f"{kind}/{name}")
-        units[kind][name] = UnitDecisions(ours, conflicts)
+        ours, conflicts, refused = from_recorder("".join(parts), f"{kind}/{name}")
+        units[kind][name] = UnitDecisions(ours, conflicts, refused=len(refused))
+        skipped += [f"{kind}/{name}: {r}; clang's own decision there" for r in refused]
     outputs: dict[str, Path] = {}
     for n, (name, unit) in enumerate(units["files"].items()):
         call, outputs[f"files/{name}"] = compiles[name], clangs / f"{n}.o"

@@ -93,6 +93,7 @@ def policy_constants(policy: MLPPolicy) -> str:
         "kInlinedInto": replay.INLINED_INTO,
         "kNotInlinedInto": replay.NOT_INLINED_INTO,
         "kAtCallsite": replay.AT_CALLSITE,
+        "kNotViable": replay.NOT_VIABLE,
     }
     for name, value in recorder.items():
         out += f"const char *const {name} = {c_string(value)};\n"

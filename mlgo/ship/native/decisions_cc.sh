@@ -46,6 +46,20 @@ if [ "$sources" = 1 ]; then
     if CDPATH= cd -P -- "$root" 2>/dev/null; then
       case $source in "$PWD"/*) decisions=$dir/files/${source#"$PWD"/}.inl ;; esac
     fi
+    # no file there: a copy of this directory inside its project (committed, cloned to
+    # another path) finds the root as the ancestor of this directory under which the
+    # source has one
+    if [ ! -f "$decisions" ] && CDPATH= cd -P -- "$dir" 2>/dev/null; then
+      up=$PWD
+      while [ -n "$up" ]; do
+        up=${up%/*}
+        case $source in
+          "$up"/*) if [ -f "$dir/files/${source#"$up"/}.inl" ]; then
+              decisions=$dir/files/${source#"$up"/}.inl && break
+            fi ;;
+        esac
+      done
+    fi
   fi
   CDPATH= cd -- "$here" || exit 1
 elif [ "$sources" = 0 ] && [ -n "$out" ]; then
@@ -78,7 +92,23 @@ fi
 if [ "$sources" != 0 ] && [ -n "$replayed$locate_every_compile" ]; then
   set -- "$@" @FLAGS@
 fi
+# The profile only if it is one: a regular file where it leads (not a FIFO, a device or a
+# directory: `[ -f ]` follows links), the user's or root's, of a sane size, that starts as
+# an indexed profile does; else the compile goes on without it, said in one line. Only
+# builtins on the way to a compile that succeeds; the rest is checked when clang fails.
+is_profile() {
+  # shellcheck disable=SC2086 # root_owned: no word, or find's two
+  [ -n "$(find -L "$profile" -prune $root_owned -size -@PROFILE_SIZE@c 2>/dev/null)" ] &&
+    case $(od -An -tx1 -N8 <"$profile" 2>/dev/null) in *"@PROFILE_MAGIC@"*) ;; *) false ;; esac
+}
 if [ "$sources" != 0 ] && [ -n "$profiled" ]; then
-  set -- "$@" @PROFILE_FLAGS@
+  profile=$dir/@MERGED@ root_owned=
+  [ -O "$profile" ] || root_owned='-user 0'
+  if [ -f "$profile" ] && { [ -z "$root_owned" ] || is_profile; }; then
+    "$compiler" "$@" @PROFILE_FLAGS@ && exit 0
+    status=$?
+    is_profile && exit $status
+  fi
+  echo "mlgo: $profile is not an indexed profile of yours (a regular file of at most @PROFILE_LIMIT@, yours or root's); compiling without it" >&2
 fi
 exec "$compiler" "$@"

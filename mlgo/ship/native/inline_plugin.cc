@@ -31,7 +31,8 @@
 // plain clang can replay the compile. kDecisionsAdvisorEnv chooses whose advice: the
 // policy's (unset), clang's own (kClangAdvisor), or clang's replay of a file
 // (kReplayAdvisorPrefix + path), which tells which of the file's decisions still meet a
-// site. Environment variables, not cl::opts: clang parses -mllvm before it loads a
+// site. Whoever advises, an inline clang would refuse (not viable, or by attributes) is
+// answered "no" and marked (kNotViable): clang's replay does not check. Environment variables, not cl::opts: clang parses -mllvm before it loads a
 // -fpass-plugin, so an option of the plugin's would be an unknown argument there.
 
 #include <fcntl.h>
@@ -48,6 +49,9 @@
 
 #include "llvm/Analysis/IR2Vec.h"
 #include "llvm/Analysis/InlineAdvisor.h"
+#include "llvm/Analysis/InlineCost.h"
+#include "llvm/Analysis/TargetLibraryInfo.h"
+#include "llvm/Analysis/TargetTransformInfo.h"
 #include "llvm/Analysis/MLInlineAdvisor.h"
 #include "llvm/Analysis/MLModelRunner.h"
 #include "llvm/Analysis/BlockFrequencyInfo.h"
@@ -221,7 +225,10 @@ class GatedAdvisor final : public MLInlineAdvisor {
 };
 
 // Another advisor's advice, each non-mandatory one also written as a replay line: the
-// lines of one advisor are appended to the file at its end, in one write.
+// lines of one advisor are appended to the file at its end, in one write. An inline at a
+// callee clang would refuse (`refusal`) is answered "no" and its line marked kNotViable
+// with clang's reason, so that no recorded build and no replay through here (`mlgo
+// decisions check`) changes what the program means, and the writer can refuse the line.
 class Recorder final : public InlineAdvisor {
  public:
   Recorder(Module &M, FunctionAnalysisManager &FAM, InlineContext IC,
@@ -239,13 +246,19 @@ class Recorder final : public InlineAdvisor {
  protected:
   std::unique_ptr<InlineAdvice> getAdviceImpl(CallBase &CB) override {
     auto Advice = Inner->getAdvice(CB, false);
-    const Function *Callee = CB.getCalledFunction();
+    Function *Callee = CB.getCalledFunction();
+    const char *Refused = nullptr;
+    if (Callee && Advice->isInliningRecommended() && (Refused = refusal(CB, *Callee))) {
+      Advice->recordUnattemptedInlining();  // clang's replay says "always" without asking
+      Advice = std::make_unique<InlineAdvice>(this, CB, getCallerORE(CB), false);
+    }
     std::string Key = formatCallSiteLocation(
         CB.getDebugLoc(), {CallSiteFormat::Format::LineColumnDiscriminator});
     if (Callee && !Key.empty())  // a site without a location cannot be replayed
       Lines += std::string(kDecisionsLinePrefix) + Callee->getName().str() +
-               (Advice->isInliningRecommended() ? kInlinedInto : kNotInlinedInto) +
-               CB.getCaller()->getName().str() + kAtCallsite + Key + ";\n";
+               (Advice->isInliningRecommended() || Refused ? kInlinedInto : kNotInlinedInto) +
+               CB.getCaller()->getName().str() + kAtCallsite + Key + ";" +
+               (Refused ? std::string(kNotViable) + Refused : std::string()) + "\n";
     return Advice;
   }
   std::unique_ptr<InlineAdvice> getMandatoryAdvice(CallBase &CB, bool) override {
@@ -253,6 +266,21 @@ class Recorder final : public InlineAdvisor {
   }
 
  private:
+  // Why clang itself would never inline CALLEE at CB, or null: what its cost analysis checks
+  // before any cost (the callee's viability: va_start, indirect branches, returns_twice
+  // calls, llvm.localescape; then the attributes: noinline, optnone, target features and
+  // sanitizers, ...). Inlining such a callee can change what the program means.
+  const char *refusal(CallBase &CB, Function &Callee) {
+    InlineResult Viable = isInlineViable(Callee);
+    if (!Viable.isSuccess()) return Viable.getFailureReason();
+    auto GetTLI = [this](Function &F) -> const TargetLibraryInfo & {
+      return FAM.getResult<TargetLibraryAnalysis>(F);
+    };
+    auto ByAttributes = getAttributeBasedInliningDecision(
+        CB, &Callee, FAM.getResult<TargetIRAnalysis>(Callee), GetTLI);
+    return ByAttributes && !ByAttributes->isSuccess() ? ByAttributes->getFailureReason()
+                                                      : nullptr;
+  }
   std::unique_ptr<InlineAdvisor> Inner;
   const char *Out;
   std::string Lines;

@@ -25,4 +25,4 @@ extern const char kDeparted, kAdvised;
 extern const char *const kDecisionsOutEnv, *const kDecisionsAdvisorEnv;
 extern const char *const kClangAdvisor, *const kReplayAdvisorPrefix;
 extern const char *const kDecisionsLinePrefix, *const kInlinedInto, *const kNotInlinedInto;
-extern const char *const kAtCallsite;
+extern const char *const kAtCallsite, *const kNotViable;
