@@ -731,3 +731,26 @@ def test_a_larger_budget_alone_reopens_training_and_what_follows(tmp_path):
     with pytest.raises(BuildError, match="tuned before with source 's', not 't'"):
         more = {**args, "minutes": 90.0, "source": "t"}  # more than the budget
         check_arguments(tmp_path / "tune.json", more, STAGES, StageRecord.load(path, names))
+
+
+@pytest.mark.slow
+def test_a_tune_decides_as_it_did_before_its_stages_were_declared(cache, tmp_path):
+    """GNU units (the demo's Debian package) tuned one training step: the sizes, tests,
+    candidates, choice and every kept decisions file are those the tune made before its
+    stages, run object and chain were declared (tests/data/tune-before/units.json, made by
+    the tune at that revision with the same command)."""
+    from mlgo.packages.recipes import load_recipe
+    from mlgo.programs.build import pristine_source
+    from tests.tune_fingerprint import fingerprint
+
+    recipe = load_recipe("units")
+    source = pristine_source(recipe, tmp_path / "units")
+    out = tmp_path / "out"
+    r = run_mlgo(
+        "tune", "--source", str(source), "--configure", *recipe.configure,
+        "--build", *recipe.build, "--test", *recipe.test, "--minutes", "100",
+        "--train-steps", "1", "--out", str(out), timeout=1800,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr + r.stdout
+    before = json.loads((DATA / "tune-before" / "units.json").read_text())
+    assert fingerprint(out) == before
