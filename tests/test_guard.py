@@ -427,6 +427,56 @@ def test_the_guards_memory_is_per_policy(departing, native_cc, tc, tmp_path):
         other.stop()
 
 
+def test_a_compile_that_made_clangs_object_is_remembered_from_its_own_dependency_list(
+    native_cc, tc, tmp_path
+):
+    """A compile the plugin served without departing from clang (gate at 1) writes no guard's
+    dependency list, so its own -MD -MF list is what the memory reads: rebuilt unchanged, it
+    is compiled once without the plugin, into the same bytes; a changed header is a miss. A
+    list that leaves system headers out (-MMD) or is a link (another user could point it at
+    any file) is not read: those stay served by the plugin."""
+    policy = save_inline_all(tmp_path / "gated", languages=None)
+    save_policy(replace(load_policy(policy), departure_threshold=1.0), policy)
+    (tmp_path / "service").mkdir()
+    service = Service(tmp_path / "service", "--policy", str(policy), "--backend", "plugin")
+    log, clang = tmp_path / "compiles.log", tmp_path / "clang"
+    clang.write_text(
+        f'#!/bin/sh\ncase "$*" in *-fpass-plugin=*) echo plugin;; *) echo plain;; esac >> {log}\n'
+        f'exec {tc.clang} "$@"\n'
+    )
+    clang.chmod(0o755)
+    (tmp_path / "params.h").write_text("#define SEED 1\n")
+    (tmp_path / "x.c").write_text('#include "params.h"\n' + HASH.read_text())
+    (tmp_path / "real.d").write_text("")
+    (tmp_path / "link.d").symlink_to("real.d")
+
+    def compiles(*deps: str) -> list[str]:
+        """Compiles x.c afresh with DEPS: how clang ran, with the plugin or plainly."""
+        (tmp_path / "x.o").unlink(missing_ok=True)
+        log.write_text("")
+        args = ["-Oz", "-c", "x.c", "-o", "x.o", *deps]
+        r = run([*native_cc, *args], service.env(MLGO_GUARD="size", MLGO_CC=str(clang)), tmp_path)
+        assert r.returncode == 0 and not r.stderr, r.stderr
+        return log.read_text().split()
+
+    try:
+        plain(tc, ["-Oz", "-c", "x.c", "-o", "x.o"], cwd=tmp_path)
+        default = (tmp_path / "x.o").read_bytes()
+        for deps in (["-MMD", "-MF", "x.d"], ["-MD", "-MF", "link.d"]):
+            assert compiles(*deps) == ["plugin"]
+            assert compiles(*deps) == ["plugin"]
+        own = ["-MD", "-MP", "-MF", "x.d"]
+        assert compiles(*own) == ["plugin"]
+        assert compiles(*own) == ["plain"]
+        assert (tmp_path / "x.o").read_bytes() == default
+        with (tmp_path / "params.h").open("a") as header:
+            header.write("/* edited */\n")
+        assert compiles(*own) == ["plugin"]
+        assert compiles(*own) == ["plain"]
+    finally:
+        service.stop()
+
+
 def test_a_remembered_link_is_a_miss_unless_whole_its_own_and_unchanged(tmp_path):
     """A guarded link's entry names its winner while every input hashes as it did; one
     cut short, spoilt, writable by others, a link, or whose input changed, is a miss; an

@@ -18,6 +18,7 @@ import pytest
 
 from mlgo.corpus.format import Module, load_corpus, write_description
 from mlgo.data import shipped_policy
+from mlgo.errors import UsageError
 from mlgo.llvm.log_format import TensorSpec
 from mlgo.llvm.sizes import TextParts
 from mlgo.packages.recipes import Recipe
@@ -26,6 +27,7 @@ from mlgo.problems.policy_files import load_policy
 from mlgo.programs.build import cleaned
 from mlgo.programs.measure import Workload
 from mlgo.records import ModuleRun
+from mlgo.runtime.commands import BuildError
 from mlgo.train import calibrate
 from mlgo.train.evaluate import Evaluation
 from mlgo.train.recipe import load_policy_recipe, stage_packages
@@ -33,6 +35,7 @@ from mlgo.train.stages import StageRecord
 from tools import (
     bench_collect,
     bench_guard,
+    bench_guard_rebuild,
     bench_inline_reach,
     bench_inlining,
     bench_regalloc,
@@ -50,6 +53,15 @@ from tools import (
     headroom_lto,
     linked_estimate,
     size_by_linkage,
+)
+from tools.lab.rebuilds import (
+    AUTOTOOLS_CONFIGURE,
+    BUILDS,
+    CLOCKS,
+    CMAKE_CONFIGURE,
+    STEPS,
+    changes,
+    detected,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,6 +162,39 @@ def test_the_rebuild_bench_cleans_as_make_clean_does(tmp_path):
         ["src/lapi.c", "src/lua.h"]
     )
     assert (tmp_path / "src/Makefile").exists() and not (tmp_path / "src/lua").exists()
+
+
+@pytest.mark.unit
+def test_the_rebuild_bench_builds_a_package_without_a_recipe_as_its_tree_says(tmp_path):
+    """configure (or configure.ac, autoreconf first) is autotools, cleaned by `make clean`;
+    CMakeLists.txt alone is CMake; neither is one line naming the tree."""
+    (tmp_path / "CMakeLists.txt").write_text("")
+    cmake = detected("x", tmp_path)
+    assert cmake.recipe.configure == (CMAKE_CONFIGURE,)
+    assert cmake.clean == ("cmake --build build --target clean",)
+    (tmp_path / "configure.ac").write_text("")
+    assert detected("x", tmp_path).recipe.configure == ("autoreconf -fi", AUTOTOOLS_CONFIGURE)
+    (tmp_path / "configure").write_text("")
+    autotools = detected("x", tmp_path)
+    assert autotools.recipe.configure == (AUTOTOOLS_CONFIGURE,)
+    assert autotools.recipe.build == ("make -j2",) and autotools.clean == ("make clean",)
+    with pytest.raises(UsageError, match="no configure, configure.ac or CMakeLists.txt"):
+        detected("x", tmp_path / "empty")
+
+
+@pytest.mark.unit
+def test_the_rebuild_bench_reports_wall_and_cpu_against_plain():
+    seconds = {s: {c: {"plain": [10.0, 10.0], "plain A/A": [10.0, 11.0], "mlgo-cc": [10.5, 11.0]}
+                   for c in CLOCKS} for s in STEPS}  # fmt: skip
+    against = {s: {c: {b: changes(seconds[s][c][b], seconds[s][c]["plain"]) for b in BUILDS[1:]}
+                   for c in CLOCKS} for s in STEPS}  # fmt: skip
+    assert against["rebuild"]["wall"]["mlgo-cc"]["change_pct"] == pytest.approx(7.5)
+    table = bench_guard_rebuild.report(
+        {"package": "x", "seconds": seconds, "against_plain": against}
+    )
+    assert table.row_count == len(STEPS) * len(BUILDS)
+    with pytest.raises(BuildError, match="no paired rounds"):
+        changes([], [])
 
 
 @pytest.mark.unit

@@ -811,14 +811,20 @@ static int memo_add_file(char *entry, size_t *len, const char *name) {
 }
 
 /* Remembers WINNER in MEMO with the hash of each file the dependency list DEPS names (make's
- * rule as clang writes it: escaped spaces, continued lines). Written beside the entry and
- * renamed over it: never half of one. Nothing is remembered if a file cannot be hashed. */
+ * rule as clang writes it: escaped spaces, continued lines), read only if it is a regular
+ * file, not a link, that this compile wrote (changed since MEMO_SINCE). Written beside the
+ * entry and renamed over it: never half of one. Nothing is remembered if a file cannot be
+ * hashed. */
 static void memo_store(int winner, const char *deps) {
   static char rule[MEMO_MAX_BYTES], entry[MEMO_MAX_BYTES];
   char name[PATH_MAX], tmp[PATH_MAX];
   size_t len = 0, n = 0;
-  int fd = open(deps, O_RDONLY | O_CLOEXEC), ok = 1;
-  ssize_t got = fd < 0 ? -1 : read(fd, rule, sizeof rule - 1);
+  struct stat st;
+  int fd = open(deps, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC), ok = 1;
+  ssize_t got = fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+                        before(st.st_mtim, memo_since)
+                    ? -1
+                    : read(fd, rule, sizeof rule - 1);
   if (fd >= 0) close(fd);
   if (got <= 0 || got == (ssize_t)sizeof rule - 1) return;
   rule[got] = 0;
@@ -850,6 +856,22 @@ static void memo_store(int winner, const char *deps) {
     return;
   ok = write(fd, entry, len) == (ssize_t)len;
   if (close(fd) != 0 || !ok || rename(tmp, memo) != 0) unlink(tmp);
+}
+
+/* The dependency list this compile writes itself, with every file it reads (-MD, not -MMD,
+ * which leaves out system headers, and -MF FILE): where the plugin made clang's own object,
+ * no guard's compile writes one, and this is what the memory lists. NULL if there is none. */
+static const char *own_dependencies(int argc, char **argv) {
+  const char *file = NULL;
+  int all = 0;
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "-MD") == 0)
+      all = 1;
+    else if (strcmp(argv[i], "-MF") == 0)
+      file = i + 1 < argc ? argv[++i] : NULL;
+    else if (strncmp(argv[i], "-MF", 3) == 0)
+      file = argv[i] + 3;
+  return all && file && *file ? file : NULL;
 }
 
 /* mlgo.llvm.sizes.text_size of the ELF64 object at PATH: the sizes of its sections flagged
@@ -1335,10 +1357,14 @@ int main(int argc, char **argv) {
   }
   close(sock);
   if (marks_fd >= 0) {
-    int again = !problem && rc == 0 && !made_default_object(marks_fd);
+    int made_default = !problem && rc == 0 && made_default_object(marks_fd);
     unlink(marks_path);
     close(marks_fd);
-    if (again && guard_start(argc, argv, runtime) < 0) exec_python(argc, argv);
+    /* Clang's own object: a rebuild compiles it so, without the plugin, if it is remembered. */
+    if (made_default && memo[0] && own_dependencies(argc, argv))
+      memo_store(MEMO_DEFAULT, own_dependencies(argc, argv));
+    if (!problem && rc == 0 && !made_default && guard_start(argc, argv, runtime) < 0)
+      exec_python(argc, argv);
   }
   if (!problem && rc == 0 && guard.pid && guard_keep_smaller() != 0) {
     guard_stop();
