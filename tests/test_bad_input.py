@@ -236,3 +236,27 @@ def test_a_recipe_or_splits_file_nested_without_end_is_one_line(tmp_path):
         load_recipe("deep", tmp_path)
     with pytest.raises(BuildError, match=r"deep.toml: bad splits file \(maximum recursion"):
         load_splits(tmp_path / "deep.toml")
+
+
+def test_an_object_whose_headers_claim_more_than_it_holds_is_one_line_not_a_huge_read(tc, tmp_path):
+    import struct
+
+    from mlgo.llvm.sizes import text_parts, text_size
+
+    src = tmp_path / "x.c"
+    src.write_text("int f(int x) { return x * 3; }\n")
+    obj = tmp_path / "x.o"
+    subprocess.run([tc.clang, "-Oz", "-c", str(src), "-o", str(obj)], check=True)
+    good = obj.read_bytes()
+    shoff = struct.unpack_from("<Q", good, 0x28)[0]
+    huge = bytearray(good)
+    struct.pack_into("<H", huge, 0x3C, 0)  # e_shnum 0: section 0 holds the count...
+    struct.pack_into("<Q", huge, shoff + 0x20, 1 << 60)  # ...of 2^60 sections
+    for name, data in {"cut": good[:100], "huge": huge, "not-elf": b"MZ" * 40}.items():
+        bad = tmp_path / f"{name}.o"
+        bad.write_bytes(bytes(data))
+        for read in (text_parts, text_size):
+            with pytest.raises(UsageError, match=rf"{bad}: not an ELF object \(") as e:
+                read(bad)
+            assert "\n" not in str(e.value)
+    assert text_size(obj) > 0
