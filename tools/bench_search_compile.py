@@ -19,6 +19,9 @@ less plain, CPU), and this process's share, split by one profiled pass (cProfile
 clock, which inflates it) into process start, the channel's round trips (reads, writes),
 the answers (the policy's evaluation), size measurement and the rest. Reported per module
 (median of the turns, min..max of the ratio) and in total, each as a ratio to plain.
+With --search-budget, each module is then searched whole as BC-Max searches it, and its
+compiles a second and CPU against as many plain compiles are reported: the search's own
+work between compiles included.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from mlgo.problems import get_problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import load_policy
 from mlgo.programs.measure import round_order, spread
-from mlgo.train.bcmax import Answerer
+from mlgo.train.bcmax import Answerer, SearchConfig, SearchTask, search_module
 from tools.lab.responder import build_responder, compile_with_native_responder
 from tools.lab.workloads import save_json
 
@@ -179,6 +182,9 @@ def main(
     policy: Annotated[Path | None, typer.Option(help="answer with this policy, greedy")] = None,
     repeats: Annotated[int, typer.Option(help="turns of each variant per module")] = 5,
     core: Annotated[int | None, typer.Option(help="the core to pin to; default: the last")] = None,
+    search_budget: Annotated[
+        int, typer.Option(help="then search each module with this budget (0: no search)")
+    ] = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="write figures here")] = None,
 ) -> None:
     tc = find_toolchain()
@@ -208,6 +214,7 @@ def main(
             )
     total = totals(per_module)
     python_parts = parts(pstats.Stats(profile), len(modules))
+    searched = searches(modules, tc.clang, answers, search_budget, per_module)
     figures = {
         "toolchain": tc.describe(),
         "core": pinned,
@@ -219,10 +226,38 @@ def main(
         "decisions": sum(decisions.values()),
         "total": total,
         "python_parts_s": python_parts,
+        "search": searched,
     }
     report(figures)
     if json_out:
         save_json(json_out, figures, console)
+
+
+def searches(
+    modules: list[Module], clang: str, answers: Answerer, budget: int, per_module: dict[str, dict]
+) -> dict | None:
+    """Each module searched whole (`search_module`, BUDGET compiles, from ANSWERS' policy
+    or the default): its compiles a second on this core, and its CPU against that many
+    plain compiles of the module (PER_MODULE's medians); None with no budget."""
+    if not budget:
+        return None
+    spent, compiles, plain_cpu = Clocks(0.0, 0.0, 0.0), 0, 0.0
+    for m in modules:
+        task = SearchTask(PROBLEM, m, clang, answers.policy, SearchConfig(budget=budget))
+        start = Clocks.now()
+        r = search_module(task)
+        took = Clocks.now().since(start)
+        spent = Clocks(spent.wall + took.wall, spent.clang + took.clang, spent.python + took.python)
+        compiles += r.compiles
+        plain_cpu += r.compiles * per_module[m.name]["median_s"]["plain"]["cpu"]
+    return {
+        "budget": budget,
+        "compiles": compiles,
+        "compiles_per_s": compiles / spent.wall,
+        "clang_cpu_s": spent.clang,
+        "python_cpu_s": spent.python,
+        "cpu_to_plain": spent.cpu / plain_cpu,
+    }
 
 
 def report(f: dict) -> None:
@@ -254,6 +289,12 @@ def report(f: dict) -> None:
         f"clang {1e3 * s['search']['clang'] / n:.1f} + Python {1e3 * s['search']['python'] / n:.1f}"
         "\nPython per search compile, profiled (inflated), ms: "
         + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in f["python_parts_s"].items())
+        + (
+            f"\nwhole searches: {x['compiles']} compiles, {x['compiles_per_s']:.2f} a second, "
+            f"CPU x{x['cpu_to_plain']:.3f} of as many plain compiles"
+            if (x := f["search"])
+            else ""
+        )
         + f"\nload average before {f['load_before']}, after {f['load_after']}"
     )
 
