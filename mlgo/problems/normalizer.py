@@ -40,7 +40,7 @@ class Normalizer:
     # (tensor, element or None) each feature reads (`log_format.column_of`), parsed once:
     # a policy reads them at every decision
     reads: Reads = field(init=False, repr=False, compare=False)
-    _padded: tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray] | None = field(
+    _padded: tuple[tuple[np.ndarray, ...], tuple[int, ...], np.ndarray, np.ndarray] | None = field(
         default=None, init=False, repr=False, compare=False
     )
 
@@ -89,17 +89,18 @@ class Normalizer:
 
     def transform(self, values: np.ndarray) -> np.ndarray:
         """[n, features] raw -> [n, 3 * columns] float32: (q, sqrt q, q^2) per column."""
-        frac = self.ranks(self.expand(values)) / np.maximum(self._bounds[1], 1)
+        padded, lengths = self._bounds()
+        frac = self._ranks(self.expand(values), padded, lengths) / np.maximum(lengths, 1)
         return np.concatenate([frac, np.sqrt(frac), frac * frac], 1).astype(np.float32)
 
-    def ranks(self, columns: np.ndarray) -> np.ndarray:
+    def _ranks(self, columns: np.ndarray, padded: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """[n, columns] -> [n, columns]: how many of its column's boundaries each value is
         at or above (NaN: all of them), as `searchsorted(q, x, side="right")` counts.
 
         A few rows (a decision the compiler waits on) are compared with every boundary at
-        once, a few numpy calls instead of several per column; more go column by column,
-        which the comparisons of all of them at once would take too much memory for."""
-        padded, lengths = self._bounds
+        once (PADDED, LENGTHS: `_bounds`), a few numpy calls instead of several per column;
+        more go column by column, as all of their comparisons at once would take too much
+        memory."""
         if columns.shape[0] * padded.size <= AT_ONCE:
             counts = (padded <= columns[:, :, None]).sum(2)
             return np.where(np.isnan(columns), lengths, counts)
@@ -108,23 +109,18 @@ class Normalizer:
             1,
         )
 
-    @property
     def _bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """The boundaries as one [columns, longest] array, NaN past each column's end (no
         value is at or above a NaN), and each column's count; made again only when the
-        quantiles are other arrays (held here, so that none is mistaken for another)."""
-        made = self._padded
-        if (
-            made is None
-            or len(made[0]) != len(self.quantiles)
-            or any(a is not b for a, b in zip(made[0], self.quantiles, strict=True))
-        ):
+        quantiles are other arrays (held here, so that no other takes one's id)."""
+        ids = tuple(map(id, self.quantiles))
+        if self._padded is None or self._padded[1] != ids:
             lengths = np.array([len(q) for q in self.quantiles], np.int64)
             padded = np.full((len(self.quantiles), int(lengths.max(initial=0))), np.nan)
             for j, q in enumerate(self.quantiles):
                 padded[j, : len(q)] = q
-            self._padded = (tuple(self.quantiles), padded, lengths)
-        return self._padded[1], self._padded[2]
+            self._padded = (tuple(self.quantiles), ids, padded, lengths)
+        return self._padded[2], self._padded[3]
 
     def to_json(self) -> dict:
         return {
