@@ -40,7 +40,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from functools import cached_property, partial
+from functools import cached_property
 from typing import TypeAlias
 
 import numpy as np
@@ -65,8 +65,6 @@ from mlgo.train.rollouts import scored_pool
 Group = tuple[int, ...]  # a decision's values of its problem's group_features
 GroupMove = tuple[Group, int]  # every decision of the group given this answer
 Move: TypeAlias = int | GroupMove  # an int: flip the decision at that index
-Scores: TypeAlias = dict[bytes, np.ndarray]  # a policy's scores by raw feature row
-MAX_SEEN = 1 << 15  # rows a search keeps the scores of per policy (about 15 MB)
 
 
 @dataclass(frozen=True)
@@ -82,22 +80,11 @@ class Answerer:
     flips: frozenset[int] = frozenset()
     groups: frozenset[GroupMove] = frozenset()  # at most one answer per group
 
-    def __call__(self, obs: Observation, seen: Scores | None = None) -> int:
-        """The answer to OBS; SEEN, the policy's scores of rows it has answered before (a
-        search compiles one module again and again, and most of its decisions come back
-        alike), is looked in first and added to."""
+    def __call__(self, obs: Observation) -> int:
         if self.policy is None:
             answer = self.problem.default_advice(obs)
         else:
-            raw = self.policy.raw_features(obs)
-            key = raw.tobytes()
-            scores = seen.get(key) if seen is not None else None
-            if scores is None:
-                scores = self.policy.logits(raw)[0]
-                if seen is not None:
-                    if len(seen) >= MAX_SEEN:
-                        seen.clear()
-                    seen[key] = scores
+            scores = self.policy.logits(self.policy.raw_features(obs))[0]
             # one stream per decision: a flip upstream does not reshuffle the draws
             rng = None
             if self.policy.temperature > 0:
@@ -179,7 +166,6 @@ class _Search:
         self.queue: list[int] = []  # its single flips not measured yet, in order
         self.twins: dict[int, tuple[int, ...]] = {}  # of the incumbent's decisions
         self.tried_groups: set[GroupMove] = set()  # from any incumbent
-        self.seen: list[tuple[list[np.ndarray], Scores]] = []  # per network, see `_seen`
 
     @property
     def spent(self) -> bool:
@@ -189,8 +175,7 @@ class _Search:
         """A starting trajectory: its compile must succeed, budget or not."""
         self.compiles += 1
         t = self.task
-        seen = self._seen(answerer.policy)
-        run = compile_module(t.problem, t.module, t.clang, partial(answerer, seen=seen))
+        run = compile_module(t.problem, t.module, t.clang, answerer)
         cost = run.metrics[t.problem.reward_metric]
         traj = Trajectory(cost, run.advice, self._rows(run), answerer, self._groups(run))
         if self.best is None or traj.cost < self.best.cost:
@@ -207,19 +192,6 @@ class _Search:
         except CompileError:
             self.failed += 1
             return None
-
-    def _seen(self, policy: MLPPolicy | None) -> Scores | None:
-        """The scores POLICY's network gave rows of this search before: one table per
-        network (the kept answerer's may be another iteration's), told apart by its weights
-        list, which a policy copied with another temperature shares and which this search
-        holds on to (so that no other can take its place)."""
-        if policy is None:
-            return None
-        for weights, seen in self.seen:
-            if weights is policy.weights:
-                return seen
-        self.seen.append((policy.weights, {}))
-        return self.seen[-1][1]
 
     @staticmethod
     def _columns(run: ModuleRun, names: tuple[str, ...]) -> np.ndarray:
