@@ -323,3 +323,27 @@ def test_a_recipe_override_naming_nothing_is_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "no stage 'nosuch' (have: train, choose)" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_an_object_whose_headers_claim_more_than_it_holds_is_one_line_not_a_huge_read(tc, tmp_path):
+    import struct
+
+    from mlgo.llvm.sizes import text_parts, text_size
+
+    src = tmp_path / "x.c"
+    src.write_text("int f(int x) { return x * 3; }\n")
+    obj = tmp_path / "x.o"
+    subprocess.run([tc.clang, "-Oz", "-c", str(src), "-o", str(obj)], check=True)
+    good = obj.read_bytes()
+    shoff = struct.unpack_from("<Q", good, 0x28)[0]
+    huge = bytearray(good)
+    struct.pack_into("<H", huge, 0x3C, 0)  # e_shnum 0: section 0 holds the count...
+    struct.pack_into("<Q", huge, shoff + 0x20, 1 << 60)  # ...of 2^60 sections
+    for name, data in {"cut": good[:100], "huge": huge, "not-elf": b"MZ" * 40}.items():
+        bad = tmp_path / f"{name}.o"
+        bad.write_bytes(bytes(data))
+        for read in (text_parts, text_size):
+            with pytest.raises(UsageError, match=rf"{bad}: not an ELF object \(") as e:
+                read(bad)
+            assert "\n" not in str(e.value)
+    assert text_size(obj) > 0

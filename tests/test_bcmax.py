@@ -207,6 +207,40 @@ def test_each_round_moves_groups_not_tried_yet_largest_first(shipped, mini_corpu
     assert _Search(alone).untried_groups(traj) == []  # single flips alone
 
 
+# What the search found on each module of the small corpus, measured before its compiles
+# were made cheaper: (best size, best answers, flips kept, compiles), by the policy it
+# started from (the shipped one, one that never inlines, none). A change that makes the
+# search's compile cheaper must not change what it asks, answers or measures.
+SEARCHED = {
+    ("minipkg/hash.o", "never"): (441, [1, 0, 1, 0, 0, 0, 0, 0], [0, 2], 12),
+    ("minipkg/hash.o", "shipped"): (441, [1, 0, 1, 0, 0, 0, 0, 0], [], 10),
+    ("minipkg/hash.o", "default"): (441, [1, 0, 1, 0, 0, 0, 0, 0], [], 10),
+    ("minipkg/main.o", "never"): (335, [0, 0, 1, 0, 0], [2], 12),
+    ("minipkg/main.o", "shipped"): (335, [0, 0, 1, 0, 0], [], 6),
+    ("minipkg/main.o", "default"): (335, [0, 0, 1, 0, 0], [], 7),
+    ("minipkg/strbuf.o", "never"): (422, [1, 0, 1, 0, 1, 0, 0, 0], [0, 2, 4], 12),
+    ("minipkg/strbuf.o", "shipped"): (422, [1, 0, 1, 0, 1, 0, 0, 0], [], 12),
+    ("minipkg/strbuf.o", "default"): (422, [1, 0, 1, 0, 1, 0, 0, 0], [], 11),
+}
+
+
+def test_a_searched_modules_best_trajectory_and_size_are_as_measured_before(
+    shipped, mini_corpus, tc
+):
+    w = [*shipped.weights[:-1], shipped.weights[-1] + np.array([30.0, -30.0], np.float32)]
+    policies = {"never": replace(shipped, weights=w), "shipped": shipped, "default": None}
+    # sampled trajectories too (hot, so that they differ), and from the policy alone
+    cfg = SearchConfig(budget=12, samples=1, temperature=30.0)
+    found = {}
+    for m in mini_corpus.modules:
+        for name, policy in policies.items():
+            task = SearchTask(PROBLEM, m, tc.clang, policy, cfg, policy is None, seed=7)
+            r = search_module(task)
+            flips = sorted(r.best.answerer.flips)
+            found[m.name, name] = (r.best.cost, r.best.actions.tolist(), flips, r.compiles)
+    assert found == SEARCHED
+
+
 def test_a_module_without_call_sites_is_searched_without_error(mini_corpus, tc, tmp_path):
     (tmp_path / "leaf.c").write_text("int leaf(int x) { return x * 3 + 1; }\n")
     bitcode = tmp_path / "leaf.bc"

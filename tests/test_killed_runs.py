@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,41 @@ def test_a_run_directory_a_sibling_swept_first_is_skipped(tmp_path, monkeypatch)
     monkeypatch.setattr(Path, "glob", sibling_sweeps_between)
     mine = channel.run_dir()
     assert [p.name for p in root.iterdir()] == [mine.name]
+
+
+def _gone(pid: int) -> bool:
+    """PID has exited (a zombie nobody reaped yet counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_killed_worker_takes_the_compiler_it_started_with_it(tmp_path):
+    # a compiler that never opens its channel, so that only its death signal can end it
+    pid_file = tmp_path / "pid"
+    worker = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys\n"
+         "from mlgo.llvm.channel import compile_interactive\n"
+         f"compile_interactive(['sh', '-c', 'echo $$ > {pid_file}; exec sleep 120'],"
+         " lambda obs: 0, lambda base: [], 300)\n"],
+    )  # fmt: skip
+    try:
+        for _ in range(200):
+            if pid_file.exists() and pid_file.read_text().strip():
+                break
+            time.sleep(0.05)
+        compiler = int(pid_file.read_text())
+        assert not _gone(compiler)
+    finally:
+        worker.kill()
+        worker.wait()
+    for _ in range(100):
+        if _gone(compiler):
+            break
+        time.sleep(0.05)
+    left = not _gone(compiler)
+    if left:
+        os.kill(compiler, signal.SIGKILL)
+    assert not left

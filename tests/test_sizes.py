@@ -5,15 +5,18 @@ reward, which counts such a function once per package."""
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
+
+from elftools.elf.elffile import ELFFile
 
 from mlgo.corpus.compile import compile_module
 from mlgo.corpus.extract import combine
 from mlgo.corpus.format import load_corpus
 from mlgo.corpus.stats import corpus_stats, package_copies
-from mlgo.llvm.sizes import text_digest, text_parts, text_size
+from mlgo.llvm.sizes import TextParts, elf_texts, text_digest, text_parts, text_size
 from mlgo.packages.build import build_corpus
 from mlgo.problems import get_problem
 from mlgo.runtime.workers import LocalPool
@@ -47,6 +50,51 @@ def test_an_inline_function_is_counted_in_its_group(tc, tmp_path):
     for obj in (tmp_path / "t").glob("*.o"):
         parts = text_parts(obj)
         assert parts.own + sum(parts.shared.values()) == text_size(obj)
+
+
+def read_by_pyelftools(path: Path) -> tuple[TextParts, str]:
+    """PATH's .text parts and ELF type as pyelftools parses the whole file: the reference."""
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        sections = list(elf.iter_sections())
+        group_of = {}
+        for s in sections:
+            if s["sh_type"] == "SHT_GROUP":
+                words = struct.unpack(f"{'<' if elf.little_endian else '>'}{s['sh_size'] // 4}I",
+                                      s.data())  # fmt: skip
+                if words and words[0] & 1:
+                    name = elf.get_section(s["sh_link"]).get_symbol(s["sh_info"]).name
+                    group_of.update(dict.fromkeys(words[1:], name))
+        own, shared = 0, {}
+        for i, s in enumerate(sections):
+            if s["sh_flags"] & 6 == 6:  # SHF_ALLOC | SHF_EXECINSTR
+                if i in group_of:
+                    shared[group_of[i]] = shared.get(group_of[i], 0) + s["sh_size"]
+                else:
+                    own += s["sh_size"]
+        return TextParts(own, shared), elf.header["e_type"]
+
+
+def test_an_objects_text_is_read_off_its_section_headers_as_a_whole_parse_reads_it(tc, tmp_path):
+    objs = build(tc, tmp_path / "t")
+    src = tmp_path / "t" / "a.cpp"
+    for name, flags in {
+        "sections": ["-ffunction-sections", "-c"],
+        "i686": ["--target=i686-linux-gnu", "-c"],  # ELF32
+        "ppc64": ["--target=powerpc64-linux-gnu", "-c"],  # big-endian
+        "s390x": ["--target=s390x-linux-gnu", "-c", "-ffunction-sections"],
+    }.items():
+        objs.append(tmp_path / f"{name}.o")
+        subprocess.run([tc.clangxx, "-Oz", *flags, src, "-o", objs[-1]], check=True)
+    (tmp_path / "main.cpp").write_text(SHARED + "int main() { Acc a; return a.add(2); }\n")
+    objs.append(tmp_path / "prog")  # a linked program
+    subprocess.run([tc.clangxx, "-Oz", tmp_path / "main.cpp", "-o", objs[-1]], check=True)
+    for obj in objs:
+        parts, kind = read_by_pyelftools(obj)
+        text = parts.own + sum(parts.shared.values())
+        assert (text_parts(obj), text_size(obj)) == (parts, text), obj.name
+        assert elf_texts(obj.parent)[obj.name] == (text, kind != "ET_REL"), obj.name
+    assert read_by_pyelftools(objs[0])[0].shared  # the C++ objects have groups to read
 
 
 def test_a_text_digest_ignores_debug_information_and_sees_a_changed_call(tc, tmp_path):

@@ -40,6 +40,7 @@ from tools import (
     bench_inlining,
     bench_regalloc,
     bench_scale,
+    bench_search_compile,
     bench_service,
     bench_speed_reward,
     bench_timing,
@@ -111,6 +112,37 @@ def test_collect_bench_compares_each_mode_with_plain_round_by_round():
         "zlib": {"modules": 2, "decisions": 7, "text_size": 15},
         "lua": {"modules": 1, "decisions": 0, "text_size": 7},
     }
+
+
+@pytest.mark.unit
+def test_search_compile_bench_ratios_per_module_in_total_and_python_parts():
+    C = bench_search_compile.Clocks
+    turns = {
+        "plain": [C(1.0, 0.8, 0.01), C(2.0, 1.0, 0.01)],
+        "responder": [C(1.1, 0.9, 0.01), C(2.2, 1.1, 0.01)],
+        "search": [C(1.5, 0.9, 0.11), C(2.0, 1.1, 0.21)],
+    }
+    m = bench_search_compile.module_figures(turns)
+    assert m["ratio"]["search wall"]["runs"] == pytest.approx([1.5, 1.0])
+    assert m["ratio"]["search cpu"]["runs"] == pytest.approx([1.01 / 0.81, 1.31 / 1.01])
+    assert m["median_s"]["search"]["python"] == pytest.approx(0.16)
+    t = bench_search_compile.totals({"a": m, "b": m})
+    assert t["ratio_of_sums"]["search wall"] == pytest.approx(1.75 / 1.5)
+    assert t["per_module_ratio"]["responder cpu"]["median"] == pytest.approx(
+        m["ratio"]["responder cpu"]["median"]
+    )
+
+    class Stats:  # pstats.Stats' two attributes that `parts` reads
+        total_tt = 10.0
+        stats = {
+            ("/x/subprocess.py", 1, "__init__"): (1, 1, 0.5, 2.0, {}),
+            ("/x/mlgo/train/bcmax.py", 9, "__call__"): (4, 4, 1.0, 4.0, {}),
+            ("/x/mlgo/train/bcmax.py", 9, "moved"): (4, 4, 1.0, 1.0, {}),
+        }
+
+    got = bench_search_compile.parts(Stats(), 2)  # type: ignore[arg-type]
+    assert got["process start"] == 1.0 and got["answers"] == 2.0
+    assert got["rest"] == pytest.approx(2.0) and got["total"] == 5.0
 
 
 @pytest.mark.unit

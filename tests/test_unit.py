@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from mlgo.corpus.format import CorpusError, Module
-from mlgo.data import ir2vec_vocabulary
+from mlgo.data import ir2vec_vocabulary, shipped_policy
 from mlgo.errors import UsageError
 from mlgo.llvm.driver import opt_level
 from mlgo.llvm.log_format import (
@@ -123,6 +123,56 @@ def test_normalizer_json_round_trip_transforms_identically():
 def test_a_constant_feature_normalizes_to_a_step():
     norm = Normalizer.fit(["k"], np.full((50, 1), 4.0))
     assert norm.transform(np.array([[3.0], [4.0], [5.0]]))[:, 0].tolist() == [0.0, 1.0, 1.0]
+
+
+def test_a_policy_reads_a_decision_off_the_channel_in_one_go_as_it_reads_each_feature():
+    policy = load_policy(shipped_policy("inlining-size"))
+    names = policy.normalizer.features
+    specs = tuple(TensorSpec(f, "int64_t", (1,)) for f in names)
+    odd = (TensorSpec("wide", "int64_t", (3,)), TensorSpec("ratio", "float", (1,)))
+    buf = io.BytesIO()
+    w = LogWriter(buf, Header(specs + odd, advice=TensorSpec("a", "int64_t", (1,))))
+    for k in range(3):
+        values = {f: np.array([k * 1000 + 7 * j - 50]) for j, f in enumerate(names)}
+        w.observation(values | {"wide": np.array([1, 2, 3 + k]), "ratio": np.array([0.5])})
+    buf.seek(0)
+    for obs in LogReader(buf).observations():
+        one_by_one = np.array([float(obs.features[f][0]) for f in names])
+        assert np.array_equal(policy.raw_features(obs), one_by_one)
+        assert np.array_equal(obs.features.gather((("wide", 2), ("wide", 0))), [3 + obs.index, 1])
+        for reads in ((("wide", 3),), (("ratio", None), ("wide", 0)), (("absent", None),)):
+            assert obs.features.gather(reads) is None  # out of range, two dtypes, not sent
+
+
+def column_by_column(norm: Normalizer, x: np.ndarray) -> np.ndarray:
+    """The transform as it was first written, one searchsorted per column: the reference."""
+    columns = norm.expand(x)
+    out = np.empty((columns.shape[0], norm.width), np.float32)
+    c = norm.columns
+    for j, q in enumerate(norm.quantiles):
+        frac = np.searchsorted(q, columns[:, j], side="right") / max(len(q), 1)
+        out[:, j], out[:, c + j], out[:, 2 * c + j] = frac, np.sqrt(frac), frac * frac
+    return out
+
+
+def test_a_decision_normalizes_bit_for_bit_as_column_by_column_whether_alone_or_in_bulk():
+    from mlgo.problems import normalizer
+
+    norm = load_policy(shipped_policy("inlining-size")).normalizer
+    # an old policy's column whose boundaries end in NaN (what `fit` now leaves out)
+    norm = replace(norm, quantiles=[*norm.quantiles[:-1], np.array([1.0, 2.0, np.nan])])
+    rng = np.random.default_rng(3)
+    n = normalizer.AT_ONCE // sum(len(q) for q in norm.quantiles) + 50  # past the at-once rows
+    x = rng.choice([-1, 0, 1, 2, 3, 7, 40, 1000, 10**6], (n, len(norm.features))).astype(float)
+    on_boundaries = [q[rng.integers(len(q), size=n)] for q in norm.quantiles[: x.shape[1]]]
+    x[: n // 2] = np.stack(on_boundaries, 1)[: n // 2]  # ties, where `side="right"` counts
+    x[::7, 3], x[::11, 5], x[::13, 0] = np.inf, -np.inf, np.nan
+    x[1::17, -1] = np.nextafter(x[1::17, -1], -np.inf)
+    want = column_by_column(norm, x)
+    bulk = norm.transform(x)
+    assert bulk.dtype == np.float32 and bulk.tobytes() == want.tobytes()
+    for i in range(0, n, 97):
+        assert norm.transform(x[i]).tobytes() == want[i : i + 1].tobytes()
 
 
 # --- problem declarations ----------------------------------------------------------------

@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ from mlgo.programs.measure import median_and_range, paired_change
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Failed, LocalPool
 from mlgo.traces.collect import collect
+from tools.lab.responder import build_responder, compile_with_native_responder
 
 console = Console()
 PROBLEM = get_problem("inlining-size")
@@ -59,28 +59,6 @@ def run_task(task: Task) -> dict:
     if task.mode == "native":
         return compile_with_native_responder(PROBLEM, task.module, task.clang, task.responder)
     return {"match": replay_matches_default(PROBLEM, task.module, task.clang)}
-
-
-def build_responder(directory: Path) -> Path:
-    """tools/default_responder.c built with the system's cc into DIRECTORY."""
-    binary = directory / "default_responder"
-    src = Path(__file__).with_name("default_responder.c")
-    subprocess.run(["cc", "-O2", "-o", str(binary), str(src)], check=True)
-    return binary
-
-
-def compile_with_native_responder(problem, module: Module, clang: str, responder: Path) -> dict:
-    """The channel answered by a C process: what the compiler's ML mode costs by itself."""
-    with tempfile.TemporaryDirectory() as d, fifo_pair() as base:
-        cmd = module.compile_command(
-            clang, Path(d) / "o.o", problem.opt_level, problem.channel_flags(base)
-        )
-        start = time.monotonic()
-        compiler = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
-        peer = subprocess.Popen([str(responder), base])
-        if compiler.wait(timeout=600) or peer.wait(timeout=60):
-            raise RuntimeError(f"{module.name}: native responder run failed")
-        return {"seconds": time.monotonic() - start}
 
 
 def run_pass(

@@ -43,6 +43,7 @@ _DROP_WITH_VALUE = (
     "-dependency-file",
     "-MT",
 )
+_DROP_JOINED = tuple(f + "=" for f in _DROP_WITH_VALUE)  # the same given as -FLAG=VALUE
 _OPT_LEVEL = re.compile(r"^-O([0-3sz]|fast)?$")
 
 
@@ -118,7 +119,7 @@ class Module:
             if a in _DROP_WITH_VALUE:
                 skip = True
                 continue
-            if a in _DROP or any(a.startswith(f + "=") for f in _DROP_WITH_VALUE):
+            if a in _DROP or a.startswith(_DROP_JOINED):
                 continue
             args.append(a)
         return [clang, *args, *extra, "-x", "ir", str(self.bitcode), "-o", str(output)]

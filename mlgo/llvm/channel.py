@@ -36,7 +36,7 @@ from mlgo.llvm.log_format import (
     Observation,
     TimedReader,
 )
-from mlgo.runtime.lifetime import die_with_parent
+from mlgo.runtime.lifetime import dying_with_parent
 from mlgo.runtime.trust import private_temp_dir
 
 # A policy sees one observation and answers the advice (an int, or an array for
@@ -231,13 +231,14 @@ def compile_interactive(
     """
     start = time.monotonic()
     with fifo_pair() as base, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(
-            cmd + channel_flags(base),
+        argv, preexec = dying_with_parent(cmd + channel_flags(base))
+        proc = subprocess.Popen(  # a killed worker must not leave clang waiting
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
             cwd=cwd,
-            preexec_fn=die_with_parent,  # a killed worker must not leave clang waiting
+            preexec_fn=preexec,
         )
 
         def stderr_text() -> str:

@@ -139,28 +139,75 @@ class Header:
         return d
 
 
+Reads = tuple[tuple[str, int | None], ...]  # (tensor, element) per column (`column_of`)
+
+
+class Layout:
+    """Where each feature tensor sits in an observation's block: shared by every view of
+    one log, with the positions a policy's reads gather from worked out once."""
+
+    def __init__(self, features: tuple[TensorSpec, ...]):
+        self.offsets: dict[str, tuple[TensorSpec, int]] = {}
+        offset = 0
+        for spec in features:
+            self.offsets[spec.name] = (spec, offset)
+            offset += spec.num_bytes
+        self.block_bytes = offset
+        self._gathers: dict[Reads, tuple[np.dtype, np.ndarray] | None] = {}
+
+    def gather_of(self, reads: Reads) -> tuple[np.dtype, np.ndarray] | None:
+        """READS as one dtype and the element positions in a block of it; None where they
+        are not all in this layout, in range and of one dtype."""
+        if reads not in self._gathers:
+            self._gathers[reads] = self._positions(reads)
+        return self._gathers[reads]
+
+    def _positions(self, reads: Reads) -> tuple[np.dtype, np.ndarray] | None:
+        if not reads or any(t not in self.offsets for t, _ in reads):
+            return None
+        dtype = self.offsets[reads[0][0]][0].dtype
+        positions = []
+        for t, i in reads:
+            spec, offset = self.offsets[t]
+            if spec.dtype != dtype or offset % dtype.itemsize or (i or 0) >= spec.num_elements:
+                return None
+            positions.append(offset // dtype.itemsize + (i or 0))
+        return dtype, np.array(positions)
+
+
 class FeatureView(Mapping[str, np.ndarray]):
     """One observation's feature tensors, decoded on access from the raw block.
 
     An observation is one contiguous block of bytes; decoding all ~40 tensors eagerly
-    would cost more than a whole decision round trip, and most consumers read few.
+    would cost more than a whole decision round trip, and most consumers read few; a
+    policy's reads are gathered in one go (`gather`), as it reads them at every decision.
     """
 
-    __slots__ = ("_offsets", "_raw")
+    __slots__ = ("_layout", "_raw")
 
-    def __init__(self, offsets: dict[str, tuple[TensorSpec, int]], raw: bytes):
-        self._offsets = offsets
+    def __init__(self, layout: Layout, raw: bytes):
+        self._layout = layout
         self._raw = raw
 
     def __getitem__(self, name: str) -> np.ndarray:
-        spec, offset = self._offsets[name]
+        spec, offset = self._layout.offsets[name]
         return spec.decode(self._raw, offset)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._offsets)
+        return iter(self._layout.offsets)
 
     def __len__(self) -> int:
-        return len(self._offsets)
+        return len(self._layout.offsets)
+
+    def gather(self, reads: Reads) -> np.ndarray | None:
+        """[len(READS)] float64, the values READS name, the same as reading each one; None
+        where they are not all one dtype's in this view (then read them one by one)."""
+        gather = self._layout.gather_of(reads)
+        if gather is None:
+            return None
+        dtype, positions = gather
+        block = np.frombuffer(self._raw, dtype, self._layout.block_bytes // dtype.itemsize)
+        return block[positions].astype(np.float64)
 
 
 def stack_features(
@@ -259,12 +306,8 @@ class LogReader:
             raise EmptyLog("empty log: no header line")
         self.header = Header.parse(first)
         self.context = ""
-        self._offsets: dict[str, tuple[TensorSpec, int]] = {}
-        offset = 0
-        for spec in self.header.features:
-            self._offsets[spec.name] = (spec, offset)
-            offset += spec.num_bytes
-        self._block_bytes = offset
+        self._layout = Layout(self.header.features)
+        self._block_bytes = self._layout.block_bytes
 
     def _readline(self) -> bytes:
         return self._src.readline()
@@ -292,7 +335,7 @@ class LogReader:
             block = self._read_exact(self._block_bytes + 1)
             if block[-1:] != b"\n":
                 raise LogFormatError("missing newline after a tensor block")
-            feats = FeatureView(self._offsets, block)
+            feats = FeatureView(self._layout, block)
             score = None
             if self.header.score is not None:
                 outcome = json.loads(self._readline() or b"null")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import struct
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.constants import SH_FLAGS
@@ -21,20 +22,110 @@ from mlgo.errors import UsageError
 TEXT_FLAGS = SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_EXECINSTR
 
 
-def _is_text(section: Any) -> bool:
+SHT_GROUP = 17
+ELF_TYPES = {0: "ET_NONE", 1: "ET_REL", 2: "ET_EXEC", 3: "ET_DYN", 4: "ET_CORE"}
+
+
+def _is_text_flags(flags: int) -> bool:
     """An executable section: .text, and .text.* with -ffunction-sections."""
-    return section["sh_flags"] & TEXT_FLAGS == TEXT_FLAGS
+    return flags & TEXT_FLAGS == TEXT_FLAGS
+
+
+@dataclass(frozen=True)
+class _Section:
+    type: int
+    flags: int
+    offset: int
+    size: int
+    link: int
+    info: int
+    entsize: int
+
+    @property
+    def is_text(self) -> bool:
+        return _is_text_flags(self.flags)
+
+
+class _Sections:
+    """An ELF file's section headers, read with `struct` alone: all that its .text and
+    COMDAT groups take, a few reads instead of a parse of the whole file (a search
+    measures every one of its compiles). Anything that is not such a file, or ends
+    before what its headers promise, is a UsageError naming it."""
+
+    def __init__(self, f: BinaryIO, path: str | Path):
+        self.f, self.path, self.size = f, path, os.fstat(f.fileno()).st_size
+        ident = self._read(0, 16)
+        if ident[:4] != b"\x7fELF" or ident[4] not in (1, 2) or ident[5] not in (1, 2):
+            raise UsageError(f"{path}: not an ELF object (no ELF header)")
+        wide, self.order = ident[4] == 2, "<" if ident[5] == 1 else ">"
+        addr = "Q" if wide else "I"
+        head = struct.Struct(f"{self.order}HHI{addr}{addr}{addr}IHHHHHH")
+        e_type, *_, shoff, _, _, _, _, shentsize, shnum, _ = self._unpack(head, 16)
+        self.type = ELF_TYPES.get(e_type, f"ET_{e_type}")
+        entry = struct.Struct(self.order + ("IIQQQQIIQQ" if wide else "IIIIIIIIII"))
+        self.sections: list[_Section] = []
+        self._symbol = struct.Struct(f"{self.order}I")  # st_name leads in both classes
+        self._strings: dict[int, bytes] = {}  # string tables read, by section
+        if not shoff:
+            return
+        if shentsize < entry.size:
+            raise UsageError(f"{path}: not an ELF object (section headers of {shentsize} bytes)")
+        first = _Section(*self._pick(self._unpack(entry, shoff)))
+        count = shnum or first.size  # past 0xff00 sections, section 0 holds the count
+        table = self._read(shoff, count * shentsize)
+        self.sections = [
+            _Section(*self._pick(entry.unpack_from(table, i * shentsize))) for i in range(count)
+        ]
+
+    @staticmethod
+    def _pick(raw: tuple[int, ...]) -> tuple[int, ...]:
+        _, kind, flags, _, offset, size, link, info, _, entsize = raw
+        return kind, flags, offset, size, link, info, entsize
+
+    def _read(self, at: int, n: int) -> bytes:
+        """N bytes at AT; the file's size is checked first, as a header can claim any."""
+        if at + n > self.size:
+            raise UsageError(f"{self.path}: not an ELF object (ends at byte {self.size})")
+        self.f.seek(at)
+        return self.f.read(n)
+
+    def _unpack(self, s: struct.Struct, at: int) -> tuple:
+        return s.unpack(self._read(at, s.size))
+
+    def _get(self, index: int) -> _Section:
+        if not 0 <= index < len(self.sections):
+            raise UsageError(f"{self.path}: not an ELF object (no section {index})")
+        return self.sections[index]
+
+    def words(self, s: _Section) -> tuple[int, ...]:
+        """A section's contents as 32-bit words (a group's flag, then its members)."""
+        return struct.unpack(f"{self.order}{s.size // 4}I", self._read(s.offset, s.size // 4 * 4))
+
+    def symbol_name(self, symtab: int, index: int) -> str:
+        """The name of symbol INDEX of section SYMTAB (a group's signature)."""
+        table = self._get(symtab)
+        if not table.entsize:
+            raise UsageError(f"{self.path}: not an ELF object (symbol table of 0-byte entries)")
+        (name,) = self._unpack(self._symbol, table.offset + index * table.entsize)
+        if table.link not in self._strings:
+            strings = self._get(table.link)
+            self._strings[table.link] = self._read(strings.offset, strings.size)
+        strings = self._strings[table.link]
+        end = strings.find(b"\0", name)
+        if end < 0:
+            raise UsageError(f"{self.path}: not an ELF object (a name past its table)")
+        return strings[name:end].decode(errors="replace")
+
+
+def _is_text(section: Any) -> bool:
+    return _is_text_flags(section["sh_flags"])
 
 
 def _text_and_type(path: str | Path) -> tuple[int, str]:
     """The .text bytes of an ELF file and its type (ET_REL, ET_EXEC, ET_DYN, ...)."""
-    try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            text = sum(s["sh_size"] for s in elf.iter_sections() if _is_text(s))
-            return text, elf.header["e_type"]
-    except ELFError as e:
-        raise UsageError(f"{path}: not an ELF object ({e})") from e
+    with open(path, "rb") as f:
+        elf = _Sections(f, path)
+        return sum(s.size for s in elf.sections if s.is_text), elf.type
 
 
 def text_size(path: str | Path) -> int:
@@ -104,28 +195,23 @@ GRP_COMDAT = 1
 
 def text_parts(path: str | Path) -> TextParts:
     """PATH's .text split into its own bytes and its COMDAT groups' bytes."""
-    try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            order = "<" if elf.little_endian else ">"
-            group_of: dict[int, str] = {}
-            for s in elf.iter_sections():
-                if s["sh_type"] != "SHT_GROUP":
-                    continue
-                words = struct.unpack(f"{order}{s['sh_size'] // 4}I", s.data())
-                if words and words[0] & GRP_COMDAT:
-                    signature = elf.get_section(s["sh_link"]).get_symbol(s["sh_info"]).name
-                    group_of.update(dict.fromkeys(words[1:], signature))
-            own, shared = 0, defaultdict(int)
-            for i, s in enumerate(elf.iter_sections()):
-                if _is_text(s):
-                    if i in group_of:
-                        shared[group_of[i]] += s["sh_size"]
-                    else:
-                        own += s["sh_size"]
-            return TextParts(own, dict(shared))
-    except ELFError as e:
-        raise UsageError(f"{path}: not an ELF object ({e})") from e
+    with open(path, "rb") as f:
+        elf = _Sections(f, path)
+        group_of: dict[int, str] = {}
+        for s in elf.sections:
+            if s.type != SHT_GROUP:
+                continue
+            words = elf.words(s)
+            if words and words[0] & GRP_COMDAT:
+                group_of.update(dict.fromkeys(words[1:], elf.symbol_name(s.link, s.info)))
+        own, shared = 0, defaultdict(int)
+        for i, s in enumerate(elf.sections):
+            if s.is_text:
+                if i in group_of:
+                    shared[group_of[i]] += s.size
+                else:
+                    own += s.size
+        return TextParts(own, dict(shared))
 
 
 def text_once(parts: TextParts, copies: Mapping[str, int]) -> float:

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mlgo.llvm.log_format import column_of
+from mlgo.llvm.log_format import Reads, column_of
 from mlgo.problems import SELF, Derived
 
 QUANTILES = 256
+# Comparisons a transform makes at once (rows x every column's boundaries): ~2 MB of them.
+AT_ONCE = 1 << 21
 
 
 def with_own_columns(x: np.ndarray, names: Sequence[str], wanted: Sequence[str]) -> np.ndarray:
@@ -37,10 +39,13 @@ class Normalizer:
     derived: tuple[Derived, ...] = ()
     # (tensor, element or None) each feature reads (`log_format.column_of`), parsed once:
     # a policy reads them at every decision
-    reads: list[tuple[str, int | None]] = field(init=False, repr=False, compare=False)
+    reads: Reads = field(init=False, repr=False, compare=False)
+    _padded: tuple[tuple[np.ndarray, ...], tuple[int, ...], np.ndarray, np.ndarray] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
-        self.reads = [column_of(f) for f in self.features]
+        self.reads = tuple(column_of(f) for f in self.features)
 
     @classmethod
     def fit(
@@ -84,15 +89,38 @@ class Normalizer:
 
     def transform(self, values: np.ndarray) -> np.ndarray:
         """[n, features] raw -> [n, 3 * columns] float32: (q, sqrt q, q^2) per column."""
-        columns = self.expand(values)
-        out = np.empty((columns.shape[0], self.width), np.float32)
-        c = self.columns
-        for j, q in enumerate(self.quantiles):
-            frac = np.searchsorted(q, columns[:, j], side="right") / max(len(q), 1)
-            out[:, j] = frac
-            out[:, c + j] = np.sqrt(frac)
-            out[:, 2 * c + j] = frac * frac
-        return out
+        padded, lengths = self._bounds()
+        frac = self._ranks(self.expand(values), padded, lengths) / np.maximum(lengths, 1)
+        return np.concatenate([frac, np.sqrt(frac), frac * frac], 1).astype(np.float32)
+
+    def _ranks(self, columns: np.ndarray, padded: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """[n, columns] -> [n, columns]: how many of its column's boundaries each value is
+        at or above (NaN: all of them), as `searchsorted(q, x, side="right")` counts.
+
+        A few rows (a decision the compiler waits on) are compared with every boundary at
+        once (PADDED, LENGTHS: `_bounds`), a few numpy calls instead of several per column;
+        more go column by column, as all of their comparisons at once would take too much
+        memory."""
+        if columns.shape[0] * padded.size <= AT_ONCE:
+            counts = (padded <= columns[:, :, None]).sum(2)
+            return np.where(np.isnan(columns), lengths, counts)
+        return np.stack(
+            [np.searchsorted(q, columns[:, j], side="right") for j, q in enumerate(self.quantiles)],
+            1,
+        )
+
+    def _bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The boundaries as one [columns, longest] array, NaN past each column's end (no
+        value is at or above a NaN), and each column's count; made again only when the
+        quantiles are other arrays (held here, so that no other takes one's id)."""
+        ids = tuple(map(id, self.quantiles))
+        if self._padded is None or self._padded[1] != ids:
+            lengths = np.array([len(q) for q in self.quantiles], np.int64)
+            padded = np.full((len(self.quantiles), int(lengths.max(initial=0))), np.nan)
+            for j, q in enumerate(self.quantiles):
+                padded[j, : len(q)] = q
+            self._padded = (tuple(self.quantiles), ids, padded, lengths)
+        return self._padded[2], self._padded[3]
 
     def to_json(self) -> dict:
         return {

@@ -18,7 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from mlgo.llvm.languages import label
-from mlgo.llvm.log_format import Observation
+from mlgo.llvm.log_format import FeatureView, Observation
 from mlgo.problems import Problem
 from mlgo.problems.normalizer import Normalizer
 from mlgo.problems.profile_inputs import PROFILE_INPUTS, feature_column, reads_profile
@@ -189,6 +189,8 @@ class MLPPolicy:
 
     def raw_features(self, obs: Observation) -> np.ndarray:
         reads, sent = self.normalizer.reads, obs.features
+        if isinstance(sent, FeatureView) and (gathered := sent.gather(reads)) is not None:
+            return gathered
         values = (
             sent[t].reshape(-1)[i or 0] if t in sent or t not in PROFILE_INPUTS
             else PROFILE_INPUTS[t].unknown

@@ -40,6 +40,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TypeAlias
 
 import numpy as np
@@ -85,11 +86,18 @@ class Answerer:
         else:
             scores = self.policy.logits(self.policy.raw_features(obs))[0]
             # one stream per decision: a flip upstream does not reshuffle the draws
-            rng = np.random.default_rng((*self.seed, obs.index))
-            answer = self.policy.pick(scores, rng if self.policy.temperature > 0 else None)
+            rng = None
+            if self.policy.temperature > 0:
+                rng = np.random.default_rng((*self.seed, obs.index))
+            answer = self.policy.pick(scores, rng)
         if self.groups:
-            answer = dict(self.groups).get(self.problem.group_of(obs), answer)
+            answer = self._group_answers.get(self.problem.group_of(obs), answer)
         return 1 - answer if obs.index in self.flips else answer
+
+    @cached_property
+    def _group_answers(self) -> dict[Group, int]:
+        """`groups` to look a decision's group up in, made once, not at every decision."""
+        return dict(self.groups)
 
     def flipped(self, indices: Iterable[int]) -> Answerer:
         return replace(self, flips=self.flips ^ frozenset(indices))
