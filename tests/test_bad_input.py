@@ -289,7 +289,7 @@ guard = "size"
 def test_a_bad_policy_recipe_is_one_line_naming_the_file_and_key(tmp_path, change, says):
     """A recipe another user could have placed or a colleague committed is checked whole:
     a wrong key, type, number or reference is one line naming the file and the key."""
-    from mlgo.train.recipe import RecipeError, load_policy_recipe
+    from tools.lab.recipe import RecipeError, load_policy_recipe
 
     (tmp_path / "recipe.toml").write_text(GOOD_RECIPE)
     assert [s.name for s in load_policy_recipe(tmp_path).stages] == ["bc", "calibrate"]
@@ -302,7 +302,7 @@ def test_a_bad_policy_recipe_is_one_line_naming_the_file_and_key(tmp_path, chang
 
 
 def test_a_recipe_that_is_not_a_regular_file_or_too_large_is_refused(tmp_path):
-    from mlgo.train.recipe import RecipeError, load_policy_recipe
+    from tools.lab.recipe import RecipeError, load_policy_recipe
 
     os.mkfifo(tmp_path / "recipe.toml")  # never waited on
     with pytest.raises(RecipeError, match="recipe.toml: not a regular file"):

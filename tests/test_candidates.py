@@ -8,7 +8,7 @@ import pytest
 
 from mlgo.corpus.format import Corpus
 from mlgo.problems.policy_files import load_policy
-from mlgo.programs.chain import choice_table, linked_choice, outcome_line
+from mlgo.programs.chain import linked_choice
 from mlgo.train.candidates import (
     cheapest,
     cheapest_distinct,
@@ -19,6 +19,7 @@ from mlgo.train.candidates import (
     surely_faster,
 )
 from tests.cli_helpers import POLICIES
+from tools.lab.reproduce import choice_table, outcome_line
 
 
 @pytest.mark.unit

@@ -30,7 +30,6 @@ from mlgo.records import ModuleRun
 from mlgo.runtime.commands import BuildError
 from mlgo.train import calibrate
 from mlgo.train.evaluate import Evaluation
-from mlgo.train.recipe import load_policy_recipe, stage_packages
 from mlgo.train.stages import StageRecord
 from tools import (
     bench_collect,
@@ -64,6 +63,7 @@ from tools.lab.rebuilds import (
     changes,
     detected,
 )
+from tools.lab.recipe import load_policy_recipe, stage_packages
 
 ROOT = Path(__file__).resolve().parents[1]
 GUARDED = ROOT / "policies" / "inlining-size-guarded"
@@ -810,7 +810,7 @@ def test_every_shipped_recipe_loads_and_its_card_reproduces_it_by_that_recipe():
 def test_a_recipe_changed_by_the_tools_flags_says_so_in_its_reproduce_line(tmp_path):
     """Per-stage changes (the old tools' flags) reach the stages and the card's line."""
     from mlgo.ship.modelcard import reproduce_section, with_reproduce
-    from mlgo.train.recipe import overridden
+    from tools.lab.recipe import overridden
 
     recipe = overridden(
         load_policy_recipe(SCRATCH),

@@ -1,4 +1,4 @@
-"""Runs a shipped policy's recipe (policies/NAME/recipe.toml, `mlgo.train.recipe`): its
+"""Runs a shipped policy's recipe (policies/NAME/recipe.toml, `tools.lab.recipe`): its
 stages in turn into --out (the recipe's own unless given), each timed in OUT/recipe.json,
 so that a rerun resumes; --release writes what it made as it ships, with its card, into the
 recipe's release directory (or the one given).
@@ -25,12 +25,11 @@ import rich
 
 from mlgo.errors import USER_ERRORS
 from mlgo.llvm.toolchain import find_toolchain
-from mlgo.programs.chain import choice_table, outcome_line
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import make_workers
 from mlgo.ship.modelcard import with_reproduce
-from mlgo.train.recipe import load_policy_recipe, overridden
-from tools.lab.reproduce import release_made, run_recipe, timed_stages
+from tools.lab.recipe import load_policy_recipe, overridden
+from tools.lab.reproduce import choice_table, outcome_line, release_made, run_recipe, timed_stages
 
 
 def pairs(convert: Callable[[str], object]) -> Callable[[str], tuple[str, object]]:

@@ -21,8 +21,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.table import Table
-
 from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems import Problem
@@ -405,29 +403,6 @@ def linked_choice(
     if guard:
         choice["test, the policy alone"] = judgement(linked_test)
     return choice
-
-
-def choice_table(choice: dict, title: str) -> Table:
-    """A `linked_choice`'s candidates for the terminal: each one's change on validation
-    and the packages it made larger, the kept one marked."""
-    table = Table("candidate", "validation", "packages larger", title=title)
-    for name, v in choice["validation"].items():
-        larger = ", ".join(v["packages_larger"]) or "-"
-        kept = " (kept)" if name == choice["chosen"] else ""
-        table.add_row(name + kept, f"{v['change_pct']:+.3f}%", larger)
-    return table
-
-
-def outcome_line(choice: dict) -> str | None:
-    """A `linked_choice`'s test, in a line: its change, each language's, the packages it
-    made larger and those by more than 0.1% (None: nothing was kept to test)."""
-    if "test" not in choice:
-        return None
-    t = choice["test"]
-    langs = ", ".join(f"{x} {v:+.3f}%" for x, v in t["by_language_pct"].items())
-    larger = ", ".join(t["packages_larger"]) or "none"
-    over = ", ".join(t["packages_over_0.1pct"]) or "none"
-    return f"test: {t['change_pct']:+.3f}% ({langs}); larger: {larger}; >0.1%: {over}"
 
 
 def export(policy: MLPPolicy, chosen: Path, to: Path) -> Path:

@@ -1,5 +1,6 @@
 """The stages of a run, each done once into one directory: a tune's (snapshot ... report,
-`programs/tune.py`) and a shipped policy's recipe's (its trainings and calibration). A
+`programs/tune.py`) and a shipped policy's recipe's (its trainings and calibration, in the
+lab: tools/lab/reproduce.py). A
 rerun skips the finished ones and a stopped one resumes (a trainer from its checkpoint), so
 that hours of training are never repeated because the last step failed.
 
@@ -20,20 +21,14 @@ import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from mlgo.corpus.format import Corpus, load_corpus
-from mlgo.llvm.toolchain import Toolchain
-from mlgo.problems import Problem
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.inputs import read_json
 from mlgo.runtime.messages import naming
-from mlgo.runtime.workers import Workers
-from mlgo.train import policy_dir
 
 R = TypeVar("R")  # what a run's stages work on: a tune's run, or nothing
 
@@ -172,78 +167,3 @@ def check_arguments(
 def _larger(new: object, old: object) -> bool:
     numbers = isinstance(new, int | float) and isinstance(old, int | float)
     return numbers and new > old  # type: ignore[operator]
-
-
-@dataclass(frozen=True)
-class Training:
-    """A recipe's training stage: trainer ALGO on CORPUS, for MINUTES (0: its own number
-    of steps), with OPTIONS (fields of `TrainOptions`), from the stage before it (the first
-    from START, a policy, if given); EVALUATE: then evaluated on CORPUS (OUT/NAME/eval)."""
-
-    algo: str
-    corpus: Corpus
-    minutes: float = 0.0
-    options: dict = field(default_factory=dict)
-    start: Path | None = None
-    evaluate: bool = False
-    steps: int = 0  # at most this many of the trainer's steps; 0: its own number
-
-
-@dataclass(frozen=True)
-class Calibrating:
-    """A recipe's calibration of the stage before it on the corpus at CORPUS (read when
-    its turn comes), judged as served with GUARD, into OUT (`calibrate_policy`)."""
-
-    corpus: Path
-    out: Path
-    guard: str | None = None
-
-
-@dataclass(frozen=True)
-class RecipeRun:
-    """What a recipe's stages share: where they train, the problem, the toolchain, the
-    workers."""
-
-    out: Path
-    problem: Problem
-    tc: Toolchain
-    workers: Workers
-
-
-def recipe_stages(recipe: dict[str, Training | Calibrating]) -> list[Stage[RecipeRun]]:
-    """RECIPE's stages, each from the policy of the stage before it (the first from its
-    start or nothing), a training into OUT/NAME."""
-    stages, before = [], None
-    for name, stage in recipe.items():
-        stages.append(Stage(name, partial(_recipe_stage, name, stage, before)))
-        before = stage.out if isinstance(stage, Calibrating) else name
-    return stages
-
-
-def _recipe_stage(
-    name: str, stage: Training | Calibrating, before: Path | str | None, run: RecipeRun
-) -> None:
-    """One stage of a recipe. No training is evaluated on its corpus unless it asks (`mlgo
-    train` would): the time goes to training."""
-    from mlgo.train.calibrate import calibrate_policy
-    from mlgo.train.run import TrainOptions, load_start
-    from mlgo.train.run import run as train
-
-    previous = run.out / before if isinstance(before, str) else before
-    if isinstance(stage, Calibrating):
-        assert previous is not None, "a calibration follows a training"
-        corpus = load_corpus(stage.corpus).require(run.problem)
-        calibrate_policy(policy_dir(previous), corpus, run.tc, run.workers, stage.out, stage.guard)
-        return
-    budget, init = 60 * stage.minutes, previous or stage.start
-    opts = TrainOptions(steps=stage.steps, init=init, max_seconds=budget, trainer=stage.options)
-    start = load_start(init, run.problem) if init else None
-    train(stage.algo, stage.corpus, run.problem, run.out / name, run.tc, run.workers, opts,
-          evaluate_on_corpus=stage.evaluate, start=start)  # fmt: skip
-
-
-def run_in_turn(
-    record: StageRecord, recipe: dict[str, Training | Calibrating], run: RecipeRun
-) -> None:
-    """Each stage of RECIPE that RECORD has not finished, timed (`recipe_stages`)."""
-    run_stages(recipe_stages(recipe), record, run, "the recipe")

@@ -1,4 +1,4 @@
-"""A shipped policy's recipe (`train.recipe`) run into one directory: its trainings and its
+"""A shipped policy's recipe (`tools.lab.recipe`) run into one directory: its trainings and its
 calibration in turn (`stages.run_in_turn`), then its link-judged choice, if it has one
 (`chain.linked_choice`), each stage timed in OUT/recipe.json (`StageRecord`), so that a
 rerun resumes; and what it made released as it ships, with a card whose "Reproduce"
@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
+
+from rich.table import Table
 
 from mlgo.corpus.format import Corpus, load_corpus
 from mlgo.data import shipped_policy
@@ -20,10 +23,13 @@ from mlgo.programs.chain import linked_choice
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.inputs import read_json
 from mlgo.runtime.workers import Workers
+from mlgo.train import policy_dir
 from mlgo.train.calibrate import kept
 from mlgo.train.candidates import gated
 from mlgo.train.evaluate import Evaluation
-from mlgo.train.recipe import (
+from mlgo.train.run import load_start
+from mlgo.train.stages import Stage, StageRecord, run_stages
+from tools.lab.recipe import (
     CalibrateStage,
     ChooseStage,
     PolicyRecipe,
@@ -31,8 +37,6 @@ from mlgo.train.recipe import (
     TrainStage,
     stage_packages,
 )
-from mlgo.train.run import load_start
-from mlgo.train.stages import Calibrating, RecipeRun, StageRecord, Training, run_in_turn
 
 # The card's account of a link-judged choice, from its training's record
 CHOICE_HOW = (
@@ -186,3 +190,101 @@ def release_made(
         }
         card = chosen_card(policy, choice, CHOICE_HOW.format(**how), reproduce)
     return release(policy, to, card, aot=False).model_card.parent
+
+
+@dataclass(frozen=True)
+class Training:
+    """A recipe's training stage: trainer ALGO on CORPUS, for MINUTES (0: its own number
+    of steps), with OPTIONS (fields of `TrainOptions`), from the stage before it (the first
+    from START, a policy, if given); EVALUATE: then evaluated on CORPUS (OUT/NAME/eval)."""
+
+    algo: str
+    corpus: Corpus
+    minutes: float = 0.0
+    options: dict = field(default_factory=dict)
+    start: Path | None = None
+    evaluate: bool = False
+    steps: int = 0  # at most this many of the trainer's steps; 0: its own number
+
+
+@dataclass(frozen=True)
+class Calibrating:
+    """A recipe's calibration of the stage before it on the corpus at CORPUS (read when
+    its turn comes), judged as served with GUARD, into OUT (`calibrate_policy`)."""
+
+    corpus: Path
+    out: Path
+    guard: str | None = None
+
+
+@dataclass(frozen=True)
+class RecipeRun:
+    """What a recipe's stages share: where they train, the problem, the toolchain, the
+    workers."""
+
+    out: Path
+    problem: Problem
+    tc: Toolchain
+    workers: Workers
+
+
+def recipe_stages(recipe: dict[str, Training | Calibrating]) -> list[Stage[RecipeRun]]:
+    """RECIPE's stages, each from the policy of the stage before it (the first from its
+    start or nothing), a training into OUT/NAME."""
+    stages, before = [], None
+    for name, stage in recipe.items():
+        stages.append(Stage(name, partial(_recipe_stage, name, stage, before)))
+        before = stage.out if isinstance(stage, Calibrating) else name
+    return stages
+
+
+def _recipe_stage(
+    name: str, stage: Training | Calibrating, before: Path | str | None, run: RecipeRun
+) -> None:
+    """One stage of a recipe. No training is evaluated on its corpus unless it asks (`mlgo
+    train` would): the time goes to training."""
+    from mlgo.train.calibrate import calibrate_policy
+    from mlgo.train.run import TrainOptions, load_start
+    from mlgo.train.run import run as train
+
+    previous = run.out / before if isinstance(before, str) else before
+    if isinstance(stage, Calibrating):
+        assert previous is not None, "a calibration follows a training"
+        corpus = load_corpus(stage.corpus).require(run.problem)
+        calibrate_policy(policy_dir(previous), corpus, run.tc, run.workers, stage.out, stage.guard)
+        return
+    budget, init = 60 * stage.minutes, previous or stage.start
+    opts = TrainOptions(steps=stage.steps, init=init, max_seconds=budget, trainer=stage.options)
+    start = load_start(init, run.problem) if init else None
+    train(stage.algo, stage.corpus, run.problem, run.out / name, run.tc, run.workers, opts,
+          evaluate_on_corpus=stage.evaluate, start=start)  # fmt: skip
+
+
+def run_in_turn(
+    record: StageRecord, recipe: dict[str, Training | Calibrating], run: RecipeRun
+) -> None:
+    """Each stage of RECIPE that RECORD has not finished, timed (`recipe_stages`)."""
+    run_stages(recipe_stages(recipe), record, run, "the recipe")
+
+
+def choice_table(choice: dict, title: str) -> Table:
+    """A `linked_choice`'s candidates for the terminal: each one's change on validation
+    and the packages it made larger, the kept one marked."""
+    table = Table("candidate", "validation", "packages larger", title=title)
+    for name, v in choice["validation"].items():
+        larger = ", ".join(v["packages_larger"]) or "-"
+        kept = " (kept)" if name == choice["chosen"] else ""
+        table.add_row(name + kept, f"{v['change_pct']:+.3f}%", larger)
+    return table
+
+
+def outcome_line(choice: dict) -> str | None:
+    """A `linked_choice`'s test, in a line: its change, each language's, the packages it
+    made larger and those by more than 0.1% (None: nothing was kept to test)."""
+    if "test" not in choice:
+        return None
+    t = choice["test"]
+    langs = ", ".join(f"{x} {v:+.3f}%" for x, v in t["by_language_pct"].items())
+    larger = ", ".join(t["packages_larger"]) or "none"
+    over = ", ".join(t["packages_over_0.1pct"]) or "none"
+    return f"test: {t['change_pct']:+.3f}% ({langs}); larger: {larger}; >0.1%: {over}"
