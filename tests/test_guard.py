@@ -434,7 +434,8 @@ def test_a_compile_that_made_clangs_object_is_remembered_from_its_own_dependency
     dependency list, so its own -MD -MF list is what the memory reads: rebuilt unchanged, it
     is compiled once without the plugin, into the same bytes; a changed header is a miss. A
     list that leaves system headers out (-MMD) or is a link (another user could point it at
-    any file) is not read: those stay served by the plugin."""
+    any file) is not read: those stay served by the plugin. A compile that asks for no list
+    is given one in the wrapper's scratch, and remembered the same way."""
     policy = save_inline_all(tmp_path / "gated", languages=None)
     save_policy(replace(load_policy(policy), departure_threshold=1.0), policy)
     (tmp_path / "service").mkdir()
@@ -473,6 +474,14 @@ def test_a_compile_that_made_clangs_object_is_remembered_from_its_own_dependency
             header.write("/* edited */\n")
         assert compiles(*own) == ["plugin"]
         assert compiles(*own) == ["plain"]
+        # a compile that asks for no list (a plain Makefile's) gets one in the scratch (the
+        # header edited again: the key leaves dependency options out, so this is a miss)
+        with (tmp_path / "params.h").open("a") as header:
+            header.write("/* edited again */\n")
+        before = sorted(tmp_path.iterdir())
+        assert compiles() == ["plugin"]
+        assert compiles() == ["plain"]
+        assert (tmp_path / "x.o").read_bytes() == default and sorted(tmp_path.iterdir()) == before
     finally:
         service.stop()
 

@@ -874,6 +874,14 @@ static const char *own_dependencies(int argc, char **argv) {
   return all && file && *file ? file : NULL;
 }
 
+/* Whether ARGV asks for no dependency output of its own (no -M option, none through -Wp,):
+ * a compile the wrapper may then give one in its scratch, for the guard's memory. */
+static int writes_no_dependencies(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (strncmp(argv[i], "-M", 2) == 0 || preprocessor_dependencies(argv[i])) return 0;
+  return 1;
+}
+
 /* mlgo.llvm.sizes.text_size of the ELF64 object at PATH: the sizes of its sections flagged
  * both SHF_ALLOC and SHF_EXECINSTR. -1 for anything else (ELF32, the other byte order, not
  * ELF, unreadable): Python's reader takes those. */
@@ -1304,6 +1312,24 @@ int main(int argc, char **argv) {
   for (int i = 0; guarding && !stage && i < n_flags && marks_fd < 0; i++)
     if (plugin_of(flags[i])) marks_fd = mkstemp(marks_path);
   if (marks_fd >= 0) fcntl(marks_fd, F_SETFD, FD_CLOEXEC);
+  /* A compile that writes no dependency list of its own (a plain Makefile's) writes one into
+   * the scratch, so that where the plugin makes clang's own object it is remembered too. */
+  char deps_path[PATH_MAX] = "", *compile_flags[MAX_FLAGS + 3];
+  int n_compile = n_flags;
+  memcpy(compile_flags, flags, (size_t)n_flags * sizeof *flags);
+  if (marks_fd >= 0 && memo[0] && writes_no_dependencies(argc, argv)) {
+    int fits = snprintf(deps_path, sizeof deps_path, "%s/%sdeps-XXXXXX", tmp,
+                        MLGO_DEPARTURES_PREFIX) < (int)sizeof deps_path;
+    int deps_fd = fits ? mkstemp(deps_path) : -1;
+    if (deps_fd >= 0) {
+      close(deps_fd);
+      compile_flags[n_compile++] = "-MD";
+      compile_flags[n_compile++] = "-MF";
+      compile_flags[n_compile++] = deps_path;
+    } else {
+      deps_path[0] = '\0';
+    }
+  }
   if (guarding && marks_fd < 0 && guard_start(argc, argv, runtime) < 0) {
     close(sock);
     exec_python(argc, argv);
@@ -1312,7 +1338,7 @@ int main(int argc, char **argv) {
   if (pid == 0) {
     dup2(err_fd, 2);
     if (marks_fd >= 0) setenv(MLGO_DEPARTURES_ENV, marks_path, 1);
-    exec_compiler(argc, argv, flags, n_flags);
+    exec_compiler(argc, argv, compile_flags, n_compile);
   }
   int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
   char *problem = NULL;
@@ -1361,8 +1387,10 @@ int main(int argc, char **argv) {
     unlink(marks_path);
     close(marks_fd);
     /* Clang's own object: a rebuild compiles it so, without the plugin, if it is remembered. */
-    if (made_default && memo[0] && own_dependencies(argc, argv))
-      memo_store(MEMO_DEFAULT, own_dependencies(argc, argv));
+    const char *deps = own_dependencies(argc, argv);
+    if (!deps && deps_path[0]) deps = deps_path;
+    if (made_default && memo[0] && deps) memo_store(MEMO_DEFAULT, deps);
+    if (deps_path[0]) unlink(deps_path);
     if (!problem && rc == 0 && !made_default && guard_start(argc, argv, runtime) < 0)
       exec_python(argc, argv);
   }
