@@ -71,6 +71,7 @@ from mlgo.runtime.files import held_lock
 from mlgo.runtime.messages import error_line
 from mlgo.serve import memo
 from mlgo.serve.client import (
+    BusyError,
     Connection,
     NoServiceError,
     ServiceError,
@@ -247,14 +248,18 @@ def _lease(
     (None when no policy serves it), its flags (checked), what is wrong with its policies,
     the service's note, and the guard its policies must be served under."""
     path = socket_path()
-    deadline = time.monotonic() + min(timeout_s, CONNECT_TIMEOUT_S)
-    conn = connect(path, not os.environ.get("MLGO_SOCKET"), deadline - time.monotonic())
+    wait = min(timeout_s, CONNECT_TIMEOUT_S)  # what a busy service's line says it waited
+    deadline = time.monotonic() + wait
+    conn = connect(path, not os.environ.get("MLGO_SOCKET"), wait)
     try:
         conn.send({"op": "compile", "level": level, "language": language, "stage": stage})
         reply = conn.receive(deadline - time.monotonic())
         flags = reply["flags"]
         if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
             raise ServiceError(f"flags that are not a list of strings: {str(flags)[:80]}")
+    except BusyError:  # it did not answer: said as it is, it refused nothing
+        conn.close()
+        raise
     except (ServiceError, KeyError, TypeError) as e:
         conn.close()
         raise ServiceError(f"the mlgo service refused a lease: {e}") from e
