@@ -44,7 +44,6 @@ from tools import (
     bench_speed_reward,
     bench_timing,
     bench_tune,
-    bench_wrapper,
     bench_xla,
     bench_xla_baselines,
     eval_by_language,
@@ -547,7 +546,9 @@ def test_scale_bench_busy_fraction_counts_only_the_window():
 def test_wrapper_bench_changes_are_per_round_against_the_baseline():
     rounds = [{"baseline": 1.0, "new": 1.01}, {"baseline": 2.0, "new": 2.0},
               {"baseline": 1.0, "new": 0.98}]  # fmt: skip
-    median, q1, q3 = bench_wrapper.changes(rounds, "new")
+    from tools.lab.wrappers import changes
+
+    median, q1, q3 = changes(rounds, "new")
     assert median == pytest.approx(0.0) and q1 < 0 < q3
 
 

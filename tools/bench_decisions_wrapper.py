@@ -15,11 +15,8 @@ one's change against REV's.
 
 from __future__ import annotations
 
-import argparse
 import os
-import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -28,12 +25,11 @@ from io import BytesIO
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from mlgo.llvm.replay import Decision
 from mlgo.llvm.toolchain import Toolchain, find_toolchain
-from mlgo.programs.measure import paired_change
 from mlgo.ship import decisions
+from tools.lab.wrappers import compile_cpu_s, cpu_rounds, wrapper_arguments, wrapper_table
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "minipkg"
@@ -85,39 +81,14 @@ def baseline_wrapper(rev: str, directory: Path, compiler: str, work: Path) -> Pa
     return path
 
 
-def compile_cpu_s(wrapper: Path, source: Path, out: Path) -> float:
-    """CPU seconds of one compile through WRAPPER, wrapper and compiler together."""
-    command = [str(wrapper), "-O2", "-c", source.name, "-o", str(out)]
-    proc = subprocess.Popen(command, cwd=source.parent, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    stderr = proc.stderr.read() if proc.stderr else b""
-    if os.waitstatus_to_exitcode(status) != 0 or stderr:
-        raise RuntimeError(f"{wrapper} on {source}: {stderr[:300]!r}")
-    return usage.ru_utime + usage.ru_stime
-
-
-def rounds_of(wrappers: dict[str, Path], sources: list[Path], n: int, seed: int) -> list[dict]:
-    """N rounds, each every source through every wrapper in a shuffled order: CPU seconds."""
-    rng, out, rounds = random.Random(seed), sources[0].parent / "x.o", []
-    for wrapper in wrappers.values():  # warm-up, not counted
-        compile_cpu_s(wrapper, sources[0], out)
-    for _ in range(n):
-        order = list(wrappers)
-        rng.shuffle(order)
-        cpu = dict.fromkeys(wrappers, 0.0)
-        for source in sources:
-            for name in order:
-                cpu[name] += compile_cpu_s(wrappers[name], source, out)
-        rounds.append(cpu)
-    return rounds
+def compile_one(wrapper: Path, source: Path, quiet: bool) -> float:
+    """One compile of SOURCE, in its directory, through WRAPPER: CPU seconds."""
+    command = [str(wrapper), "-O2", "-c", source.name, "-o", str(source.parent / "x.o")]
+    return compile_cpu_s(command, cwd=source.parent, quiet=quiet)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--baseline", required=True, help="git revision of the wrapper to compare")
-    ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = wrapper_arguments(__doc__)
     tc = find_toolchain()
     with tempfile.TemporaryDirectory(prefix="bench-decisions-wrapper-") as d:
         directory, sources = profiled_directory(tc, Path(d))
@@ -128,20 +99,9 @@ def main() -> None:
             "baseline A/A": directory / "cc-baseline-aa",
             "this checkout": directory / "cc",
         }
-        rounds = rounds_of(wrappers, sources, args.rounds, args.seed)
+        rounds = cpu_rounds(wrappers, sources, args.rounds, args.seed, compile_one)
     title = f"decisions cc CPU per compile vs {args.baseline}, {args.rounds} rounds"
-    table = Table(title=title)
-    for column in ("wrapper", "ms per compile (median)", "change (median)", "IQR"):
-        table.add_column(column)
-    base = [r["baseline"] for r in rounds]
-    for name in wrappers:
-        per_compile = statistics.median(r[name] for r in rounds) / len(sources) * 1e3
-        if name == "baseline":
-            table.add_row(name, f"{per_compile:.1f}", "", "")
-            continue
-        change = paired_change([r[name] for r in rounds], base)
-        median, q1, q3 = (100 * change[k] for k in ("median", "q1", "q3"))
-        table.add_row(name, f"{per_compile:.1f}", f"{median:+.2f}%", f"{q1:+.2f}..{q3:+.2f}%")
+    table = wrapper_table(title, rounds, len(sources))
     Console().print(table)
 
 
