@@ -206,9 +206,8 @@ def stage_record(out: TuneDir, refresh: bool) -> StageRecord:
     except ValueError as e:
         raise BuildError(f"{out.record}: not a tune's record of its stages ({e})") from None
     if not out.record.exists() and out.legacy_log.is_file():
-        lines = out.legacy_log.read_text().splitlines()
-        record.finished = [n for n in (line.split("\t")[0] for line in lines) if n in names]
-        record.finished = [n for n in record.finished if n not in skip]
+        logged = [line.split("\t")[0] for line in out.legacy_log.read_text().splitlines()]
+        record.finished = [n for n in logged if n in names and n not in skip]
     return record
 
 
