@@ -81,7 +81,7 @@ class TuneDir:
 
     def kept_by_tool(self, name: str) -> Path:
         """Where a tool that reads the tune back keeps NAME, its own, in OUT."""
-        if (self.root / name).exists() and name in _LAYOUT:
+        if name in _LAYOUT:
             raise BuildError(f"{self.root / name}: the tune's own, not a tool's")
         return self.root / name
 
