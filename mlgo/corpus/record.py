@@ -267,7 +267,14 @@ def _module_name(
     except ValueError:
         skipped.append(f"{path}: outside the source directory {src}, not recorded")
         return None
-    prefix = package or (src.name if len(rel.parts) == 1 else "")
+    return module_name(rel, src.name, package)
+
+
+def module_name(rel: Path, top: str, package: str | None = None) -> str:
+    """The corpus's name of the module of REL, a path under the recorded tree named TOP:
+    REL, whose first directory is its package, under PACKAGE if given; a file at the top is
+    in the package named TOP."""
+    prefix = package or (top if len(rel.parts) == 1 else "")
     return f"{prefix}/{rel}" if prefix else str(rel)
 
 

@@ -25,6 +25,9 @@ DECISIONS_OUT_ENV = "MLGO_DECISIONS_OUT"
 DECISIONS_ADVISOR_ENV = "MLGO_DECISIONS_ADVISOR"  # unset: the policy's
 CLANG_ADVISOR = "clang"
 REPLAY_ADVISOR_PREFIX = "replay:"  # then the file's path: clang's replay of it
+# then the path of a file of '0' and '1', one a decision in the order asked: a searched
+# trajectory's answers, which the recorder so keys by call site
+ANSWERS_ADVISOR_PREFIX = "answers:"
 # After a recorder's inline line at a callee clang itself would never inline there (not
 # viable, or refused by its attributes), then clang's reason: the recorder answered "no".
 NOT_VIABLE = " not viable: "

@@ -1,5 +1,7 @@
 """A tune's `decisions` stage: the chosen policy's inlining decisions on the project's own
-build, recorded, judged once (`ship.decisions_kept`) and written to OUT/decisions, a
+build, recorded, and for each file the tune's search measured, the cheapest trajectory it
+found there, recorded by its call sites; each judged once (`ship.decisions_kept`: the
+smaller of the two where smaller than clang's own) and written to OUT/decisions, a
 directory plain clang builds the project from; the tune's "mlgo" build is that build
 (`decisions_variant`), so its report measures exactly what ships.
 
@@ -14,12 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlgo.corpus.record import module_name
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy_files import load_policy
 from mlgo.programs.build import Variant, plain_compilers, problem_flags, scratch_copy
 from mlgo.ship.decisions import ROOT_ENV, file_states, read, write
 from mlgo.ship.decisions_kept import keep, unchanged
-from mlgo.ship.decisions_record import record_units
+from mlgo.ship.decisions_record import Recorded, answered_units, record_units
 
 if TYPE_CHECKING:
     from mlgo.programs.tune_run import TuneRun
@@ -42,18 +45,33 @@ def decide(run: TuneRun) -> Path:
     log = scratch.parent / "build.log"
     clangs = scratch.parent / "clangs"  # what clang's own builds, beside the copy
     clangs.mkdir()
-    policy = load_policy(out.policy)
+    policy = load_policy(out.policy)  # where the search did not reach, or found less
     found = record_units(
         policy, scratch, ["sh", "-c", script], run.tc, log, clangs, flags, problem.stage
     )
     as_before = unchanged(found, before)
-    files, links, left = keep(found, problem.aim, as_before)
+    answers = searched_files(run, found)
+    searched = answered_units(
+        found, {n: a for n, a in answers.items() if f"files/{n}" not in as_before}
+    )
+    files, links, left = keep(found, problem.aim, as_before, searched)
     again = sorted(f"files/{n}" for n in found.files if f"files/{n}" not in as_before)
     refreshed = {"judged_again": again, "as_before": len(as_before)} if refresh else None
     write(out.decisions, run.source, files, links, found.flags, run.tc.major, left, refreshed,
           run.profile)  # fmt: skip
     shutil.rmtree(scratch.parent)
     return out.decisions
+
+
+def searched_files(run: TuneRun, found: Recorded) -> dict[str, str]:
+    """Per file of FOUND's build, the answers of the cheapest trajectory
+    the tune's search measured for its module (`bcmax.searched_answers`), where it beat
+    clang's own there."""
+    from mlgo.train.bcmax import searched_answers
+
+    answers = searched_answers(run.out.train)
+    by_file = {n: module_name(Path(n), run.recipe.name) for n in found.compiles}
+    return {n: answers[m] for n, m in by_file.items() if m in answers}
 
 
 def decisions_stage(run: TuneRun) -> None:

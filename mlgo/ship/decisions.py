@@ -170,6 +170,7 @@ _UNIT = {
     "refused?": int,
     "departures": (int, None),
     "sha256": (str, None),
+    "found_by?": str,
     "text?": _TEXT,
     "functions": _Names(None, _FUNCTION),
 }
@@ -236,6 +237,12 @@ def _check_unit_key(kind: str | None, name: str, where: str) -> None:
         raise DecisionsError(f"{where}: function name {name[:120]!r} is not one printable line")
 
 
+# Who found a unit's decisions, as `show` says it: the policy, served by the plugin, or
+# the tune's search, its cheapest measured trajectory for the file (a file the search did
+# not reach, or where the policy's builds smaller, has the policy's).
+FOUND_BY = {"policy": "the policy's", "search": "found by the search"}
+
+
 @dataclass
 class UnitDecisions:
     """What one compile (a source) or one LTO link (a program) decided."""
@@ -248,6 +255,7 @@ class UnitDecisions:
     cksum: str | None = None  # the source's POSIX cksum, for the wrappers' note when it changes
     judged: dict | None = None  # its summary as judged before, when its source is unchanged
     refused: int = 0  # inlines clang would refuse (`Refusal`), dropped
+    found_by: str = "policy"  # whose they are: FOUND_BY
 
     def summary(self) -> dict:
         if self.judged is not None:
@@ -273,6 +281,7 @@ class UnitDecisions:
             **({"refused": self.refused} if self.refused else {}),
             "departures": departed,
             "sha256": self.digest,
+            "found_by": self.found_by,
             **measured,
             "functions": dict(sorted(functions.items())),
         }
@@ -705,6 +714,7 @@ def show(artifact: Artifact, by_function: bool = False) -> list[str]:
                 f"{_departed(unit)}, {unit['conflicts']} conflicting sites dropped"
                 + _refused(unit)
                 + _bought(unit)
+                + f", {FOUND_BY.get(unit.get('found_by', 'policy'), 'by an unknown hand')}"
             )
             for caller, f in unit["functions"].items() if by_function else ():
                 saved = f", {_saved(f['text_saved'])}" if "text_saved" in f else ""

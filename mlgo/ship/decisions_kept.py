@@ -61,47 +61,67 @@ def unchanged(found: Recorded, before: Mapping[str, dict]) -> dict[str, dict]:
     }
 
 
-def keep(found: Recorded, aim: str, as_before: Mapping[str, dict] | None = None) -> Kept:
+def keep(
+    found: Recorded,
+    aim: str,
+    as_before: Mapping[str, dict] | None = None,
+    searched: Mapping[str, UnitDecisions] | None = None,
+) -> Kept:
     """Of FOUND's units, those to ship (files, links), each with its sizes measured, and
     those left to clang's own, by `files/NAME` or `links/NAME`, with why (and the bytes
-    where measured). AIM "size" keeps a unit only where its .text is smaller. A unit in
-    AS_BEFORE (`unchanged`) keeps its verdict there, unjudged."""
+    where measured). AIM "size" keeps a unit only where its .text is smaller; a file the
+    search answered too (SEARCHED, `answered_units`) keeps whichever of the two builds
+    smaller. A unit in AS_BEFORE (`unchanged`) keeps its verdict there, unjudged."""
     kept: dict[str, dict[str, UnitDecisions]] = {"files": {}, "links": {}}
     left: dict[str, dict] = {}
     calls = {"files": found.compiles, "links": found.link_calls}
     with tempfile.TemporaryDirectory(prefix="mlgo-keep-", dir=private_temp_dir()) as d:
         work = Path(d)
+
+        def weighed(kind: str, name: str, unit: UnitDecisions) -> Sizes:
+            inl = work / "unit.inl"
+            inl.write_text(inl_text(unit.decisions))
+            if kind == "files":
+                flags, replay = found.flags, replay_flags(str(inl))
+            else:
+                flags, replay = [], link_replay_flags(str(inl))
+            clangs = found.clangs[f"{kind}/{name}"]
+            return replayed_sizes(calls[kind][name], flags, replay, work, clangs)
+
         for kind, units in (("files", found.files), ("links", found.links)):
-            for name, unit in units.items():
+            for name, policys in units.items():
                 if (verdict := (as_before or {}).get(f"{kind}/{name}")) is not None:
                     if "why" in verdict:
                         left[f"{kind}/{name}"] = verdict
                     else:
-                        unit.judged = verdict
-                        kept[kind][name] = unit
+                        policys.judged = verdict
+                        kept[kind][name] = policys
                     continue
-                source = {"sha256": unit.digest} if unit.digest else {}
-                departed = sum((unit.departures or {}).values())
-                if not departed:
+                source = {"sha256": policys.digest} if policys.digest else {}
+                other = (searched or {}).get(name) if kind == "files" else None
+                departing = [
+                    u
+                    for u in (policys, other)
+                    if u is not None and sum((u.departures or {}).values())
+                ]
+                if not departing:
                     left[f"{kind}/{name}"] = {"why": "no departure from clang's own", **source}
                     continue
-                inl = work / "unit.inl"
-                inl.write_text(inl_text(unit.decisions))
-                if kind == "files":
-                    flags, replay = found.flags, replay_flags(str(inl))
-                else:
-                    flags, replay = [], link_replay_flags(str(inl))
-                clangs = found.clangs[f"{kind}/{name}"]
-                sizes = replayed_sizes(calls[kind][name], flags, replay, work, clangs)
-                if aim == "size" and sizes.saved <= 0:
-                    more = f"{-sizes.saved} bytes more" if sizes.saved else "the same bytes"
+                for unit in departing:
+                    unit.sizes = weighed(kind, name, unit)
+                best = max(departing, key=lambda u: u.sizes.saved if u.sizes else 0)
+                assert best.sizes is not None
+                if aim == "size" and best.sizes.saved <= 0:
+                    departed = sum((best.departures or {}).values())
+                    more = (
+                        f"{-best.sizes.saved} bytes more" if best.sizes.saved else "the same bytes"
+                    )
                     left[f"{kind}/{name}"] = {
                         "why": f"its {departed} departures build {more}",
                         "departures": departed,
-                        "text": sizes.totals(),
+                        "text": best.sizes.totals(),
                         **source,
                     }
                     continue
-                unit.sizes = sizes
-                kept[kind][name] = unit
+                kept[kind][name] = best
     return kept["files"], kept["links"], left

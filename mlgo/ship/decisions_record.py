@@ -16,6 +16,7 @@ import hashlib
 import os
 import shlex
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from mlgo.corpus.wrappers import build_env
 from mlgo.errors import UsageError
 from mlgo.llvm.cmdline import without_outputs
 from mlgo.llvm.driver import link_output, link_stage, links_with_lld, source_files
-from mlgo.llvm.replay import CLANG_ADVISOR, DECISIONS_OUT_ENV, Decision
+from mlgo.llvm.replay import ANSWERS_ADVISOR_PREFIX, CLANG_ADVISOR, DECISIONS_OUT_ENV, Decision
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy import MLPPolicy
 from mlgo.runtime.commands import run_logged
@@ -98,6 +99,8 @@ class Recorded:
     skipped: list[str]  # what was compiled but not kept, one line each
     flags: list[str]  # what every compile of a build replaying them adds (`compile_flags`)
     clangs: dict[str, Path]  # each unit's output by clang's own (`files/NAME`, `links/NAME`)
+    own: dict[str, list[Decision]]  # each unit's decisions by clang's own, by the same names
+    advised: list[str]  # what a compile's own flags are given for the plugin's advisor
 
 
 def record_build(
@@ -188,20 +191,45 @@ def record_units(
         units[kind][name] = UnitDecisions(ours, conflicts, refused=len(refused))
         skipped += [f"{kind}/{name}: {r}; clang's own decision there" for r in refused]
     outputs: dict[str, Path] = {}
+    own: dict[str, list[Decision]] = {}
     for n, (name, unit) in enumerate(units["files"].items()):
         call, outputs[f"files/{name}"] = compiles[name], clangs / f"{n}.o"
         command = [*without_outputs(call.argv), *common, "-o", str(outputs[f"files/{name}"])]
-        unit.departures = departures(unit.decisions, record(command, call.cwd, CLANG_ADVISOR)[0])
+        own[f"files/{name}"] = record(command, call.cwd, CLANG_ADVISOR)[0]
+        unit.departures = departures(unit.decisions, own[f"files/{name}"])
         unit.digest, unit.cksum = source_sums(root / name)
     for n, (program, unit) in enumerate(units["links"].items()):
         outputs[f"links/{program}"] = clangs / f"{n}.program"
-        own = clangs_link(linked[program], common, outputs[f"links/{program}"])
-        unit.departures = departures(unit.decisions, own)
+        own[f"links/{program}"] = clangs_link(linked[program], common, outputs[f"links/{program}"])
+        unit.departures = departures(unit.decisions, own[f"links/{program}"])
     g0 = any(needs_locations(call.argv) for call in compiles.values())
     return Recorded(
         units["files"], units["links"], compiles if at_compile else {}, linked, skipped,
-        list(LOCATION_FLAGS) if g0 else [], outputs,
+        list(LOCATION_FLAGS) if g0 else [], outputs, own,
+        [*located, *policy.problem.advisor_flags],
     )  # fmt: skip
+
+
+def answered_units(found: Recorded, answers: Mapping[str, str]) -> dict[str, UnitDecisions]:
+    """Per file of FOUND that ANSWERS answers (a searched trajectory's answers, in the
+    order the advisor asks them: `ANSWERS_ADVISOR_PREFIX`), its compile run once more with
+    those answers, recorded and so keyed by call site: the search's decisions, which
+    `decisions_kept` weighs beside the policy's."""
+    units: dict[str, UnitDecisions] = {}
+    with tempfile.TemporaryDirectory(prefix="mlgo-answers-", dir=private_temp_dir()) as d:
+        path = Path(d) / "answers"
+        for name, given in answers.items():
+            if name not in found.compiles or f"files/{name}" not in found.own:
+                continue
+            call, policys = found.compiles[name], found.files[name]
+            path.write_text(given)
+            command = [*without_outputs(call.argv), *found.advised, "-o", os.devnull]
+            ours, conflicts, refused = record(command, call.cwd, ANSWERS_ADVISOR_PREFIX + str(path))
+            unit = UnitDecisions(ours, conflicts, refused=len(refused), found_by="search")
+            unit.departures = departures(ours, found.own[f"files/{name}"])
+            unit.digest, unit.cksum = policys.digest, policys.cksum
+            units[name] = unit
+    return units
 
 
 def clangs_link(call: Invocation, flags: list[str], output: Path) -> list[Decision]:

@@ -89,6 +89,7 @@ def policy_constants(policy: MLPPolicy) -> str:
         "kDecisionsAdvisorEnv": replay.DECISIONS_ADVISOR_ENV,
         "kClangAdvisor": replay.CLANG_ADVISOR,
         "kReplayAdvisorPrefix": replay.REPLAY_ADVISOR_PREFIX,
+        "kAnswersAdvisorPrefix": replay.ANSWERS_ADVISOR_PREFIX,
         "kDecisionsLinePrefix": replay.LINE_PREFIX,
         "kInlinedInto": replay.INLINED_INTO,
         "kNotInlinedInto": replay.NOT_INLINED_INTO,

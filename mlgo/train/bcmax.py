@@ -41,6 +41,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from pathlib import Path
 from typing import TypeAlias
 
 import numpy as np
@@ -610,7 +611,31 @@ class BCMax(Trainer[BCMaxConfig]):
         return Candidate(final, reward)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {"theta": self.theta, **self.trajectories.arrays()}
+        return {"theta": self.theta, "default_cost": self.base, **self.trajectories.arrays()}
+
+
+def searched_answers(root: Path) -> dict[str, str]:
+    """Per module the BC-Max run at ROOT searched, the answers of the cheapest trajectory
+    it measured there ('0' and '1', one a decision in the order asked), where that is
+    cheaper than the default heuristic's (every module found, for a run from before the
+    default's costs were kept); none for another trainer's run, or none at all. Decisions
+    are data: what the search measured needs no policy to be kept."""
+    if not (root / "state.json").is_file():
+        return {}
+    try:
+        state, arrays = RunDir(root, "bcmax").load_state() or (None, {})
+    except UsageError:  # another trainer's run
+        return {}
+    if state is None or "traj_cost" not in arrays:
+        return {}
+    modules, cost = state.extra["modules"], arrays["traj_cost"]
+    actions = np.split(arrays["traj_actions"], np.cumsum(arrays["traj_len"])[:-1])
+    base = arrays.get("default_cost", np.full(len(modules), np.inf))
+    return {
+        name: "".join("1" if a else "0" for a in actions[i])
+        for i, name in enumerate(modules)
+        if cost[i] < base[i]  # NaN, a module no search found, is never less
+    }
 
 
 TRAINER = BCMax

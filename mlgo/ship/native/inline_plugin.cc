@@ -31,7 +31,7 @@
 // plain clang can replay the compile. kDecisionsAdvisorEnv chooses whose advice: the
 // policy's (unset), clang's own (kClangAdvisor), or clang's replay of a file
 // (kReplayAdvisorPrefix + path), which tells which of the file's decisions still meet a
-// site. Whoever advises, an inline clang would refuse (not viable, or by attributes) is
+// site, or a trajectory's answers in order (kAnswersAdvisorPrefix + path: `AnswersRunner`). Whoever advises, an inline clang would refuse (not viable, or by attributes) is
 // answered "no" and marked (kNotViable): clang's replay does not check. Environment variables, not cl::opts: clang parses -mllvm before it loads a
 // -fpass-plugin, so an option of the plugin's would be an unknown argument there.
 
@@ -168,6 +168,39 @@ class PolicyRunner final : public MLModelRunner {
   int64_t Advice = 0;
 };
 
+// A trajectory's answers, one a decision in the order the advisor asks (as the interactive
+// channel's compile of the same module asked them): the search's best, replayed here so
+// that the recorder keys each answer by its call site. The file holds '0' and '1' bytes; a
+// decision past its end is answered "no", and an unreadable file answers none (`Problem`).
+class AnswersRunner final : public MLModelRunner {
+ public:
+  AnswersRunner(LLVMContext &Ctx, const std::vector<TensorSpec> &Inputs, const char *Path)
+      : MLModelRunner(Ctx, Kind::Release, Inputs.size()) {
+    for (size_t I = 0; I < Inputs.size(); ++I) setUpBufferForTensor(I, Inputs[I], nullptr);
+    int Fd = open(Path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    char Buffer[65536];
+    ssize_t Got = 0;
+    while (Fd >= 0 && (Got = read(Fd, Buffer, sizeof Buffer)) > 0 && Answers.size() < kMostAnswers)
+      Answers.append(Buffer, static_cast<size_t>(Got));
+    if (Fd < 0 || Got < 0) Problem = std::string("cannot read the answers in ") + Path;
+    else if (Answers.find_first_not_of("01") != std::string::npos)
+      Problem = std::string(Path) + " holds more than '0' and '1'";
+    if (Fd >= 0) close(Fd);
+  }
+  std::string Problem;
+
+ private:
+  static constexpr size_t kMostAnswers = size_t(1) << 24;
+  void *evaluateUntyped() override {
+    Advice = Next < Answers.size() && Answers[Next] == '1';
+    ++Next;
+    return &Advice;
+  }
+  std::string Answers;
+  size_t Next = 0;
+  int64_t Advice = 0;
+};
+
 // Tells mlgo-cc's size guard what this compile did (see mlgo.llvm.cmdline): MARK appended to
 // the file kDeparturesEnv names, if it is one of the guard's (by its name) and exists.
 void noteForGuard(char Mark) {
@@ -293,6 +326,31 @@ bool VocabularyGiven() {
   return It != Options.end() && It->second->getNumOccurrences() > 0;
 }
 
+// MLInlineAdvisor answering from ANSWERS (a file `AnswersRunner` reads), else the default.
+InlineAdvisor *makeAnswersAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams Params,
+                                  InlineContext IC, const char *Answers) {
+  if (!CompilationMAM) return new DefaultInlineAdvisor(M, FAM, Params, IC);
+  auto Default = std::make_shared<DefaultInlineAdvisor>(M, FAM, Params, IC);
+  AnswersRunner *Runner = nullptr;
+  auto Advisor = std::make_unique<MLInlineAdvisor>(
+      M, *CompilationMAM,
+      [&](const std::vector<TensorSpec> &Inputs) {
+        auto R = std::make_unique<AnswersRunner>(M.getContext(), Inputs, Answers);
+        Runner = R.get();
+        return R;
+      },
+      [Default](CallBase &CB) {  // asked where the channel's compile asks it, as there
+        auto Advice = Default->getAdvice(CB);
+        bool Inline = Advice->isInliningRecommended();
+        Advice->recordUnattemptedInlining();
+        return Inline;
+      });
+  if (Runner && Runner->Problem.empty()) return Advisor.release();
+  errs() << "mlgo: " << (Runner ? Runner->Problem : std::string("no model runner"))
+         << "; using the default heuristic\n";
+  return new DefaultInlineAdvisor(M, FAM, Params, IC);
+}
+
 InlineAdvisor *makePolicyAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams Params,
                                  InlineContext IC) {
   if (!CompilationMAM) return new DefaultInlineAdvisor(M, FAM, Params, IC);
@@ -336,6 +394,8 @@ InlineAdvisor *makeAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams
   std::unique_ptr<InlineAdvisor> Inner;
   if (Whose && strcmp(Whose, kClangAdvisor) == 0) {
     Inner = std::make_unique<DefaultInlineAdvisor>(M, FAM, Params, IC);
+  } else if (Whose && strncmp(Whose, kAnswersAdvisorPrefix, strlen(kAnswersAdvisorPrefix)) == 0) {
+    Inner.reset(makeAnswersAdvisor(M, FAM, Params, IC, Whose + strlen(kAnswersAdvisorPrefix)));
   } else if (Whose && strncmp(Whose, kReplayAdvisorPrefix, Prefix) == 0) {
     ReplayInlinerSettings Replay{Whose + Prefix, ReplayInlinerSettings::Scope::Module,
                                  ReplayInlinerSettings::Fallback::Original,

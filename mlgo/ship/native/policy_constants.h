@@ -23,6 +23,6 @@ extern const char *const kDeparturesEnv, *const kDeparturesPrefix;
 extern const char kDeparted, kAdvised;
 // The decisions recorder (mlgo.ship.decisions): its environment and its line's parts.
 extern const char *const kDecisionsOutEnv, *const kDecisionsAdvisorEnv;
-extern const char *const kClangAdvisor, *const kReplayAdvisorPrefix;
+extern const char *const kClangAdvisor, *const kReplayAdvisorPrefix, *const kAnswersAdvisorPrefix;
 extern const char *const kDecisionsLinePrefix, *const kInlinedInto, *const kNotInlinedInto;
 extern const char *const kAtCallsite, *const kNotViable;
