@@ -422,6 +422,67 @@ def test_a_file_whose_decisions_build_larger_keeps_none(tc: Toolchain, tmp_path:
     assert f"files/{loser}: clang's own decisions (its " in "\n".join(shown)
 
 
+def test_a_searched_trajectory_recorded_by_its_answers_builds_what_the_search_measured(
+    tc: Toolchain, tmp_path: Path
+):
+    """A trajectory as the tune's search measures one (the channel's compile of a corpus
+    module, clang's own answers with some flipped), replayed by its answers through the
+    plugin with the recorder on: plain clang's replay of the decisions so keyed by call
+    site builds each file's object to the .text the search measured. Where those decisions
+    save more than the policy's, `keep` ships them, found by the search."""
+    from mlgo.corpus.compile import compile_module
+    from mlgo.corpus.format import load_corpus
+    from mlgo.corpus.record import module_name, record
+    from mlgo.llvm.replay import replay_flags
+    from mlgo.problems import get_problem
+    from mlgo.ship.decisions_record import answered_units
+    from mlgo.train.bcmax import Answerer
+
+    problem = get_problem("inlining-size")
+    root = _project(tmp_path)
+    (root / "Makefile").write_text(MAKEFILE)
+    build = ["make", "CFLAGS=-Oz -g0"]
+    recorded = tmp_path / "recorded" / root.name  # the tune records a copy of the same name
+    shutil.copytree(root, recorded)
+    record(build, tmp_path / "corpus", tc, recorded)
+    modules = {m.name: m for m in load_corpus(tmp_path / "corpus").modules}
+    policy = load_policy(shipped_policy("inlining-size"))
+    clangs = tmp_path / "clangs"
+    clangs.mkdir()
+    found = record_units(policy, root, build, tc, tmp_path / "build.log", clangs, stage="compile")
+    measured, answers = {}, {}
+    flipped = Answerer(problem, flips=frozenset(range(0, 60, 3)))
+    for name in found.compiles:
+        run = compile_module(
+            problem, modules[module_name(Path(name), root.name)], tc.clang, flipped
+        )
+        measured[name], answers[name] = run.metrics["text_once"], "".join(map(str, run.advice))
+    searched = answered_units(found, answers)
+    assert set(searched) == set(found.compiles) and all(
+        u.found_by == "search" for u in searched.values()
+    )
+    inl = tmp_path / "unit.inl"
+    for name, unit in searched.items():
+        inl.write_text(decisions.inl_text(unit.decisions))
+        call, own = found.compiles[name], found.clangs[f"files/{name}"]
+        sizes = replayed_sizes(call, found.flags, replay_flags(str(inl)), tmp_path, own)
+        assert sizes.decisions == measured[name], name
+        assert sum((unit.departures or {}).values()) > 0, name  # the flips departed
+    files, _, _ = keep(found, "size", None, searched)
+    policys = {n: u.sizes.saved if u.sizes else 0 for n, u in found.files.items()}
+    for name, mine in searched.items():
+        assert mine.sizes is not None  # weighed beside the policy's
+        best = max(policys[name], mine.sizes.saved)
+        if best <= 0:
+            assert name not in files
+            continue
+        by_search = mine.sizes.saved > policys[name]
+        assert files[name].found_by == ("search" if by_search else "policy"), name
+        assert files[name].sizes.saved == best
+        if by_search:
+            assert "found by the search" in decisions._found_by(files[name].summary())
+
+
 @pytest.mark.parametrize("lto", ["full", "thin"])
 def test_a_configures_probes_are_left_out_and_a_link_replays_its_program(
     tc: Toolchain, tmp_path: Path, lto: str

@@ -120,6 +120,12 @@ def decisions_summary(directory: Path, tree: Path) -> dict:
         "kept": len(units),
         "departing_units": len(units) + len(judged),
         "text_saved": sum(u["text"]["saved"] for u in units if "text" in u),
+        "from_search": sum(u.get("found_by") == "search" for u in units),
+        "search_gain": sum(
+            u["text"]["saved"] - u.get("policy_saved", 0)
+            for u in units
+            if u.get("found_by") == "search" and "text" in u
+        ),
         "stale": sum(state != "unchanged" for state in states.values()),
         **({"refreshed": artifact.refreshed} if artifact.refreshed else {}),
     }
@@ -133,6 +139,11 @@ def summary_line(summary: dict) -> str:
         f"programs), {summary['decisions']} decisions, {summary['text_saved']} bytes of "
         ".text saved against clang's own"
     )
+    if summary["from_search"]:
+        line += (
+            f"; {summary['from_search']} files from the search's trajectories, "
+            f"{summary['search_gain']} bytes more than the policy's decisions there"
+        )
     if summary["stale"]:
         line += (
             f"; {summary['stale']} files changed since decided: clang's own decide where their "

@@ -171,6 +171,7 @@ _UNIT = {
     "departures": (int, None),
     "sha256": (str, None),
     "found_by?": str,
+    "policy_saved?": int,
     "text?": _TEXT,
     "functions": _Names(None, _FUNCTION),
 }
@@ -237,12 +238,6 @@ def _check_unit_key(kind: str | None, name: str, where: str) -> None:
         raise DecisionsError(f"{where}: function name {name[:120]!r} is not one printable line")
 
 
-# Who found a unit's decisions, as `show` says it: the policy, served by the plugin, or
-# the tune's search, its cheapest measured trajectory for the file (a file the search did
-# not reach, or where the policy's builds smaller, has the policy's).
-FOUND_BY = {"policy": "the policy's", "search": "found by the search"}
-
-
 @dataclass
 class UnitDecisions:
     """What one compile (a source) or one LTO link (a program) decided."""
@@ -255,7 +250,10 @@ class UnitDecisions:
     cksum: str | None = None  # the source's POSIX cksum, for the wrappers' note when it changes
     judged: dict | None = None  # its summary as judged before, when its source is unchanged
     refused: int = 0  # inlines clang would refuse (`Refusal`), dropped
-    found_by: str = "policy"  # whose they are: FOUND_BY
+    # Whose they are: the policy's, served by the plugin, or the tune's search's, its cheapest
+    # measured trajectory for the file (where it did not reach, or found less, the policy's).
+    found_by: str = "policy"
+    policy_saved: int | None = None  # found by the search: the .text the policy's saved
 
     def summary(self) -> dict:
         if self.judged is not None:
@@ -282,6 +280,7 @@ class UnitDecisions:
             "departures": departed,
             "sha256": self.digest,
             "found_by": self.found_by,
+            **({"policy_saved": self.policy_saved} if self.policy_saved is not None else {}),
             **measured,
             "functions": dict(sorted(functions.items())),
         }
@@ -714,7 +713,7 @@ def show(artifact: Artifact, by_function: bool = False) -> list[str]:
                 f"{_departed(unit)}, {unit['conflicts']} conflicting sites dropped"
                 + _refused(unit)
                 + _bought(unit)
-                + f", {FOUND_BY.get(unit.get('found_by', 'policy'), 'by an unknown hand')}"
+                + _found_by(unit)
             )
             for caller, f in unit["functions"].items() if by_function else ():
                 saved = f", {_saved(f['text_saved'])}" if "text_saved" in f else ""
@@ -724,6 +723,13 @@ def show(artifact: Artifact, by_function: bool = False) -> list[str]:
         why = left.get("why") if isinstance(left, Mapping) else None
         out.append(f"{name}: clang's own decisions ({why or 'not kept'})")
     return out
+
+
+def _found_by(unit: Mapping) -> str:
+    """What `show` says of a unit the search found (nothing of the policy's)."""
+    if unit.get("found_by") != "search":
+        return ""
+    return f", found by the search (the policy's decisions saved {unit.get('policy_saved', 0)})"
 
 
 def _unit_decisions(artifact: Artifact, kind: str, name: str) -> dict[tuple[str, str], Decision]:

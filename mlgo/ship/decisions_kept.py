@@ -123,5 +123,7 @@ def keep(
                         **source,
                     }
                     continue
+                if best is not policys:  # what the search gained over the policy
+                    best.policy_saved = policys.sizes.saved if policys.sizes else 0
                 kept[kind][name] = best
     return kept["files"], kept["links"], left
