@@ -63,6 +63,7 @@ from tools.lab.rebuilds import (
     detected,
 )
 from tools.lab.recipe import load_policy_recipe, stage_packages
+from tools.lab.yield_curve import build_equivalents, found_at, yield_curve
 
 ROOT = Path(__file__).resolve().parents[1]
 GUARDED = ROOT / "policies" / "inlining-size-guarded"
@@ -449,6 +450,19 @@ def test_headroom_tool_sums_search_and_policy_per_package():
         "zlib": {"default": 150.0, "search": 140.0, "policy": 150.0, "moves": 3},
         "lua": {"default": 10.0, "search": 10.0, "policy": 12.0, "moves": 0},
     }
+
+
+@pytest.mark.unit
+def test_the_yield_curve_reads_each_search_at_a_budget_and_counts_its_compiles():
+    """A search's best after k compiles, summed; one that stopped early keeps its last
+    best, one that never beat the default found nothing; a compile at 1.2x plain is 1.2
+    build-equivalents a module."""
+    base = {"a": 100.0, "b": 50.0, "c": 10.0}
+    curves = {"a": [100.0, 96.0, 96.0, 90.0], "b": [50.0, 48.0], "c": [10.0, 12.0]}
+    assert found_at(curves["a"], 100.0, 0) == 0.0
+    assert yield_curve(base, curves, (1, 2, 4, 8)) == {1: 0.0, 2: 6.0, 4: 12.0, 8: 12.0}
+    seconds, compiles, plain = {"a": 2.4, "b": 1.2}, {"a": 4, "b": 2}, {"a": 0.5, "b": 0.5}
+    assert build_equivalents(seconds, compiles, plain) == pytest.approx(1.2)
 
 
 @pytest.mark.unit

@@ -154,6 +154,7 @@ class SearchResult:
     starts: dict[str, float]  # the cost of each starting trajectory: default, policy
     compiles: int
     failed: int  # compiles that failed: counted, and no improvement
+    curve: list[float] = field(default_factory=list)  # the best cost after each compile
 
 
 class _Search:
@@ -167,6 +168,7 @@ class _Search:
         self.queue: list[int] = []  # its single flips not measured yet, in order
         self.twins: dict[int, tuple[int, ...]] = {}  # of the incumbent's decisions
         self.tried_groups: set[GroupMove] = set()  # from any incumbent
+        self.curve: list[float] = []  # the best cost after each compile: what more buys
 
     @property
     def spent(self) -> bool:
@@ -181,6 +183,7 @@ class _Search:
         traj = Trajectory(cost, run.advice, self._rows(run), answerer, self._groups(run))
         if self.best is None or traj.cost < self.best.cost:
             self.best = traj
+        self.curve.append(self.best.cost)
         return traj
 
     def measure(self, answerer: Answerer) -> Trajectory | None:
@@ -192,6 +195,7 @@ class _Search:
             return self.start(answerer)
         except CompileError:
             self.failed += 1
+            self.curve.append(self.best.cost if self.best else math.inf)
             return None
 
     @staticmethod
@@ -325,7 +329,7 @@ def search_module(task: SearchTask) -> SearchResult:
             break
         r += 1
     assert s.best is not None
-    return SearchResult(s.best, starts, s.compiles, s.failed)
+    return SearchResult(s.best, starts, s.compiles, s.failed, s.curve)
 
 
 @dataclass(frozen=True)
