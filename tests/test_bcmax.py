@@ -372,3 +372,25 @@ def test_the_headroom_tool_runs_the_same_search(mini_corpus, tmp_path, default_s
     for name, m in report["modules"].items():
         assert m["default"] == default_sizes[name] and m["search"] <= m["default"]
     assert len(default_sizes) <= report["compiles"] <= 3 * len(default_sizes)
+
+
+def test_the_searchs_compiles_are_counted_in_plain_builds_of_the_corpus(mini_corpus, tc, tmp_path):
+    """A module's compile costs its plain compile seconds out of the corpus's: the search
+    of every module, once each, is one build; of the one module, its share of the build."""
+    from mlgo.corpus.stats import corpus_stats
+    from mlgo.programs.chain import Chain, search_compiles
+    from mlgo.programs.tune_run import TuneDir
+    from mlgo.train import RunState
+
+    chain = Chain(mini_corpus.root, PROBLEM, tmp_path, TuneDir(tmp_path), tc, 1)
+    names = [m.name for m in mini_corpus.modules]
+    with LocalPool(2) as pool:
+        stats, _ = corpus_stats(mini_corpus, tc.describe(), tc.clang, pool)
+        every = search_compiles(RunState("bcmax", compiles=9, extra={"modules": names}),
+                                mini_corpus, chain, pool)  # fmt: skip
+        one = search_compiles(RunState("bcmax", compiles=9, extra={"modules": names[:1]}),
+                              mini_corpus, chain, pool)  # fmt: skip
+    assert every["compiles"] == 9 and every["compiles_per_build"] == pytest.approx(len(names))
+    seconds = {n: s["seconds"] for n, s in stats.items()}
+    assert one["compiles_per_build"] == pytest.approx(sum(seconds.values()) / seconds[names[0]])
+    assert search_compiles(None, mini_corpus, chain, pool) == {}

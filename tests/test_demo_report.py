@@ -7,6 +7,8 @@ import base64
 import json
 import re
 import subprocess
+import sys
+import time
 
 import pytest
 from rich.console import Console
@@ -16,13 +18,21 @@ from mlgo.packages.recipes import Recipe
 from mlgo.programs.build import ProgramBuild
 from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.report import (
+    PER_FILE,
+    TOP,
+    directories,
     load_report,
     program_report,
+    render_html,
     report_table,
     slower_but_smaller,
+    top_changes,
     training_line,
+    tune_cost,
     write_report,
+    written_apart,
 )
+from mlgo.train.stages import Stage, StageRecord, run_stages
 from tests.conftest import run_mlgo
 
 
@@ -68,8 +78,8 @@ def test_linked_files_that_grew_are_named_even_when_the_total_shrank():
     console = Console(width=200, record=True)
     console.print(report_table(r))
     text = console.export_text()
-    assert "larger: 4 of them" in text
-    assert "tool +2.00%, t +2.00%, prog +1.00% and 1 more" in text  # ties as listed
+    assert "larger: 4 of them" in text  # the most bytes first, ties by path
+    assert "b/prog +4 B (+1.00%), b/tool +2 B (+2.00%), b/libx.so +1 B (+0.33%) and 1 more" in text
     del r["size"]["linked"]["larger"]  # a report written before files were named
     console = Console(width=200, record=True)
     console.print(report_table(r))
@@ -148,7 +158,9 @@ def pictures(page: str) -> list[bytes]:
 def test_report_html_has_every_plot_and_the_tables_numbers(built, tmp_path):
     _, r = built
     write_report(r, tmp_path)
-    assert load_report(tmp_path) == r == json.loads((tmp_path / "report.json").read_text())
+    kept, per_file = written_apart(r)
+    assert load_report(tmp_path) == kept == json.loads((tmp_path / "report.json").read_text())
+    assert json.loads((tmp_path / PER_FILE).read_text()) == per_file and len(per_file) == 2
     page = (tmp_path / "report.html").read_text()
     for section in ("size", "throughput", "training"):
         assert f"<h2 id='{section}'>" in page
@@ -169,8 +181,7 @@ def test_a_plot_without_its_data_is_left_out(built, tmp_path, absent):
     _, r = built
     r = json.loads(json.dumps(r))
     if absent == "size":  # no file changed
-        for f in r["size"]["per_file"]:
-            f["policy"] = f["baseline"]
+        r["size"]["top_files"] = top_changes([])
     else:
         del r[absent]
     write_report(r, tmp_path)
@@ -197,7 +208,8 @@ def test_mlgo_report_shows_a_program_report_again(built, tmp_path):
     done = run_mlgo(*cmd, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "ELF files" in done.stdout and "CPU time" in done.stdout
-    assert json.loads(js.read_text()) == r and len(pictures(html.read_text())) == 3
+    assert json.loads(js.read_text()) == written_apart(r)[0]
+    assert len(pictures(html.read_text())) == 3
     again = run_mlgo("report", str(js), timeout=120)  # the JSON it wrote is a report too
     assert again.returncode == 0 and "ELF files" in again.stdout, again.stderr
 
@@ -249,3 +261,105 @@ def test_the_training_line_says_when_no_judged_candidate_beat_clangs_own():
     assert "none was cheaper than clang's own by it" in line
     training["judged_change_pct"]["shipped"] = -0.1
     assert "none was cheaper" not in training_line(training)
+
+
+# -- a report of thousands of files, and what a tune cost ---------------------------------
+def many_files(count: int) -> dict:
+    """A size report of COUNT made-up object files in COUNT/10 directories: every 7th
+    grown by its index in bytes, the others smaller by theirs, so that the largest of each
+    are the last files."""
+    per_file = [
+        {"path": f"d{i % (count // 10)}/f{i}.o", "baseline": 10_000,
+         "policy": 10_000 + (i if i % 7 == 0 else -i)}
+        for i in range(1, count + 1)
+    ]  # fmt: skip
+    base, ours = sum(f["baseline"] for f in per_file), sum(f["policy"] for f in per_file)
+    return {
+        "baseline": base, "policy": ours, "change_pct": 100 * (ours / base - 1),
+        "files": count, "programs": {}, "per_file": per_file,
+        "top_files": top_changes(per_file), "top_directories": top_changes(directories(per_file)),
+    }  # fmt: skip
+
+
+@pytest.mark.unit
+def test_a_report_of_thousands_of_files_names_the_top_ten_and_its_table_does_not_grow(tmp_path):
+    tables = {}
+    for count in (100, 5000):
+        r = dict(report(-1.0, [-1.5, -0.5]), size=many_files(count))
+        console = Console(width=400, record=True)
+        console.print(report_table(r))
+        tables[count] = console.export_text()
+    assert len(tables[100].splitlines()) == len(tables[5000].splitlines())
+    text = tables[5000]
+    # 714 of the 5000 grew (every 7th): the most by bytes first, each a regression, in red
+    assert "files larger: 714 of 5,000" in text and "files smaller: 4,286 of 5,000" in text
+    assert "d498/f4998.o +4,998 B (+49.98%), d491/f4991.o +4,991 B" in text
+    assert "d0/f5000.o -5,000 B (-50.00%), d499/f4999.o -4,999 B" in text
+    assert (
+        "and 711 more" in text
+        and "and 4,283 more" in text
+        and "directories smaller: 500 of 500" in text
+    )
+    size = r["size"]
+    top = size["top_files"]
+    assert len(top["saved"]) == len(top["grown"]) == TOP
+    assert [f["path"] for f in top["grown"][:2]] == ["d498/f4998.o", "d491/f4991.o"]
+    assert all(f["policy"] > f["baseline"] for f in top["grown"])
+    dirs = size["top_directories"]["saved"]
+    assert (dirs[0]["path"], dirs[0]["files"]) == ("d495", 10)
+    # report.json keeps the lists and totals; every file goes to per_file.json beside it
+    write_report(r, tmp_path)
+    kept = json.loads((tmp_path / "report.json").read_text())
+    assert "per_file" not in kept["size"] and kept["size"]["top_files"] == top
+    assert json.loads((tmp_path / PER_FILE).read_text()) == size["per_file"]
+    assert load_report(tmp_path) == kept == written_apart(r)[0]
+    page = (tmp_path / "report.html").read_text()
+    assert "10 of the 714 files larger" in page and "10 of the 500 directories smaller" in page
+    assert page.count("<tr>") < 100 and "d498/f4998.o" in page and PER_FILE in page
+    # a report.json from before the lists, every file inline: its files' rows as well
+    old = dict(r, size={k: v for k, v in size.items() if not k.startswith("top_")})
+    console = Console(width=400, record=True)
+    console.print(report_table(old))
+    assert "files larger: 714 of 5,000" in console.export_text()
+    assert "directories" not in console.export_text()
+
+
+def burn(run: None) -> None:
+    """A stage that compiles, as far as the clock can tell: a child busy for 0.3 CPU s."""
+    subprocess.run([sys.executable, "-c", BUSY], check=True)
+
+
+BUSY = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+
+
+@pytest.mark.unit
+def test_a_tunes_cost_is_each_stages_wall_and_cpu_in_builds_and_its_searchs_compiles(tmp_path):
+    stages = [Stage("build", burn), Stage("wait", lambda run: time.sleep(0.2)),
+              Stage("report", burn)]  # fmt: skip
+    record = StageRecord(tmp_path / "stages.json", [s.name for s in stages])
+    run_stages(stages, record, None, "test")
+    summary = json.loads((tmp_path / "stages.json").read_text())
+    assert summary["cpu_seconds"]["build"] >= 0.3 > summary["cpu_seconds"]["wait"]
+    again = StageRecord.load(tmp_path / "stages.json", record.names)
+    assert again.summary() == summary  # read back, it says the same
+    training = {"compiles": 87, "compiles_per_build": 2.0}
+    cost = tune_cost(summary, 0.1, training)
+    assert set(cost["stages"]) == {"build", "wait"}  # the report's own is running
+    build = cost["stages"]["build"]
+    assert build["builds"] == round(summary["cpu_seconds"]["build"] / 0.1, 2) >= 3.0
+    assert cost["seconds"] == round(summary["seconds"]["build"] + summary["seconds"]["wait"], 1)
+    assert cost["search"] == {"compiles": 87, "builds": 43.5}
+    r = dict(report(-1.0, [-1.5, -0.5]), cost=cost)
+    console = Console(width=300, record=True)
+    console.print(report_table(r))
+    text = " ".join(console.export_text().split())
+    assert f"build {build['seconds']:.1f} s ({build['builds']:.1f} builds)" in text
+    assert "training's search: 87 compiles, 43.5 builds" in text and "minutes of wall time" in text
+    page = render_html(r)
+    assert "<h2 id='cost'>" in page and "43.50" in page
+    # a record from before CPU was kept: the wall seconds alone, no build-equivalents
+    old = tune_cost({"seconds": summary["seconds"]}, 0.1, {})
+    assert "builds" not in old["stages"]["build"] and "search" not in old
+    console = Console(width=300, record=True)
+    console.print(report_table(dict(r, cost=old)))
+    assert re.search(r"\d builds", console.export_text()) is None

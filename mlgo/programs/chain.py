@@ -200,6 +200,7 @@ def choose_policy(chain: Chain) -> tuple[MLPPolicy, dict]:
         candidates |= grid
         steps, seconds, budgeted = planned_steps(chain, first, began)
         trained = train_from(chain, start, first, corpus, pool, steps, seconds)
+        searched = search_compiles(trained.state, corpus, chain, pool) if trained else {}
         if trained is not None:
             sweep = partial(sweep_of, corpus=corpus, tc=chain.tc, pool=pool)
             change = trained.evaluation.totals()["delta"]
@@ -208,7 +209,28 @@ def choose_policy(chain: Chain) -> tuple[MLPPolicy, dict]:
     chosen, timed = kept(candidates, judged, chain.judge)
     save_policy(candidates[chosen][0], chain.out.chosen)
     record = training_record(chain, candidates, judged, chosen, trained, timed, budgeted)
-    return candidates[chosen][0], record
+    return candidates[chosen][0], record | searched
+
+
+def search_compiles(state: RunState | None, corpus: Corpus, chain: Chain, pool: Workers) -> dict:
+    """The search's compiles (`RunState.compiles`) and how many of them cost one plain
+    build's compile CPU: a whole program's reward builds it each time (one); a module's
+    compile costs the module's plain compile seconds (`corpus_stats`, cached since the
+    search measured them) out of the corpus's, the modules searched (every one, for a
+    trainer that keeps none by name) taken as compiled equally often, as a search's budget
+    per module makes them. Nothing for a trainer with no state."""
+    if state is None:
+        return {}
+    if chain.reward is not None and not chain.reward.per_module:
+        return {"compiles": state.compiles, "compiles_per_build": 1.0}
+    from mlgo.corpus.stats import corpus_stats
+
+    stats, _ = corpus_stats(corpus, chain.tc.describe(), chain.tc.clang, pool)
+    seconds = {name: s.get("seconds", 0.0) for name, s in stats.items()}
+    searched = [seconds[n] for n in state.extra.get("modules", seconds) if n in seconds]
+    mean = sum(searched) / len(searched) if searched else 0.0
+    per_build = {"compiles_per_build": sum(seconds.values()) / mean} if mean > 0 else {}
+    return {"compiles": state.compiles, **per_build}
 
 
 def grid_start(

@@ -1,14 +1,16 @@
 """The report of a program built twice (plain clang, and mlgo-cc with a policy): its size
 over every ELF file the build produced, its workload's throughput, its tests, and what
 training did; as report.json for machines, report.html with plots for people, and a rich
-table for the terminal. `mlgo demo`, `mlgo build` and `mlgo tune` write it; `mlgo report`
-shows it again."""
+table for the terminal. However many files the build made, each names the TOP files and
+directories that saved most and grew most, with totals; every file is in per_file.json
+beside report.json. A tune's also says what it cost (`tune_cost`). `mlgo demo`, `mlgo
+build` and `mlgo tune` write it; `mlgo report` shows it again."""
 
 from __future__ import annotations
 
 import html
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from rich.table import Table
@@ -26,18 +28,24 @@ from mlgo.runtime.inputs import read_json
 if TYPE_CHECKING:
     from mlgo.programs.tune_run import TuneRun
 
-LARGEST_CHANGES = 20  # files in the per-file size plot
+TOP = 10  # the files, and the directories, a report names by bytes saved and by bytes grown
+SHOWN = 3  # of those, the terminal's row names
+PER_FILE = "per_file.json"  # beside report.json: every ELF file's .text in both builds
 REPORT_KEYS = {"package", "policy", "size", "tests"}
 
 
 def size_report(pair, trees: dict[str, Path]) -> dict:
     """.text of every ELF file both builds produced (objects, libraries, programs), of the
-    linked ones alone (programs and shared libraries), and of the recipe's named programs."""
+    linked ones alone (programs and shared libraries), and of the recipe's named programs;
+    the files and directories that changed most (`top_changes`), and every file (written
+    apart: `write_report`)."""
     plain, ml = pair
     rows = compare_trees(trees["mlgo"], trees["plain"])
     total = tree_totals(rows)
     linked = linked_rows(rows)
     linked_total = tree_totals(linked)
+    per_file = [{"path": r.path, "baseline": r.baseline, "policy": r.build} for r in rows]
+    linked_changes = top_changes([f for f, r in zip(per_file, rows, strict=True) if r.linked])
     programs = {
         p: {"baseline": b, "policy": ml.text[p], "change_pct": 100 * (ml.text[p] / b - 1)}
         for p, b in plain.text.items()
@@ -53,15 +61,50 @@ def size_report(pair, trees: dict[str, Path]) -> dict:
             "policy": linked_total["build"],
             "change_pct": linked_total["delta_pct"],
             "files": len(linked),
-            "larger": [  # a regression to explain, whatever the total does
-                {"path": r.path, "baseline": r.baseline, "policy": r.build}
-                for r in linked
-                if r.build > r.baseline
-            ],
+            # a regression to explain, whatever the total does
+            "larger": linked_changes["grown"],
+            "larger_files": linked_changes["larger"],
         },
-        "per_file": [{"path": r.path, "baseline": r.baseline, "policy": r.build} for r in rows],
+        "top_files": top_changes(per_file),
+        "top_directories": top_changes(directories(per_file)),
+        "per_file": per_file,
         "programs": programs,
     }
+
+
+def bytes_saved(row: dict) -> int:
+    return row["baseline"] - row["policy"]
+
+
+def top_changes(rows: list[dict], top: int = TOP) -> dict:
+    """Of ROWS (files or directories: path, baseline, policy), the TOP that saved most
+    bytes and the TOP that grew most, the largest first (then by path), and how many of
+    how many were smaller and larger: a report's size of a build of any number of files."""
+    saved = sorted(
+        (r for r in rows if bytes_saved(r) > 0), key=lambda r: (-bytes_saved(r), r["path"])
+    )
+    grown = sorted(
+        (r for r in rows if bytes_saved(r) < 0), key=lambda r: (bytes_saved(r), r["path"])
+    )
+    return {
+        "of": len(rows),
+        "smaller": len(saved),
+        "larger": len(grown),
+        "saved": saved[:top],
+        "grown": grown[:top],
+    }
+
+
+def directories(per_file: list[dict]) -> list[dict]:
+    """PER_FILE's files summed by the directory each is in ("." for the top)."""
+    sums: dict[str, dict] = {}
+    for f in per_file:
+        where = str(PurePosixPath(f["path"]).parent)
+        row = sums.setdefault(where, {"path": where, "files": 0, "baseline": 0, "policy": 0})
+        row["files"] += 1
+        row["baseline"] += f["baseline"]
+        row["policy"] += f["policy"]
+    return sorted(sums.values(), key=lambda r: r["path"])
 
 
 def program_report(
@@ -81,11 +124,23 @@ def program_report(
     return report
 
 
+def written_apart(report: dict) -> tuple[dict, list[dict] | None]:
+    """REPORT as report.json holds it, without its every file's row, and those rows (None
+    if it has none): report.json stays as small on thousands of files as on ten."""
+    size = dict(report["size"])
+    per_file = size.pop("per_file", None)
+    return {**report, "size": size}, per_file
+
+
 def write_report(report: dict, out: Path) -> None:
-    """OUT/report.json and OUT/report.html, each written atomically; the page is drawn
-    before either is written, so a failure leaves no report half-made."""
-    page = render_html(report)
-    atomic_write_text(out / "report.json", json.dumps(report, indent=1))
+    """OUT/report.json, OUT/report.html and OUT/per_file.json (every file's row), each
+    written atomically; the page is drawn before any is written, so a failure leaves no
+    report half-made."""
+    kept, per_file = written_apart(report)
+    page = render_html(kept)
+    if per_file is not None:
+        atomic_write_text(out / PER_FILE, json.dumps(per_file))
+    atomic_write_text(out / "report.json", json.dumps(kept, indent=1))
     atomic_write_text(out / "report.html", page)
 
 
@@ -158,13 +213,31 @@ def throughput_change(speed: dict, of: str = "") -> str:
     return f"{speed[f'{of}change_pct']:+.2f}% (IQR {q1:+.2f}..{q3:+.2f}%)"
 
 
-def grown(files: list[dict], shown: int = 3) -> str:
-    """The files that grew most, in percent, and how many more did."""
-    pct = {f["path"]: 100 * (f["policy"] / f["baseline"] - 1) for f in files if f["baseline"]}
-    worst = sorted(pct, key=pct.__getitem__, reverse=True)
-    named = ", ".join(f"{Path(p).name} {pct[p]:+.2f}%" for p in worst[:shown])
-    more = len(files) - min(shown, len(worst))
-    return named + (f" and {more} more" if more else "")
+def change(row: dict) -> str:
+    """A file's or a directory's change in bytes, and in percent where it had any."""
+    grew = row["policy"] - row["baseline"]
+    pct = f" ({100 * grew / row['baseline']:+.2f}%)" if row["baseline"] else ""
+    return f"{grew:+,} B{pct}"
+
+
+def named(rows: list[dict], count: int) -> str:
+    """The first SHOWN of ROWS, each with its `change`, and how many more of COUNT."""
+    shown = rows[:SHOWN]
+    more = count - len(shown)
+    text = ", ".join(f"{r['path']} {change(r)}" for r in shown)
+    return text + (f" and {more:,} more" if more > 0 else "")
+
+
+def top_rows(size: dict) -> list[Row]:
+    """The files and the directories that saved most and that grew most (red: a file
+    larger is a regression to explain), SHOWN of each, and how many did."""
+    rows: list[Row] = []
+    for what, top in tops(size):
+        for listed, count, style in (("saved", "smaller", ""), ("grown", "larger", "red")):
+            if top.get(listed):
+                label = f"{what} {count}: {top[count]:,} of {top['of']:,}"
+                rows.append((label, "", "", named(top[listed], top[count]), style))
+    return rows
 
 
 Row = tuple[str, str, str, str, str]  # label, baseline, policy, change, style
@@ -185,9 +258,11 @@ def table_rows(report: dict) -> list[Row]:
         base, ours, change = linked["baseline"], linked["policy"], linked["change_pct"]
         rows.append((label, f"{base:,}", f"{ours:,}", f"{change:+.2f}%", "bold"))
         if larger := linked.get("larger"):
-            rows.append((f"larger: {len(larger)} of them", "", "", grown(larger), "red"))
-    base, ours, change = size["baseline"], size["policy"], size["change_pct"]
-    rows.append((f"{size['files']} ELF files", f"{base:,}", f"{ours:,}", f"{change:+.2f}%", "bold"))
+            count = linked.get("larger_files", len(larger))
+            rows.append((f"larger: {count} of them", "", "", named(larger, count), "red"))
+    base, ours, pct = size["baseline"], size["policy"], size["change_pct"]
+    rows.append((f"{size['files']} ELF files", f"{base:,}", f"{ours:,}", f"{pct:+.2f}%", "bold"))
+    rows += top_rows(size)
     if not for_speed(report):
         rows += speed_rows
     if hot := report.get("hot"):
@@ -271,6 +346,76 @@ def ours_label(report: dict) -> str:
     return "from decisions" if report.get("built_from") == "decisions" else "mlgo-cc"
 
 
+def tune_cost(stages: dict, build_cpu_seconds: float, training: dict) -> dict:
+    """What a tune cost, from its STAGES' record (`StageRecord.summary`; the report's own
+    stage, running, aside) and its TRAINING record: each stage's wall and CPU seconds, the
+    whole tune's wall seconds, and in build-equivalents (a plain build's compile CPU,
+    BUILD_CPU_SECONDS) each stage's CPU and the search's compiles (`chain.search_compiles`).
+    A record from before CPU was kept has no build-equivalents."""
+    cpu = stages.get("cpu_seconds", {})
+
+    def builds(seconds: float) -> dict:
+        return {"builds": round(seconds / build_cpu_seconds, 2)} if build_cpu_seconds > 0 else {}
+
+    rows = {
+        name: {
+            "seconds": s,
+            **({"cpu_seconds": cpu[name], **builds(cpu[name])} if name in cpu else {}),
+        }
+        for name, s in stages["seconds"].items()
+        if name != "report"
+    }
+    cost = {
+        "seconds": round(sum(r["seconds"] for r in rows.values()), 1),
+        "build_cpu_seconds": build_cpu_seconds,
+        "stages": rows,
+    }
+    if "compiles" in training:
+        search = {"compiles": training["compiles"]}
+        if per_build := training.get("compiles_per_build"):
+            search["builds"] = round(training["compiles"] / per_build, 2)
+        cost["search"] = search
+    return cost
+
+
+def cost_lines(report: dict) -> list[str]:
+    """A tune's `tune_cost` in the notes under its table: the whole tune's wall time, and
+    each stage that took any, its wall seconds and its cost in build-equivalents."""
+    cost = report.get("cost")
+    if not cost:
+        return []
+    unit = f"a build = the plain build's {cost['build_cpu_seconds']:.2f} s of compile CPU"
+    lines = [f"the tune took {cost['seconds'] / 60:.1f} minutes of wall time ({unit})"]
+    stages = [
+        f"{name} {r['seconds']:.1f} s" + (f" ({r['builds']:,.1f} builds)" if "builds" in r else "")
+        for name, r in cost["stages"].items()
+        if r["seconds"] >= 0.05
+    ]
+    lines.append("each stage, wall (its CPU in builds): " + ", ".join(stages))
+    if search := cost.get("search"):
+        builds = f", {search['builds']:,.1f} builds" if "builds" in search else ""
+        lines.append(f"training's search: {search['compiles']:,} compiles{builds}")
+    return lines
+
+
+def cost_table(cost: dict) -> str:
+    """`tune_cost` as the page's table: a row a stage, then the search and the whole tune."""
+
+    def cells(name: str, r: dict) -> list[str]:
+        cpu = f"{r['cpu_seconds']:.1f}" if "cpu_seconds" in r else ""
+        builds = f"{r['builds']:,.2f}" if "builds" in r else ""
+        return [name, f"{r['seconds']:.1f}", cpu, builds]
+
+    rows = [cells(name, r) for name, r in cost["stages"].items()]
+    if search := cost.get("search"):
+        builds = f"{search['builds']:,.2f}" if "builds" in search else ""
+        rows.append([f"training's search: {search['compiles']:,} compiles", "", "", builds])
+    rows.append(["the tune", f"{cost['seconds']:.1f}", "", ""])
+    head = ["stage", "wall s", "CPU s", "builds (CPU)"]
+    unit = f"a build: the plain build's {cost['build_cpu_seconds']:.2f} s of compile CPU"
+    return html_table(head, rows) + f"<p>{html.escape(unit)}</p>"
+
+
 def report_table(report: dict) -> Table:
     """Size and throughput, baseline against policy, as the terminal shows them."""
     title = f"{report['package']}: .text bytes, workload CPU time, tests"
@@ -278,17 +423,30 @@ def report_table(report: dict) -> Table:
     table = Table("", f"clang {baseline_flags(report)}", ours, "change", title=title)
     for *cells, style in table_rows(report):
         table.add_row(*cells, style=style or None)
-    table.caption = left_out(report) or None
+    table.caption = "\n".join(filter(None, [left_out(report), *cost_lines(report)])) or None
+    table.caption_justify = "left"
     return table
 
 
-def size_figure(per_file: list[dict]) -> str | None:
-    """The files whose .text changed most (bytes and percent); None if none changed."""
-    changed = [f for f in per_file if f["policy"] != f["baseline"]]
+def top_files(size: dict) -> dict:
+    """SIZE's `top_changes` of its files (of its every file, for a report from before)."""
+    return size.get("top_files") or top_changes(size.get("per_file", []))
+
+
+def tops(size: dict) -> list[tuple[str, dict]]:
+    """SIZE's `top_changes` of its files and of its directories (a report from before the
+    lists has none of these)."""
+    return [("files", top_files(size)), ("directories", size.get("top_directories") or {})]
+
+
+def size_figure(size: dict) -> str | None:
+    """The files whose .text saved most and grew most (bytes and percent); None if none
+    changed."""
+    top = top_files(size)
+    changed = top["saved"] + top["grown"][::-1]
     if not changed:
         return None
-    changed.sort(key=lambda f: abs(f["policy"] - f["baseline"]), reverse=True)
-    top = changed[:LARGEST_CHANGES][::-1]  # the largest at the top
+    top = changed[::-1]  # the largest saving at the top
     names = [f["path"] for f in top]
     delta = [f["policy"] - f["baseline"] for f in top]
     pct = [100 * (f["policy"] / f["baseline"] - 1) if f["baseline"] else 0.0 for f in top]
@@ -337,6 +495,31 @@ def training_figure(curve: list[dict]) -> str | None:
     return png(fig)
 
 
+def html_table(head: list[str], rows: list[list[str]]) -> str:
+    """A table of ROWS of text under HEAD, escaped."""
+    esc = html.escape
+    top = "".join(f"<th>{esc(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{top}</tr>{body}</table>"
+
+
+def top_tables(size: dict) -> str:
+    """The TOP files and directories that saved most and grew most, each a table."""
+    parts = []
+    for what, top in tops(size):
+        for listed, count in (("saved", "smaller"), ("grown", "larger")):
+            if top.get(listed):
+                shown = f"{len(top[listed])} of the {top[count]:,} {what} {count}"
+                rows = [
+                    [r["path"], f"{r['baseline']:,}", f"{r['policy']:,}", change(r)]
+                    for r in top[listed]
+                ]
+                parts.append(f"<h3>{html.escape(shown)}</h3>")
+                parts.append(html_table([what, "baseline", "policy", "change"], rows))
+    every = f"<p>every file: {PER_FILE} beside report.json</p>" if "top_files" in size else ""
+    return "".join(parts) + every
+
+
 def render_html(report: dict) -> str:
     """report.html: the table's numbers, then a plot of each kind of data the report holds."""
     esc = html.escape
@@ -345,8 +528,13 @@ def render_html(report: dict) -> str:
         for *row, style in table_rows(report)
     )
     sections = []
-    if pic := size_figure(report["size"].get("per_file", [])):
-        sections.append(f"<h2 id='size'>Size per file (largest changes)</h2>{img(pic)}")
+    if pic := size_figure(report["size"]):
+        sections.append(
+            f"<h2 id='size'>Size per file (largest changes)</h2>{img(pic)}"
+            f"{top_tables(report['size'])}"
+        )
+    if cost := report.get("cost"):
+        sections.append(f"<h2 id='cost'>What the tune cost</h2>{cost_table(cost)}")
     speed = report.get("throughput")
     if speed and speed.get("ratios_pct"):
         work = esc("; ".join(speed.get("workload", [])))
@@ -381,7 +569,9 @@ def report_stage(run: TuneRun) -> None:
     speed = read_json(out.throughput) if run.recipe.bench else None
     report = program_report((plain, ml), trees, [out.policy.resolve()], speed)
     report.update(problem=run.problem.name, level=run.problem.opt_level)
-    report.update(training=read_json(out.training), stage=run.problem.stage, flags=run.baseline)
+    training = read_json(out.training)
+    report.update(training=training, stage=run.problem.stage, flags=run.baseline)
+    report["cost"] = tune_cost(read_json(out.record), plain.build_cpu_seconds, training)
     report.update(built_from(decisions, trees["mlgo"], run.say))
     if run.profile is not None and decisions is not None:  # what the policy changed where hot
         report["hot"] = hot_departures(run.profile, decisions, run.tc)

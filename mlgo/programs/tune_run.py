@@ -147,7 +147,7 @@ _LAYOUT = {
     "pristine", "tune.json", "stages.json", "stages.log", "profile", "corpus", "traces",
     "record", "rehearsal.log", "start", "judged", "chosen", "policy", "training.json",
     "train", "decisions", "decide", "programs", "throughput.json", "report.json",
-    "report.html",
+    "report.html", "per_file.json",
 }  # fmt: skip
 
 

@@ -8,9 +8,10 @@ A `Stage` is declared, as a trainer is: its name, what it does with the run, the
 its result depends on, the one whose larger value alone runs it (and what follows) again (a
 budget), whether a refresh runs it again, and where it writes. `run_stages` runs those not
 finished, in order, each timed, and names the stage on an error. `StageRecord` is the one
-record of a run: which stages finished and when, and each one's seconds, summed over the
-runs that worked on it (a stop by SIGTERM or Ctrl-C counts them; SIGKILL's are lost), with
-the run's result if it has one, rewritten whole after each stage. `check_arguments` refuses
+record of a run: which stages finished and when, and each one's seconds and CPU seconds
+(the run's own and its reaped children's: what its builds and compiles cost), summed over
+the runs that worked on it (a stop by SIGTERM or Ctrl-C counts them; SIGKILL's are lost),
+with the run's result if it has one, rewritten whole after each stage. `check_arguments` refuses
 a rerun whose arguments differ in one a finished stage depended on, naming it, rather than
 mixing results.
 """
@@ -18,6 +19,7 @@ mixing results.
 from __future__ import annotations
 
 import json
+import resource
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -58,6 +60,7 @@ class StageRecord:
         self.finished: list[str] = []
         self.ended: dict[str, str] = {}  # when each finished stage finished
         self.seconds: dict[str, float] = {}  # every stage worked on
+        self.cpu: dict[str, float] = {}  # and its CPU seconds (none in a record before them)
         self.result = result or {}
 
     @classmethod
@@ -71,14 +74,14 @@ class StageRecord:
             data = read_json(path)  # a UsageError, a ValueError too, if it is not JSON
             try:
                 seconds, finished = dict(data["seconds"]), list(data["finished"])
-                ended = dict(data.get("ended", {}))
+                ended, cpu = dict(data.get("ended", {})), dict(data.get("cpu_seconds", {}))
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(repr(e)) from None
             if not set(finished) <= set(names) or not all(
-                isinstance(v, int | float) for v in seconds.values()
+                isinstance(v, int | float) for v in [*seconds.values(), *cpu.values()]
             ):
                 raise ValueError("a stage or its seconds unknown")
-            record.seconds = seconds
+            record.seconds, record.cpu = seconds, cpu
             record.finished = [s for s in finished if s not in skip]
             record.ended = {s: str(t) for s, t in ended.items() if s in record.finished}
         return record
@@ -96,23 +99,25 @@ class StageRecord:
     def timing(self, stage: str) -> Iterator[None]:
         """STAGE, timed: finished if its body returns; its seconds counted and the record
         saved however it ends (an error, SystemExit from SIGTERM's handler, Ctrl-C)."""
-        start = time.monotonic()
+        start, cpu = time.monotonic(), cpu_seconds()
         try:
             yield
             self.finished.append(stage)
             self.ended[stage] = time.strftime("%Y-%m-%dT%H:%M:%S")
         finally:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.monotonic() - start
+            self.cpu[stage] = self.cpu.get(stage, 0.0) + cpu_seconds() - cpu
             self.save()
 
     def summary(self) -> dict:
         """Each stage's seconds, their total in minutes (of the seconds as written, so that
-        a record read back and written again says the same), the stages finished and when,
-        and the result."""
+        a record read back and written again says the same), its CPU seconds, the stages
+        finished and when, and the result."""
         seconds = {s: round(self.seconds[s], 1) for s in self.names if s in self.seconds}
         return {
             "seconds": seconds,
             "total_minutes": round(sum(seconds.values()) / 60, 1),
+            "cpu_seconds": {s: round(self.cpu[s], 1) for s in self.names if s in self.cpu},
             "finished": [s for s in self.names if s in self.finished],
             "ended": {s: self.ended[s] for s in self.names if s in self.ended},
             **self.result,
@@ -121,6 +126,15 @@ class StageRecord:
     def save(self) -> None:
         """The record rewritten whole."""
         atomic_write_text(self.path, json.dumps(self.summary(), indent=1))
+
+
+def cpu_seconds() -> float:
+    """User and system seconds of this process (all its threads) and its reaped children
+    (their own reaped children included: a build's every compile) so far."""
+    own, children = (
+        resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def run_stages(stages: Sequence[Stage[R]], record: StageRecord, run: R, what: str) -> None:
