@@ -63,7 +63,7 @@ from tools.lab.rebuilds import (
     detected,
 )
 from tools.lab.recipe import load_policy_recipe, stage_packages
-from tools.lab.yield_curve import build_equivalents, found_at, yield_curve
+from tools.lab.yield_curve import build_equivalents, found_at, stalled_found, yield_curve
 
 ROOT = Path(__file__).resolve().parents[1]
 GUARDED = ROOT / "policies" / "inlining-size-guarded"
@@ -463,6 +463,20 @@ def test_the_yield_curve_reads_each_search_at_a_budget_and_counts_its_compiles()
     assert yield_curve(base, curves, (1, 2, 4, 8)) == {1: 0.0, 2: 6.0, 4: 12.0, 8: 12.0}
     seconds, compiles, plain = {"a": 2.4, "b": 1.2}, {"a": 4, "b": 2}, {"a": 0.5, "b": 0.5}
     assert build_equivalents(seconds, compiles, plain) == pytest.approx(1.2)
+
+
+@pytest.mark.unit
+def test_a_module_that_stopped_giving_gives_its_compiles_to_the_others():
+    """Six compiles a module's CPU: uniformly, "late" finds 5 bytes by its sixth; a budget
+    that stops "flat" once it went 4 compiles finding nothing gives its compiles to
+    "late", which finds 30 at its seventh; at a patience of 2, "late" stops too early."""
+    base = {"flat": 100.0, "late": 100.0}
+    curves = {"flat": [100.0] * 8, "late": [100.0, 100.0, 95.0, 95.0, 95.0, 95.0, 70.0]}
+    cost = {"flat": 1.0, "late": 1.0}
+    assert yield_curve(base, curves, (6,)) == {6: 5.0}
+    assert stalled_found(base, curves, cost, 12.0, patience=4) == 30.0
+    assert stalled_found(base, curves, cost, 12.0, patience=2) == 5.0
+    assert stalled_found(base, curves, cost, 4.0, patience=4) == 0.0  # the starts alone
 
 
 @pytest.mark.unit

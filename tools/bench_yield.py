@@ -10,8 +10,11 @@ policy as the search's prior), and from the default heuristic alone with every d
 order (tools/headroom_inlining.py's search). Each search's anytime curve, the best size
 after each compile, read at 1, 2, 4, 8 and 16 compiles a module, says what a smaller budget
 would have found; the ceiling is the better of the two searches at the full budget, per
-module. Compiles are counted in build-equivalents (one plain compile of every module: the
-compile CPU of one build), at the search compile's measured cost against the plain one.
+module. Beside them, the same searches read as if a module stopped getting compiles once
+it went PATIENCE of them finding nothing, its compiles given to the others at the same
+compile CPU (`yield_curve.stalled_found`). Compiles are counted in build-equivalents (one
+plain compile of every module: the compile CPU of one build), at the search compile's
+measured cost against the plain one.
 With search-first decisions a tune ships what its search found for every file it
 searched, so this curve, plus the fixed cost of its builds, is what a tune's budget buys.
 """
@@ -36,10 +39,11 @@ from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Failed, LocalPool
 from mlgo.train.bcmax import SearchConfig, SearchResult, SearchTask, search_module
 from mlgo.train.evaluate import baseline
-from tools.lab.yield_curve import build_equivalents, yield_curve
+from tools.lab.yield_curve import build_equivalents, stalled_found, yield_curve
 
 PROBLEM = get_problem("inlining-size")
 POINTS = (1, 2, 4, 8, 16)
+PATIENCE = 4  # compiles without a find before a module stops getting compiles
 console = Console()
 
 
@@ -97,17 +101,27 @@ def main() -> None:
     )
     total = sum(base.values())
     found = {p: yield_curve(base, c, (*POINTS, args.budget)) for p, c in curves.items()}
+    one_build = sum(plain[m] for m in curves["policy"] if m in plain)
+    stalled = {
+        k: stalled_found(base, curves["policy"], plain, k * one_build, PATIENCE)
+        for k in (*POINTS, args.budget)
+    }
 
     table = Table(title=f"{args.corpus}: {len(modules)} modules, {total:,.0f} bytes of {metric}")
     table.add_column("compiles a module", justify="right")
     for prior in priors:
         table.add_column(f"from the {prior}: share of ceiling", justify="right")
         table.add_column("build-equivalents", justify="right")
+    table.add_column(
+        f"from the policy, a module stops after {PATIENCE} compiles finding nothing",
+        justify="right",
+    )
     for k in (*POINTS, args.budget):
         cells = []
         for prior in priors:
             share = found[prior][k] / ceiling if ceiling else float("nan")
             cells += [f"{100 * share:.0f}%", f"{k * ratio[prior]:.1f}"]
+        cells.append(f"{100 * stalled[k] / ceiling:.0f}%" if ceiling else "")
         table.add_row(str(k), *cells)
     console.print(table)
     console.print(
@@ -124,6 +138,8 @@ def main() -> None:
             "ceiling_pct": 100 * ceiling / total,
             "found": {p: {str(k): v for k, v in f.items()} for p, f in found.items()},
             "search_compile_ratio": ratio,
+            "stalled": {str(k): v for k, v in stalled.items()},
+            "patience": PATIENCE,
         }
         atomic_write_text(args.json, json.dumps(report, indent=1))
 

@@ -32,3 +32,39 @@ def build_equivalents(
     spent = sum(seconds[m] for m in seconds)
     plain_cost = sum(compiles[m] * plain[m] for m in seconds if m in plain)
     return spent / plain_cost if plain_cost else float("nan")
+
+
+def stalled_found(
+    base: Mapping[str, float],
+    curves: Mapping[str, Sequence[float]],
+    cost: Mapping[str, float],
+    seconds: float,
+    patience: int,
+    starts: int = 2,
+) -> float:
+    """Bytes found over the corpus within SECONDS of compiling (each compile of a module
+    costing COST[m]) when a module that went PATIENCE compiles without finding anything
+    stops getting compiles: every module gets its STARTS first, then one compile each in
+    turn while its search has moves left and it still gives, until the seconds are spent.
+    Read from each search's anytime curve, so it is what that budget rule would have found
+    with the same searches."""
+    names = [m for m in curves if m in base and curves[m]]
+    given = {m: min(starts, len(curves[m])) for m in names}
+    spent = sum(given[m] * cost[m] for m in names)
+
+    def gives(m: str) -> bool:
+        n, curve = given[m], curves[m]
+        return n < len(curve) and not (n > patience and curve[n - 1] >= curve[n - 1 - patience])
+
+    active = [m for m in names if gives(m)]
+    while active:
+        still = []
+        for m in active:
+            if spent + cost[m] > seconds:
+                continue
+            given[m] += 1
+            spent += cost[m]
+            if gives(m):
+                still.append(m)
+        active = still
+    return sum(found_at(curves[m], base[m], given[m]) for m in names)
