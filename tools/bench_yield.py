@@ -37,7 +37,7 @@ from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Failed, LocalPool
-from mlgo.train.bcmax import SearchConfig, SearchResult, SearchTask, search_module
+from mlgo.train.bcmax import SearchConfig, SearchResult, SearchTask, fitted, search_module
 from mlgo.train.evaluate import baseline
 from tools.lab.yield_curve import build_equivalents, stalled_found, yield_curve
 
@@ -60,6 +60,11 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=24, help="compiles a module: the ceiling's")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--fitted",
+        action="store_true",
+        help="also search at 4, 8, 16 and the budget with rounds sized to each",
+    )
     args = ap.parse_args()
 
     corpus = load_corpus(args.corpus).require(PROBLEM)
@@ -81,6 +86,19 @@ def main() -> None:
     modules = [m for m in corpus.modules if m.name in base]
     curves: dict[str, dict[str, list[float]]] = {}
     ratio: dict[str, float] = {}
+    fitted_found = {}
+    if args.fitted:  # one search a budget, its rounds sized to it (bcmax.fitted)
+        for k in (4, 8, 16, args.budget):
+            cfg = fitted(SearchConfig(budget=k))
+            tasks = [
+                SearchTask(PROBLEM, m, tc.clang, policy, cfg, True, i)
+                for i, m in enumerate(modules)
+            ]
+            fitted_found[k] = sum(
+                max(base[t.module.name] - r[0].best.cost, 0.0)
+                for t, r in workers.imap(timed_search, tasks)
+                if not isinstance(r, Failed)
+            )
     began = time.monotonic()
     for prior, make in priors.items():
         curves[prior], seconds, compiles = {}, {}, {}
@@ -124,6 +142,10 @@ def main() -> None:
         cells.append(f"{100 * stalled[k] / ceiling:.0f}%" if ceiling else "")
         table.add_row(str(k), *cells)
     console.print(table)
+    for k, v in fitted_found.items():
+        console.print(
+            f"fitted rounds at {k} compiles a module: {100 * v / ceiling:.0f}% of the ceiling"
+        )
     console.print(
         f"ceiling: {ceiling:,.0f} bytes, {100 * ceiling / total:.2f}% of the corpus "
         f"(the better search per module at {args.budget} compiles); "
@@ -140,6 +162,7 @@ def main() -> None:
             "search_compile_ratio": ratio,
             "stalled": {str(k): v for k, v in stalled.items()},
             "patience": PATIENCE,
+            "fitted": {str(k): v for k, v in fitted_found.items()},
         }
         atomic_write_text(args.json, json.dumps(report, indent=1))
 

@@ -136,6 +136,19 @@ class SearchConfig:
     twins: bool = True  # False: a flip moves its decision alone, as before twins moved too
 
 
+def fitted(cfg: SearchConfig, starts: int = 2) -> SearchConfig:
+    """CFG with rounds small enough that a budget of a few compiles a module still ends
+    one, its helpful moves combined: a search finds most where it combines them, and one
+    cut off while measuring its moves one at a time keeps only the best single move. Half
+    of what the budget leaves after the STARTS and a round's samples goes to a round's
+    moves, split between group moves and single flips, never more than CFG's."""
+    if not cfg.budget:
+        return cfg
+    moves = max(2, (cfg.budget - starts - cfg.samples) // 2)
+    groups = min(cfg.groups or moves, moves // 2)
+    return replace(cfg, groups=groups, singles=min(cfg.singles or moves, moves - groups))
+
+
 @dataclass(frozen=True)
 class SearchTask:
     problem: Problem
