@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -37,7 +38,7 @@ from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Failed, LocalPool
-from mlgo.train.bcmax import SearchConfig, SearchResult, SearchTask, fitted, search_module
+from mlgo.train.bcmax import SearchConfig, SearchResult, SearchTask, search_module
 from mlgo.train.evaluate import baseline
 from tools.lab.yield_curve import build_equivalents, stalled_found, yield_curve
 
@@ -45,6 +46,19 @@ PROBLEM = get_problem("inlining-size")
 POINTS = (1, 2, 4, 8, 16)
 PATIENCE = 4  # compiles without a find before a module stops getting compiles
 console = Console()
+
+
+def fitted(cfg: SearchConfig, starts: int = 2) -> SearchConfig:
+    """CFG with rounds small enough that a budget of a few compiles a module still ends
+    one, its helpful moves combined: a search finds most where it combines them, and one
+    cut off while measuring its moves one at a time keeps only the best single move. Half
+    of what the budget leaves after the STARTS and a round's samples goes to a round's
+    moves, split between group moves and single flips, never more than CFG's."""
+    if not cfg.budget:
+        return cfg
+    moves = max(2, (cfg.budget - starts - cfg.samples) // 2)
+    groups = min(cfg.groups or moves, moves // 2)
+    return replace(cfg, groups=groups, singles=min(cfg.singles or moves, moves - groups))
 
 
 def timed_search(task: SearchTask) -> tuple[SearchResult, float]:
@@ -60,6 +74,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=24, help="compiles a module: the ceiling's")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--priors", default="policy,greedy,default", help="the searches to run")
     ap.add_argument(
         "--fitted",
         action="store_true",
@@ -79,10 +94,14 @@ def main() -> None:
         "policy": lambda i, m: SearchTask(
             PROBLEM, m, tc.clang, policy, SearchConfig(budget=args.budget), True, i
         ),
+        "greedy": lambda i, m: SearchTask(
+            PROBLEM, m, tc.clang, policy, SearchConfig(budget=args.budget, greedy=True), True, i
+        ),
         "default": lambda i, m: SearchTask(
             PROBLEM, m, tc.clang, None, SearchConfig(budget=args.budget, singles=0, groups=0)
         ),
     }
+    priors = {p: priors[p] for p in args.priors.split(",")}
     modules = [m for m in corpus.modules if m.name in base]
     curves: dict[str, dict[str, list[float]]] = {}
     ratio: dict[str, float] = {}
@@ -119,9 +138,9 @@ def main() -> None:
     )
     total = sum(base.values())
     found = {p: yield_curve(base, c, (*POINTS, args.budget)) for p, c in curves.items()}
-    one_build = sum(plain[m] for m in curves["policy"] if m in plain)
+    one_build = sum(plain[m] for m in curves[next(iter(curves))] if m in plain)
     stalled = {
-        k: stalled_found(base, curves["policy"], plain, k * one_build, PATIENCE)
+        k: stalled_found(base, curves[next(iter(curves))], plain, k * one_build, PATIENCE)
         for k in (*POINTS, args.budget)
     }
 

@@ -77,7 +77,7 @@ def searched_files(run: TuneRun, found: Recorded) -> dict[str, str]:
 def decisions_stage(run: TuneRun) -> None:
     """A tune's decisions stage, for a problem clang replays from a file (`decide`)."""
     if run.decisions is not None:
-        run.say(f"keeping the search's and the policy's decisions where they pay, in {run.decisions}")
+        run.say(f"keeping the search's and the policy's decisions that pay, in {run.decisions}")
         decide(run)
 
 

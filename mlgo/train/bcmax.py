@@ -134,19 +134,7 @@ class SearchConfig:
     max_confirm: int = 8  # helpful moves combined per round
     rounds: int = 0  # 0: until the budget is spent or no single flip is left to try
     twins: bool = True  # False: a flip moves its decision alone, as before twins moved too
-
-
-def fitted(cfg: SearchConfig, starts: int = 2) -> SearchConfig:
-    """CFG with rounds small enough that a budget of a few compiles a module still ends
-    one, its helpful moves combined: a search finds most where it combines them, and one
-    cut off while measuring its moves one at a time keeps only the best single move. Half
-    of what the budget leaves after the STARTS and a round's samples goes to a round's
-    moves, split between group moves and single flips, never more than CFG's."""
-    if not cfg.budget:
-        return cfg
-    moves = max(2, (cfg.budget - starts - cfg.samples) // 2)
-    groups = min(cfg.groups or moves, moves // 2)
-    return replace(cfg, groups=groups, singles=min(cfg.singles or moves, moves - groups))
+    greedy: bool = False  # True: a helpful move is kept at once, the next measured from it
 
 
 @dataclass(frozen=True)
@@ -181,6 +169,7 @@ class _Search:
         self.queue: list[int] = []  # its single flips not measured yet, in order
         self.twins: dict[int, tuple[int, ...]] = {}  # of the incumbent's decisions
         self.tried_groups: set[GroupMove] = set()  # from any incumbent
+        self.tried_flips: set[int] = set()  # from any incumbent, when greedy
         self.curve: list[float] = []  # the best cost after each compile: what more buys
 
     @property
@@ -280,9 +269,12 @@ class _Search:
             order = self.least_sure_first(inc)
             rank = {i: k for k, i in enumerate(order)}
             first = {i: min(self.twins.get(i, (i,)), key=rank.__getitem__) for i in order}
-            self.queued_for, self.queue = inc, [i for i in order if first[i] == i]
+            self.queued_for = inc
+            self.queue = [i for i in order if first[i] == i and i not in self.tried_flips]
         k = self.task.cfg.singles or len(self.queue)
         picked, self.queue = self.queue[:k], self.queue[k:]
+        if self.task.cfg.greedy:
+            self.tried_flips.update(picked)
         return picked
 
     def moved(self, answerer: Answerer, moves: list[Move]) -> Answerer:
@@ -297,6 +289,12 @@ class _Search:
         moves: list[Move] = [*self.untried_groups(inc), *self.untried_flips(inc)]
         if not moves:
             return False
+        if cfg.greedy:
+            for m in moves:
+                t = self.measure(self.moved(inc.answerer, [m]))
+                if t is not None and t.cost < inc.cost:
+                    inc = t
+            return True
         better: dict[Move, Trajectory] = {}
         for m in moves:
             t = self.measure(self.moved(inc.answerer, [m]))

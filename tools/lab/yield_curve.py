@@ -44,19 +44,19 @@ def stalled_found(
 ) -> float:
     """Bytes found over the corpus within SECONDS of compiling (each compile of a module
     costing COST[m]) when a module that went PATIENCE compiles without finding anything
-    stops getting compiles: every module gets its STARTS first, then one compile each in
-    turn while its search has moves left and it still gives, until the seconds are spent.
+    stops getting compiles: one compile each in turn while its search has moves left and
+    it still gives (its STARTS always do), until the seconds are spent.
     Read from each search's anytime curve, so it is what that budget rule would have found
     with the same searches."""
     names = [m for m in curves if m in base and curves[m]]
-    given = {m: min(starts, len(curves[m])) for m in names}
-    spent = sum(given[m] * cost[m] for m in names)
+    given, spent = dict.fromkeys(names, 0), 0.0
 
     def gives(m: str) -> bool:
         n, curve = given[m], curves[m]
-        return n < len(curve) and not (n > patience and curve[n - 1] >= curve[n - 1 - patience])
+        stalled = n > max(patience, starts - 1) and curve[n - 1] >= curve[n - 1 - patience]
+        return n < len(curve) and not stalled
 
-    active = [m for m in names if gives(m)]
+    active = list(names)
     while active:
         still = []
         for m in active:
