@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,7 +28,7 @@ from mlgo.traces.collect import CollectTask, collect, collect_one
 from mlgo.traces.format import Manifest
 from mlgo.train import RunDir
 from mlgo.train.es import ES, ESConfig
-from tests.conftest import copy_corpus, run_mlgo
+from tests.conftest import DATA, copy_corpus, run_mlgo
 
 POLICY = Path(__file__).parents[1] / "policies" / "inlining-size"
 INLINING = get_problem("inlining-size")
@@ -292,3 +294,69 @@ def test_ppo_rollouts_on_ray_are_the_local_rollouts(cluster, mini_corpus, tc):
     for name, r in local.items():
         assert np.array_equal(on_ray[name]["actions"], r["actions"])
         assert np.array_equal(on_ray[name]["x"], r["x"]) and on_ray[name]["cost"] == r["cost"]
+
+
+@pytest.mark.unit
+def test_a_site_answered_alike_in_two_callers_is_recorded_alike_in_every_process():
+    """Two instances of a template share a site's key: which caller its line names must not
+    follow the process's string hashes, or the same search's decisions differ by machine."""
+    lines = [
+        "mlgo: 'g' inlined into 'f<int>' at callsite f:0:2;",
+        "mlgo: 'g' inlined into 'f<long>' at callsite f:0:2;",
+    ]
+    code = (
+        "import sys; from mlgo.ship.decisions import from_recorder; "
+        "print(from_recorder(sys.stdin.read(), 'x')[0][0].caller)"
+    )
+    callers = {
+        subprocess.run(
+            [sys.executable, "-c", code], input="\n".join(order), capture_output=True,
+            text=True, check=True, timeout=60, env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout.strip()
+        for seed in range(6)
+        for order in (lines, lines[::-1])
+    }  # fmt: skip
+    assert callers == {"f<int>"}
+
+
+def _tuned_decisions(out: Path) -> dict:
+    """What a tune in OUT decided: every kept decisions file's replay lines, each unit's
+    .text sizes in the summary, and the training's compiles and curve (its steps' rewards)."""
+    decisions = out / "decisions"
+    summary = json.loads((decisions / "summary.json").read_text())
+    state = json.loads((out / "train" / "state.json").read_text())
+    return {
+        "inl": {
+            str(p.relative_to(decisions)): p.read_text() for p in sorted(decisions.rglob("*.inl"))
+        },
+        "sizes": {n: u.get("text") for k in ("files", "links") for n, u in summary[k].items()},
+        "compiles": state["compiles"],
+        "curve": state["history"],
+    }
+
+
+@pytest.mark.slow
+def test_a_tune_on_ray_decides_what_the_same_tune_decides_locally(cluster, tmp_path, monkeypatch):
+    """A tiny real tune (the wordcount program and a C++ object, one BC-Max step with a
+    budget that no clock cuts short) run on this machine's pool and with --workers on the
+    cluster: the collection and the searches ran on its two nodes, and the decisions kept,
+    their sizes and the training's compiles are the same."""
+    monkeypatch.setenv("MLGO_CACHE", str(tmp_path / "cache"))
+    src = shutil.copytree(DATA / "minipkg", tmp_path / "wordcount")
+    shutil.copy(DATA / "cxx" / "inventory.cc", src)
+    build = 'for f in *.c; do "$CC" -c "$f" || exit 1; done && "$CXX" -c inventory.cc && '
+    build += '"$CC" -o wc hash.o main.o strbuf.o'
+    tuned = {}
+    for name, workers in (("local", "local"), ("ray", cluster.address)):
+        out = tmp_path / name
+        r = run_mlgo(
+            "tune", "--source", str(src), "--build", build,
+            "--test", "echo 'a b a' | ./wc | grep -qx 'words: 3 distinct: 2'",
+            "--minutes", "100", "--train-steps", "1", "--workers", workers,
+            "--out", str(out), timeout=900,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr + r.stdout
+        tuned[name] = _tuned_decisions(out)
+    local, on_ray = tuned["local"], tuned["ray"]
+    assert local["inl"], "the search kept no decisions: nothing compared"
+    assert on_ray == local

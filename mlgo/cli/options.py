@@ -23,7 +23,15 @@ err = Console(stderr=True, soft_wrap=True)
 ClangOpt = Annotated[
     str | None, typer.Option(help="clang to use (default: $MLGO_CLANG, clang-22, clang)")
 ]
-WorkersOpt = Annotated[str, typer.Option(help=WORKERS_HELP, callback=workers_spec)]
+
+
+def workers_option(what: str = "") -> typer.models.OptionInfo:
+    """--workers, WHAT runs there said first where a command runs only part of its work
+    there."""
+    return typer.Option(help=f"{what}{WORKERS_HELP}", callback=workers_spec)
+
+
+WorkersOpt = Annotated[str, workers_option()]
 PackagesOpt = Annotated[str, typer.Option(help="comma-separated packages (default: all)")]
 PolicyOpt = Annotated[Path, typer.Option(help="policy directory (or its run)")]
 PoliciesOpt = Annotated[

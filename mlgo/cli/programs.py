@@ -20,6 +20,7 @@ from mlgo.cli.options import (
     lto_mode,
     own_output,
     pgo_row_option,
+    workers_option,
 )
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.options import MOST_MINUTES, MOST_ROUNDS, MOST_SECONDS, MOST_STEPS, positive_up_to
@@ -195,6 +196,13 @@ def tune(
             "decisions of the changed files, with the policy trained then"
         ),
     ] = False,
+    workers: Annotated[
+        str,
+        workers_option(
+            "where collecting and the training's searches compile (recording, the builds, "
+            "judging and the report run on this machine; a tune resumes with other workers): "
+        ),
+    ] = TuneOptions.workers,
     clang: ClangOpt = None,
 ) -> None:
     """Your code base to a trained policy and a size-and-throughput report: record its
@@ -224,6 +232,7 @@ def tune(
         pgo_row=pgo_row,
         refresh=refresh,
         pgo=pgo,
+        workers=workers,
         **{EXPERIMENTS[name][0]: True for name in use_feature or ()},
     )
     report = run_tune(source, recipe, out, find_toolchain(clang), opts, console.print)

@@ -158,7 +158,8 @@ class Chain:
     trains into OUT/train and keeps its choice in OUT/chosen), the toolchain, the STEPS
     of training (0: none) and SECONDS of budget, the JUDGE of its candidates and the
     REWARD a search scores by (None: the corpus's cost), and whether the search's policy
-    also reads the profile's counts (PROFILE_INPUTS)."""
+    also reads the profile's counts (PROFILE_INPUTS), and where its compiles run (WORKERS,
+    a `make_workers` spec)."""
 
     corpus: Path
     problem: Problem
@@ -172,6 +173,7 @@ class Chain:
     start_name: str = "shipped"
     profile_inputs: bool = False
     say: Callable[[str], None] = print
+    workers: str = "local"
 
 
 def choose_policy(chain: Chain) -> tuple[MLPPolicy, dict]:
@@ -190,7 +192,7 @@ def choose_policy(chain: Chain) -> tuple[MLPPolicy, dict]:
     began = time.monotonic()
     corpus = load_corpus(chain.corpus).require(chain.problem)
     first = load_start(chain.start, chain.problem)
-    with closing(make_workers("local")) as pool:
+    with closing(make_workers(chain.workers)) as pool:
 
         def weigh(policy: MLPPolicy) -> float:
             return evaluate(policy, corpus, chain.tc, pool, chain.problem).totals()["delta"]
@@ -453,7 +455,7 @@ def train_stage(run: TuneRun) -> None:
     chain = Chain(
         out.corpus, problem, run.start, out, run.tc, run.opts.train_steps or UNTIL_BUDGET,
         60 * run.opts.minutes, candidate_judge(problem, out.corpus, run.tc, reward), reward,
-        "shipped" if given else CLONED, run.opts.profile_inputs, run.say,
+        "shipped" if given else CLONED, run.opts.profile_inputs, run.say, run.opts.workers,
     )  # fmt: skip
     policy, training = choose_policy(chain)
     export(policy, out.chosen, out.policy)

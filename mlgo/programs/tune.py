@@ -135,7 +135,7 @@ def collect_stage(run: TuneRun) -> None:
     from mlgo.traces.collect import collect
 
     corpus = load_corpus(run.out.corpus).require(run.problem)
-    with closing(make_workers("local")) as pool:
+    with closing(make_workers(run.opts.workers)) as pool:
         collect(run.problem, corpus, run.out.traces, run.tc, pool)
 
 
@@ -170,7 +170,9 @@ STAGES: tuple[Stage[TuneRun], ...] = (
     Stage("bench", bench_stage, TIMING, refreshed=True, where=lambda r: r.out.programs),
     Stage("report", report_stage, refreshed=True),
 )
-MODES = ("refresh",)  # how a run goes, not what any result depends on
+# How a run goes, not what any result depends on: a tune started on this machine resumes on
+# a cluster (a search's budget and seeds do not depend on where it runs).
+MODES = ("refresh", "workers")
 
 
 def arguments(run: TuneRun) -> dict:

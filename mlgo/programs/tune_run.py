@@ -49,6 +49,9 @@ class TuneOptions:
     pgo: bool = False  # on top of PGO: every build with the workload's profile (`profile`)
     # inlining: the search's policy also reads the profile's counts (`profile_inputs`)
     profile_inputs: bool = False
+    # where collection and the search's compiles run (`make_workers`); the builds, recording
+    # and judging run here
+    workers: str = "local"
 
     @property
     def timing(self) -> Timing:

@@ -360,7 +360,9 @@ def from_recorder(text: str, where: str) -> tuple[list[Decision], int, list[Refu
             refused.setdefault(decision.site, Refusal(decision, why))
         answers.setdefault(decision.site, set()).add(decision)
     sites = {site: a for site, a in answers.items() if site not in refused}
-    kept = [next(iter(a)) for a in sites.values() if len({d.inline for d in a}) == 1]
+    # one answer in several callers (a template's instances share a key): the first caller's,
+    # not a set's hash order, so that a file's lines do not change from run to run
+    kept = [min(a) for a in sites.values() if len({d.inline for d in a}) == 1]
     return sorted(kept), len(sites) - len(kept), sorted(refused.values())
 
 
