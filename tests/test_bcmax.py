@@ -241,6 +241,23 @@ def test_a_searched_modules_best_trajectory_and_size_are_as_measured_before(
     assert found == SEARCHED
 
 
+def test_a_searchs_curve_is_its_best_after_each_compile_greedy_or_in_rounds(
+    shipped, mini_corpus, tc
+):
+    """What a search finds per compile spent (tools/bench_yield.py reads it): one point a
+    compile, never rising, ending at the best, which compiles again to its cost; a greedy
+    search (each helpful move kept at once) as much as one in rounds."""
+    for m in mini_corpus.modules:
+        for greedy in (False, True):
+            cfg = SearchConfig(budget=10, greedy=greedy)
+            r = search_module(SearchTask(PROBLEM, m, tc.clang, shipped, cfg, True, seed=3))
+            assert len(r.curve) == r.compiles <= cfg.budget
+            assert all(a >= b for a, b in zip(r.curve, r.curve[1:], strict=False))
+            assert r.curve[-1] == r.best.cost <= min(r.starts.values())
+            again = compile_module(PROBLEM, m, tc.clang, r.best.answerer)
+            assert again.metrics["text_once"] == r.best.cost
+
+
 def test_a_module_without_call_sites_is_searched_without_error(mini_corpus, tc, tmp_path):
     (tmp_path / "leaf.c").write_text("int leaf(int x) { return x * 3 + 1; }\n")
     bitcode = tmp_path / "leaf.bc"
