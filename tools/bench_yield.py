@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -74,6 +75,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=24, help="compiles a module: the ceiling's")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--sample", type=int, default=0, help="search this many modules, at random")
+    ap.add_argument("--seed", type=int, default=0, help="of the sample")
     ap.add_argument("--priors", default="policy,greedy,default", help="the searches to run")
     ap.add_argument(
         "--fitted",
@@ -103,6 +106,10 @@ def main() -> None:
     }
     priors = {p: priors[p] for p in args.priors.split(",")}
     modules = [m for m in corpus.modules if m.name in base]
+    if args.sample and args.sample < len(modules):  # a random sample, named in the table
+        rng = random.Random(args.seed)
+        modules = sorted(rng.sample(modules, args.sample), key=lambda m: m.name)
+        base = {m.name: base[m.name] for m in modules}
     curves: dict[str, dict[str, list[float]]] = {}
     ratio: dict[str, float] = {}
     fitted_found = {}
@@ -144,7 +151,10 @@ def main() -> None:
         for k in (*POINTS, args.budget)
     }
 
-    table = Table(title=f"{args.corpus}: {len(modules)} modules, {total:,.0f} bytes of {metric}")
+    sampled = f" (a sample of {len(modules)} of {len(corpus.modules)})" if args.sample else ""
+    table = Table(
+        title=f"{args.corpus}: {len(modules)} modules{sampled}, {total:,.0f} bytes of {metric}"
+    )
     table.add_column("compiles a module", justify="right")
     for prior in priors:
         table.add_column(f"from the {prior}: share of ceiling", justify="right")
