@@ -333,6 +333,36 @@ BUSY = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() 
 
 
 @pytest.mark.unit
+def test_a_tunes_report_says_what_its_out_holds_and_its_peak_memory(tmp_path):
+    """OUT's parts by bytes on disk (a link is not followed: its own size, not its
+    target's) and this run's peak memory, in the notes under the table."""
+    from mlgo.programs.report import cost_lines, disk_use, peak_memory
+    from mlgo.programs.tune_run import TuneDir
+
+    out = TuneDir(tmp_path / "out")
+    (out.corpus / "pkg").mkdir(parents=True)
+    (out.corpus / "pkg" / "a.bc").write_bytes(b"x" * 3_000_000)
+    out.train.mkdir()
+    (out.train / "checkpoint.npz").write_bytes(b"y" * 1_000_000)
+    (out.train / "big").symlink_to(out.corpus / "pkg" / "a.bc")
+    disk = disk_use(out)
+    assert disk["corpus"] == 3_000_000 and disk["pristine"] == 0
+    assert 1_000_000 < disk["train"] < 1_000_100
+    peak = peak_memory()
+    assert peak["tune"] > 10_000_000  # this Python, at least
+    cost = {
+        "seconds": 60.0,
+        "build_cpu_seconds": 1.0,
+        "stages": {},
+        "disk": disk,
+        "peak_memory": peak,
+    }
+    lines = cost_lines({"cost": cost})
+    assert "OUT holds 4.0 MB (corpus 3.0 MB, train 1.0 MB)" in lines
+    assert any(line.startswith("peak memory of this run: the tune ") for line in lines)
+
+
+@pytest.mark.unit
 def test_a_tunes_cost_is_each_stages_wall_and_cpu_in_builds_and_its_searchs_compiles(tmp_path):
     stages = [Stage("build", burn), Stage("wait", lambda run: time.sleep(0.2)),
               Stage("report", burn)]  # fmt: skip

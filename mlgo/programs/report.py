@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import html
 import json
+import os
+import resource
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -26,7 +28,7 @@ from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.inputs import read_json
 
 if TYPE_CHECKING:
-    from mlgo.programs.tune_run import TuneRun
+    from mlgo.programs.tune_run import TuneDir, TuneRun
 
 TOP = 10  # the files, and the directories, a report names by bytes saved and by bytes grown
 SHOWN = 3  # of those, the terminal's row names
@@ -378,6 +380,31 @@ def tune_cost(stages: dict, build_cpu_seconds: float, training: dict) -> dict:
     return cost
 
 
+# The parts of OUT a report weighs on disk (`TuneDir`'s names): what a large project's
+# tune keeps, so that a user can see what to delete (a tune resumes without programs).
+DISK_PARTS = ("pristine", "corpus", "traces", "train", "decisions", "programs")
+
+
+def disk_use(out: TuneDir) -> dict[str, int]:
+    """Bytes each of OUT's DISK_PARTS holds (files as they are, links not followed)."""
+    use = {}
+    for part in DISK_PARTS:
+        total = 0
+        for directory, _, files in os.walk(getattr(out, part)):
+            total += sum(os.lstat(os.path.join(directory, f)).st_size for f in files)
+        use[part] = total
+    return use
+
+
+def peak_memory() -> dict[str, int]:
+    """This run's peak resident memory in bytes: the tune's process, and its largest
+    finished child (a compile, a build's tool, a worker)."""
+    me, children = (
+        resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return {"tune": 1024 * me, "largest_child": 1024 * children}
+
+
 def cost_lines(report: dict) -> list[str]:
     """A tune's `tune_cost` in the notes under its table: the whole tune's wall time, and
     each stage that took any, its wall seconds and its cost in build-equivalents."""
@@ -395,7 +422,19 @@ def cost_lines(report: dict) -> list[str]:
     if search := cost.get("search"):
         builds = f", {search['builds']:,.1f} builds" if "builds" in search else ""
         lines.append(f"training's search: {search['compiles']:,} compiles{builds}")
+    if disk := cost.get("disk"):
+        parts = ", ".join(f"{part} {_megabytes(n)}" for part, n in disk.items() if n)
+        lines.append(f"OUT holds {_megabytes(sum(disk.values()))} ({parts})")
+    if peak := cost.get("peak_memory"):
+        lines.append(
+            f"peak memory of this run: the tune {_megabytes(peak['tune'])}, its largest "
+            f"child {_megabytes(peak['largest_child'])}"
+        )
     return lines
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
 
 
 def cost_table(cost: dict) -> str:
@@ -572,6 +611,7 @@ def report_stage(run: TuneRun) -> None:
     training = read_json(out.training)
     report.update(training=training, stage=run.problem.stage, flags=run.baseline)
     report["cost"] = tune_cost(read_json(out.record), plain.build_cpu_seconds, training)
+    report["cost"].update(disk=disk_use(out), peak_memory=peak_memory())
     report.update(built_from(decisions, trees["mlgo"], run.say))
     if run.profile is not None and decisions is not None:  # what the policy changed where hot
         report["hot"] = hot_departures(run.profile, decisions, run.tc)
