@@ -56,6 +56,7 @@ from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy, policy_class
 from mlgo.problems.profile_inputs import feature_column
 from mlgo.records import Decisions, ModuleRun
+from mlgo.runtime.inputs import read_json
 from mlgo.runtime.workers import Failed
 from mlgo.train import RunDir
 from mlgo.train.bc import train_bc
@@ -419,6 +420,12 @@ def decode_answerers(arrays: dict[str, np.ndarray], init: MLPPolicy) -> list[Ans
     return [None if r is None else answerer(r) for r in records]
 
 
+def per_module(arrays: dict[str, np.ndarray], key: str) -> list[np.ndarray]:
+    """A checkpoint's array KEY of every module's best trajectory, concatenated, split
+    back into one a module by their lengths (`_Best.arrays`)."""
+    return np.split(arrays[key], np.cumsum(arrays["traj_len"])[:-1])
+
+
 class _Best:
     """The best trajectory found per pool module, as checkpoint arrays and as BC data, and
     how to compile it again (the next search starts from it)."""
@@ -434,9 +441,8 @@ class _Best:
         self.answerers: list[Answerer | None] = [None] * len(modules)
         if arrays is not None:
             self.cost = arrays["traj_cost"]
-            ends = np.cumsum(arrays["traj_len"])
-            self.actions = np.split(arrays["traj_actions"], ends[:-1])
-            self.x = np.split(arrays["traj_x"], ends[:-1])
+            self.actions = per_module(arrays, "traj_actions")
+            self.x = per_module(arrays, "traj_x")
             self.answerers = decode_answerers(arrays, init) or self.answerers
 
     def known(self, i: int) -> bool:
@@ -635,16 +641,18 @@ def searched_answers(root: Path) -> dict[str, str]:
     cheaper than the default heuristic's (every module found, for a run from before the
     default's costs were kept); none for another trainer's run, or none at all. Decisions
     are data: what the search measured needs no policy to be kept."""
-    if not (root / "state.json").is_file():
+    state_path = root / "state.json"
+    run = read_json(state_path) if state_path.is_file() else None
+    if not isinstance(run, dict) or run.get("algo") != BCMax.name:  # none, or another's
         return {}
-    try:
-        state, arrays = RunDir(root, "bcmax").load_state() or (None, {})
-    except UsageError:  # another trainer's run
-        return {}
+    state, arrays = RunDir(root, BCMax.name).load_state() or (None, {})
     if state is None or "traj_cost" not in arrays:
         return {}
-    modules, cost = state.extra["modules"], arrays["traj_cost"]
-    actions = np.split(arrays["traj_actions"], np.cumsum(arrays["traj_len"])[:-1])
+    modules, cost, actions = (
+        state.extra["modules"],
+        arrays["traj_cost"],
+        per_module(arrays, "traj_actions"),
+    )
     base = arrays.get("default_cost", np.full(len(modules), np.inf))
     return {
         name: "".join("1" if a else "0" for a in actions[i])

@@ -31,8 +31,9 @@
 // plain clang can replay the compile. kDecisionsAdvisorEnv chooses whose advice: the
 // policy's (unset), clang's own (kClangAdvisor), or clang's replay of a file
 // (kReplayAdvisorPrefix + path), which tells which of the file's decisions still meet a
-// site, or a trajectory's answers in order (kAnswersAdvisorPrefix + path: `AnswersRunner`). Whoever advises, an inline clang would refuse (not viable, or by attributes) is
-// answered "no" and marked (kNotViable): clang's replay does not check. Environment variables, not cl::opts: clang parses -mllvm before it loads a
+// site, or a trajectory's answers in order (kAnswersAdvisorPrefix + path: `AnswersRunner`).
+// Whoever advises, an inline clang would refuse (not viable, or by attributes) is answered
+// "no" and marked (kNotViable): clang's replay does not check. Environment variables, not cl::opts: clang parses -mllvm before it loads a
 // -fpass-plugin, so an option of the plugin's would be an unknown argument there.
 
 #include <fcntl.h>
@@ -43,6 +44,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -326,6 +328,16 @@ bool VocabularyGiven() {
   return It != Options.end() && It->second->getNumOccurrences() > 0;
 }
 
+// LLVM's own decision at a call site, for MLInlineAdvisor to ask where it asks for it.
+std::function<bool(CallBase &)> clangsOwnAdvice(std::shared_ptr<DefaultInlineAdvisor> Default) {
+  return [Default](CallBase &CB) {
+    auto Advice = Default->getAdvice(CB);
+    bool Inline = Advice->isInliningRecommended();
+    Advice->recordUnattemptedInlining();
+    return Inline;
+  };
+}
+
 // MLInlineAdvisor answering from ANSWERS (a file `AnswersRunner` reads), else the default.
 InlineAdvisor *makeAnswersAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams Params,
                                   InlineContext IC, const char *Answers) {
@@ -339,12 +351,7 @@ InlineAdvisor *makeAnswersAdvisor(Module &M, FunctionAnalysisManager &FAM, Inlin
         Runner = R.get();
         return R;
       },
-      [Default](CallBase &CB) {  // asked where the channel's compile asks it, as there
-        auto Advice = Default->getAdvice(CB);
-        bool Inline = Advice->isInliningRecommended();
-        Advice->recordUnattemptedInlining();
-        return Inline;
-      });
+      clangsOwnAdvice(Default));  // asked where the channel's compile asks it
   if (Runner && Runner->Problem.empty()) return Advisor.release();
   errs() << "mlgo: " << (Runner ? Runner->Problem : std::string("no model runner"))
          << "; using the default heuristic\n";
@@ -368,12 +375,7 @@ InlineAdvisor *makePolicyAdvisor(Module &M, FunctionAnalysisManager &FAM, Inline
         Runner = R.get();
         return R;
       },
-      [Default](CallBase &CB) {  // LLVM's own decision, if MLInlineAdvisor asks for it
-        auto Advice = Default->getAdvice(CB);
-        bool Inline = Advice->isInliningRecommended();
-        Advice->recordUnattemptedInlining();
-        return Inline;
-      });
+      clangsOwnAdvice(Default));
   Advisor->Runner = Runner;
   Advisor->PSI = &CompilationMAM->getResult<ProfileSummaryAnalysis>(M);
   if (Runner && Runner->Problem.empty()) return Advisor.release();
