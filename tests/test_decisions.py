@@ -458,11 +458,11 @@ def test_a_searched_trajectory_recorded_by_its_answers_builds_what_the_search_me
         )
         measured[name], answers[name] = run.metrics["text_once"], "".join(map(str, run.advice))
     searched = answered_units(found, answers)
-    assert set(searched) == set(found.compiles) and all(
+    assert set(searched) == {f"files/{n}" for n in found.compiles} and all(
         u.found_by == "search" for u in searched.values()
     )
     inl = tmp_path / "unit.inl"
-    for name, unit in searched.items():
+    for name, unit in ((n, searched[f"files/{n}"]) for n in found.compiles):
         inl.write_text(decisions.inl_text(unit.decisions))
         call, own = found.compiles[name], found.clangs[f"files/{name}"]
         sizes = replayed_sizes(call, found.flags, replay_flags(str(inl)), tmp_path, own)
@@ -470,7 +470,7 @@ def test_a_searched_trajectory_recorded_by_its_answers_builds_what_the_search_me
         assert sum((unit.departures or {}).values()) > 0, name  # the flips departed
     files, _, _ = keep(found, "size", None, searched)
     policys = {n: u.sizes.saved if u.sizes else 0 for n, u in found.files.items()}
-    for name, mine in searched.items():
+    for name, mine in ((n, searched[f"files/{n}"]) for n in found.compiles):
         assert mine.sizes is not None  # weighed beside the policy's
         best = max(policys[name], mine.sizes.saved)
         if best <= 0:
@@ -481,6 +481,70 @@ def test_a_searched_trajectory_recorded_by_its_answers_builds_what_the_search_me
         assert files[name].sizes.saved == best
         if by_search:
             assert "found by the search" in decisions._found_by(files[name].summary())
+
+
+def test_a_searched_trajectory_at_a_full_lto_link_is_recorded_by_its_call_sites(
+    tc: Toolchain, tmp_path: Path
+):
+    """A trajectory the search measured on a program's merged module (the corpus's
+    `clang -Oz -c` of it, clang's own answers with some flipped), answered on the merged
+    module of the same link in the build being decided: recorded by call site, those
+    decisions rebuild that compile to the .text the search measured, and replayed at the
+    real link they depart from clang's own there, where `keep` judges them beside the
+    policy's."""
+    from mlgo.corpus.compile import compile_module
+    from mlgo.corpus.format import load_corpus
+    from mlgo.corpus.lto import Link, lto_flags, merged_module
+    from mlgo.corpus.record import module_name, record
+    from mlgo.llvm.replay import replay_flags
+    from mlgo.problems import get_problem
+    from mlgo.programs.build import problem_flags
+    from mlgo.ship.decisions_record import answered_links
+    from mlgo.train.bcmax import Answerer
+
+    problem = get_problem("inlining-size-link")
+    root = _project(tmp_path)
+    (root / "Makefile").write_text(MAKEFILE)
+    build = ["make", "CFLAGS=-Oz -g0"]
+    recorded = tmp_path / "recorded" / root.name
+    shutil.copytree(root, recorded)
+    record(build, tmp_path / "corpus", tc, recorded, opt_level=problem.opt_level, stage="link")
+    (module,) = load_corpus(tmp_path / "corpus").modules
+    assert module.name == module_name(Path("prog"), root.name)
+    policy = load_policy(shipped_policy("inlining-size-link"))
+    clangs = tmp_path / "clangs"
+    clangs.mkdir()
+    found = record_units(
+        policy, root, build, tc, tmp_path / "build.log", clangs, problem_flags(problem), "link"
+    )
+    assert set(found.links) == {"prog"}
+    run = compile_module(
+        problem, module, tc.clang, Answerer(problem, flips=frozenset(range(0, 90, 2)))
+    )
+    measured, answers = run.metrics[problem.reward_metric], "".join(map(str, run.advice))
+    corpus_flags = [problem.opt_level, *lto_flags("link")]
+    searched = answered_links(found, {"prog": answers}, tc, corpus_flags)
+    unit = searched["links/prog"]
+    assert unit.found_by == "search" and sum((unit.departures or {}).values()) > 0
+    inl = tmp_path / "unit.inl"
+    inl.write_text(decisions.inl_text(unit.decisions))
+    call = found.link_calls["prog"]
+    link = Link(call.cwd, call.argv, call.cwd / "prog")
+    (tmp_path / "link").mkdir()
+    merged = merged_module(link, corpus_flags, tmp_path / "link", None)
+    again = tmp_path / "again.o"
+    command = [tc.clang, "-Oz", "-c", str(merged), *replay_flags(str(inl)), "-o", str(again)]
+    subprocess.run(command, check=True, capture_output=True)
+    assert text_size(again) == measured
+    _, links, _ = keep(found, "size", None, searched)
+    policys = found.links["prog"].sizes.saved if found.links["prog"].sizes else 0
+    assert unit.sizes is not None  # the real link, weighed beside the policy's
+    best = max(policys, unit.sizes.saved)
+    if best > 0:
+        assert links["prog"].sizes.saved == best
+        assert links["prog"].found_by == ("search" if unit.sizes.saved > policys else "policy")
+    else:
+        assert "prog" not in links
 
 
 @pytest.mark.parametrize("lto", ["full", "thin"])

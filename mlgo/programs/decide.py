@@ -11,18 +11,21 @@ builds with the policy service, as its report says (`built_from`).
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlgo.corpus.lto import lto_flags
 from mlgo.corpus.record import module_name
+from mlgo.llvm.driver import link_output
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy_files import load_policy
 from mlgo.programs.build import Variant, plain_compilers, problem_flags, scratch_copy
 from mlgo.ship.decisions import ROOT_ENV, file_states, read, write
 from mlgo.ship.decisions_kept import keep, unchanged
-from mlgo.ship.decisions_record import Recorded, answered_units, record_units
+from mlgo.ship.decisions_record import Recorded, answered_links, answered_units, record_units
 
 if TYPE_CHECKING:
     from mlgo.programs.tune_run import TuneRun
@@ -50,9 +53,12 @@ def decide(run: TuneRun) -> Path:
         policy, scratch, ["sh", "-c", script], run.tc, log, clangs, flags, problem.stage
     )
     as_before = unchanged(found, before)
-    answers = searched_files(run, found)
-    searched = answered_units(
-        found, {n: a for n, a in answers.items() if f"files/{n}" not in as_before}
+    answers = {n: a for n, a in searched_units(run, found, scratch).items() if n not in as_before}
+    files_answered = {n[len("files/") :]: a for n, a in answers.items() if n.startswith("files/")}
+    links_answered = {n[len("links/") :]: a for n, a in answers.items() if n.startswith("links/")}
+    corpus_flags = [problem.opt_level, *lto_flags("link")]  # as the corpus replayed its links
+    searched = answered_units(found, files_answered) | answered_links(
+        found, links_answered, run.tc, corpus_flags
     )
     files, links, left = keep(found, problem.aim, as_before, searched)
     again = sorted(f"files/{n}" for n in found.files if f"files/{n}" not in as_before)
@@ -63,15 +69,20 @@ def decide(run: TuneRun) -> Path:
     return out.decisions
 
 
-def searched_files(run: TuneRun, found: Recorded) -> dict[str, str]:
-    """Per file of FOUND's build, the answers of the cheapest trajectory
-    the tune's search measured for its module (`bcmax.searched_answers`), where it beat
-    clang's own there."""
+def searched_units(run: TuneRun, found: Recorded, root: Path) -> dict[str, str]:
+    """Per unit of FOUND's build at ROOT (`files/NAME`, and `links/PROGRAM` at a full-LTO
+    link, its module named by its output's path as the corpus names it), the
+    answers of the cheapest trajectory the tune's search measured for its module
+    (`bcmax.searched_answers`), where it beat clang's own there."""
     from mlgo.train.bcmax import searched_answers
 
     answers = searched_answers(run.out.train)
-    by_file = {n: module_name(Path(n), run.recipe.name) for n in found.compiles}
-    return {n: answers[m] for n, m in by_file.items() if m in answers}
+    by_unit = {f"files/{n}": module_name(Path(n), run.recipe.name) for n in found.compiles}
+    for program, call in found.link_calls.items():
+        output = (call.cwd / link_output(call.argv[1:])).resolve()
+        rel = Path(os.path.relpath(output, root.resolve()))
+        by_unit[f"links/{program}"] = module_name(rel, run.recipe.name)
+    return {n: answers[m] for n, m in by_unit.items() if m in answers}
 
 
 def decisions_stage(run: TuneRun) -> None:

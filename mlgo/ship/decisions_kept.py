@@ -69,9 +69,10 @@ def keep(
 ) -> Kept:
     """Of FOUND's units, those to ship (files, links), each with its sizes measured, and
     those left to clang's own, by `files/NAME` or `links/NAME`, with why (and the bytes
-    where measured). AIM "size" keeps a unit only where its .text is smaller; a file the
-    search answered too (SEARCHED, `answered_units`) keeps whichever of the two builds
-    smaller. A unit in AS_BEFORE (`unchanged`) keeps its verdict there, unjudged."""
+    where measured). AIM "size" keeps a unit only where its .text is smaller; a unit the
+    search answered too (SEARCHED, by the same names: `answered_units`, `answered_links`)
+    keeps whichever of the two builds smaller. A unit in AS_BEFORE (`unchanged`) keeps its
+    verdict there, unjudged."""
     kept: dict[str, dict[str, UnitDecisions]] = {"files": {}, "links": {}}
     left: dict[str, dict] = {}
     calls = {"files": found.compiles, "links": found.link_calls}
@@ -98,7 +99,7 @@ def keep(
                         kept[kind][name] = policys
                     continue
                 source = {"sha256": policys.digest} if policys.digest else {}
-                other = (searched or {}).get(name) if kind == "files" else None
+                other = (searched or {}).get(f"{kind}/{name}")
                 departing = [
                     u
                     for u in (policys, other)

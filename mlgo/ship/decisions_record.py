@@ -15,12 +15,14 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlgo.corpus.extract import Invocation, logged_invocations
+from mlgo.corpus.lto import Link, merged_module
 from mlgo.corpus.wrappers import build_env
 from mlgo.errors import UsageError
 from mlgo.llvm.cmdline import without_outputs
@@ -28,7 +30,7 @@ from mlgo.llvm.driver import link_output, link_stage, links_with_lld, source_fil
 from mlgo.llvm.replay import ANSWERS_ADVISOR_PREFIX, CLANG_ADVISOR, DECISIONS_OUT_ENV, Decision
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy import MLPPolicy
-from mlgo.runtime.commands import run_logged
+from mlgo.runtime.commands import BuildError, run_logged
 from mlgo.runtime.files import cache_subdir
 from mlgo.runtime.trust import private_temp_dir
 from mlgo.ship.decisions import (
@@ -101,6 +103,7 @@ class Recorded:
     clangs: dict[str, Path]  # each unit's output by clang's own (`files/NAME`, `links/NAME`)
     own: dict[str, list[Decision]]  # each unit's decisions by clang's own, by the same names
     advised: list[str]  # what a compile's own flags are given for the plugin's advisor
+    plugin: Path  # the plugin that served the policy (and serves a searched trajectory)
 
 
 def record_build(
@@ -206,15 +209,15 @@ def record_units(
     return Recorded(
         units["files"], units["links"], compiles if at_compile else {}, linked, skipped,
         list(LOCATION_FLAGS) if g0 else [], outputs, own,
-        [*located, *policy.problem.advisor_flags],
+        [*located, *policy.problem.advisor_flags], plugin,
     )  # fmt: skip
 
 
 def answered_units(found: Recorded, answers: Mapping[str, str]) -> dict[str, UnitDecisions]:
     """Per file of FOUND that ANSWERS answers (a searched trajectory's answers, in the
     order the advisor asks them: `ANSWERS_ADVISOR_PREFIX`), its compile run once more with
-    those answers, recorded and so keyed by call site: the search's decisions, which
-    `decisions_kept` weighs beside the policy's."""
+    those answers, recorded and so keyed by call site: the search's decisions (by
+    `files/NAME`), which `decisions_kept` weighs beside the policy's."""
     units: dict[str, UnitDecisions] = {}
     with tempfile.TemporaryDirectory(prefix="mlgo-answers-", dir=private_temp_dir()) as d:
         path = Path(d) / "answers"
@@ -228,7 +231,46 @@ def answered_units(found: Recorded, answers: Mapping[str, str]) -> dict[str, Uni
             unit = UnitDecisions(ours, conflicts, refused=len(refused), found_by="search")
             unit.departures = departures(ours, found.own[f"files/{name}"])
             unit.digest, unit.cksum = policys.digest, policys.cksum
-            units[name] = unit
+            units[f"files/{name}"] = unit
+    return units
+
+
+def answered_links(
+    found: Recorded, answers: Mapping[str, str], tc: Toolchain, link_flags: list[str]
+) -> dict[str, UnitDecisions]:
+    """Per program of FOUND's full-LTO links that ANSWERS answers (a searched trajectory's
+    answers on its merged module, as `clang OPT -c` of it asked them: `lto.cc1_args`), the
+    link replayed with LINK_FLAGS (the corpus's: `lto.merged_module`) for its merged module,
+    which then compiles as the search compiled it, with those answers, recorded: the
+    search's decisions keyed by call site. The link's own pipeline asks in another order,
+    so only keys carry the answers there: its replay matches the sites it shares with the
+    compile, clang's own decide the others, and `decisions_kept` judges the link (by
+    `links/PROGRAM`)."""
+    units: dict[str, UnitDecisions] = {}
+    with tempfile.TemporaryDirectory(prefix="mlgo-answers-", dir=private_temp_dir()) as d:
+        path = Path(d) / "answers"
+        for program, given in answers.items():
+            if program not in found.links:
+                continue
+            call = found.link_calls[program]
+            link = Link(call.cwd, call.argv, Path(call.cwd) / link_output(call.argv[1:]))
+            private = Path(d) / "link"
+            private.mkdir()
+            try:
+                merged = merged_module(link, link_flags, private, None)
+            except BuildError:  # the recorded link replays: this one did, to be recorded
+                shutil.rmtree(private)
+                continue
+            path.write_text(given)
+            level = [a for a in link_flags if a.startswith("-O")][:1]
+            load = f"-fpass-plugin={found.plugin}"
+            advised = [*[load] * (load not in found.advised), *found.advised]
+            command = [tc.clang, *level, "-c", str(merged), *advised, "-o", os.devnull]
+            ours, conflicts, refused = record(command, call.cwd, ANSWERS_ADVISOR_PREFIX + str(path))
+            shutil.rmtree(private)
+            unit = UnitDecisions(ours, conflicts, refused=len(refused), found_by="search")
+            unit.departures = departures(ours, found.own[f"links/{program}"])
+            units[f"links/{program}"] = unit
     return units
 
 
