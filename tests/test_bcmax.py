@@ -313,6 +313,9 @@ def test_bcmax_trains_resumes_and_keeps_the_best(mini_corpus, tc, tmp_path, ship
     state, again = out.load_state()
     assert state.step == 2 and [h["step"] for h in state.history] == [1, 2]
     assert (again["traj_cost"] <= arrays["traj_cost"]).all()  # the best only ever improves
+    found = [h["bcmax/found"] for h in state.history]  # the bytes its progress line says
+    gain = again["default_cost"] - again["traj_cost"]
+    assert found == sorted(found) and found[-1] == pytest.approx(gain[gain > 0].sum())
     assert state.compiles > first_compiles and (out.root / "clone-2" / "policy").exists()
     saved = load_policy(out.policy_dir).flat()
     assert np.array_equal(saved, again["best"])
@@ -322,6 +325,17 @@ def test_bcmax_trains_resumes_and_keeps_the_best(mini_corpus, tc, tmp_path, ship
     card = model_card(load_policy(out.policy_dir), out.root)  # retrains it as it was run
     assert "mlgo train --algo bcmax --init " in card and " --search-budget 6" in card
     assert " --clone-epochs 2 --clone-lr 0.001" in card
+
+
+def test_what_the_search_found_counts_only_the_modules_it_saved_on():
+    """The progress line's bytes: per module the default's cost less the best trajectory's,
+    where that is a saving; a module no search reached (NaN) or none beat counts nothing."""
+    from types import SimpleNamespace
+
+    bcmax = BCMax(BCMaxConfig())
+    bcmax.base = np.array([100.0, 50.0, 80.0, 40.0])
+    bcmax.trajectories = SimpleNamespace(cost=np.array([90.0, np.nan, 80.0, 33.0]))
+    assert bcmax.found() == 17.0
 
 
 def test_a_slow_module_is_compiled_with_the_policy_not_searched(

@@ -596,17 +596,20 @@ class BCMax(Trainer[BCMaxConfig]):
         names = extra["modules"]
         searched = np.zeros(len(names), bool)  # a module whose search failed is left out
         failures = []
-        for task, r in run.workers.imap(search_module, tasks):
-            run.bar.advance(modules)
+        unit = "bytes" if self.init.problem.aim == "size" else self.init.problem.reward_metric
+        for done, (task, r) in enumerate(run.workers.imap(search_module, tasks), 1):
             if isinstance(r, Failed):
                 failures.append(r.message)
-                continue
-            i = names.index(task.module.name)
-            searched[i] = True
-            self.trajectories.offer(i, r.best)
-            policy_total += r.starts["policy"]
-            run.state.compiles += r.compiles
-            compiled += r.compiles * self.seconds[i]
+            else:
+                i = names.index(task.module.name)
+                searched[i] = True
+                self.trajectories.offer(i, r.best)
+                policy_total += r.starts["policy"]
+                run.state.compiles += r.compiles
+                compiled += r.compiles * self.seconds[i]
+            left, found = len(tasks) - done, self.found()
+            line = f"searching: {left} of {len(tasks)} modules left, {found:,.0f} {unit} found"
+            run.bar.update(modules, advance=1, description=line)
         run.bar.remove_task(modules)
         if compiled > 0:
             extra["wall_per_second"] = (time.monotonic() - searching) / compiled
@@ -616,10 +619,18 @@ class BCMax(Trainer[BCMaxConfig]):
         known = ~np.isnan(self.trajectories.cost)  # modules some search found a trajectory for
         found, known_base = float(self.trajectories.cost[known].sum()), self.base[known].sum()
         return {
+            "bcmax/found": self.found(),
             "bcmax/search_budget": budget,
             "bcmax/pool_reward": (base - policy_total) / base,
             "bcmax/trajectory_reward": (known_base - found) / known_base,
         }
+
+    def found(self) -> float:
+        """What the best trajectories so far save against the default, summed over the
+        modules where they save (in the reward metric's units: bytes, for size): a long
+        search's progress, and the most its decisions can keep."""
+        gain = self.base - self.trajectories.cost  # NaN where no search found one
+        return float(np.sum(gain, where=gain > 0))
 
     def finish(self, run: Session) -> Candidate | None:
         """The last clone scored on the pool (the searches scored each one before it)."""
