@@ -17,7 +17,7 @@ import pytest
 from mlgo.corpus.wrappers import write_wrapper
 from mlgo.data import shipped_policy
 from mlgo.llvm.cmdline import without_outputs
-from mlgo.llvm.replay import CLANG_ADVISOR, Decision
+from mlgo.llvm.replay import CLANG_ADVISOR, Decision, replay_flags
 from mlgo.llvm.sizes import text_size
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy_files import load_policy
@@ -355,6 +355,58 @@ def test_a_recorded_make_build_is_rebuilt_by_the_wrappers(tc: Toolchain, tmp_pat
     assert {o: (root / o).read_bytes() for o in outputs} == kept
 
 
+GENERATING_MAKEFILE = """\
+prog: src/hash.o src/gen.o src/main.o probe
+\t$(CC) $(CFLAGS) src/hash.o src/gen.o src/main.o -o $@
+src/gen.o: src/strbuf.c
+\tcp src/strbuf.c src/gen.c && $(CC) $(CFLAGS) -c src/gen.c -o $@ && rm src/gen.c
+src/%.o: src/%.c
+\t$(CC) $(CFLAGS) -c $< -o $@
+probe:
+\tprintf 'int main(void) { return 0; }\\n' > probe.c
+\t$(CC) $(CFLAGS) -c probe.c -o probe.o && rm probe.c probe.o
+"""
+
+
+def test_a_source_the_build_deletes_once_compiled_is_decided_in_a_copy_of_the_tree(
+    tc: Toolchain, tmp_path: Path
+):
+    """A build that generates a source, compiles it and deletes it (bash's builtins) keeps
+    its object: recorded in a scratch copy, the source is put back as it was compiled and
+    decided, and the decisions wrappers replay it when the build generates it again; a
+    probe that deletes its object too stays out, and without the switch (a user's own
+    tree) nothing is put back."""
+    policy = replace(load_policy(shipped_policy("inlining-size")), departure_threshold=None)
+    build = ["make", "CFLAGS=-Oz -g0"]
+    found = {}
+    for restore in (False, True):
+        root = _project(tmp_path / str(restore))
+        (root / "Makefile").write_text(GENERATING_MAKEFILE)
+        clangs = tmp_path / f"clangs-{restore}"
+        clangs.mkdir()
+        found[restore] = record_units(
+            policy, root, build, tc, tmp_path / "log", clangs, None, "compile", restore
+        )
+    assert sorted(found[False].files) == ["src/hash.c", "src/main.c"]
+    assert sorted(found[True].files) == ["src/gen.c", "src/hash.c", "src/main.c"]
+    assert (root / "src" / "gen.c").read_bytes() == (root / "src" / "strbuf.c").read_bytes()
+    assert not (root / "probe.c").exists()
+    unit = found[True].files["src/gen.c"]
+    assert unit.decisions and unit.departures is not None
+    out = tmp_path / "dir"
+    decisions.write(out, root, found[True].files, {}, found[True].flags, tc.major)
+    inl = tmp_path / "gen.inl"
+    inl.write_text(decisions.inl_text(unit.decisions))
+    call, own = found[True].compiles["src/gen.c"], found[True].clangs["files/src/gen.c"]
+    replayed_sizes(call, found[True].flags, replay_flags(str(inl)), tmp_path, own)
+    fresh = _project(tmp_path / "fresh")
+    (fresh / "Makefile").write_text(GENERATING_MAKEFILE)
+    env = {**os.environ, decisions.ROOT_ENV: str(fresh)}
+    wrappers = [f"CC={out / 'cc'}", f"CXX={out / 'c++'}"]
+    subprocess.run([*build, *wrappers], cwd=fresh, check=True, env=env, capture_output=True)
+    assert (fresh / "src" / "gen.o").read_bytes() == (tmp_path / "decisions").read_bytes()
+
+
 @pytest.mark.unit
 def test_show_and_diff_say_what_the_decisions_bought(tmp_path: Path):
     (tmp_path / "a.c").write_text("int a;\n")
@@ -650,7 +702,8 @@ def _texts(tc: Toolchain, tree: Path, outputs: Iterable[str]) -> dict[str, bytes
     return texts
 
 
-@pytest.mark.parametrize("kind", ["per-file", pytest.param("full-lto", marks=pytest.mark.slow)])
+@pytest.mark.slow  # an autotools package build, twice
+@pytest.mark.parametrize("kind", ["per-file", "full-lto"])
 def test_a_libtool_library_builds_from_its_decisions_with_what_flags_prints(
     tc: Toolchain, tmp_path: Path, kind: str
 ):

@@ -206,6 +206,7 @@ def test_a_configured_tree_is_copied_while_what_configure_saw_is_the_same(tc, tm
     assert runs.read_text().count("ran") == 2
 
 
+@pytest.mark.slow  # two package builds at once
 def test_a_workloads_judge_costs_two_builds_at_once_each_in_its_own_tree(tc, tmp_path):
     """A speed tune's candidates are built and costed SIDE_BY_SIDE, each slot in its own
     tree, service and configured copy; a cost is the same whichever slot built it, twins

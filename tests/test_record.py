@@ -56,6 +56,7 @@ def check_corpus(result: Recorded, packages: dict[str, int]) -> Corpus:
     return corpus
 
 
+@pytest.mark.slow  # a CMake project configured and built
 def test_cmake_out_of_tree_c_and_cxx_is_recorded_and_collected(tc: Toolchain, tmp_path):
     src = project("cmake", tmp_path)
     result = record(

@@ -23,6 +23,7 @@ from mlgo.train.vocabulary import (
 )
 
 
+@pytest.mark.slow  # a vocabulary trained
 def test_a_vocabulary_trained_on_a_corpus_is_what_llvm_embeds_functions_with(
     tc, mini_corpus, tmp_path
 ):

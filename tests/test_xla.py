@@ -132,6 +132,7 @@ def test_training_reduces_the_ranking_loss(dataset):
     assert margin in MARGINS and min(r.vs_default for r in rows) >= SLOWDOWN_LIMIT
 
 
+@pytest.mark.slow  # a model trained
 def test_listwise_training_reduces_its_loss_and_bad_losses_are_refused(dataset):
     ds = load_dataset(dataset)
     graphs, times = [r.graph for r in ds.records], [r.times() for r in ds.records]

@@ -49,8 +49,8 @@ def decide(run: TuneRun) -> Path:
     clangs = scratch.parent / "clangs"  # what clang's own builds, beside the copy
     clangs.mkdir()
     policy = load_policy(out.policy)  # where the search did not reach, or found less
-    found = record_units(
-        policy, scratch, ["sh", "-c", script], run.tc, log, clangs, flags, problem.stage
+    found = record_units(  # the copy is ours: a source the build deletes is put back
+        policy, scratch, ["sh", "-c", script], run.tc, log, clangs, flags, problem.stage, True
     )
     as_before = unchanged(found, before)
     answers = {n: a for n, a in searched_units(run, found, scratch).items() if n not in as_before}

@@ -26,7 +26,14 @@ from mlgo.corpus.lto import Link, merged_module
 from mlgo.corpus.wrappers import build_env
 from mlgo.errors import UsageError
 from mlgo.llvm.cmdline import without_outputs
-from mlgo.llvm.driver import link_output, link_stage, links_with_lld, source_files
+from mlgo.llvm.driver import (
+    SOURCE_SUFFIXES,
+    link_output,
+    link_stage,
+    links_with_lld,
+    named_output,
+    source_files,
+)
 from mlgo.llvm.replay import ANSWERS_ADVISOR_PREFIX, CLANG_ADVISOR, DECISIONS_OUT_ENV, Decision
 from mlgo.llvm.toolchain import Toolchain
 from mlgo.problems.policy import MLPPolicy
@@ -46,6 +53,7 @@ from mlgo.ship.decisions import (
 )
 from mlgo.ship.plugin import inliner_plugin
 
+SOURCES = "sources"  # beside the logged calls: each compile's source as it compiled it
 # How the recording wrapper tells an LTO link by lld (mlgo.llvm.driver's `lto` and
 # `links_with_lld`, in sh): only there does the link get the plugin, which GNU ld refuses.
 _LLD_LTO = """lld= lto=
@@ -60,17 +68,33 @@ done
 """
 
 
+# How the recording wrapper keeps a copy of the source it compiles under the log's name in
+# $sources (an argument with a source's suffix that is a file, not the value of -o): a build
+# that generates a source and deletes it once compiled (bash's builtins) leaves its object,
+# and the copy lets the decisions stage compile it again.
+_KEEP_SOURCE = f"""prev=
+for a do
+  [ "$prev" != -o ] && case $a in {" | ".join(f"*{s}" for s in SOURCE_SUFFIXES)})
+    [ -f "$a" ] && cp -- "$a" "$sources/${{log##*/}}" 2>/dev/null ;;
+  esac
+  prev=$a
+done
+"""
+
+
 def _recording_wrapper(
     path: Path, compiler: str, calls: Path, recorded: Path, flags: list[str], at_link: list[str]
 ) -> Path:
-    """A compiler that logs its call in CALLS (as mlgo.corpus.wrappers does) and records the
-    plugin's decisions in RECORDED under the log's name; an LTO link by lld also gets
-    AT_LINK."""
+    """A compiler that logs its call in CALLS (as mlgo.corpus.wrappers does), keeps a copy
+    of its source in SOURCES beside it, and records the plugin's decisions in RECORDED
+    under the log's name; an LTO link by lld also gets AT_LINK."""
     log_template = shlex.quote(str(calls / "XXXXXXXX"))
     path.write_text(
         "#!/bin/sh\n"
         f"log=$(mktemp {log_template}) && "
         f'printf \'%s\\0\' "$(pwd -P)" {shlex.quote(compiler)} "$@" >"$log" || exit 1\n'
+        f"sources={shlex.quote(str(calls.parent / SOURCES))}\n"
+        + _KEEP_SOURCE
         + (_LLD_LTO + f'[ -n "$lld" ] && [ -n "$lto" ] && set -- "$@" {shlex.join(at_link)}\n')
         * bool(at_link)
         + f'{DECISIONS_OUT_ENV}={shlex.quote(str(recorded))}/"${{log##*/}}" '
@@ -126,6 +150,7 @@ def record_units(
     clangs: Path,
     flags: list[str] | None = None,
     stage: str | None = None,
+    restore_deleted: bool = False,
 ) -> Recorded:
     """Runs BUILD in ROOT (its output in LOG), its compiles given FLAGS after their own,
     with POLICY served by the plugin and recorded: at the compiles and at lld's LTO links,
@@ -133,7 +158,9 @@ def record_units(
     full-LTO or ThinLTO build). Each recorded unit's departures from clang's own are
     counted by running its call once more with clang's own advisor, its output kept in
     CLANGS: the `.text` of plain clang's (the location flags change no code), which
-    `decisions_kept` weighs the decisions against without compiling it again."""
+    `decisions_kept` weighs the decisions against without compiling it again. With
+    RESTORE_DELETED (ROOT is a scratch copy of the caller's), a source the build deleted
+    once compiled, whose object it kept, is put back as it was compiled, to be decided."""
     if not build:
         raise UsageError("no build command to record (give it after `--`)")
     plugin = inliner_plugin(policy, tc)
@@ -149,6 +176,7 @@ def record_units(
         work, calls, recorded = Path(d), Path(d) / "calls", Path(d) / "recorded"
         calls.mkdir()
         recorded.mkdir()
+        (work / SOURCES).mkdir()
         cc = _recording_wrapper(work / "rec-cc", tc.clang, calls, recorded, served, link_load)
         cxx = _recording_wrapper(work / "rec-c++", tc.clangxx, calls, recorded, served, link_load)
         env = build_env(tc, work, flags or [], str(cc), str(cxx))
@@ -162,7 +190,9 @@ def record_units(
             text = rec.read_text() if rec.exists() else ""
             sources = source_files(args)
             if "-c" in args and len(sources) == 1:
-                if not (call.cwd / sources[0]).is_file():
+                if not (call.cwd / sources[0]).is_file() and not (
+                    restore_deleted and _restored(call, sources[0], work / SOURCES)
+                ):
                     continue  # a configure's probe, deleted since: nothing to replay
                 name = os.path.relpath((call.cwd / sources[0]).resolve(), root)
                 if name.startswith(".."):
@@ -211,6 +241,20 @@ def record_units(
         list(LOCATION_FLAGS) if g0 else [], outputs, own,
         [*located, *policy.problem.advisor_flags], plugin,
     )  # fmt: skip
+
+
+def _restored(call: Invocation, source: str, kept: Path) -> bool:
+    """Whether CALL's SOURCE, deleted since the build compiled it, was put back from its
+    copy in KEPT: only where the compile's object is still there (a product of the build,
+    not a configure's probe, which deletes both)."""
+    args = call.argv[1:]
+    obj = named_output(args) or Path(source).with_suffix(".o").name
+    copy = kept / call.log_name
+    if not (call.cwd / obj).is_file() or not copy.is_file():
+        return False
+    (call.cwd / source).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(copy, call.cwd / source)
+    return True
 
 
 def answered_units(found: Recorded, answers: Mapping[str, str]) -> dict[str, UnitDecisions]:
