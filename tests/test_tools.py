@@ -63,7 +63,13 @@ from tools.lab.rebuilds import (
     detected,
 )
 from tools.lab.recipe import load_policy_recipe, stage_packages
-from tools.lab.yield_curve import build_equivalents, found_at, stalled_found, yield_curve
+from tools.lab.yield_curve import (
+    build_equivalents,
+    found_at,
+    sampled_share_interval,
+    stalled_found,
+    yield_curve,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 GUARDED = ROOT / "policies" / "inlining-size-guarded"
@@ -463,6 +469,18 @@ def test_the_yield_curve_reads_each_search_at_a_budget_and_counts_its_compiles()
     assert yield_curve(base, curves, (1, 2, 4, 8)) == {1: 0.0, 2: 6.0, 4: 12.0, 8: 12.0}
     seconds, compiles, plain = {"a": 2.4, "b": 1.2}, {"a": 4, "b": 2}, {"a": 0.5, "b": 0.5}
     assert build_equivalents(seconds, compiles, plain) == pytest.approx(1.2)
+
+
+@pytest.mark.unit
+def test_a_sampled_ceilings_spread_holds_its_share_and_widens_with_uneven_modules():
+    """Modules alike give an interval of one point, their share; one module holding all the
+    gain gives a wide one around the sample's share, from nothing up."""
+    totals = {f"m{i}": 100.0 for i in range(20)}
+    even = {n: 1.0 for n in totals}
+    assert sampled_share_interval(even, totals) == pytest.approx((0.01, 0.01))
+    lone = {"m0": 20.0}
+    lo, hi = sampled_share_interval(lone, totals)
+    assert lo == 0.0 < 0.01 < hi and hi > 0.02
 
 
 @pytest.mark.unit

@@ -14,7 +14,8 @@ module. Beside them, the same searches read as if a module stopped getting compi
 it went PATIENCE of them finding nothing, its compiles given to the others at the same
 compile CPU (`yield_curve.stalled_found`). Compiles are counted in build-equivalents (one
 plain compile of every module: the compile CPU of one build), at the search compile's
-measured cost against the plain one.
+measured cost against the plain one. With --sample, the ceiling's share comes with its
+90% interval over bootstrap resamples of the sampled modules (`sampled_share_interval`).
 With search-first decisions a tune ships what its search found for every file it
 searched, so this curve, plus the fixed cost of its builds, is what a tune's budget buys.
 """
@@ -41,7 +42,12 @@ from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import Failed, LocalPool
 from mlgo.train.bcmax import SearchConfig, SearchResult, SearchTask, search_module
 from mlgo.train.evaluate import baseline
-from tools.lab.yield_curve import build_equivalents, stalled_found, yield_curve
+from tools.lab.yield_curve import (
+    build_equivalents,
+    sampled_share_interval,
+    stalled_found,
+    yield_curve,
+)
 
 PROBLEM = get_problem("inlining-size")
 POINTS = (1, 2, 4, 8, 16)
@@ -138,12 +144,13 @@ def main() -> None:
             curves[prior][name], seconds[name], compiles[name] = result.curve, took, result.compiles
         ratio[prior] = build_equivalents(seconds, compiles, plain)
     workers.close()
-    ceiling = sum(
-        max(base[m] - min(c[m][-1] for c in curves.values() if m in c), 0.0)
+    gains = {
+        m: max(base[m] - min(c[m][-1] for c in curves.values() if m in c), 0.0)
         for m in base
         if any(m in c for c in curves.values())
-    )
-    total = sum(base.values())
+    }
+    ceiling, total = sum(gains.values()), sum(base.values())
+    spread = sampled_share_interval(gains, base, seed=args.seed) if args.sample else None
     found = {p: yield_curve(base, c, (*POINTS, args.budget)) for p, c in curves.items()}
     one_build = sum(plain[m] for m in curves[next(iter(curves))] if m in plain)
     stalled = {
@@ -175,8 +182,14 @@ def main() -> None:
         console.print(
             f"fitted rounds at {k} compiles a module: {100 * v / ceiling:.0f}% of the ceiling"
         )
+    interval = (
+        f", 90% interval {100 * spread[0]:.2f}..{100 * spread[1]:.2f}% over resamples of the "
+        "sample's modules"
+        if spread
+        else ""
+    )
     console.print(
-        f"ceiling: {ceiling:,.0f} bytes, {100 * ceiling / total:.2f}% of the corpus "
+        f"ceiling: {ceiling:,.0f} bytes, {100 * ceiling / total:.2f}% of the corpus{interval} "
         f"(the better search per module at {args.budget} compiles); "
         f"{time.monotonic() - began:.0f} s on {args.workers} workers"
     )
@@ -187,6 +200,8 @@ def main() -> None:
             "total": total,
             "ceiling": ceiling,
             "ceiling_pct": 100 * ceiling / total,
+            **({"ceiling_pct_interval": [100 * x for x in spread]} if spread else {}),
+            "per_module": {m: {"default": base[m], "ceiling_gain": gains.get(m)} for m in base},
             "found": {p: {str(k): v for k, v in f.items()} for p, f in found.items()},
             "search_compile_ratio": ratio,
             "stalled": {str(k): v for k, v in stalled.items()},

@@ -1,10 +1,13 @@
 """What a search finds against what it spends: each module's anytime curve (the best cost
 after each compile, `bcmax.SearchResult.curve`) summed over a corpus at a few budgets, as
-bytes found and as a share of a ceiling, and the compiles as build-equivalents."""
+bytes found and as a share of a ceiling, and the compiles as build-equivalents; the spread
+of a ceiling measured on a sample of modules."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 
 def found_at(curve: Sequence[float], base: float, compiles: int) -> float:
@@ -68,3 +71,24 @@ def stalled_found(
                 still.append(m)
         active = still
     return sum(found_at(curves[m], base[m], given[m]) for m in names)
+
+
+def sampled_share_interval(
+    gains: Mapping[str, float],
+    totals: Mapping[str, float],
+    draws: int = 2000,
+    seed: int = 0,
+    level: float = 0.9,
+) -> tuple[float, float]:
+    """The spread of a ceiling measured on a random sample of modules: the LEVEL interval
+    of the sample's share (the sum of GAINS over the sum of TOTALS, per module) over DRAWS
+    bootstrap resamples of its modules, drawn again with replacement. A share measured on
+    32 modules of a thousand is an estimate of the whole corpus's; this says how loose."""
+    rng = np.random.default_rng(seed)
+    names = sorted(totals)
+    gain = np.array([gains.get(n, 0.0) for n in names])
+    total = np.array([totals[n] for n in names])
+    picks = rng.integers(0, len(names), size=(draws, len(names)))
+    shares = gain[picks].sum(axis=1) / total[picks].sum(axis=1)
+    tail = (1 - level) / 2
+    return float(np.quantile(shares, tail)), float(np.quantile(shares, 1 - tail))
