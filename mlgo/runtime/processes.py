@@ -4,7 +4,6 @@ much memory they hold together (a tune's stage is a build, a pool of compiles, a
 from __future__ import annotations
 
 import os
-import signal
 import threading
 from pathlib import Path
 from types import TracebackType
@@ -47,9 +46,6 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
-        # The kernel hands a signal for the process to any thread that does not block it;
-        # taken here, Ctrl-C would not wake the main thread from its wait on a build.
-        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         while True:
             self.peak = max(self.peak, tree_rss(os.getpid()))
             if self._stop.wait(self.interval):
