@@ -20,7 +20,6 @@ from mlgo.programs.measure import recipe_throughput
 from mlgo.programs.report import (
     PER_FILE,
     TOP,
-    cost_lines,
     directories,
     load_report,
     program_report,
@@ -361,30 +360,6 @@ def test_a_tunes_report_says_what_its_out_holds_and_its_peak_memory(tmp_path):
     lines = cost_lines({"cost": cost})
     assert "OUT holds 4.0 MB (corpus 3.0 MB, train 1.0 MB)" in lines
     assert any(line.startswith("peak memory of this run: the tune ") for line in lines)
-
-
-def hold_memory(run: None) -> None:
-    """A stage whose child holds 300 MB for a while, as a build's compile or a worker does."""
-    hold = "x = bytearray(300_000_000); import time; time.sleep(1.5)"
-    subprocess.run([sys.executable, "-c", hold], check=True)
-
-
-@pytest.mark.unit
-def test_a_stages_peak_memory_counts_the_processes_it_started(tmp_path):
-    """Each stage's peak is the most its processes held together while it ran, a child's
-    included (the kernel's peak of the largest child belongs to no stage), kept across a
-    record read back, and said in the report's notes."""
-    stages = [Stage("build", hold_memory), Stage("wait", lambda run: time.sleep(1.2))]
-    record = StageRecord(tmp_path / "stages.json", [s.name for s in stages])
-    run_stages(stages, record, None, "test")
-    summary = json.loads((tmp_path / "stages.json").read_text())
-    peak = summary["peak_memory"]
-    assert peak["wait"] > 10_000_000  # this Python, at least
-    assert peak["build"] - peak["wait"] > 290_000_000  # and the child
-    assert StageRecord.load(tmp_path / "stages.json", record.names).summary() == summary
-    lines = cost_lines({"cost": tune_cost(summary, 0.1, {})})
-    said = f"build {peak['build'] / 1e6:,.1f} MB, wait {peak['wait'] / 1e6:,.1f} MB"
-    assert f"the most memory each stage held, its processes together: {said}" in lines
 
 
 @pytest.mark.unit

@@ -22,7 +22,7 @@ from mlgo.corpus.compile import compile_module
 from mlgo.data import SERVED_BY_DEFAULT
 from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy, save_policy
-from mlgo.runtime.processes import live_children
+from mlgo.programs.measure import live_children
 from mlgo.serve.client import ServiceError, request, runtime_dir
 from mlgo.serve.native_wrapper import NATIVE_SOURCE, build_native_wrapper, install_native_wrappers
 from tests.conftest import DATA, MLGO, SHIPPED, WRAPPER_KINDS, random_policy, save_inline_all

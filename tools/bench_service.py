@@ -49,10 +49,9 @@ from mlgo.programs.build import (
     policy_service,
     pristine_source,
 )
-from mlgo.programs.measure import paired_change, tree_cpu_seconds
+from mlgo.programs.measure import live_children, paired_change, tree_cpu_seconds
 from mlgo.records import ModuleRun
 from mlgo.runtime.files import atomic_write_text
-from mlgo.runtime.processes import live_children
 from mlgo.serve.client import request
 from mlgo.train import policy_dir
 

@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 from mlgo.llvm.block_costs import CALLGRIND_OPTIONS, executions
 from mlgo.packages.recipes import BENCH_TIMEOUT_S, NOTHING_VOLATILE, Recipe
 from mlgo.runtime.commands import BuildError, run_grouped, run_logged
-from mlgo.runtime.processes import live_children
 
 CLOCKS = ("wall", "cpu")
 
@@ -78,6 +77,16 @@ def children_cpu() -> float:
     """User + system seconds of this process's reaped children so far."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def live_children(pid: int) -> list[int]:
+    """PID's live child processes, whichever of its threads started them (each thread
+    lists only its own: a service's policy server is the child of a connection thread)."""
+    return [
+        int(kid)
+        for t in Path(f"/proc/{pid}/task").glob("*/children")
+        for kid in t.read_text().split()
+    ]
 
 
 def tree_cpu_seconds(pid: int, children: bool = True) -> float:

@@ -350,12 +350,11 @@ def ours_label(report: dict) -> str:
 
 def tune_cost(stages: dict, build_cpu_seconds: float, training: dict) -> dict:
     """What a tune cost, from its STAGES' record (`StageRecord.summary`; the report's own
-    stage, running, aside) and its TRAINING record: each stage's wall and CPU seconds and
-    the most memory it held (with every process it started, `PeakMemory`), the
+    stage, running, aside) and its TRAINING record: each stage's wall and CPU seconds, the
     whole tune's wall seconds, and in build-equivalents (a plain build's compile CPU,
     BUILD_CPU_SECONDS) each stage's CPU and the search's compiles (`chain.search_compiles`).
     A record from before CPU was kept has no build-equivalents."""
-    cpu, peak = stages.get("cpu_seconds", {}), stages.get("peak_memory", {})
+    cpu = stages.get("cpu_seconds", {})
 
     def builds(seconds: float) -> dict:
         return {"builds": round(seconds / build_cpu_seconds, 2)} if build_cpu_seconds > 0 else {}
@@ -364,7 +363,6 @@ def tune_cost(stages: dict, build_cpu_seconds: float, training: dict) -> dict:
         name: {
             "seconds": s,
             **({"cpu_seconds": cpu[name], **builds(cpu[name])} if name in cpu else {}),
-            **({"peak_memory": peak[name]} if name in peak else {}),
         }
         for name, s in stages["seconds"].items()
         if name != "report"
@@ -432,10 +430,6 @@ def cost_lines(report: dict) -> list[str]:
             f"peak memory of this run: the tune {_megabytes(peak['tune'])}, its largest "
             f"child {_megabytes(peak['largest_child'])}"
         )
-    if by_stage := [f"{n} {_megabytes(r['peak_memory'])}" for n, r in cost["stages"].items()
-                    if r.get("peak_memory")]:  # fmt: skip
-        lines.append("the most memory each stage held, its processes together: "
-                     + ", ".join(by_stage))  # fmt: skip
     return lines
 
 
@@ -449,15 +443,14 @@ def cost_table(cost: dict) -> str:
     def cells(name: str, r: dict) -> list[str]:
         cpu = f"{r['cpu_seconds']:.1f}" if "cpu_seconds" in r else ""
         builds = f"{r['builds']:,.2f}" if "builds" in r else ""
-        peak = _megabytes(r["peak_memory"]) if r.get("peak_memory") else ""
-        return [name, f"{r['seconds']:.1f}", cpu, builds, peak]
+        return [name, f"{r['seconds']:.1f}", cpu, builds]
 
     rows = [cells(name, r) for name, r in cost["stages"].items()]
     if search := cost.get("search"):
         builds = f"{search['builds']:,.2f}" if "builds" in search else ""
-        rows.append([f"training's search: {search['compiles']:,} compiles", "", "", builds, ""])
-    rows.append(["the tune", f"{cost['seconds']:.1f}", "", "", ""])
-    head = ["stage", "wall s", "CPU s", "builds (CPU)", "peak memory"]
+        rows.append([f"training's search: {search['compiles']:,} compiles", "", "", builds])
+    rows.append(["the tune", f"{cost['seconds']:.1f}", "", ""])
+    head = ["stage", "wall s", "CPU s", "builds (CPU)"]
     unit = f"a build: the plain build's {cost['build_cpu_seconds']:.2f} s of compile CPU"
     return html_table(head, rows) + f"<p>{html.escape(unit)}</p>"
 

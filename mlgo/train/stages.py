@@ -8,11 +8,10 @@ A `Stage` is declared, as a trainer is: its name, what it does with the run, the
 its result depends on, the one whose larger value alone runs it (and what follows) again (a
 budget), whether a refresh runs it again, and where it writes. `run_stages` runs those not
 finished, in order, each timed, and names the stage on an error. `StageRecord` is the one
-record of a run: which stages finished and when, each one's seconds and CPU seconds
+record of a run: which stages finished and when, and each one's seconds and CPU seconds
 (the run's own and its reaped children's: what its builds and compiles cost), summed over
 the runs that worked on it (a stop by SIGTERM or Ctrl-C counts them; SIGKILL's are lost),
-and the most memory it held with every process it started, with the run's result if it
-has one, rewritten whole after each stage. `check_arguments` refuses
+with the run's result if it has one, rewritten whole after each stage. `check_arguments` refuses
 a rerun whose arguments differ in one a finished stage depended on, naming it, rather than
 mixing results.
 """
@@ -32,7 +31,6 @@ from mlgo.runtime.commands import BuildError
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.inputs import read_json
 from mlgo.runtime.messages import naming
-from mlgo.runtime.processes import PeakMemory
 
 R = TypeVar("R")  # what a run's stages work on: a tune's run, or nothing
 
@@ -63,7 +61,6 @@ class StageRecord:
         self.ended: dict[str, str] = {}  # when each finished stage finished
         self.seconds: dict[str, float] = {}  # every stage worked on
         self.cpu: dict[str, float] = {}  # and its CPU seconds (none in a record before them)
-        self.peak: dict[str, int] = {}  # and the most memory it held (`PeakMemory`), in bytes
         self.result = result or {}
 
     @classmethod
@@ -78,15 +75,13 @@ class StageRecord:
             try:
                 seconds, finished = dict(data["seconds"]), list(data["finished"])
                 ended, cpu = dict(data.get("ended", {})), dict(data.get("cpu_seconds", {}))
-                peak = dict(data.get("peak_memory", {}))
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(repr(e)) from None
             if not set(finished) <= set(names) or not all(
-                isinstance(v, int | float)
-                for v in [*seconds.values(), *cpu.values(), *peak.values()]
+                isinstance(v, int | float) for v in [*seconds.values(), *cpu.values()]
             ):
                 raise ValueError("a stage or its seconds unknown")
-            record.seconds, record.cpu, record.peak = seconds, cpu, peak
+            record.seconds, record.cpu = seconds, cpu
             record.finished = [s for s in finished if s not in skip]
             record.ended = {s: str(t) for s, t in ended.items() if s in record.finished}
         return record
@@ -104,28 +99,25 @@ class StageRecord:
     def timing(self, stage: str) -> Iterator[None]:
         """STAGE, timed: finished if its body returns; its seconds counted and the record
         saved however it ends (an error, SystemExit from SIGTERM's handler, Ctrl-C)."""
-        start, cpu, memory = time.monotonic(), cpu_seconds(), PeakMemory()
+        start, cpu = time.monotonic(), cpu_seconds()
         try:
-            with memory:
-                yield
+            yield
             self.finished.append(stage)
             self.ended[stage] = time.strftime("%Y-%m-%dT%H:%M:%S")
         finally:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.monotonic() - start
             self.cpu[stage] = self.cpu.get(stage, 0.0) + cpu_seconds() - cpu
-            self.peak[stage] = max(self.peak.get(stage, 0), memory.peak)
             self.save()
 
     def summary(self) -> dict:
         """Each stage's seconds, their total in minutes (of the seconds as written, so that
         a record read back and written again says the same), its CPU seconds, the stages
-        finished and when, the most memory each held, and the result."""
+        finished and when, and the result."""
         seconds = {s: round(self.seconds[s], 1) for s in self.names if s in self.seconds}
         return {
             "seconds": seconds,
             "total_minutes": round(sum(seconds.values()) / 60, 1),
             "cpu_seconds": {s: round(self.cpu[s], 1) for s in self.names if s in self.cpu},
-            "peak_memory": {s: self.peak[s] for s in self.names if s in self.peak},
             "finished": [s for s in self.names if s in self.finished],
             "ended": {s: self.ended[s] for s in self.names if s in self.ended},
             **self.result,
