@@ -575,7 +575,7 @@ def test_a_searched_trajectory_at_a_full_lto_link_is_recorded_by_its_call_sites(
     )
     measured, answers = run.metrics[problem.reward_metric], "".join(map(str, run.advice))
     corpus_flags = [problem.opt_level, *lto_flags("link")]
-    searched = answered_links(found, {"prog": answers}, tc, corpus_flags)
+    searched = answered_links(found, {"prog": answers}, tc, problem.opt_level)
     unit = searched["links/prog"]
     assert unit.found_by == "search" and sum((unit.departures or {}).values()) > 0
     inl = tmp_path / "unit.inl"

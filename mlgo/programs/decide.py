@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlgo.corpus.lto import lto_flags
 from mlgo.corpus.record import module_name
 from mlgo.llvm.driver import link_output
 from mlgo.llvm.toolchain import Toolchain
@@ -56,9 +55,8 @@ def decide(run: TuneRun) -> Path:
     answers = {n: a for n, a in searched_units(run, found, scratch).items() if n not in as_before}
     files_answered = {n[len("files/") :]: a for n, a in answers.items() if n.startswith("files/")}
     links_answered = {n[len("links/") :]: a for n, a in answers.items() if n.startswith("links/")}
-    corpus_flags = [problem.opt_level, *lto_flags("link")]  # as the corpus replayed its links
     searched = answered_units(found, files_answered) | answered_links(
-        found, links_answered, run.tc, corpus_flags
+        found, links_answered, run.tc, problem.opt_level
     )
     files, links, left = keep(found, problem.aim, as_before, searched)
     again = sorted(f"files/{n}" for n in found.files if f"files/{n}" not in as_before)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlgo.corpus.extract import Invocation, logged_invocations
-from mlgo.corpus.lto import Link, merged_module
+from mlgo.corpus.lto import Link, lto_flags, merged_module
 from mlgo.corpus.wrappers import build_env
 from mlgo.errors import UsageError
 from mlgo.llvm.cmdline import without_outputs
@@ -280,17 +280,19 @@ def answered_units(found: Recorded, answers: Mapping[str, str]) -> dict[str, Uni
 
 
 def answered_links(
-    found: Recorded, answers: Mapping[str, str], tc: Toolchain, link_flags: list[str]
+    found: Recorded, answers: Mapping[str, str], tc: Toolchain, opt_level: str
 ) -> dict[str, UnitDecisions]:
     """Per program of FOUND's full-LTO links that ANSWERS answers (a searched trajectory's
-    answers on its merged module, as `clang OPT -c` of it asked them: `lto.cc1_args`), the
-    link replayed with LINK_FLAGS (the corpus's: `lto.merged_module`) for its merged module,
+    answers on its merged module, as `clang OPT_LEVEL -c` of it asked them: `lto.cc1_args`),
+    the link replayed as the corpus replayed it (`lto.merged_module`) for its merged module,
     which then compiles as the search compiled it, with those answers, recorded: the
     search's decisions keyed by call site. The link's own pipeline asks in another order,
     so only keys carry the answers there: its replay matches the sites it shares with the
     compile, clang's own decide the others, and `decisions_kept` judges the link (by
     `links/PROGRAM`)."""
     units: dict[str, UnitDecisions] = {}
+    load = f"-fpass-plugin={found.plugin}"
+    advised = [*[load] * (load not in found.advised), *found.advised]
     with tempfile.TemporaryDirectory(prefix="mlgo-answers-", dir=private_temp_dir()) as d:
         path = Path(d) / "answers"
         for program, given in answers.items():
@@ -298,20 +300,16 @@ def answered_links(
                 continue
             call = found.link_calls[program]
             link = Link(call.cwd, call.argv, Path(call.cwd) / link_output(call.argv[1:]))
-            private = Path(d) / "link"
-            private.mkdir()
-            try:
-                merged = merged_module(link, link_flags, private, None)
-            except BuildError:  # the recorded link replays: this one did, to be recorded
-                shutil.rmtree(private)
-                continue
-            path.write_text(given)
-            level = [a for a in link_flags if a.startswith("-O")][:1]
-            load = f"-fpass-plugin={found.plugin}"
-            advised = [*[load] * (load not in found.advised), *found.advised]
-            command = [tc.clang, *level, "-c", str(merged), *advised, "-o", os.devnull]
-            ours, conflicts, refused = record(command, call.cwd, ANSWERS_ADVISOR_PREFIX + str(path))
-            shutil.rmtree(private)
+            with tempfile.TemporaryDirectory(prefix="link-", dir=d) as private:
+                try:
+                    flags = [opt_level, *lto_flags("link")]
+                    merged = merged_module(link, flags, Path(private), None)
+                except BuildError:  # the recorded link replays: this one did, to be recorded
+                    continue
+                path.write_text(given)
+                command = [tc.clang, opt_level, "-c", str(merged), *advised, "-o", os.devnull]
+                advisor = ANSWERS_ADVISOR_PREFIX + str(path)
+                ours, conflicts, refused = record(command, call.cwd, advisor)
             unit = UnitDecisions(ours, conflicts, refused=len(refused), found_by="search")
             unit.departures = departures(ours, found.own[f"links/{program}"])
             units[f"links/{program}"] = unit
