@@ -83,18 +83,23 @@ done
 
 
 def _recording_wrapper(
-    path: Path, compiler: str, calls: Path, recorded: Path, flags: list[str], at_link: list[str]
+    path: Path,
+    compiler: str,
+    calls: Path,
+    recorded: Path,
+    flags: list[str],
+    at_link: list[str],
+    keep_sources: bool,
 ) -> Path:
-    """A compiler that logs its call in CALLS (as mlgo.corpus.wrappers does), keeps a copy
-    of its source in SOURCES beside it, and records the plugin's decisions in RECORDED
-    under the log's name; an LTO link by lld also gets AT_LINK."""
+    """A compiler that logs its call in CALLS (as mlgo.corpus.wrappers does), with
+    KEEP_SOURCES keeps a copy of its source in SOURCES beside it, and records the plugin's
+    decisions in RECORDED under the log's name; an LTO link by lld also gets AT_LINK."""
     log_template = shlex.quote(str(calls / "XXXXXXXX"))
     path.write_text(
         "#!/bin/sh\n"
         f"log=$(mktemp {log_template}) && "
         f'printf \'%s\\0\' "$(pwd -P)" {shlex.quote(compiler)} "$@" >"$log" || exit 1\n'
-        f"sources={shlex.quote(str(calls.parent / SOURCES))}\n"
-        + _KEEP_SOURCE
+        + (f"sources={shlex.quote(str(calls.parent / SOURCES))}\n" + _KEEP_SOURCE) * keep_sources
         + (_LLD_LTO + f'[ -n "$lld" ] && [ -n "$lto" ] && set -- "$@" {shlex.join(at_link)}\n')
         * bool(at_link)
         + f'{DECISIONS_OUT_ENV}={shlex.quote(str(recorded))}/"${{log##*/}}" '
@@ -177,8 +182,12 @@ def record_units(
         calls.mkdir()
         recorded.mkdir()
         (work / SOURCES).mkdir()
-        cc = _recording_wrapper(work / "rec-cc", tc.clang, calls, recorded, served, link_load)
-        cxx = _recording_wrapper(work / "rec-c++", tc.clangxx, calls, recorded, served, link_load)
+        cc, cxx = (
+            _recording_wrapper(
+                work / name, compiler, calls, recorded, served, link_load, restore_deleted
+            )  # fmt: skip
+            for name, compiler in (("rec-cc", tc.clang), ("rec-c++", tc.clangxx))
+        )
         env = build_env(tc, work, flags or [], str(cc), str(cxx))
         run_logged(build, root, log, None, env, shlex.join(build))
         texts: dict[tuple[str, str], list[str]] = {}
