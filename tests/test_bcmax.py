@@ -18,7 +18,6 @@ from mlgo.problems import get_problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import load_policy
 from mlgo.runtime.workers import LocalPool
-from mlgo.ship.modelcard import model_card
 from mlgo.train import RunDir
 from mlgo.train.bcmax import (
     Answerer,
@@ -29,6 +28,7 @@ from mlgo.train.bcmax import (
     search_module,
 )
 from mlgo.train.evaluate import baseline
+from mlgo.train.modelcard import model_card
 from mlgo.train.run import load_start, run
 from tests.conftest import MLGO, run_mlgo
 

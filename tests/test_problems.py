@@ -19,9 +19,9 @@ from mlgo.problems import Problem, get_problem, problems
 from mlgo.problems.policy import MLPPolicy, policy_class
 from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.records import Decisions
-from mlgo.ship.modelcard import model_card
 from mlgo.traces.format import Manifest, TraceError
 from mlgo.train.evaluate import EvalTask, Evaluation
+from mlgo.train.modelcard import model_card
 from mlgo.train.report import render_html, summary
 
 MODULE = Module("pkg/a.o", Path("pkg/a.o.bc"), ("-cc1", "-O2"))

@@ -126,14 +126,16 @@ def test_search_compile_bench_ratios_per_module_in_total_and_python_parts():
     turns = {
         "plain": [C(1.0, 0.8, 0.01), C(2.0, 1.0, 0.01)],
         "responder": [C(1.1, 0.9, 0.01), C(2.2, 1.1, 0.01)],
-        "search": [C(1.5, 0.9, 0.11), C(2.0, 1.1, 0.21)],
+        "channel": [C(1.5, 0.9, 0.11), C(2.0, 1.1, 0.21)],
+        "plugin": [C(1.2, 0.9, 0.01), C(2.4, 1.1, 0.01)],
     }
     m = bench_search_compile.module_figures(turns)
-    assert m["ratio"]["search wall"]["runs"] == pytest.approx([1.5, 1.0])
-    assert m["ratio"]["search cpu"]["runs"] == pytest.approx([1.01 / 0.81, 1.31 / 1.01])
-    assert m["median_s"]["search"]["python"] == pytest.approx(0.16)
+    assert m["ratio"]["channel wall"]["runs"] == pytest.approx([1.5, 1.0])
+    assert m["ratio"]["channel cpu"]["runs"] == pytest.approx([1.01 / 0.81, 1.31 / 1.01])
+    assert m["ratio"]["plugin wall"]["runs"] == pytest.approx([1.2, 1.2])
+    assert m["median_s"]["channel"]["python"] == pytest.approx(0.16)
     t = bench_search_compile.totals({"a": m, "b": m})
-    assert t["ratio_of_sums"]["search wall"] == pytest.approx(1.75 / 1.5)
+    assert t["ratio_of_sums"]["channel wall"] == pytest.approx(1.75 / 1.5)
     assert t["per_module_ratio"]["responder cpu"]["median"] == pytest.approx(
         m["ratio"]["responder cpu"]["median"]
     )
@@ -775,7 +777,7 @@ def test_link_recipe_card_shows_every_candidate_the_test_and_the_commands_that_r
     links without the guard, and the run with the options it was made with."""
     from dataclasses import replace
 
-    from mlgo.ship.modelcard import chosen_card
+    from mlgo.train.modelcard import chosen_card
     from tools.lab.reproduce import CHOICE_HOW
 
     policy = replace(load_policy(shipped_policy("inlining-size-link")), guard="size")
@@ -825,7 +827,7 @@ def test_the_lab_projects_and_workloads_are_recipes_of_the_one_format():
 def test_every_shipped_recipe_loads_and_its_card_reproduces_it_by_that_recipe():
     """Each policies/*/recipe.toml loads whole, and its policy's card's "Reproduce" section
     is the recipe's lines: its corpora's builds and the one command that runs it."""
-    from mlgo.ship.modelcard import reproduce_section, with_reproduce
+    from mlgo.train.modelcard import reproduce_section, with_reproduce
 
     recipes = sorted((ROOT / "policies").glob("*/recipe.toml"))
     assert [r.parent.name for r in recipes] == ["inlining-size-guarded", "inlining-size-link"]
@@ -856,7 +858,7 @@ def test_every_shipped_recipe_loads_and_its_card_reproduces_it_by_that_recipe():
 @pytest.mark.unit
 def test_a_recipe_changed_by_the_tools_flags_says_so_in_its_reproduce_line(tmp_path):
     """Per-stage changes (the old tools' flags) reach the stages and the card's line."""
-    from mlgo.ship.modelcard import reproduce_section, with_reproduce
+    from mlgo.train.modelcard import reproduce_section, with_reproduce
     from tools.lab.recipe import overridden
 
     recipe = overridden(

@@ -18,7 +18,6 @@ from mlgo.problems.policy_files import load_policy, save_policy
 from mlgo.programs.speed import read_costs
 from mlgo.runtime.commands import BuildError
 from mlgo.runtime.workers import LocalPool, make_workers
-from mlgo.ship.modelcard import model_card
 from mlgo.traces.collect import collect
 from mlgo.traces.dataset import load_decisions
 from mlgo.train import RunDir
@@ -26,6 +25,7 @@ from mlgo.train.bc import train_bc
 from mlgo.train.calibrate import GRID, NEVER, choose
 from mlgo.train.es import ES, ESConfig
 from mlgo.train.evaluate import Evaluation, evaluate
+from mlgo.train.modelcard import model_card
 from mlgo.train.report import render_html, summary
 from mlgo.train.run import load_start, start_policy
 from tests.cli_helpers import POLICIES

@@ -623,8 +623,8 @@ def test_a_policy_server_is_cached_per_policy_and_tensorflow_library_directory(m
 def test_a_model_card_retrains_each_run_its_policy_started_from(tmp_path):
     """BC, ES on a subset of the packages, then BC-Max from it: the card gives all three
     commands in order and their budget summed; a start whose state cannot be read ends it."""
-    from mlgo.ship.modelcard import model_card
     from mlgo.train.evaluate import Evaluation
+    from mlgo.train.modelcard import model_card
 
     problem = get_problem("inlining-size")
 
@@ -660,7 +660,7 @@ def test_a_calibrated_policy_outside_its_run_is_carded_from_the_run_it_was_calib
 ):
     """`mlgo calibrate --out` anywhere: its calibration.json names the source policy, whose
     run the card is drawn from; a record that cannot be read leaves the card to the folder."""
-    from mlgo.ship.modelcard import model_card, policy_run
+    from mlgo.train.modelcard import model_card, policy_run
 
     run, cal = tmp_path / "runs" / "bcmax", tmp_path / "shipped" / "policy"
     (run / "policy").mkdir(parents=True)

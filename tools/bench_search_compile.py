@@ -9,19 +9,22 @@ interleaved, their order flipping every turn (`round_order`), REPEATS turns:
   plain      clang-22 -Oz -c of the module's bitcode with its recorded command line, no
              channel: compile_module's baseline (`compile_object`)
   responder  the channel answered by tools/default_responder.c: clang's ML mode by itself
-  search     the search's real path: `compile_module` answered by BC-Max's `Answerer` (the
+  channel    `compile_module` answered through the channel by BC-Max's `Answerer` (the
              default's answers; with --policy, the policy's greedy answers, as a search's
              starting trajectory), the object's size measured
+  plugin     the search's own path: the same trajectory answered inside clang by the
+             plugin (`plugin_compile`), the object's size measured
 
 Each is timed on three clocks: wall, clang's CPU (the children's rusage) and this
-process's CPU (the Python side). The parts of a search compile: clang's ML mode (responder
+process's CPU (the Python side). The parts of a channel compile: clang's ML mode (responder
 less plain, CPU), and this process's share, split by one profiled pass (cProfile on the CPU
 clock, which inflates it) into process start, the channel's round trips (reads, writes),
 the answers (the policy's evaluation), size measurement and the rest. Reported per module
 (median of the turns, min..max of the ratio) and in total, each as a ratio to plain.
-With --search-budget, each module is then searched whole as BC-Max searches it, and its
-compiles a second and CPU against as many plain compiles are reported: the search's own
-work between compiles included.
+With --search-budget, each module is then searched whole as BC-Max searches it, through
+the plugin and through the channel in turn, and each one's compiles a second and CPU
+against as many plain compiles are reported (the search's own work between compiles
+included), with whether the two found the same cost.
 """
 
 from __future__ import annotations
@@ -51,12 +54,14 @@ from mlgo.problems.policy import MLPPolicy
 from mlgo.problems.policy_files import load_policy
 from mlgo.programs.measure import round_order, spread
 from mlgo.train.bcmax import Answerer, SearchConfig, SearchTask, search_module
+from mlgo.train.plugin_compile import compile_in_plugin, search_plugin
 from tools.lab.responder import build_responder, compile_with_native_responder
 from tools.lab.workloads import save_json
 
 console = Console(width=150)
 PROBLEM = get_problem("inlining-size")
-VARIANTS = ("plain", "responder", "search")
+VARIANTS = ("plain", "responder", "channel", "plugin")
+MEASURED = ("channel", "plugin", "responder")  # each against plain
 CLOCKS = ("wall", "clang", "python")
 # A part of this process's CPU in a search compile: the functions whose cumulative time
 # it is, by (file name's end, function name); "rest" is what none of them holds.
@@ -118,7 +123,7 @@ def module_figures(turns: dict[str, list[Clocks]]) -> dict:
         "ratio": {
             f"{v} {clock}": ratios([getattr(c, clock) for c in turns[v]],
                                    [getattr(c, clock) for c in plain])
-            for v in ("search", "responder")
+            for v in MEASURED
             for clock in ("wall", "cpu")
         },
     }  # fmt: skip
@@ -133,7 +138,7 @@ def totals(per_module: dict[str, dict]) -> dict:
     }
     plain = sums["plain"]
     out: dict = {"sum_s": sums, "ratio_of_sums": {}, "per_module_ratio": {}}
-    for v in ("search", "responder"):
+    for v in MEASURED:
         for clock in ("wall", "cpu"):
             out["ratio_of_sums"][f"{v} {clock}"] = sums[v][clock] / plain[clock]
             out["per_module_ratio"][f"{v} {clock}"] = spread(
@@ -168,8 +173,13 @@ def answerer(policy: MLPPolicy | None) -> Answerer:
 
 def run_variant(variant: str, module: Module, clang: str, answers: Answerer, responder: Path):
     """One compile of MODULE as VARIANT; its object is thrown away."""
-    if variant == "search":
+    if variant == "channel":
         return compile_module(PROBLEM, module, clang, answers)
+    if variant == "plugin":
+        plugin = search_plugin(PROBLEM, answers.policy, clang)
+        if plugin is None:
+            raise typer.BadParameter("the plugin cannot answer this policy's trajectories")
+        return compile_in_plugin(module, clang, answers, plugin)
     if variant == "responder":
         return compile_with_native_responder(PROBLEM, module, clang, responder)
     with tempfile.TemporaryDirectory(prefix="mlgo-b-") as d:
@@ -210,7 +220,8 @@ def main(
             med = per_module[m.name]["median_s"]
             console.print(
                 f"{m.name}: {run.num_decisions} decisions, plain {med['plain']['wall']:.3f} s, "
-                f"search x{per_module[m.name]['ratio']['search cpu']['median']:.2f} CPU"
+                f"channel x{per_module[m.name]['ratio']['channel cpu']['median']:.2f} CPU, "
+                f"plugin x{per_module[m.name]['ratio']['plugin cpu']['median']:.2f} CPU"
             )
     total = totals(per_module)
     python_parts = parts(pstats.Stats(profile), len(modules))
@@ -237,32 +248,46 @@ def searches(
     modules: list[Module], clang: str, answers: Answerer, budget: int, per_module: dict[str, dict]
 ) -> dict | None:
     """Each module searched whole (`search_module`, BUDGET compiles, from ANSWERS' policy
-    or the default): its compiles a second on this core, and its CPU against that many
-    plain compiles of the module (PER_MODULE's medians); None with no budget."""
+    or the default) through the plugin and through the channel, in turns whose order flips
+    module by module: each path's compiles a second on this core and CPU against that many
+    plain compiles of the module (PER_MODULE's medians), and the modules where the two
+    found other costs; None with no budget."""
     if not budget:
         return None
-    spent, compiles, plain_cpu = Clocks(0.0, 0.0, 0.0), 0, 0.0
-    for m in modules:
-        task = SearchTask(PROBLEM, m, clang, answers.policy, SearchConfig(budget=budget))
-        start = Clocks.now()
-        r = search_module(task)
-        took = Clocks.now().since(start)
-        spent = Clocks(spent.wall + took.wall, spent.clang + took.clang, spent.python + took.python)
-        compiles += r.compiles
-        plain_cpu += r.compiles * per_module[m.name]["median_s"]["plain"]["cpu"]
+    spent = {p: Clocks(0.0, 0.0, 0.0) for p in ("plugin", "channel")}
+    compiles, plain_cpu = dict.fromkeys(spent, 0), dict.fromkeys(spent, 0.0)
+    best: dict[str, dict[str, float]] = {p: {} for p in spent}
+    for i, m in enumerate(modules):
+        for path in round_order(i, tuple(spent)):
+            cfg = SearchConfig(budget=budget, in_plugin=path == "plugin")
+            task = SearchTask(PROBLEM, m, clang, answers.policy, cfg)
+            start = Clocks.now()
+            r = search_module(task)
+            took, was = Clocks.now().since(start), spent[path]
+            spent[path] = Clocks(was.wall + took.wall, was.clang + took.clang,
+                                 was.python + took.python)  # fmt: skip
+            compiles[path] += r.compiles
+            plain_cpu[path] += r.compiles * per_module[m.name]["median_s"]["plain"]["cpu"]
+            best[path][m.name] = r.best.cost
     return {
         "budget": budget,
-        "compiles": compiles,
-        "compiles_per_s": compiles / spent.wall,
-        "clang_cpu_s": spent.clang,
-        "python_cpu_s": spent.python,
-        "cpu_to_plain": spent.cpu / plain_cpu,
+        **{
+            path: {
+                "compiles": compiles[path],
+                "compiles_per_s": compiles[path] / spent[path].wall,
+                "clang_cpu_s": spent[path].clang,
+                "python_cpu_s": spent[path].python,
+                "cpu_to_plain": spent[path].cpu / plain_cpu[path],
+            }
+            for path in spent
+        },
+        "other_costs": sorted(m for m in best["plugin"] if best["plugin"][m] != best["channel"][m]),
     }
 
 
 def report(f: dict) -> None:
-    table = Table("module", "decisions", "plain s", "search/plain wall", "search/plain CPU",
-                  "responder/plain CPU")  # fmt: skip
+    table = Table("module", "decisions", "plain s", "channel/plain CPU", "plugin/plain wall",
+                  "plugin/plain CPU", "responder/plain CPU")  # fmt: skip
     for name, m in f["modules"].items():
         r = m["ratio"]
         table.add_row(
@@ -271,7 +296,7 @@ def report(f: dict) -> None:
             f"{m['median_s']['plain']['wall']:.3f}",
             *(
                 f"{r[k]['median']:.2f} ({r[k]['min']:.2f}..{r[k]['max']:.2f})"
-                for k in ("search wall", "search cpu", "responder cpu")
+                for k in ("channel cpu", "plugin wall", "plugin cpu", "responder cpu")
             ),
         )
     console.print(table)
@@ -286,15 +311,20 @@ def report(f: dict) -> None:
             for k, v in t["per_module_ratio"].items()
         )
         + f"\nCPU per compile, ms: plain clang {1e3 * s['plain']['clang'] / n:.1f}; search "
-        f"clang {1e3 * s['search']['clang'] / n:.1f} + Python {1e3 * s['search']['python'] / n:.1f}"
-        "\nPython per search compile, profiled (inflated), ms: "
+        f"channel clang {1e3 * s['channel']['clang'] / n:.1f} + Python "
+        f"{1e3 * s['channel']['python'] / n:.1f}; plugin clang {1e3 * s['plugin']['clang'] / n:.1f}"
+        f" + Python {1e3 * s['plugin']['python'] / n:.1f}"
+        "\nPython per channel compile, profiled (inflated), ms: "
         + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in f["python_parts_s"].items())
-        + (
-            f"\nwhole searches: {x['compiles']} compiles, {x['compiles_per_s']:.2f} a second, "
-            f"CPU x{x['cpu_to_plain']:.3f} of as many plain compiles"
-            if (x := f["search"])
-            else ""
+        + "".join(
+            f"\nwhole searches through the {p}: {x[p]['compiles']} compiles, "
+            f"{x[p]['compiles_per_s']:.2f} a second, CPU x{x[p]['cpu_to_plain']:.3f} of as "
+            "many plain compiles"
+            for x in [f["search"]]
+            if x
+            for p in ("plugin", "channel")
         )
+        + (f"\nmodules whose best cost differs: {x['other_costs']}" if (x := f["search"]) else "")
         + f"\nload average before {f['load_before']}, after {f['load_after']}"
     )
 

@@ -27,7 +27,7 @@ from mlgo.errors import USER_ERRORS
 from mlgo.llvm.toolchain import find_toolchain
 from mlgo.runtime.files import atomic_write_text
 from mlgo.runtime.workers import make_workers
-from mlgo.ship.modelcard import with_reproduce
+from mlgo.train.modelcard import with_reproduce
 from tools.lab.recipe import load_policy_recipe, overridden
 from tools.lab.reproduce import choice_table, outcome_line, release_made, run_recipe, timed_stages
 

@@ -24,9 +24,9 @@ def export(
     with a model card drawn from its run (budget) and its evaluations; then AOT-compile
     it into OUT/aot (model.h + objects, what LLVM's release mode embeds)."""
     from mlgo.problems.policy_files import load_policy
-    from mlgo.ship.modelcard import run_card
     from mlgo.ship.release import release
     from mlgo.train import policy_dir
+    from mlgo.train.modelcard import run_card
 
     pdir = policy_dir(policy)
     loaded = load_policy(pdir)  # once: what is released is what was read

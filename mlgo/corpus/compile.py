@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -14,7 +14,7 @@ import numpy as np
 from mlgo.corpus.format import Module
 from mlgo.errors import MlgoError
 from mlgo.llvm.channel import ChannelError, Policy, compile_interactive, last_line
-from mlgo.llvm.log_format import stack_features
+from mlgo.llvm.log_format import Header, Observation, stack_features
 from mlgo.problems import Problem
 from mlgo.problems.policy import MLPPolicy
 from mlgo.records import ModuleRun
@@ -63,22 +63,37 @@ def compile_module(
             )
         except ChannelError as e:
             raise CompileError(f"{module.name}: {e}") from e
-        run = ModuleRun(
-            module.name,
-            seconds=session.seconds,
-            metrics=measure_object(problem.measure, module, obj, work),
-        )
-    if session.header is None or not session.decisions:
+        metrics = measure_object(problem.measure, module, obj, work)
+    return module_run(
+        problem,
+        module.name,
+        session.seconds,
+        metrics,
+        session.header,
+        [dec.observation for dec in session.decisions],
+        [int(dec.advice[0]) for dec in session.decisions],
+    )
+
+
+def module_run(
+    problem: Problem,
+    name: str,
+    seconds: float,
+    metrics: dict[str, float],
+    header: Header | None,
+    observations: Sequence[Observation],
+    advice: Sequence[int],
+) -> ModuleRun:
+    """One compile's record: each decision's features, the answer given (ADVICE) and the
+    compiler's own, however the answers reached the compiler."""
+    run = ModuleRun(name, seconds=seconds, metrics=metrics)
+    if header is None or not observations:
         return run
-    run.specs = session.header.features
-    run.contexts = [dec.observation.context for dec in session.decisions]
-    run.features = stack_features(
-        run.specs, [dec.observation.features for dec in session.decisions]
-    )
-    run.advice = np.array([int(dec.advice[0]) for dec in session.decisions], np.int64)
-    run.default = np.array(
-        [problem.default_advice(dec.observation) for dec in session.decisions], np.int64
-    )
+    run.specs = header.features
+    run.contexts = [obs.context for obs in observations]
+    run.features = stack_features(run.specs, [obs.features for obs in observations])
+    run.advice = np.array(advice, np.int64)
+    run.default = np.array([problem.default_advice(obs) for obs in observations], np.int64)
     return run
 
 

@@ -28,6 +28,11 @@ REPLAY_ADVISOR_PREFIX = "replay:"  # then the file's path: clang's replay of it
 # then the path of a file of '0' and '1', one a decision in the order asked: a searched
 # trajectory's answers, which the recorder so keys by call site
 ANSWERS_ADVISOR_PREFIX = "answers:"
+# A search's compile inside clang (mlgo.train.plugin_compile): the path of its spec, and
+# the files the plugin writes beside it: every observation, as the channel sends it, and
+# the answers given ('0' and '1' bytes).
+TRAJECTORY_ENV = "MLGO_TRAJECTORY"
+TRAJECTORY_LOG, TRAJECTORY_ANSWERS = "observations", "answers"
 # After a recorder's inline line at a callee clang itself would never inline there (not
 # viable, or refused by its attributes), then clang's reason: the recorder answered "no".
 NOT_VIABLE = " not viable: "

@@ -432,8 +432,8 @@ def linked_choice(
 def export(policy: MLPPolicy, chosen: Path, to: Path) -> Path:
     """The chosen POLICY (as saved in CHOSEN, for its card) released (numpy and
     SavedModel) into TO."""
-    from mlgo.ship.modelcard import run_card
     from mlgo.ship.release import release
+    from mlgo.train.modelcard import run_card
 
     return release(policy, to, run_card(policy, chosen), aot=False).saved_model.parent
 

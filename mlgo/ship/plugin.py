@@ -95,6 +95,9 @@ def policy_constants(policy: MLPPolicy) -> str:
         "kNotInlinedInto": replay.NOT_INLINED_INTO,
         "kAtCallsite": replay.AT_CALLSITE,
         "kNotViable": replay.NOT_VIABLE,
+        "kTrajectoryEnv": replay.TRAJECTORY_ENV,
+        "kTrajectoryLog": replay.TRAJECTORY_LOG,
+        "kTrajectoryAnswers": replay.TRAJECTORY_ANSWERS,
     }
     for name, value in recorder.items():
         out += f"const char *const {name} = {c_string(value)};\n"

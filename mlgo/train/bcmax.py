@@ -62,6 +62,7 @@ from mlgo.train import RunDir
 from mlgo.train.bc import train_bc
 from mlgo.train.loop import Candidate, Session, Step, Trainer, require_compiled
 from mlgo.train.options import option
+from mlgo.train.plugin_compile import compile_in_plugin, search_plugin
 from mlgo.train.rollouts import scored_pool
 
 Group = tuple[int, ...]  # a decision's values of its problem's group_features
@@ -136,6 +137,7 @@ class SearchConfig:
     rounds: int = 0  # 0: until the budget is spent or no single flip is left to try
     twins: bool = True  # False: a flip moves its decision alone, as before twins moved too
     greedy: bool = False  # True: a helpful move is kept at once, the next measured from it
+    in_plugin: bool = True  # False: every compile through the channel (`plugin_compile`)
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,11 @@ class _Search:
         """A starting trajectory: its compile must succeed, budget or not."""
         self.compiles += 1
         t = self.task
-        run = compile_module(t.problem, t.module, t.clang, answerer)
+        plugin = search_plugin(t.problem, answerer.policy, t.clang) if t.cfg.in_plugin else None
+        if plugin is not None:
+            run = compile_in_plugin(t.module, t.clang, answerer, plugin)
+        else:
+            run = compile_module(t.problem, t.module, t.clang, answerer)
         cost = run.metrics[t.problem.reward_metric]
         traj = Trajectory(cost, run.advice, self._rows(run), answerer, self._groups(run))
         if self.best is None or traj.cost < self.best.cost:

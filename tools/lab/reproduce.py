@@ -171,8 +171,8 @@ def release_made(
 ) -> Path | None:
     """What the recipe made in OUT released into TO as it ships (numpy and SavedModel), its
     card's "Reproduce" section REPRODUCE; None if a choice kept nothing (clang's own stays)."""
-    from mlgo.ship.modelcard import chosen_card, run_card
     from mlgo.ship.release import release
+    from mlgo.train.modelcard import chosen_card, run_card
 
     last = recipe.stages[-1]
     if isinstance(last, CalibrateStage):

@@ -45,7 +45,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -60,6 +63,8 @@
 #include "llvm/Analysis/ProfileSummaryInfo.h"
 #include "llvm/Analysis/ReplayInlineAdvisor.h"
 #include "llvm/Analysis/TensorSpec.h"
+#include "llvm/Analysis/InlineModelFeatureMaps.h"
+#include "llvm/Analysis/Utils/TrainingLogger.h"
 #include "llvm/IR/Module.h"
 #include "llvm/Passes/PassBuilder.h"
 #include "llvm/Support/CommandLine.h"
@@ -89,7 +94,7 @@ int profileInput(const char *Name) {
   return -1;
 }
 
-class PolicyRunner final : public MLModelRunner {
+class PolicyRunner : public MLModelRunner {
  public:
   PolicyRunner(LLVMContext &Ctx, const std::vector<TensorSpec> &Inputs)
       : MLModelRunner(Ctx, Kind::Release, Inputs.size()),
@@ -125,8 +130,9 @@ class PolicyRunner final : public MLModelRunner {
   bool ReadsProfile = false;
   double Profile[kProfileInputs] = {};  // this call site's (set only when ReadsProfile)
 
- private:
-  void *evaluateUntyped() override {
+ protected:
+  // The policy's answer at this decision: gated as GATED says, else the argmax.
+  int64_t answer(bool Gated) {
     for (int F = 0; F < kFeatures; ++F)  // the profile's, a scalar, or one element of a vector
       Raw[F] = FromProfile[F] >= 0 ? Profile[FromProfile[F]]
                : IsFloat[F] ? static_cast<double>(getTensor<float>(Index[F])[kFeatureElement[F]])
@@ -156,10 +162,13 @@ class PolicyRunner final : public MLModelRunner {
       std::copy(Next.begin(), Next.begin() + kLayerOut[L], H.begin());
       W = B + kLayerOut[L];
     }
-    if (kGated)
-      Advice = H[1 - Default] - H[Default] >= kDepartureMargin ? 1 - Default : Default;
-    else
-      Advice = std::max_element(H.begin(), H.begin() + kLayerOut[kLayers - 1]) - H.begin();
+    if (Gated) return H[1 - Default] - H[Default] >= kDepartureMargin ? 1 - Default : Default;
+    return std::max_element(H.begin(), H.begin() + kLayerOut[kLayers - 1]) - H.begin();
+  }
+
+ private:
+  void *evaluateUntyped() override {
+    Advice = answer(kGated);
     return &Advice;
   }
   std::vector<double> Raw;      // the features, then the derived columns
@@ -170,6 +179,17 @@ class PolicyRunner final : public MLModelRunner {
   int64_t Advice = 0;
 };
 
+// The bytes of the file at PATH (not through a symlink) into OUT; false if unreadable.
+bool readFile(const char *Path, std::string &Out, size_t Most) {
+  int Fd = open(Path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  char Buffer[65536];
+  ssize_t Got = 0;
+  while (Fd >= 0 && (Got = read(Fd, Buffer, sizeof Buffer)) > 0 && Out.size() < Most)
+    Out.append(Buffer, static_cast<size_t>(Got));
+  if (Fd >= 0) close(Fd);
+  return Fd >= 0 && Got >= 0;
+}
+
 // A trajectory's answers, one a decision in the order the advisor asks (as the interactive
 // channel's compile of the same module asked them): the search's best, replayed here so
 // that the recorder keys each answer by its call site. The file holds '0' and '1' bytes; a
@@ -179,15 +199,10 @@ class AnswersRunner final : public MLModelRunner {
   AnswersRunner(LLVMContext &Ctx, const std::vector<TensorSpec> &Inputs, const char *Path)
       : MLModelRunner(Ctx, Kind::Release, Inputs.size()) {
     for (size_t I = 0; I < Inputs.size(); ++I) setUpBufferForTensor(I, Inputs[I], nullptr);
-    int Fd = open(Path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    char Buffer[65536];
-    ssize_t Got = 0;
-    while (Fd >= 0 && (Got = read(Fd, Buffer, sizeof Buffer)) > 0 && Answers.size() < kMostAnswers)
-      Answers.append(Buffer, static_cast<size_t>(Got));
-    if (Fd < 0 || Got < 0) Problem = std::string("cannot read the answers in ") + Path;
+    if (!readFile(Path, Answers, kMostAnswers))
+      Problem = std::string("cannot read the answers in ") + Path;
     else if (Answers.find_first_not_of("01") != std::string::npos)
       Problem = std::string(Path) + " holds more than '0' and '1'";
-    if (Fd >= 0) close(Fd);
   }
   std::string Problem;
 
@@ -200,6 +215,121 @@ class AnswersRunner final : public MLModelRunner {
   }
   std::string Answers;
   size_t Next = 0;
+  int64_t Advice = 0;
+};
+
+// A search's compile inside clang (mlgo/train/plugin_compile.py writes its spec and reads
+// what this writes): the answers BC-Max's Answerer gives through the channel -- the base's
+// (LLVM's own decision, or the policy's argmax), its group's where the trajectory sets one,
+// flipped at the decision indices it names -- with every observation written as the channel
+// would have sent it (LLVM's Logger; LLVM's own decision last, as
+// -inliner-interactive-include-default sends it) to kTrajectoryLog beside the spec, and the
+// answers given, '0' and '1' bytes, to kTrajectoryAnswers. No FIFO, no second process.
+class TrajectoryRunner final : public PolicyRunner {
+ public:
+  TrajectoryRunner(LLVMContext &Ctx, const std::vector<TensorSpec> &Inputs, const char *Spec)
+      : PolicyRunner(Ctx, Inputs), Specs(Inputs) {
+    const std::string PolicyProblem = Problem;
+    Problem.clear();
+    std::string Text;
+    if (!readFile(Spec, Text, size_t(1) << 26)) {
+      Problem = std::string("cannot read the trajectory in ") + Spec;
+      return;
+    }
+    parse(Text, Inputs);
+    if (Problem.empty() && BasePolicy) Problem = PolicyProblem;
+    if (!Problem.empty()) return;
+    const std::string Spec_(Spec);
+    const std::string Dir = Spec_.substr(0, Spec_.rfind('/') + 1);
+    int Fd = open((Dir + kTrajectoryLog).c_str(),
+                  O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (Fd < 0) {
+      Problem = "cannot create " + Dir + kTrajectoryLog;
+      return;
+    }
+    Specs.push_back(DefaultDecisionSpec);
+    Log = std::make_unique<Logger>(std::make_unique<raw_fd_ostream>(Fd, true), Specs,
+                                   InlineDecisionSpec, false, InlineDecisionSpec);
+    AnswersPath = Dir + kTrajectoryAnswers;
+  }
+  ~TrajectoryRunner() override {
+    if (!Log) return;
+    Log.reset();  // flushed and closed before the answers say the compile is whole
+    int Fd = open(AnswersPath.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (Fd < 0 || write(Fd, Answers.data(), Answers.size()) != static_cast<ssize_t>(Answers.size()))
+      errs() << "mlgo: cannot write the answers to " << AnswersPath << "\n";
+    if (Fd >= 0) close(Fd);
+  }
+  void switchContext(StringRef Name) override {  // MLInlineAdvisor's constructor calls it
+    if (Log) Log->switchContext(Name);
+    Context = Name.str();
+  }
+
+ private:
+  // The spec's lines: `base default` or `base policy`; `group-feature NAME` for each of the
+  // problem's group features, in order; `group V1 .. Vn ANSWER`; `flip INDEX`.
+  void parse(const std::string &Text, const std::vector<TensorSpec> &Inputs) {
+    std::istringstream Lines(Text);
+    std::string Line, Word;
+    while (Problem.empty() && std::getline(Lines, Line)) {
+      std::istringstream Words(Line);
+      if (!(Words >> Word)) continue;
+      if (Word == "base" && Words >> Word && (Word == "default" || Word == "policy")) {
+        BasePolicy = Word == "policy";
+      } else if (Word == "group-feature" && Words >> Word) {
+        auto It = std::find_if(Inputs.begin(), Inputs.end(),
+                               [&](const TensorSpec &S) { return S.name() == Word; });
+        if (It == Inputs.end() || !It->isElementType<int64_t>())
+          Problem = "this compiler sends no int64 feature '" + Word + "'";
+        else
+          GroupIndex.push_back(static_cast<size_t>(It - Inputs.begin()));
+      } else if (Word == "group") {
+        std::vector<int64_t> Values;
+        int64_t Value;
+        while (Words >> Value) Values.push_back(Value);
+        if (Values.size() != GroupIndex.size() + 1 || (Values.back() != 0 && Values.back() != 1))
+          Problem = "a bad group line in the trajectory: " + Line;
+        else {
+          const int64_t Answer = Values.back();
+          Values.pop_back();
+          Groups[Values] = Answer;
+        }
+      } else if (Word == "flip") {
+        size_t Index;
+        if (Words >> Index) Flips.insert(Index);
+        else Problem = "a bad flip line in the trajectory: " + Line;
+      } else {
+        Problem = "a bad line in the trajectory: " + Line;
+      }
+    }
+  }
+  void *evaluateUntyped() override {
+    Log->startObservation();
+    for (size_t I = 0; I + 1 < Specs.size(); ++I)
+      Log->logTensorValue(I, static_cast<const char *>(getTensorUntyped(I)));
+    Log->logTensorValue(Specs.size() - 1, reinterpret_cast<const char *>(&Default));
+    Log->endObservation();
+    const size_t Index = Next[Context]++;  // the observation's number, as the Logger's
+    int64_t Answer = BasePolicy ? answer(false) : Default;
+    if (!Groups.empty()) {
+      std::vector<int64_t> Key;
+      for (size_t I : GroupIndex) Key.push_back(*getTensor<int64_t>(I));
+      auto It = Groups.find(Key);
+      if (It != Groups.end()) Answer = It->second;
+    }
+    if (Flips.count(Index)) Answer = 1 - Answer;
+    Answers.push_back(Answer ? '1' : '0');
+    Advice = Answer;
+    return &Advice;
+  }
+  std::vector<TensorSpec> Specs;  // the inputs, then LLVM's own decision
+  std::unique_ptr<Logger> Log;
+  std::string AnswersPath, Answers, Context;
+  std::map<std::string, size_t> Next;  // per context, as the Logger numbers observations
+  bool BasePolicy = false;
+  std::vector<size_t> GroupIndex;
+  std::map<std::vector<int64_t>, int64_t> Groups;
+  std::set<size_t> Flips;
   int64_t Advice = 0;
 };
 
@@ -218,23 +348,26 @@ void noteForGuard(char Mark) {
 
 // MLInlineAdvisor, with LLVM's own decision handed to the runner before each evaluation. A
 // gated policy so knows whether it departed from it: it says so for the size guard, which
-// needs no second compile of an object that is clang's own.
+// needs no second compile of an object that is clang's own. A trajectory's runner
+// (`Searching`) needs LLVM's decision at every evaluation, and no guard watches it.
 class GatedAdvisor final : public MLInlineAdvisor {
  public:
   using MLInlineAdvisor::MLInlineAdvisor;
   ~GatedAdvisor() override {
-    if (kGated) noteForGuard(kAdvised);
+    if (kGated && !Searching) noteForGuard(kAdvised);
   }
   PolicyRunner *Runner = nullptr;
   ProfileSummaryInfo *PSI = nullptr;
+  bool Searching = false;
 
  protected:
   std::unique_ptr<MLInlineAdvice> getAdviceFromModel(CallBase &CB,
                                                      OptimizationRemarkEmitter &ORE) override {
     if (Runner->ReadsProfile) measureProfile(CB);
-    if (!kGated) return MLInlineAdvisor::getAdviceFromModel(CB, ORE);
+    if (!kGated && !Searching) return MLInlineAdvisor::getAdviceFromModel(CB, ORE);
     Runner->Default = GetDefaultAdvice(CB);
     auto Advice = MLInlineAdvisor::getAdviceFromModel(CB, ORE);
+    if (Searching) return Advice;
     if (!Departed && Advice->isInliningRecommended() != static_cast<bool>(Runner->Default)) {
       Departed = true;
       noteForGuard(kDeparted);
@@ -358,8 +491,9 @@ InlineAdvisor *makeAnswersAdvisor(Module &M, FunctionAnalysisManager &FAM, Inlin
   return new DefaultInlineAdvisor(M, FAM, Params, IC);
 }
 
+// The policy's advisor; with TRAJECTORY (a spec file `TrajectoryRunner` reads), a search's.
 InlineAdvisor *makePolicyAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams Params,
-                                 InlineContext IC) {
+                                 InlineContext IC, const char *Trajectory = nullptr) {
   if (!CompilationMAM) return new DefaultInlineAdvisor(M, FAM, Params, IC);
   auto Default = std::make_shared<DefaultInlineAdvisor>(M, FAM, Params, IC);
   // LLVM's own advisor factories read IR2Vec's vocabulary first when asked to (it is what
@@ -370,13 +504,16 @@ InlineAdvisor *makePolicyAdvisor(Module &M, FunctionAnalysisManager &FAM, Inline
   PolicyRunner *Runner = nullptr;
   auto Advisor = std::make_unique<GatedAdvisor>(
       M, *CompilationMAM,
-      [&](const std::vector<TensorSpec> &Inputs) {
-        auto R = std::make_unique<PolicyRunner>(M.getContext(), Inputs);
+      [&](const std::vector<TensorSpec> &Inputs) -> std::unique_ptr<MLModelRunner> {
+        auto R = Trajectory
+                     ? std::make_unique<TrajectoryRunner>(M.getContext(), Inputs, Trajectory)
+                     : std::make_unique<PolicyRunner>(M.getContext(), Inputs);
         Runner = R.get();
         return R;
       },
       clangsOwnAdvice(Default));
   Advisor->Runner = Runner;
+  Advisor->Searching = Trajectory != nullptr;
   Advisor->PSI = &CompilationMAM->getResult<ProfileSummaryAnalysis>(M);
   if (Runner && Runner->Problem.empty()) return Advisor.release();
   errs() << "mlgo: feature layout mismatch: "
@@ -389,6 +526,8 @@ InlineAdvisor *makePolicyAdvisor(Module &M, FunctionAnalysisManager &FAM, Inline
 // kDecisionsAdvisorEnv names.
 InlineAdvisor *makeAdvisor(Module &M, FunctionAnalysisManager &FAM, InlineParams Params,
                            InlineContext IC) {
+  const char *Trajectory = getenv(kTrajectoryEnv);
+  if (Trajectory && *Trajectory) return makePolicyAdvisor(M, FAM, Params, IC, Trajectory);
   const char *Out = getenv(kDecisionsOutEnv);
   if (!Out || !*Out) return makePolicyAdvisor(M, FAM, Params, IC);
   const char *Whose = getenv(kDecisionsAdvisorEnv);

@@ -26,3 +26,5 @@ extern const char *const kDecisionsOutEnv, *const kDecisionsAdvisorEnv;
 extern const char *const kClangAdvisor, *const kReplayAdvisorPrefix, *const kAnswersAdvisorPrefix;
 extern const char *const kDecisionsLinePrefix, *const kInlinedInto, *const kNotInlinedInto;
 extern const char *const kAtCallsite, *const kNotViable;
+// A search's compile (TrajectoryRunner): its spec's path, and what it writes beside it.
+extern const char *const kTrajectoryEnv, *const kTrajectoryLog, *const kTrajectoryAnswers;
