@@ -886,3 +886,21 @@ def test_a_recipe_changed_by_the_tools_flags_says_so_in_its_reproduce_line(tmp_p
         load_policy_recipe(shipped_policy("inlining-size-link")), guards={"choose": "none"}
     )
     assert unguarded.stage("choose").guard is None
+
+
+@pytest.mark.unit
+def test_a_tunes_memory_peaks_are_taken_by_stage_over_its_whole_process_tree():
+    """tools/bench_memory: a process's tree is it and every descendant; a sample counts in
+    the first stage that ended after it, and each stage keeps its largest sample."""
+    from datetime import datetime
+
+    from tools.lab.memory import Sample, peaks_by_stage, sample, tree
+
+    assert tree(1, {2: 1, 3: 2, 4: 9, 5: 3}) == {1, 2, 3, 5}
+    me = sample(os.getpid(), 0.0)
+    assert 0 < me.largest <= me.total
+    t = datetime(2026, 12, 2, 16, 0, 0).timestamp()
+    ended = {"record": "2026-12-02T16:00:10", "train": "2026-12-02T16:01:00"}
+    taken = [Sample(t + 5, 7, 3), Sample(t + 9, 9, 4), Sample(t + 30, 5, 5), Sample(t + 99, 1, 1)]
+    peaks = peaks_by_stage(taken, ended)
+    assert peaks == {"record": taken[1], "train": taken[2], "after": taken[3]}
