@@ -89,11 +89,13 @@ def test_an_interrupted_test_leaves_no_process(tmp_path):
     runs: mlgo stops, and its test's whole group with it."""
     pidfile = tmp_path / "sleeper"
     _, args = wordcount(tmp_path, "--test", f"{left_behind(pidfile)}; sleep 300")
-    proc = subprocess.Popen([*MLGO, *args], env=dict(os.environ, **user_cache(tmp_path)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    err = tmp_path / "stderr"  # a file, not a pipe nobody reads that could fill and block it
+    with err.open("w") as stderr:
+        proc = subprocess.Popen([*MLGO, *args], env=dict(os.environ, **user_cache(tmp_path)),
+                                stdout=subprocess.DEVNULL, stderr=stderr)  # fmt: skip
     deadline = time.monotonic() + 300
     while not pidfile.exists() or not pidfile.read_text().strip():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+        assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=60)

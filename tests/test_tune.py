@@ -81,9 +81,11 @@ def tuned(cache, tmp_path_factory: pytest.TempPathFactory):
     src = shutil.copytree(DATA / "record" / "cmake", tmp_path_factory.mktemp("p") / "cmake")
     out = src / "tuned"
     args = cmake_args(src, out, GOOD_TEST)
-    proc = subprocess.Popen(
-        [*MLGO, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
+    err = tmp_path_factory.mktemp("log") / "stderr"  # a file: an unread pipe could fill, block it
+    with err.open("w") as f:
+        proc = subprocess.Popen(
+            [*MLGO, *args], stdout=subprocess.DEVNULL, stderr=f, start_new_session=True
+        )
     deadline = time.monotonic() + 300
     state = out / "train" / "state.json"
     while proc.poll() is None and time.monotonic() < deadline:
@@ -91,7 +93,8 @@ def tuned(cache, tmp_path_factory: pytest.TempPathFactory):
             break
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)  # the run and its compile workers
-    _, stderr = proc.communicate()
+    proc.wait()
+    stderr = err.read_text()
     killed = {"stages": stages(out), "step": json.loads(state.read_text())["step"]}
     assert killed["stages"] == ["snapshot", "profile", "record", "rehearse", "collect"], stderr
     failing = run_mlgo(*cmake_args(src, out, "build/summarize 1 3 | grep -q nope"), timeout=600)
