@@ -138,6 +138,8 @@ def test_tune_reports_size_over_every_elf_file_tests_and_throughput(tuned):
     assert changes["default"] == 0.0 and changes[training["chosen"]] == min(changes.values())
     assert training["headroom_pct"] <= 0.0  # the search keeps the default's trajectory at worst
     assert "ELF files" in done.stdout and "CPU time" in done.stdout and "passed" in done.stdout
+    # training starts from the shipped policy: the default's decisions are not collected
+    assert not (out / "traces").exists()
     # the snapshot left out the OUT inside the source
     assert (out / "pristine" / "CMakeLists.txt").is_file() and not (
         out / "pristine" / "tuned"

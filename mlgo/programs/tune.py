@@ -13,7 +13,8 @@ finished (training resumes from its checkpoint):
               problem's level: OUT/corpus
     rehearse  the tests and the workload (twice: its output must repeat) in that copy,
               so that a wrong --test or --bench stops before training, not after it
-    collect   the default heuristic's decisions: OUT/traces
+    collect   the default heuristic's decisions (OUT/traces), which training clones where
+              no policy is shipped for the problem and none is given; else nothing
     train     the chain (`chain.choose_policy`): from the start policy until the budget
               is spent, then the cheapest on the corpus (or by its judge) of the
               default, the start and the trained policy, exported to OUT/policy
@@ -132,8 +133,13 @@ def record_stage(run: TuneRun) -> None:
 
 
 def collect_stage(run: TuneRun) -> None:
+    """The default's decisions, which training clones where it has no policy to start
+    from; with one (shipped, or --policy), nothing: its search compiles the default's
+    trajectory of every module anyway, and no stage reads the traces."""
     from mlgo.traces.collect import collect
 
+    if run.given_start is not None:
+        return
     corpus = load_corpus(run.out.corpus).require(run.problem)
     with closing(make_workers(run.opts.workers)) as pool:
         collect(run.problem, corpus, run.out.traces, run.tc, pool)
