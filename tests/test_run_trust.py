@@ -84,6 +84,14 @@ def test_a_test_that_leaves_a_child_behind_leaves_no_process_when_it_fails(tmp_p
     assert_killed(int(pidfile.read_text()))
 
 
+def as_a_shell_starts_a_job() -> None:
+    """Ctrl-C's signal as an interactive shell leaves it to a job it starts: handled by
+    default and not blocked, whatever this test's own process had (a signal ignored or
+    blocked here would be so in the child too)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_an_interrupted_test_leaves_no_process(tmp_path):
     """Ctrl-C (SIGINT to mlgo alone, as a job control shell's kill -INT does) while --test
     runs: mlgo stops, and its test's whole group with it."""
@@ -92,13 +100,19 @@ def test_an_interrupted_test_leaves_no_process(tmp_path):
     err = tmp_path / "stderr"  # a file, not a pipe nobody reads that could fill and block it
     with err.open("w") as stderr:
         proc = subprocess.Popen([*MLGO, *args], env=dict(os.environ, **user_cache(tmp_path)),
-                                stdout=subprocess.DEVNULL, stderr=stderr)  # fmt: skip
+                                stdout=subprocess.DEVNULL, stderr=stderr,
+                                preexec_fn=as_a_shell_starts_a_job)  # fmt: skip
     deadline = time.monotonic() + 300
     while not pidfile.exists() or not pidfile.read_text().strip():
         assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=60)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        status = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+        proc.kill()
+        raise AssertionError([line for line in status if line.startswith("Sig")]) from None
     assert_killed(int(pidfile.read_text()))
 
 

@@ -13,12 +13,15 @@ import select
 import shlex
 import signal
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from mlgo.errors import MlgoError
 from mlgo.runtime.messages import error_line, writing
+
+WAKE_S = 0.5  # the longest a wait for a command goes without running signal handlers
 
 
 class BuildError(MlgoError):
@@ -65,8 +68,15 @@ def run_grouped(
         cmd, cwd=cwd, stdin=subprocess.DEVNULL, process_group=0, shell=shell, **popen
     )
     pidfd, finished = os.pidfd_open(proc.pid), False
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        finished = bool(select.select([pidfd], [], [], timeout_s)[0])
+        # In slices: a signal the kernel gave another of this process's threads (Ctrl-C)
+        # wakes no select here, and Python runs its handler when the slice ends.
+        while not finished:
+            left = WAKE_S if deadline is None else min(WAKE_S, deadline - time.monotonic())
+            if left <= 0:
+                break
+            finished = bool(select.select([pidfd], [], [], left)[0])
     finally:
         os.close(pidfd)
         # Its leader is not reaped yet (at most a zombie), so the group's id is still its own.
