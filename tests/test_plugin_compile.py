@@ -12,7 +12,6 @@ from mlgo.corpus.compile import CompileError, compile_module
 from mlgo.data import shipped_policy
 from mlgo.problems import get_problem
 from mlgo.problems.policy_files import load_policy
-from mlgo.problems.profile_inputs import PROFILE_INPUTS
 from mlgo.records import ModuleRun
 from mlgo.train.bcmax import Answerer, SearchConfig, SearchTask, search_module
 from mlgo.train.plugin_compile import answers_in_plugin, compile_in_plugin, search_plugin
@@ -78,7 +77,6 @@ def test_what_the_plugin_cannot_answer_goes_through_the_channel(greedy):
     assert answers_in_plugin(PROBLEM, None) and answers_in_plugin(PROBLEM, greedy)
     assert not answers_in_plugin(PROBLEM, replace(greedy, temperature=1.0))
     assert not answers_in_plugin(PROBLEM, greedy.with_profile_inputs())
-    assert PROFILE_INPUTS
     assert not answers_in_plugin(get_problem("regalloc-eviction"), None)
 
 

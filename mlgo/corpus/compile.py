@@ -106,10 +106,27 @@ def compile_object(
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Compiles `module` at `opt_level` with clang's built-in heuristics, no channel."""
-    cmd = module.compile_command(clang, obj, opt_level, flags or [])
+    run_compiler(module, module.compile_command(clang, obj, opt_level, flags or []), timeout_s)
+
+
+def run_compiler(
+    module: Module,
+    argv: list[str],
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    preexec: Callable[[], None] | None = None,
+) -> str:
+    """Runs the compiler ARGV on MODULE: its stderr, or a CompileError naming the module
+    that says why it timed out or failed."""
     try:
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=preexec,
         )
     except subprocess.TimeoutExpired as e:
         raise CompileError(f"{module.name}: compiler timed out after {timeout_s:g} s") from e
@@ -117,6 +134,7 @@ def compile_object(
         raise CompileError(
             f"{module.name}: compiler exited with {proc.returncode}: {last_line(proc.stderr)}"
         )
+    return proc.stderr
 
 
 def compile_plain(

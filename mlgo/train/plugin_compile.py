@@ -18,14 +18,20 @@ problem without a plugin; no LLVM headers to build one) goes through the channel
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 import time
 from dataclasses import replace
+from functools import cache
 from pathlib import Path
 from typing import Protocol
 
-from mlgo.corpus.compile import DEFAULT_TIMEOUT_S, CompileError, measure_object, module_run
+from mlgo.corpus.compile import (
+    DEFAULT_TIMEOUT_S,
+    CompileError,
+    measure_object,
+    module_run,
+    run_compiler,
+)
 from mlgo.corpus.format import Module
 from mlgo.data import shipped_policy
 from mlgo.errors import MlgoError
@@ -53,6 +59,7 @@ class Answerer(Protocol):
     flips: frozenset[int]
     groups: frozenset[tuple[tuple[int, ...], int]]
 
+
 _plugins: dict[tuple[str, str], Path | None] = {}  # (clang, the policy's fingerprint): built
 
 
@@ -77,9 +84,8 @@ def search_plugin(problem: Problem, policy: MLPPolicy | None, clang: str) -> Pat
     where it cannot be (then the search compiles through the channel)."""
     if not answers_in_plugin(problem, policy):
         return None
-    try:
-        network = policy or load_policy(shipped_policy(problem.name))
-    except MlgoError:
+    network = policy if policy is not None else _shipped_network(problem.name)
+    if network is None:
         return None
     network = replace(network, departure_threshold=None, temperature=0.0)
     key = (clang, network.fingerprint())
@@ -89,6 +95,15 @@ def search_plugin(problem: Problem, policy: MLPPolicy | None, clang: str) -> Pat
         except (AotError, ToolchainError):
             _plugins[key] = None
     return _plugins[key]
+
+
+@cache
+def _shipped_network(problem: str) -> MLPPolicy | None:
+    """PROBLEM's shipped policy, read once a process; None where it ships none."""
+    try:
+        return load_policy(shipped_policy(problem))
+    except MlgoError:
+        return None
 
 
 def spec_text(answerer: Answerer) -> str:
@@ -120,28 +135,13 @@ def compile_in_plugin(
         cmd = module.compile_command(clang, work / "out.o", problem.opt_level, extra)
         argv, preexec = dying_with_parent([*cmd, *problem.advisor_flags])
         start = time.monotonic()
-        try:
-            proc = subprocess.run(
-                argv,
-                env={**os.environ, TRAJECTORY_ENV: str(spec)},
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=preexec,
-            )
-        except subprocess.TimeoutExpired as e:
-            raise CompileError(f"{module.name}: compiler timed out after {timeout_s:g} s") from e
+        env = {**os.environ, TRAJECTORY_ENV: str(spec)}
+        stderr = run_compiler(module, argv, timeout_s, env, preexec)
         seconds = time.monotonic() - start
-        if proc.returncode != 0:
-            raise CompileError(
-                f"{module.name}: compiler exited with {proc.returncode}: {last_line(proc.stderr)}"
-            )
         log, given = work / TRAJECTORY_LOG, work / TRAJECTORY_ANSWERS
         if not given.is_file():
             raise CompileError(
-                f"{module.name}: the plugin did not answer the trajectory "
-                f"({last_line(proc.stderr)})"
+                f"{module.name}: the plugin did not answer the trajectory ({last_line(stderr)})"
             )
         metrics = measure_object(problem.measure, module, work / "out.o", work)
         try:
