@@ -140,6 +140,16 @@ def test_a_time_budget_shrinks_each_search_to_a_share_of_the_time_left():
 
 
 @pytest.mark.unit
+def test_cloning_a_large_code_bases_decisions_takes_fewer_epochs_counted_not_timed():
+    from mlgo.train.bcmax import MOST_DECISIONS_CLONED, clone_epochs
+
+    assert clone_epochs(400, 20_000) == 400  # a small project's clone is as configured
+    assert clone_epochs(400, 585_708) == MOST_DECISIONS_CLONED // 585_708 < 400
+    assert clone_epochs(400, 10 * MOST_DECISIONS_CLONED) == 1  # never none
+    assert clone_epochs(10, 585_708) == 10  # the cap only ever lowers the configured number
+
+
+@pytest.mark.unit
 def test_a_time_budget_expects_the_next_search_at_the_least_budget_unless_it_is_done():
     from types import SimpleNamespace
 
